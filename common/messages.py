@@ -1,0 +1,103 @@
+"""What travels between coordinator and clients, as plain dataclasses of tensors.
+
+Only the gRPC servicer and the client transport translate these to and from protobuf; the
+engine, the strategies and the client trainer see nothing but these types. The in-process
+engine passes them by reference, the distributed system over the wire: same objects, same
+math.
+
+Layer names are the dotted module names of the wrapped ``nn.Linear`` layers in the backbone
+(e.g. ``encoder.layer.0.attention.self.query``). Factor shapes: ``B: (d_out, r)``,
+``A: (r, d_in)``; Grams ``(d_in,)`` (diagonal) or ``(d_in, d_in)`` (full).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from torch import Tensor
+
+
+class Phase(str, Enum):
+    """What a client is asked to do."""
+
+    TRAIN = "train"  # local training of the listed factors + head, then (optionally) a Gram pass
+    TASK_GRAM = "task_gram"  # end of task: a Gram pass only, no training
+    EVALUATE = "evaluate"  # evaluate the published model on the client's test share
+    DONE = "done"  # the run is over
+
+
+class GramKind(str, Enum):
+    NONE = "none"
+    DIAG = "diag"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the coordinator must know about the model; it never builds one itself."""
+
+    layers: dict[str, tuple[int, int]]  # LoRA layer name -> (d_out, d_in), in module order
+    feature_dim: int  # the head's input width
+    num_classes: int  # the head's output width (all classes of all tasks)
+
+
+@dataclass
+class LowRank:
+    """A low-rank delta ``B @ A``: ``B: (d_out, k)``, ``A: (k, d_in)``."""
+
+    b: Tensor
+    a: Tensor
+
+
+@dataclass
+class RoundPlan:
+    """Everything a client needs for one step of the run (what it pulls)."""
+
+    run_id: str
+    phase: Phase
+    task: int  # 0-based task index
+    round: int  # 0-based round within the task (TASK_GRAM/EVALUATE: the number of rounds)
+    class_range: tuple[int, int]  # [lo, hi): the current task's classes
+    seen_classes: int  # classes 0..seen_classes-1 are scored at evaluation
+    train_factors: tuple[str, ...] = ()  # subset of ("B", "A") trained this round
+    lora: dict[str, LowRank] = field(default_factory=dict)  # the shared current factors per layer
+    lora_scale: float = 1.0  # scale of the current factors in the Gram pass (1 when training)
+    extra: dict[str, LowRank] = field(default_factory=dict)  # frozen delta added to W0
+    head_weight: Tensor | None = None  # (num_classes, feature_dim)
+    head_bias: Tensor | None = None  # (num_classes,)
+    gram: GramKind = GramKind.NONE  # Grams of the LoRA layers' inputs to send back
+    head_gram: bool = False  # send the head input's full Gram
+    send_head: bool = True  # send the trained head weight and bias
+    seed: int = 0  # seed for this client step (combined with the client index)
+
+
+@dataclass
+class ClientUpdate:
+    """What a client pushes after a TRAIN or TASK_GRAM step."""
+
+    run_id: str
+    client_id: str
+    client_index: int
+    task: int
+    round: int
+    phase: Phase
+    num_samples: int  # training samples of the current task on this client
+    factors: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # layer -> {"B"|"A": tensor}
+    grams: dict[str, Tensor] = field(default_factory=dict)  # layer -> (d_in,) or (d_in, d_in), float64
+    head_weight: Tensor | None = None
+    head_bias: Tensor | None = None
+    head_gram: Tensor | None = None  # (feature_dim, feature_dim), float64
+    train_loss: float = float("nan")  # mean training loss over the last local epoch
+
+
+@dataclass
+class EvalReport:
+    """Correct/total counts per seen task on one client's test share."""
+
+    run_id: str
+    client_id: str
+    client_index: int
+    task: int  # the task just finished
+    correct: list[int]  # correct[j] for tasks j = 0..task
+    total: list[int]

@@ -1,0 +1,593 @@
+"""The wire format: conversions between :mod:`common.messages` and ``proto/lorm.proto``.
+
+This is the only module that turns dataclasses into protobuf messages and back; the
+servicer and the client transport call it, everything else sees dataclasses only.
+
+A tensor travels as a :class:`TensorHeader` (name, dtype, shape, byte size, CRC-32)
+declared in the stream's first message, then as :class:`TensorChunk` messages carrying its
+raw little-endian bytes in order, ``chunk_bytes`` at a time, so that no message approaches
+gRPC's 4 MiB default limit. Pickle is never used: a payload is data, never code. The
+receiver (:class:`TensorAssembler`) checks every declared fact before trusting it, and
+bounds what it allocates by the declared total, which is itself capped.
+
+Every decoding error is a :class:`WireError` naming the offending field, which the servicer
+maps to ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from google.protobuf.message import Message
+from torch import Tensor
+
+from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
+from proto import lorm_pb2 as pb
+
+if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
+    raise ImportError("common.serde supports little-endian hosts only")
+
+DEFAULT_CHUNK_BYTES = 1 << 20  # payload per chunk message; well under gRPC's 4 MiB default
+# Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
+# receiver allocate without bound. The largest real update, full float64 Grams of a
+# ViT-B/16 (4 adapted layers per block), is about 1.1 GB. Receivers may pass their own.
+DEFAULT_MAX_TOTAL_BYTES = 2 << 30
+
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+class WireError(ValueError):
+    """A message that breaks the wire contract; ``field`` names the offending protobuf field."""
+
+    def __init__(self, field: str, message: str, tensor: str | None = None) -> None:
+        self.field = field
+        self.tensor = tensor
+        where = f" (tensor {tensor!r})" if tensor is not None else ""
+        super().__init__(f"{field}{where}: {message}")
+
+
+# ------------------------------------------------------------------------- tensor names
+#
+# Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
+# head's are fixed. Layer names are dotted module names and never empty.
+
+LORA, EXTRA, FACTOR, GRAM = "lora", "extra", "factor", "gram"
+HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
+PARTS = ("B", "A")
+_FACTOR_KINDS = (LORA, EXTRA, FACTOR)
+
+
+def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
+    """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
+    if not layer:
+        raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
+    if kind == GRAM and part is None:
+        return f"{GRAM}/{layer}"
+    if kind in _FACTOR_KINDS and part in PARTS:
+        return f"{kind}/{layer}/{part}"
+    raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
+
+
+def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
+    """Inverse of :func:`tensor_name`: ``(kind, layer, part)``, e.g. ``("head", None, "bias")``."""
+    if name in (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM):
+        return "head", None, name.split("/", 1)[1]
+    kind, _, rest = name.partition("/")
+    if kind == GRAM and rest:
+        return GRAM, rest, None
+    layer, _, part = rest.rpartition("/")
+    if kind in _FACTOR_KINDS and layer and part in PARTS:
+        return kind, layer, part
+    expected = "lora|extra|factor/<layer>/B|A, gram/<layer> or head/weight|bias|gram"
+    raise WireError("tensors.name", f"expected {expected}, got {name!r}")
+
+
+# ------------------------------------------------------------------------ tensor codec
+
+
+def _raw_bytes(name: str, tensor: Tensor) -> memoryview:
+    """The tensor's bytes, row-major; no copy for a contiguous CPU tensor."""
+    if tensor.dtype not in _DTYPE_NAMES:
+        raise WireError("tensors.dtype", f"expected one of {sorted(DTYPES)}, got {tensor.dtype}", name)
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())  # bytes of any dtype, bfloat16 included
+
+
+def _encode(name: str, tensor: Tensor) -> tuple[pb.TensorHeader, memoryview]:
+    raw = _raw_bytes(name, tensor)
+    header = pb.TensorHeader(
+        name=name,
+        dtype=_DTYPE_NAMES[tensor.dtype],
+        shape=tensor.shape,
+        nbytes=raw.nbytes,
+        crc32=zlib.crc32(raw),
+    )
+    return header, raw
+
+
+def _check_chunk_bytes(chunk_bytes: int) -> None:
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes should be a positive integer, got {chunk_bytes}")
+
+
+def _raw_chunks(name: str, raw: memoryview, chunk_bytes: int) -> Iterator[pb.TensorChunk]:
+    for offset in range(0, raw.nbytes, chunk_bytes):
+        yield pb.TensorChunk(name=name, offset=offset, data=bytes(raw[offset : offset + chunk_bytes]))
+
+
+def tensor_header(name: str, tensor: Tensor) -> pb.TensorHeader:
+    """What the receiver is told about ``tensor`` before any of its bytes arrive."""
+    return _encode(name, tensor)[0]
+
+
+def tensor_chunks(
+    name: str, tensor: Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.TensorChunk]:
+    """The tensor's bytes as chunks of at most ``chunk_bytes``; none for an empty tensor."""
+    _check_chunk_bytes(chunk_bytes)
+    return _raw_chunks(name, _raw_bytes(name, tensor), chunk_bytes)
+
+
+@dataclass
+class _Slot:
+    """A declared tensor being received."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    crc32: int
+    buffer: bytearray | None = None  # allocated at the declared size on the first chunk
+    received: int = 0
+    running_crc: int = 0
+
+
+class TensorAssembler:
+    """Rebuilds the declared tensors from their chunks, trusting nothing the sender says.
+
+    Headers are checked when the assembler is built (allowed dtype, non-negative shape,
+    ``prod(shape) * itemsize == nbytes``, unique names, declared total at most
+    ``max_total_bytes``); chunks as they arrive (declared name, offset continuing exactly
+    where the tensor's previous chunk ended, no byte past the declared size); the CRC-32
+    when a tensor completes; completeness in :meth:`finish`. Each tensor's bytes are held
+    once, in a bytearray the returned tensor shares.
+    """
+
+    def __init__(
+        self, headers: Iterable[pb.TensorHeader], *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
+    ) -> None:
+        self._slots: dict[str, _Slot] = {}
+        total = 0
+        for header in headers:
+            name = header.name
+            if not name or name in self._slots:
+                raise WireError("tensors.name", "expected a unique non-empty tensor name", name)
+            if header.dtype not in DTYPES:
+                message = f"expected one of {sorted(DTYPES)}, got {header.dtype!r}"
+                raise WireError("tensors.dtype", message, name)
+            dtype, shape = DTYPES[header.dtype], list(header.shape)
+            if any(d < 0 for d in shape):
+                raise WireError("tensors.shape", f"expected non-negative dimensions, got {shape}", name)
+            expected = math.prod(shape) * dtype.itemsize
+            if header.nbytes != expected:
+                message = f"shape {shape} of {header.dtype} is {expected} bytes, header says {header.nbytes}"
+                raise WireError("tensors.nbytes", message, name)
+            total += expected
+            if total > max_total_bytes:
+                message = f"declared tensors total {total} bytes or more, over the limit of {max_total_bytes}"
+                raise WireError("tensors.nbytes", message, name)
+            if expected == 0 and header.crc32 != 0:
+                message = f"an empty tensor has CRC-32 0, header says {header.crc32:#010x}"
+                raise WireError("tensors.crc32", message, name)
+            self._slots[name] = _Slot(dtype, tuple(shape), expected, header.crc32)
+        self.total_bytes = total
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        """Copy one chunk into its tensor's buffer."""
+        name, data = chunk.name, chunk.data
+        slot = self._slots.get(name)
+        if slot is None:
+            raise WireError("chunk.name", "chunk for a tensor the header did not declare", name)
+        if chunk.offset != slot.received:
+            message = f"expected offset {slot.received} (chunks in order), got {chunk.offset}"
+            raise WireError("chunk.offset", message, name)
+        if not data:
+            raise WireError("chunk.data", "expected a non-empty chunk", name)
+        end = slot.received + len(data)
+        if end > slot.nbytes:
+            raise WireError("chunk.data", f"chunk ends at byte {end}, past the declared {slot.nbytes}", name)
+        if slot.buffer is None:
+            slot.buffer = bytearray(slot.nbytes)
+        slot.buffer[slot.received : end] = data
+        slot.running_crc = zlib.crc32(data, slot.running_crc)
+        slot.received = end
+        if end == slot.nbytes and slot.running_crc != slot.crc32:
+            message = f"header says {slot.crc32:#010x}, the bytes give {slot.running_crc:#010x}"
+            raise WireError("tensors.crc32", message, name)
+
+    def finish(self) -> dict[str, Tensor]:
+        """All declared tensors, in declaration order; raises if any is incomplete."""
+        tensors = {}
+        for name, slot in self._slots.items():
+            if slot.received != slot.nbytes:
+                message = f"stream ended after {slot.received} of {slot.nbytes} bytes"
+                raise WireError("chunk.data", message, name)
+            if slot.buffer is None:  # empty tensor: there are no bytes to share
+                tensors[name] = torch.empty(slot.shape, dtype=slot.dtype)
+            else:
+                tensors[name] = torch.frombuffer(slot.buffer, dtype=slot.dtype).reshape(slot.shape)
+        return tensors
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def _tensor_stream(
+    first: Message, encoded: list[tuple[pb.TensorHeader, memoryview]], chunk_bytes: int, wrap: type[Message]
+) -> Iterator[Message]:
+    """``first``, then every encoded tensor's chunks, each wrapped as ``wrap(chunk=...)``."""
+    yield first
+    for header, raw in encoded:
+        for chunk in _raw_chunks(header.name, raw, chunk_bytes):
+            yield wrap(chunk=chunk)
+
+
+def _open_stream(messages: Iterable[Message], first: str) -> tuple[Message, Iterator[Message]]:
+    """The body of the stream's first message (a ``first``) and the rest of the stream."""
+    stream = iter(messages)
+    head = next(stream, None)
+    kind = None if head is None else head.WhichOneof("kind")
+    if kind != first:
+        got = kind or "an empty stream"
+        raise WireError(first, f"expected the stream to start with a {first}, got {got}")
+    return getattr(head, first), stream
+
+
+def _receive(assembler: TensorAssembler, stream: Iterator[Message], first: str) -> dict[str, Tensor]:
+    for message in stream:
+        if message.WhichOneof("kind") != "chunk":
+            raise WireError(first, f"expected one {first}, at the start of the stream; got another")
+        assembler.add(message.chunk)
+    return assembler.finish()
+
+
+def _check_names(headers: Iterable[pb.TensorHeader], kinds: tuple[str, ...], head: tuple[str, ...]) -> None:
+    """Reject, before any bytes arrive, a tensor this kind of message does not carry."""
+    for header in headers:
+        kind, _, part = parse_tensor_name(header.name)
+        if not (part in head if kind == "head" else kind in kinds):
+            message = f"expected {'|'.join(kinds)}/... or head/{'|'.join(head)} tensors only"
+            raise WireError("tensors.name", message, header.name)
+
+
+# ------------------------------------------------------------------------------ enums
+
+_PHASES = {
+    Phase.TRAIN: pb.PHASE_TRAIN,
+    Phase.TASK_GRAM: pb.PHASE_TASK_GRAM,
+    Phase.EVALUATE: pb.PHASE_EVALUATE,
+    Phase.DONE: pb.PHASE_DONE,
+}
+_GRAM_KINDS = {
+    GramKind.NONE: pb.GRAM_KIND_NONE,
+    GramKind.DIAG: pb.GRAM_KIND_DIAG,
+    GramKind.FULL: pb.GRAM_KIND_FULL,
+}
+
+
+def phase_to_proto(phase: Phase) -> int:
+    return _PHASES[Phase(phase)]
+
+
+def phase_from_proto(value: int, field: str = "phase") -> Phase:
+    """The :class:`Phase` of a wire enum value; ``PHASE_UNSPECIFIED`` and unknown values are errors."""
+    return _enum_from_proto(_PHASES, pb.Phase.Name, value, field)
+
+
+def _enum_from_proto(mapping: dict[Any, int], wire_name: Callable[[int], str], value: int, field: str) -> Any:
+    for member, wire in mapping.items():
+        if wire == value:
+            return member
+    raise WireError(field, f"expected one of {[wire_name(w) for w in mapping.values()]}, got {value}")
+
+
+def _non_negative(**values: int) -> None:
+    for field, value in values.items():
+        if value < 0:
+            raise WireError(field, f"expected a non-negative integer, got {value}")
+
+
+def _non_empty(**values: str) -> None:
+    for field, value in values.items():
+        if not value:
+            raise WireError(field, "expected a non-empty string")
+
+
+# ------------------------------------------------------------------------------ Pull
+
+
+@dataclass(frozen=True)
+class PullQuery:
+    """A client asking for its next step; it last completed ``(task, round, phase)``."""
+
+    run_id: str
+    client_id: str
+    last_completed: tuple[int, int, Phase] | None = None  # None: nothing completed yet
+
+
+def pull_to_proto(query: PullQuery) -> pb.PullRequest:
+    request = pb.PullRequest(run_id=query.run_id, client_id=query.client_id)
+    if query.last_completed is not None:
+        task, round_, phase = query.last_completed
+        request.last_completed.CopyFrom(pb.StepRef(task=task, round=round_, phase=phase_to_proto(phase)))
+    return request
+
+
+def pull_from_proto(request: pb.PullRequest) -> PullQuery:
+    _non_empty(run_id=request.run_id, client_id=request.client_id)
+    last = None
+    if request.HasField("last_completed"):
+        step = request.last_completed
+        _non_negative(**{"last_completed.task": step.task, "last_completed.round": step.round})
+        last = (step.task, step.round, phase_from_proto(step.phase, "last_completed.phase"))
+    return PullQuery(request.run_id, request.client_id, last)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The coordinator has no step ready for this client: pull again after ``retry_after_s``."""
+
+    retry_after_s: float
+    reason: str = ""
+
+
+def wait_to_proto(wait: Wait) -> Iterator[pb.PlanChunk]:
+    """A Pull answer with no plan: a single header with ``wait`` set."""
+    header = pb.PlanHeader(wait=True, retry_after_s=wait.retry_after_s, wait_reason=wait.reason)
+    yield pb.PlanChunk(header=header)
+
+
+def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.PlanChunk]:
+    """The plan as a header (scalars, every tensor declared), then the tensors' chunks.
+
+    Tensors are encoded (and checksummed) before this returns, so a tensor that cannot
+    travel raises here rather than in the middle of the stream.
+    """
+    _check_chunk_bytes(chunk_bytes)
+    tensors: dict[str, Tensor] = {}
+    for kind, factors in ((LORA, plan.lora), (EXTRA, plan.extra)):
+        for layer, low_rank in factors.items():
+            tensors[tensor_name(kind, layer, "B")] = low_rank.b
+            tensors[tensor_name(kind, layer, "A")] = low_rank.a
+    for name, tensor in ((HEAD_WEIGHT, plan.head_weight), (HEAD_BIAS, plan.head_bias)):
+        if tensor is not None:
+            tensors[name] = tensor
+    encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
+    header = pb.PlanHeader(
+        run_id=plan.run_id,
+        phase=phase_to_proto(plan.phase),
+        task=plan.task,
+        round=plan.round,
+        class_lo=plan.class_range[0],
+        class_hi=plan.class_range[1],
+        seen_classes=plan.seen_classes,
+        train_factors=plan.train_factors,
+        lora_scale=plan.lora_scale,
+        gram=_GRAM_KINDS[GramKind(plan.gram)],
+        head_gram=plan.head_gram,
+        send_head=plan.send_head,
+        seed=plan.seed,
+        tensors=[header for header, _ in encoded],
+    )
+    return _tensor_stream(pb.PlanChunk(header=header), encoded, chunk_bytes, pb.PlanChunk)
+
+
+def plan_from_proto(
+    messages: Iterable[pb.PlanChunk], *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
+) -> RoundPlan | Wait:
+    """Inverse of :func:`plan_to_proto` (and of :func:`wait_to_proto`)."""
+    header, stream = _open_stream(messages, "header")
+    if header.wait:
+        if not (math.isfinite(header.retry_after_s) and header.retry_after_s >= 0):
+            message = f"expected a finite non-negative delay, got {header.retry_after_s}"
+            raise WireError("retry_after_s", message)
+        if header.tensors or next(stream, None) is not None:
+            raise WireError("wait", "a wait answer carries no tensors")
+        return Wait(header.retry_after_s, header.wait_reason)
+    _non_empty(run_id=header.run_id)
+    _non_negative(task=header.task, round=header.round, seen_classes=header.seen_classes)
+    train_factors = tuple(header.train_factors)
+    if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
+        raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
+    _check_names(header.tensors, (LORA, EXTRA), head=("weight", "bias"))
+    tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
+    factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
+    for name, tensor in tensors.items():
+        kind, layer, part = parse_tensor_name(name)
+        if kind in factors:
+            factors[kind].setdefault(layer, {})[part] = tensor
+    low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
+    for kind, layers in factors.items():
+        for layer, parts in layers.items():
+            if set(parts) != set(PARTS):
+                message = f"{kind} layer {layer!r} needs both B and A, got {sorted(parts)}"
+                raise WireError("tensors.name", message)
+            low_rank[kind][layer] = LowRank(b=parts["B"], a=parts["A"])
+    return RoundPlan(
+        run_id=header.run_id,
+        phase=phase_from_proto(header.phase),
+        task=header.task,
+        round=header.round,
+        class_range=(header.class_lo, header.class_hi),
+        seen_classes=header.seen_classes,
+        train_factors=train_factors,
+        lora=low_rank[LORA],
+        lora_scale=header.lora_scale,
+        extra=low_rank[EXTRA],
+        head_weight=tensors.get(HEAD_WEIGHT),
+        head_bias=tensors.get(HEAD_BIAS),
+        gram=_enum_from_proto(_GRAM_KINDS, pb.GramKind.Name, header.gram, "gram"),
+        head_gram=header.head_gram,
+        send_head=header.send_head,
+        seed=header.seed,
+    )
+
+
+# ------------------------------------------------------------------------------ Push
+
+
+@dataclass(frozen=True)
+class PushEnvelope:
+    """A push's first message, decoded and checked before any tensor byte is read."""
+
+    run_id: str
+    client_id: str
+    client_index: int
+    task: int
+    round: int
+    phase: Phase
+    idempotency_key: str  # a retried push reuses its key: the coordinator records it once
+    num_samples: int
+    train_loss: float
+    total_bytes: int  # tensor bytes the push declares
+
+
+def update_to_proto(
+    update: ClientUpdate, idempotency_key: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.UpdateChunk]:
+    """The update as an envelope (scalars, every tensor declared), then the tensors' chunks."""
+    _check_chunk_bytes(chunk_bytes)
+    _non_empty(idempotency_key=idempotency_key)
+    tensors: dict[str, Tensor] = {}
+    for layer, parts in update.factors.items():
+        for part, tensor in parts.items():
+            tensors[tensor_name(FACTOR, layer, part)] = tensor
+    for layer, gram in update.grams.items():
+        tensors[tensor_name(GRAM, layer)] = gram
+    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
+    for name, tensor in head.items():
+        if tensor is not None:
+            tensors[name] = tensor
+    encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
+    envelope = pb.UpdateEnvelope(
+        run_id=update.run_id,
+        task=update.task,
+        round=update.round,
+        phase=phase_to_proto(update.phase),
+        client_id=update.client_id,
+        client_index=update.client_index,
+        idempotency_key=idempotency_key,
+        num_samples=update.num_samples,
+        train_loss=update.train_loss,
+        tensors=[header for header, _ in encoded],
+    )
+    return _tensor_stream(pb.UpdateChunk(envelope=envelope), encoded, chunk_bytes, pb.UpdateChunk)
+
+
+def update_from_proto(
+    messages: Iterable[pb.UpdateChunk],
+    *,
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    on_envelope: Callable[[PushEnvelope], None] | None = None,
+) -> tuple[PushEnvelope, ClientUpdate]:
+    """Inverse of :func:`update_to_proto`.
+
+    ``on_envelope`` is called once the envelope and its tensor headers have been checked and
+    before any chunk is read, so the caller can reject a stale or duplicate push (by raising)
+    without receiving its tensors.
+    """
+    env, stream = _open_stream(messages, "envelope")
+    _non_empty(run_id=env.run_id, client_id=env.client_id, idempotency_key=env.idempotency_key)
+    _non_negative(
+        client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples
+    )
+    _check_names(env.tensors, (FACTOR, GRAM), head=("weight", "bias", "gram"))
+    assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
+    envelope = PushEnvelope(
+        run_id=env.run_id,
+        client_id=env.client_id,
+        client_index=env.client_index,
+        task=env.task,
+        round=env.round,
+        phase=phase_from_proto(env.phase),
+        idempotency_key=env.idempotency_key,
+        num_samples=env.num_samples,
+        train_loss=env.train_loss,
+        total_bytes=assembler.total_bytes,
+    )
+    if on_envelope is not None:
+        on_envelope(envelope)
+    tensors = _receive(assembler, stream, "envelope")
+    factors: dict[str, dict[str, Tensor]] = {}
+    grams: dict[str, Tensor] = {}
+    for name, tensor in tensors.items():
+        kind, layer, part = parse_tensor_name(name)
+        if kind == FACTOR:
+            factors.setdefault(layer, {})[part] = tensor
+        elif kind == GRAM:
+            grams[layer] = tensor
+    update = ClientUpdate(
+        run_id=env.run_id,
+        client_id=env.client_id,
+        client_index=env.client_index,
+        task=env.task,
+        round=env.round,
+        phase=envelope.phase,
+        num_samples=env.num_samples,
+        factors=factors,
+        grams=grams,
+        head_weight=tensors.get(HEAD_WEIGHT),
+        head_bias=tensors.get(HEAD_BIAS),
+        head_gram=tensors.get(HEAD_GRAM),
+        train_loss=env.train_loss,
+    )
+    return envelope, update
+
+
+# ------------------------------------------------------------------------ ReportEval
+
+
+def eval_to_proto(report: EvalReport, idempotency_key: str) -> pb.EvalReport:
+    _non_empty(idempotency_key=idempotency_key)
+    return pb.EvalReport(
+        run_id=report.run_id,
+        client_id=report.client_id,
+        client_index=report.client_index,
+        task=report.task,
+        idempotency_key=idempotency_key,
+        correct=report.correct,
+        total=report.total,
+    )
+
+
+def eval_from_proto(message: pb.EvalReport) -> tuple[str, EvalReport]:
+    """Inverse of :func:`eval_to_proto`: ``(idempotency_key, report)``."""
+    _non_empty(
+        run_id=message.run_id, client_id=message.client_id, idempotency_key=message.idempotency_key
+    )
+    _non_negative(client_index=message.client_index, task=message.task)
+    correct, total = list(message.correct), list(message.total)
+    for field, counts in (("correct", correct), ("total", total)):
+        if len(counts) != message.task + 1:
+            raise WireError(field, f"expected one count per task 0..{message.task}, got {len(counts)}")
+    for j, (c, t) in enumerate(zip(correct, total)):
+        if not 0 <= c <= t:
+            raise WireError("correct", f"expected 0 <= correct <= total for task {j}, got {c} of {t}")
+    report = EvalReport(
+        message.run_id, message.client_id, message.client_index, message.task, correct, total
+    )
+    return message.idempotency_key, report

@@ -1,0 +1,20 @@
+"""Federated methods as siblings behind one interface (``base.Strategy``)."""
+
+from __future__ import annotations
+
+from common.config import RunConfig
+from common.messages import ModelSpec
+from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from server.strategies.fedavg_lora import FedAvgLoRA
+from server.strategies.lorm import LoRM
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (LoRM, FedAvgLoRA)}
+
+
+def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:
+    if config.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {config.strategy!r}; known: {sorted(STRATEGIES)}")
+    return STRATEGIES[config.strategy](config, spec)
+
+
+__all__ = ["Aggregator", "Strategy", "UpdateRejected", "STRATEGIES", "make_strategy"]

@@ -1,0 +1,150 @@
+"""The strategy interface: what every federated method implements (Flower-style siblings).
+
+A run is a sequence of steps per task. For each step the driver (the coordinator, or the
+in-process engine) asks the strategy for a :class:`RoundPlan` (``configure``), opens an
+:class:`Aggregator` for it, folds every client's :class:`ClientUpdate` into it as it arrives,
+and hands it back (``aggregate``). Aggregators hold running sums only, so memory does not
+depend on how many clients fold into them.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.partition import task_ranges
+
+
+class UpdateRejected(ValueError):
+    """A client update that does not fit the step it claims to answer; ``field`` names what."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Aggregator(ABC):
+    """Folds the updates of one step; validates each before touching any running sum."""
+
+    def __init__(self, plan: RoundPlan) -> None:
+        self.plan = plan
+        self.count = 0
+        self.num_samples = 0
+        self.loss_sum = 0.0
+        self.loss_samples = 0
+
+    def fold(self, update: ClientUpdate) -> None:
+        self.check(update)
+        self._fold(update)
+        self.count += 1
+        self.num_samples += update.num_samples
+        if math.isfinite(update.train_loss):
+            self.loss_sum += update.train_loss * update.num_samples
+            self.loss_samples += update.num_samples
+
+    def check(self, update: ClientUpdate) -> None:
+        """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing."""
+        plan = self.plan
+        for field in ("run_id", "task", "round", "phase"):
+            want, got = getattr(plan, field), getattr(update, field)
+            if want != got:
+                raise UpdateRejected(field, f"this step expects {want!r}, the update has {got!r}")
+        if update.num_samples <= 0:
+            raise UpdateRejected("num_samples", f"must be positive, got {update.num_samples}")
+        self._check(update)
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.loss_samples if self.loss_samples else float("nan")
+
+    @abstractmethod
+    def _check(self, update: ClientUpdate) -> None:
+        ...
+
+    @abstractmethod
+    def _fold(self, update: ClientUpdate) -> None:
+        ...
+
+
+class Strategy(ABC):
+    """A federated continual-learning method, as seen by the coordinator."""
+
+    name: str = ""
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        self.config = config
+        self.spec = spec
+        self.tasks = task_ranges(spec.num_classes, config.num_tasks)
+        self.head_w, self.head_b = init_head(spec, config.seed)
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        """The ``(phase, round)`` steps of one task before its evaluation."""
+        return [(Phase.TRAIN, j) for j in range(self.config.rounds_per_task)]
+
+    def begin_task(self, task: int) -> None:
+        """Called once when ``task`` starts, before its first ``configure``."""
+
+    @abstractmethod
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        """The plan of one step; pure (may be called again, e.g. after a restart)."""
+
+    @abstractmethod
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        ...
+
+    @abstractmethod
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        """Finish a step: solve the merges and update the strategy's state."""
+
+    @abstractmethod
+    def adapter(self) -> dict[str, LowRank]:
+        """The low-rank backbone delta of the model evaluated now (and exported at the end)."""
+
+    def eval_plan(self, task: int) -> RoundPlan:
+        """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
+        scale = self.config.lora_scale
+        return RoundPlan(
+            run_id=self.config.run_id, phase=Phase.EVALUATE, task=task, round=self.config.rounds_per_task,
+            class_range=self.tasks[task], seen_classes=self.tasks[task][1],
+            extra={name: LowRank(f.b * scale, f.a) for name, f in self.adapter().items()},
+            head_weight=self.head_w, head_bias=self.head_b, seed=self.config.seed)
+
+    def base_plan(self, task: int, round_: int, phase: Phase, **fields) -> RoundPlan:
+        return RoundPlan(run_id=self.config.run_id, phase=phase, task=task, round=round_,
+                         class_range=self.tasks[task], seen_classes=self.tasks[task][1],
+                         head_weight=self.head_w, head_bias=self.head_b, seed=self.config.seed, **fields)
+
+
+def init_head(spec: ModelSpec, seed: int) -> tuple[Tensor, Tensor]:
+    """A seeded head like ``nn.Linear``'s init: ``U(-1/sqrt(F), 1/sqrt(F))`` for weight and bias."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    bound = 1.0 / math.sqrt(spec.feature_dim)
+    w = torch.empty(spec.num_classes, spec.feature_dim, dtype=torch.float64).uniform_(-bound, bound, generator=gen)
+    b = torch.empty(spec.num_classes, dtype=torch.float64).uniform_(-bound, bound, generator=gen)
+    return w, b
+
+
+def check_factors(update: ClientUpdate, spec: ModelSpec, factors: tuple[str, ...]) -> None:
+    """Every LoRA layer has exactly the expected factors."""
+    if set(update.factors) != set(spec.layers):
+        missing = sorted(set(spec.layers) - set(update.factors))[:3]
+        extra = sorted(set(update.factors) - set(spec.layers))[:3]
+        raise UpdateRejected("factors", f"layers must be the model's LoRA layers (missing {missing}, unknown {extra})")
+    for name, got in update.factors.items():
+        if set(got) != set(factors):
+            raise UpdateRejected(f"factors[{name}]", f"expected factors {list(factors)}, got {sorted(got)}")
+
+
+def check_head(update: ClientUpdate, spec: ModelSpec) -> None:
+    if update.head_weight is None or update.head_bias is None:
+        raise UpdateRejected("head_weight", "this step needs the head weight and bias")
+    if tuple(update.head_weight.shape) != (spec.num_classes, spec.feature_dim):
+        raise UpdateRejected("head_weight", f"expected shape {(spec.num_classes, spec.feature_dim)}, "
+                                            f"got {tuple(update.head_weight.shape)}")
+    if tuple(update.head_bias.shape) != (spec.num_classes,):
+        raise UpdateRejected("head_bias", f"expected shape {(spec.num_classes,)}, got {tuple(update.head_bias.shape)}")

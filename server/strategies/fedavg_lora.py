@@ -1,0 +1,70 @@
+"""FedAvg with LoRA: both factors trained every round, each averaged by sample counts.
+
+The LoRA factors continue across tasks (no task-level merge), so this is the plain-averaging
+baseline LoRM's closed-form merges are measured against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.config import RunConfig
+from common.lora import init_lora_a
+from common.merge import WeightedMeanAccumulator
+from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from server.strategies.base import Aggregator, Strategy, UpdateRejected, check_factors, check_head
+
+
+class MeanAggregator(Aggregator):
+    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
+        super().__init__(plan)
+        self.spec = spec
+        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
+        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
+        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
+        self.bias = WeightedMeanAccumulator((spec.num_classes,))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_factors(update, self.spec, ("A", "B"))
+        check_head(update, self.spec)
+        for name, f in update.factors.items():
+            for key, acc in (("B", self.b[name]), ("A", self.a[name])):
+                if tuple(f[key].shape) != acc.shape:
+                    raise UpdateRejected(f"factors[{name}][{key}]", f"expected shape {acc.shape}, got {tuple(f[key].shape)}")
+
+    def _fold(self, update: ClientUpdate) -> None:
+        n = update.num_samples
+        for name, f in update.factors.items():
+            self.b[name].fold(f["B"], n)
+            self.a[name].fold(f["A"], n)
+        self.head.fold(update.head_weight, n)
+        self.bias.fold(update.head_bias, n)
+
+
+class FedAvgLoRA(Strategy):
+    name = "fedavg-lora"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        gen = torch.Generator().manual_seed(config.seed * 7919)
+        r = config.rank
+        self.shared = {name: LowRank(torch.zeros(d_out, r, dtype=torch.float64),
+                                     init_lora_a(r, d_in, gen).to(torch.float64))
+                       for name, (d_out, d_in) in spec.layers.items()}
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        if phase != Phase.TRAIN:
+            raise ValueError(f"FedAvg with LoRA has no {phase} step")
+        return self.base_plan(task, round_, phase, train_factors=("B", "A"), lora=self.shared)
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return MeanAggregator(plan, self.spec)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, MeanAggregator)
+        self.shared = {name: LowRank(aggregator.b[name].result(), aggregator.a[name].result()) for name in self.shared}
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()
+
+    def adapter(self) -> dict[str, LowRank]:
+        return self.shared

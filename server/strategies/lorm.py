@@ -1,0 +1,149 @@
+"""LoRM (SPEC §3): alternating closed-form LoRA merges per round, RegMean across tasks."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.lora import init_lora_a
+from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
+                          TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
+from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
+from server.strategies.base import Aggregator, Strategy, UpdateRejected, check_factors, check_head
+
+
+def check_grams(update: ClientUpdate, spec: ModelSpec, full: bool) -> None:
+    if set(update.grams) != set(spec.layers):
+        raise UpdateRejected("grams", "Grams must be sent for exactly the model's LoRA layers")
+    for name, g in update.grams.items():
+        d_in = spec.layers[name][1]
+        want = (d_in, d_in) if full else (d_in,)
+        if tuple(g.shape) != want:
+            raise UpdateRejected(f"grams[{name}]", f"expected shape {want}, got {tuple(g.shape)}")
+
+
+class LoRMRoundAggregator(Aggregator):
+    """One training round: the active factor per layer, the head by RegMean, the bias by samples."""
+
+    def __init__(self, plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> None:
+        super().__init__(plan)
+        self.spec, self.config = spec, config
+        (self.active,) = plan.train_factors
+        if self.active == "B":
+            self.layers = {name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
+        else:
+            self.layers = {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
+        self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
+        self.bias = WeightedMeanAccumulator((spec.num_classes,))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_factors(update, self.spec, (self.active,))
+        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
+        check_head(update, self.spec)
+        f = self.spec.feature_dim
+        if update.head_gram is None or tuple(update.head_gram.shape) != (f, f):
+            raise UpdateRejected("head_gram", f"expected a full head Gram of shape {(f, f)}")
+        r = self.config.rank
+        for name, (d_out, d_in) in self.spec.layers.items():
+            want = (d_out, r) if self.active == "B" else (r, d_in)
+            got = tuple(update.factors[name][self.active].shape)
+            if got != want:
+                raise UpdateRejected(f"factors[{name}][{self.active}]", f"expected shape {want}, got {got}")
+
+    def _fold(self, update: ClientUpdate) -> None:
+        gamma = self.config.gamma_backbone
+        for name, acc in self.layers.items():
+            acc.fold(update.factors[name][self.active], decay_gram(update.grams[name], gamma))
+        self.head.fold(update.head_weight, decay_gram(update.head_gram, self.config.gamma_head))
+        self.bias.fold(update.head_bias, update.num_samples)
+
+
+class TaskGramAggregator(Aggregator):
+    """End of task: the global Gram ``G^t = sum_i G_i^t`` per layer."""
+
+    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
+        super().__init__(plan)
+        self.spec = spec
+        self.grams = {name: GramSum(d_in) for name, (_, d_in) in spec.layers.items()}
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        for name, acc in self.grams.items():
+            acc.fold(update.grams[name])
+
+
+class LoRM(Strategy):
+    name = "lorm"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.shared: dict[str, LowRank] = {}  # the current task's factors, float64
+        self.task_factors: list[dict[str, LowRank]] = []  # B^t, A^t of every finished task
+        self.task_merge = {name: TaskMergeAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
+        self.merged: dict[str, LowRank] = {}  # B_cat, A_cat of the task merge
+
+    @property
+    def gram_kind(self) -> GramKind:
+        return GramKind.DIAG if self.config.gamma_backbone == 0.0 else GramKind.FULL
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]
+
+    def begin_task(self, task: int) -> None:
+        """Fresh factors for every task: ``B = 0`` and a seeded random ``A``."""
+        gen = torch.Generator().manual_seed(self.config.seed * 7919 + task)
+        r = self.config.rank
+        self.shared = {name: LowRank(torch.zeros(d_out, r, dtype=torch.float64),
+                                     init_lora_a(r, d_in, gen).to(torch.float64))
+                       for name, (d_out, d_in) in self.spec.layers.items()}
+
+    def _previous(self, task: int) -> dict[str, LowRank]:
+        """``(sum_{tau<t} B^tau A^tau) / (t + 1)`` as one low-rank pair per layer."""
+        done = self.task_factors[:task]
+        if not done:
+            return {}
+        scale = self.config.lora_scale / (task + 1)
+        return {name: LowRank(torch.cat([f[name].b for f in done], 1) * scale, torch.cat([f[name].a for f in done], 0))
+                for name in self.spec.layers}
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): SPEC §3 step 4 and 6.
+        common = dict(lora=self.shared, lora_scale=1.0 / (task + 1), extra=self._previous(task),
+                      gram=self.gram_kind)
+        if phase == Phase.TRAIN:
+            active = ("B",) if round_ % 2 == 0 else ("A",)
+            return self.base_plan(task, round_, phase, train_factors=active, head_gram=True, **common)
+        if phase == Phase.TASK_GRAM:
+            return self.base_plan(task, round_, phase, send_head=False, **common)
+        raise ValueError(f"LoRM has no {phase} step")
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        if plan.phase == Phase.TRAIN:
+            return LoRMRoundAggregator(plan, self.spec, self.config)
+        return TaskGramAggregator(plan, self.spec)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        if isinstance(aggregator, LoRMRoundAggregator):
+            for name, acc in aggregator.layers.items():
+                old = self.shared[name]
+                new: Tensor = acc.result()
+                self.shared[name] = LowRank(new, old.a) if aggregator.active == "B" else LowRank(old.b, new)
+            self.head_w = aggregator.head.result()
+            self.head_b = aggregator.bias.result()
+            return
+        assert isinstance(aggregator, TaskGramAggregator)
+        for name, acc in aggregator.grams.items():
+            f = self.shared[name]
+            self.task_merge[name].fold(f.b, f.a, decay_gram(acc.value(), self.config.gamma_backbone))
+        self.task_factors.append(dict(self.shared))
+        if len(self.task_factors) == 1:
+            # One task: the model is W0 + B^0 A^0 itself (SPEC §3 step 6).
+            self.merged = dict(self.shared)
+        else:
+            self.merged = {name: LowRank(*acc.result()) for name, acc in self.task_merge.items()}
+
+    def adapter(self) -> dict[str, LowRank]:
+        return self.merged

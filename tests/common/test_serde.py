@@ -1,0 +1,463 @@
+"""The wire format: exact round trips, bounded message sizes, and every corruption rejected."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import serde
+from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
+from common.serde import WireError
+
+MiB = 1 << 20
+GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return torch.randint(info.min, info.max, shape, generator=gen, dtype=dtype)
+    t = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    if t.numel() >= 4:  # values whose bits a lossy path would change
+        special = torch.tensor([float("nan"), float("-inf"), -0.0, 1e-40], dtype=torch.float64)
+        t.view(-1)[:4] = special.to(dtype)
+    return t
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same dtype, shape and bytes (NaN payloads and -0.0 included)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+
+
+DTYPES = list(serde.DTYPES.values())
+SHAPES = [(3, 5), (0, 4), ()]  # matrix, empty, 0-d
+
+
+def make_plan(dtype: torch.dtype, shape: tuple[int, ...]) -> RoundPlan:
+    return RoundPlan(
+        run_id="run-1",
+        phase=Phase.TASK_GRAM,
+        task=2,
+        round=5,
+        class_range=(20, 30),
+        seen_classes=30,
+        train_factors=("A",),
+        lora={"enc.0.q": LowRank(random_tensor(dtype, shape, 1), random_tensor(dtype, shape, 2))},
+        lora_scale=0.25,
+        extra={"enc.0.q": LowRank(random_tensor(dtype, (4, 2), 3), random_tensor(dtype, (2, 6), 4)),
+               "enc.1.v": LowRank(random_tensor(dtype, (0, 2), 5), random_tensor(dtype, (2, 0), 6))},
+        head_weight=random_tensor(dtype, (30, 7), 7),
+        head_bias=random_tensor(dtype, (30,), 8),
+        gram=GramKind.FULL,
+        head_gram=True,
+        send_head=False,
+        seed=2**40 + 3,
+    )
+
+
+def make_update(dtype: torch.dtype = torch.float32, shape: tuple[int, ...] = (3, 5)) -> ClientUpdate:
+    return ClientUpdate(
+        run_id="run-1",
+        client_id="client-a",
+        client_index=3,
+        task=1,
+        round=4,
+        phase=Phase.TRAIN,
+        num_samples=1234,
+        factors={"enc.0.q": {"B": random_tensor(dtype, shape, 1), "A": random_tensor(dtype, shape, 2)},
+                 "enc.0.v": {"A": random_tensor(dtype, (2, 9), 3)}},
+        grams={"enc.0.q": random_tensor(torch.float64, (5,), 4),
+               "enc.0.v": random_tensor(torch.float64, (9, 9), 5)},
+        head_weight=random_tensor(dtype, (10, 7), 6),
+        head_bias=random_tensor(dtype, (10,), 7),
+        head_gram=random_tensor(torch.float64, (7, 7), 8),
+        train_loss=0.6931,
+    )
+
+
+# ------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plan_round_trip_is_byte_exact(dtype, shape):
+    plan = make_plan(dtype, shape)
+
+    got = serde.plan_from_proto(serde.plan_to_proto(plan, chunk_bytes=7))
+
+    for name in ("run_id", "phase", "task", "round", "class_range", "seen_classes", "train_factors",
+                 "lora_scale", "gram", "head_gram", "send_head", "seed"):
+        assert getattr(got, name) == getattr(plan, name), name
+    for mine, theirs in ((got.lora, plan.lora), (got.extra, plan.extra)):
+        assert mine.keys() == theirs.keys()
+        for layer in theirs:
+            assert_same(mine[layer].b, theirs[layer].b)
+            assert_same(mine[layer].a, theirs[layer].a)
+    assert_same(got.head_weight, plan.head_weight)
+    assert_same(got.head_bias, plan.head_bias)
+
+
+def test_plan_without_tensors_round_trips():
+    plan = RoundPlan(run_id="r", phase=Phase.DONE, task=9, round=0, class_range=(90, 100), seen_classes=100)
+
+    assert serde.plan_from_proto(serde.plan_to_proto(plan)) == plan
+
+
+def test_wait_round_trips_as_a_single_message():
+    messages = list(serde.wait_to_proto(serde.Wait(retry_after_s=1.5, reason="round 3 still open")))
+
+    assert len(messages) == 1
+    assert serde.plan_from_proto(messages) == serde.Wait(1.5, "round 3 still open")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_update_round_trip_is_byte_exact(dtype, shape):
+    update = make_update(dtype, shape)
+
+    envelope, got = serde.update_from_proto(serde.update_to_proto(update, "key-1", chunk_bytes=11))
+
+    assert envelope.idempotency_key == "key-1"
+    assert envelope.total_bytes == sum(t.numel() * t.element_size() for t in _update_tensors(update))
+    scalars = ("run_id", "client_id", "client_index", "task", "round", "phase", "num_samples", "train_loss")
+    for name in scalars:
+        assert getattr(got, name) == getattr(update, name) == getattr(envelope, name), name
+    assert {k: v.keys() for k, v in got.factors.items()} == {k: v.keys() for k, v in update.factors.items()}
+    assert got.grams.keys() == update.grams.keys()
+    for want, have in zip(_update_tensors(update), _update_tensors(got)):
+        assert_same(have, want)
+
+
+def _update_tensors(u: ClientUpdate) -> list[torch.Tensor]:
+    factors = [u.factors[layer][part] for layer in sorted(u.factors) for part in sorted(u.factors[layer])]
+    return factors + [u.grams[k] for k in sorted(u.grams)] + [u.head_weight, u.head_bias, u.head_gram]
+
+
+def test_update_keeps_nan_loss_and_absent_head():
+    update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
+                          num_samples=0, grams={"l": torch.ones(3, dtype=torch.float64)})
+
+    _, got = serde.update_from_proto(serde.update_to_proto(update, "k"))
+
+    assert math.isnan(got.train_loss)
+    assert got.head_weight is None and got.head_bias is None and got.head_gram is None and got.factors == {}
+
+
+def test_eval_round_trip():
+    report = EvalReport(run_id="r", client_id="c", client_index=2, task=2, correct=[5, 0, 7],
+                        total=[10, 3, 7])
+
+    key, got = serde.eval_from_proto(serde.eval_to_proto(report, "eval-key"))
+
+    assert (key, got) == ("eval-key", report)
+
+
+@pytest.mark.parametrize("last", [None, (2, 7, Phase.EVALUATE)])
+def test_pull_query_round_trip(last):
+    query = serde.PullQuery(run_id="r", client_id="c", last_completed=last)
+
+    assert serde.pull_from_proto(serde.pull_to_proto(query)) == query
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 6), max_size=3).map(tuple),
+    chunk_bytes=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_tensor_chunks_reassemble_exactly(dtype, shape, chunk_bytes, seed):
+    tensor = random_tensor(dtype, shape, seed)
+    assembler = serde.TensorAssembler([serde.tensor_header("t", tensor)])
+
+    chunks = list(serde.tensor_chunks("t", tensor, chunk_bytes))
+    for chunk in chunks:
+        assembler.add(chunk)
+
+    assert all(0 < len(c.data) <= chunk_bytes for c in chunks)
+    assert_same(assembler.finish()["t"], tensor)
+
+
+@pytest.mark.parametrize("kind, layer, part, name", [
+    ("lora", "encoder.layer.0.attention.self.query", "B", "lora/encoder.layer.0.attention.self.query/B"),
+    ("extra", "blocks.3.mlp.fc1", "A", "extra/blocks.3.mlp.fc1/A"),
+    ("factor", "odd/name", "A", "factor/odd/name/A"),
+    ("gram", "blocks.3.mlp.fc2", None, "gram/blocks.3.mlp.fc2"),
+])
+def test_tensor_names_parse_back(kind, layer, part, name):
+    assert serde.tensor_name(kind, layer, part) == name
+    assert serde.parse_tensor_name(name) == (kind, layer, part)
+
+
+@pytest.mark.parametrize("name", ["", "lora/x", "lora//B", "gram/", "head/other", "factor/x/C", "w/x/A"])
+def test_malformed_tensor_names_are_rejected(name):
+    with pytest.raises(WireError) as caught:
+        serde.parse_tensor_name(name)
+    assert caught.value.field == "tensors.name"
+
+
+# ------------------------------------------------------------------------------ sizes
+
+
+def test_a_38_mb_gram_travels_in_messages_under_1_1_mib():
+    gram = torch.arange(4_750_000, dtype=torch.float64)  # 38 MB, like a 3072-wide full Gram
+    update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
+                          num_samples=1, grams={"enc.11.mlp.fc2": gram})
+
+    messages = list(serde.update_to_proto(update, "k", chunk_bytes=MiB))
+
+    assert len(messages) == 1 + math.ceil(38_000_000 / MiB)
+    assert max(m.ByteSize() for m in messages) < 1.1 * MiB
+    _, got = serde.update_from_proto(messages)
+    assert_same(got.grams["enc.11.mlp.fc2"], gram)
+
+
+def vit_b16_update(r: int = 16) -> ClientUpdate:
+    """A ViT-B/16-sized update: 12 blocks x (q, v, fc1, fc2), r=16 factors, diagonal Grams."""
+    factors, grams = {}, {}
+    for block in range(12):
+        for name, (d_out, d_in) in {"attn.q": (768, 768), "attn.v": (768, 768),
+                                    "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}.items():
+            layer = f"blocks.{block}.{name}"
+            factors[layer] = {"B": torch.randn(d_out, r), "A": torch.randn(r, d_in)}
+            grams[layer] = torch.rand(d_in, dtype=torch.float64)
+    return ClientUpdate(run_id="run-1", client_id="client-a", client_index=0, task=0, round=0,
+                        phase=Phase.TRAIN, num_samples=5000, factors=factors, grams=grams,
+                        head_weight=torch.randn(100, 768), head_bias=torch.randn(100))
+
+
+def wire_overhead(update: ClientUpdate) -> float:
+    """Bytes on the stream (messages + gRPC framing) per byte of tensor payload."""
+    messages = list(serde.update_to_proto(update, "k", chunk_bytes=MiB))
+    wire = sum(m.ByteSize() + GRPC_FRAME for m in messages)
+    return wire / serde.update_from_proto(messages)[0].total_bytes
+
+
+def test_vit_b16_update_wire_overhead_is_at_most_5_percent():
+    update = vit_b16_update()
+    assert len(update.factors) == 48
+
+    assert wire_overhead(update) <= 1.05
+
+
+# ------------------------------------------------------------------------ corruptions
+
+
+def valid_update_stream() -> list:
+    update = make_update(torch.float32, (6, 5))  # factor/enc.0.q/B: 120 bytes = 3 chunks of 48, 48, 24
+    return list(serde.update_to_proto(update, "k", chunk_bytes=48))
+
+
+def chunk_indices(messages: list, name: str) -> list[int]:
+    return [i for i, m in enumerate(messages) if m.WhichOneof("kind") == "chunk" and m.chunk.name == name]
+
+
+def header_of(messages: list, name: str):
+    return next(h for h in messages[0].envelope.tensors if h.name == name)
+
+
+def reject(messages, field: str, **kwargs) -> WireError:
+    with pytest.raises(WireError) as caught:
+        serde.update_from_proto(messages, **kwargs)
+    assert caught.value.field == field, str(caught.value)
+    return caught.value
+
+
+FACTOR = "factor/enc.0.q/B"
+
+
+def test_bad_checksum_is_rejected():
+    messages = valid_update_stream()
+    chunk = messages[chunk_indices(messages, FACTOR)[1]].chunk
+    chunk.data = bytes([chunk.data[0] ^ 1]) + chunk.data[1:]
+
+    assert reject(messages, "tensors.crc32").tensor == FACTOR
+
+
+def test_truncated_stream_is_rejected():
+    messages = valid_update_stream()
+
+    assert reject(messages[:-1], "chunk.data").tensor == messages[-1].chunk.name
+
+
+def test_out_of_order_chunk_is_rejected():
+    messages = valid_update_stream()
+    first, second = chunk_indices(messages, FACTOR)[:2]
+    messages[first], messages[second] = messages[second], messages[first]
+
+    reject(messages, "chunk.offset")
+
+
+def test_repeated_chunk_is_rejected():
+    messages = valid_update_stream()
+    i = chunk_indices(messages, FACTOR)[0]
+
+    reject(messages[: i + 1] + messages[i:], "chunk.offset")
+
+
+def test_overflow_past_declared_size_is_rejected():
+    messages = valid_update_stream()
+    last = messages[chunk_indices(messages, FACTOR)[-1]].chunk
+    last.data += b"\x00"
+
+    reject(messages, "chunk.data")
+
+
+def test_undeclared_tensor_is_rejected():
+    messages = valid_update_stream()
+    declared = messages[0].envelope.tensors
+    keep = [h for h in declared if h.name != FACTOR]
+    del declared[:]
+    declared.extend(keep)
+
+    assert reject(messages, "chunk.name").tensor == FACTOR
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "float8_e4m3fn", "object", ""])
+def test_unknown_dtype_is_rejected(dtype):
+    messages = valid_update_stream()
+    header_of(messages, FACTOR).dtype = dtype
+
+    reject(messages, "tensors.dtype")
+
+
+def test_unsupported_dtype_cannot_be_sent():
+    update = make_update()
+    update.head_bias = torch.zeros(3, dtype=torch.complex64)
+
+    with pytest.raises(WireError) as caught:
+        serde.update_to_proto(update, "k")
+    assert caught.value.field == "tensors.dtype"
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda h: setattr(h, "nbytes", h.nbytes + 4),
+    lambda h: h.shape.append(2),
+    lambda h: setattr(h, "dtype", "float64"),
+])
+def test_shape_and_size_mismatch_is_rejected(mutate):
+    messages = valid_update_stream()
+    mutate(header_of(messages, FACTOR))
+
+    reject(messages, "tensors.nbytes")
+
+
+def test_negative_dimension_is_rejected():
+    messages = valid_update_stream()
+    header = header_of(messages, FACTOR)
+    header.shape[:] = [-6, -5]
+
+    reject(messages, "tensors.shape")
+
+
+def test_oversize_declared_submission_is_rejected_before_any_chunk_is_read():
+    messages = valid_update_stream()
+    header = header_of(messages, FACTOR)
+    header.shape[:] = [10**6, 10**6]  # 4 TB of float32, declared consistently
+    header.nbytes = 4 * 10**12
+    read = []
+
+    def stream():
+        yield messages[0]
+        read.append("chunk")
+        yield from messages[1:]
+
+    reject(stream(), "tensors.nbytes")
+    assert read == []
+
+
+def test_submission_cap_is_configurable():
+    messages = valid_update_stream()
+    total = serde.update_from_proto(messages)[0].total_bytes
+
+    serde.update_from_proto(messages, max_total_bytes=total)
+    reject(messages, "tensors.nbytes", max_total_bytes=total - 1)
+
+
+@pytest.mark.parametrize("cut, field", [(slice(1, None), "envelope"), (slice(0, 0), "envelope")])
+def test_stream_without_envelope_is_rejected(cut, field):
+    reject(valid_update_stream()[cut], field)
+
+
+def test_second_envelope_is_rejected():
+    messages = valid_update_stream()
+
+    reject(messages + messages[:1], "envelope")
+
+
+def test_tensor_a_message_does_not_carry_is_rejected():
+    messages = valid_update_stream()
+    header_of(messages, FACTOR).name = "lora/enc.0.q/B"
+
+    reject(messages, "tensors.name")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("phase", 0), ("idempotency_key", ""), ("run_id", ""), ("client_index", -1), ("num_samples", -3),
+])
+def test_malformed_envelope_scalar_is_rejected(field, value):
+    messages = valid_update_stream()
+    setattr(messages[0].envelope, field, value)
+
+    reject(messages, field)
+
+
+def test_on_envelope_sees_the_envelope_before_any_chunk_and_can_refuse():
+    messages = valid_update_stream()
+
+    class Duplicate(Exception):
+        pass
+
+    def refuse(envelope):
+        assert envelope.idempotency_key == "k" and envelope.client_id == "client-a"
+        raise Duplicate
+
+    def stream():
+        yield messages[0]
+        raise AssertionError("a chunk was read after the envelope was refused")
+
+    with pytest.raises(Duplicate):
+        serde.update_from_proto(stream(), on_envelope=refuse)
+
+
+def test_plan_with_half_a_low_rank_pair_is_rejected():
+    messages = list(serde.plan_to_proto(make_plan(torch.float32, (3, 5))))
+    header = messages[0].header
+    keep = [h for h in header.tensors if h.name != "lora/enc.0.q/A"]
+    del header.tensors[:]
+    header.tensors.extend(keep)
+    messages = [m for m in messages if m.WhichOneof("kind") == "header" or m.chunk.name != "lora/enc.0.q/A"]
+
+    with pytest.raises(WireError) as caught:
+        serde.plan_from_proto(messages)
+    assert caught.value.field == "tensors.name"
+
+
+def test_wait_with_tensors_is_rejected():
+    messages = list(serde.wait_to_proto(serde.Wait(1.0)))
+    messages[0].header.tensors.add(name="head/bias", dtype="float32", nbytes=0)
+
+    with pytest.raises(WireError) as caught:
+        serde.plan_from_proto(messages)
+    assert caught.value.field == "wait"
+
+
+@pytest.mark.parametrize("correct, total, field", [
+    ([1, 2], [3, 3, 3], "correct"), ([1, 2, 3], [3, 3], "total"), ([1, 4, 0], [3, 3, 3], "correct"),
+])
+def test_inconsistent_eval_counts_are_rejected(correct, total, field):
+    message = serde.eval_to_proto(EvalReport("r", "c", 0, 2, [0, 0, 0], [0, 0, 0]), "k")
+    message.correct[:] = correct
+    message.total[:] = total
+
+    with pytest.raises(WireError) as caught:
+        serde.eval_from_proto(message)
+    assert caught.value.field == field

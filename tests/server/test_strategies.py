@@ -1,0 +1,136 @@
+"""Strategy aggregation on small inputs whose right answer is known."""
+
+import pytest
+import torch
+
+from common.config import RunConfig
+from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
+from common.messages import ClientUpdate, ModelSpec, Phase
+from server.strategies import UpdateRejected, make_strategy
+
+SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+
+
+def config(**kw):
+    base = dict(num_clients=3, num_tasks=2, rounds_per_task=2, rank=2, seed=1, gamma_head=0.5)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def fake_update(plan, index, *, seed, factors=None):
+    g = torch.Generator().manual_seed(seed)
+    facts = {}
+    for name, (d_out, d_in) in SPEC.layers.items():
+        shapes = {"B": (d_out, 2), "A": (2, d_in)}
+        facts[name] = {f: torch.randn(*shapes[f], generator=g) for f in (factors or plan.train_factors)}
+    grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
+    x = torch.randn(20, SPEC.feature_dim, generator=g, dtype=torch.float64)
+    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
+                        round=plan.round, phase=plan.phase, num_samples=10 + 5 * index, factors=facts, grams=grams,
+                        head_weight=torch.randn(6, 4, generator=g), head_bias=torch.randn(6, generator=g),
+                        head_gram=x.T @ x)
+
+
+@pytest.mark.parametrize("round_, active", [(0, "B"), (1, "A")])
+def test_lorm_round_equals_closed_forms(round_, active):
+    strategy = make_strategy(config(), SPEC)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, round_, Phase.TRAIN)
+    assert plan.train_factors == (active,)
+    ups = [fake_update(plan, i, seed=i) for i in range(3)]
+    agg = strategy.aggregator(plan)
+    for u in ups:
+        agg.fold(u)
+    shared_before = dict(strategy.shared)
+    strategy.aggregate(plan, agg)
+    for name in SPEC.layers:
+        gs = [u.grams[name] for u in ups]
+        if active == "B":
+            want = merge_lora_b([u.factors[name]["B"] for u in ups], shared_before[name].a, gs)
+            assert torch.equal(strategy.shared[name].b, want)
+            assert torch.equal(strategy.shared[name].a, shared_before[name].a)
+        else:
+            want = merge_lora_a([u.factors[name]["A"] for u in ups], gs)
+            assert torch.equal(strategy.shared[name].a, want)
+    head = regmean([u.head_weight for u in ups], [decay_gram(u.head_gram, 0.5) for u in ups])
+    assert torch.equal(strategy.head_w, head)
+    bias = weighted_mean([u.head_bias for u in ups], [u.num_samples for u in ups])
+    torch.testing.assert_close(strategy.head_b, bias, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("break_it, field", [
+    (lambda u: setattr(u, "round", 1), "round"),
+    (lambda u: setattr(u, "run_id", "other"), "run_id"),
+    (lambda u: setattr(u, "num_samples", 0), "num_samples"),
+    (lambda u: u.grams.update(l1=torch.ones(5, dtype=torch.float64)), "grams[l1]"),
+    (lambda u: u.factors["l2"].update(B=torch.ones(3, 3)), "factors[l2][B]"),
+    (lambda u: u.factors.pop("l1"), "factors"),
+    (lambda u: setattr(u, "head_gram", None), "head_gram"),
+])
+def test_rejected_update_changes_nothing(break_it, field):
+    def run(with_bad):
+        strategy = make_strategy(config(), SPEC)
+        strategy.begin_task(0)
+        plan = strategy.configure(0, 0, Phase.TRAIN)
+        agg = strategy.aggregator(plan)
+        agg.fold(fake_update(plan, 0, seed=0))
+        if with_bad:
+            bad = fake_update(plan, 1, seed=1)
+            break_it(bad)
+            with pytest.raises(UpdateRejected) as err:
+                agg.fold(bad)
+            assert err.value.field == field
+        agg.fold(fake_update(plan, 2, seed=2))
+        strategy.aggregate(plan, agg)
+        return strategy
+    clean, dirty = run(False), run(True)
+    for name in SPEC.layers:
+        assert torch.equal(clean.shared[name].b, dirty.shared[name].b)
+    assert torch.equal(clean.head_w, dirty.head_w)
+
+
+def test_lorm_task_merge_after_two_tasks():
+    strategy = make_strategy(config(rounds_per_task=1), SPEC)
+    finals, task_grams = [], []
+    for task in range(2):
+        strategy.begin_task(task)
+        plan = strategy.configure(task, 0, Phase.TRAIN)
+        agg = strategy.aggregator(plan)
+        for i in range(3):
+            agg.fold(fake_update(plan, i, seed=10 * task + i))
+        strategy.aggregate(plan, agg)
+        assert [s for s in strategy.steps(task)][-1] == (Phase.TASK_GRAM, 1)
+        plan = strategy.configure(task, 1, Phase.TASK_GRAM)
+        assert plan.lora_scale == pytest.approx(1 / (task + 1))
+        if task == 1:  # the Gram pass adds the previous task's delta, scaled by 1 / (t + 1)
+            torch.testing.assert_close(plan.extra["l1"].b @ plan.extra["l1"].a,
+                                       finals[0]["l1"].b @ finals[0]["l1"].a / 2)
+        agg = strategy.aggregator(plan)
+        ups = [fake_update(plan, i, seed=100 + i, factors=()) for i in range(3)]
+        for u in ups:
+            agg.fold(u)
+        strategy.aggregate(plan, agg)
+        finals.append(dict(strategy.shared))
+        task_grams.append({n: sum(u.grams[n] for u in ups) for n in SPEC.layers})
+        if task == 0:  # one task: the model is B^0 A^0 itself
+            assert torch.equal(strategy.adapter()["l1"].b, finals[0]["l1"].b)
+    for name in SPEC.layers:
+        b_cat, a_cat = merge_tasks([f[name].b for f in finals], [f[name].a for f in finals],
+                                   [g[name] for g in task_grams])
+        got = strategy.adapter()[name]
+        torch.testing.assert_close(got.b @ got.a, b_cat @ a_cat, rtol=1e-12, atol=1e-12)
+        assert got.b.shape == (SPEC.layers[name][0], 4)  # rank T * r
+
+
+def test_fedavg_lora_is_sample_weighted_mean():
+    strategy = make_strategy(config(strategy="fedavg-lora"), SPEC)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    assert plan.train_factors == ("B", "A")
+    ups = [fake_update(plan, i, seed=i) for i in range(3)]
+    agg = strategy.aggregator(plan)
+    for u in ups:
+        agg.fold(u)
+    strategy.aggregate(plan, agg)
+    n = torch.tensor([10.0, 15.0, 20.0], dtype=torch.float64)
+    want = sum(n[i] * ups[i].factors["l2"]["A"].double() for i in range(3)) / n.sum()
+    torch.testing.assert_close(strategy.shared["l2"].a, want)
