@@ -11,9 +11,8 @@ results for the same inputs in the same order.
 
 Solves never form an explicit inverse. Input columns whose total Gram is zero (dead inputs)
 give zero columns in the result, as a pseudo-inverse would; a full Gram that is singular on
-its support falls back to a pseudo-inverse of the Jacobi-scaled Gram: an exact minimiser
-(same predictions on the clients' inputs), minimum-norm in the scaled metric, which is not
-in general the Euclidean minimum-norm ``M pinv(S)``.
+its support falls back to the pseudo-inverse, ``M pinv(S)``: the minimum-norm minimiser, as
+in the reference implementation.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ def right_solve(m: Tensor, s: Tensor) -> Tensor:
 
     Columns where ``S`` has a zero diagonal (dead inputs) give zeros. A full ``S`` that is
     positive definite on the remaining support is solved by Cholesky; one that is singular
-    there (rank-deficient inputs) by the pseudo-inverse of the Jacobi-scaled ``S``: an exact
-    solution, minimum-norm in the scaled metric (not in general ``M pinv(S)``).
+    there (rank-deficient inputs) by the pseudo-inverse: ``M pinv(S)``, the minimum-norm solution.
     """
     m, s = _f64(m), _f64(s)
     if s.dim() == 1:
@@ -81,7 +79,7 @@ def right_solve(m: Tensor, s: Tensor) -> Tensor:
 
 
 def _spd_right_solve(m: Tensor, s: Tensor) -> Tensor:
-    """``X @ S = M`` for ``S`` with a positive diagonal; via a scaled pseudo-inverse if ``S`` is singular."""
+    """``X @ S = M`` for ``S`` with a positive diagonal; ``M pinv(S)`` if ``S`` is singular."""
     d = s.shape[0]
     tol = d * torch.finfo(DTYPE).eps
     # Jacobi scaling keeps the singularity test independent of the inputs' units.
@@ -92,11 +90,11 @@ def _spd_right_solve(m: Tensor, s: Tensor) -> Tensor:
         # X S = M  <=>  S X^T = M^T  (S symmetric); with S_n = D S D: X = (S_n^-1 (D M^T))^T D
         y = torch.cholesky_solve((m * scale).T, chol)
         return y.T * scale
-    evals, evecs = torch.linalg.eigh(s_n)
-    keep = evals > -1.0
+    # Singular: the Euclidean pseudo-inverse of S itself (scaling would change which minimiser).
+    evals, evecs = torch.linalg.eigh(s)
+    keep = evals > tol * evals.max()
     inv = torch.where(keep, 1.0 / torch.where(keep, evals, torch.ones_like(evals)), torch.zeros_like(evals))
-    pinv = (evecs * inv) @ evecs.T
-    return ((m * scale) @ pinv) * scale
+    return (m @ evecs * inv) @ evecs.T
 
 
 def decay_gram(g: Tensor, gamma: float) -> Tensor:
@@ -201,7 +199,7 @@ class LoraBAccumulator:
     def __post_init__(self) -> None:
         if self.a.dim() != 2:
             raise ValueError(f"shared A must be (r, d_in), got {tuple(self.a.shape)}")
-        self.a = _f64(self.a)
+        self.a = _f64(self.a).clone()  # the caller may change its A later; the merge must not
 
     def fold(self, b: Tensor, g: Tensor) -> None:
         r, d_in = self.a.shape
