@@ -25,6 +25,8 @@ class Backbone(nn.Module):
 
     feature_dim: int
     target_rule: str
+    export_prefix: str = ""  # the wrapped library model's attribute name + "."
+    base_model: str = ""  # hub name or path of the pretrained weights ("" for random init)
 
     def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -54,6 +56,7 @@ class TextEncoder(Backbone):
     """A BERT-like transformers encoder; features are the attention-masked mean of the last layer."""
 
     target_rule = "bert"
+    export_prefix = "encoder."
 
     def __init__(self, encoder: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]]) -> None:
         super().__init__()
@@ -75,6 +78,7 @@ class ViTBackbone(Backbone):
     """A timm Vision Transformer; features are its pre-logits (the class token after the norm)."""
 
     target_rule = "vit"
+    export_prefix = "vit."
 
     def __init__(self, vit: nn.Module) -> None:
         super().__init__()
@@ -116,7 +120,9 @@ def _pretrained_text(path: str | Path, config: RunConfig) -> Backbone:
                         return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
-    return TextEncoder(model, tokenize)
+    backbone = TextEncoder(model, tokenize)
+    backbone.base_model = str(path)
+    return backbone
 
 
 def _minilm(config: RunConfig) -> Backbone:
@@ -171,7 +177,9 @@ class ClassifierModel(nn.Module):
 
 
 def model_spec(model: ClassifierModel) -> ModelSpec:
-    return ModelSpec(model.layer_shapes(), model.backbone.feature_dim, model.head.out_features)
+    backbone = model.backbone
+    return ModelSpec(model.layer_shapes(), backbone.feature_dim, model.head.out_features,
+                     backbone.export_prefix, backbone.base_model)
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:

@@ -12,6 +12,7 @@ Layer names are the dotted module names of the wrapped ``nn.Linear`` layers in t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -40,6 +41,20 @@ class ModelSpec:
     layers: dict[str, tuple[int, int]]  # LoRA layer name -> (d_out, d_in), in module order
     feature_dim: int  # the head's input width
     num_classes: int  # the head's output width (all classes of all tasks)
+    export_prefix: str = ""  # prefix of layer names inside the wrapper, stripped for the exported adapter
+    base_model: str = ""  # what the exported adapter applies to (hub name or local path)
+
+    def to_json(self) -> str:
+        return json.dumps({"layers": {k: list(v) for k, v in self.layers.items()}, "feature_dim": self.feature_dim,
+                           "num_classes": self.num_classes, "export_prefix": self.export_prefix,
+                           "base_model": self.base_model})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelSpec":
+        v = json.loads(text)
+        layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
+        return cls(layers, int(v["feature_dim"]), int(v["num_classes"]), str(v.get("export_prefix", "")),
+                   str(v.get("base_model", "")))
 
 
 @dataclass

@@ -73,6 +73,16 @@ class JoinRequest(_message.Message):
     requested_index: int
     def __init__(self, client_id: _Optional[str] = ..., requested_index: _Optional[int] = ...) -> None: ...
 
+class ModelDescription(_message.Message):
+    __slots__ = ("run_id", "client_id", "model_spec_json")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    client_id: str
+    model_spec_json: str
+    def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., model_spec_json: _Optional[str] = ...) -> None: ...
+
 class JoinReply(_message.Message):
     __slots__ = ("run_id", "config_json", "client_index", "num_clients")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

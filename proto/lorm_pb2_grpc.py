@@ -40,6 +40,11 @@ class CoordinatorStub:
                 request_serializer=proto_dot_lorm__pb2.JoinRequest.SerializeToString,
                 response_deserializer=proto_dot_lorm__pb2.JoinReply.FromString,
                 _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/lorm.v1.Coordinator/Describe',
+                request_serializer=proto_dot_lorm__pb2.ModelDescription.SerializeToString,
+                response_deserializer=proto_dot_lorm__pb2.Ack.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_stream(
                 '/lorm.v1.Coordinator/Pull',
                 request_serializer=proto_dot_lorm__pb2.PullRequest.SerializeToString,
@@ -68,6 +73,14 @@ class CoordinatorServicer:
 
     def Join(self, request, context):
         """Register a client (idempotent for the same client id) and receive the run configuration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """After building its model from the configuration: the LoRA layers' shapes and head size.
+        The first description fixes the run's model; every later one must match it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +121,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Join,
                     request_deserializer=proto_dot_lorm__pb2.JoinRequest.FromString,
                     response_serializer=proto_dot_lorm__pb2.JoinReply.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=proto_dot_lorm__pb2.ModelDescription.FromString,
+                    response_serializer=proto_dot_lorm__pb2.Ack.SerializeToString,
             ),
             'Pull': grpc.unary_stream_rpc_method_handler(
                     servicer.Pull,
@@ -158,6 +176,33 @@ class Coordinator:
             '/lorm.v1.Coordinator/Join',
             proto_dot_lorm__pb2.JoinRequest.SerializeToString,
             proto_dot_lorm__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lorm.v1.Coordinator/Describe',
+            proto_dot_lorm__pb2.ModelDescription.SerializeToString,
+            proto_dot_lorm__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

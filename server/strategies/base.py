@@ -105,6 +105,14 @@ class Strategy(ABC):
     def adapter(self) -> dict[str, LowRank]:
         """The low-rank backbone delta of the model evaluated now (and exported at the end)."""
 
+    def state_tensors(self) -> dict[str, Tensor]:
+        """Everything the strategy must remember between steps, as named tensors (persisted)."""
+        return {"head/w": self.head_w, "head/b": self.head_b}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        """Inverse of :meth:`state_tensors` (on a freshly constructed strategy)."""
+        self.head_w, self.head_b = tensors["head/w"], tensors["head/b"]
+
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
         scale = self.config.lora_scale
@@ -118,6 +126,14 @@ class Strategy(ABC):
         return RoundPlan(run_id=self.config.run_id, phase=phase, task=task, round=round_,
                          class_range=self.tasks[task], seen_classes=self.tasks[task][1],
                          head_weight=self.head_w, head_bias=self.head_b, seed=self.config.seed, **fields)
+
+
+def factors_to_tensors(prefix: str, factors: dict[str, LowRank]) -> dict[str, Tensor]:
+    return {f"{prefix}/{name}/{part}": getattr(f, part) for name, f in factors.items() for part in ("b", "a")}
+
+
+def factors_from_tensors(prefix: str, layers: dict, tensors: dict[str, Tensor]) -> dict[str, LowRank]:
+    return {name: LowRank(tensors[f"{prefix}/{name}/b"], tensors[f"{prefix}/{name}/a"]) for name in layers}
 
 
 def init_head(spec: ModelSpec, seed: int) -> tuple[Tensor, Tensor]:

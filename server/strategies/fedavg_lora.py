@@ -12,7 +12,8 @@ from common.config import RunConfig
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, UpdateRejected, check_factors, check_head
+from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_head,
+                                   factors_from_tensors, factors_to_tensors)
 
 
 class MeanAggregator(Aggregator):
@@ -65,6 +66,13 @@ class FedAvgLoRA(Strategy):
         self.shared = {name: LowRank(aggregator.b[name].result(), aggregator.a[name].result()) for name in self.shared}
         self.head_w = aggregator.head.result()
         self.head_b = aggregator.bias.result()
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return super().state_tensors() | factors_to_tensors("shared", self.shared)
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.shared = factors_from_tensors("shared", self.spec.layers, tensors)
 
     def adapter(self) -> dict[str, LowRank]:
         return self.shared

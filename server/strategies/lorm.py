@@ -10,7 +10,8 @@ from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, UpdateRejected, check_factors, check_head
+from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_head,
+                                   factors_from_tensors, factors_to_tensors)
 
 
 def check_grams(update: ClientUpdate, spec: ModelSpec, full: bool) -> None:
@@ -82,6 +83,7 @@ class LoRM(Strategy):
         super().__init__(config, spec)
         self.shared: dict[str, LowRank] = {}  # the current task's factors, float64
         self.task_factors: list[dict[str, LowRank]] = []  # B^t, A^t of every finished task
+        self.task_grams: list[dict[str, Tensor]] = []  # G^t = sum_i G_i^t of every finished task
         self.task_merge = {name: TaskMergeAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
         self.merged: dict[str, LowRank] = {}  # B_cat, A_cat of the task merge
 
@@ -135,15 +137,38 @@ class LoRM(Strategy):
             self.head_b = aggregator.bias.result()
             return
         assert isinstance(aggregator, TaskGramAggregator)
-        for name, acc in aggregator.grams.items():
-            f = self.shared[name]
-            self.task_merge[name].fold(f.b, f.a, decay_gram(acc.value(), self.config.gamma_backbone))
-        self.task_factors.append(dict(self.shared))
+        self._end_task(dict(self.shared), {name: acc.value() for name, acc in aggregator.grams.items()})
+
+    def _end_task(self, factors: dict[str, LowRank], grams: dict[str, Tensor]) -> None:
+        """Store ``B^t, A^t, G^t`` and redo the task merge over tasks ``0..t``."""
+        for name, f in factors.items():
+            self.task_merge[name].fold(f.b, f.a, decay_gram(grams[name], self.config.gamma_backbone))
+        self.task_factors.append(factors)
+        self.task_grams.append(grams)
         if len(self.task_factors) == 1:
             # One task: the model is W0 + B^0 A^0 itself (SPEC §3 step 6).
-            self.merged = dict(self.shared)
+            self.merged = dict(factors)
         else:
             self.merged = {name: LowRank(*acc.result()) for name, acc in self.task_merge.items()}
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        tensors = super().state_tensors() | factors_to_tensors("shared", self.shared)
+        for t, (factors, grams) in enumerate(zip(self.task_factors, self.task_grams)):
+            tensors |= factors_to_tensors(f"task{t}", factors)
+            tensors |= {f"task{t}/{name}/g": g for name, g in grams.items()}
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        layers = self.spec.layers
+        if f"shared/{next(iter(layers))}/b" in tensors:
+            self.shared = factors_from_tensors("shared", layers, tensors)
+        t = 0
+        while f"task{t}/{next(iter(layers))}/b" in tensors:
+            # Re-fold the stored tasks in order: the same sums, the same merge as before.
+            self._end_task(factors_from_tensors(f"task{t}", layers, tensors),
+                           {name: tensors[f"task{t}/{name}/g"] for name in layers})
+            t += 1
 
     def adapter(self) -> dict[str, LowRank]:
         return self.merged
