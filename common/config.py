@@ -6,6 +6,7 @@ the same Dirichlet shards and the same model from it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -97,3 +98,27 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` (JSON) and repeatable ``--set KEY=VALUE`` overrides of :class:`RunConfig`."""
+    parser.add_argument("--config", help="JSON file with RunConfig values")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one RunConfig value (parsed as JSON when possible, else a string)")
+
+
+def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults < ``base`` < ``--config`` file < ``--set`` overrides."""
+    values = dict(base or {})
+    if args.config:
+        with open(args.config) as f:
+            values.update(json.load(f))
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            values[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    return RunConfig.from_dict(values)

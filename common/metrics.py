@@ -49,3 +49,19 @@ class AccuracyMatrix:
     def summary(self) -> dict:
         return {"accuracy": self.accuracy(), "correct": self.correct, "total": self.total,
                 "faa": self.faa(), "faa_weighted": self.faa_weighted(), "forgetting": self.forgetting()}
+
+
+def format_summary(summary: dict) -> str:
+    """A plain-text table of the accuracy matrix, both FAA figures, forgetting and time."""
+    acc = summary["accuracy"]
+    width = len(acc)
+    lines = ["accuracy a[t][j] (%): rows = after task t, columns = task j",
+             "      " + "".join(f"{'j=' + str(j):>8}" for j in range(width))]
+    for t, row in enumerate(acc):
+        lines.append(f"t={t:<4}" + "".join(f"{a:8.2f}" for a in row))
+    lines.append(f"FAA (mean over tasks, paper): {summary['faa']:.2f}")
+    lines.append(f"FAA (sample-weighted, reference code): {summary['faa_weighted']:.2f}")
+    lines.append(f"forgetting: {summary['forgetting']:.2f}")
+    if "seconds" in summary:
+        lines.append(f"time: {summary['seconds']:.1f} s")
+    return "\n".join(lines)

@@ -33,6 +33,16 @@ if sys.byteorder != "little":  # the wire carries little-endian bytes, copied wi
     raise ImportError("common.serde supports little-endian hosts only")
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # payload per chunk message; well under gRPC's 4 MiB default
+
+# Every channel option once, with why. Chunks are <= 1 MiB, so 8 MiB leaves headroom.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 * 1024 * 1024),  # one chunk plus its header, with room
+    ("grpc.max_send_message_length", 8 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),  # ping idle connections so NATs keep them open
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),  # allow keepalive pings during long training gaps
+    ("grpc.keepalive_permit_without_calls", 1),
+]
 # Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
 # receiver allocate without bound. The largest real update, full float64 Grams of a
 # ViT-B/16 (4 adapted layers per block), is about 1.1 GB. Receivers may pass their own.

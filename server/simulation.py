@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from client.runtime import build_runtime
-from common.config import RunConfig
+from common.config import RunConfig, add_config_arguments, config_from_args
 from common.messages import ClientUpdate, LowRank, Phase
-from common.metrics import AccuracyMatrix
+from common.metrics import AccuracyMatrix, format_summary
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
@@ -72,19 +72,10 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None) -> RunResult:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a federated class-incremental experiment in one process.")
-    parser.add_argument("--config", help="JSON file with RunConfig values")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one RunConfig value (JSON-parsed when possible)")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
-    values = json.loads(open(args.config).read()) if args.config else {}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        try:
-            values[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            values[key] = raw
-    result = run_inprocess(RunConfig.from_dict(values), log=lambda s: print(s, flush=True))
-    print(json.dumps({k: result.summary()[k] for k in ("accuracy", "faa", "faa_weighted", "forgetting")}, indent=1))
+    result = run_inprocess(config_from_args(args), log=lambda s: print(s, flush=True))
+    print(format_summary(result.summary()))
     return 0
 
 

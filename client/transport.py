@@ -1,0 +1,109 @@
+"""The client's side of the wire: calls with retry and exponential backoff (thin)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import grpc
+
+from common import serde
+from common.config import RunConfig
+from common.messages import ClientUpdate, EvalReport, ModelSpec, RoundPlan
+from proto import lorm_pb2 as pb
+from proto import lorm_pb2_grpc as pb_grpc
+
+log = logging.getLogger("lorm.client")
+T = TypeVar("T")
+
+# Worth retrying: the coordinator is down, restarting, or the network dropped the call.
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+@dataclass
+class Backoff:
+    initial_s: float = 0.2  # first retry delay
+    max_s: float = 10.0  # cap on one delay
+    factor: float = 2.0
+    give_up_s: float = 600.0  # total time one call keeps retrying before it fails
+
+    def delays(self):
+        delay = self.initial_s
+        while True:
+            yield delay * (0.5 + random.random() / 2)  # jitter: clients restarted together spread out
+            delay = min(delay * self.factor, self.max_s)
+
+
+class Rejected(Exception):
+    """The coordinator refused a call for a reason retrying cannot fix."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+class CoordinatorClient:
+    def __init__(self, target: str, client_id: str, backoff: Backoff | None = None, call_timeout_s: float = 300.0):
+        self.target, self.client_id = target, client_id
+        self.backoff = backoff or Backoff()
+        self.call_timeout_s = call_timeout_s
+        self.channel = grpc.insecure_channel(target, options=serde.CHANNEL_OPTIONS)
+        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.run_id = ""
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        start = time.monotonic()
+        for delay in self.backoff.delays():
+            try:
+                return fn()
+            except grpc.RpcError as err:
+                code = err.code()
+                if code not in RETRYABLE:
+                    raise Rejected(code, err.details() or "") from err
+                if time.monotonic() - start > self.backoff.give_up_s:
+                    raise
+                log.info("%s: %s (%s); retrying in %.1f s", what, code.name, err.details(), delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def join(self, requested_index: int | None = None) -> tuple[RunConfig, int]:
+        request = pb.JoinRequest(client_id=self.client_id)
+        if requested_index is not None:
+            request.requested_index = requested_index
+        reply = self._call("join", lambda: self.stub.Join(request, timeout=self.call_timeout_s, wait_for_ready=True))
+        self.run_id = reply.run_id
+        return RunConfig.from_json(reply.config_json), reply.client_index
+
+    def describe(self, spec: ModelSpec) -> None:
+        request = pb.ModelDescription(run_id=self.run_id, client_id=self.client_id, model_spec_json=spec.to_json())
+        self._call("describe", lambda: self.stub.Describe(request, timeout=self.call_timeout_s, wait_for_ready=True))
+
+    def pull(self) -> RoundPlan | serde.Wait:
+        request = serde.pull_to_proto(serde.PullQuery(self.run_id, self.client_id))
+        return self._call("pull", lambda: serde.plan_from_proto(
+            self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True)))
+
+    def push(self, update: ClientUpdate, key: str) -> bool:
+        """Send an update; ``True`` if the coordinator had it already (a retried push)."""
+        reply = self._call("push", lambda: self.stub.Push(
+            serde.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True))
+        return reply.duplicate
+
+    def report(self, report: EvalReport, key: str) -> bool:
+        reply = self._call("report", lambda: self.stub.ReportEval(
+            serde.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True))
+        return reply.duplicate
+
+    def status(self) -> dict:
+        s = self._call("status", lambda: self.stub.Status(pb.StatusRequest(run_id=self.run_id), timeout=10))
+        return {"run_id": s.run_id, "state": s.state, "task": s.task, "round": s.round,
+                "clients_joined": s.clients_joined, "clients_done": s.clients_done,
+                "metrics": json.loads(s.metrics_json or "{}")}

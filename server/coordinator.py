@@ -1,0 +1,417 @@
+"""The run state machine: waiting for clients -> task t, step k -> ... -> evaluation -> done.
+
+Transport-agnostic and thread-safe; the gRPC servicer is a thin layer over it. Each task's
+steps are the strategy's (``TRAIN`` rounds, then e.g. ``TASK_GRAM``) followed by ``EVALUATE``.
+
+Submissions are staged on disk (durable before they are acknowledged) and folded into the
+strategy's running sums in client-index order as soon as every lower index has been folded,
+so the result is bit-identical to the in-process engine, which folds clients 0..N-1 in
+order; an update that arrives ahead of its turn waits on disk, not in memory. A step ends
+when every client has submitted, or once its deadline has passed with a quorum; the
+missing clients are then skipped and their late updates refused.
+
+After every step the state is committed atomically (``server.store``); a restarted
+coordinator resumes from the last commit and re-folds the staged submissions of the step
+in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Callable
+
+from common.config import RunConfig
+from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
+from common.metrics import AccuracyMatrix
+from server.store import Store, step_key
+from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
+
+log = logging.getLogger("lorm.coordinator")
+
+
+class State(str, Enum):
+    WAITING = "waiting_for_clients"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class Refused(Exception):
+    """A call the coordinator refuses; ``code`` is a gRPC status code name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Wait:
+    retry_after_s: float
+    reason: str
+
+
+@dataclass
+class Options:
+    quorum: int = 0  # minimum submissions to close a step at its deadline (0 -> all clients)
+    round_deadline_s: float = 0.0  # seconds a step waits for all clients (0 -> forever)
+    retry_after_s: float = 0.2  # what a waiting client is told
+    results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
+
+
+@dataclass
+class StepState:
+    """The step in progress: its plan, the running sums, and who has submitted."""
+
+    task: int
+    index: int  # position in the task's step list
+    phase: Phase
+    round: int
+    plan: RoundPlan
+    aggregator: Aggregator | None
+    started: float
+    next_fold: int = 0  # every client index below this has been folded (or skipped)
+    submitted: set[int] = field(default_factory=set)
+    reports: dict[int, EvalReport] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return step_key(self.task, self.index)
+
+
+class Coordinator:
+    def __init__(self, config: RunConfig, state_dir: str | Path, options: Options | None = None,
+                 on_event: Callable[[str], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] = lambda err: None) -> None:
+        self.options = options or Options()
+        self.store = Store(state_dir)
+        self.lock = threading.RLock()
+        self.done = threading.Event()
+        self.emit = on_event or log.info
+        self.on_fatal = on_fatal
+        self.config = config
+        self.clients: dict[str, int] = {}  # client id -> client index
+        self.spec: ModelSpec | None = None
+        self.strategy: Strategy | None = None
+        self.matrix = AccuracyMatrix()
+        self.history: list[dict] = []
+        self.state = State.WAITING
+        self.step: StepState | None = None
+        self.pointer = (0, 0)  # (task, step index) of the step in progress
+        self.started = time.time()
+        self.released: set[str] = set()  # clients told that the run is over
+        self._resume()
+
+    # ---------------------------------------------------------------- persistence
+
+    def _meta(self) -> dict:
+        return {"config": json.loads(self.config.to_json()), "clients": self.clients,
+                "spec": self.spec.to_json() if self.spec else None, "state": self.state.value,
+                "pointer": list(self.pointer), "matrix": {"correct": self.matrix.correct, "total": self.matrix.total},
+                "history": self.history, "started": self.started}
+
+    def _commit(self) -> None:
+        try:
+            self.store.commit(self._meta(), self.strategy.state_tensors() if self.strategy else {})
+            self.store.drop_staging(keep=self.step.key if self.step else None)
+        except BaseException as err:
+            # Memory has moved past what is on disk: stop rather than serve a state that a
+            # restart would not reproduce. A restart resumes from the last commit.
+            log.critical("could not persist the run state (%s); stopping", err)
+            self.on_fatal(err)
+            raise
+
+    def _resume(self) -> None:
+        saved = self.store.latest()
+        if saved is None:
+            self._commit()
+            return
+        meta, tensors = saved
+        stored = RunConfig.from_dict(meta["config"])
+        if stored != self.config:
+            raise ValueError(f"state directory {self.store.root} holds run {stored.run_id!r} with a different "
+                             "configuration; use a fresh --state-dir or the same configuration")
+        self.clients = {k: int(v) for k, v in meta["clients"].items()}
+        self.spec = ModelSpec.from_json(meta["spec"]) if meta["spec"] else None
+        self.state = State(meta["state"])
+        self.pointer = (int(meta["pointer"][0]), int(meta["pointer"][1]))
+        self.matrix = AccuracyMatrix(meta["matrix"]["correct"], meta["matrix"]["total"])
+        self.history = meta["history"]
+        self.started = meta.get("started", self.started)
+        if self.spec is not None:
+            self.strategy = make_strategy(self.config, self.spec)
+            self.strategy.load_state_tensors(tensors)
+        if self.state == State.RUNNING:
+            self._open_step(*self.pointer, fresh_task=False)
+            self._refold_staged()
+        elif self.state == State.DONE:
+            self.done.set()
+        self.emit(f"resumed run {self.config.run_id} at {self.state.value} task {self.pointer[0]} step {self.pointer[1]}")
+
+    # ---------------------------------------------------------------- steps
+
+    def _steps(self, task: int) -> list[tuple[Phase, int]]:
+        assert self.strategy is not None
+        return self.strategy.steps(task) + [(Phase.EVALUATE, self.config.rounds_per_task)]
+
+    def _open_step(self, task: int, index: int, fresh_task: bool) -> None:
+        assert self.strategy is not None
+        if fresh_task:
+            self.strategy.begin_task(task)
+        phase, round_ = self._steps(task)[index]
+        if phase == Phase.EVALUATE:
+            plan, aggregator = self.strategy.eval_plan(task), None
+        else:
+            plan = self.strategy.configure(task, round_, phase)
+            aggregator = self.strategy.aggregator(plan)
+        self.pointer = (task, index)
+        self.step = StepState(task, index, phase, round_, plan, aggregator, time.monotonic())
+
+    def _refold_staged(self) -> None:
+        step = self.step
+        assert step is not None
+        for index in self.store.staged_indices(step.key):
+            meta = self.store.staged_meta(step.key, index)
+            if step.phase == Phase.EVALUATE:
+                step.reports[index] = EvalReport(meta["run_id"], meta["client_id"], index, meta["task"],
+                                                 meta["correct"], meta["total"])
+            step.submitted.add(index)
+        self._fold_ready()
+        self._maybe_finish()
+
+    def _fold_ready(self, fresh: ClientUpdate | None = None) -> None:
+        """Fold staged updates in index order while the next index is available."""
+        step = self.step
+        assert step is not None
+        if step.aggregator is None:
+            return
+        while step.next_fold < self.config.num_clients and step.next_fold in step.submitted:
+            i = step.next_fold
+            update = fresh if fresh is not None and fresh.client_index == i else self.store.load_update(step.key, i)
+            step.aggregator.fold(update)
+            step.next_fold += 1
+
+    def _deadline_passed(self) -> bool:
+        step = self.step
+        quorum = self.options.quorum or self.config.num_clients
+        return (self.options.round_deadline_s > 0 and time.monotonic() - step.started > self.options.round_deadline_s
+                and len(step.submitted) >= quorum)
+
+    def _maybe_finish(self) -> None:
+        step = self.step
+        if step is None or self.state != State.RUNNING:
+            return
+        everyone = len(step.submitted) == self.config.num_clients
+        if not everyone and not self._deadline_passed():
+            return
+        if not everyone:
+            missing = sorted(set(range(self.config.num_clients)) - step.submitted)
+            self.emit(f"task {step.task} step {step.index} deadline passed: closing without clients {missing}")
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        step = self.step
+        assert step is not None and self.strategy is not None
+        entry = {"task": step.task, "round": step.round, "phase": step.phase.value,
+                 "factors": "".join(step.plan.train_factors), "clients": len(step.submitted)}
+        if step.phase == Phase.EVALUATE:
+            for i in sorted(step.reports):
+                r = step.reports[i]
+                self.matrix.add(step.task, r.correct, r.total)
+            entry["accuracy"] = self.matrix.accuracy()[step.task]
+            self.emit(f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in entry["accuracy"]))
+        else:
+            # Fold whatever is staged but was held back by a missing (skipped) lower index.
+            assert step.aggregator is not None
+            for i in sorted(step.submitted):
+                if i >= step.next_fold:
+                    step.aggregator.fold(self.store.load_update(step.key, i))
+            step.next_fold = self.config.num_clients
+            self.strategy.aggregate(step.plan, step.aggregator)
+            entry["loss"] = step.aggregator.mean_loss
+            self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
+                      f"({len(step.submitted)} clients, loss {step.aggregator.mean_loss:.4f})")
+        self.history.append(entry)
+        steps = self._steps(step.task)
+        if step.index + 1 < len(steps):
+            self._open_step(step.task, step.index + 1, fresh_task=False)
+        elif step.task + 1 < self.config.num_tasks:
+            self._open_step(step.task + 1, 0, fresh_task=True)
+        else:
+            self.step = None
+            self.state = State.DONE
+        self._commit()
+        if self.state == State.DONE:
+            self._export()
+            self.done.set()
+
+    def _export(self) -> None:
+        from server.export import export_adapter, export_head, write_metrics
+
+        assert self.strategy is not None and self.spec is not None
+        out = Path(self.options.results_dir or self.store.root / "results")
+        export_adapter(out / "adapter", self.strategy.adapter(), self.spec, rank_per_task=self.config.rank,
+                       lora_scale=self.config.lora_scale)
+        export_head(out, self.strategy.head_w, self.strategy.head_b)
+        write_metrics(out, self.summary())
+        self.emit(f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
+                  f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}")
+
+    def summary(self) -> dict:
+        return {"run_id": self.config.run_id, "config": json.loads(self.config.to_json()),
+                "seconds": time.time() - self.started, "history": self.history, **self.matrix.summary()}
+
+    # ---------------------------------------------------------------- client calls
+
+    def join(self, client_id: str, requested_index: int | None = None) -> int:
+        with self.lock:
+            if client_id in self.clients:
+                index = self.clients[client_id]
+                if requested_index is not None and requested_index != index:
+                    raise Refused("FAILED_PRECONDITION", f"client {client_id!r} already holds index {index}, "
+                                                         f"not {requested_index}")
+                return index
+            taken = set(self.clients.values())
+            if requested_index is not None:
+                if not 0 <= requested_index < self.config.num_clients:
+                    raise Refused("INVALID_ARGUMENT", f"requested_index must lie in 0..{self.config.num_clients - 1}, "
+                                                      f"got {requested_index}")
+                if requested_index in taken:
+                    raise Refused("ALREADY_EXISTS", f"client index {requested_index} is held by another client")
+                index = requested_index
+            else:
+                free = [i for i in range(self.config.num_clients) if i not in taken]
+                if not free:
+                    raise Refused("RESOURCE_EXHAUSTED", f"all {self.config.num_clients} client slots are taken")
+                index = free[0]
+            self.clients[client_id] = index
+            self._commit()
+            self.emit(f"client {client_id} joined as index {index} ({len(self.clients)}/{self.config.num_clients})")
+            return index
+
+    def describe(self, client_id: str, spec: ModelSpec) -> None:
+        with self.lock:
+            self._index_of(client_id)
+            if self.spec is None:
+                self.spec = spec
+                self.strategy = make_strategy(self.config, spec)
+                self._commit()
+            elif spec != self.spec:
+                raise Refused("FAILED_PRECONDITION", f"client {client_id!r} built a different model than the run's "
+                                                     f"({len(spec.layers)} vs {len(self.spec.layers)} LoRA layers, "
+                                                     f"{spec.num_classes} vs {self.spec.num_classes} classes)")
+            self._maybe_start()
+
+    def _maybe_start(self) -> None:
+        if self.state == State.WAITING and self.strategy is not None and len(self.clients) == self.config.num_clients:
+            self.state = State.RUNNING
+            self._open_step(0, 0, fresh_task=True)
+            self._commit()
+            self.emit(f"all {self.config.num_clients} clients joined: task 0 starts")
+
+    def _index_of(self, client_id: str) -> int:
+        if client_id not in self.clients:
+            raise Refused("PERMISSION_DENIED", f"client {client_id!r} has not joined this run")
+        return self.clients[client_id]
+
+    def pull(self, client_id: str) -> RoundPlan | Wait:
+        with self.lock:
+            index = self._index_of(client_id)
+            self._tick()
+            if self.state == State.DONE:
+                self.released.add(client_id)
+                return RoundPlan(run_id=self.config.run_id, phase=Phase.DONE, task=self.config.num_tasks - 1,
+                                 round=0, class_range=(0, 0), seen_classes=0)
+            if self.state == State.WAITING:
+                return Wait(self.options.retry_after_s, f"{len(self.clients)}/{self.config.num_clients} clients joined")
+            step = self.step
+            assert step is not None
+            if index in step.submitted:
+                return Wait(self.options.retry_after_s, f"waiting for {self.config.num_clients - len(step.submitted)} "
+                                                        "other clients")
+            return step.plan
+
+    def _check_step(self, client_id: str, client_index: int, run_id: str, task: int, round_: int,
+                    phase: Phase) -> StepState:
+        index = self._index_of(client_id)
+        if client_index != index:
+            raise Refused("PERMISSION_DENIED", f"client {client_id!r} holds index {index}, not {client_index}")
+        if run_id != self.config.run_id:
+            raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.config.run_id!r}, got {run_id!r}")
+        step = self.step
+        if self.state != State.RUNNING or step is None:
+            raise Refused("FAILED_PRECONDITION", f"no step is open (state {self.state.value})")
+        if (task, round_, phase) != (step.task, step.round, step.phase):
+            raise Refused("FAILED_PRECONDITION", f"stale or early submission: the open step is task {step.task} "
+                                                 f"round {step.round} {step.phase.value}, got task {task} round "
+                                                 f"{round_} {phase.value}")
+        return step
+
+    def precheck(self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase,
+                 idempotency_key: str) -> bool:
+        """Check a push's envelope before its tensors are received; ``True`` if it is a duplicate."""
+        with self.lock:
+            step = self._check_step(client_id, client_index, run_id, task, round_, phase)
+            return client_index in step.submitted
+
+    def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
+        """Validate, stage durably, and fold when its turn comes. Returns ``False`` for a duplicate."""
+        with self.lock:
+            step = self._check_step(update.client_id, update.client_index, update.run_id, update.task,
+                                    update.round, update.phase)
+            if step.phase == Phase.EVALUATE:
+                raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
+            if update.client_index in step.submitted:
+                return False
+            assert step.aggregator is not None
+            try:
+                step.aggregator.check(update)
+            except UpdateRejected as err:
+                raise Refused("INVALID_ARGUMENT", str(err)) from err
+            self.store.stage_update(step.key, update, idempotency_key)
+            step.submitted.add(update.client_index)
+            self._fold_ready(update)
+            self._maybe_finish()
+            return True
+
+    def report_eval(self, report: EvalReport, idempotency_key: str) -> bool:
+        with self.lock:
+            step = self._check_step(report.client_id, report.client_index, report.run_id, report.task,
+                                    self.config.rounds_per_task, Phase.EVALUATE)
+            if report.client_index in step.submitted:
+                return False
+            if len(report.correct) != report.task + 1 or len(report.total) != report.task + 1:
+                raise Refused("INVALID_ARGUMENT", f"correct/total: expected {report.task + 1} counts each")
+            self.store.stage_eval(step.key, report.client_index, {
+                "idempotency_key": idempotency_key, "run_id": report.run_id, "client_id": report.client_id,
+                "task": report.task, "correct": list(report.correct), "total": list(report.total)})
+            step.submitted.add(report.client_index)
+            step.reports[report.client_index] = report
+            self._maybe_finish()
+            return True
+
+    def _tick(self) -> None:
+        if self.state == State.RUNNING and self.step is not None and self._deadline_passed():
+            self._maybe_finish()
+
+    def all_clients_released(self) -> bool:
+        with self.lock:
+            return self.state == State.DONE and set(self.clients) <= self.released
+
+    def tick(self) -> None:
+        """Close a step whose deadline has passed with a quorum (called periodically)."""
+        with self.lock:
+            self._tick()
+
+    def status(self) -> dict:
+        with self.lock:
+            step = self.step
+            return {"run_id": self.config.run_id, "state": self.state.value,
+                    "task": step.task if step else self.pointer[0], "round": step.round if step else 0,
+                    "phase": (step.phase if step else Phase.DONE if self.state == State.DONE else Phase.TRAIN),
+                    "clients_joined": len(self.clients), "clients_done": len(step.submitted) if step else 0,
+                    "metrics": {"accuracy": self.matrix.accuracy(), "history": self.history[-5:]}}

@@ -1,0 +1,204 @@
+"""Write the result of a finished run in formats that need none of this project's code.
+
+- :func:`export_adapter`: the merged backbone delta ``dW = B_cat @ A_cat`` of every LoRA layer
+  (SPEC §2, "Low-rank form of the task merge") as one standard PEFT LoRA adapter of rank
+  ``k = T * r``, loadable with ``PeftModel.from_pretrained(base, out_dir)``, or by hand:
+  ``W = W0 + lora_scale * lora_B @ lora_A`` with safetensors alone;
+- :func:`export_head`: the classifier head as a safetensors file;
+- :func:`write_metrics`: the run summary as JSON.
+
+Pure file I/O: no gRPC, no logging. Every file is written to a temporary file in the target
+directory and moved into place with ``os.replace``, so a reader never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+from torch import Tensor
+
+from common.messages import LowRank, ModelSpec
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
+ADAPTER_CONFIG = "adapter_config.json"
+HEAD_FILE = "head.safetensors"
+METRICS_FILE = "metrics.json"
+PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the base model, as PEFT saves keys
+
+
+def export_adapter(out_dir: str | os.PathLike, adapter: dict[str, LowRank], spec: ModelSpec, *,
+                   rank_per_task: int, lora_scale: float = 1.0) -> Path:
+    """Write ``adapter`` as a PEFT LoRA adapter directory and return its path.
+
+    ``adapter`` maps every layer of ``spec.layers`` (names relative to our backbone wrapper) to
+    ``LowRank(b, a)`` with ``b: (d_out, k)``, ``a: (k, d_in)``, the same ``k`` for all layers
+    (``k = T * rank_per_task`` after ``T`` tasks). The model it describes is
+    ``W = W0 + lora_scale * b @ a`` per layer.
+
+    Files written:
+
+    - ``adapter_model.safetensors``: ``base_model.model.<name>.lora_A.weight: (k, d_in)`` and
+      ``base_model.model.<name>.lora_B.weight: (d_out, k)``, float32, where ``<name>`` is the
+      layer name without ``spec.export_prefix`` (i.e. relative to the library model);
+    - ``adapter_config.json``: ``r = k`` and ``lora_alpha = k * lora_scale``, so that PEFT's
+      scaling ``lora_alpha / r`` equals ``lora_scale``; ``target_modules`` lists every layer.
+
+    Raises ``ValueError`` naming the layer when a layer is missing or unknown, a shape does not
+    match ``spec``, a factor is not finite, or the ranks disagree.
+    """
+    if rank_per_task < 1:
+        raise ValueError(f"`rank_per_task` should be a positive integer, got {rank_per_task}")
+    if not math.isfinite(lora_scale) or lora_scale == 0.0:
+        raise ValueError(f"`lora_scale` should be finite and non-zero, got {lora_scale}")
+    rank, factors = _checked_factors(adapter, spec)
+    if rank % rank_per_task != 0:
+        raise ValueError(f"adapter rank {rank} is not a multiple of rank_per_task {rank_per_task}")
+
+    tensors: dict[str, Tensor] = {}
+    for name, (b, a) in factors.items():
+        key = PEFT_PREFIX + _strip_prefix(name, spec.export_prefix)
+        tensors[f"{key}.lora_A.weight"] = a  # (k, d_in)
+        tensors[f"{key}.lora_B.weight"] = b  # (d_out, k)
+    metadata = {"format": "pt", "lorm.rank_per_task": str(rank_per_task),
+                "lorm.tasks": str(rank // rank_per_task), "lorm.lora_scale": repr(float(lora_scale))}
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / ADAPTER_WEIGHTS, safetensors_bytes(tensors, metadata=metadata))
+    config = _lora_config(spec, rank, lora_scale, [_strip_prefix(n, spec.export_prefix) for n in factors])
+    _atomic_write(out / ADAPTER_CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+    return out
+
+
+def export_head(out_dir: str | os.PathLike, head_w: Tensor, head_b: Tensor) -> Path:
+    """Write ``head.safetensors`` with ``weight: (num_classes, feature_dim)`` and ``bias: (num_classes,)``.
+
+    Both are stored as float32; the head computes ``logits = features @ weight.T + bias``.
+    Returns the file's path.
+    """
+    if head_w.dim() != 2 or head_b.dim() != 1 or head_b.shape[0] != head_w.shape[0]:
+        raise ValueError(f"head must be weight (num_classes, feature_dim) and bias (num_classes,), "
+                         f"got weight {tuple(head_w.shape)} and bias {tuple(head_b.shape)}")
+    tensors = {"weight": _float32(head_w), "bias": _float32(head_b)}
+    for key, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"head {key} has non-finite values")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / HEAD_FILE
+    _atomic_write(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
+    return path
+
+
+def write_metrics(out_dir: str | os.PathLike, summary: dict[str, Any]) -> Path:
+    """Write ``summary`` as ``metrics.json`` (strict JSON: NaN and infinities become ``null``).
+
+    Raises ``TypeError`` for values JSON cannot hold, before anything is written. Returns the
+    file's path.
+    """
+    text = json.dumps(_json_safe(summary), indent=2, allow_nan=False) + "\n"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / METRICS_FILE
+    _atomic_write(path, text.encode())
+    return path
+
+
+def _checked_factors(adapter: dict[str, LowRank], spec: ModelSpec) -> tuple[int, dict[str, tuple[Tensor, Tensor]]]:
+    """Validate ``adapter`` against ``spec``; return the common rank ``k`` and float32
+    ``(b: (d_out, k), a: (k, d_in))`` per layer, in ``spec`` order."""
+    if not spec.layers:
+        raise ValueError("spec has no LoRA layers: nothing to export")
+    missing = [n for n in spec.layers if n not in adapter]
+    if missing:
+        raise ValueError(f"adapter is missing layer(s) {missing}; expected every layer of the spec")
+    unknown = [n for n in adapter if n not in spec.layers]
+    if unknown:
+        raise ValueError(f"adapter has layer(s) {unknown} that are not in the spec")
+    rank: int | None = None
+    factors: dict[str, tuple[Tensor, Tensor]] = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        b, a = adapter[name].b, adapter[name].a
+        k = b.shape[-1] if b.dim() == 2 else -1
+        if b.dim() != 2 or a.dim() != 2 or b.shape[0] != d_out or a.shape != (k, d_in) or k < 1:
+            raise ValueError(f"layer {name!r}: expected B ({d_out}, k) and A (k, {d_in}) with k >= 1, "
+                             f"got B {tuple(b.shape)} and A {tuple(a.shape)}")
+        if rank is not None and k != rank:
+            raise ValueError(f"layer {name!r} has rank {k}, but earlier layers have rank {rank}; "
+                             f"an adapter has one rank")
+        rank = k
+        b32, a32 = _float32(b), _float32(a)
+        for label, t in (("B", b32), ("A", a32)):
+            if not torch.isfinite(t).all():
+                raise ValueError(f"layer {name!r}: factor {label} has non-finite values")
+        factors[name] = (b32, a32)
+    assert rank is not None
+    return rank, factors
+
+
+def _lora_config(spec: ModelSpec, rank: int, lora_scale: float, targets: list[str]) -> dict[str, Any]:
+    """The ``adapter_config.json`` fields that fix how PEFT applies the adapter."""
+    alpha = rank * lora_scale
+    return {
+        "peft_type": "LORA",
+        "task_type": None,  # a bare base model (PeftModel), no task head
+        "base_model_name_or_path": spec.base_model or None,  # None: the base is given when loading
+        "revision": None,
+        "inference_mode": True,
+        "r": rank,
+        "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,  # scaling alpha / r = lora_scale
+        "lora_dropout": 0.0,
+        "target_modules": targets,  # exact names: PEFT matches a name equal to an entry
+        "bias": "none",
+        "fan_in_fan_out": False,  # torch Linear layout: W (d_out, d_in)
+        "use_rslora": False,  # rsLoRA would scale by alpha / sqrt(r)
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+
+
+def _strip_prefix(name: str, prefix: str) -> str:
+    if not name.startswith(prefix) or len(name) == len(prefix):
+        raise ValueError(f"layer {name!r} does not start with the export prefix {prefix!r}")
+    return name[len(prefix):]
+
+
+def _float32(t: Tensor) -> Tensor:
+    # A fresh contiguous copy: safetensors refuses tensors that share storage or are strided.
+    return t.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file next to ``path``, then ``os.replace`` it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

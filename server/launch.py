@@ -1,0 +1,102 @@
+"""``lorm-launch``: one coordinator and N clients as separate OS processes on loopback.
+
+Starts ``lorm-server`` on a free port, then ``num_clients`` ``lorm-client`` processes, prints
+their output with a prefix per process, and waits for the run to finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common.config import add_config_arguments, config_from_args
+
+SERVER = [sys.executable, "-m", "server.main"]
+CLIENT = [sys.executable, "-m", "client.main"]
+
+
+def _pump(prefix: str, stream, sink) -> None:
+    for line in iter(stream.readline, ""):
+        sink.write(f"[{prefix}] {line}" if prefix else line)
+        sink.flush()
+
+
+def _spawn(cmd: list[str], prefix: str, env: dict, quiet: bool) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    sink = open(os.devnull, "w") if quiet else sys.stdout
+    threading.Thread(target=_pump, args=(prefix, proc.stdout, sink), daemon=True).start()
+    return proc
+
+
+def launch(config_path: Path, num_clients: int, state_dir: Path, results_dir: Path, timeout_s: float,
+           quiet_clients: bool = False, extra_server_args: list[str] | None = None) -> int:
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PYTHONUNBUFFERED": "1"}
+    port_file = state_dir.parent / "port"
+    port_file.unlink(missing_ok=True)
+    server = _spawn(SERVER + ["--config", str(config_path), "--state-dir", str(state_dir), "--results-dir",
+                              str(results_dir), "--port", "0", "--port-file", str(port_file)]
+                    + (extra_server_args or []), "", env, False)
+    clients: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            if server.poll() is not None:
+                print(f"lorm-launch: the coordinator exited with {server.returncode} before serving", file=sys.stderr)
+                return server.returncode or 1
+            if time.monotonic() > deadline:
+                print("lorm-launch: the coordinator did not start serving within 120 s", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        target = f"127.0.0.1:{port_file.read_text().strip()}"
+        for i in range(num_clients):
+            clients.append(_spawn(CLIENT + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)],
+                                  f"client-{i}", env, quiet_clients))
+        try:
+            rc = server.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"lorm-launch: the run did not finish within {timeout_s:.0f} s", file=sys.stderr)
+            return 1
+        failed = []
+        for i, proc in enumerate(clients):
+            try:
+                if proc.wait(timeout=30) != 0:
+                    failed.append(i)
+            except subprocess.TimeoutExpired:
+                failed.append(i)
+        if failed:
+            print(f"lorm-launch: clients {failed} did not exit cleanly", file=sys.stderr)
+            return rc or 1
+        return rc
+    finally:
+        for proc in clients + [server]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lorm-launch", description="Run a coordinator and its clients locally.")
+    add_config_arguments(parser)
+    parser.add_argument("--run-dir", default="", help="state and results go here (default runs/<run_id>-<time>)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
+    parser.add_argument("--quiet-clients", action="store_true", help="show only the coordinator's output")
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    run_dir = Path(args.run_dir or f"runs/{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.json"
+    config_path.write_text(config.to_json())
+    print(f"lorm-launch: run {config.run_id}, {config.num_clients} clients, directory {run_dir}", flush=True)
+    return launch(config_path, config.num_clients, run_dir / "state", run_dir / "results", args.timeout,
+                  args.quiet_clients)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

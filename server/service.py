@@ -1,0 +1,123 @@
+"""The gRPC servicer (thin: decode, call the coordinator, encode) and the server factory."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from common import serde
+from common.messages import ModelSpec, RoundPlan
+from proto import lorm_pb2 as pb
+from proto import lorm_pb2_grpc as pb_grpc
+from server.coordinator import Coordinator, Refused, Wait
+
+SERVICE_NAME = "lorm.v1.Coordinator"
+
+SERVER_OPTIONS = serde.CHANNEL_OPTIONS + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # accept the clients' keepalives
+]
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _abort(context: grpc.ServicerContext, err: Exception) -> None:
+    if isinstance(err, Refused):
+        context.abort(getattr(grpc.StatusCode, err.code), str(err))
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    def __init__(self, coordinator: Coordinator, chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> None:
+        self.coordinator = coordinator
+        self.chunk_bytes = chunk_bytes
+
+    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
+        coord = self.coordinator
+        try:
+            if not request.client_id:
+                raise ValueError("client_id: must not be empty")
+            wanted = request.requested_index if request.HasField("requested_index") else None
+            index = coord.join(request.client_id, wanted)
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        return pb.JoinReply(run_id=coord.config.run_id, config_json=coord.config.to_json(), client_index=index,
+                            num_clients=coord.config.num_clients)
+
+    def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
+        try:
+            if request.run_id != self.coordinator.config.run_id:
+                raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
+            try:
+                spec = ModelSpec.from_json(request.model_spec_json)
+            except (ValueError, KeyError, TypeError, IndexError) as err:
+                raise ValueError(f"model_spec_json: not a model description ({err})") from err
+            self.coordinator.describe(request.client_id, spec)
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        return pb.Ack(accepted=True)
+
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.PlanChunk]:
+        try:
+            query = serde.pull_from_proto(request)
+            if query.run_id != self.coordinator.config.run_id:
+                raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
+            answer = self.coordinator.pull(query.client_id)
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        if isinstance(answer, Wait):
+            yield from serde.wait_to_proto(serde.Wait(answer.retry_after_s, answer.reason))
+            return
+        assert isinstance(answer, RoundPlan)
+        yield from serde.plan_to_proto(answer, self.chunk_bytes)
+
+    def Push(self, request_iterator: Iterator[pb.UpdateChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        coord = self.coordinator
+
+        def on_envelope(env: serde.PushEnvelope) -> None:
+            if coord.precheck(env.client_id, env.client_index, env.run_id, env.task, env.round, env.phase,
+                              env.idempotency_key):
+                raise _Duplicate()
+
+        try:
+            envelope, update = serde.update_from_proto(request_iterator, on_envelope=on_envelope)
+            accepted = coord.submit(update, envelope.idempotency_key)
+        except _Duplicate:
+            return pb.PushReply(accepted=True, duplicate=True, message="already recorded")
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        return pb.PushReply(accepted=True, duplicate=not accepted, message="recorded" if accepted else "already recorded")
+
+    def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.Ack:
+        try:
+            key, report = serde.eval_from_proto(request)
+            accepted = self.coordinator.report_eval(report, key)
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        return pb.Ack(accepted=True, duplicate=not accepted)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        import json
+
+        s = self.coordinator.status()
+        return pb.RunStatus(run_id=s["run_id"], state=s["state"], task=s["task"], round=s["round"],
+                            phase=serde.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],
+                            clients_done=s["clients_done"], metrics_json=json.dumps(s["metrics"]))
+
+
+def create_server(coordinator: Coordinator, address: str, max_workers: int = 32) -> tuple[grpc.Server, int]:
+    """A started-ready (not yet started) server bound to ``address`` (port 0: any free port)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"could not bind {address}")
+    return server, port

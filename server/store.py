@@ -1,0 +1,171 @@
+"""The coordinator's state on disk: atomic generations plus staged submissions.
+
+Layout of ``root``:
+
+- ``CURRENT`` — the name of the newest complete generation (replaced atomically);
+- ``gen-NNNNNN/meta.json`` and ``gen-NNNNNN/strategy.safetensors`` — the run's state after a
+  step: step pointer, clients, metrics, and the strategy's tensors;
+- ``staging/<step>/<index>.safetensors`` + ``<index>.json`` — every accepted submission of the
+  current step, written (and fsync'd) before the client is acknowledged.
+
+A generation directory is complete before ``CURRENT`` names it, so a crash at any point
+leaves either the old or the new generation in force; submissions of the step in progress
+are re-folded from staging on restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from common.messages import ClientUpdate, Phase
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, value: Any) -> None:
+    atomic_write_bytes(path, json.dumps(value, indent=1, sort_keys=True).encode())
+
+
+def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    # Clones: the strategy's tensors may share storage (a task's factors are the round's).
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def step_key(task: int, step: int) -> str:
+    return f"t{task:04d}-s{step:03d}"
+
+
+class Store:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ generations
+
+    def latest(self) -> tuple[dict, dict[str, Tensor]] | None:
+        """The newest complete generation ``(meta, strategy tensors)``, or ``None`` for a new run."""
+        current = self.root / "CURRENT"
+        if not current.exists():
+            return None
+        gen = self.root / current.read_text().strip()
+        meta = json.loads((gen / "meta.json").read_text())
+        tensors_path = gen / "strategy.safetensors"
+        tensors = load_file(str(tensors_path)) if tensors_path.exists() else {}
+        return meta, tensors
+
+    def commit(self, meta: dict, tensors: dict[str, Tensor]) -> None:
+        """Write a new generation and make it current; then drop older generations."""
+        existing = sorted(p.name for p in self.root.glob("gen-*") if p.is_dir())
+        number = int(existing[-1].split("-")[1]) + 1 if existing else 0
+        gen = self.root / f"gen-{number:06d}"
+        if gen.exists():
+            shutil.rmtree(gen)
+        gen.mkdir()
+        if tensors:
+            _save_tensors(gen / "strategy.safetensors", tensors)
+        atomic_write_json(gen / "meta.json", meta)
+        _fsync_dir(gen)
+        atomic_write_bytes(self.root / "CURRENT", gen.name.encode())
+        for name in existing:
+            shutil.rmtree(self.root / name, ignore_errors=True)
+
+    # ------------------------------------------------------------------ staging
+
+    def _staging(self, key: str) -> Path:
+        return self.root / "staging" / key
+
+    def stage_update(self, key: str, update: ClientUpdate, idempotency_key: str) -> None:
+        """Persist one accepted update of step ``key`` (durable before it is acknowledged)."""
+        folder = self._staging(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, Tensor] = {}
+        for layer, parts in update.factors.items():
+            for part, t in parts.items():
+                tensors[f"factor/{layer}/{part}"] = t
+        for layer, g in update.grams.items():
+            tensors[f"gram/{layer}"] = g
+        for name in ("head_weight", "head_bias", "head_gram"):
+            if getattr(update, name) is not None:
+                tensors[name] = getattr(update, name)
+        i = update.client_index
+        if tensors:
+            _save_tensors(folder / f"{i}.safetensors", tensors)
+        meta = {"idempotency_key": idempotency_key, "run_id": update.run_id, "client_id": update.client_id,
+                "client_index": i, "task": update.task, "round": update.round, "phase": update.phase.value,
+                "num_samples": update.num_samples, "train_loss": update.train_loss, "has_tensors": bool(tensors)}
+        atomic_write_json(folder / f"{i}.json", meta)  # written last: its presence marks the update complete
+
+    def staged_meta(self, key: str, index: int) -> dict | None:
+        path = self._staging(key) / f"{index}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def staged_indices(self, key: str) -> list[int]:
+        folder = self._staging(key)
+        if not folder.exists():
+            return []
+        return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+
+    def load_update(self, key: str, index: int) -> ClientUpdate:
+        folder = self._staging(key)
+        meta = json.loads((folder / f"{index}.json").read_text())
+        tensors = load_file(str(folder / f"{index}.safetensors")) if meta["has_tensors"] else {}
+        factors: dict[str, dict[str, Tensor]] = {}
+        grams: dict[str, Tensor] = {}
+        for name, t in tensors.items():
+            kind, _, rest = name.partition("/")
+            if kind == "factor":
+                layer, _, part = rest.rpartition("/")
+                factors.setdefault(layer, {})[part] = t
+            elif kind == "gram":
+                grams[rest] = t
+        return ClientUpdate(
+            run_id=meta["run_id"], client_id=meta["client_id"], client_index=index, task=meta["task"],
+            round=meta["round"], phase=Phase(meta["phase"]), num_samples=meta["num_samples"], factors=factors,
+            grams=grams, head_weight=tensors.get("head_weight"), head_bias=tensors.get("head_bias"),
+            head_gram=tensors.get("head_gram"), train_loss=float(meta["train_loss"]))
+
+    def stage_eval(self, key: str, index: int, report: dict) -> None:
+        atomic_write_json(self._staging(key) / f"{index}.json", report)
+
+    def drop_staging(self, keep: str | None = None) -> None:
+        """Delete every staged step except ``keep`` (after a generation made them redundant)."""
+        root = self.root / "staging"
+        if not root.exists():
+            return
+        for folder in root.iterdir():
+            if folder.name != keep:
+                shutil.rmtree(folder, ignore_errors=True)

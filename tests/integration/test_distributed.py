@@ -1,0 +1,87 @@
+"""The distributed system: coordinator and clients as separate processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.config import RunConfig
+from server.export import export_adapter
+from server.simulation import run_inprocess
+from client.runtime import build_runtime
+
+CONFIG = RunConfig(run_id="dist", num_clients=3, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
+                   lr_lora=1e-3, threads=1, seed=9,
+                   extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The in-process run of CONFIG, exported the way the coordinator exports."""
+    result = run_inprocess(CONFIG)
+    out = tmp_path_factory.mktemp("inprocess")
+    spec = build_runtime(CONFIG).spec
+    export_adapter(out / "adapter", result.adapter, spec, rank_per_task=CONFIG.rank)
+    return result, load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def finished(c) -> tuple[dict, dict]:
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    return metrics, load_file(str(c.run_dir / "results" / "adapter" / "adapter_model.safetensors"))
+
+
+def assert_same_as_reference(c, reference) -> None:
+    result, adapter = reference
+    metrics, got = finished(c)
+    assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
+    assert got.keys() == adapter.keys()
+    for key in adapter:
+        assert torch.equal(got[key], adapter[key]), key
+
+
+def start(c, clients=range(3)):
+    server = c.server()
+    server.wait_for("serving on")
+    return server, [c.client(i) for i in clients]
+
+
+def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
+    c = cluster(CONFIG.to_json())
+    server, clients = start(c)
+    assert server.wait() == 0
+    assert all(p.wait() == 0 for p in clients)
+    server_out = "".join(server.lines)
+    assert "task 1 evaluated" in server_out and "FAA (mean over tasks, paper)" in server_out
+    assert_same_as_reference(c, reference)
+    config = json.loads((c.run_dir / "results" / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == CONFIG.num_tasks * CONFIG.rank  # one adapter of rank T * r
+
+
+def test_client_killed_mid_round_rejoins(cluster, reference):
+    c = cluster(CONFIG.to_json())
+    server, clients = start(c)
+    clients[1].wait_for(r"task 0 round 0 train B")  # it has pushed round 0 and is into round 1
+    clients[1].proc.send_signal(signal.SIGKILL)
+    clients[1].wait()
+    again = c.client(1)  # same identity, same shard
+    again.wait_for(r"joined run dist as client 1")
+    assert server.wait() == 0
+    assert again.wait() == 0
+    assert_same_as_reference(c, reference)
+
+
+def test_coordinator_killed_between_rounds_resumes(cluster, reference):
+    c = cluster(CONFIG.to_json())
+    server, clients = start(c)
+    server.wait_for(r"task 0 round 1 train A merged")
+    server.proc.send_signal(signal.SIGKILL)
+    server.wait()
+    restarted = c.server()  # same state dir, same port: clients retry with backoff
+    restarted.wait_for(r"resumed run dist at running task 0")
+    assert restarted.wait() == 0
+    assert all(p.wait() == 0 for p in clients)
+    assert_same_as_reference(c, reference)
