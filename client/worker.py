@@ -35,7 +35,14 @@ class EncodedData:
         return int(self.labels.shape[0])
 
     def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]:
-        return {k: v[idx].to(device) for k, v in self.inputs.items()}, self.labels[idx].to(device)
+        inputs = {k: v[idx] for k, v in self.inputs.items()}
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            # Trim padding columns that no sample of this batch uses: same outputs, less work.
+            width = max(int(mask.sum(1).max()), 1)
+            inputs = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v
+                      for k, v in inputs.items()}
+        return {k: v.to(device) for k, v in inputs.items()}, self.labels[idx].to(device)
 
 
 def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
@@ -163,6 +170,8 @@ class ClientWorker:
             for _ in range(self.config.gram_passes):
                 for start in range(0, shard.numel(), GRAM_BATCH):
                     inputs, _ = self.train.batch(shard[start:start + GRAM_BATCH], self.device)
+                    # Padding tokens are not inputs: their rows are left out of the Grams.
+                    recorder.row_mask = inputs.get("attention_mask")
                     self.model(inputs)
         grams = {name: g.cpu() for name, g in recorder.grams.items()}
         head_gram = grams.pop("<head>", None)

@@ -102,14 +102,19 @@ class RunConfig:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` (JSON) and repeatable ``--set KEY=VALUE`` overrides of :class:`RunConfig`."""
+    parser.add_argument("--preset", default="", help="start from a named configuration (common/presets.py)")
     parser.add_argument("--config", help="JSON file with RunConfig values")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one RunConfig value (parsed as JSON when possible, else a string)")
 
 
 def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults < ``base`` < ``--config`` file < ``--set`` overrides."""
+    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides."""
+    from common.presets import preset
+
     values = dict(base or {})
+    if args.preset:
+        values.update(preset(args.preset))
     if args.config:
         with open(args.config) as f:
             values.update(json.load(f))

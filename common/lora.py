@@ -155,7 +155,9 @@ class GramRecorder:
     """Accumulates ``G = sum_x x x^T`` (or only its diagonal) of each module's input, in float64.
 
     Every row of the input counts: a ``(batch, tokens, d_in)`` input contributes
-    ``batch * tokens`` rows. Hooks are attached only inside :meth:`recording`.
+    ``batch * tokens`` rows, except rows that ``row_mask`` (``(batch, tokens)``, set per batch)
+    marks 0, such as padding tokens; the mask applies to inputs whose leading dimensions
+    match it. Hooks are attached only inside :meth:`recording`.
     """
 
     def __init__(self, modules: dict[str, nn.Module], full: bool | dict[str, bool] = False) -> None:
@@ -163,10 +165,14 @@ class GramRecorder:
         self.full = full if isinstance(full, dict) else {name: full for name in modules}
         self.grams: dict[str, Tensor] = {}
         self.rows: dict[str, int] = {name: 0 for name in modules}
+        self.row_mask: Tensor | None = None
 
     def _hook(self, name: str):
         def hook(_module: nn.Module, inputs: tuple) -> None:
             x = inputs[0].detach()
+            mask = self.row_mask
+            if mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape):
+                x = x[mask.to(torch.bool)]  # (kept rows, d_in)
             x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (rows, d_in)
             g = x.T @ x if self.full[name] else (x * x).sum(dim=0)
             prev = self.grams.get(name)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from common.messages import LowRank, ModelSpec
+from server.store import atomic_write_bytes
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
 ADAPTER_CONFIG = "adapter_config.json"
@@ -71,9 +71,9 @@ def export_adapter(out_dir: str | os.PathLike, adapter: dict[str, LowRank], spec
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / ADAPTER_WEIGHTS, safetensors_bytes(tensors, metadata=metadata))
+    atomic_write_bytes(out / ADAPTER_WEIGHTS, safetensors_bytes(tensors, metadata=metadata))
     config = _lora_config(spec, rank, lora_scale, [_strip_prefix(n, spec.export_prefix) for n in factors])
-    _atomic_write(out / ADAPTER_CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+    atomic_write_bytes(out / ADAPTER_CONFIG, (json.dumps(config, indent=2) + "\n").encode())
     return out
 
 
@@ -93,7 +93,7 @@ def export_head(out_dir: str | os.PathLike, head_w: Tensor, head_b: Tensor) -> P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / HEAD_FILE
-    _atomic_write(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
     return path
 
 
@@ -107,7 +107,7 @@ def write_metrics(out_dir: str | os.PathLike, summary: dict[str, Any]) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / METRICS_FILE
-    _atomic_write(path, text.encode())
+    atomic_write_bytes(path, text.encode())
     return path
 
 
@@ -188,17 +188,3 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, then ``os.replace`` it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

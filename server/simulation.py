@@ -16,7 +16,7 @@ from typing import Callable
 
 from client.runtime import build_runtime
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.messages import ClientUpdate, LowRank, Phase
+from common.messages import ClientUpdate, LowRank
 from common.metrics import AccuracyMatrix, format_summary
 from server.strategies import make_strategy
 

@@ -135,3 +135,16 @@ def test_init_lora_a_is_seeded():
     a1 = init_lora_a(3, 10, torch.Generator().manual_seed(5))
     a2 = init_lora_a(3, 10, torch.Generator().manual_seed(5))
     assert torch.equal(a1, a2)
+
+
+def test_gram_recorder_leaves_masked_rows_out():
+    layer = make_layer()
+    x = torch.randn(2, 4, 6)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    recorder = GramRecorder({"l": layer}, full=True)
+    recorder.row_mask = mask
+    with recorder.recording():
+        layer(x)
+    rows = x[mask.bool()].double()  # 5 real tokens
+    torch.testing.assert_close(recorder.grams["l"], rows.T @ rows)
+    assert recorder.rows["l"] == 5

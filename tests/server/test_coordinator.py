@@ -1,0 +1,184 @@
+"""The coordinator: its state machine directly, and its gRPC service on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client.transport import Backoff, CoordinatorClient, Rejected
+from common.config import RunConfig
+from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from server.coordinator import Coordinator, Options, Refused, Wait
+from server.service import create_server
+
+SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+
+
+def config(**kw) -> RunConfig:
+    return RunConfig(**{**dict(run_id="unit", num_clients=3, num_tasks=2, rounds_per_task=2, rank=2, seed=1), **kw})
+
+
+def update_for(plan: RoundPlan, index: int, seed: int = 0) -> ClientUpdate:
+    g = torch.Generator().manual_seed(seed * 100 + index)
+    factors = {name: {f: torch.randn(*((d_out, 2) if f == "B" else (2, d_in)), generator=g)
+                      for f in plan.train_factors} for name, (d_out, d_in) in SPEC.layers.items()}
+    grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
+    x = torch.randn(12, 4, generator=g, dtype=torch.float64)
+    head = plan.phase == Phase.TRAIN
+    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
+                        round=plan.round, phase=plan.phase, num_samples=10 + index, factors=factors, grams=grams,
+                        head_weight=torch.randn(6, 4, generator=g) if head else None,
+                        head_bias=torch.randn(6, generator=g) if head else None,
+                        head_gram=x.T @ x if head else None, train_loss=1.0)
+
+
+def started(tmp_path, **kw) -> Coordinator:
+    coord = Coordinator(config(**kw.pop("cfg", {})), tmp_path / "state", Options(**kw))
+    for i in range(3):
+        assert coord.join(f"c{i}", i) == i
+        coord.describe(f"c{i}", SPEC)
+    return coord
+
+
+def test_waits_for_every_client_then_runs(tmp_path):
+    coord = Coordinator(config(), tmp_path / "state")
+    assert coord.join("c0") == 0
+    coord.describe("c0", SPEC)
+    assert isinstance(coord.pull("c0"), Wait)
+    assert coord.join("c1") == 1 and coord.join("c0") == 0  # joining again keeps the index
+    with pytest.raises(Refused) as err:
+        coord.join("c9", 1)
+    assert err.value.code == "ALREADY_EXISTS"
+    coord.join("c2")
+    coord.describe("c1", SPEC)
+    coord.describe("c2", SPEC)
+    plan = coord.pull("c0")
+    assert isinstance(plan, RoundPlan) and (plan.task, plan.round, plan.phase) == (0, 0, Phase.TRAIN)
+    with pytest.raises(Refused) as err:
+        coord.describe("c1", ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=6))
+    assert err.value.code == "FAILED_PRECONDITION"
+
+
+def test_duplicate_stale_and_impersonation(tmp_path):
+    coord = started(tmp_path)
+    plan = coord.pull("c0")
+    assert coord.submit(update_for(plan, 0), "k0") is True
+    assert coord.submit(update_for(plan, 0), "k0") is False  # duplicate: acknowledged, ignored
+    assert isinstance(coord.pull("c0"), Wait)  # done with this step
+    forged = update_for(plan, 1)
+    forged.client_id = "c2"
+    with pytest.raises(Refused) as err:
+        coord.submit(forged, "k")
+    assert err.value.code == "PERMISSION_DENIED"
+    stale = update_for(plan, 1)
+    stale.round = 1
+    with pytest.raises(Refused) as err:
+        coord.submit(stale, "k1")
+    assert err.value.code == "FAILED_PRECONDITION"
+    bad = update_for(plan, 1)
+    bad.grams["l1"] = torch.ones(7, dtype=torch.float64)
+    with pytest.raises(Refused) as err:
+        coord.submit(bad, "k1")
+    assert err.value.code == "INVALID_ARGUMENT" and "grams[l1]" in str(err.value)
+    assert coord.status()["clients_done"] == 1  # nothing but client 0 was recorded
+
+
+def test_deadline_with_quorum_closes_the_step_and_refuses_late_updates(tmp_path):
+    coord = started(tmp_path, quorum=2, round_deadline_s=0.3)
+    plan = coord.pull("c0")
+    coord.submit(update_for(plan, 0), "k0")
+    coord.submit(update_for(plan, 2), "k2")
+    coord.tick()
+    assert coord.status()["round"] == 0  # deadline not yet passed
+    time.sleep(0.35)
+    coord.tick()
+    assert coord.status()["round"] == 1  # closed without client 1
+    with pytest.raises(Refused) as err:
+        coord.submit(update_for(plan, 1), "k1")
+    assert err.value.code == "FAILED_PRECONDITION"
+    nxt = coord.pull("c1")  # the late client rejoins at the next round
+    assert isinstance(nxt, RoundPlan) and nxt.round == 1 and nxt.train_factors == ("A",)
+
+
+def test_out_of_order_arrivals_fold_in_index_order(tmp_path):
+    """Arrival order does not change the merge: the fold is in client-index order."""
+    results = []
+    for order, name in (((0, 1, 2), "a"), ((2, 0, 1), "b")):
+        coord = started(tmp_path / name)
+        plan = coord.pull("c0")
+        for i in order:
+            coord.submit(update_for(plan, i), f"k{i}")
+        results.append(coord.strategy.shared)
+    for layer in SPEC.layers:
+        assert torch.equal(results[0][layer].b, results[1][layer].b)
+
+
+def test_restart_refolds_staged_submissions(tmp_path):
+    coord = started(tmp_path)
+    plan = coord.pull("c0")
+    coord.submit(update_for(plan, 0), "k0")
+    coord.submit(update_for(plan, 1), "k1")
+    again = Coordinator(config(), tmp_path / "state")  # as after a crash: same state dir
+    assert again.status()["clients_done"] == 2
+    assert again.submit(update_for(plan, 1), "k1") is False  # still known: a duplicate
+    again.submit(update_for(plan, 2), "k2")
+    ref = started(tmp_path / "ref")
+    for i in range(3):
+        ref.submit(update_for(plan, i), f"k{i}")
+    for layer in SPEC.layers:
+        assert torch.equal(again.strategy.shared[layer].b, ref.strategy.shared[layer].b)
+
+
+def test_other_configuration_on_same_state_dir_is_refused(tmp_path):
+    started(tmp_path)
+    with pytest.raises(ValueError, match="different configuration"):
+        Coordinator(config(seed=2), tmp_path / "state")
+
+
+@pytest.fixture
+def served(tmp_path):
+    coord = started(tmp_path)
+    server, port = create_server(coord, "127.0.0.1:0")
+    server.start()
+    yield coord, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def test_grpc_push_duplicate_stale_malformed_and_health(served):
+    coord, target = served
+    client = CoordinatorClient(target, "c0", Backoff(give_up_s=5))
+    config_back, index = client.join(0)
+    assert index == 0 and config_back == coord.config
+    plan = client.pull()
+    assert isinstance(plan, RoundPlan) and plan.train_factors == ("B",)
+    assert torch.equal(plan.lora["l1"].a, coord.strategy.shared["l1"].a)  # byte-exact over the wire
+    update = update_for(plan, 0)
+    assert client.push(update, "key-0") is False
+    assert client.push(update, "key-0") is True  # a retried push is acknowledged as a duplicate
+    stale = update_for(plan, 0)
+    stale.round = 1
+    with pytest.raises(Rejected) as err:
+        client.push(stale, "key-x")
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    other = CoordinatorClient(target, "c1", Backoff(give_up_s=5))
+    other.join(1)
+    bad = update_for(plan, 1)
+    bad.factors["l2"]["B"] = torch.ones(3, 3)
+    with pytest.raises(Rejected) as err:
+        other.push(bad, "key-1")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "factors[l2][B]" in str(err.value)
+    stranger = CoordinatorClient(target, "nobody", Backoff(give_up_s=5))
+    stranger.run_id = "unit"
+    with pytest.raises(Rejected) as err:
+        stranger.pull()
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert coord.status()["clients_done"] == 1
+    with grpc.insecure_channel(target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="lorm.v1.Coordinator"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    for c in (client, other, stranger):
+        c.close()
