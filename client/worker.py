@@ -8,6 +8,7 @@ from the plan, so the same plan gives the same update in any process.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,9 +25,25 @@ GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
 PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3}
 
 
+class SampleData(Protocol):
+    """A client's samples: labels known up front, inputs produced batch by batch.
+
+    ``batch(idx, device, train=..., generator=...)`` returns the model inputs and labels of
+    the samples ``idx``; with ``train=True`` it may apply the dataset's training augmentation,
+    drawing its randomness from ``generator`` only (so a step is reproducible).
+    """
+
+    labels: Tensor  # (n,) int64
+
+    def __len__(self) -> int: ...
+
+    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
+              generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], Tensor]: ...
+
+
 @dataclass
 class EncodedData:
-    """Encoded inputs ``name -> (n, ...)`` and labels ``(n,)``, all on the CPU."""
+    """Encoded inputs ``name -> (n, ...)`` and labels ``(n,)``, all on the CPU (no augmentation)."""
 
     inputs: dict[str, Tensor]
     labels: Tensor
@@ -34,7 +51,8 @@ class EncodedData:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]:
+    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
+              generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], Tensor]:
         inputs = {k: v[idx] for k, v in self.inputs.items()}
         mask = inputs.get("attention_mask")
         if mask is not None:
@@ -61,7 +79,7 @@ class ClientWorker:
     """Client ``client_index`` of ``config.num_clients``, with its shard of ``train`` and ``test``."""
 
     def __init__(self, config: RunConfig, client_index: int, client_id: str, model: ClassifierModel,
-                 train: EncodedData, test: EncodedData, device: torch.device) -> None:
+                 train: SampleData, test: SampleData, device: torch.device) -> None:
         self.config, self.index, self.client_id = config, client_index, client_id
         self.model, self.train, self.test, self.device = model, train, test, device
         num_classes = model.head.out_features
@@ -108,7 +126,7 @@ class ClientWorker:
         self._load(plan)
         loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
         self._set_view(plan)
-        grams, head_gram = self._gram_pass(plan, shard)
+        grams, head_gram = self._gram_pass(plan, shard, seed)
         layers = self.model.lora()
         factors = {name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
                    for name, layer in layers.items()} if plan.train_factors else {}
@@ -142,7 +160,8 @@ class ClientWorker:
             loss_sum, batches = 0.0, 0
             order = shard[torch.randperm(shard.numel(), generator=generator)]
             for start in range(0, order.numel(), cfg.batch_size):
-                inputs, labels = self.train.batch(order[start:start + cfg.batch_size], self.device)
+                inputs, labels = self.train.batch(order[start:start + cfg.batch_size], self.device, train=True,
+                                                  generator=generator)
                 logits, _ = model(inputs)  # (batch, num_classes)
                 # ACE: only the current task's classes compete; old heads get no gradient.
                 loss = F.cross_entropy(logits[:, lo:hi], labels - lo)
@@ -156,7 +175,8 @@ class ClientWorker:
         return loss_sum / max(batches, 1)
 
     @torch.no_grad()
-    def _gram_pass(self, plan: RoundPlan, shard: Tensor) -> tuple[dict[str, Tensor], Tensor | None]:
+    def _gram_pass(self, plan: RoundPlan, shard: Tensor, seed: int) -> tuple[dict[str, Tensor], Tensor | None]:
+        """Grams over the shard, with the training augmentation as in the reference."""
         if plan.gram == GramKind.NONE and not plan.head_gram:
             return {}, None
         modules: dict = dict(self.model.lora()) if plan.gram != GramKind.NONE else {}
@@ -165,11 +185,13 @@ class ClientWorker:
             modules["<head>"] = self.model.head
             full["<head>"] = True
         recorder = GramRecorder(modules, full)
+        generator = torch.Generator().manual_seed(seed ^ 0x5EED)
         self.model.eval()
         with recorder.recording():
             for _ in range(self.config.gram_passes):
                 for start in range(0, shard.numel(), GRAM_BATCH):
-                    inputs, _ = self.train.batch(shard[start:start + GRAM_BATCH], self.device)
+                    inputs, _ = self.train.batch(shard[start:start + GRAM_BATCH], self.device, train=True,
+                                                 generator=generator)
                     # Padding tokens are not inputs: their rows are left out of the Grams.
                     recorder.row_mask = inputs.get("attention_mask")
                     self.model(inputs)
