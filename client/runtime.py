@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 
 from client.backbones import ClassifierModel, build_model, model_spec
-from client.datasets import load_dataset
-from client.worker import ClientWorker, EncodedData, resolve_device
+from client.datasets import Splits, load_dataset
+from client.images import ImageData
+from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.config import RunConfig
 from common.messages import ModelSpec
 
@@ -17,8 +19,8 @@ from common.messages import ModelSpec
 class ClientRuntime:
     config: RunConfig
     model: ClassifierModel
-    train: EncodedData
-    test: EncodedData
+    train: SampleData
+    test: SampleData
     device: torch.device
 
     @property
@@ -29,13 +31,25 @@ class ClientRuntime:
         return ClientWorker(self.config, client_index, client_id, self.model, self.train, self.test, self.device)
 
 
+def sample_data(splits: Splits, model: ClassifierModel) -> tuple[SampleData, SampleData]:
+    """Text: both splits tokenised once, up front. Images: decoded and transformed per batch."""
+    takes_pixels = "pixel_values" in inspect.signature(model.backbone.forward).parameters
+    if (splits.kind == "image") != takes_pixels:
+        raise ValueError(f"the dataset gives {splits.kind} samples but backbone {type(model.backbone).__name__} "
+                         f"takes {'images' if takes_pixels else 'text'}; pick a matching dataset and backbone")
+    train_y, test_y = torch.from_numpy(splits.train_y), torch.from_numpy(splits.test_y)
+    if splits.kind == "image":
+        t = splits.transforms
+        return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
+    encode = model.backbone.encode
+    return EncodedData(encode(splits.train_x), train_y), EncodedData(encode(splits.test_x), test_y)
+
+
 def build_runtime(config: RunConfig) -> ClientRuntime:
-    """Load the dataset, build the model (seeded), and encode both splits once."""
+    """Load the dataset, build the model (seeded), and prepare both splits' samples."""
     if config.threads:
         torch.set_num_threads(config.threads)
     splits = load_dataset(config)
     model = build_model(config, splits.num_classes)
-    encode = model.backbone.encode
-    train = EncodedData(encode(splits.train_x), torch.from_numpy(splits.train_y))
-    test = EncodedData(encode(splits.test_x), torch.from_numpy(splits.test_y))
+    train, test = sample_data(splits, model)
     return ClientRuntime(config, model, train, test, resolve_device(config.device))

@@ -83,7 +83,7 @@ class ClientWorker:
         self.config, self.index, self.client_id = config, client_index, client_id
         self.model, self.train, self.test, self.device = model, train, test, device
         num_classes = model.head.out_features
-        self.tasks = task_ranges(num_classes, config.num_tasks)
+        self.tasks = task_ranges(num_classes, config.num_tasks, config.task_sizes)
         shards = dirichlet_partition(train.labels.numpy(), self.tasks, config.num_clients, config.beta,
                                      config.seed, config.min_client_samples)
         self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices

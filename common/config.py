@@ -23,6 +23,7 @@ class RunConfig:
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
     data_dir: str = ""  # where datasets live on disk ("" -> $LORM_DATA_DIR)
     num_tasks: int = 2  # tasks are contiguous class ranges, classes in natural order
+    task_sizes: list[int] = field(default_factory=list)  # classes per task ([] -> as equal as possible)
     num_classes: int = 0  # 0 -> all classes of the dataset
     train_per_class: int = 0  # cap on training samples per class (0 = all); for small runs
     test_per_class: int = 0  # cap on test samples per class (0 = all)

@@ -70,6 +70,15 @@ class LoRALinear(nn.Module):
         self.set_trainable(())
 
     @property
+    def weight(self) -> Tensor:
+        """``W0``: some models read their linear layers' weight directly (T5 checks its dtype)."""
+        return self.base.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.base.bias
+
+    @property
     def in_features(self) -> int:
         return self.base.in_features
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def task_ranges(num_classes: int, num_tasks: int) -> list[tuple[int, int]]:
+def task_ranges(num_classes: int, num_tasks: int, sizes: list[int] | None = None) -> list[tuple[int, int]]:
     """Split classes ``0..num_classes-1`` into ``num_tasks`` contiguous ``[lo, hi)`` ranges.
 
-    Sizes differ by at most one, larger tasks last (Cars-196: 9 x 20 + 16 is given explicitly
-    by the dataset instead).
+    ``sizes`` gives the classes per task (Cars-196: ``[20] * 9 + [16]``); without it, sizes
+    differ by at most one, larger tasks last.
     """
     if not 1 <= num_tasks <= num_classes:
         raise ValueError(f"need 1 <= num_tasks <= num_classes, got {num_tasks} tasks for {num_classes} classes")
-    base, rest = divmod(num_classes, num_tasks)
-    sizes = [base] * (num_tasks - rest) + [base + 1] * rest
+    if sizes:
+        if len(sizes) != num_tasks or min(sizes) < 1 or sum(sizes) != num_classes:
+            raise ValueError(f"task sizes {list(sizes)} must be {num_tasks} positive numbers summing to {num_classes}")
+    else:
+        base, rest = divmod(num_classes, num_tasks)
+        sizes = [base] * (num_tasks - rest) + [base + 1] * rest
     bounds = np.cumsum([0] + sizes)
     return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
 

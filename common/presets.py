@@ -19,6 +19,29 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The paper's settings (SPEC §4; hyperparameter tables of the paper's appendix): per dataset,
+# (tasks, task sizes or None, rounds per task, Gram passes, backbone, head gamma per beta) and per
+# beta LoRM's (lr, rank). 10 clients, 5 local epochs, batch 16, backbone gamma 0, AdamW wd 0.
+_PAPER = {
+    "cifar100": (10, None, 5, 1, "vit-b16-in21k", {0.5: (3e-4, 1), 0.1: (1e-4, 16), 0.05: (5e-4, 16)}),
+    "imagenet-r": (10, None, 5, 2, "vit-b16-in21k", {0.5: (3e-3, 2), 0.1: (1e-3, 32), 0.05: (1e-3, 16)}),
+    "imagenet-a": (10, None, 10, 2, "vit-b16-in21k", {1.0: (1e-2, 4), 0.5: (1e-2, 4), 0.2: (1e-2, 4)}),
+    "eurosat": (5, None, 5, 2, "vit-b16-in21k", {1.0: (3e-3, 1), 0.5: (3e-3, 1), 0.2: (1e-3, 4)}),
+    "cars196": (10, [20] * 9 + [16], 10, 2, "vit-b16-in21k", {1.0: (1e-2, 8), 0.5: (1e-2, 8), 0.2: (1e-2, 4)}),
+    "cub200": (10, None, 5, 2, "vit-b16-in21k", {1.0: (1e-2, 1), 0.5: (3e-2, 1), 0.2: (3e-2, 1)}),
+    "clinc150": (5, None, 5, 1, "t5-small", {1.0: (1e-2, 2), 0.5: (1e-2, 1), 0.2: (1e-2, 1)}),
+}
+_HEAD_GAMMA = {"cub200": {1.0: 0.3, 0.5: 0.3, 0.2: 0.3}, "clinc150": {1.0: 0.5, 0.5: 0.5, 0.2: 0.1}}
+
+for _name, (_tasks, _sizes, _rounds, _passes, _backbone, _by_beta) in _PAPER.items():
+    for _beta, (_lr, _rank) in _by_beta.items():
+        PRESETS[f"paper-{_name}-b{_beta}"] = dict(
+            run_id=f"paper-{_name}-b{_beta}", dataset=_name, backbone=_backbone, num_tasks=_tasks,
+            task_sizes=_sizes or [], num_clients=10, beta=_beta, rounds_per_task=_rounds, local_epochs=5,
+            batch_size=16, lr=_lr, rank=_rank, gamma_backbone=0.0,
+            gamma_head=_HEAD_GAMMA.get(_name, {}).get(_beta, 0.5), gram_passes=_passes, max_length=64)
+
+
 def preset(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")

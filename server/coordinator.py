@@ -29,6 +29,7 @@ from typing import Callable
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.metrics import AccuracyMatrix
+from server.results import RunReporter
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 
@@ -104,6 +105,7 @@ class Coordinator:
         self.pointer = (0, 0)  # (task, step index) of the step in progress
         self.started = time.time()
         self.released: set[str] = set()  # clients told that the run is over
+        self.reporter = RunReporter(self.options.results_dir or self.store.root / "results")
         self._resume()
 
     # ---------------------------------------------------------------- persistence
@@ -236,6 +238,7 @@ class Coordinator:
             self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
                       f"({len(step.submitted)} clients, loss {step.aggregator.mean_loss:.4f})")
         self.history.append(entry)
+        self.reporter.step(len(self.history) - 1, entry)
         steps = self._steps(step.task)
         if step.index + 1 < len(steps):
             self._open_step(step.task, step.index + 1, fresh_task=False)
@@ -250,14 +253,9 @@ class Coordinator:
             self.done.set()
 
     def _export(self) -> None:
-        from server.export import export_adapter, export_head, write_metrics
-
         assert self.strategy is not None and self.spec is not None
-        out = Path(self.options.results_dir or self.store.root / "results")
-        export_adapter(out / "adapter", self.strategy.adapter(), self.spec, rank_per_task=self.config.rank,
-                       lora_scale=self.config.lora_scale)
-        export_head(out, self.strategy.head_w, self.strategy.head_b)
-        write_metrics(out, self.summary())
+        out = self.reporter.finish(self.config, self.spec, self.strategy.adapter(), self.strategy.head_w,
+                                   self.strategy.head_b, self.summary())
         self.emit(f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
                   f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}")
 

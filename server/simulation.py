@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +19,7 @@ from client.runtime import build_runtime
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.messages import ClientUpdate, LowRank
 from common.metrics import AccuracyMatrix, format_summary
+from server.results import RunReporter
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
@@ -38,8 +40,10 @@ class RunResult:
                 "history": self.history, **self.matrix.summary()}
 
 
-def run_inprocess(config: RunConfig, log: Log = lambda _: None) -> RunResult:
+def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str | Path | None = None) -> RunResult:
+    """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator."""
     start = time.perf_counter()
+    reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     workers = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
@@ -58,6 +62,8 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None) -> RunResult:
             entry = {"task": task, "round": round_, "phase": phase.value,
                      "factors": "".join(plan.train_factors), "loss": aggregator.mean_loss}
             history.append(entry)
+            if reporter:
+                reporter.step(len(history) - 1, entry)
             log(f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
                 f"clients {aggregator.count} loss {aggregator.mean_loss:.4f}")
         plan = strategy.eval_plan(task)
@@ -65,16 +71,24 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None) -> RunResult:
             report = worker.handle(plan)
             matrix.add(task, report.correct, report.total)
         acc = matrix.accuracy()[task]
+        history.append({"task": task, "round": config.rounds_per_task, "phase": "evaluate", "accuracy": acc})
+        if reporter:
+            reporter.step(len(history) - 1, history[-1])
         log(f"task {task} evaluated: " + " ".join(f"{a:.2f}" for a in acc))
-    return RunResult(config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b,
-                     time.perf_counter() - start, history)
+    result = RunResult(config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b,
+                       time.perf_counter() - start, history)
+    if reporter:
+        reporter.finish(config, runtime.spec, result.adapter, result.head_weight, result.head_bias, result.summary())
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a federated class-incremental experiment in one process.")
     add_config_arguments(parser)
+    parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
     args = parser.parse_args(argv)
-    result = run_inprocess(config_from_args(args), log=lambda s: print(s, flush=True))
+    result = run_inprocess(config_from_args(args), log=lambda s: print(s, flush=True),
+                           results_dir=args.results_dir or None)
     print(format_summary(result.summary()))
     return 0
 

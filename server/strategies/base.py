@@ -79,7 +79,7 @@ class Strategy(ABC):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         self.config = config
         self.spec = spec
-        self.tasks = task_ranges(spec.num_classes, config.num_tasks)
+        self.tasks = task_ranges(spec.num_classes, config.num_tasks, config.task_sizes)
         self.head_w, self.head_b = init_head(spec, config.seed)
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:

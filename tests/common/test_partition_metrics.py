@@ -10,6 +10,10 @@ from common.partition import dirichlet_partition, task_ranges, client_test_indic
 def test_task_ranges_contiguous_and_covering():
     assert task_ranges(150, 5) == [(0, 30), (30, 60), (60, 90), (90, 120), (120, 150)]
     assert task_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    cars = task_ranges(196, 10, [20] * 9 + [16])
+    assert cars[-1] == (180, 196) and all(hi - lo == 20 for lo, hi in cars[:-1])
+    with pytest.raises(ValueError, match="summing to 196"):
+        task_ranges(196, 10, [20] * 10)
     with pytest.raises(ValueError):
         task_ranges(3, 4)
 

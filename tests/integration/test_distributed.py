@@ -57,8 +57,17 @@ def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
     server_out = "".join(server.lines)
     assert "task 1 evaluated" in server_out and "FAA (mean over tasks, paper)" in server_out
     assert_same_as_reference(c, reference)
-    config = json.loads((c.run_dir / "results" / "adapter" / "adapter_config.json").read_text())
+    results = c.run_dir / "results"
+    config = json.loads((results / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == CONFIG.num_tasks * CONFIG.rank  # one adapter of rank T * r
+    assert json.loads((results / "config.json").read_text()) == json.loads(CONFIG.to_json())
+    assert (results / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(results / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss/train", "accuracy/task0", "accuracy/task1", "faa/paper"} <= tags
+    assert [e.value for e in events.Scalars("accuracy/task1")] == pytest.approx([reference[0].matrix.accuracy()[1][1]])
 
 
 def test_client_killed_mid_round_rejoins(cluster, reference):

@@ -21,8 +21,8 @@ def test_engine_is_deterministic_and_complete():
     assert torch.equal(a.head_weight, b.head_weight)
     # each test sample of a seen task is scored once: tasks of 4 and 5 classes, 10 samples each
     assert a.matrix.total == [[40], [40, 50]]
-    assert [h["phase"] for h in a.history] == ["train", "train", "task_gram"] * 2
-    assert [h["factors"] for h in a.history][:2] == ["B", "A"]
+    assert [h["phase"] for h in a.history] == ["train", "train", "task_gram", "evaluate"] * 2
+    assert [h.get("factors") for h in a.history][:2] == ["B", "A"]
 
 
 def test_lorm_beats_plain_lora_averaging():

@@ -1,0 +1,93 @@
+"""What a run leaves in its results directory, live and at the end.
+
+- ``tensorboard/``: event files with the mean client loss per step and the accuracy on every
+  seen task after each task (written as steps finish);
+- ``config.json``, ``metrics.json`` (accuracy matrix, both FAA figures, forgetting, history);
+- ``accuracy.png``: accuracy on each task across the tasks trained;
+- ``adapter/`` (standard PEFT LoRA adapter) and ``head.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from torch import Tensor
+
+from common.config import RunConfig
+from common.messages import LowRank, ModelSpec
+from server.export import export_adapter, export_head, write_metrics
+from server.store import atomic_write_bytes
+
+
+class RunReporter:
+    def __init__(self, results_dir: str | Path) -> None:
+        self.dir = Path(results_dir)
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.dir / "tensorboard"))
+        return self._writer
+
+    def step(self, number: int, entry: dict) -> None:
+        """One finished step (an entry of the run history)."""
+        loss = entry.get("loss")
+        if loss is not None and math.isfinite(loss):
+            self.writer.add_scalar(f"loss/train_task{entry['task']}", loss, number)
+            self.writer.add_scalar("loss/train", loss, number)
+        accuracy = entry.get("accuracy")
+        if accuracy is not None:
+            task = entry["task"]
+            for j, a in enumerate(accuracy):
+                self.writer.add_scalar(f"accuracy/task{j}", a, task)
+            self.writer.add_scalar("accuracy/mean_seen_tasks", sum(accuracy) / len(accuracy), task)
+        self.writer.flush()
+
+    def finish(self, config: RunConfig, spec: ModelSpec, adapter: dict[str, LowRank], head_w: Tensor,
+               head_b: Tensor, summary: dict) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
+        export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale)
+        export_head(self.dir, head_w, head_b)
+        write_metrics(self.dir, summary)
+        plot_accuracy(summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}")
+        if self._writer is not None:
+            self.writer.add_scalar("faa/paper", summary["faa"], len(summary["accuracy"]) - 1)
+            self.writer.add_scalar("faa/sample_weighted", summary["faa_weighted"], len(summary["accuracy"]) - 1)
+            self.writer.close()
+        return self.dir
+
+
+def plot_accuracy(accuracy: list[list[float]], path: Path, title: str = "") -> None:
+    """One line per task j: its accuracy after each task t >= j."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    tasks = len(accuracy)
+    for j in range(tasks):
+        ts = list(range(j, tasks))
+        ax.plot(ts, [accuracy[t][j] for t in ts], marker="o", label=f"task {j}")
+    ax.plot(range(tasks), [sum(row) / len(row) for row in accuracy], color="black", linestyle="--",
+            linewidth=2, label="mean over seen tasks")
+    ax.set_xlabel("after training task")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xticks(range(tasks))
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)

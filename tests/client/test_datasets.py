@@ -1,0 +1,239 @@
+"""Dataset loaders on tiny files in each on-disk format, ImageData batches, and one image run."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+from PIL import Image
+
+from client.datasets import load_dataset
+from client.runtime import build_runtime
+from client.images import ImageData, image_transforms
+from common.config import RunConfig
+from server.simulation import run_inprocess
+
+CPU = torch.device("cpu")
+
+
+def write_image(path: Path, seed: int, size: tuple[int, int] = (8, 8)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+
+
+def config(tmp_path: Path, dataset: str, **changes) -> RunConfig:
+    extra = {"image_size": 16, **changes.pop("extra", {})}
+    return RunConfig(dataset=dataset, data_dir=str(tmp_path), num_tasks=1, extra=extra, **changes)
+
+
+def image_folder(root: Path, classes: list[str], per_class: int) -> None:
+    for c, name in enumerate(classes):
+        for k in range(per_class):
+            write_image(root / name / f"img{k}.jpg", seed=100 * c + k)
+
+
+def classes_of(paths: list[str]) -> list[str]:
+    return [Path(p).parent.name for p in paths]
+
+
+# --------------------------------------------------------------------------- CIFAR-100
+
+
+def write_cifar(folder: Path, split: str, labels: list[int]) -> np.ndarray:
+    folder.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(len(labels)).integers(0, 256, (len(labels), 3072), dtype=np.uint8)
+    records = np.concatenate([np.zeros((len(labels), 1), np.uint8), np.array(labels, np.uint8)[:, None], pixels], 1)
+    records.tofile(folder / f"{split}.bin")
+    return pixels
+
+
+def test_cifar100_binary_records(tmp_path):
+    folder = tmp_path / "cifar100" / "cifar-100-binary"
+    pixels = write_cifar(folder, "train", [2, 0, 1, 0, 2, 1])
+    write_cifar(folder, "test", [1, 0, 2])
+    (folder / "fine_label_names.txt").write_text("\n".join(f"name{c}" for c in range(100)) + "\n")
+    splits = load_dataset(config(tmp_path, "cifar100", num_classes=3))
+    assert splits.kind == "image" and splits.class_names == ["name0", "name1", "name2"]
+    assert splits.train_y.tolist() == [2, 0, 1, 0, 2, 1] and splits.test_y.tolist() == [1, 0, 2]
+    first = splits.train_x[0]  # (32, 32, 3): the red plane comes first in the record
+    assert first.shape == (32, 32, 3) and first.dtype == np.uint8
+    assert np.array_equal(first[..., 0].ravel(), pixels[0, :1024])
+    assert np.array_equal(first[..., 2].ravel(), pixels[0, 2048:])
+
+
+def test_cifar100_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"cifar-100-binary.*LORM_DATA_DIR"):
+        load_dataset(config(tmp_path, "cifar100"))
+    folder = tmp_path / "cifar100" / "cifar-100-binary"
+    write_cifar(folder, "train", [0, 1])
+    write_cifar(folder, "test", [0, 150])
+    with pytest.raises(ValueError, match=r"test\.bin: unknown fine labels \[150\]"):
+        load_dataset(config(tmp_path, "cifar100", num_classes=2))
+    (folder / "test.bin").write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="3074-byte records"):
+        load_dataset(config(tmp_path, "cifar100", num_classes=2))
+
+
+# --------------------------------------------------------------------------- folder per class
+
+
+@pytest.mark.parametrize("dataset, subdir", [("imagenet-r", ""), ("imagenet-a", ""), ("eurosat", "2750")])
+def test_folder_per_class_holdout_is_fixed_and_disjoint(tmp_path, dataset, subdir):
+    names = ["n02", "n01", "n03"] if dataset != "eurosat" else ["River", "Forest", "Highway"]
+    image_folder(tmp_path / dataset / subdir, names, per_class=5)
+    splits = load_dataset(config(tmp_path, dataset, seed=1))
+    again = load_dataset(config(tmp_path, dataset, seed=2))  # the split ignores the run seed
+    assert splits.class_names == sorted(names)
+    assert splits.train_x == again.train_x and splits.test_x == again.test_x
+    assert not set(splits.train_x) & set(splits.test_x)
+    assert len(splits.train_x) == 3 * 4 and len(splits.test_x) == 3 * 1  # 80/20 of 5 per class
+    for x, y in ((splits.train_x, splits.train_y), (splits.test_x, splits.test_y)):
+        assert classes_of(x) == [splits.class_names[c] for c in y]
+
+
+def test_empty_class_is_named(tmp_path):
+    image_folder(tmp_path / "imagenet-r", ["n01", "n02"], per_class=3)
+    (tmp_path / "imagenet-r" / "n03").mkdir()
+    with pytest.raises(ValueError, match=r"without training samples: \['n03'\]"):
+        load_dataset(config(tmp_path, "imagenet-r"))
+
+
+# --------------------------------------------------------------------------- Cars-196, CUB-200
+
+
+def write_annos(path: Path, rows: list[tuple[int, str]]) -> None:
+    table = np.zeros(len(rows), dtype=[("bbox_x1", "O"), ("class", "O"), ("fname", "O")])
+    for i, (label, fname) in enumerate(rows):
+        table[i] = (0, label, fname)
+    scipy.io.savemat(path, {"annotations": table})
+
+
+def test_cars196_devkit(tmp_path):
+    root = tmp_path / "cars196"
+    (root / "devkit").mkdir(parents=True)
+    scipy.io.savemat(root / "devkit" / "cars_meta.mat", {"class_names": np.array(["A 2012", "B 2009", "C 2007"],
+                                                                                  dtype=object)})
+    write_annos(root / "devkit" / "cars_train_annos.mat", [(3, "00001.jpg"), (1, "00002.jpg"), (2, "00003.jpg")])
+    write_annos(root / "devkit" / "cars_test_annos_withlabels.mat", [(2, "00001.jpg"), (3, "00002.jpg")])
+    for split in ("train", "test"):
+        for k in range(1, 4):
+            write_image(root / f"cars_{split}" / f"{k:05d}.jpg", seed=k)
+    splits = load_dataset(config(tmp_path, "cars196"))
+    assert splits.class_names == ["A 2012", "B 2009", "C 2007"]
+    assert splits.train_y.tolist() == [2, 0, 1] and splits.test_y.tolist() == [1, 2]
+    assert splits.train_x[0] == str(root / "cars_train" / "00001.jpg")
+
+    write_annos(root / "devkit" / "cars_test_annos_withlabels.mat", [(4, "00001.jpg")])
+    with pytest.raises(ValueError, match=r"cars_test_annos_withlabels\.mat.*unknown labels \[4\]"):
+        load_dataset(config(tmp_path, "cars196"))
+
+
+def test_cub200_official_split(tmp_path):
+    folder = tmp_path / "cub200" / "CUB_200_2011"
+    folder.mkdir(parents=True)
+    (folder / "classes.txt").write_text("1 001.Black_footed_Albatross\n2 002.Laysan_Albatross\n")
+    images = {1: "001.Black_footed_Albatross/a.jpg", 2: "002.Laysan_Albatross/b.jpg",
+              3: "001.Black_footed_Albatross/c.jpg", 4: "002.Laysan_Albatross/d.jpg"}
+    (folder / "images.txt").write_text("".join(f"{i} {p}\n" for i, p in images.items()))
+    (folder / "image_class_labels.txt").write_text("1 1\n2 2\n3 1\n4 2\n")
+    (folder / "train_test_split.txt").write_text("1 1\n2 1\n3 0\n4 0\n")
+    for i, p in images.items():
+        write_image(folder / "images" / p, seed=i)
+    splits = load_dataset(config(tmp_path, "cub200"))
+    assert splits.class_names == ["Black_footed_Albatross", "Laysan_Albatross"]
+    assert splits.train_y.tolist() == [0, 1] and splits.test_y.tolist() == [0, 1]
+    assert [Path(p).name for p in splits.test_x] == ["c.jpg", "d.jpg"]
+
+    (folder / "image_class_labels.txt").write_text("1 1\n2 2\n3 1\n4 7\n")
+    with pytest.raises(ValueError, match=r"image_class_labels\.txt.*unknown labels \['7'\]"):
+        load_dataset(config(tmp_path, "cub200"))
+
+
+# --------------------------------------------------------------------------- bring your own data
+
+
+def test_imagefolder_explicit_class_order_and_errors(tmp_path):
+    image_folder(tmp_path / "mine" / "train", ["cat", "dog"], per_class=2)
+    image_folder(tmp_path / "mine" / "test", ["dog"], per_class=1)
+    splits = load_dataset(config(tmp_path, "imagefolder", extra={"root": "mine", "classes": ["dog", "cat"]}))
+    assert splits.class_names == ["dog", "cat"]
+    assert [splits.class_names[c] for c in splits.train_y] == classes_of(splits.train_x)
+    assert splits.test_y.tolist() == [0]
+
+    with pytest.raises(ValueError, match=r"without training samples: \['bird'\]"):
+        load_dataset(config(tmp_path, "imagefolder", extra={"root": "mine", "classes": ["dog", "cat", "bird"]}))
+    image_folder(tmp_path / "mine" / "test", ["fox"], per_class=1)
+    with pytest.raises(ValueError, match=r"test \(class folders\): unknown labels \['fox'\]"):
+        load_dataset(config(tmp_path, "imagefolder", extra={"root": "mine"}))
+    with pytest.raises(FileNotFoundError, match=r"nowhere[/\\]train"):
+        load_dataset(config(tmp_path, "imagefolder", extra={"root": str(tmp_path / "nowhere")}))
+
+
+def test_textfile_csv_and_jsonl(tmp_path):
+    (tmp_path / "train.csv").write_text('text,label\n"hello, there",greet\nbye now,leave\nhi,greet\n')
+    (tmp_path / "test.jsonl").write_text(json.dumps({"text": "ciao", "label": "leave"}) + "\n\n")
+    splits = load_dataset(config(tmp_path, "textfile", extra={"train_file": "train.csv", "test_file": "test.jsonl"}))
+    assert splits.kind == "text" and splits.class_names == ["greet", "leave"]  # order of first appearance
+    assert splits.train_x == ["hello, there", "bye now", "hi"] and splits.train_y.tolist() == [0, 1, 0]
+    assert splits.test_x == ["ciao"] and splits.test_y.tolist() == [1]
+
+    extra = {"train_file": "train.csv", "test_file": "test.jsonl", "classes": ["leave", "greet"]}
+    assert load_dataset(config(tmp_path, "textfile", extra=extra)).train_y.tolist() == [1, 0, 1]
+    (tmp_path / "test.jsonl").write_text(json.dumps({"text": "?", "label": "ask"}) + "\n")
+    with pytest.raises(ValueError, match=r"test\.jsonl: unknown labels \['ask'\]"):
+        load_dataset(config(tmp_path, "textfile", extra=extra))
+
+
+# --------------------------------------------------------------------------- ImageData
+
+
+def test_every_dataset_transform_gives_the_configured_size():
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (10, 14, 3), dtype=np.uint8))
+    for name in ("cifar100", "imagenet-r", "imagenet-a", "cub200", "cars196", "eurosat", "imagefolder"):
+        t = image_transforms(name, 16)
+        for transform in (t.train, t.test):
+            out = transform(image)
+            assert out.shape == (3, 16, 16) and out.dtype == torch.float32, name
+    assert image_transforms("eurosat", 16).test(image).min() >= 0.0  # no normalisation
+    assert image_transforms("cifar100", 16).test(image).min() < 0.0  # Normalize(0.5, 0.5)
+
+
+def test_image_data_batches_and_reproducible_augmentation(tmp_path):
+    image_folder(tmp_path, ["a", "b"], per_class=3)
+    paths = sorted(str(p) for p in tmp_path.rglob("*.jpg"))
+    arrays = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
+    t = image_transforms("imagenet-r", 16)
+    idx = torch.tensor([4, 0, 2])
+
+    def augmented(data: ImageData, seed: int) -> torch.Tensor:
+        return data.batch(idx, CPU, train=True, generator=torch.Generator().manual_seed(seed))[0]["pixel_values"]
+
+    for samples in (paths, arrays):
+        data = ImageData(samples, np.array([0, 0, 0, 1, 1, 1]), t.train, t.test)
+        inputs, labels = data.batch(idx, CPU)
+        assert inputs["pixel_values"].shape == (3, 3, 16, 16) and inputs["pixel_values"].dtype == torch.float32
+        assert labels.tolist() == [1, 0, 0] and len(data) == 6
+        assert torch.equal(inputs["pixel_values"], data.batch(idx, CPU)[0]["pixel_values"])
+        state = torch.get_rng_state()
+        assert torch.equal(augmented(data, 7), augmented(data, 7))
+        assert not torch.equal(augmented(data, 7), augmented(data, 8))
+        assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left alone
+
+
+def test_images_train_end_to_end(tmp_path):
+    image_folder(tmp_path / "mine" / "train", ["a", "b", "c"], per_class=6)
+    image_folder(tmp_path / "mine" / "test", ["a", "b", "c"], per_class=2)
+    cfg = config(tmp_path, "imagefolder", backbone="tiny-vit", num_clients=2, beta=1.0, min_client_samples=2,
+                 rounds_per_task=1, local_epochs=1, batch_size=4, extra={"root": "mine"})
+    result = run_inprocess(cfg)
+    assert len(result.matrix.accuracy()) == 1 and np.isfinite(result.history[0]["loss"])
+
+
+def test_runtime_rejects_a_backbone_of_the_other_modality(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\nhi,a\nbye,b\n")
+    cfg = config(tmp_path, "textfile", backbone="tiny-vit", extra={"train_file": "train.csv", "test_file": "train.csv"})
+    with pytest.raises(ValueError, match="gives text samples but backbone ViTBackbone takes images"):
+        build_runtime(cfg)
