@@ -235,6 +235,7 @@ class Coordinator:
             step.next_fold = self.config.num_clients
             self.strategy.aggregate(step.plan, step.aggregator)
             entry["loss"] = step.aggregator.mean_loss
+            entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
             self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
                       f"({len(step.submitted)} clients, loss {step.aggregator.mean_loss:.4f})")
         self.history.append(entry)

@@ -60,7 +60,8 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
                 aggregator.fold(update)
             strategy.aggregate(plan, aggregator)
             entry = {"task": task, "round": round_, "phase": phase.value,
-                     "factors": "".join(plan.train_factors), "loss": aggregator.mean_loss}
+                     "factors": "".join(plan.train_factors), "loss": aggregator.mean_loss,
+                     "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1)}
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan, update_nbytes
 from common.partition import task_ranges
 
 
@@ -37,11 +37,13 @@ class Aggregator(ABC):
         self.num_samples = 0
         self.loss_sum = 0.0
         self.loss_samples = 0
+        self.payload_bytes = 0  # tensor bytes of every update folded
 
     def fold(self, update: ClientUpdate) -> None:
         self.check(update)
         self._fold(update)
         self.count += 1
+        self.payload_bytes += update_nbytes(update)
         self.num_samples += update.num_samples
         if math.isfinite(update.train_loss):
             self.loss_sum += update.train_loss * update.num_samples
