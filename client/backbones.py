@@ -253,6 +253,7 @@ class ClassifierModel(nn.Module):
         self.backbone = backbone
         self.layer_names = apply_lora(backbone, backbone.target_rule, rank, lora_scale)
         self.head = nn.Linear(backbone.feature_dim, num_classes)
+        self._pristine: dict[str, Tensor] | None = None
 
     def lora(self) -> dict[str, LoRALinear]:
         return lora_layers(self.backbone)
@@ -260,6 +261,20 @@ class ClassifierModel(nn.Module):
     def layer_shapes(self) -> dict[str, tuple[int, int]]:
         """``name -> (d_out, d_in)`` of every LoRA layer, in module order."""
         return {name: (m.out_features, m.in_features) for name, m in self.lora().items()}
+
+    def dense_params(self) -> dict[str, nn.Parameter]:
+        """The backbone's own weights (everything but LoRA factors): what full fine-tuning trains."""
+        return {n: p for n, p in self.backbone.named_parameters() if ".lora_" not in n}
+
+    def pristine(self) -> dict[str, Tensor]:
+        """A CPU copy of the backbone weights ``W0``, taken the first time it is asked for.
+
+        Full fine-tuning changes the weights in place; every step first restores ``W0``
+        (plus the plan's delta) from this copy. It is asked for before any such change.
+        """
+        if self._pristine is None:
+            self._pristine = {n: p.detach().cpu().clone() for n, p in self.dense_params().items()}
+        return self._pristine
 
     def forward(self, inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         features = self.backbone(**inputs)  # (batch, feature_dim)
@@ -269,7 +284,8 @@ class ClassifierModel(nn.Module):
 def model_spec(model: ClassifierModel) -> ModelSpec:
     backbone = model.backbone
     return ModelSpec(model.layer_shapes(), backbone.feature_dim, model.head.out_features,
-                     backbone.export_prefix, backbone.base_model)
+                     backbone.export_prefix, backbone.base_model,
+                     {n: tuple(p.shape) for n, p in model.dense_params().items()})
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:

@@ -99,7 +99,12 @@ class ClientWorker:
     # ----------------------------------------------------------------- model set-up
 
     def _load(self, plan: RoundPlan) -> None:
-        """Set the plan's LoRA factors and head, in the training view ``W0 + s B A``."""
+        """Set the plan's LoRA factors and head, in the training view ``W0 + s B A``.
+
+        In full mode the backbone weights become ``W0 + plan.delta`` instead (no LoRA).
+        """
+        if plan.mode == "full" or self.model._pristine is not None:
+            self._load_dense(plan.delta if plan.mode == "full" else {})
         for name, layer in self.model.lora().items():
             if name in plan.lora:
                 layer.load_factors(plan.lora[name].b, plan.lora[name].a)
@@ -109,6 +114,22 @@ class ClientWorker:
             with torch.no_grad():
                 self.model.head.weight.copy_(plan.head_weight)
                 self.model.head.bias.copy_(plan.head_bias)
+
+    @torch.no_grad()
+    def _load_dense(self, delta: dict[str, Tensor]) -> None:
+        w0 = self.model.pristine()
+        for name, p in self.model.dense_params().items():
+            value = w0[name] if name not in delta else w0[name] + delta[name].to(w0[name].dtype)
+            p.copy_(value.to(p.device))
+
+    def _dense_delta(self, plan: RoundPlan) -> dict[str, Tensor]:
+        """Trained weights minus the weights this step started from (``W0 + plan.delta``)."""
+        w0 = self.model.pristine()
+        out = {}
+        for name, p in self.model.dense_params().items():
+            start = w0[name] if name not in plan.delta else w0[name] + plan.delta[name].to(w0[name].dtype)
+            out[name] = p.detach().cpu() - start
+        return out
 
     def _set_view(self, plan: RoundPlan) -> None:
         """Switch to the Gram-pass / evaluation view ``W0 + extra + lora_scale * s B A``."""
@@ -125,6 +146,8 @@ class ClientWorker:
         self.model.to(self.device)
         self._load(plan)
         loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
+        full = plan.mode == "full" and plan.phase == Phase.TRAIN
+        fisher = self._fisher(plan, shard) if full and plan.send_fisher else {}
         self._set_view(plan)
         grams, head_gram = self._gram_pass(plan, shard, seed)
         layers = self.model.lora()
@@ -137,7 +160,7 @@ class ClientWorker:
             grams=grams,
             head_weight=head.weight.detach().cpu().clone() if plan.send_head else None,
             head_bias=head.bias.detach().cpu().clone() if plan.send_head else None,
-            head_gram=head_gram, train_loss=loss)
+            head_gram=head_gram, train_loss=loss, delta=self._dense_delta(plan) if full else {}, fisher=fisher)
 
     def _train(self, plan: RoundPlan, shard: Tensor, seed: int) -> float:
         """ACE training of the plan's factors and the head; returns the last epoch's mean loss."""
@@ -145,7 +168,9 @@ class ClientWorker:
         for layer in model.lora().values():
             layer.set_trainable(plan.train_factors)
         factor_params = [getattr(layer, f"lora_{f}") for layer in model.lora().values() for f in plan.train_factors]
-        for p in model.head.parameters():
+        if plan.mode == "full":
+            factor_params = list(model.dense_params().values())  # every backbone weight, no LoRA
+        for p in factor_params + list(model.head.parameters()):
             p.requires_grad_(True)
         groups = [{"params": list(model.head.parameters()), "lr": cfg.lr}]
         if factor_params:
@@ -172,7 +197,34 @@ class ClientWorker:
                 batches += 1
         for layer in model.lora().values():
             layer.set_trainable(())
+        for p in model.dense_params().values():
+            p.requires_grad_(False)
         return loss_sum / max(batches, 1)
+
+    def _fisher(self, plan: RoundPlan, shard: Tensor) -> dict[str, Tensor]:
+        """Diagonal empirical Fisher of the ACE loss at the trained weights, per parameter.
+
+        Estimated from mini-batch gradients: ``sum_b |b| g_b^2 / n`` over the shard's batches
+        (per-sample gradients would cost a backward pass per sample). Head entries are named
+        ``head.weight`` and ``head.bias``.
+        """
+        model, lo, hi = self.model, *plan.class_range
+        params = dict(model.dense_params()) | {f"head.{n}": p for n, p in model.head.named_parameters()}
+        for p in params.values():
+            p.requires_grad_(True)
+        fisher = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in params.items()}
+        model.eval()
+        for start in range(0, shard.numel(), self.config.batch_size):
+            inputs, labels = self.train.batch(shard[start:start + self.config.batch_size], self.device)
+            logits, _ = model(inputs)
+            loss = F.cross_entropy(logits[:, lo:hi], labels - lo)
+            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+            for (name, _), g in zip(params.items(), grads):
+                if g is not None:
+                    fisher[name] += g.detach().cpu().double() ** 2 * labels.numel()
+        for p in params.values():
+            p.requires_grad_(False)
+        return {n: f / max(shard.numel(), 1) for n, f in fisher.items()}
 
     @torch.no_grad()
     def _gram_pass(self, plan: RoundPlan, shard: Tensor, seed: int) -> tuple[dict[str, Tensor], Tensor | None]:

@@ -43,18 +43,20 @@ class ModelSpec:
     num_classes: int  # the head's output width (all classes of all tasks)
     export_prefix: str = ""  # prefix of layer names inside the wrapper, stripped for the exported adapter
     base_model: str = ""  # what the exported adapter applies to (hub name or local path)
+    params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # backbone weights (full fine-tuning)
 
     def to_json(self) -> str:
         return json.dumps({"layers": {k: list(v) for k, v in self.layers.items()}, "feature_dim": self.feature_dim,
                            "num_classes": self.num_classes, "export_prefix": self.export_prefix,
-                           "base_model": self.base_model})
+                           "base_model": self.base_model, "params": {k: list(v) for k, v in self.params.items()}})
 
     @classmethod
     def from_json(cls, text: str) -> "ModelSpec":
         v = json.loads(text)
         layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
+        params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
         return cls(layers, int(v["feature_dim"]), int(v["num_classes"]), str(v.get("export_prefix", "")),
-                   str(v.get("base_model", "")))
+                   str(v.get("base_model", "")), params)
 
 
 @dataclass
@@ -85,6 +87,9 @@ class RoundPlan:
     head_gram: bool = False  # send the head input's full Gram
     send_head: bool = True  # send the trained head weight and bias
     seed: int = 0  # seed for this client step (combined with the client index)
+    mode: str = "lora"  # "lora": train LoRA factors; "full": train every backbone weight (baselines)
+    delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
+    send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
 
 
 @dataclass
@@ -104,6 +109,8 @@ class ClientUpdate:
     head_bias: Tensor | None = None
     head_gram: Tensor | None = None  # (feature_dim, feature_dim), float64
     train_loss: float = float("nan")  # mean training loss over the last local epoch
+    delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: trained minus received weights
+    fisher: dict[str, Tensor] = field(default_factory=dict)  # full mode: diagonal empirical Fisher
 
 
 @dataclass
@@ -121,6 +128,6 @@ class EvalReport:
 def update_nbytes(update: ClientUpdate) -> int:
     """Tensor payload bytes of an update (what the wire carries, less ~0.1 % framing)."""
     tensors = [t for parts in update.factors.values() for t in parts.values()]
-    tensors += list(update.grams.values())
+    tensors += list(update.grams.values()) + list(update.delta.values()) + list(update.fisher.values())
     tensors += [t for t in (update.head_weight, update.head_bias, update.head_gram) if t is not None]
     return sum(t.numel() * t.element_size() for t in tensors)

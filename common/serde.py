@@ -76,18 +76,19 @@ class WireError(ValueError):
 # Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
 # head's are fixed. Layer names are dotted module names and never empty.
 
-LORA, EXTRA, FACTOR, GRAM = "lora", "extra", "factor", "gram"
+LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER = "lora", "extra", "factor", "gram", "delta", "fisher"
 HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
 PARTS = ("B", "A")
 _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
+_NAMED_KINDS = (GRAM, DELTA, FISHER)  # "<kind>/<layer or parameter name>"
 
 
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
     """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
     if not layer:
         raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
-    if kind == GRAM and part is None:
-        return f"{GRAM}/{layer}"
+    if kind in _NAMED_KINDS and part is None:
+        return f"{kind}/{layer}"
     if kind in _FACTOR_KINDS and part in PARTS:
         return f"{kind}/{layer}/{part}"
     raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
@@ -98,12 +99,12 @@ def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
     if name in (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM):
         return "head", None, name.split("/", 1)[1]
     kind, _, rest = name.partition("/")
-    if kind == GRAM and rest:
-        return GRAM, rest, None
+    if kind in _NAMED_KINDS and rest:
+        return kind, rest, None
     layer, _, part = rest.rpartition("/")
     if kind in _FACTOR_KINDS and layer and part in PARTS:
         return kind, layer, part
-    expected = "lora|extra|factor/<layer>/B|A, gram/<layer> or head/weight|bias|gram"
+    expected = "lora|extra|factor/<layer>/B|A, gram|delta|fisher/<name> or head/weight|bias|gram"
     raise WireError("tensors.name", f"expected {expected}, got {name!r}")
 
 
@@ -383,11 +384,15 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         for layer, low_rank in factors.items():
             tensors[tensor_name(kind, layer, "B")] = low_rank.b
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
+    for param, tensor in plan.delta.items():
+        tensors[tensor_name(DELTA, param)] = tensor
     for name, tensor in ((HEAD_WEIGHT, plan.head_weight), (HEAD_BIAS, plan.head_bias)):
         if tensor is not None:
             tensors[name] = tensor
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
     header = pb.PlanHeader(
+        mode=plan.mode,
+        send_fisher=plan.send_fisher,
         run_id=plan.run_id,
         phase=phase_to_proto(plan.phase),
         task=plan.task,
@@ -423,13 +428,18 @@ def plan_from_proto(
     train_factors = tuple(header.train_factors)
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
         raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
-    _check_names(header.tensors, (LORA, EXTRA), head=("weight", "bias"))
+    _check_names(header.tensors, (LORA, EXTRA, DELTA), head=("weight", "bias"))
+    if header.mode not in ("lora", "full"):
+        raise WireError("mode", f"expected 'lora' or 'full', got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
+    delta: dict[str, Tensor] = {}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
         if kind in factors:
             factors[kind].setdefault(layer, {})[part] = tensor
+        elif kind == DELTA:
+            delta[layer] = tensor
     low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
     for kind, layers in factors.items():
         for layer, parts in layers.items():
@@ -454,6 +464,9 @@ def plan_from_proto(
         head_gram=header.head_gram,
         send_head=header.send_head,
         seed=header.seed,
+        mode=header.mode,
+        delta=delta,
+        send_fisher=header.send_fisher,
     )
 
 
@@ -476,22 +489,44 @@ class PushEnvelope:
     total_bytes: int  # tensor bytes the push declares
 
 
+def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
+    """Every tensor of an update under its wire name (also how the coordinator stages it)."""
+    tensors: dict[str, Tensor] = {}
+    for layer, parts in update.factors.items():
+        for part, tensor in parts.items():
+            tensors[tensor_name(FACTOR, layer, part)] = tensor
+    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher)):
+        for name, tensor in named.items():
+            tensors[tensor_name(kind, name)] = tensor
+    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
+    for name, tensor in head.items():
+        if tensor is not None:
+            tensors[name] = tensor
+    return tensors
+
+
+def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
+    """Inverse of :func:`update_tensors`, given the update's scalar fields."""
+    factors: dict[str, dict[str, Tensor]] = {}
+    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}}
+    for name, tensor in tensors.items():
+        kind, layer, part = parse_tensor_name(name)
+        if kind == FACTOR:
+            factors.setdefault(layer, {})[part] = tensor
+        elif kind in named:
+            named[kind][layer] = tensor
+    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER],
+                        head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
+                        head_gram=tensors.get(HEAD_GRAM), **scalars)
+
+
 def update_to_proto(
     update: ClientUpdate, idempotency_key: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[pb.UpdateChunk]:
     """The update as an envelope (scalars, every tensor declared), then the tensors' chunks."""
     _check_chunk_bytes(chunk_bytes)
     _non_empty(idempotency_key=idempotency_key)
-    tensors: dict[str, Tensor] = {}
-    for layer, parts in update.factors.items():
-        for part, tensor in parts.items():
-            tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for layer, gram in update.grams.items():
-        tensors[tensor_name(GRAM, layer)] = gram
-    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
-    for name, tensor in head.items():
-        if tensor is not None:
-            tensors[name] = tensor
+    tensors = update_tensors(update)
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
     envelope = pb.UpdateEnvelope(
         run_id=update.run_id,
@@ -525,7 +560,7 @@ def update_from_proto(
     _non_negative(
         client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples
     )
-    _check_names(env.tensors, (FACTOR, GRAM), head=("weight", "bias", "gram"))
+    _check_names(env.tensors, (FACTOR, GRAM, DELTA, FISHER), head=("weight", "bias", "gram"))
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
         run_id=env.run_id,
@@ -542,29 +577,9 @@ def update_from_proto(
     if on_envelope is not None:
         on_envelope(envelope)
     tensors = _receive(assembler, stream, "envelope")
-    factors: dict[str, dict[str, Tensor]] = {}
-    grams: dict[str, Tensor] = {}
-    for name, tensor in tensors.items():
-        kind, layer, part = parse_tensor_name(name)
-        if kind == FACTOR:
-            factors.setdefault(layer, {})[part] = tensor
-        elif kind == GRAM:
-            grams[layer] = tensor
-    update = ClientUpdate(
-        run_id=env.run_id,
-        client_id=env.client_id,
-        client_index=env.client_index,
-        task=env.task,
-        round=env.round,
-        phase=envelope.phase,
-        num_samples=env.num_samples,
-        factors=factors,
-        grams=grams,
-        head_weight=tensors.get(HEAD_WEIGHT),
-        head_bias=tensors.get(HEAD_BIAS),
-        head_gram=tensors.get(HEAD_GRAM),
-        train_loss=env.train_loss,
-    )
+    update = update_from_tensors(
+        tensors, run_id=env.run_id, client_id=env.client_id, client_index=env.client_index, task=env.task,
+        round=env.round, phase=envelope.phase, num_samples=env.num_samples, train_loss=env.train_loss)
     return envelope, update
 
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from common.messages import ClientUpdate, Phase
+from common.serde import update_from_tensors, update_tensors
 
 
 def _fsync_dir(path: Path) -> None:
@@ -112,15 +113,7 @@ class Store:
         """Persist one accepted update of step ``key`` (durable before it is acknowledged)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, Tensor] = {}
-        for layer, parts in update.factors.items():
-            for part, t in parts.items():
-                tensors[f"factor/{layer}/{part}"] = t
-        for layer, g in update.grams.items():
-            tensors[f"gram/{layer}"] = g
-        for name in ("head_weight", "head_bias", "head_gram"):
-            if getattr(update, name) is not None:
-                tensors[name] = getattr(update, name)
+        tensors = update_tensors(update)
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)
@@ -143,20 +136,10 @@ class Store:
         folder = self._staging(key)
         meta = json.loads((folder / f"{index}.json").read_text())
         tensors = load_file(str(folder / f"{index}.safetensors")) if meta["has_tensors"] else {}
-        factors: dict[str, dict[str, Tensor]] = {}
-        grams: dict[str, Tensor] = {}
-        for name, t in tensors.items():
-            kind, _, rest = name.partition("/")
-            if kind == "factor":
-                layer, _, part = rest.rpartition("/")
-                factors.setdefault(layer, {})[part] = t
-            elif kind == "gram":
-                grams[rest] = t
-        return ClientUpdate(
-            run_id=meta["run_id"], client_id=meta["client_id"], client_index=index, task=meta["task"],
-            round=meta["round"], phase=Phase(meta["phase"]), num_samples=meta["num_samples"], factors=factors,
-            grams=grams, head_weight=tensors.get("head_weight"), head_bias=tensors.get("head_bias"),
-            head_gram=tensors.get("head_gram"), train_loss=float(meta["train_loss"]))
+        return update_from_tensors(
+            tensors, run_id=meta["run_id"], client_id=meta["client_id"], client_index=index, task=meta["task"],
+            round=meta["round"], phase=Phase(meta["phase"]), num_samples=meta["num_samples"],
+            train_loss=float(meta["train_loss"]))
 
     def stage_eval(self, key: str, index: int, report: dict) -> None:
         atomic_write_json(self._staging(key) / f"{index}.json", report)
