@@ -6,9 +6,9 @@ from common.config import RunConfig
 from common.messages import ModelSpec
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 from server.strategies.fedavg_lora import FedAvgLoRA
-from server.strategies.lorm import LoRM
+from server.strategies.lorm import LoRM, LoRMAverageTasks, LoRMBOnly
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (LoRM, FedAvgLoRA)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, FedAvgLoRA)}
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:

@@ -111,13 +111,17 @@ class LoRM(Strategy):
         return {name: LowRank(torch.cat([f[name].b for f in done], 1) * scale, torch.cat([f[name].a for f in done], 0))
                 for name in self.spec.layers}
 
+    def active_factor(self, round_: int) -> str:
+        """Rounds alternate: B (A frozen and shared), then A (B frozen and shared), ..."""
+        return "B" if round_ % 2 == 0 else "A"
+
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): SPEC §3 step 4 and 6.
         common = dict(lora=self.shared, lora_scale=1.0 / (task + 1), extra=self._previous(task),
                       gram=self.gram_kind)
         if phase == Phase.TRAIN:
-            active = ("B",) if round_ % 2 == 0 else ("A",)
-            return self.base_plan(task, round_, phase, train_factors=active, head_gram=True, **common)
+            return self.base_plan(task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True,
+                                  **common)
         if phase == Phase.TASK_GRAM:
             return self.base_plan(task, round_, phase, send_head=False, **common)
         raise ValueError(f"LoRM has no {phase} step")
@@ -145,11 +149,13 @@ class LoRM(Strategy):
             self.task_merge[name].fold(f.b, f.a, decay_gram(grams[name], self.config.gamma_backbone))
         self.task_factors.append(factors)
         self.task_grams.append(grams)
+        self.merged = self.merge_tasks()
+
+    def merge_tasks(self) -> dict[str, LowRank]:
+        """The task-level RegMean (SPEC §2) over every finished task, in low-rank form."""
         if len(self.task_factors) == 1:
-            # One task: the model is W0 + B^0 A^0 itself (SPEC §3 step 6).
-            self.merged = dict(factors)
-        else:
-            self.merged = {name: LowRank(*acc.result()) for name, acc in self.task_merge.items()}
+            return dict(self.task_factors[0])  # one task: the model is W0 + B^0 A^0 itself (SPEC §3)
+        return {name: LowRank(*acc.result()) for name, acc in self.task_merge.items()}
 
     def state_tensors(self) -> dict[str, Tensor]:
         tensors = super().state_tensors() | factors_to_tensors("shared", self.shared)
@@ -172,3 +178,24 @@ class LoRM(Strategy):
 
     def adapter(self) -> dict[str, LowRank]:
         return self.merged
+
+
+class LoRMBOnly(LoRM):
+    """Ablation: every round trains B (A stays the task's random init), never A."""
+
+    name = "lorm-b-only"
+
+    def active_factor(self, round_: int) -> str:
+        return "B"
+
+
+class LoRMAverageTasks(LoRM):
+    """Ablation: tasks' residuals averaged, ``dW = mean_t B^t A^t``, instead of the task RegMean."""
+
+    name = "lorm-avg-tasks"
+
+    def merge_tasks(self) -> dict[str, LowRank]:
+        t = len(self.task_factors)
+        return {name: LowRank(torch.cat([f[name].b for f in self.task_factors], 1) / t,
+                              torch.cat([f[name].a for f in self.task_factors], 0))
+                for name in self.spec.layers}

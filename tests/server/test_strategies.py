@@ -134,3 +134,28 @@ def test_fedavg_lora_is_sample_weighted_mean():
     n = torch.tensor([10.0, 15.0, 20.0], dtype=torch.float64)
     want = sum(n[i] * ups[i].factors["l2"]["A"].double() for i in range(3)) / n.sum()
     torch.testing.assert_close(strategy.shared["l2"].a, want)
+
+
+def test_ablation_b_only_never_trains_a():
+    strategy = make_strategy(config(strategy="lorm-b-only", rounds_per_task=3), SPEC)
+    strategy.begin_task(0)
+    assert [strategy.configure(0, j, Phase.TRAIN).train_factors for j in range(3)] == [("B",)] * 3
+
+
+def test_ablation_average_tasks_is_the_mean_of_task_residuals():
+    strategy = make_strategy(config(strategy="lorm-avg-tasks", rounds_per_task=1), SPEC)
+    for task in range(2):
+        strategy.begin_task(task)
+        plan = strategy.configure(task, 0, Phase.TRAIN)
+        agg = strategy.aggregator(plan)
+        for i in range(3):
+            agg.fold(fake_update(plan, i, seed=10 * task + i))
+        strategy.aggregate(plan, agg)
+        plan = strategy.configure(task, 1, Phase.TASK_GRAM)
+        agg = strategy.aggregator(plan)
+        for i in range(3):
+            agg.fold(fake_update(plan, i, seed=50 + i, factors=()))
+        strategy.aggregate(plan, agg)
+    f0, f1 = strategy.task_factors
+    got = strategy.adapter()["l1"]
+    torch.testing.assert_close(got.b @ got.a, (f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a) / 2)
