@@ -87,7 +87,8 @@ class RoundPlan:
     head_gram: bool = False  # send the head input's full Gram
     send_head: bool = True  # send the trained head weight and bias
     seed: int = 0  # seed for this client step (combined with the client index)
-    mode: str = "lora"  # "lora": train LoRA factors; "full": train every backbone weight (baselines)
+    mode: str = "lora"  # "lora": train LoRA factors; "full": every backbone weight; "features": no training,
+    #                     send statistics of the (frozen) features of the current task (closed-form heads)
     delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
     send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
 
@@ -111,6 +112,7 @@ class ClientUpdate:
     train_loss: float = float("nan")  # mean training loss over the last local epoch
     delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: trained minus received weights
     fisher: dict[str, Tensor] = field(default_factory=dict)  # full mode: diagonal empirical Fisher
+    stats: dict[str, Tensor] = field(default_factory=dict)  # features mode: feature statistics by name
 
 
 @dataclass
@@ -129,5 +131,6 @@ def update_nbytes(update: ClientUpdate) -> int:
     """Tensor payload bytes of an update (what the wire carries, less ~0.1 % framing)."""
     tensors = [t for parts in update.factors.values() for t in parts.values()]
     tensors += list(update.grams.values()) + list(update.delta.values()) + list(update.fisher.values())
+    tensors += list(update.stats.values())
     tensors += [t for t in (update.head_weight, update.head_bias, update.head_gram) if t is not None]
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -76,11 +76,11 @@ class WireError(ValueError):
 # Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
 # head's are fixed. Layer names are dotted module names and never empty.
 
-LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER = "lora", "extra", "factor", "gram", "delta", "fisher"
+LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gram", "delta", "fisher", "stat"
 HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
 PARTS = ("B", "A")
 _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
-_NAMED_KINDS = (GRAM, DELTA, FISHER)  # "<kind>/<layer or parameter name>"
+_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
 
 
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
@@ -104,7 +104,7 @@ def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
     layer, _, part = rest.rpartition("/")
     if kind in _FACTOR_KINDS and layer and part in PARTS:
         return kind, layer, part
-    expected = "lora|extra|factor/<layer>/B|A, gram|delta|fisher/<name> or head/weight|bias|gram"
+    expected = "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat/<name> or head/weight|bias|gram"
     raise WireError("tensors.name", f"expected {expected}, got {name!r}")
 
 
@@ -429,8 +429,8 @@ def plan_from_proto(
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
         raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
     _check_names(header.tensors, (LORA, EXTRA, DELTA), head=("weight", "bias"))
-    if header.mode not in ("lora", "full"):
-        raise WireError("mode", f"expected 'lora' or 'full', got {header.mode!r}")
+    if header.mode not in ("lora", "full", "features"):
+        raise WireError("mode", f"expected 'lora', 'full' or 'features', got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
     delta: dict[str, Tensor] = {}
@@ -495,7 +495,7 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
     for layer, parts in update.factors.items():
         for part, tensor in parts.items():
             tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher)):
+    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher), (STAT, update.stats)):
         for name, tensor in named.items():
             tensors[tensor_name(kind, name)] = tensor
     head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
@@ -508,14 +508,14 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
 def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
     """Inverse of :func:`update_tensors`, given the update's scalar fields."""
     factors: dict[str, dict[str, Tensor]] = {}
-    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}}
+    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
         if kind == FACTOR:
             factors.setdefault(layer, {})[part] = tensor
         elif kind in named:
             named[kind][layer] = tensor
-    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER],
+    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
                         head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
                         head_gram=tensors.get(HEAD_GRAM), **scalars)
 
@@ -560,7 +560,7 @@ def update_from_proto(
     _non_negative(
         client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples
     )
-    _check_names(env.tensors, (FACTOR, GRAM, DELTA, FISHER), head=("weight", "bias", "gram"))
+    _check_names(env.tensors, (FACTOR, GRAM, DELTA, FISHER, STAT), head=("weight", "bias", "gram"))
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
         run_id=env.run_id,
