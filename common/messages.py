@@ -126,11 +126,3 @@ class EvalReport:
     correct: list[int]  # correct[j] for tasks j = 0..task
     total: list[int]
 
-
-def update_nbytes(update: ClientUpdate) -> int:
-    """Tensor payload bytes of an update (what the wire carries, less ~0.1 % framing)."""
-    tensors = [t for parts in update.factors.values() for t in parts.values()]
-    tensors += list(update.grams.values()) + list(update.delta.values()) + list(update.fisher.values())
-    tensors += list(update.stats.values())
-    tensors += [t for t in (update.head_weight, update.head_bias, update.head_gram) if t is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)

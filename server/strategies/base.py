@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan, update_nbytes
+from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.serde import update_nbytes
 from common.partition import task_ranges
 
 
@@ -107,6 +108,14 @@ class Strategy(ABC):
     def adapter(self) -> dict[str, LowRank]:
         """The low-rank backbone delta of the model evaluated now (and exported at the end)."""
 
+    def dense_delta(self) -> dict[str, Tensor] | None:
+        """The dense backbone delta ``parameter name -> W - W0`` of the model evaluated now.
+
+        ``None`` (the default) when the model is ``W0 + adapter()``; the full fine-tuning
+        baselines return their delta here and an empty :meth:`adapter`.
+        """
+        return None
+
     def state_tensors(self) -> dict[str, Tensor]:
         """Everything the strategy must remember between steps, as named tensors (persisted)."""
         return {"head/w": self.head_w, "head/b": self.head_b}
@@ -156,6 +165,23 @@ def check_factors(update: ClientUpdate, spec: ModelSpec, factors: tuple[str, ...
     for name, got in update.factors.items():
         if set(got) != set(factors):
             raise UpdateRejected(f"factors[{name}]", f"expected factors {list(factors)}, got {sorted(got)}")
+
+
+def check_grams(update: ClientUpdate, spec: ModelSpec, full: bool) -> None:
+    """A Gram per LoRA layer: ``(d_in, d_in)`` when ``full``, else its diagonal ``(d_in,)``."""
+    if set(update.grams) != set(spec.layers):
+        raise UpdateRejected("grams", "Grams must be sent for exactly the model's LoRA layers")
+    for name, g in update.grams.items():
+        d_in = spec.layers[name][1]
+        want = (d_in, d_in) if full else (d_in,)
+        if tuple(g.shape) != want:
+            raise UpdateRejected(f"grams[{name}]", f"expected shape {want}, got {tuple(g.shape)}")
+
+
+def check_head_gram(update: ClientUpdate, spec: ModelSpec) -> None:
+    f = spec.feature_dim
+    if update.head_gram is None or tuple(update.head_gram.shape) != (f, f):
+        raise UpdateRejected("head_gram", f"expected a full head Gram of shape {(f, f)}")
 
 
 def check_head(update: ClientUpdate, spec: ModelSpec) -> None:
