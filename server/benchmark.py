@@ -1,0 +1,677 @@
+"""``lorm-bench``: a grid of runs (method x beta x seed) and the paper's kind of table.
+
+Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
+
+    metrics.json  the run's summary (accuracy matrix, FAA, forgetting, history, config) plus
+                  method, beta, seed, mode, wall_seconds, bytes_per_client, command, machine
+    log.txt       the run's output;  error.txt  why the last attempt failed (if it did)
+    run/          the run's own results directory (adapter, head, plot, TensorBoard), and in
+                  distributed mode its config.json and the coordinator's state
+
+A cell whose ``metrics.json`` exists is done: a second invocation skips it (resume). A failed
+cell leaves ``error.txt`` and the grid goes on. Cells run one after another.
+
+After the grid (or with ``--report-only``) ``<out>/results.md`` and ``results.csv`` hold one
+row per (dataset, method, beta) over every finished cell, beside the paper's FAA where the paper
+reports one; ``faa.png`` and ``accuracy_<beta>.png`` plot them.
+
+``joint`` is the upper bound: the ``lorm`` strategy with one client that holds all the data and
+one task with all the classes. Its cells of different betas are the same run (one client has
+no split), so the first finished one is reused for the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from common.config import RunConfig, add_config_arguments, config_from_args
+from server.export import write_metrics
+from server.launch import launch
+from server.simulation import run_inprocess
+from server.strategies import STRATEGIES
+
+JOINT = "joint"
+# Keys the grid itself sets in every cell; a method configuration may not.
+GRID_KEYS = ("strategy", "beta", "seed", "run_id")
+
+
+def _by_beta(dataset: str, betas: tuple[float, ...], faa: dict[str, tuple[float, ...]]) -> dict:
+    return {(dataset, method, beta): value for method, values in faa.items() for beta, value in zip(betas, values)}
+
+
+# The paper's FAA (%), keyed by (config.dataset, method, beta); beta None: every beta (SPEC §4).
+PAPER_FAA: dict[tuple[str, str, float | None], float] = {
+    ("clinc150", JOINT, None): 95.53,
+    **_by_beta("clinc150", (1.0, 0.5, 0.2), {"lorm": (84.78, 82.58, 77.67), "regmean": (74.16, 74.80, 70.78),
+                                             "ties": (58.84, 54.13, 47.71), "ccvr": (39.18, 38.13, 30.36)}),
+    **_by_beta("cifar100", (0.5, 0.1, 0.05), {"lorm": (86.95, 81.75, 82.76)}),
+    # The ablation table: ImageNet-R at beta 0.5, EuroSAT at beta 1.0.
+    **_by_beta("imagenet-r", (0.5,), {"fedavg": (57.65,), "fedavg-lora": (57.00,), "regmean": (61.18,),
+                                      "lorm-avg-tasks": (75.08,), "lorm": (75.62,)}),
+    **_by_beta("eurosat", (1.0,), {"fedavg": (41.04,), "fedavg-lora": (53.14,), "regmean": (48.74,),
+                                   "lorm-avg-tasks": (71.40,), "lorm": (77.37,)}),
+}
+# Row order of the tables: the upper bound, the baselines, then LoRM's variants.
+METHOD_ORDER = (JOINT, "fedavg", "fedavg-lora", "fisheravg", "regmean", "ties", "ccvr", "lorm-b-only",
+                "lorm-avg-tasks", "lorm")
+
+
+def paper_faa(dataset: str, method: str, beta: float) -> float | None:
+    for key in ((dataset, method, round(beta, 6)), (dataset, method, None)):
+        if key in PAPER_FAA:
+            return PAPER_FAA[key]
+    return None
+
+
+def known_methods() -> list[str]:
+    return sorted(STRATEGIES) + [JOINT]
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    beta: float
+    seed: int
+    config: RunConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/beta{self.beta}/seed{self.seed}"
+
+    def dir(self, out: Path) -> Path:
+        return out / "cells" / self.method / f"beta{self.beta}" / f"seed{self.seed}"
+
+
+# ---------------------------------------------------------------------- planning the grid
+
+
+def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
+    """``{method: {key: value, "beta=<b>": {key: value}}}`` from a JSON file, checked."""
+    if not path:
+        return {}
+    with open(path) as f:
+        values = json.load(f)
+    if not isinstance(values, dict):
+        raise ValueError(f"--method-config {path}: expected a JSON object {{method: {{key: value}}}}, "
+                         f"got {type(values).__name__}")
+    for method, overrides in values.items():
+        if method not in known_methods():
+            raise ValueError(f"--method-config {path}: unknown method {method!r}; known: {known_methods()}")
+        if not isinstance(overrides, dict):
+            raise ValueError(f"--method-config {path}: {method}: expected an object, got {overrides!r}")
+        for key, value in overrides.items():
+            if key.startswith("beta="):
+                _beta_of(key, path)
+                if not isinstance(value, dict):
+                    raise ValueError(f"--method-config {path}: {method}.{key}: expected an object, got {value!r}")
+            keys = value if key.startswith("beta=") else {key: value}
+            fixed = sorted(set(keys) & set(GRID_KEYS))
+            if fixed:
+                raise ValueError(f"--method-config {path}: {method}: {fixed} are set by the grid, not per method")
+    return values
+
+
+def _beta_of(key: str, path: str) -> float:
+    try:
+        return float(key.partition("=")[2])
+    except ValueError:
+        raise ValueError(f"--method-config {path}: expected 'beta=<number>', got {key!r}") from None
+
+
+def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Apply ``overrides``; dict values (``extra``) are merged key by key, not replaced."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(values.get(key), dict):
+            values[key] = {**values[key], **value}
+        else:
+            values[key] = value
+
+
+def cell_config(base: RunConfig, method: str, beta: float, seed: int,
+                method_config: dict[str, dict[str, Any]]) -> RunConfig:
+    """Base < the method's overrides < its overrides for ``beta`` < the grid's (strategy, beta, seed)."""
+    values = json.loads(base.to_json())
+    overrides = method_config.get(method, {})
+    _merge(values, {k: v for k, v in overrides.items() if not k.startswith("beta=")})
+    for key, per_beta in overrides.items():
+        if key.startswith("beta=") and math.isclose(_beta_of(key, "method config"), beta):
+            _merge(values, per_beta)
+    values.update(strategy=method, beta=beta, seed=seed, run_id=f"{base.run_id}-{method}-b{beta}-s{seed}")
+    if method == JOINT:
+        # One client holds everything, one task has every class; beta then splits nothing, so
+        # it is pinned and the joint cells of all betas share one configuration.
+        values.update(strategy="lorm", num_clients=1, num_tasks=1, task_sizes=[], beta=1.0)
+    return RunConfig.from_dict(values)
+
+
+def plan_grid(base: RunConfig, methods: list[str], betas: list[float], seeds: list[int],
+              method_config: dict[str, dict[str, Any]]) -> list[Cell]:
+    return [Cell(m, b, s, cell_config(base, m, b, s, method_config)) for m in methods for b in betas for s in seeds]
+
+
+# ---------------------------------------------------------------------- running one cell
+
+
+class CellTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float):
+    """Raise :class:`CellTimeout` in the main thread after ``seconds`` (0: never)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise CellTimeout(f"the run did not finish within {seconds:.0f} s (--timeout)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _LogSink:
+    """A text sink for a cell's log that drops writes once closed: ``launch``'s output pump
+    threads may still be draining a pipe when the run has returned."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a")
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._file is not None:
+                self._file.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
+    """The run's summary; its results directory is ``cell_dir/run/results``."""
+    sink = _LogSink(cell_dir / "log.txt")
+    try:
+        with _alarm(timeout_s):
+            result = run_inprocess(config, log=lambda line: sink.write(line + "\n"),
+                                   results_dir=cell_dir / "run" / "results")
+        return result.summary()
+    finally:
+        sink.close()
+
+
+def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
+    """A coordinator and ``num_clients`` client processes (``lorm-launch``); the coordinator's summary."""
+    run_dir = cell_dir / "run"
+    run_dir.mkdir(parents=True)
+    config_path = run_dir / "config.json"
+    config_path.write_text(config.to_json())
+    sink = _LogSink(cell_dir / "log.txt")
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            rc = launch(config_path, config.num_clients, run_dir / "state", run_dir / "results",
+                        timeout_s if timeout_s > 0 else 10 * 365 * 86400.0)
+    finally:
+        sink.close()
+    if rc != 0:
+        tail = "".join((cell_dir / "log.txt").read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"lorm-launch exited with {rc}; last lines of {cell_dir / 'log.txt'}:\n{tail}")
+    return json.loads((run_dir / "results" / "metrics.json").read_text())
+
+
+RUNNERS: dict[str, Callable[[RunConfig, Path, float], dict]] = {
+    "inprocess": run_inprocess_cell, "distributed": run_distributed_cell}
+
+
+def run_cell(cell: Cell, out: Path, mode: str, timeout_s: float, extra: dict) -> dict:
+    """Run ``cell`` from scratch and leave its ``metrics.json``; raises if the run fails."""
+    cell_dir = cell.dir(out)
+    shutil.rmtree(cell_dir / "run", ignore_errors=True)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    (cell_dir / "log.txt").unlink(missing_ok=True)
+    start = time.perf_counter()
+    summary = RUNNERS[mode](cell.config, cell_dir, timeout_s)
+    wall = time.perf_counter() - start
+    metrics = {**summary, "method": cell.method, "beta": cell.beta, "seed": cell.seed, "mode": mode,
+               "wall_seconds": wall, "bytes_per_client": total_bytes(summary["history"]), **extra}
+    write_metrics(cell_dir, metrics)
+    (cell_dir / "error.txt").unlink(missing_ok=True)
+    return metrics
+
+
+def total_bytes(history: list[dict]) -> float:
+    """Tensor payload bytes one client sent over the whole run (the sum of every step's mean)."""
+    return float(sum(entry.get("bytes_per_client") or 0 for entry in history))
+
+
+def _comparable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "run_id"}
+
+
+def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
+    want = _comparable(json.loads(planned.to_json()))
+    have = _comparable(stored)
+    return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+
+
+def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: dict,
+             say: Callable[[str], None] = print) -> list[str]:
+    """Run every unfinished cell in order; returns the names of the cells that failed."""
+    failed: list[str] = []
+    done: list[tuple[Cell, dict]] = []  # finished cells, to reuse for an identical configuration
+    ran_seconds: list[float] = []
+    for i, cell in enumerate(cells, 1):
+        tag = f"[{i}/{len(cells)}] {cell.method} beta={cell.beta} seed={cell.seed}"
+        path = cell.dir(out) / "metrics.json"
+        if path.exists():
+            metrics = json.loads(path.read_text())
+            changed = _config_changes(metrics.get("config", {}), cell.config)
+            note = (f"; WARNING: it ran with other values of {changed} than this grid would use "
+                    f"(delete its metrics.json to rerun it)" if changed else "")
+            say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
+            done.append((cell, metrics))
+            continue
+        twin = next(((c, m) for c, m in done if _comparable(json.loads(c.config.to_json()))
+                     == _comparable(json.loads(cell.config.to_json())) and m.get("mode") == mode), None)
+        if twin is not None:
+            metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed,
+                       "reused_from": twin[0].name}
+            write_metrics(cell.dir(out), metrics)
+            say(f"{tag}: same run as {twin[0].name}, reused (FAA {_pct(metrics.get('faa'))})")
+            done.append((cell, metrics))
+            continue
+        eta = ""
+        if ran_seconds:
+            left = sum(1 for c in cells[i - 1:] if not (c.dir(out) / "metrics.json").exists())
+            eta = f", about {_duration(left * sum(ran_seconds) / len(ran_seconds))} left for {left} cells"
+        say(f"{tag}: running ({mode}){eta}")
+        try:
+            metrics = run_cell(cell, out, mode, timeout_s, extra)
+        except Exception as err:
+            cell.dir(out).mkdir(parents=True, exist_ok=True)
+            (cell.dir(out) / "error.txt").write_text(traceback.format_exc())
+            failed.append(cell.name)
+            say(f"{tag}: FAILED ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                f"see {cell.dir(out) / 'error.txt'}")
+            continue
+        ran_seconds.append(metrics["wall_seconds"])
+        done.append((cell, metrics))
+        say(f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
+            f"forgetting {_pct(metrics['forgetting'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent per client, "
+            f"{_duration(metrics['wall_seconds'])}")
+    return failed
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+# ---------------------------------------------------------------------- the tables and plots
+
+
+@dataclass
+class Row:
+    """One (dataset, method, beta) over its finished seeds; means and sample std over seeds."""
+
+    dataset: str
+    method: str
+    beta: float
+    seeds: int
+    faa_mean: float
+    faa_std: float | None  # sample std (n - 1); None with one seed
+    faa_weighted_mean: float
+    forgetting_mean: float
+    bytes_per_client_mean: float  # tensor payload one client sent over the whole run
+    wall_seconds_mean: float
+    paper_faa: float | None
+
+
+def load_cells(out: Path) -> list[dict]:
+    """Every finished cell's metrics, in path order."""
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/beta*/seed*/metrics.json"))]
+
+
+def failed_cells(out: Path) -> list[tuple[str, str]]:
+    """(cell, last line of its error) for cells with an error and no result."""
+    failed = []
+    for path in sorted((out / "cells").glob("*/beta*/seed*/error.txt")):
+        if not (path.parent / "metrics.json").exists():
+            lines = path.read_text().strip().splitlines() or [""]
+            failed.append((str(path.parent.relative_to(out / "cells")), lines[-1]))
+    return failed
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _order(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def _groups(cells: list[dict]) -> dict[tuple[str, str, float], list[dict]]:
+    groups: dict[tuple[str, str, float], list[dict]] = {}
+    for cell in cells:
+        groups.setdefault((cell["config"]["dataset"], cell["method"], float(cell["beta"])), []).append(cell)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][2], _order(kv[0][1]))))
+
+
+def summarize(cells: list[dict]) -> list[Row]:
+    rows = []
+    for (dataset, method, beta), group in _groups(cells).items():
+        faa = [_number(c["faa"]) for c in group]
+        rows.append(Row(dataset, method, beta, len(group), _mean(faa),
+                        statistics.stdev(faa) if len(faa) > 1 else None,
+                        _mean([_number(c["faa_weighted"]) for c in group]),
+                        _mean([_number(c["forgetting"]) for c in group]),
+                        _mean([float(c["bytes_per_client"]) for c in group]),
+                        _mean([float(c["wall_seconds"]) for c in group]), paper_faa(dataset, method, beta)))
+    return rows
+
+
+def mean_seen_accuracy(cells: list[dict]) -> list[float]:
+    """After each task: accuracy averaged over the tasks seen so far, then over the cells."""
+    curves = [[_mean([_number(a) for a in row]) for row in c["accuracy"]] for c in cells]
+    return [_mean([curve[t] for curve in curves]) for t in range(min(len(curve) for curve in curves))]
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0]) if rows else Row.__dataclass_fields__))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in asdict(row).items()})
+
+
+def _distinct(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _machine_line(machine: dict) -> str:
+    return (f"{machine['system']}, {machine['cpu']}, {machine['cores']} CPU cores ({machine['usable_cores']} usable), "
+            f"GPU: {machine['gpu']}; Python {machine['python']}, torch {machine['torch']}")
+
+
+def _faa_text(row: Row) -> str:
+    return f"{row.faa_mean:.2f}" + (f" ± {row.faa_std:.2f}" if row.faa_std is not None else "")
+
+
+def _pivot(rows: list[Row]) -> list[str]:
+    """The paper's layout: FAA per method (rows) and beta (columns), the paper's value in brackets."""
+    lines = []
+    for dataset in _distinct([r.dataset for r in rows]):
+        mine = [r for r in rows if r.dataset == dataset]
+        betas = sorted({r.beta for r in mine}, reverse=True)
+        lines += [f"FAA (%) on {dataset}, mean ± std over seeds [paper]:", "",
+                  "| method | " + " | ".join(f"beta={b}" for b in betas) + " |",
+                  "|---|" + "---|" * len(betas)]
+        for method in sorted({r.method for r in mine}, key=_order):
+            cells = []
+            for b in betas:
+                row = next((r for r in mine if r.method == method and r.beta == b), None)
+                text = "-" if row is None else _faa_text(row)
+                if row is not None and row.paper_faa is not None:
+                    text += f" [{row.paper_faa:.2f}]"
+                cells.append(text)
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def markdown(rows: list[Row], cells: list[dict], failed: list[tuple[str, str]], command: str, machine: dict) -> str:
+    datasets = ", ".join(_distinct([r.dataset for r in rows])) or "-"
+    commands = _distinct([c["command"] for c in cells if "command" in c])
+    machines = _distinct([_machine_line(c["machine"]) for c in cells if "machine" in c])
+    modes = ", ".join(_distinct([c.get("mode", "?") for c in cells]))
+    lines = [f"# Benchmark: {datasets}", ""]
+    lines += [f"- Grid command: `{c}`" for c in commands]
+    if command not in commands:
+        lines.append(f"- Report written by: `{command}`")
+    lines += [f"- Machine: {m}" for m in machines or [_machine_line(machine)]]
+    lines += [f"- Mode: {modes}. Finished cells: {len(cells)}; failed: {len(failed)}.", ""]
+    lines += _pivot(rows)
+    lines += ["| dataset | method | beta | FAA (%) | paper FAA (%) | FAA weighted (%) | forgetting (%) "
+              "| sent per client (MB) | wall time | seeds |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        faa = _faa_text(r)
+        paper = "-" if r.paper_faa is None else f"{r.paper_faa:.2f}"
+        lines.append(f"| {r.dataset} | {r.method} | {r.beta} | {faa} | {paper} | {r.faa_weighted_mean:.2f} "
+                     f"| {r.forgetting_mean:.2f} | {r.bytes_per_client_mean / 1e6:.3f} "
+                     f"| {_duration(r.wall_seconds_mean)} | {r.seeds} |")
+    lines += ["", "FAA: the paper's final average accuracy, the mean over tasks of the accuracy on each after the "
+              "last task; mean ± sample standard deviation over seeds. FAA weighted: accuracy over all test samples "
+              "after the last task (the reference code's figure). Forgetting: mean over earlier tasks of the best "
+              "accuracy minus the final one. Sent per client: tensor payload bytes one client uploads over the "
+              "whole run (1 MB = 10^6 bytes). Wall time: mean per run. `joint`: LoRM with one client holding all "
+              "data and one task with all classes (the upper bound)."]
+    if failed:
+        lines += ["", "Failed cells (no result; rerun the grid to retry them):", ""]
+        lines += [f"- `{name}`: {error}" for name, error in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_faa(rows: list[Row], path: Path) -> None:
+    """Grouped bars: FAA per beta (groups) and method (bars), std error bars, the paper's FAA as markers."""
+    plt = _pyplot()
+    betas = sorted({r.beta for r in rows}, reverse=True)
+    methods = sorted({r.method for r in rows}, key=_order)
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(betas) * len(methods) ** 0.5 + 3), 4), dpi=120)
+    paper_labelled = False
+    for k, method in enumerate(methods):
+        mine = {r.beta: r for r in rows if r.method == method}
+        xs = [i + (k - (len(methods) - 1) / 2) * width for i, b in enumerate(betas) if b in mine]
+        ours = [mine[b] for b in betas if b in mine]
+        ax.bar(xs, [r.faa_mean for r in ours], width, yerr=[r.faa_std or 0.0 for r in ours], capsize=3,
+               label=method)
+        known = [(x, r.paper_faa) for x, r in zip(xs, ours) if r.paper_faa is not None]
+        if known:
+            ax.scatter([x for x, _ in known], [p for _, p in known], marker="D", color="red",
+                       edgecolors="black", zorder=3, s=36, label=None if paper_labelled else "paper")
+            paper_labelled = True
+    ax.set_xticks(range(len(betas)))
+    ax.set_xticklabels([f"beta={b}" for b in betas])
+    ax.set_ylabel("FAA (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("FAA per method and beta (mean ± std over seeds)")
+    _save(fig, plt, path)
+
+
+def plot_accuracy_curves(cells: list[dict], beta: float, path: Path) -> None:
+    """Mean-over-seen-tasks accuracy after each task, one line per method; one-task runs
+    (``joint``) as a horizontal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    groups = {key: group for key, group in _groups(cells).items() if key[2] == beta}
+    several = len({key[0] for key in groups}) > 1
+    tasks = max((len(c["accuracy"]) for group in groups.values() for c in group), default=1)
+    for (dataset, method, _), group in groups.items():
+        curve = mean_seen_accuracy(group)
+        label = f"{dataset}/{method}" if several else method
+        if len(curve) == 1 and tasks > 1:
+            ax.axhline(curve[0], linestyle="--", color="gray", label=f"{label} (all classes at once)")
+        else:
+            ax.plot(range(len(curve)), curve, marker="o", label=label)
+    ax.set_xlabel("after training task")
+    ax.set_ylabel("mean accuracy over seen tasks (%)")
+    ax.set_xticks(range(tasks))
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"beta={beta}: accuracy across tasks (mean over seeds)")
+    _save(fig, plt, path)
+
+
+def _save(fig, plt, path: Path) -> None:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_report(out: Path, command: str, machine: dict) -> list[Row]:
+    """``results.md``, ``results.csv``, ``faa.png`` and ``accuracy_<beta>.png`` from every finished cell."""
+    cells = load_cells(out)
+    rows = summarize(cells)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "results.csv")
+    (out / "results.md").write_text(markdown(rows, cells, failed_cells(out), command, machine))
+    if rows:
+        plot_faa(rows, out / "faa.png")
+        for beta in sorted({r.beta for r in rows}, reverse=True):
+            plot_accuracy_curves(cells, beta, out / f"accuracy_{beta}.png")
+    return rows
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def machine_info() -> dict:
+    """Cores, CPU model, GPU (or none), Python and torch versions of this machine."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"system": f"{platform.system()} {platform.machine()}", "cpu": cpu, "cores": os.cpu_count(),
+            "usable_cores": usable, "gpu": gpu, "python": platform.python_version(), "torch": torch.__version__}
+
+
+def _csv(text: str, cast: Callable[[str], Any], what: str) -> list:
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            value = cast(item)
+        except ValueError:
+            raise ValueError(f"{what}: expected a comma-separated list of {cast.__name__}, got {item!r}") from None
+        if value not in values:
+            values.append(value)
+    if not values:
+        raise ValueError(f"{what}: expected at least one value, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lorm-bench", description="Run a grid of methods x betas x seeds and "
+                                     "write the paper's kind of table (results.md, results.csv, plots).")
+    add_config_arguments(parser)
+    parser.add_argument("--methods", default="lorm", help=f"comma list of methods: {', '.join(known_methods())}")
+    parser.add_argument("--betas", default="", help="comma list of Dirichlet betas (default: the config's beta)")
+    parser.add_argument("--seeds", default="", help="comma list of seeds (default: the config's seed)")
+    parser.add_argument("--mode", choices=sorted(RUNNERS), default="inprocess",
+                        help="inprocess: the in-process engine; distributed: coordinator + client processes")
+    parser.add_argument("--out", required=True, help="the grid's folder (cells/, results.md, results.csv, plots)")
+    parser.add_argument("--method-config", default="", help='JSON {method: {key: value, "beta=<b>": {key: value}}}')
+    parser.add_argument("--timeout", type=float, default=0.0, help="seconds one cell may take (0: no limit)")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots from the cells")
+    return parser
+
+
+def _command_line(argv: list[str] | None) -> str:
+    if argv is None:
+        argv = sys.argv[1:]
+        prog = Path(sys.argv[0]).name
+        prog = "python -m server.benchmark" if prog in ("benchmark.py", "__main__.py") else prog
+    else:
+        prog = "python -m server.benchmark"
+    return " ".join([prog, shlex.join(argv)]).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = _command_line(argv)
+    out = Path(args.out)
+    machine = machine_info()
+    if args.report_only:
+        if not (out / "cells").is_dir():
+            parser.error(f"--report-only: no cells under {out / 'cells'}; run the grid first")
+        write_report(out, command, machine)
+        print(f"wrote {out / 'results.md'}, {out / 'results.csv'}", flush=True)
+        return 0
+    try:
+        methods = _csv(args.methods, str, "--methods")
+        unknown = [m for m in methods if m not in known_methods()]
+        if unknown:
+            raise ValueError(f"--methods: unknown method(s) {unknown}; known: {known_methods()}")
+        base = config_from_args(args)
+        betas = _csv(args.betas, float, "--betas") if args.betas else [base.beta]
+        seeds = _csv(args.seeds, int, "--seeds") if args.seeds else [base.seed]
+        cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    print(f"lorm-bench: {len(cells)} cells ({len(methods)} methods x {len(betas)} betas x {len(seeds)} seeds), "
+          f"{args.mode}, dataset {base.dataset}, into {out}", flush=True)
+    start = time.perf_counter()
+    failed = run_grid(cells, out, args.mode, args.timeout, {"command": command, "machine": machine},
+                      say=lambda line: print(line, flush=True))
+    write_report(out, command, machine)
+    print(f"lorm-bench: grid done in {_duration(time.perf_counter() - start)}; wrote {out / 'results.md'}, "
+          f"{out / 'results.csv'}, {out / 'faa.png'}", flush=True)
+    if failed:
+        print(f"lorm-bench: {len(failed)} cell(s) failed: {', '.join(failed)}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The benchmark runner: a grid of real tiny runs, resume, failures, and the tables against the cells."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import server.benchmark as bench
+from common.config import RunConfig
+from common.presets import preset
+from server.simulation import run_inprocess
+
+TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1", "--set", "local_epochs=1"]
+METHODS = ["lorm", "fedavg-lora", "joint"]
+SEEDS = [1, 2]
+METHOD_CONFIG = {"lorm": {"lr_lora": 2e-3}, "fedavg-lora": {"beta=0.5": {"lr": 0.05}, "beta=1.0": {"lr": 0.5}}}
+
+
+def bench_main(argv: list[str]) -> tuple[int, str]:
+    """``lorm-bench argv``: its exit code and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(argv)
+    return rc, out.getvalue()
+
+
+def cell_dirs(out: Path) -> list[Path]:
+    return sorted(p.parent for p in (out / "cells").glob("*/beta*/seed*/metrics.json"))
+
+
+def mtimes(out: Path) -> dict[Path, int]:
+    return {d: (d / "metrics.json").stat().st_mtime_ns for d in cell_dirs(out)}
+
+
+def read_csv(path: Path) -> dict[str, dict]:
+    with open(path) as f:
+        return {row["method"]: row for row in csv.DictReader(f)}
+
+
+def forbid_runs(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("no cell should run")
+
+    monkeypatch.setattr(bench, "run_inprocess", fail)
+
+
+def fake_run(fail_seeds=(), sleep_s=0.0, calls=None):
+    """Stands in for ``run_inprocess``: a fixed two-task result (FAA 50, forgetting 20) per config."""
+
+    def run(config: RunConfig, log=None, results_dir=None):
+        if calls is not None:
+            calls.append(config)
+        time.sleep(sleep_s)
+        if config.seed in fail_seeds:
+            raise RuntimeError(f"boom for seed {config.seed}")
+        summary = {"config": json.loads(config.to_json()), "seconds": 0.1,
+                   "history": [{"task": 0, "bytes_per_client": 100.0}, {"task": 1, "bytes_per_client": 50.0},
+                               {"task": 1, "phase": "evaluate", "accuracy": [40.0, 60.0]}],
+                   "accuracy": [[60.0], [40.0, 60.0]], "correct": [[6], [4, 6]], "total": [[10], [10, 10]],
+                   "faa": 50.0, "faa_weighted": 50.0, "forgetting": 20.0}
+        return SimpleNamespace(summary=lambda: summary)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """Three methods x one beta x two seeds, real in-process tiny runs."""
+    root = tmp_path_factory.mktemp("bench")
+    (root / "methods.json").write_text(json.dumps(METHOD_CONFIG))
+    out = root / "grid"
+    argv = TINY + ["--methods", ",".join(METHODS), "--betas", "0.5", "--seeds", "1,2", "--out", str(out),
+                   "--method-config", str(root / "methods.json")]
+    rc, printed = bench_main(argv)
+    return SimpleNamespace(out=out, rc=rc, printed=printed, argv=argv)
+
+
+def test_grid_runs_every_cell_with_its_configuration(grid):
+    assert grid.rc == 0, grid.printed
+    assert [d.relative_to(grid.out / "cells").as_posix() for d in cell_dirs(grid.out)] == sorted(
+        f"{m}/beta0.5/seed{s}" for m in METHODS for s in SEEDS)
+    for d in cell_dirs(grid.out):
+        m = json.loads((d / "metrics.json").read_text())
+        assert (m["beta"], m["mode"]) == (0.5, "inprocess") and f"seed{m['seed']}" == d.name
+        assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in m["history"]) > 0
+        assert m["wall_seconds"] > 0 and m["config"]["seed"] == m["seed"]
+        assert (d / "run" / "results" / "metrics.json").exists() and (d / "log.txt").exists()
+        if m["method"] == "joint":
+            # The upper bound: LoRM, one client with all data, one task with all classes.
+            assert (m["config"]["strategy"], m["config"]["num_clients"], m["config"]["num_tasks"]) == ("lorm", 1, 1)
+            assert len(m["accuracy"]) == 1 and m["faa"] == m["accuracy"][0][0] == pytest.approx(m["faa_weighted"])
+        else:
+            assert m["config"]["strategy"] == m["method"] and m["config"]["num_clients"] == 3
+    lorm = json.loads((grid.out / "cells/lorm/beta0.5/seed1/metrics.json").read_text())["config"]
+    fedavg = json.loads((grid.out / "cells/fedavg-lora/beta0.5/seed1/metrics.json").read_text())["config"]
+    assert lorm["lr_lora"] == 2e-3 and lorm["lr"] == preset("tiny")["lr"]  # per-method override
+    assert fedavg["lr"] == 0.05  # per-beta override (beta=1.0's value is not used)
+    assert "[1/6] lorm beta=0.5 seed=1" in grid.printed and "[6/6] joint beta=0.5 seed=2" in grid.printed
+    assert grid.printed.count(": FAA ") == 6
+
+
+def test_tables_and_plots_agree_with_the_cells(grid):
+    rows = read_csv(grid.out / "results.csv")
+    md = (grid.out / "results.md").read_text()
+    assert sorted(rows) == sorted(METHODS)
+    for method in METHODS:
+        cells = [json.loads((grid.out / f"cells/{method}/beta0.5/seed{s}/metrics.json").read_text()) for s in SEEDS]
+        faa = np.array([c["faa"] for c in cells])
+        row = rows[method]
+        assert (row["dataset"], float(row["beta"]), int(row["seeds"])) == ("synthetic-text", 0.5, 2)
+        assert float(row["faa_mean"]) == pytest.approx(faa.mean())
+        assert float(row["faa_std"]) == pytest.approx(faa.std(ddof=1))
+        assert float(row["faa_weighted_mean"]) == pytest.approx(np.mean([c["faa_weighted"] for c in cells]))
+        assert float(row["forgetting_mean"]) == pytest.approx(np.mean([c["forgetting"] for c in cells]))
+        bytes_ = np.mean([sum(e.get("bytes_per_client", 0) for e in c["history"]) for c in cells])
+        assert float(row["bytes_per_client_mean"]) == pytest.approx(bytes_)
+        assert float(row["wall_seconds_mean"]) == pytest.approx(np.mean([c["wall_seconds"] for c in cells]))
+        assert row["paper_faa"] == ""  # the paper has no synthetic-text
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"| synthetic-text | {method} | 0.5 |"))
+        assert f"| {faa.mean():.2f} ± {faa.std(ddof=1):.2f} | - |" in line and f"| {bytes_ / 1e6:.3f} |" in line
+        assert line.endswith("| 2 |")
+    assert f"`python -m server.benchmark {' '.join(grid.argv)}`" in md
+    assert "CPU cores" in md and "GPU: " in md
+    for name in ("faa.png", "accuracy_0.5.png"):
+        assert (grid.out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_second_invocation_skips_every_finished_cell(grid, monkeypatch):
+    before = mtimes(grid.out)
+    forbid_runs(monkeypatch)
+    start = time.perf_counter()
+    rc, printed = bench_main(grid.argv)
+    assert rc == 0, printed
+    assert time.perf_counter() - start < 20
+    assert mtimes(grid.out) == before
+    assert printed.count("finished before, skipped") == 6 and "WARNING" not in printed
+
+
+def test_a_changed_configuration_is_flagged_on_resume(grid, monkeypatch):
+    forbid_runs(monkeypatch)
+    rc, printed = bench_main(grid.argv + ["--set", "batch_size=8"])
+    assert rc == 0 and printed.count("WARNING: it ran with other values of ['batch_size']") == 6
+
+
+def test_a_deleted_cell_and_only_it_runs_again(grid, monkeypatch):
+    target = grid.out / "cells/fedavg-lora/beta0.5/seed2"
+    old = json.loads((target / "metrics.json").read_text())
+    before = mtimes(grid.out)
+    (target / "metrics.json").unlink()
+    calls = []
+    monkeypatch.setattr(bench, "run_inprocess",
+                        lambda config, **kw: calls.append(config) or run_inprocess(config, **kw))
+    rc, printed = bench_main(grid.argv)
+    assert rc == 0, printed
+    assert [(c.strategy, c.seed) for c in calls] == [("fedavg-lora", 2)]
+    after = mtimes(grid.out)
+    assert {d for d in after if after[d] != before[d]} == {target}
+    new = json.loads((target / "metrics.json").read_text())
+    assert (new["correct"], new["total"]) == (old["correct"], old["total"])  # same seed, same run
+
+
+def test_report_only_rebuilds_the_tables_without_running(grid, monkeypatch):
+    expected = (grid.out / "results.csv").read_text()
+    for name in ("results.md", "results.csv", "faa.png", "accuracy_0.5.png"):
+        (grid.out / name).unlink()
+    forbid_runs(monkeypatch)
+    rc, printed = bench_main(["--out", str(grid.out), "--report-only"])
+    assert rc == 0, printed
+    assert (grid.out / "results.csv").read_text() == expected
+    md = (grid.out / "results.md").read_text()
+    assert "Report written by: `python -m server.benchmark --out" in md and "Grid command:" in md
+    assert (grid.out / "faa.png").exists() and (grid.out / "accuracy_0.5.png").exists()
+
+
+def test_an_unknown_method_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(TINY + ["--methods", "lorm,fedprox", "--out", str(tmp_path / "g")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown method(s) ['fedprox']" in err and "'lorm'" in err and "'joint'" in err
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize("method_config, message", [
+    ({"fedprox": {"lr": 1}}, "unknown method 'fedprox'"),
+    ({"lorm": {"beta=0.5": {"seed": 3}}}, "['seed'] are set by the grid"),
+    ({"lorm": {"beta=half": {"lr": 1}}}, "expected 'beta=<number>'"),
+    ({"lorm": {"learning_rate": 1}}, "unknown run configuration keys: ['learning_rate']"),
+])
+def test_a_bad_method_config_is_a_clear_error(tmp_path, capsys, method_config, message):
+    (tmp_path / "m.json").write_text(json.dumps(method_config))
+    with pytest.raises(SystemExit):
+        bench.main(TINY + ["--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")])
+    assert message in capsys.readouterr().err
+
+
+def test_overrides_apply_base_then_method_then_beta():
+    base = RunConfig.from_dict({**preset("tiny"), "lr": 0.01})
+    overrides = {"lorm": {"lr": 0.02, "extra": {"synthetic_test": 5}, "beta=0.5": {"lr": 0.03}}}
+    at_half = bench.cell_config(base, "lorm", 0.5, 7, overrides)
+    at_one = bench.cell_config(base, "lorm", 1.0, 7, overrides)
+    assert (at_half.lr, at_one.lr, at_half.seed, at_half.beta) == (0.03, 0.02, 7, 0.5)
+    assert at_half.extra == {**preset("tiny")["extra"], "synthetic_test": 5}  # merged, not replaced
+    assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
+
+
+def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, monkeypatch):
+    out = tmp_path / "g"
+    argv = TINY + ["--methods", "lorm", "--seeds", "1,2,3", "--out", str(out)]
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(fail_seeds={2}))
+    rc, printed = bench_main(argv)
+    assert rc == 1 and "[2/3] lorm beta=0.5 seed=2: FAILED (RuntimeError: boom for seed 2)" in printed
+    failed = out / "cells/lorm/beta0.5/seed2"
+    assert "boom for seed 2" in (failed / "error.txt").read_text() and not (failed / "metrics.json").exists()
+    assert (out / "cells/lorm/beta0.5/seed3/metrics.json").exists()  # the grid went on
+    assert "`lorm/beta0.5/seed2`: RuntimeError: boom for seed 2" in (out / "results.md").read_text()
+    assert read_csv(out / "results.csv")["lorm"]["seeds"] == "2"
+    calls = []
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    rc, printed = bench_main(argv)
+    assert rc == 0 and [c.seed for c in calls] == [2]
+    assert not (failed / "error.txt").exists() and "Failed cells" not in (out / "results.md").read_text()
+
+
+def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(sleep_s=5))
+    start = time.perf_counter()
+    rc, printed = bench_main(TINY + ["--out", str(tmp_path / "g"), "--timeout", "0.3"])
+    assert rc == 1 and time.perf_counter() - start < 4
+    assert "CellTimeout" in (tmp_path / "g/cells/lorm/beta0.5/seed42/error.txt").read_text()
+
+
+def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    out = tmp_path / "g"
+    rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "1.0,0.5", "--seeds", "1", "--out", str(out)])
+    assert rc == 0 and len(calls) == 1
+    reused = json.loads((out / "cells/joint/beta0.5/seed1/metrics.json").read_text())
+    assert (reused["beta"], reused["reused_from"]) == (0.5, "joint/beta1.0/seed1")
+    assert set(read_csv(out / "results.csv")) == {"joint"} and (out / "accuracy_1.0.png").exists()
+
+
+def test_the_paper_column_comes_from_the_paper_table(tmp_path):
+    assert bench.paper_faa("clinc150", "joint", 0.2) == 95.53
+    assert bench.paper_faa("clinc150", "ccvr", 0.5) == 38.13
+    assert bench.paper_faa("cifar100", "lorm", 0.05) == 82.76
+    assert bench.paper_faa("eurosat", "fedavg-lora", 1.0) == 53.14
+    assert bench.paper_faa("imagenet-r", "lorm-avg-tasks", 0.5) == 75.08
+    assert bench.paper_faa("clinc150", "fedavg-lora", 0.5) is None
+    # Hand-made clinc150 cells with known FAA: 80, 82, 84 -> 82.00 ± 2.00 beside the paper's 82.58.
+    for seed, faa in zip((1, 2, 3), (80.0, 82.0, 84.0)):
+        cell = tmp_path / f"cells/lorm/beta0.5/seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "metrics.json").write_text(json.dumps(
+            {"method": "lorm", "beta": 0.5, "seed": seed, "mode": "inprocess", "config": {"dataset": "clinc150"},
+             "accuracy": [[90.0], [faa - 10, faa + 10]], "faa": faa, "faa_weighted": faa + 1, "forgetting": 5.0,
+             "bytes_per_client": 2.5e6, "wall_seconds": 60.0 * seed, "history": []}))
+    rc, _ = bench_main(["--out", str(tmp_path), "--report-only"])
+    row = read_csv(tmp_path / "results.csv")["lorm"]
+    assert rc == 0 and (float(row["faa_mean"]), float(row["faa_std"]), float(row["paper_faa"])) == (82.0, 2.0, 82.58)
+    md = (tmp_path / "results.md").read_text()
+    assert "| lorm | 82.00 ± 2.00 [82.58] |" in md
+    assert "| clinc150 | lorm | 0.5 | 82.00 ± 2.00 | 82.58 | 83.00 | 5.00 | 2.500 | 2.0 min | 3 |" in md
+
+
+@pytest.mark.slow
+def test_a_distributed_cell_gives_the_inprocess_result(tmp_path):
+    out = tmp_path / "g"
+    rc, printed = bench_main(TINY + ["--methods", "lorm", "--seeds", "3", "--mode", "distributed", "--out", str(out),
+                                     "--timeout", "300"])
+    assert rc == 0, printed
+    cell = out / "cells/lorm/beta0.5/seed3"
+    m = json.loads((cell / "metrics.json").read_text())
+    assert m["mode"] == "distributed" and (cell / "run/state").is_dir() and (cell / "run/results/adapter").is_dir()
+    reference = run_inprocess(RunConfig.from_dict(m["config"]))
+    assert (m["correct"], m["total"]) == (reference.matrix.correct, reference.matrix.total)
+    assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in reference.history)
+    assert "lorm" in read_csv(out / "results.csv")
