@@ -256,7 +256,7 @@ class Coordinator:
     def _export(self) -> None:
         assert self.strategy is not None and self.spec is not None
         out = self.reporter.finish(self.config, self.spec, self.strategy.adapter(), self.strategy.head_w,
-                                   self.strategy.head_b, self.summary())
+                                   self.strategy.head_b, self.summary(), self.strategy.dense_delta())
         self.emit(f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
                   f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}")
 

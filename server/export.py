@@ -97,6 +97,37 @@ def export_head(out_dir: str | os.PathLike, head_w: Tensor, head_b: Tensor) -> P
     return path
 
 
+def export_dense_delta(path: str | os.PathLike, delta: dict[str, Tensor], spec: ModelSpec) -> Path:
+    """Full fine-tuning baselines: ``delta.safetensors`` with the model ``W0 + delta``.
+
+    Keys are the backbone library model's parameter names (``spec.export_prefix`` stripped,
+    the LoRA wrapper's ``.base.`` removed), so ``W0 + delta`` is a plain ``state_dict`` update
+    of, e.g., the transformers model. Every parameter of ``spec.params`` must be present,
+    shaped as there, and finite.
+    """
+    missing = [n for n in spec.params if n not in delta]
+    unknown = [n for n in delta if n not in spec.params]
+    if missing or unknown:
+        raise ValueError(f"dense delta: missing parameter(s) {missing[:3]}, unknown {unknown[:3]}")
+    tensors: dict[str, Tensor] = {}
+    for name, shape in spec.params.items():
+        t = _float32(delta[name])
+        if tuple(t.shape) != tuple(shape) or not torch.isfinite(t).all():
+            raise ValueError(f"dense delta {name!r}: expected finite values of shape {tuple(shape)}, "
+                             f"got shape {tuple(t.shape)}")
+        key = name
+        for layer in spec.layers:  # a LoRA-wrapped linear keeps its weight under ".base."
+            if name.startswith(f"{layer}.base."):
+                key = f"{layer}." + name[len(layer) + len(".base."):]
+                break
+        key = _strip_prefix(key, spec.export_prefix) if spec.export_prefix else key
+        tensors[key] = t
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "dense_delta"}))
+    return out
+
+
 def write_metrics(out_dir: str | os.PathLike, summary: dict[str, Any]) -> Path:
     """Write ``summary`` as ``metrics.json`` (strict JSON: NaN and infinities become ``null``).
 

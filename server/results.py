@@ -4,7 +4,8 @@
   seen task after each task (written as steps finish);
 - ``config.json``, ``metrics.json`` (accuracy matrix, both FAA figures, forgetting, history);
 - ``accuracy.png``: accuracy on each task across the tasks trained;
-- ``adapter/`` (standard PEFT LoRA adapter) and ``head.safetensors``.
+- ``adapter/`` (standard PEFT LoRA adapter) — or, for full fine-tuning baselines,
+  ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import LowRank, ModelSpec
-from server.export import export_adapter, export_head, write_metrics
+from server.export import export_adapter, export_dense_delta, export_head, write_metrics
 from server.store import atomic_write_bytes
 
 
@@ -49,10 +50,14 @@ class RunReporter:
         self.writer.flush()
 
     def finish(self, config: RunConfig, spec: ModelSpec, adapter: dict[str, LowRank], head_w: Tensor,
-               head_b: Tensor, summary: dict) -> Path:
+               head_b: Tensor, summary: dict, dense_delta: dict[str, Tensor] | None = None) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
-        export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale)
+        if dense_delta is not None:
+            export_dense_delta(self.dir / "delta.safetensors", dense_delta, spec)
+        elif adapter:
+            export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank,
+                           lora_scale=config.lora_scale)
         export_head(self.dir, head_w, head_b)
         write_metrics(self.dir, summary)
         plot_accuracy(summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}")

@@ -79,7 +79,8 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
     result = RunResult(config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b,
                        time.perf_counter() - start, history)
     if reporter:
-        reporter.finish(config, runtime.spec, result.adapter, result.head_weight, result.head_bias, result.summary())
+        reporter.finish(config, runtime.spec, result.adapter, result.head_weight, result.head_bias, result.summary(),
+                        strategy.dense_delta())
     return result
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.messages import ModelSpec
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from server.strategies.closed_form import NearestClassMean, RidgeHead
+from server.strategies.fedavg import FedAvg
 from server.strategies.fedavg_lora import FedAvgLoRA
+from server.strategies.fisheravg import FisherAvg
 from server.strategies.lorm import LoRM, LoRMAverageTasks, LoRMBOnly
+from server.strategies.regmean import RegMean
+from server.strategies.ties import Ties
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, FedAvgLoRA)}
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, FedAvgLoRA, FedAvg, RegMean, FisherAvg, Ties,
+                           NearestClassMean, RidgeHead)}
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:

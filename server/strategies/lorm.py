@@ -10,18 +10,8 @@ from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_head,
-                                   factors_from_tensors, factors_to_tensors)
-
-
-def check_grams(update: ClientUpdate, spec: ModelSpec, full: bool) -> None:
-    if set(update.grams) != set(spec.layers):
-        raise UpdateRejected("grams", "Grams must be sent for exactly the model's LoRA layers")
-    for name, g in update.grams.items():
-        d_in = spec.layers[name][1]
-        want = (d_in, d_in) if full else (d_in,)
-        if tuple(g.shape) != want:
-            raise UpdateRejected(f"grams[{name}]", f"expected shape {want}, got {tuple(g.shape)}")
+from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_grams, check_head,
+                                   check_head_gram, factors_from_tensors, factors_to_tensors)
 
 
 class LoRMRoundAggregator(Aggregator):
@@ -42,9 +32,7 @@ class LoRMRoundAggregator(Aggregator):
         check_factors(update, self.spec, (self.active,))
         check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
         check_head(update, self.spec)
-        f = self.spec.feature_dim
-        if update.head_gram is None or tuple(update.head_gram.shape) != (f, f):
-            raise UpdateRejected("head_gram", f"expected a full head Gram of shape {(f, f)}")
+        check_head_gram(update, self.spec)
         r = self.config.rank
         for name, (d_out, d_in) in self.spec.layers.items():
             want = (d_out, r) if self.active == "B" else (r, d_in)

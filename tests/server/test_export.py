@@ -220,3 +220,22 @@ def test_write_metrics_is_strict_json_and_atomic(tmp_path):
     with pytest.raises(TypeError):
         write_metrics(tmp_path, {"bad": object()})
     assert json.loads(path.read_text())["faa"] == 82.0 and len(list(tmp_path.iterdir())) == 1
+
+
+def test_dense_delta_keys_are_the_library_models_state_dict(tmp_path):
+    """Full fine-tuning baselines export W - W0 under the transformers model's own names."""
+    from server.export import export_dense_delta
+
+    cfg = RunConfig(backbone="tiny-bert", rank=1, model_seed=3)
+    spec = model_spec(build_model(cfg, num_classes=5))
+    delta = {n: torch.full(shape, 0.5) for n, shape in spec.params.items()}
+    path = export_dense_delta(tmp_path / "delta.safetensors", delta, spec)
+    bert = build_backbone(cfg).encoder  # the plain transformers BertModel
+    state = bert.state_dict()
+    exported = load_file(str(path))
+    assert set(exported) <= set(state) and len(exported) == len(spec.params)
+    assert "encoder.layer.0.attention.self.query.weight" in exported
+    for key, t in exported.items():
+        assert t.shape == state[key].shape
+    with pytest.raises(ValueError, match="missing parameter"):
+        export_dense_delta(tmp_path / "d.safetensors", {}, spec)

@@ -1,0 +1,240 @@
+"""Closed-form heads on frozen features: cosine nearest class mean and ridge regression.
+
+Each task is one step in features mode: clients train nothing and send sums of their
+current task's features (``client/features.py``), and the head is solved from those sums
+accumulated over clients *and* tasks. Sums do not care how the samples were split, so the
+head (up to float64 summation order) is the same for every Dirichlet ``beta``, and, as
+classes of different tasks are disjoint, for every task order.
+
+Shapes: ``C`` classes of all tasks, ``F'`` the head's input width (the backbone's
+``feature_dim``, or ``config.extra["rp_dim"]`` with the random projection + ReLU);
+``S: (C, F')`` class sums ``(X^T Y)^T``, ``n: (C,)`` class counts, ``G: (F', F')`` the Gram
+``X^T X``. Memory grows with ``F'`` and ``C`` only.
+
+- ``ncm``: ``W = [m_c / |m_c|]_c`` with ``m_c = S_c / n_c``, bias 0. Since ``|x|`` is common to
+  all classes, ``argmax_c x . m_c / |m_c| = argmax_c cos(x, m_c)``: this linear head *is*
+  cosine nearest class mean.
+- ``ridge``: ``W = S (G + lam I)^-1``, i.e. ``W^T = (G + lam I)^-1 X^T Y``, bias 0. ``lam`` is
+  ``config.extra["ridge_lambda"]`` if set, else the value of ``config.extra["ridge_lambdas"]``
+  (default :data:`DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
+  training samples (global training index ``i % k == 0``, ``k = extra["ridge_holdout"]``,
+  default 5) of the head fitted on the rest; the squared error comes from the held-out sums
+  alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.merge import GramSum, right_solve
+from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from server.strategies.base import Aggregator, Strategy, UpdateRejected
+
+DTYPE = torch.float64
+DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
+DEFAULT_HOLDOUT = 5  # must match client/features.py: the client sends held-out sums by the same rule
+HOLDOUT = "holdout_"  # prefix of the held-out statistics' names
+
+
+# ----------------------------------------------------------------------------- pure math
+
+
+def ncm_head(class_sum: Tensor, class_count: Tensor) -> Tensor:
+    """Cosine NCM weights ``(C, F')``: ``m_c / |m_c|`` with ``m_c = S_c / n_c``; rows of unseen classes are 0."""
+    means = class_sum.to(DTYPE) / class_count.to(DTYPE).clamp_min(1.0)[:, None]
+    norms = means.norm(dim=1, keepdim=True)
+    return torch.where(norms > 0, means / norms.clamp_min(torch.finfo(DTYPE).tiny), torch.zeros_like(means))
+
+
+def ridge_head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
+    """``W = S (G + lam I)^-1``: ``(C, F')`` for ``G: (F', F')``, ``S: (C, F')``, ``lam > 0``."""
+    if not lam > 0:
+        raise ValueError(f"ridge lambda must be positive, got {lam}")
+    regularised = gram.to(DTYPE) + lam * torch.eye(gram.shape[0], dtype=DTYPE)
+    return right_solve(class_sum, regularised)
+
+
+def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) -> float:
+    """``sum_i |W x_i - y_i|^2 = tr(W G W^T) - 2 tr(W S^T) + n`` over samples with sums ``G, S, n``.
+
+    ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples.
+    """
+    head = head.to(DTYPE)
+    return float(((head @ gram.to(DTYPE)) * head).sum() - 2.0 * (head * class_sum.to(DTYPE)).sum()
+                 + count.to(DTYPE).sum())
+
+
+def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[float, list[float]]:
+    """The ``lam`` of ``grid`` whose head fitted without the held-out samples errs least on them.
+
+    ``sums``: ``gram``, ``class_sum`` over all samples and ``holdout_*`` over the held-out ones.
+    Returns ``lam`` and the held-out squared error of every grid value (the first minimum wins).
+    """
+    gram_fit = sums["gram"] - sums[HOLDOUT + "gram"]
+    sum_fit = sums["class_sum"] - sums[HOLDOUT + "class_sum"]
+    held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
+    errors = [squared_error(ridge_head(gram_fit, sum_fit, lam), *held) for lam in grid]
+    best = min(range(len(grid)), key=errors.__getitem__)
+    return grid[best], errors
+
+
+# ----------------------------------------------------------------------------- running sums
+
+
+class StatSums:
+    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum`."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = shapes
+        self.grams = {n: GramSum(s[0]) for n, s in shapes.items() if n.endswith("gram")}
+        self.plain = {n: torch.zeros(s, dtype=DTYPE) for n, s in shapes.items() if not n.endswith("gram")}
+        self.count = 0
+
+    def fold(self, stats: dict[str, Tensor]) -> None:
+        for name, acc in self.grams.items():
+            acc.fold(stats[name])
+        for name in self.plain:
+            self.plain[name] += stats[name].to(DTYPE)
+        self.count += 1
+
+    def value(self) -> dict[str, Tensor]:
+        return self.plain | {name: acc.value() for name, acc in self.grams.items()}
+
+
+class FeatureStatsAggregator(Aggregator):
+    """One features step: the clients' statistics, summed."""
+
+    def __init__(self, plan: RoundPlan, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(plan)
+        self.sums = StatSums(shapes)
+
+    def _check(self, update: ClientUpdate) -> None:
+        shapes = self.sums.shapes
+        if set(update.stats) != set(shapes):
+            raise UpdateRejected("stats", f"expected the statistics {sorted(shapes)}, got {sorted(update.stats)}")
+        for name, tensor in update.stats.items():
+            if tuple(tensor.shape) != shapes[name]:
+                raise UpdateRejected(f"stats[{name}]", f"expected shape {shapes[name]}, got {tuple(tensor.shape)}")
+            if not bool(torch.isfinite(tensor).all()):
+                raise UpdateRejected(f"stats[{name}]", "has non-finite entries")
+        counts = update.stats["class_count"]
+        lo, hi = self.plan.class_range
+        outside = float(counts[:lo].abs().sum() + counts[hi:].abs().sum())
+        if bool((counts < 0).any()) or outside > 0 or float(counts.sum()) != update.num_samples:
+            raise UpdateRejected("stats[class_count]", f"expected non-negative counts of classes [{lo}, {hi}) only, "
+                                                       f"summing to num_samples={update.num_samples}; got "
+                                                       f"{float(counts.sum())} in all, {outside} outside")
+
+    def _fold(self, update: ClientUpdate) -> None:
+        self.sums.fold(update.stats)
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+class ClosedFormHead(Strategy):
+    """One features step per task; sums over clients and tasks; the head is solved after each task."""
+
+    use_gram = False  # the solve needs the feature Gram (and clients send it)
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        # The same settings client/features.py reads: the head's input width F'.
+        self.dim = int(config.extra.get("rp_dim", 0)) or spec.feature_dim
+        self.head_w = torch.zeros(spec.num_classes, self.dim, dtype=DTYPE)
+        self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
+        self.totals = StatSums(self.stat_shapes())
+
+    def stat_shapes(self) -> dict[str, tuple[int, ...]]:
+        c, f = self.spec.num_classes, self.dim
+        return {"class_sum": (c, f), "class_count": (c,)}
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        return [(Phase.TRAIN, 0)]
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        if phase != Phase.TRAIN:
+            raise ValueError(f"{self.name} has no {phase} step")
+        plan = self.base_plan(task, round_, phase, mode="features", head_gram=self.use_gram, send_head=False)
+        return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return FeatureStatsAggregator(plan, self.stat_shapes())
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, FeatureStatsAggregator)
+        self.totals.fold(aggregator.sums.value())
+        self.head_w = self.solve(self.totals.value())
+
+    def solve(self, sums: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def eval_plan(self, task: int) -> RoundPlan:
+        """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
+        return dataclasses.replace(super().eval_plan(task), mode="features")
+
+    def adapter(self) -> dict[str, LowRank]:
+        return {}  # the backbone stays W0
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        tensors = super().state_tensors()
+        if not self.totals.count:
+            return tensors  # no task finished yet
+        return tensors | {f"stats/{name}": t for name, t in self.totals.value().items()}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        if "stats/class_count" in tensors:
+            self.totals = StatSums(self.stat_shapes())
+            self.totals.fold({name: tensors[f"stats/{name}"] for name in self.totals.shapes})
+
+
+class NearestClassMean(ClosedFormHead):
+    name = "ncm"
+
+    def solve(self, sums: dict[str, Tensor]) -> Tensor:
+        return ncm_head(sums["class_sum"], sums["class_count"])
+
+
+class RidgeHead(ClosedFormHead):
+    name = "ridge"
+    use_gram = True
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        self.fixed_lambda = float(config.extra.get("ridge_lambda", 0.0))
+        self.holdout = int(config.extra.get("ridge_holdout", DEFAULT_HOLDOUT))
+        self.grid = tuple(float(v) for v in config.extra.get("ridge_lambdas", DEFAULT_LAMBDAS))
+        if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
+            raise ValueError(f"extra.ridge_lambda must be a positive number (0: choose it), got {self.fixed_lambda}")
+        if self.holdout < 0 or self.holdout == 1:
+            raise ValueError(f"extra.ridge_holdout must be 0 (none) or >= 2, got {self.holdout}")
+        if not self.fixed_lambda and (self.holdout < 2 or not self.grid or min(self.grid) <= 0):
+            raise ValueError("ridge chooses lambda on held-out training samples: it needs extra.ridge_holdout >= 2 "
+                             f"(got {self.holdout}) and positive extra.ridge_lambdas (got {list(self.grid)}), "
+                             "or a fixed extra.ridge_lambda > 0")
+        super().__init__(config, spec)
+        self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
+        self.errors: list[float] = []  # held-out squared error per grid value, at the last solve
+
+    def stat_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = super().stat_shapes() | {"gram": (self.dim, self.dim)}
+        if self.holdout:
+            shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
+        return shapes
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return super().state_tensors() | {"ridge/lambda": torch.tensor(self.lam, dtype=DTYPE)}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.lam = float(tensors.get("ridge/lambda", self.lam))
+
+    def solve(self, sums: dict[str, Tensor]) -> Tensor:
+        if not self.fixed_lambda:
+            self.lam, self.errors = select_lambda(sums, self.grid)
+        return ridge_head(sums["gram"], sums["class_sum"], self.lam)

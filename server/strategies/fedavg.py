@@ -1,0 +1,45 @@
+"""FedAvg with full fine-tuning: the sample-weighted mean of the clients' deltas and heads.
+
+``delta <- delta + sum_i n_i delta_i / sum_i n_i``, head weight and bias
+``sum_i n_i w_i / sum_i n_i``. Clients send their delta and head only.
+"""
+
+from __future__ import annotations
+
+from common.merge import WeightedMeanAccumulator
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from server.strategies.base import Aggregator
+from server.strategies.dense import DenseStrategy, check_delta, check_dense_head
+
+
+class FedAvgAggregator(Aggregator):
+    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
+        super().__init__(plan)
+        self.spec = spec
+        self.delta = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
+        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
+        self.bias = WeightedMeanAccumulator((spec.num_classes,))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_delta(update, self.spec)
+        check_dense_head(update, self.spec)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        n = update.num_samples
+        for name, acc in self.delta.items():
+            acc.fold(update.delta[name], n)
+        self.head.fold(update.head_weight, n)
+        self.bias.fold(update.head_bias, n)
+
+
+class FedAvg(DenseStrategy):
+    name = "fedavg"
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return FedAvgAggregator(plan, self.spec)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, FedAvgAggregator)
+        self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()

@@ -1,0 +1,56 @@
+"""Fisher averaging with full fine-tuning: each entry weighted by the clients' diagonal Fisher.
+
+Per entry of every backbone parameter, ``delta <- delta + sum_i F_i delta_i / sum_i F_i``, and
+the head alike with its change ``w_i - w_g`` (``b_i - b_g``) and ``fisher["head.weight"]``
+(``fisher["head.bias"]``). Clients send their delta, head and diagonal empirical Fisher.
+
+Where ``sum_i F_i = 0`` — an entry no client's loss depends on, e.g. the head rows of classes
+outside the current task under the ACE loss, or embeddings of tokens no client saw — the ratio
+is undefined and the sample-weighted mean ``sum_i n_i delta_i / sum_i n_i`` is used (the
+FedAvg step for that entry).
+"""
+
+from __future__ import annotations
+
+from common.dense_merge import FisherMeanAccumulator
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from server.strategies.base import Aggregator
+from server.strategies.dense import HEAD_FISHER, DenseStrategy, check_delta, check_dense_head, check_fisher, head_delta
+
+
+class FisherAvgAggregator(Aggregator):
+    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
+        super().__init__(plan)
+        self.spec = spec
+        self.delta = {name: FisherMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
+        self.head = FisherMeanAccumulator((spec.num_classes, spec.feature_dim))
+        self.bias = FisherMeanAccumulator((spec.num_classes,))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_delta(update, self.spec)
+        check_dense_head(update, self.spec)
+        check_fisher(update, self.spec)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        n = update.num_samples
+        for name, acc in self.delta.items():
+            acc.fold(update.delta[name], update.fisher[name], n)
+        dw, db = head_delta(update, self.plan)
+        self.head.fold(dw, update.fisher[HEAD_FISHER[0]], n)
+        self.bias.fold(db, update.fisher[HEAD_FISHER[1]], n)
+
+
+class FisherAvg(DenseStrategy):
+    name = "fisheravg"
+
+    def plan_options(self) -> dict:
+        return {"send_fisher": True}
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return FisherAvgAggregator(plan, self.spec)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None
+        self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
+        self.head_w = plan.head_weight + aggregator.head.result()
+        self.head_b = plan.head_bias + aggregator.bias.result()

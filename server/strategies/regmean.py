@@ -1,0 +1,88 @@
+"""RegMean with full fine-tuning: every linear layer merged in closed form, the rest averaged.
+
+A linear layer's weight on client i is ``W_i = W_g + delta_i`` (``W_g`` the global weight the
+round started from), so RegMean over the clients is
+``W = (sum_i W_i G_i)(sum_i G_i)^-1 = W_g + (sum_i delta_i G_i)(sum_i G_i)^-1``, with
+``G_i = decay_gram(X_i^T X_i, gamma_backbone)`` the decayed Gram of the layer's input
+(full Grams when ``gamma_backbone > 0``, diagonals otherwise). The delta form is what is
+computed: it equals RegMean of the absolute weights whenever ``sum_i G_i`` is invertible,
+and where it is not (inputs no client saw) it keeps ``W_g`` instead of zeroing the columns.
+
+Every other backbone parameter (biases, norms, embeddings) is the sample-weighted mean of the
+deltas. The head weight is RegMean of the clients' head weights with the head Gram
+(``gamma_head``) and the bias the sample-weighted mean, exactly as in LoRM. The paper's OOS
+RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.config import RunConfig
+from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
+from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
+from server.strategies.base import Aggregator, UpdateRejected, check_grams, check_head_gram
+from server.strategies.dense import DenseStrategy, check_delta, check_dense_head
+
+
+def weight_param(layer: str) -> str:
+    """The backbone parameter holding a LoRA-wrapped linear layer's weight ``W0: (d_out, d_in)``."""
+    return f"{layer}.base.weight"
+
+
+class RegMeanAggregator(Aggregator):
+    def __init__(self, plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> None:
+        super().__init__(plan)
+        self.spec, self.config = spec, config
+        self.layers = {name: RegMeanAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
+        linear = {weight_param(name) for name in spec.layers}
+        self.others = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()
+                       if name not in linear}
+        self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
+        self.bias = WeightedMeanAccumulator((spec.num_classes,))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_delta(update, self.spec)
+        check_dense_head(update, self.spec)
+        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
+        check_head_gram(update, self.spec)
+        for name, g in list(update.grams.items()) + [("<head>", update.head_gram)]:
+            if not bool(torch.isfinite(g).all()):
+                field = "head_gram" if name == "<head>" else f"grams[{name}]"
+                raise UpdateRejected(field, "must be finite, got NaN or inf entries")
+
+    def _fold(self, update: ClientUpdate) -> None:
+        n, gamma = update.num_samples, self.config.gamma_backbone
+        for name, acc in self.layers.items():
+            acc.fold(update.delta[weight_param(name)], decay_gram(update.grams[name], gamma))
+        for name, acc in self.others.items():
+            acc.fold(update.delta[name], n)
+        self.head.fold(update.head_weight, decay_gram(update.head_gram, self.config.gamma_head))
+        self.bias.fold(update.head_bias, n)
+
+
+class RegMean(DenseStrategy):
+    name = "regmean"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        for name, (d_out, d_in) in spec.layers.items():
+            shape = spec.params.get(weight_param(name))
+            if shape is None or tuple(shape) != (d_out, d_in):
+                raise ValueError(f"layer {name!r}: expected backbone parameter {weight_param(name)!r} of shape "
+                                 f"{(d_out, d_in)}, got {shape}")
+
+    def plan_options(self) -> dict:
+        gram = GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG
+        return {"gram": gram, "head_gram": True}
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return RegMeanAggregator(plan, self.spec, self.config)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, RegMeanAggregator)
+        step = {name: acc.result() for name, acc in aggregator.others.items()}
+        step |= {weight_param(name): acc.result() for name, acc in aggregator.layers.items()}
+        self.add_to_delta(step)
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()

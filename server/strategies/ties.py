@@ -1,0 +1,65 @@
+"""TIES-Merging with full fine-tuning: the clients' round updates merged as task vectors.
+
+A client's task vector is its whole update of the round, flattened: every backbone delta and
+the head change ``(w_i - w_g, b_i - b_g)``. Per round (Yadav et al., 2023; see
+:class:`common.dense_merge.TiesAccumulator`): trim each vector to its top ``ties_density``
+entries by magnitude (default 0.3), elect a sign per entry from the sum of the trimmed
+vectors, average the entries that agree with it (disjoint mean), and add ``ties_lambda``
+(default 0.4) times the result to the global delta and head. Both come from ``config.extra``.
+
+The fold keeps per-sign running sums and counts, so memory does not depend on the number of
+clients; only the trimming threshold needs one client's whole vector at a time. Clients send
+their delta and head only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from common.config import RunConfig
+from common.dense_merge import TiesAccumulator
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from server.strategies.base import Aggregator
+from server.strategies.dense import DenseStrategy, check_delta, check_dense_head, head_delta
+
+HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of the task vector
+
+
+class TiesAggregator(Aggregator):
+    def __init__(self, plan: RoundPlan, spec: ModelSpec, density: float) -> None:
+        super().__init__(plan)
+        self.spec = spec
+        shapes = {name: tuple(shape) for name, shape in spec.params.items()}
+        shapes |= {HEAD_W: (spec.num_classes, spec.feature_dim), HEAD_B: (spec.num_classes,)}
+        self.ties = TiesAccumulator(shapes, density)
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_delta(update, self.spec)
+        check_dense_head(update, self.spec)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        dw, db = head_delta(update, self.plan)
+        self.ties.fold(update.delta | {HEAD_W: dw, HEAD_B: db})
+
+
+class Ties(DenseStrategy):
+    name = "ties"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.density = float(config.extra.get("ties_density", 0.3))  # fraction of entries each client keeps
+        self.scale = float(config.extra.get("ties_lambda", 0.4))  # lambda: the merged vector's step size
+        if not 0.0 < self.density <= 1.0:
+            raise ValueError(f"`ties_density` should lie in (0, 1], got {self.density}")
+        if not math.isfinite(self.scale):
+            raise ValueError(f"`ties_lambda` should be finite, got {self.scale}")
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return TiesAggregator(plan, self.spec, self.density)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, TiesAggregator) and plan.head_weight is not None
+        merged = {name: self.scale * t for name, t in aggregator.ties.result().items()}
+        self.head_w = plan.head_weight + merged.pop(HEAD_W)
+        self.head_b = plan.head_bias + merged.pop(HEAD_B)
+        self.add_to_delta(merged)

@@ -1,0 +1,304 @@
+"""Full fine-tuning baselines (FedAvg, RegMean, Fisher averaging, TIES) on inputs whose answer is known."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from common.config import RunConfig
+from common.merge import decay_gram, regmean
+from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
+from server.simulation import run_inprocess
+from server.strategies import UpdateRejected, make_strategy
+
+SPEC = ModelSpec(layers={"l1": (3, 4), "l2": (2, 3)}, feature_dim=3, num_classes=4,
+                 params={"emb.weight": (5, 4), "l1.base.weight": (3, 4), "l1.base.bias": (3,),
+                         "l2.base.weight": (2, 3), "norm.weight": (3,)})
+DENSE = ("fedavg", "regmean", "fisheravg", "ties")
+N = [10, 15, 20]  # samples of clients 0, 1, 2
+
+
+def config(**kw):
+    return RunConfig(**{**dict(num_clients=3, num_tasks=2, rounds_per_task=2, seed=1, gamma_head=0.5), **kw})
+
+
+def gram(g, d, full):
+    x = torch.randn(7, d, generator=g, dtype=torch.float64)
+    return x.T @ x if full else (x * x).sum(0)
+
+
+def fake_update(plan, index, *, seed, spec=SPEC):
+    g = torch.Generator().manual_seed(seed)
+    f = spec.feature_dim
+    update = ClientUpdate(
+        run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task, round=plan.round,
+        phase=plan.phase, num_samples=N[index],
+        delta={name: torch.randn(*shape, generator=g) for name, shape in spec.params.items()},
+        head_weight=torch.randn(spec.num_classes, f, generator=g, dtype=torch.float64),
+        head_bias=torch.randn(spec.num_classes, generator=g, dtype=torch.float64))
+    if plan.gram != GramKind.NONE:
+        update.grams = {name: gram(g, d_in, plan.gram == GramKind.FULL) for name, (_, d_in) in spec.layers.items()}
+    if plan.head_gram:
+        update.head_gram = gram(g, f, True)
+    if plan.send_fisher:
+        shapes = dict(spec.params) | {"head.weight": (spec.num_classes, f), "head.bias": (spec.num_classes,)}
+        # about a third of the entries zero, so that some have zero Fisher on every client
+        update.fisher = {name: torch.rand(*shape, generator=g, dtype=torch.float64).sub(0.3).clamp(min=0)
+                         for name, shape in shapes.items()}
+    return update
+
+
+def start(name, *, seed=7, spec=SPEC, **kw):
+    """A strategy whose global delta and head are already non-zero (as after some rounds)."""
+    strategy = make_strategy(config(strategy=name, **kw), spec)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.randn(*v.shape, generator=g, dtype=v.dtype) for k, v in strategy.state_tensors().items()}
+    strategy.load_state_tensors(tensors)
+    return strategy
+
+
+def one_round(strategy, seeds=(0, 1, 2), make=fake_update):
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    ups = [make(plan, i, seed=s) for i, s in enumerate(seeds)]
+    agg = strategy.aggregator(plan)
+    for u in ups:
+        agg.fold(u)
+    strategy.aggregate(plan, agg)
+    return plan, ups
+
+
+def wmean(xs):
+    return sum(n * x.double() for n, x in zip(N, xs)) / sum(N[:len(xs)])
+
+
+def test_plans_ask_only_for_what_each_method_needs():
+    got = {}
+    for name in DENSE:
+        strategy = start(name)
+        plan = strategy.configure(0, 0, Phase.TRAIN)
+        assert plan.mode == "full" and plan.train_factors == () and plan.lora == {}
+        assert all(torch.equal(plan.delta[k], strategy.delta[k]) for k in SPEC.params)
+        got[name] = (plan.gram, plan.head_gram, plan.send_fisher)
+        ev = strategy.eval_plan(0)  # evaluation sees W0 + delta
+        assert ev.phase == Phase.EVALUATE and ev.mode == "full" and ev.delta is strategy.delta and ev.extra == {}
+        assert strategy.adapter() == {} and strategy.dense_delta() is strategy.delta
+        assert strategy.steps(0) == [(Phase.TRAIN, 0), (Phase.TRAIN, 1)]
+    assert got == {"fedavg": (GramKind.NONE, False, False), "regmean": (GramKind.DIAG, True, False),
+                   "fisheravg": (GramKind.NONE, False, True), "ties": (GramKind.NONE, False, False)}
+    assert start("regmean", gamma_backbone=0.5).configure(0, 0, Phase.TRAIN).gram == GramKind.FULL
+    assert make_strategy(config(strategy="lorm"), SPEC).dense_delta() is None
+
+
+def test_fedavg_is_the_sample_weighted_mean():
+    strategy = start("fedavg")
+    old = dict(strategy.delta)
+    _, ups = one_round(strategy)
+    for name in SPEC.params:
+        want = old[name].double() + wmean([u.delta[name] for u in ups])
+        assert strategy.delta[name].dtype == torch.float32
+        torch.testing.assert_close(strategy.delta[name].double(), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(strategy.head_w, wmean([u.head_weight for u in ups]), rtol=0, atol=1e-14)
+    torch.testing.assert_close(strategy.head_b, wmean([u.head_bias for u in ups]), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5])
+def test_regmean_equals_regmean_of_absolute_weights(gamma):
+    strategy = start("regmean", gamma_backbone=gamma)
+    old = dict(strategy.delta)
+    w0 = {name: torch.randn(*shape, dtype=torch.float64) for name, shape in SPEC.params.items()}  # unseen by server
+    plan, ups = one_round(strategy)
+    assert all(u.grams["l1"].dim() == (2 if gamma > 0 else 1) for u in ups)
+    for layer in SPEC.layers:
+        p = f"{layer}.base.weight"
+        absolute = [w0[p] + old[p].double() + u.delta[p].double() for u in ups]
+        want = regmean(absolute, [decay_gram(u.grams[layer], gamma) for u in ups])
+        torch.testing.assert_close(w0[p] + strategy.delta[p].double(), want, rtol=0, atol=1e-5)
+    for p in ("emb.weight", "l1.base.bias", "norm.weight"):  # not a linear layer's weight: the mean
+        want = old[p].double() + wmean([u.delta[p] for u in ups])
+        torch.testing.assert_close(strategy.delta[p].double(), want, rtol=0, atol=1e-6)
+    head = regmean([u.head_weight for u in ups], [decay_gram(u.head_gram, 0.5) for u in ups])
+    torch.testing.assert_close(strategy.head_w, head, rtol=0, atol=1e-12)
+    torch.testing.assert_close(strategy.head_b, wmean([u.head_bias for u in ups]), rtol=0, atol=1e-14)
+
+
+def test_fisheravg_by_hand_with_zero_fisher_fallback():
+    strategy = start("fisheravg")
+    old, w_g, b_g = dict(strategy.delta), strategy.head_w.clone(), strategy.head_b.clone()
+
+    def known(plan, index, *, seed):
+        u = fake_update(plan, index, seed=seed)
+        u.delta["norm.weight"] = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]][index])
+        u.fisher["norm.weight"] = torch.tensor([[1.0, 0.0, 0.0], [3.0, 2.0, 0.0]][index], dtype=torch.float64)
+        return u
+
+    _, ups = one_round(strategy, seeds=(0, 1), make=known)
+    # (1*1 + 3*3) / 4; only client 1 has Fisher; no Fisher at all: (10*3 + 15*5) / 25
+    torch.testing.assert_close(strategy.delta["norm.weight"].double() - old["norm.weight"].double(),
+                               torch.tensor([2.5, 4.0, 4.2], dtype=torch.float64), rtol=0, atol=1e-6)
+
+    def by_hand(xs, fs):
+        total = fs[0] + fs[1]
+        fallback = (10 * xs[0] + 15 * xs[1]) / 25
+        return torch.where(total > 0, (fs[0] * xs[0] + fs[1] * xs[1]) / torch.where(total > 0, total, 1.0), fallback)
+
+    fallbacks = 0
+    for name in SPEC.params:
+        fs = [u.fisher[name] for u in ups]
+        fallbacks += int(((fs[0] + fs[1]) == 0).sum())
+        want = old[name].double() + by_hand([u.delta[name].double() for u in ups], fs)
+        torch.testing.assert_close(strategy.delta[name].double(), want, rtol=0, atol=1e-6)
+    assert fallbacks > 1  # beyond the hand-made entry
+    want_w = w_g + by_hand([u.head_weight - w_g for u in ups], [u.fisher["head.weight"] for u in ups])
+    want_b = b_g + by_hand([u.head_bias - b_g for u in ups], [u.fisher["head.bias"] for u in ups])
+    torch.testing.assert_close(strategy.head_w, want_w, rtol=0, atol=1e-12)
+    torch.testing.assert_close(strategy.head_b, want_b, rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- TIES
+
+def ties_direct(vectors, density=0.3, lam=0.4):
+    """TIES as in its reference: rows = clients, all in memory at once."""
+    t = torch.stack(vectors)  # (clients, d)
+    d = t.shape[1]
+    kth = t.abs().kthvalue(d - max(int(density * d), 1) + 1, dim=1, keepdim=True).values
+    t = t * (t.abs() >= kth)  # trim
+    sign = torch.sign(t.sum(0))  # elect
+    sign[sign == 0] = torch.sign(sign.sum())
+    agree = torch.where(sign > 0, t > 0, t < 0)
+    return lam * (t * agree).sum(0) / agree.sum(0).clamp(min=1)  # disjoint mean, scaled
+
+
+TINY = ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2, params={"l.base.weight": (1, 2), "b": (4,)})
+# entries: l.base.weight (2), b (4), head weight (2), head bias (2); 30 % of 10 -> each client keeps 3
+VECTORS = [[5, -1, 0.5, 2, -4, 0, 0, 3, 0, -0.1],
+           [-5, 2, 0, 3, 1, 0, 0, 3, 0, 0.2],
+           [1, 6, 0, -2, -2, 0, 0, -1, 0, 0]]  # client 2 keeps 6 and both -2 (tied at the threshold)
+
+
+def flat(strategy, old):
+    """The strategy's step this round, flattened in the order of VECTORS."""
+    return torch.cat([(strategy.delta[p].double() - old[p].double()).flatten() for p in TINY.params]
+                     + [strategy.head_w.flatten(), strategy.head_b])
+
+
+def ties_update(rows):
+    def make(plan, index, *, seed):
+        v = torch.tensor(rows[index], dtype=torch.float64)
+        return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=0, round=0,
+                            phase=Phase.TRAIN, num_samples=N[index],
+                            delta={"l.base.weight": v[:2].float().reshape(1, 2), "b": v[2:6].float()},
+                            head_weight=v[6:8].reshape(2, 1), head_bias=v[8:10])
+    return make
+
+
+@pytest.mark.parametrize("flip, entry0", [(False, 5.0), (True, -5.0)])
+def test_ties_streaming_equals_direct_with_ties_and_zeros(flip, entry0):
+    rows = [list(r) for r in VECTORS]
+    if flip:  # elected signs then sum to 0 as well: the reference's negative branch
+        rows[1][3] = -3
+    strategy = make_strategy(config(strategy="ties"), TINY)
+    strategy.head_w, strategy.head_b = torch.zeros(2, 1, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    old = dict(strategy.delta)
+    one_round(strategy, make=ties_update(rows))
+    got = flat(strategy, old)
+    want = ties_direct([torch.tensor(r, dtype=torch.float64) for r in rows])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    # by hand: entry 0 is a tie (5 - 5) broken by the majority sign, entry 1 only client 2 kept,
+    # entry 2 nobody kept, entry 4 both negatives (-4, -2), entry 7 the two 3s (client 2's -1 trimmed)
+    hand = {0: entry0, 1: 6.0, 2: 0.0, 4: -3.0, 7: 3.0}
+    for i, v in hand.items():
+        assert got[i].item() == pytest.approx(0.4 * v)
+
+
+def test_ties_random_equals_direct_and_adds_to_global_delta():
+    strategy = start("ties", extra={"ties_density": 0.5, "ties_lambda": 0.7})
+    old, w_g, b_g = dict(strategy.delta), strategy.head_w.clone(), strategy.head_b.clone()
+    _, ups = one_round(strategy)
+    vectors = [torch.cat([u.delta[p].double().flatten() for p in SPEC.params]
+                         + [(u.head_weight - w_g).flatten(), u.head_bias - b_g]) for u in ups]
+    want = ties_direct(vectors, density=0.5, lam=0.7)
+    got = torch.cat([(strategy.delta[p].double() - old[p].double()).flatten() for p in SPEC.params]
+                    + [(strategy.head_w - w_g).flatten(), strategy.head_b - b_g])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- state and rejections
+
+@pytest.mark.parametrize("name", DENSE)
+def test_state_round_trips_exactly(name, tmp_path):
+    strategy = start(name)
+    one_round(strategy)
+    tensors = strategy.state_tensors()
+    assert {k for k in tensors if k.startswith("delta/")} == {f"delta/{p}" for p in SPEC.params}
+    assert all(tensors[f"delta/{p}"].dtype == torch.float32 for p in SPEC.params)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "s.safetensors"))
+    again = make_strategy(config(strategy=name), SPEC)
+    again.load_state_tensors(load_file(str(tmp_path / "s.safetensors")))
+    back = again.state_tensors()
+    assert set(back) == set(tensors)
+    assert all(torch.equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors)
+    # and the next round merges identically from either
+    for s in (strategy, again):
+        one_round(s, seeds=(5, 6, 7))
+    assert all(torch.equal(strategy.state_tensors()[k], again.state_tensors()[k]) for k in tensors)
+
+
+def nan_at(t, index=0):
+    t.view(-1)[index] = float("nan")
+
+
+COMMON_BREAKS = [
+    (lambda u: u.delta.pop("norm.weight"), "delta"),
+    (lambda u: u.delta.update({"l1.base.weight": torch.zeros(4, 3)}), "delta[l1.base.weight]"),
+    (lambda u: nan_at(u.delta["emb.weight"], 3), "delta[emb.weight]"),
+    (lambda u: nan_at(u.head_weight), "head_weight"),
+    (lambda u: setattr(u, "head_bias", torch.zeros(5, dtype=torch.float64)), "head_bias"),
+]
+BREAKS = [(name, *b) for name in DENSE for b in COMMON_BREAKS] + [
+    ("fisheravg", lambda u: u.fisher.update({"norm.weight": -u.fisher["norm.weight"] - 1}), "fisher[norm.weight]"),
+    ("fisheravg", lambda u: u.fisher.pop("head.bias"), "fisher"),
+    ("fisheravg", lambda u: nan_at(u.fisher["l2.base.weight"]), "fisher[l2.base.weight]"),
+    ("regmean", lambda u: u.grams.update(l1=torch.ones(3, dtype=torch.float64)), "grams[l1]"),
+    ("regmean", lambda u: nan_at(u.head_gram), "head_gram"),
+]
+
+
+@pytest.mark.parametrize("name, break_it, field", BREAKS)
+def test_rejected_update_changes_nothing(name, break_it, field):
+    def run(with_bad):
+        strategy = start(name)
+        plan = strategy.configure(0, 0, Phase.TRAIN)
+        agg = strategy.aggregator(plan)
+        agg.fold(fake_update(plan, 0, seed=0))
+        if with_bad:
+            bad = fake_update(plan, 1, seed=1)
+            break_it(bad)
+            with pytest.raises(UpdateRejected) as err:
+                agg.fold(bad)
+            assert err.value.field == field
+        agg.fold(fake_update(plan, 2, seed=2))
+        assert agg.count == 2
+        strategy.aggregate(plan, agg)
+        return strategy.state_tensors()
+    clean, dirty = run(False), run(True)
+    assert all(torch.equal(clean[k], dirty[k]) for k in clean)
+
+
+def test_ties_rejects_bad_settings():
+    with pytest.raises(ValueError, match="ties_density"):
+        make_strategy(config(strategy="ties", extra={"ties_density": 0.0}), SPEC)
+    with pytest.raises(ValueError, match="ModelSpec.params"):
+        make_strategy(config(strategy="fedavg"), ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2))
+
+
+# ----------------------------------------------------------------------------- end to end
+
+@pytest.mark.parametrize("name", DENSE)
+def test_end_to_end_in_process(name):
+    result = run_inprocess(RunConfig(strategy=name, num_clients=2, num_tasks=2, rounds_per_task=1, local_epochs=1,
+                                     threads=1, extra={"synthetic_classes": 4, "synthetic_train": 20,
+                                                       "synthetic_test": 5}))
+    totals = result.matrix.total
+    assert len(totals) == 2 and [len(row) for row in totals] == [1, 2] and all(t > 0 for row in totals for t in row)
+    assert result.adapter == {}
+    assert all(h["bytes_per_client"] > 0 for h in result.history if h["phase"] == "train")
