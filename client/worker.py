@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client.backbones import ClassifierModel
+from client.features import feature_logits, feature_stats
 from common.config import RunConfig
 from common.lora import GramRecorder
 from common.messages import ClientUpdate, EvalReport, GramKind, Phase, RoundPlan
@@ -110,7 +111,7 @@ class ClientWorker:
                 layer.load_factors(plan.lora[name].b, plan.lora[name].a)
             layer.scale = self.config.lora_scale if name in plan.lora else 0.0
             layer.set_extra(None, None)
-        if plan.head_weight is not None:
+        if plan.head_weight is not None and plan.mode != "features":  # features mode: head of width F'
             with torch.no_grad():
                 self.model.head.weight.copy_(plan.head_weight)
                 self.model.head.bias.copy_(plan.head_bias)
@@ -145,6 +146,12 @@ class ClientWorker:
         shard = self.shards[plan.task]
         self.model.to(self.device)
         self._load(plan)
+        if plan.mode == "features":  # closed-form heads: no training, statistics of the frozen features
+            self._set_view(plan)
+            stats = feature_stats(self.model, self.train, shard, self.config, self.device, gram=plan.head_gram)
+            return ClientUpdate(run_id=plan.run_id, client_id=self.client_id, client_index=self.index,
+                                task=plan.task, round=plan.round, phase=plan.phase,
+                                num_samples=int(shard.numel()), stats=stats)
         loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
         full = plan.mode == "full" and plan.phase == Phase.TRAIN
         fisher = self._fisher(plan, shard) if full and plan.send_fisher else {}
@@ -265,7 +272,8 @@ class ClientWorker:
         mine = self.test_idx[labels < seen]
         for start in range(0, mine.numel(), 256):
             inputs, y = self.test.batch(mine[start:start + 256], self.device)
-            logits, _ = self.model(inputs)
+            logits = (feature_logits(self.model, inputs, plan, self.config) if plan.mode == "features"
+                      else self.model(inputs)[0])
             pred = logits[:, :seen].argmax(dim=1)
             for j, (lo, hi) in enumerate(self.tasks[: plan.task + 1]):
                 in_task = (y >= lo) & (y < hi)

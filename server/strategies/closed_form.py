@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from abc import abstractmethod
 
 import torch
 from torch import Tensor
@@ -144,8 +145,11 @@ class ClosedFormHead(Strategy):
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
-        # The same settings client/features.py reads: the head's input width F'.
-        self.dim = int(config.extra.get("rp_dim", 0)) or spec.feature_dim
+        # The setting client/features.py reads: the head's input width F'.
+        rp_dim = int(config.extra.get("rp_dim", 0))
+        if rp_dim < 0:
+            raise ValueError(f"extra.rp_dim must be a non-negative integer (0: no projection), got {rp_dim}")
+        self.dim = rp_dim or spec.feature_dim
         self.head_w = torch.zeros(spec.num_classes, self.dim, dtype=DTYPE)
         self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
         self.totals = StatSums(self.stat_shapes())
@@ -171,8 +175,9 @@ class ClosedFormHead(Strategy):
         self.totals.fold(aggregator.sums.value())
         self.head_w = self.solve(self.totals.value())
 
+    @abstractmethod
     def solve(self, sums: dict[str, Tensor]) -> Tensor:
-        raise NotImplementedError
+        """The head ``(C, F')`` from the sums over every client and task so far."""
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""

@@ -1,0 +1,121 @@
+"""Frozen-feature statistics for closed-form heads (``plan.mode == "features"``).
+
+A client does no training in this mode. It runs the backbone in the plan's view
+(``W0 + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding
+out) over the current task's shard and sends sums that add up over clients and tasks, so a
+head solved from them is the same for every split of the data:
+
+- ``class_sum: (C, F')``, the per-class feature sums, i.e. ``(X^T Y)^T`` with ``Y: (n, C)``
+  one-hot over all ``C`` classes, and ``class_count: (C,)``;
+- with ``plan.head_gram``: ``gram: (F', F') = X^T X``; and, when ``config.extra["ridge_holdout"]
+  = k > 0`` (default 5), the same three statistics of the held-out samples, those whose
+  *global* training index ``i`` has ``i % k == 0``, as ``holdout_class_sum``,
+  ``holdout_class_count`` and ``holdout_gram``. A global rule makes the union of the
+  clients' held-out samples the same set for every Dirichlet split.
+
+``X: (n, F')`` are the backbone features ``(n, F)``, or with ``config.extra["rp_dim"] = F' > 0``
+the random features ``max(0, X P^T)`` with ``P: (F', F)``, ``N(0, 1)`` entries seeded by
+``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
+are float64.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from client.backbones import ClassifierModel
+from common.config import RunConfig
+from common.messages import RoundPlan
+
+FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
+DEFAULT_HOLDOUT = 5  # every 5th training sample (by global index) is held out for choosing lambda
+
+
+class Batches(Protocol):
+    """The part of ``client.worker.SampleData`` used here."""
+
+    labels: Tensor
+
+    def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]: ...
+
+
+def rp_dim(config: RunConfig) -> int:
+    """``F'`` of the random projection, 0 for none."""
+    dim = int(config.extra.get("rp_dim", 0))
+    if dim < 0:
+        raise ValueError(f"extra.rp_dim must be a non-negative integer, got {dim}")
+    return dim
+
+
+def holdout_every(config: RunConfig) -> int:
+    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out."""
+    k = int(config.extra.get("ridge_holdout", DEFAULT_HOLDOUT))
+    if k < 0 or k == 1:
+        raise ValueError(f"extra.ridge_holdout must be 0 (none) or >= 2, got {k}")
+    return k
+
+
+@lru_cache(maxsize=4)
+def _projection(seed: int, dim: int, d_in: int) -> Tensor:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 101)
+    return torch.randn(dim, d_in, generator=gen, dtype=torch.float64)  # (F', F)
+
+
+def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
+    """The seeded ``P: (F', F)``, float64, or ``None`` without ``rp_dim``."""
+    dim = rp_dim(config)
+    return _projection(config.seed, dim, d_in) if dim else None
+
+
+def feature_map(features: Tensor, projection: Tensor | None) -> Tensor:
+    """``(n, F)`` backbone features -> ``(n, F')`` float64: ``max(0, X P^T)``, or ``X`` itself."""
+    x = features.detach().to(torch.float64).cpu()
+    return x if projection is None else torch.relu(x @ projection.T)
+
+
+@torch.no_grad()
+def extract(model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device) -> Tensor:
+    """Backbone features ``(n, F)`` of the samples ``idx``, in the model's current view, float64."""
+    model.eval()
+    out = []
+    for start in range(0, idx.numel(), FEATURE_BATCH):
+        inputs, _ = data.batch(idx[start:start + FEATURE_BATCH], device)
+        _, features = model(inputs)  # (batch, F)
+        out.append(features.to(torch.float64).cpu())
+    return torch.cat(out) if out else torch.zeros(0, model.head.in_features, dtype=torch.float64)
+
+
+def sums(x: Tensor, labels: Tensor, num_classes: int, gram: bool) -> dict[str, Tensor]:
+    """``class_sum: (C, F') = (X^T Y)^T``, ``class_count: (C,)`` and optionally ``gram = X^T X``."""
+    one_hot = torch.nn.functional.one_hot(labels, num_classes).to(torch.float64)  # (n, C)
+    out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
+    if gram:
+        out["gram"] = x.T @ x
+    return out
+
+
+def feature_stats(model: ClassifierModel, data: Batches, shard: Tensor, config: RunConfig, device: torch.device,
+                  gram: bool) -> dict[str, Tensor]:
+    """The statistics of ``shard`` (global training indices) sent in a features step (module doc)."""
+    num_classes = model.head.out_features
+    x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
+    labels = data.labels[shard]
+    stats = sums(x, labels, num_classes, gram)
+    k = holdout_every(config)
+    if gram and k:
+        held = shard % k == 0
+        stats |= {f"holdout_{name}": t for name, t in sums(x[held], labels[held], num_classes, gram).items()}
+    return stats
+
+
+def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:
+    """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
+    _, features = model(inputs)  # (batch, F)
+    x = feature_map(features, random_projection(config, features.shape[1]))  # (batch, F')
+    assert plan.head_weight is not None and plan.head_bias is not None
+    logits = x @ plan.head_weight.to(torch.float64).T + plan.head_bias.to(torch.float64)
+    return logits.to(features.device)

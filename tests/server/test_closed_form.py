@@ -1,0 +1,202 @@
+"""Closed-form heads on frozen features: federated sums give the centralised head.
+
+The centralised references are computed from the union of the clients' feature rows with
+generic torch (masks, means, ``torch.linalg.solve``), not with the strategy's helpers.
+"""
+
+import pytest
+import torch
+
+import server.simulation as simulation
+from client.features import extract, feature_map, random_projection
+from client.runtime import build_runtime
+from common.config import RunConfig
+from common.messages import ClientUpdate, Phase
+from server.simulation import run_inprocess
+from server.strategies import UpdateRejected, make_strategy
+from server.strategies.closed_form import ncm_head, ridge_head, squared_error
+
+TINY = dict(num_clients=3, num_tasks=2, beta=0.5, seed=3, threads=1, backbone="tiny-bert",
+            extra={"synthetic_classes": 8, "synthetic_train": 40, "synthetic_test": 10})
+VARIANTS = {"ncm": ("ncm", {}), "ridge": ("ridge", {}), "ridge-rp": ("ridge", {"rp_dim": 96})}
+GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0)
+
+
+def tiny(strategy: str, **extra) -> RunConfig:
+    return RunConfig(**{**TINY, "strategy": strategy,
+                        "extra": {**TINY["extra"], "ridge_lambdas": list(GRID), **extra}})
+
+
+def federated(config: RunConfig):
+    """Run the features steps of every task through the strategy; return it and each task's client rows."""
+    runtime = build_runtime(config)
+    strategy = make_strategy(config, runtime.spec)
+    workers = [runtime.worker(i, f"c{i}") for i in range(config.num_clients)]
+    rows = []  # per task: (features (n, F'), labels (n,), global indices (n,)), clients in order
+    projection = random_projection(config, runtime.spec.feature_dim)
+    for task in range(config.num_tasks):
+        strategy.begin_task(task)
+        (phase, round_), = strategy.steps(task)
+        plan = strategy.configure(task, round_, phase)
+        aggregator = strategy.aggregator(plan)
+        for worker in workers:
+            aggregator.fold(worker.update(plan))
+        strategy.aggregate(plan, aggregator)
+        idx = torch.cat([w.shards[task] for w in workers])
+        x = torch.cat([feature_map(extract(runtime.model, runtime.train, w.shards[task], runtime.device), projection)
+                       for w in workers])
+        rows.append((x, runtime.train.labels[idx], idx))
+    return strategy, rows
+
+
+def union(rows):
+    return (torch.cat(parts) for parts in zip(*rows))
+
+
+def centralised_ridge(x, y, lam, num_classes):
+    one_hot = torch.nn.functional.one_hot(y, num_classes).double()
+    return torch.linalg.solve(x.T @ x + lam * torch.eye(x.shape[1], dtype=torch.float64), x.T @ one_hot).T
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_federated_head_equals_centralised_on_the_union(variant):
+    name, extra = VARIANTS[variant]
+    strategy, rows = federated(tiny(name, **extra))
+    x, y, idx = union(rows)  # every sample of both tasks, once
+    c = strategy.spec.num_classes
+    assert sorted(idx.tolist()) == list(range(c * 40))
+    if name == "ncm":
+        means = torch.stack([x[y == k].mean(0) for k in range(c)])
+        want = means / means.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(strategy.head_w, want, rtol=1e-12, atol=1e-12)
+        return
+    # lambda: least squared error on the held-out rows (global index % 5 == 0) of the head fit on the others
+    held = idx % 5 == 0
+    errors = []
+    for lam in GRID:
+        w = centralised_ridge(x[~held], y[~held], lam, c)
+        target = torch.nn.functional.one_hot(y[held], c).double()
+        errors.append(float(((x[held] @ w.T - target) ** 2).sum()))
+    lam = GRID[min(range(len(GRID)), key=errors.__getitem__)]
+    assert strategy.lam == lam
+    torch.testing.assert_close(torch.tensor(strategy.errors), torch.tensor(errors), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(strategy.head_w, centralised_ridge(x, y, lam, c), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_identical_across_betas(variant):
+    """Different Dirichlet splits, one result: equal accuracy matrices, heads equal to float64 summation order."""
+    name, extra = VARIANTS[variant]
+    runs = [run_inprocess(tiny(name, **extra).replace(beta=beta)) for beta in (1.0, 0.2)]
+    assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
+    torch.testing.assert_close(runs[0].head_weight, runs[1].head_weight, rtol=1e-9, atol=1e-10)
+    assert runs[0].adapter == {} and [h["phase"] for h in runs[0].history] == ["train", "evaluate"] * 2
+
+
+def test_lambda_uses_no_test_data(monkeypatch):
+    made = []
+    monkeypatch.setattr(simulation, "make_strategy", lambda c, s: made.append(make_strategy(c, s)) or made[-1])
+    base = tiny("ridge", rp_dim=96)
+    runs = [run_inprocess(base), run_inprocess(base.replace(extra={**base.extra, "synthetic_test": 3}))]
+    assert runs[0].matrix.total != runs[1].matrix.total  # the test split did change
+    assert made[0].lam == made[1].lam and made[0].errors == made[1].errors
+    assert torch.equal(runs[0].head_weight, runs[1].head_weight)
+
+
+def test_linear_ncm_head_is_cosine_nearest_class_mean():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 7, generator=gen, dtype=torch.float64) * torch.rand(200, 1, generator=gen, dtype=torch.float64)
+    y = torch.arange(200) % 5
+    sums = torch.stack([x[y == k].sum(0) for k in range(5)])
+    means = sums / torch.bincount(y).double()[:, None]
+    cosine = torch.nn.functional.cosine_similarity(x[:, None, :], means[None], dim=2)  # (n, classes)
+    head = ncm_head(sums, torch.bincount(y).double())
+    assert torch.equal((x @ head.T).argmax(1), cosine.argmax(1))
+
+
+def test_squared_error_from_sums_equals_rowwise():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 4, (50,), generator=gen)
+    one_hot = torch.nn.functional.one_hot(y, 4).double()
+    head = ridge_head(x.T @ x, one_hot.T @ x, 0.5)
+    want = float(((x @ head.T - one_hot) ** 2).sum())
+    assert squared_error(head, x.T @ x, one_hot.T @ x, one_hot.sum(0)) == pytest.approx(want, rel=1e-12)
+
+
+def stats_update(plan, dim, classes, index, seed):
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = plan.class_range
+    y = torch.randint(lo, hi, (12,), generator=gen)
+    x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
+    one_hot = torch.nn.functional.one_hot(y, classes).double()
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram": x.T @ x}
+    held = torch.arange(12) % 4 == 0
+    stats |= {"holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
+              "holdout_gram": x[held].T @ x[held]}
+    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
+                        round=plan.round, phase=plan.phase, num_samples=12, stats=stats)
+
+
+def fold_task(strategy, task, seed):
+    strategy.begin_task(task)
+    plan = strategy.configure(task, 0, Phase.TRAIN)
+    agg = strategy.aggregator(plan)
+    for i in range(2):
+        agg.fold(stats_update(plan, strategy.dim, strategy.spec.num_classes, i, seed + i))
+    strategy.aggregate(plan, agg)
+
+
+def test_restart_from_state_gives_the_same_heads():
+    from common.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
+    config = RunConfig(strategy="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)})
+    straight = make_strategy(config, spec)
+    fold_task(straight, 0, 10)
+    restarted = make_strategy(config, spec)
+    restarted.load_state_tensors(straight.state_tensors())
+    assert restarted.lam == straight.lam
+    fold_task(straight, 1, 20)
+    fold_task(restarted, 1, 20)
+    assert torch.equal(restarted.head_w, straight.head_w) and restarted.lam == straight.lam
+
+
+@pytest.mark.parametrize("break_it, field", [
+    (lambda s: s.pop("gram"), "stats"),
+    (lambda s: s.update(gram=torch.eye(4, dtype=torch.float64)), "stats[gram]"),
+    (lambda s: s["class_count"].__setitem__(5, 1.0), "stats[class_count]"),  # a class of another task
+    (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stats[class_sum]"),
+])
+def test_rejected_statistics(break_it, field):
+    from common.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
+    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2), spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    update = stats_update(plan, 5, 6, 0, 0)
+    break_it(update.stats)
+    with pytest.raises(UpdateRejected) as err:
+        strategy.aggregator(plan).fold(update)
+    assert err.value.field == field
+
+
+def test_features_step_travels_over_the_wire():
+    """The plans (features mode, a head of width F' at evaluation) and the statistics survive serde."""
+    from common import serde
+    from common.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
+    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    got = serde.plan_from_proto(serde.plan_to_proto(plan))
+    assert (got.mode, got.head_gram, got.head_weight) == ("features", True, None)
+    update = stats_update(plan, 9, 6, 0, 0)
+    _, back = serde.update_from_proto(serde.update_to_proto(update, "k"))
+    assert set(back.stats) == set(update.stats)
+    assert all(torch.equal(back.stats[n], t) for n, t in update.stats.items())
+    fold_task(strategy, 0, 1)
+    evaluation = serde.plan_from_proto(serde.plan_to_proto(strategy.eval_plan(0)))
+    assert evaluation.mode == "features" and tuple(evaluation.head_weight.shape) == (6, 9)
