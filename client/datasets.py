@@ -186,6 +186,38 @@ def synthetic_text(config: RunConfig) -> Splits:
     return Splits(train_x, train_y, test_x, test_y, [f"class{c}" for c in range(num_classes)])
 
 
+CLINC150_SOURCE = "https://raw.githubusercontent.com/clinc/oos-eval/828f8093932c8fe6ca7936c3d2e52903b1c523de/data/"
+CLINC150_SHA256 = {"data_full.json": "36923c3705a59e08fe9c3883d8bc2dd966ef93e22cb78ac41171782a698d56e0"}
+
+
+def _download_clinc150(path: Path) -> None:
+    """Fetch a missing CLINC150 file from its public source (pinned commit, checksum verified).
+
+    Offline (``LORM_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``) or on any network error it raises
+    ``FileNotFoundError`` saying where the file was expected and where it comes from.
+    """
+    import hashlib
+    import urllib.request
+
+    url = CLINC150_SOURCE + path.name
+    hint = (f"CLINC150 file {path} not found; it is {url} (data/{path.name} of github.com/clinc/oos-eval, "
+            "commit 828f809); put it there or point LORM_DATA_DIR at the folder holding clinc150/")
+    if os.environ.get("LORM_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise FileNotFoundError(hint + " (offline: no download attempted)")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            data = response.read()
+    except OSError as exc:
+        raise FileNotFoundError(f"{hint} (download failed: {exc})") from exc
+    want = CLINC150_SHA256.get(path.name)
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise FileNotFoundError(f"{hint} (downloaded file's sha256 does not match {want})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
 def clinc150(config: RunConfig) -> Splits:
     """CLINC150 (OOS) in-scope intents from ``<data_dir>/clinc150/data_full.json``.
 
@@ -196,9 +228,7 @@ def clinc150(config: RunConfig) -> Splits:
     full, domains = root / "data_full.json", root / "domains.json"
     for path in (full, domains):
         if not path.is_file():
-            raise FileNotFoundError(
-                f"CLINC150 file {path} not found; it is data/data_full.json of github.com/clinc/oos-eval "
-                "(commit 828f809) plus domains.json; point LORM_DATA_DIR at the folder holding clinc150/")
+            _download_clinc150(path)
     data = json.loads(full.read_text())
     names = [intent for intents in json.loads(domains.read_text()).values() for intent in intents]
     index = {name: i for i, name in enumerate(names)}

@@ -237,3 +237,37 @@ def test_runtime_rejects_a_backbone_of_the_other_modality(tmp_path):
     cfg = config(tmp_path, "textfile", backbone="tiny-vit", extra={"train_file": "train.csv", "test_file": "train.csv"})
     with pytest.raises(ValueError, match="gives text samples but backbone ViTBackbone takes images"):
         build_runtime(cfg)
+
+
+def test_clinc150_downloads_missing_files_and_verifies_them(tmp_path, monkeypatch):
+    """Without the files on disk the loader fetches them from the pinned public source."""
+    import io
+    import urllib.request
+
+    from client import datasets as ds
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "clinc150"
+    if not (shared / "data_full.json").exists():
+        pytest.skip(f"no local CLINC150 copy under {shared} to serve")
+    served = []
+
+    def fake_urlopen(url, timeout):
+        assert url.startswith(ds.CLINC150_SOURCE)
+        name = url.rsplit("/", 1)[1]
+        served.append(name)
+        return io.BytesIO((shared / name).read_bytes())
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("LORM_OFFLINE", raising=False)
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    splits = ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path)))
+    assert sorted(served) == ["data_full.json", "domains.json"] and splits.num_classes == 150
+    assert (tmp_path / "clinc150" / "data_full.json").exists()
+
+    (tmp_path / "clinc150" / "data_full.json").unlink()
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"tampered"))
+    with pytest.raises(FileNotFoundError, match="sha256"):
+        ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path)))
+    monkeypatch.setenv("LORM_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="offline"):
+        ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path)))
