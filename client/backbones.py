@@ -195,7 +195,8 @@ def _timm_vit(name: str, config: RunConfig) -> Backbone:
             # Resolve the file first (cache or hub): fails fast offline, before building the model.
             from huggingface_hub import hf_hub_download
 
-            weights = hf_hub_download(repo_id=f"timm/{name}", filename="model.safetensors")
+            offline = os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True")  # read now, not at import
+            weights = hf_hub_download(repo_id=f"timm/{name}", filename="model.safetensors", local_files_only=offline)
         elif not os.path.isfile(weights):
             raise FileNotFoundError(f"weights file {weights} does not exist")
         import timm
