@@ -124,19 +124,38 @@ class Strategy(ABC):
         """Inverse of :meth:`state_tensors` (on a freshly constructed strategy)."""
         self.head_w, self.head_b = tensors["head/w"], tensors["head/b"]
 
+    def view(self) -> dict[str, LowRank]:
+        """The evaluated backbone delta as a plan's ``extra``: ``B * lora_scale, A`` per layer of :meth:`adapter`."""
+        scale = self.config.lora_scale
+        return {name: published(f.b * scale, f.a) for name, f in self.adapter().items()}
+
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
-        scale = self.config.lora_scale
         return RoundPlan(
             run_id=self.config.run_id, phase=Phase.EVALUATE, task=task, round=self.config.rounds_per_task,
-            class_range=self.tasks[task], seen_classes=self.tasks[task][1],
-            extra={name: LowRank(f.b * scale, f.a) for name, f in self.adapter().items()},
-            head_weight=self.head_w, head_bias=self.head_b, seed=self.config.seed)
+            class_range=self.tasks[task], seen_classes=self.tasks[task][1], extra=self.view(),
+            head_weight=published_tensor(self.head_w), head_bias=published_tensor(self.head_b),
+            seed=self.config.seed)
 
     def base_plan(self, task: int, round_: int, phase: Phase, **fields) -> RoundPlan:
         return RoundPlan(run_id=self.config.run_id, phase=phase, task=task, round=round_,
                          class_range=self.tasks[task], seen_classes=self.tasks[task][1],
-                         head_weight=self.head_w, head_bias=self.head_b, seed=self.config.seed, **fields)
+                         head_weight=published_tensor(self.head_w), head_bias=published_tensor(self.head_b),
+                         seed=self.config.seed, **fields)
+
+
+def published_tensor(t: Tensor | None) -> Tensor | None:
+    """What a plan carries: float32, the precision clients compute with (half of float64's bytes).
+
+    Strategies keep and merge in float64; clients would round to float32 on loading anyway,
+    so rounding before sending changes nothing a client computes.
+    """
+    return None if t is None else t.detach().to(torch.float32)
+
+
+def published(b: Tensor, a: Tensor) -> LowRank:
+    """Low-rank factors as a plan carries them (see :func:`published_tensor`)."""
+    return LowRank(published_tensor(b), published_tensor(a))
 
 
 def factors_to_tensors(prefix: str, factors: dict[str, LowRank]) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_head,
-                                   factors_from_tensors, factors_to_tensors)
+                                   factors_from_tensors, factors_to_tensors, published)
 
 
 class MeanAggregator(Aggregator):
@@ -56,7 +56,8 @@ class FedAvgLoRA(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"FedAvg with LoRA has no {phase} step")
-        return self.base_plan(task, round_, phase, train_factors=("B", "A"), lora=self.shared)
+        return self.base_plan(task, round_, phase, train_factors=("B", "A"),
+                              lora={name: published(f.b, f.a) for name, f in self.shared.items()})
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return MeanAggregator(plan, self.spec)

@@ -11,7 +11,7 @@ from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAc
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_grams, check_head,
-                                   check_head_gram, factors_from_tensors, factors_to_tensors)
+                                   check_head_gram, factors_from_tensors, factors_to_tensors, published)
 
 
 class LoRMRoundAggregator(Aggregator):
@@ -96,7 +96,8 @@ class LoRM(Strategy):
         if not done:
             return {}
         scale = self.config.lora_scale / (task + 1)
-        return {name: LowRank(torch.cat([f[name].b for f in done], 1) * scale, torch.cat([f[name].a for f in done], 0))
+        return {name: published(torch.cat([f[name].b for f in done], 1) * scale,
+                                torch.cat([f[name].a for f in done], 0))
                 for name in self.spec.layers}
 
     def active_factor(self, round_: int) -> str:
@@ -105,7 +106,8 @@ class LoRM(Strategy):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): SPEC §3 step 4 and 6.
-        common = dict(lora=self.shared, lora_scale=1.0 / (task + 1), extra=self._previous(task),
+        common = dict(lora={name: published(f.b, f.a) for name, f in self.shared.items()},
+                      lora_scale=1.0 / (task + 1), extra=self._previous(task),
                       gram=self.gram_kind)
         if phase == Phase.TRAIN:
             return self.base_plan(task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True,
@@ -122,9 +124,12 @@ class LoRM(Strategy):
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, LoRMRoundAggregator):
             for name, acc in aggregator.layers.items():
-                old = self.shared[name]
                 new: Tensor = acc.result()
-                self.shared[name] = LowRank(new, old.a) if aggregator.active == "B" else LowRank(old.b, new)
+                if isinstance(acc, LoraBAccumulator):
+                    # Keep the A the clients trained against and the merge used: the published one.
+                    self.shared[name] = LowRank(new, acc.a)
+                else:
+                    self.shared[name] = LowRank(self.shared[name].b, new)
             self.head_w = aggregator.head.result()
             self.head_b = aggregator.bias.result()
             return

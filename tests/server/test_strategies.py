@@ -104,7 +104,7 @@ def test_lorm_task_merge_after_two_tasks():
         assert plan.lora_scale == pytest.approx(1 / (task + 1))
         if task == 1:  # the Gram pass adds the previous task's delta, scaled by 1 / (t + 1)
             torch.testing.assert_close(plan.extra["l1"].b @ plan.extra["l1"].a,
-                                       finals[0]["l1"].b @ finals[0]["l1"].a / 2)
+                                       (finals[0]["l1"].b @ finals[0]["l1"].a / 2).float())
         agg = strategy.aggregator(plan)
         ups = [fake_update(plan, i, seed=100 + i, factors=()) for i in range(3)]
         for u in ups:
@@ -159,3 +159,20 @@ def test_ablation_average_tasks_is_the_mean_of_task_residuals():
     f0, f1 = strategy.task_factors
     got = strategy.adapter()["l1"]
     torch.testing.assert_close(got.b @ got.a, (f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a) / 2)
+
+
+def test_plans_publish_float32_and_b_rounds_keep_the_published_a():
+    """Clients compute in float32: plans carry exactly that (half the bytes of float64)."""
+    strategy = make_strategy(config(rounds_per_task=3), SPEC)
+    strategy.begin_task(0)
+    for round_ in range(3):
+        plan = strategy.configure(0, round_, Phase.TRAIN)
+        tensors = [plan.head_weight, plan.head_bias] + [t for f in plan.lora.values() for t in (f.b, f.a)]
+        assert all(t.dtype == torch.float32 for t in tensors)
+        agg = strategy.aggregator(plan)
+        for i in range(3):
+            agg.fold(fake_update(plan, i, seed=round_ * 10 + i))
+        strategy.aggregate(plan, agg)
+        if plan.train_factors == ("B",):  # the merge used the published A, and the state keeps it
+            assert torch.equal(strategy.shared["l1"].a, plan.lora["l1"].a.double())
+    assert all(t.dtype == torch.float32 for f in strategy.eval_plan(0).extra.values() for t in (f.b, f.a))
