@@ -264,11 +264,10 @@ def main() -> int:
                             ("upload + download, A-round", a_update, a_plan)):
         wire = up["up"] + up["down"] + down["up"] + down["down"]
         print(f"{label:40s} {mb(wire):>13s} {'':>10s} {'':>11s}")
-    factors64 = sum((d_out + d_in) * RANK * 8 for d_out, d_in in LAYERS.values())
-    head64 = (CLASSES * FEATURES + CLASSES) * 8
-    print("\nplan raw at task t (analytic: float64 current factors + task deltas of rank t*r + head): "
-          + ", ".join(f"t={t}: {mb(factors64 * (1 + t) + head64).strip()} MB" for t in (0, 1, 9))
-          + f"; as float32 the t=0 plan would be {mb((factors64 + head64) // 2).strip()} MB")
+    factors32 = sum((d_out + d_in) * RANK * 4 for d_out, d_in in LAYERS.values())
+    head32 = (CLASSES * FEATURES + CLASSES) * 4
+    print("\nplan raw at task t (analytic: float32 current factors + task deltas of rank t*r + head): "
+          + ", ".join(f"t={t}: {mb(factors32 * (1 + t) + head32).strip()} MB" for t in (0, 1, 9)))
     return 0
 
 
