@@ -5,13 +5,18 @@ beta 0.5, max length 64):
   ncm       cosine nearest class mean                        (issue, measured outside: 91.7 %)
   ridge     ridge head on the 384-d features                 (issue: 91.1 %)
   ridge-rp  random projection to 5,000 dims + ReLU, ridge    (issue, lambda 10: 95.1 %)
+  lorm-ridge-first  LoRM adapts the backbone on task 0 only (5 rounds of 1 epoch, rank 1,
+            lr 1e-2), then ridge-rp on W0 + B^0 A^0 for every task   (issue: 95.5 %)
+  lorm-ridge  LoRM on every task, ridge-rp under the merged backbone (sums mix views)
+  lorm-ncm  as lorm-ridge with the cosine NCM head on the 384-d features
+The lorm-* methods train LoRA, so unlike the others their result depends on beta.
 Ridge chooses lambda on held-out training samples (every 5th by global index), never test data.
 
 For each: FAA as the paper defines it (mean over tasks of the final accuracies), FAA as the
 reference code computes it (over all test samples seen), which after the last task is the
 accuracy over all 150 classes, the lambda chosen after each task, and the wall time.
 
-Run: .venv/bin/python bench/closed_form_clinc.py [--methods ncm ridge ridge-rp] [--beta 0.5]
+Run: .venv/bin/python bench/closed_form_clinc.py [--methods ncm ridge ridge-rp lorm-ridge-first ...] [--beta 0.5]
 """
 
 from __future__ import annotations
@@ -28,16 +33,20 @@ import server.simulation as simulation  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
 
-METHODS = {  # name -> (strategy, extra settings, the issue's figure)
-    "ncm": ("ncm", {}, 91.7),
-    "ridge": ("ridge", {}, 91.1),
-    "ridge-rp": ("ridge", {"rp_dim": 5000}, 95.1),
+LORM = {"rounds_per_task": 5, "local_epochs": 1, "rank": 1, "lr": 1e-2}  # the issue's LoRM settings
+METHODS = {  # name -> (strategy, extra settings, the issue's figure (nan: none), other RunConfig fields)
+    "ncm": ("ncm", {}, 91.7, {}),
+    "ridge": ("ridge", {}, 91.1, {}),
+    "ridge-rp": ("ridge", {"rp_dim": 5000}, 95.1, {}),
+    "lorm-ridge-first": ("lorm-ridge-first", {"rp_dim": 5000}, 95.5, LORM),
+    "lorm-ridge": ("lorm-ridge", {"rp_dim": 5000}, float("nan"), LORM),
+    "lorm-ncm": ("lorm-ncm", {}, float("nan"), LORM),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=["ncm", "ridge", "ridge-rp"])
     parser.add_argument("--beta", type=float, default=0.5)
     parser.add_argument("--data-dir", default=os.environ.get(
         "LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")))
@@ -48,16 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     simulation.make_strategy = lambda config, spec: made.append(make_strategy(config, spec)) or made[-1]
     rows = []
     for name in args.methods:
-        strategy, extra, issue = METHODS[name]
+        strategy, extra, issue, fields = METHODS[name]
         config = RunConfig(run_id=f"closed-form-{name}", strategy=strategy, dataset="clinc150",
                            data_dir=args.data_dir, backbone="minilm", max_length=64, num_tasks=5, num_clients=10,
-                           beta=args.beta, threads=args.threads, extra=extra)
+                           beta=args.beta, threads=args.threads, extra=extra, **fields)
         lambdas: list[float | None] = []
 
         def log(line: str) -> None:
             print(f"  [{name}] {line}", flush=True)
             if "evaluated" in line:  # the head just evaluated was solved with this lambda
-                lambdas.append(getattr(made[-1], "lam", None))
+                head = getattr(made[-1], "closed", made[-1])  # lorm-*: the closed-form head inside
+                lambdas.append(getattr(head, "lam", None))
 
         start = time.perf_counter()
         result = simulation.run_inprocess(config, log=log)
@@ -69,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
               f"(issue {issue}), lambda {lambdas}, {seconds:.0f} s", flush=True)
 
     print(f"\nCLINC150, all-MiniLM-L6-v2 frozen, 10 clients, 5 tasks, beta {args.beta}, max length 64")
-    print(f"{'method':<10}{'FAA paper':>11}{'FAA weighted':>14}{'all 150':>9}{'issue':>7}{'test n':>8}"
+    print(f"{'method':<18}{'FAA paper':>11}{'FAA weighted':>14}{'all 150':>9}{'issue':>7}{'test n':>8}"
           f"{'seconds':>9}  lambda per task")
     for name, faa, weighted, final_all, issue, lambdas, seconds, n in rows:
         lam = " ".join("-" if v is None else f"{v:g}" for v in lambdas)
-        print(f"{name:<10}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7.1f}{n:>8}{seconds:>9.0f}  {lam}")
+        print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7.1f}{n:>8}{seconds:>9.0f}  {lam}")
     return 0
 
 

@@ -1,0 +1,104 @@
+"""LoRM's backbone with a closed-form head (ridge or cosine NCM) instead of the ACE-trained one.
+
+The backbone is adapted exactly as :class:`~server.strategies.lorm.LoRM` adapts it (same
+rounds, same per-round and task merges). After each task's TASK_GRAM step comes one more,
+the *features step* ``(TASK_GRAM, rounds_per_task + 1)`` in features mode: clients send the
+statistics of ``client/features.py`` of the current task's data under the merged backbone
+``W0 + extra`` with ``extra`` the task merge of tasks ``0..t`` (the model evaluated after task
+``t``). The sums fold into one :class:`~server.strategies.closed_form.ClosedFormHead` across
+tasks, whose head is the one evaluated (features mode, same ``extra``) and exported.
+
+Caveat (``lorm-ridge``, ``lorm-ncm``): the sums of task ``tau < t`` were computed under the
+backbone merged after task ``tau``, not under today's, so the head mixes views of the data.
+``lorm-ridge-first`` avoids it: LoRM adapts the backbone on task 0 only, after which the
+backbone stays ``W0 + B^0 A^0`` and every task has only its features step, so all sums share
+one view. LoRM's ACE head is still trained in LoRM's rounds (local training needs a head of
+width ``F``) but is never evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor
+
+from common.config import RunConfig
+from common.messages import ModelSpec, Phase, RoundPlan
+from server.strategies.base import Aggregator
+from server.strategies.closed_form import ClosedFormHead, FeatureStatsAggregator, NearestClassMean, RidgeHead
+from server.strategies.lorm import LoRM
+
+
+class LoRMClosedForm(LoRM):
+    """LoRM, then a features step per task; ``head_w, head_b`` are the closed-form head ``(C, F')``."""
+
+    name = "lorm-ridge"
+    head_class: type[ClosedFormHead] = RidgeHead
+    first_task_only = False  # adapt the backbone on task 0 only; later tasks have the features step alone
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.closed = self.head_class(config, spec)  # sums over clients and tasks, and their head
+        self.ace_w, self.ace_b = self.head_w, self.head_b  # LoRM's trained head (C, F): training rounds only
+        self.head_w, self.head_b = self.closed.head_w, self.closed.head_b
+
+    @property
+    def features_round(self) -> int:
+        return self.config.rounds_per_task + 1  # after LoRM's TASK_GRAM step (round rounds_per_task)
+
+    def adapts(self, task: int) -> bool:
+        return task == 0 or not self.first_task_only
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        lorm = super().steps(task) if self.adapts(task) else []
+        return lorm + [(Phase.TASK_GRAM, self.features_round)]
+
+    def begin_task(self, task: int) -> None:
+        if self.adapts(task):
+            super().begin_task(task)
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        if (phase, round_) == (Phase.TASK_GRAM, self.features_round):
+            plan = self.closed.configure(task, 0, Phase.TRAIN)  # features mode, the statistics it needs
+            return dataclasses.replace(plan, phase=phase, round=round_, extra=self.view())
+        if not self.adapts(task):
+            raise ValueError(f"{self.name} adapts the backbone on task 0 only; task {task} has no {phase} step")
+        plan = super().configure(task, round_, phase)  # carries head_w (the closed-form head): swap in the ACE one
+        dtype = plan.head_weight.dtype if plan.head_weight is not None else self.ace_w.dtype  # base_plan's precision
+        return dataclasses.replace(plan, head_weight=self.ace_w.to(dtype), head_bias=self.ace_b.to(dtype))
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return self.closed.aggregator(plan) if plan.mode == "features" else super().aggregator(plan)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        if isinstance(aggregator, FeatureStatsAggregator):
+            self.closed.aggregate(plan, aggregator)
+        else:
+            self.head_w, self.head_b = self.ace_w, self.ace_b
+            super().aggregate(plan, aggregator)  # a TRAIN step leaves LoRM's new ACE head in head_w, head_b
+            self.ace_w, self.ace_b = self.head_w, self.head_b
+        self.head_w, self.head_b = self.closed.head_w, self.closed.head_b
+
+    def eval_plan(self, task: int) -> RoundPlan:
+        """The closed-form head on the merged backbone: features mode, ``extra`` = the view of the features step."""
+        return dataclasses.replace(super().eval_plan(task), mode="features")
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return self.closed.state_tensors() | super().state_tensors() | {"ace/w": self.ace_w, "ace/b": self.ace_b}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.closed.load_state_tensors(tensors)
+        self.ace_w, self.ace_b = tensors["ace/w"], tensors["ace/b"]
+
+
+class LoRMNearestClassMean(LoRMClosedForm):
+    name = "lorm-ncm"
+    head_class = NearestClassMean
+
+
+class LoRMRidgeFirstTask(LoRMClosedForm):
+    """The backbone adapted on task 0 only, then frozen at ``W0 + B^0 A^0``: one view for every task's sums."""
+
+    name = "lorm-ridge-first"
+    first_task_only = True
