@@ -1,0 +1,284 @@
+"""The benchmark grid's tables and plots: ``results.md``, ``results.csv``, ``faa.png``,
+``accuracy_<beta>.png``, built from the finished cells' ``metrics.json`` beside the paper's FAA.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+JOINT = "joint"
+
+
+def _by_beta(dataset: str, betas: tuple[float, ...], faa: dict[str, tuple[float, ...]]) -> dict:
+    return {(dataset, method, beta): value for method, values in faa.items() for beta, value in zip(betas, values)}
+
+
+# The paper's FAA (%), keyed by (config.dataset, method, beta); beta None: every beta (SPEC §4).
+PAPER_FAA: dict[tuple[str, str, float | None], float] = {
+    ("clinc150", JOINT, None): 95.53,
+    **_by_beta("clinc150", (1.0, 0.5, 0.2), {"lorm": (84.78, 82.58, 77.67), "regmean": (74.16, 74.80, 70.78),
+                                             "ties": (58.84, 54.13, 47.71), "ccvr": (39.18, 38.13, 30.36)}),
+    **_by_beta("cifar100", (0.5, 0.1, 0.05), {"lorm": (86.95, 81.75, 82.76)}),
+    # The ablation table: ImageNet-R at beta 0.5, EuroSAT at beta 1.0.
+    **_by_beta("imagenet-r", (0.5,), {"fedavg": (57.65,), "fedavg-lora": (57.00,), "regmean": (61.18,),
+                                      "lorm-avg-tasks": (75.08,), "lorm": (75.62,)}),
+    **_by_beta("eurosat", (1.0,), {"fedavg": (41.04,), "fedavg-lora": (53.14,), "regmean": (48.74,),
+                                   "lorm-avg-tasks": (71.40,), "lorm": (77.37,)}),
+}
+# Row order of the tables: the upper bound, the baselines, then LoRM's variants.
+METHOD_ORDER = (JOINT, "fedavg", "fedavg-lora", "fisheravg", "regmean", "ties", "ccvr", "lorm-b-only",
+                "lorm-avg-tasks", "lorm")
+
+
+def paper_faa(dataset: str, method: str, beta: float) -> float | None:
+    for key in ((dataset, method, round(beta, 6)), (dataset, method, None)):
+        if key in PAPER_FAA:
+            return PAPER_FAA[key]
+    return None
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+# ---------------------------------------------------------------------- the tables and plots
+
+
+@dataclass
+class Row:
+    """One (dataset, method, beta) over its finished seeds; means and sample std over seeds."""
+
+    dataset: str
+    method: str
+    beta: float
+    seeds: int
+    faa_mean: float
+    faa_std: float | None  # sample std (n - 1); None with one seed
+    faa_weighted_mean: float
+    forgetting_mean: float
+    bytes_per_client_mean: float  # tensor payload one client sent over the whole run
+    wall_seconds_mean: float
+    paper_faa: float | None
+
+
+def load_cells(out: Path) -> list[dict]:
+    """Every finished cell's metrics, in path order."""
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/beta*/seed*/metrics.json"))]
+
+
+def failed_cells(out: Path) -> list[tuple[str, str]]:
+    """(cell, last line of its error) for cells with an error and no result."""
+    failed = []
+    for path in sorted((out / "cells").glob("*/beta*/seed*/error.txt")):
+        if not (path.parent / "metrics.json").exists():
+            lines = path.read_text().strip().splitlines() or [""]
+            failed.append((str(path.parent.relative_to(out / "cells")), lines[-1]))
+    return failed
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _order(method: str) -> tuple[int, str]:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def _groups(cells: list[dict]) -> dict[tuple[str, str, float], list[dict]]:
+    groups: dict[tuple[str, str, float], list[dict]] = {}
+    for cell in cells:
+        groups.setdefault((cell["config"]["dataset"], cell["method"], float(cell["beta"])), []).append(cell)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][2], _order(kv[0][1]))))
+
+
+def summarize(cells: list[dict]) -> list[Row]:
+    rows = []
+    for (dataset, method, beta), group in _groups(cells).items():
+        faa = [_number(c["faa"]) for c in group]
+        rows.append(Row(dataset, method, beta, len(group), _mean(faa),
+                        statistics.stdev(faa) if len(faa) > 1 else None,
+                        _mean([_number(c["faa_weighted"]) for c in group]),
+                        _mean([_number(c["forgetting"]) for c in group]),
+                        _mean([float(c["bytes_per_client"]) for c in group]),
+                        _mean([float(c["wall_seconds"]) for c in group]), paper_faa(dataset, method, beta)))
+    return rows
+
+
+def mean_seen_accuracy(cells: list[dict]) -> list[float]:
+    """After each task: accuracy averaged over the tasks seen so far, then over the cells."""
+    curves = [[_mean([_number(a) for a in row]) for row in c["accuracy"]] for c in cells]
+    return [_mean([curve[t] for curve in curves]) for t in range(min(len(curve) for curve in curves))]
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0]) if rows else Row.__dataclass_fields__))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in asdict(row).items()})
+
+
+def _distinct(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _machine_line(machine: dict) -> str:
+    return (f"{machine['system']}, {machine['cpu']}, {machine['cores']} CPU cores ({machine['usable_cores']} usable), "
+            f"GPU: {machine['gpu']}; Python {machine['python']}, torch {machine['torch']}")
+
+
+def _faa_text(row: Row) -> str:
+    return f"{row.faa_mean:.2f}" + (f" ± {row.faa_std:.2f}" if row.faa_std is not None else "")
+
+
+def _pivot(rows: list[Row]) -> list[str]:
+    """The paper's layout: FAA per method (rows) and beta (columns), the paper's value in brackets."""
+    lines = []
+    for dataset in _distinct([r.dataset for r in rows]):
+        mine = [r for r in rows if r.dataset == dataset]
+        betas = sorted({r.beta for r in mine}, reverse=True)
+        lines += [f"FAA (%) on {dataset}, mean ± std over seeds [paper]:", "",
+                  "| method | " + " | ".join(f"beta={b}" for b in betas) + " |",
+                  "|---|" + "---|" * len(betas)]
+        for method in sorted({r.method for r in mine}, key=_order):
+            cells = []
+            for b in betas:
+                row = next((r for r in mine if r.method == method and r.beta == b), None)
+                text = "-" if row is None else _faa_text(row)
+                if row is not None and row.paper_faa is not None:
+                    text += f" [{row.paper_faa:.2f}]"
+                cells.append(text)
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def markdown(rows: list[Row], cells: list[dict], failed: list[tuple[str, str]], command: str, machine: dict) -> str:
+    datasets = ", ".join(_distinct([r.dataset for r in rows])) or "-"
+    commands = _distinct([c["command"] for c in cells if "command" in c])
+    machines = _distinct([_machine_line(c["machine"]) for c in cells if "machine" in c])
+    modes = ", ".join(_distinct([c.get("mode", "?") for c in cells]))
+    lines = [f"# Benchmark: {datasets}", ""]
+    lines += [f"- Grid command: `{c}`" for c in commands]
+    if command not in commands:
+        lines.append(f"- Report written by: `{command}`")
+    lines += [f"- Machine: {m}" for m in machines or [_machine_line(machine)]]
+    lines += [f"- Mode: {modes}. Finished cells: {len(cells)}; failed: {len(failed)}.", ""]
+    lines += _pivot(rows)
+    lines += ["| dataset | method | beta | FAA (%) | paper FAA (%) | FAA weighted (%) | forgetting (%) "
+              "| sent per client (MB) | wall time | seeds |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        faa = _faa_text(r)
+        paper = "-" if r.paper_faa is None else f"{r.paper_faa:.2f}"
+        lines.append(f"| {r.dataset} | {r.method} | {r.beta} | {faa} | {paper} | {r.faa_weighted_mean:.2f} "
+                     f"| {r.forgetting_mean:.2f} | {r.bytes_per_client_mean / 1e6:.3f} "
+                     f"| {_duration(r.wall_seconds_mean)} | {r.seeds} |")
+    lines += ["", "FAA: the paper's final average accuracy, the mean over tasks of the accuracy on each after the "
+              "last task; mean ± sample standard deviation over seeds. FAA weighted: accuracy over all test samples "
+              "after the last task (the reference code's figure). Forgetting: mean over earlier tasks of the best "
+              "accuracy minus the final one. Sent per client: tensor payload bytes one client uploads over the "
+              "whole run (1 MB = 10^6 bytes). Wall time: mean per run. `joint`: LoRM with one client holding all "
+              "data and one task with all classes (the upper bound)."]
+    if failed:
+        lines += ["", "Failed cells (no result; rerun the grid to retry them):", ""]
+        lines += [f"- `{name}`: {error}" for name, error in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_faa(rows: list[Row], path: Path) -> None:
+    """Grouped bars: FAA per beta (groups) and method (bars), std error bars, the paper's FAA as markers."""
+    plt = _pyplot()
+    betas = sorted({r.beta for r in rows}, reverse=True)
+    methods = sorted({r.method for r in rows}, key=_order)
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(betas) * len(methods) ** 0.5 + 3), 4), dpi=120)
+    paper_labelled = False
+    for k, method in enumerate(methods):
+        mine = {r.beta: r for r in rows if r.method == method}
+        xs = [i + (k - (len(methods) - 1) / 2) * width for i, b in enumerate(betas) if b in mine]
+        ours = [mine[b] for b in betas if b in mine]
+        ax.bar(xs, [r.faa_mean for r in ours], width, yerr=[r.faa_std or 0.0 for r in ours], capsize=3,
+               label=method)
+        known = [(x, r.paper_faa) for x, r in zip(xs, ours) if r.paper_faa is not None]
+        if known:
+            ax.scatter([x for x, _ in known], [p for _, p in known], marker="D", color="red",
+                       edgecolors="black", zorder=3, s=36, label=None if paper_labelled else "paper")
+            paper_labelled = True
+    ax.set_xticks(range(len(betas)))
+    ax.set_xticklabels([f"beta={b}" for b in betas])
+    ax.set_ylabel("FAA (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("FAA per method and beta (mean ± std over seeds)")
+    _save(fig, plt, path)
+
+
+def plot_accuracy_curves(cells: list[dict], beta: float, path: Path) -> None:
+    """Mean-over-seen-tasks accuracy after each task, one line per method; one-task runs
+    (``joint``) as a horizontal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    groups = {key: group for key, group in _groups(cells).items() if key[2] == beta}
+    several = len({key[0] for key in groups}) > 1
+    tasks = max((len(c["accuracy"]) for group in groups.values() for c in group), default=1)
+    for (dataset, method, _), group in groups.items():
+        curve = mean_seen_accuracy(group)
+        label = f"{dataset}/{method}" if several else method
+        if len(curve) == 1 and tasks > 1:
+            ax.axhline(curve[0], linestyle="--", color="gray", label=f"{label} (all classes at once)")
+        else:
+            ax.plot(range(len(curve)), curve, marker="o", label=label)
+    ax.set_xlabel("after training task")
+    ax.set_ylabel("mean accuracy over seen tasks (%)")
+    ax.set_xticks(range(tasks))
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"beta={beta}: accuracy across tasks (mean over seeds)")
+    _save(fig, plt, path)
+
+
+def _save(fig, plt, path: Path) -> None:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_report(out: Path, command: str, machine: dict) -> list[Row]:
+    """``results.md``, ``results.csv``, ``faa.png`` and ``accuracy_<beta>.png`` from every finished cell."""
+    cells = load_cells(out)
+    rows = summarize(cells)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "results.csv")
+    (out / "results.md").write_text(markdown(rows, cells, failed_cells(out), command, machine))
+    if rows:
+        plot_faa(rows, out / "faa.png")
+        for beta in sorted({r.beta for r in rows}, reverse=True):
+            plot_accuracy_curves(cells, beta, out / f"accuracy_{beta}.png")
+    return rows
