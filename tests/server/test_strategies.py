@@ -89,27 +89,29 @@ def test_rejected_update_changes_nothing(break_it, field):
     assert torch.equal(clean.head_w, dirty.head_w)
 
 
+def fold_step(strategy, plan, seed0, factors=None):
+    """Three clients' updates (seeds ``seed0 + i``) folded and aggregated; returns the updates."""
+    ups = [fake_update(plan, i, seed=seed0 + i, factors=factors) for i in range(3)]
+    agg = strategy.aggregator(plan)
+    for u in ups:
+        agg.fold(u)
+    strategy.aggregate(plan, agg)
+    return ups
+
+
 def test_lorm_task_merge_after_two_tasks():
     strategy = make_strategy(config(rounds_per_task=1), SPEC)
     finals, task_grams = [], []
     for task in range(2):
         strategy.begin_task(task)
-        plan = strategy.configure(task, 0, Phase.TRAIN)
-        agg = strategy.aggregator(plan)
-        for i in range(3):
-            agg.fold(fake_update(plan, i, seed=10 * task + i))
-        strategy.aggregate(plan, agg)
+        fold_step(strategy, strategy.configure(task, 0, Phase.TRAIN), 10 * task)
         assert [s for s in strategy.steps(task)][-1] == (Phase.TASK_GRAM, 1)
         plan = strategy.configure(task, 1, Phase.TASK_GRAM)
         assert plan.lora_scale == pytest.approx(1 / (task + 1))
         if task == 1:  # the Gram pass adds the previous task's delta, scaled by 1 / (t + 1)
             torch.testing.assert_close(plan.extra["l1"].b @ plan.extra["l1"].a,
                                        (finals[0]["l1"].b @ finals[0]["l1"].a / 2).float())
-        agg = strategy.aggregator(plan)
-        ups = [fake_update(plan, i, seed=100 + i, factors=()) for i in range(3)]
-        for u in ups:
-            agg.fold(u)
-        strategy.aggregate(plan, agg)
+        ups = fold_step(strategy, plan, 100, factors=())
         finals.append(dict(strategy.shared))
         task_grams.append({n: sum(u.grams[n] for u in ups) for n in SPEC.layers})
         if task == 0:  # one task: the model is B^0 A^0 itself
@@ -146,16 +148,8 @@ def test_ablation_average_tasks_is_the_mean_of_task_residuals():
     strategy = make_strategy(config(strategy="lorm-avg-tasks", rounds_per_task=1), SPEC)
     for task in range(2):
         strategy.begin_task(task)
-        plan = strategy.configure(task, 0, Phase.TRAIN)
-        agg = strategy.aggregator(plan)
-        for i in range(3):
-            agg.fold(fake_update(plan, i, seed=10 * task + i))
-        strategy.aggregate(plan, agg)
-        plan = strategy.configure(task, 1, Phase.TASK_GRAM)
-        agg = strategy.aggregator(plan)
-        for i in range(3):
-            agg.fold(fake_update(plan, i, seed=50 + i, factors=()))
-        strategy.aggregate(plan, agg)
+        fold_step(strategy, strategy.configure(task, 0, Phase.TRAIN), 10 * task)
+        fold_step(strategy, strategy.configure(task, 1, Phase.TASK_GRAM), 50, factors=())
     f0, f1 = strategy.task_factors
     got = strategy.adapter()["l1"]
     torch.testing.assert_close(got.b @ got.a, (f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a) / 2)
