@@ -19,6 +19,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                          num_clients=10, beta=0.5, train_per_class=60, test_per_class=0, rounds_per_task=5,
                          local_epochs=1, batch_size=16, lr=1e-2, rank=1, gamma_backbone=0.0, gamma_head=0.5,
                          max_length=32, threads=2),
+    # The same protocol cut to fit a whole grid (13 methods x 3 betas) into about two hours on 2
+    # cores: 20 training utterances per intent, 3 rounds (B, A, B) of 1 epoch, all test utterances,
+    # one thread per run (batches of 16 short sentences hardly use a second core; run two cells
+    # side by side instead: bench/clinc150_grid.sh).
+    "cpu-clinc150-quick": dict(run_id="cpu-clinc150-quick", dataset="clinc150", backbone="minilm", num_tasks=5,
+                               num_clients=10, beta=0.5, train_per_class=20, test_per_class=0,
+                               rounds_per_task=3, local_epochs=1, batch_size=16, lr=1e-2, rank=1,
+                               gamma_backbone=0.0, gamma_head=0.5, max_length=32, threads=1),
     # A random-init tiny BERT on synthetic text: seconds, for smoke tests.
     "tiny": dict(run_id="tiny", dataset="synthetic-text", backbone="tiny-bert", num_tasks=3, num_clients=3,
                  rounds_per_task=3, local_epochs=3, rank=2, lr=3e-2, lr_lora=1e-3, threads=1,
