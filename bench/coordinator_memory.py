@@ -42,35 +42,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.synthetic import LAYERS, VIT_B16 as SPEC, make_update, update_bytes  # noqa: E402
 from common.config import RunConfig  # noqa: E402
-from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan  # noqa: E402
+from common.messages import Phase, RoundPlan  # noqa: E402
 
-BLOCKS, RANK, CLASSES, FEATURES = 12, 16, 100, 768
-SHAPES = {"attn.qkv": (2304, 768), "attn.proj": (768, 768), "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}
-LAYERS = {f"blocks.{b}.{name}": shape for b in range(BLOCKS) for name, shape in SHAPES.items()}
-SPEC = ModelSpec(LAYERS, feature_dim=FEATURES, num_classes=CLASSES)
-UPDATE_BYTES = sum(d_out * RANK * 4 + d_in * 8 for d_out, d_in in LAYERS.values()) \
-    + (CLASSES * FEATURES + CLASSES) * 4 + FEATURES * FEATURES * 8
+RANK = 16
+UPDATE_BYTES = update_bytes(SPEC, RANK)
 LOAD_THREADS = 4  # concurrent client threads in the gRPC load generator
 WORKER_TIMEOUT_S = 1800  # one configuration may take at most this long
 
 
 def config(n: int) -> RunConfig:
     return RunConfig(run_id="mem", num_clients=n, num_tasks=1, rounds_per_task=2, rank=RANK, seed=3)
-
-
-def make_update(plan: RoundPlan, index: int) -> ClientUpdate:
-    """Client ``index``'s B-round update for ``plan``: random tensors of the real shapes and dtypes."""
-    gen = torch.Generator().manual_seed(1000 + index)
-    head_gram = torch.rand(FEATURES, FEATURES, generator=gen, dtype=torch.float64)
-    head_gram = head_gram @ head_gram.T  # symmetric positive semi-definite, like a real Gram
-    return ClientUpdate(
-        run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task, round=plan.round,
-        phase=plan.phase, num_samples=100 + index % 7,
-        factors={name: {"B": torch.randn(d_out, RANK, generator=gen) * 1e-2} for name, (d_out, _) in LAYERS.items()},
-        grams={name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in LAYERS.items()},
-        head_weight=torch.randn(CLASSES, FEATURES, generator=gen) * 1e-2,
-        head_bias=torch.randn(CLASSES, generator=gen) * 1e-2, head_gram=head_gram, train_loss=1.0)
 
 
 def rss() -> int:
@@ -115,7 +98,7 @@ def worker_inprocess(n: int, order: str, state: Path) -> dict:
     start = time.perf_counter()
     last = 0.0
     for i in indices:
-        update = make_update(plan, i)
+        update = make_update(plan, i, RANK)
         t0 = time.perf_counter()
         assert coordinator.submit(update, f"mem/0/0/{i}")
         last = time.perf_counter() - t0
@@ -128,10 +111,11 @@ def worker_inprocess(n: int, order: str, state: Path) -> dict:
 
 
 def worker_grpc(n: int, state: Path) -> dict:
+    from common.tls import Security
     from server.service import create_server
 
     coordinator, staged = build_coordinator(n, state)
-    server, port = create_server(coordinator, "127.0.0.1:0")
+    server, port = create_server(coordinator, "127.0.0.1:0", security=Security(insecure=True))
     server.start()
     base = rss()
     start = time.perf_counter()
@@ -156,15 +140,16 @@ def worker_grpc(n: int, state: Path) -> dict:
 def load_generator(target: str, n: int) -> dict:
     """N clients: join + describe each, then pull the plan and push an update, K at a time."""
     from client.transport import CoordinatorClient
+    from common.tls import Security
 
     for i in range(n):
-        client = CoordinatorClient(target, f"c{i}")
+        client = CoordinatorClient(target, f"c{i}", security=Security(insecure=True))
         client.join(i)
         client.describe(SPEC)
         client.close()
 
     def one(i: int) -> None:
-        client = CoordinatorClient(target, f"c{i}")
+        client = CoordinatorClient(target, f"c{i}", security=Security(insecure=True))
         try:
             client.join(i)  # idempotent: sets the run id on this connection
             deadline = time.monotonic() + 300
@@ -174,7 +159,7 @@ def load_generator(target: str, n: int) -> dict:
                     raise TimeoutError(f"client {i} got no plan in 300 s")
                 time.sleep(plan.retry_after_s)
                 plan = client.pull()
-            update = make_update(plan, i)
+            update = make_update(plan, i, RANK)
             client.push(update, f"mem/0/0/{i}")
         finally:
             client.close()

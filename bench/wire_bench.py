@@ -40,17 +40,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.synthetic import CLASSES, FEATURES, LAYERS, VIT_B16 as SPEC  # noqa: E402
 from client.transport import CoordinatorClient  # noqa: E402
 from common import serde  # noqa: E402
 from common.config import RunConfig  # noqa: E402
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan  # noqa: E402
+from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan  # noqa: E402
+from common.tls import Security  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402
 from server.service import create_server  # noqa: E402
 
-BLOCKS, RANK, CLASSES, FEATURES = 12, 16, 100, 768
-SHAPES = {"attn.qkv": (2304, 768), "attn.proj": (768, 768), "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}
-LAYERS = {f"blocks.{b}.{name}": shape for b in range(BLOCKS) for name, shape in SHAPES.items()}
-SPEC = ModelSpec(LAYERS, feature_dim=FEATURES, num_classes=CLASSES)
+RANK = 16
 CONFIG = RunConfig(run_id="wire", num_clients=1, num_tasks=2, rounds_per_task=2, rank=RANK, seed=1)
 GOAL = 1.05
 IO_TIMEOUT_S = 60.0  # a relay socket idle this long is closed (bounds every loop)
@@ -171,10 +170,11 @@ def run_pass(via_relay: bool) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="lorm-wire-") as state:
         coordinator = Coordinator(CONFIG, state, on_event=lambda _: None)
-        server, port = create_server(coordinator, "127.0.0.1:0")
+        server, port = create_server(coordinator, "127.0.0.1:0", security=Security(insecure=True))
         server.start()
         relay = CountingRelay(port) if via_relay else None
-        client = CoordinatorClient(f"127.0.0.1:{relay.port if relay else port}", "c0")
+        client = CoordinatorClient(f"127.0.0.1:{relay.port if relay else port}", "c0",
+                                   security=Security(insecure=True))
         try:
             client.join(0)
             client.describe(SPEC)

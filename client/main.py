@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 import time
 
 from client.runtime import build_runtime
+from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common import serde
+from common.faults import fault_point
+from common.logs import add_logging_arguments, set_context, setup_logging
 from common.messages import ClientUpdate, Phase, RoundPlan
+from common.tls import SecurityError, add_security_arguments, security_from_args
 
 
 def idempotency_key(run_id: str, plan: RoundPlan, client_index: int) -> str:
@@ -18,21 +24,60 @@ def idempotency_key(run_id: str, plan: RoundPlan, client_index: int) -> str:
     return f"{run_id}/{plan.task}/{plan.round}/{plan.phase.value}/{client_index}"
 
 
+def _record(metrics: ClientMetrics, config, plan: RoundPlan, result, seconds: float) -> None:
+    """Throughput counts every pass over the shard: local epochs when the step trained, else one."""
+    if isinstance(result, ClientUpdate):
+        trained = result.train_loss == result.train_loss  # NaN: nothing was trained
+        samples = result.num_samples * (max(config.local_epochs, 1) if trained else 1)
+        metrics.step_done(plan.phase.value, plan.task, plan.round, samples, seconds, result.train_loss)
+    else:
+        metrics.step_done(plan.phase.value, plan.task, plan.round, int(sum(result.total)), seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lorm-client", description="Run one LoRM client.")
-    parser.add_argument("--server", required=True, help="coordinator address, host:port")
-    parser.add_argument("--client-id", required=True, help="this client's stable identity (reuse it on restart)")
-    parser.add_argument("--index", type=int, default=None, help="ask for this data shard (0..N-1)")
+    # Containers configure these through the environment (LORM_SERVER, LORM_CLIENT_ID, LORM_CLIENT_INDEX).
+    env = os.environ.get
+    parser.add_argument("--server", default=env("LORM_SERVER"), required=not env("LORM_SERVER"),
+                        help="coordinator address, host:port (default $LORM_SERVER)")
+    parser.add_argument("--client-id", default=env("LORM_CLIENT_ID") or socket.gethostname(),
+                        help="this client's stable identity, reused on restart (default $LORM_CLIENT_ID, "
+                             "else the host name)")
+    parser.add_argument("--index", type=int, default=env("LORM_CLIENT_INDEX") or None,  # argparse applies int
+                        help="ask for this data shard (0..N-1; default $LORM_CLIENT_INDEX, else the coordinator "
+                             "assigns the lowest free one)")
     parser.add_argument("--give-up", type=float, default=600.0, help="seconds one call retries before failing")
+    parser.add_argument("--call-timeout", type=float, default=float(env("LORM_CALL_TIMEOUT", "300")),
+                        help="seconds one call (one whole push or pull, however large) may take before it is "
+                             "retried; raise it for large updates on slow links (default $LORM_CALL_TIMEOUT or 300)")
+    parser.add_argument("--metrics-port", type=int, default=int(env("LORM_METRICS_PORT", "0")),
+                        help="serve Prometheus /metrics on this port (0: off; default $LORM_METRICS_PORT)")
+    parser.add_argument("--metrics-host", default=env("LORM_METRICS_HOST", "0.0.0.0"),
+                        help="address the metrics endpoint listens on (default $LORM_METRICS_HOST or 0.0.0.0)")
+    add_security_arguments(parser, "client")
+    add_logging_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.client_id} %(message)s", stream=sys.stdout)
+    try:
+        security = security_from_args(args, "client")
+    except SecurityError as err:
+        parser.error(str(err))
+    setup_logging(args.log_format)
+    set_context(client=args.client_id)
     log = logging.getLogger("lorm.client")
+    security.announce(log, "client")
+    metrics = ClientMetrics()
+    if args.metrics_port:
+        bound = metrics.serve(args.metrics_port, args.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, bound)
 
-    client = CoordinatorClient(args.server, args.client_id, Backoff(give_up_s=args.give_up))
+    client = CoordinatorClient(args.server, args.client_id, Backoff(give_up_s=args.give_up), args.call_timeout,
+                               security=security)
     config, index = client.join(args.index)
+    set_context(run=config.run_id)
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
     runtime = build_runtime(config)
     worker = runtime.worker(index, args.client_id)
+    metrics.watch_device(runtime.device)
     client.describe(runtime.spec)
     log.info("model: %d LoRA layers, device %s; shard sizes per task %s", len(runtime.spec.layers),
              runtime.device, [int(s.numel()) for s in worker.shards])
@@ -46,11 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             log.info("run %s is over", config.run_id)
             client.close()
             return 0
+        set_context(task=plan.task, round=plan.round)
         start = time.perf_counter()
         result = worker.handle(plan)
+        _record(metrics, config, plan, result, time.perf_counter() - start)
         key = idempotency_key(config.run_id, plan, index)
         try:
             if isinstance(result, ClientUpdate):
+                fault_point("client.push")
                 client.push(result, key)
                 log.info("task %d round %d %s %s: %d samples, loss %.4f, %.1f s", plan.task, plan.round,
                          plan.phase.value, "".join(plan.train_factors) or "-", result.num_samples,

@@ -14,6 +14,7 @@ import grpc
 from common import serde
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, RoundPlan
+from common.tls import Security
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
@@ -48,11 +49,14 @@ class Rejected(Exception):
 
 
 class CoordinatorClient:
-    def __init__(self, target: str, client_id: str, backoff: Backoff | None = None, call_timeout_s: float = 300.0):
+    def __init__(self, target: str, client_id: str, backoff: Backoff | None = None, call_timeout_s: float = 300.0,
+                 *, security: Security):
+        """``security``: checked with ``Security.check("client")``; plaintext only if it says ``insecure``."""
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
         self.call_timeout_s = call_timeout_s
-        self.channel = grpc.insecure_channel(target, options=serde.CHANNEL_OPTIONS)
+        self.channel = security.channel(target, serde.CHANNEL_OPTIONS)
+        self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""
 
@@ -78,32 +82,37 @@ class CoordinatorClient:
         request = pb.JoinRequest(client_id=self.client_id)
         if requested_index is not None:
             request.requested_index = requested_index
-        reply = self._call("join", lambda: self.stub.Join(request, timeout=self.call_timeout_s, wait_for_ready=True))
+        reply = self._call("join", lambda: self.stub.Join(
+            request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata))
         self.run_id = reply.run_id
         return RunConfig.from_json(reply.config_json), reply.client_index
 
     def describe(self, spec: ModelSpec) -> None:
         request = pb.ModelDescription(run_id=self.run_id, client_id=self.client_id, model_spec_json=spec.to_json())
-        self._call("describe", lambda: self.stub.Describe(request, timeout=self.call_timeout_s, wait_for_ready=True))
+        self._call("describe", lambda: self.stub.Describe(
+            request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata))
 
     def pull(self) -> RoundPlan | serde.Wait:
         request = serde.pull_to_proto(serde.PullQuery(self.run_id, self.client_id))
         return self._call("pull", lambda: serde.plan_from_proto(
-            self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True)))
+            self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)))
 
     def push(self, update: ClientUpdate, key: str) -> bool:
         """Send an update; ``True`` if the coordinator had it already (a retried push)."""
         reply = self._call("push", lambda: self.stub.Push(
-            serde.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True))
+            serde.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True,
+            metadata=self.metadata))
         return reply.duplicate
 
     def report(self, report: EvalReport, key: str) -> bool:
         reply = self._call("report", lambda: self.stub.ReportEval(
-            serde.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True))
+            serde.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True,
+            metadata=self.metadata))
         return reply.duplicate
 
     def status(self) -> dict:
-        s = self._call("status", lambda: self.stub.Status(pb.StatusRequest(run_id=self.run_id), timeout=10))
+        s = self._call("status", lambda: self.stub.Status(
+            pb.StatusRequest(run_id=self.run_id), timeout=10, metadata=self.metadata))
         return {"run_id": s.run_id, "state": s.state, "task": s.task, "round": s.round,
                 "clients_joined": s.clients_joined, "clients_done": s.clients_done,
                 "metrics": json.loads(s.metrics_json or "{}")}

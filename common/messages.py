@@ -52,11 +52,21 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, text: str) -> "ModelSpec":
-        v = json.loads(text)
-        layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
-        params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
-        return cls(layers, int(v["feature_dim"]), int(v["num_classes"]), str(v.get("export_prefix", "")),
-                   str(v.get("base_model", "")), params)
+        """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description."""
+        try:
+            v = json.loads(text)
+            layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
+            params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
+            spec = cls(layers, int(v["feature_dim"]), int(v["num_classes"]), str(v.get("export_prefix", "")),
+                       str(v.get("base_model", "")), params)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, RecursionError) as err:
+            raise ValueError(f"not a model description ({type(err).__name__}: {err})") from err
+        sizes = [d for shape in spec.layers.values() for d in shape] + [spec.feature_dim, spec.num_classes]
+        if min(sizes) < 1 or any(d < 0 for shape in spec.params.values() for d in shape):
+            raise ValueError(f"expected positive layer sizes, feature_dim and num_classes and non-negative "
+                             f"parameter dimensions, got layers {spec.layers}, feature_dim {spec.feature_dim}, "
+                             f"num_classes {spec.num_classes}")
+        return spec
 
 
 @dataclass

@@ -16,6 +16,7 @@ maps to ``INVALID_ARGUMENT``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import zlib
@@ -42,6 +43,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),  # allow keepalive pings during long training gaps
     ("grpc.keepalive_permit_without_calls", 1),
+    # Redial a restarted coordinator within seconds (gRPC's default backoff grows to 120 s): a
+    # client must find it again before its linger ends, e.g. when it restarts into a finished run.
+    ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
 # Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
 # receiver allocate without bound. The largest real update, full float64 Grams of a
@@ -487,6 +491,7 @@ class PushEnvelope:
     num_samples: int
     train_loss: float
     total_bytes: int  # tensor bytes the push declares
+    declared: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # name -> (dtype, shape)
 
 
 def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
@@ -578,6 +583,7 @@ def update_from_proto(
         num_samples=env.num_samples,
         train_loss=env.train_loss,
         total_bytes=assembler.total_bytes,
+        declared={h.name: (h.dtype, tuple(h.shape)) for h in env.tensors},
     )
     if on_envelope is not None:
         on_envelope(envelope)

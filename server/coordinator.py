@@ -27,11 +27,14 @@ from pathlib import Path
 from typing import Callable
 
 from common.config import RunConfig
+from common.faults import fault_point
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
 from server.store import Store, step_key
+from common.serde import DEFAULT_MAX_TOTAL_BYTES
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
+from server.strategies.validate import check_declared
 
 log = logging.getLogger("lorm.coordinator")
 
@@ -62,6 +65,8 @@ class Options:
     round_deadline_s: float = 0.0  # seconds a step waits for all clients (0 -> forever)
     retry_after_s: float = 0.2  # what a waiting client is told
     results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
+    max_push_bytes: int = DEFAULT_MAX_TOTAL_BYTES  # cap on the tensor bytes one push may declare, any step
+    max_num_samples: int = 100_000_000  # cap on one client's samples per task and on eval totals per task
 
 
 @dataclass
@@ -87,13 +92,15 @@ class StepState:
 class Coordinator:
     def __init__(self, config: RunConfig, state_dir: str | Path, options: Options | None = None,
                  on_event: Callable[[str], None] | None = None,
-                 on_fatal: Callable[[BaseException], None] = lambda err: None) -> None:
+                 on_fatal: Callable[[BaseException], None] = lambda err: None,
+                 on_merge: Callable[[str, float], None] = lambda phase, seconds: None) -> None:
         self.options = options or Options()
         self.store = Store(state_dir)
         self.lock = threading.RLock()
         self.done = threading.Event()
         self.emit = on_event or log.info
         self.on_fatal = on_fatal
+        self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.config = config
         self.clients: dict[str, int] = {}  # client id -> client index
         self.spec: ModelSpec | None = None
@@ -151,6 +158,7 @@ class Coordinator:
             self._open_step(*self.pointer, fresh_task=False)
             self._refold_staged()
         elif self.state == State.DONE:
+            self._export()  # again: a crash may have cut the export short; it is a pure function of the state
             self.done.set()
         self.emit(f"resumed run {self.config.run_id} at {self.state.value} task {self.pointer[0]} step {self.pointer[1]}")
 
@@ -194,7 +202,8 @@ class Coordinator:
         while step.next_fold < self.config.num_clients and step.next_fold in step.submitted:
             i = step.next_fold
             update = fresh if fresh is not None and fresh.client_index == i else self.store.load_update(step.key, i)
-            step.aggregator.fold(update)
+            step.aggregator.fold(update, checked=True)  # checked by submit before it was staged
+            fault_point("merge.fold")
             step.next_fold += 1
 
     def _deadline_passed(self) -> bool:
@@ -231,9 +240,12 @@ class Coordinator:
             assert step.aggregator is not None
             for i in sorted(step.submitted):
                 if i >= step.next_fold:
-                    step.aggregator.fold(self.store.load_update(step.key, i))
+                    step.aggregator.fold(self.store.load_update(step.key, i), checked=True)
             step.next_fold = self.config.num_clients
+            merge_start = time.perf_counter()
             self.strategy.aggregate(step.plan, step.aggregator)
+            fault_point("merge.aggregated")
+            self.on_merge(step.phase.value, time.perf_counter() - merge_start)
             entry["loss"] = step.aggregator.mean_loss
             entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
             self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
@@ -289,6 +301,7 @@ class Coordinator:
                 index = free[0]
             self.clients[client_id] = index
             self._commit()
+            fault_point("join.committed")
             self.emit(f"client {client_id} joined as index {index} ({len(self.clients)}/{self.config.num_clients})")
             return index
 
@@ -296,8 +309,12 @@ class Coordinator:
         with self.lock:
             self._index_of(client_id)
             if self.spec is None:
-                self.spec = spec
-                self.strategy = make_strategy(self.config, spec)
+                try:  # before anything is assigned: a spec no strategy can be built for changes nothing
+                    strategy = make_strategy(self.config, spec)
+                except (ValueError, RuntimeError) as err:
+                    raise Refused("INVALID_ARGUMENT", f"model_spec_json: no {self.config.strategy} model of it "
+                                                      f"({err})") from err
+                self.spec, self.strategy = spec, strategy
                 self._commit()
             elif spec != self.spec:
                 raise Refused("FAILED_PRECONDITION", f"client {client_id!r} built a different model than the run's "
@@ -351,11 +368,39 @@ class Coordinator:
         return step
 
     def precheck(self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase,
-                 idempotency_key: str) -> bool:
-        """Check a push's envelope before its tensors are received; ``True`` if it is a duplicate."""
+                 idempotency_key: str, declared: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+                 declared_bytes: int = 0) -> bool:
+        """Check a push's envelope before its tensors are received; ``True`` if it is a duplicate.
+
+        ``declared`` (tensor name -> (dtype name, shape), ``declared_bytes`` in all): the push's
+        headers, held to the names, shapes, dtypes and size the step expects, so that a wrong
+        or oversized push is refused before any of its bytes is buffered.
+        """
         with self.lock:
             step = self._check_step(client_id, client_index, run_id, task, round_, phase)
-            return client_index in step.submitted
+            if step.aggregator is None:
+                raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
+            if client_index in step.submitted:
+                return True
+            if declared is not None:
+                try:
+                    check_declared(declared, step.aggregator.expected(), declared_bytes)
+                except UpdateRejected as err:
+                    raise Refused("INVALID_ARGUMENT", str(err)) from err
+            return False
+
+    def _sample_bounds(self, step: StepState) -> tuple[int, int]:
+        """``(lo, hi)`` for one client's ``num_samples`` in ``step``, from what the run fixes.
+
+        Every client holds at least ``min_client_samples`` of each task (the partition redraws
+        until it does); with ``train_per_class`` no client can hold more than that many per
+        class of the task; ``Options.max_num_samples`` caps it in any case.
+        """
+        lo, hi = step.plan.class_range
+        cap = self.options.max_num_samples
+        if self.config.train_per_class > 0:
+            cap = min(cap, self.config.train_per_class * (hi - lo))
+        return max(self.config.min_client_samples, 1), cap
 
     def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
         """Validate, stage durably, and fold when its turn comes. Returns ``False`` for a duplicate."""
@@ -368,10 +413,11 @@ class Coordinator:
                 return False
             assert step.aggregator is not None
             try:
-                step.aggregator.check(update)
+                step.aggregator.check(update, samples=self._sample_bounds(step))
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
             self.store.stage_update(step.key, update, idempotency_key)
+            fault_point("push.staged")
             step.submitted.add(update.client_index)
             self._fold_ready(update)
             self._maybe_finish()
@@ -383,15 +429,29 @@ class Coordinator:
                                     self.config.rounds_per_task, Phase.EVALUATE)
             if report.client_index in step.submitted:
                 return False
-            if len(report.correct) != report.task + 1 or len(report.total) != report.task + 1:
-                raise Refused("INVALID_ARGUMENT", f"correct/total: expected {report.task + 1} counts each")
+            self._check_counts(report)
             self.store.stage_eval(step.key, report.client_index, {
                 "idempotency_key": idempotency_key, "run_id": report.run_id, "client_id": report.client_id,
                 "task": report.task, "correct": list(report.correct), "total": list(report.total)})
+            fault_point("eval.staged")
             step.submitted.add(report.client_index)
             step.reports[report.client_index] = report
             self._maybe_finish()
             return True
+
+    def _check_counts(self, report: EvalReport) -> None:
+        """One ``0 <= correct <= total`` pair per task seen, ``total`` within what the test set can hold."""
+        if len(report.correct) != report.task + 1 or len(report.total) != report.task + 1:
+            raise Refused("INVALID_ARGUMENT", f"correct/total: expected {report.task + 1} counts each")
+        assert self.strategy is not None
+        for j, (c, t) in enumerate(zip(report.correct, report.total)):
+            cap = self.options.max_num_samples
+            if self.config.test_per_class > 0:
+                lo, hi = self.strategy.tasks[j]
+                cap = min(cap, self.config.test_per_class * (hi - lo))
+            if not 0 <= c <= t <= cap:
+                raise Refused("INVALID_ARGUMENT", f"correct/total: expected 0 <= correct <= total <= {cap} for task "
+                                                  f"{j}, got {c} of {t}")
 
     def _tick(self) -> None:
         if self.state == State.RUNNING and self.step is not None and self._deadline_passed():

@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
 from common.config import add_config_arguments, config_from_args
+from common.logs import add_logging_arguments, set_context, setup_logging
 from common.metrics import format_summary
+from common.tls import SecurityError, add_security_arguments, security_from_args
 from server.coordinator import Coordinator, Options
 from server.service import create_server
+from server.telemetry import CoordinatorMetrics, coordinator_status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,20 +32,57 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--round-deadline", type=float, default=0.0, help="seconds a step waits for all clients (0: forever)")
     parser.add_argument("--linger", type=float, default=10.0, help="seconds to keep serving after the run ends, "
                                                                    "so clients learn it is over")
+    parser.add_argument("--keep-serving", action="store_true",
+                        help="after the run (and --linger), keep serving health, status and metrics until "
+                             "SIGTERM: for a supervisor that restarts a process that exits (Kubernetes Deployment)")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("LORM_METRICS_PORT", "0")),
+                        help="serve Prometheus /metrics on this port of --host (0: off; default $LORM_METRICS_PORT)")
+    add_security_arguments(parser, "server")
+    add_logging_arguments(parser)
     return parser
 
 
+def _serve_until_terminated(log: logging.Logger) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    log.info("the run is over; serving its status until SIGTERM (--keep-serving)")
+    try:
+        while not stop.wait(1.0):  # short waits: the signal handler runs between them
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        security = security_from_args(args, "server")
+    except SecurityError as err:
+        parser.error(str(err))  # exits 2 before any state is written
+    setup_logging(args.log_format)
     log = logging.getLogger("lorm.server")
+    security.announce(log, "server")
     config = config_from_args(args)
+    set_context(run=config.run_id)
     options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir)
-    coordinator = Coordinator(config, args.state_dir, options, on_event=log.info,
-                              on_fatal=lambda err: os._exit(70))
-    server, port = create_server(coordinator, f"{args.host}:{args.port}")
+    made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
+
+    def on_event(message: str) -> None:
+        # Called under the coordinator's lock, before it moves on: its step is the event's.
+        step = made[0].step if made else None
+        log.info(message, extra={"task": step.task, "round": step.round} if step else {})
+
+    metrics = CoordinatorMetrics(lambda: coordinator_status(made[0]))
+    coordinator = Coordinator(config, args.state_dir, options, on_event=on_event,
+                              on_fatal=lambda err: os._exit(70), on_merge=metrics.merged)
+    made.append(coordinator)
+    server, port = create_server(coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()],
+                                 security=security)
     server.start()
     log.info("coordinator for run %s serving on %s:%d (state %s)", config.run_id, args.host, port, args.state_dir)
+    if args.metrics_port:
+        log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")
         tmp.write_text(str(port))
@@ -61,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("interrupted: state is on disk; restart with the same --state-dir to resume")
         server.stop(grace=1).wait()
         return 130
+    if args.keep_serving:
+        _serve_until_terminated(log)
     server.stop(grace=2).wait()
-    print(format_summary(coordinator.summary()), flush=True)
+    if args.log_format == "json":
+        log.info(format_summary(coordinator.summary()))  # one record: every output line stays JSON
+    else:
+        print(format_summary(coordinator.summary()), flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import LowRank, ModelSpec
+from common.faults import fault_point
 from server.export import export_adapter, export_dense_delta, export_head, write_metrics
 from server.store import atomic_write_bytes
 
@@ -58,6 +59,7 @@ class RunReporter:
         elif adapter:
             export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank,
                            lora_scale=config.lora_scale)
+        fault_point("export")
         export_head(self.dir, head_w, head_b)
         write_metrics(self.dir, summary)
         plot_accuracy(summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}")

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from concurrent import futures
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common import serde
+from common.faults import after_items
 from common.messages import ModelSpec, RoundPlan
+from common.tls import Security
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
+from server.auth import AuthInterceptor, Authenticator
 from server.coordinator import Coordinator, Refused, Wait
 
 SERVICE_NAME = "lorm.v1.Coordinator"
 
 SERVER_OPTIONS = serde.CHANNEL_OPTIONS + [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # accept the clients' keepalives
+    # A fixed receive window instead of bandwidth-delay probing: a push that waits for a worker
+    # thread buffers at most this much, not a grown window (its whole update), so memory stays
+    # flat however many clients push at once. Measured with bench/load_bench.py (200 rank-1
+    # ViT-B/16 pushes, docs/RELIABILITY.md): peak RSS 2006 MiB with probing, 1308 MiB with a
+    # 1 MiB window, 1177 MiB with 64 KiB. 256 KiB still moves ~5 MB/s per push at 50 ms RTT.
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 256 * 1024),
 ]
 
 
@@ -25,19 +35,28 @@ class _Duplicate(Exception):
     pass
 
 
+MAX_DETAILS = 2000  # status details travel in an HTTP/2 header, and clients drop headers over 8 KiB
+
+
 def _abort(context: grpc.ServicerContext, err: Exception) -> None:
+    message = str(err)
+    if len(message) > MAX_DETAILS:  # messages quote what the client sent, which may be long
+        message = f"{message[:MAX_DETAILS]}... ({len(message)} characters)"
     if isinstance(err, Refused):
-        context.abort(getattr(grpc.StatusCode, err.code), str(err))
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        context.abort(getattr(grpc.StatusCode, err.code), message)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, coordinator: Coordinator, auth: Authenticator,
+                 chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> None:
         self.coordinator = coordinator
+        self.auth = auth  # every handler checks that the message's client_id is the authenticated caller
         self.chunk_bytes = chunk_bytes
 
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinReply:
         coord = self.coordinator
+        self.auth.authorize(context, request.client_id)
         try:
             if not request.client_id:
                 raise ValueError("client_id: must not be empty")
@@ -49,6 +68,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                             num_clients=coord.config.num_clients)
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
+        self.auth.authorize(context, request.client_id)
         try:
             if request.run_id != self.coordinator.config.run_id:
                 raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
@@ -62,6 +82,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Ack(accepted=True)
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.PlanChunk]:
+        self.auth.authorize(context, request.client_id)
         try:
             query = serde.pull_from_proto(request)
             if query.run_id != self.coordinator.config.run_id:
@@ -79,12 +100,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         coord = self.coordinator
 
         def on_envelope(env: serde.PushEnvelope) -> None:
+            self.auth.authorize(context, env.client_id)  # before any tensor is read or state touched
             if coord.precheck(env.client_id, env.client_index, env.run_id, env.task, env.round, env.phase,
-                              env.idempotency_key):
+                              env.idempotency_key, declared=env.declared, declared_bytes=env.total_bytes):
                 raise _Duplicate()
 
         try:
-            envelope, update = serde.update_from_proto(request_iterator, on_envelope=on_envelope)
+            chunks = after_items(request_iterator, "push.receiving", 2)  # envelope + first chunk: tests kill here
+            envelope, update = serde.update_from_proto(chunks, on_envelope=on_envelope,
+                                                       max_total_bytes=coord.options.max_push_bytes)
             accepted = coord.submit(update, envelope.idempotency_key)
         except _Duplicate:
             return pb.PushReply(accepted=True, duplicate=True, message="already recorded")
@@ -93,6 +117,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.PushReply(accepted=True, duplicate=not accepted, message="recorded" if accepted else "already recorded")
 
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.Ack:
+        self.auth.authorize(context, request.client_id)
         try:
             key, report = serde.eval_from_proto(request)
             accepted = self.coordinator.report_eval(report, key)
@@ -103,21 +128,33 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         import json
 
+        if request.run_id and request.run_id != self.coordinator.config.run_id:
+            _abort(context, Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs "
+                                                           f"{self.coordinator.config.run_id!r}, got {request.run_id!r}"))
         s = self.coordinator.status()
         return pb.RunStatus(run_id=s["run_id"], state=s["state"], task=s["task"], round=s["round"],
                             phase=serde.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],
                             clients_done=s["clients_done"], metrics_json=json.dumps(s["metrics"]))
 
 
-def create_server(coordinator: Coordinator, address: str, max_workers: int = 32) -> tuple[grpc.Server, int]:
-    """A started-ready (not yet started) server bound to ``address`` (port 0: any free port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
+def create_server(coordinator: Coordinator, address: str, max_workers: int = 32,
+                  interceptors: Sequence[grpc.ServerInterceptor] = (), *,
+                  security: Security) -> tuple[grpc.Server, int]:
+    """A started-ready (not yet started) server bound to ``address`` (port 0: any free port).
+
+    ``interceptors``: e.g. ``server.telemetry.CoordinatorMetrics.interceptor()``. ``security``
+    (checked with ``Security.check("server")``): TLS and client authentication on every call of
+    the coordinator's service; the health service needs no client identity (only the TLS handshake)."""
+    auth = Authenticator(security)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
+                         interceptors=[*interceptors, AuthInterceptor(auth, SERVICE_NAME)])
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator, auth), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    port = server.add_insecure_port(address)
+    credentials = security.server_credentials()
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"could not bind {address}")
     return server, port

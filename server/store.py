@@ -25,6 +25,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
 from common.serde import update_from_tensors, update_tensors
 
@@ -98,9 +99,11 @@ class Store:
         gen.mkdir()
         if tensors:
             _save_tensors(gen / "strategy.safetensors", tensors)
+        fault_point("commit.tensors")
         atomic_write_json(gen / "meta.json", meta)
         _fsync_dir(gen)
         atomic_write_bytes(self.root / "CURRENT", gen.name.encode())
+        fault_point("commit.current")
         for name in existing:
             shutil.rmtree(self.root / name, ignore_errors=True)
 

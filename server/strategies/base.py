@@ -17,16 +17,9 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.serde import update_nbytes
+from common.serde import update_nbytes, update_tensors
 from common.partition import task_ranges
-
-
-class UpdateRejected(ValueError):
-    """A client update that does not fit the step it claims to answer; ``field`` names what."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
 
 
 class Aggregator(ABC):
@@ -40,8 +33,10 @@ class Aggregator(ABC):
         self.loss_samples = 0
         self.payload_bytes = 0  # tensor bytes of every update folded
 
-    def fold(self, update: ClientUpdate) -> None:
-        self.check(update)
+    def fold(self, update: ClientUpdate, *, checked: bool = False) -> None:
+        """Add ``update`` to the running sums; ``checked``: :meth:`check` has passed it already."""
+        if not checked:
+            self.check(update)
         self._fold(update)
         self.count += 1
         self.payload_bytes += update_nbytes(update)
@@ -50,15 +45,20 @@ class Aggregator(ABC):
             self.loss_sum += update.train_loss * update.num_samples
             self.loss_samples += update.num_samples
 
-    def check(self, update: ClientUpdate) -> None:
-        """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing."""
+    def check(self, update: ClientUpdate, *, samples: tuple[int, int] | None = None) -> None:
+        """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing.
+
+        The step's fields, ``num_samples`` (within ``samples = (lo, hi)`` when given) and the
+        loss, then every tensor against :meth:`expected` (``server.strategies.validate``), then
+        what only this method knows (:meth:`_check`).
+        """
         plan = self.plan
         for field in ("run_id", "task", "round", "phase"):
             want, got = getattr(plan, field), getattr(update, field)
             if want != got:
                 raise UpdateRejected(field, f"this step expects {want!r}, the update has {got!r}")
-        if update.num_samples <= 0:
-            raise UpdateRejected("num_samples", f"must be positive, got {update.num_samples}")
+        check_scalars(update.num_samples, update.train_loss, samples)
+        check_tensors(update_tensors(update), self.expected())
         self._check(update)
 
     @property
@@ -66,8 +66,11 @@ class Aggregator(ABC):
         return self.loss_sum / self.loss_samples if self.loss_samples else float("nan")
 
     @abstractmethod
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor an update of this step carries: wire name -> shape (``validate.*_shapes``)."""
+
     def _check(self, update: ClientUpdate) -> None:
-        ...
+        """What this method alone requires of an update whose tensors passed :meth:`expected`."""
 
     @abstractmethod
     def _fold(self, update: ClientUpdate) -> None:
@@ -173,41 +176,3 @@ def init_head(spec: ModelSpec, seed: int) -> tuple[Tensor, Tensor]:
     w = torch.empty(spec.num_classes, spec.feature_dim, dtype=torch.float64).uniform_(-bound, bound, generator=gen)
     b = torch.empty(spec.num_classes, dtype=torch.float64).uniform_(-bound, bound, generator=gen)
     return w, b
-
-
-def check_factors(update: ClientUpdate, spec: ModelSpec, factors: tuple[str, ...]) -> None:
-    """Every LoRA layer has exactly the expected factors."""
-    if set(update.factors) != set(spec.layers):
-        missing = sorted(set(spec.layers) - set(update.factors))[:3]
-        extra = sorted(set(update.factors) - set(spec.layers))[:3]
-        raise UpdateRejected("factors", f"layers must be the model's LoRA layers (missing {missing}, unknown {extra})")
-    for name, got in update.factors.items():
-        if set(got) != set(factors):
-            raise UpdateRejected(f"factors[{name}]", f"expected factors {list(factors)}, got {sorted(got)}")
-
-
-def check_grams(update: ClientUpdate, spec: ModelSpec, full: bool) -> None:
-    """A Gram per LoRA layer: ``(d_in, d_in)`` when ``full``, else its diagonal ``(d_in,)``."""
-    if set(update.grams) != set(spec.layers):
-        raise UpdateRejected("grams", "Grams must be sent for exactly the model's LoRA layers")
-    for name, g in update.grams.items():
-        d_in = spec.layers[name][1]
-        want = (d_in, d_in) if full else (d_in,)
-        if tuple(g.shape) != want:
-            raise UpdateRejected(f"grams[{name}]", f"expected shape {want}, got {tuple(g.shape)}")
-
-
-def check_head_gram(update: ClientUpdate, spec: ModelSpec) -> None:
-    f = spec.feature_dim
-    if update.head_gram is None or tuple(update.head_gram.shape) != (f, f):
-        raise UpdateRejected("head_gram", f"expected a full head Gram of shape {(f, f)}")
-
-
-def check_head(update: ClientUpdate, spec: ModelSpec) -> None:
-    if update.head_weight is None or update.head_bias is None:
-        raise UpdateRejected("head_weight", "this step needs the head weight and bias")
-    if tuple(update.head_weight.shape) != (spec.num_classes, spec.feature_dim):
-        raise UpdateRejected("head_weight", f"expected shape {(spec.num_classes, spec.feature_dim)}, "
-                                            f"got {tuple(update.head_weight.shape)}")
-    if tuple(update.head_bias.shape) != (spec.num_classes,):
-        raise UpdateRejected("head_bias", f"expected shape {(spec.num_classes,)}, got {tuple(update.head_bias.shape)}")

@@ -35,6 +35,7 @@ from common.config import RunConfig
 from common.merge import GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from server.strategies.validate import stat_shapes
 
 DTYPE = torch.float64
 DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
@@ -84,6 +85,20 @@ def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[flo
     return grid[best], errors
 
 
+def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, gram: Tensor) -> None:
+    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = X^T X`` can have come with.
+
+    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)``
+    (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
+    """
+    seen = count > 0
+    lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
+    trace = float(torch.diagonal(gram).sum())
+    if lhs > trace * (1 + 1e-6) + 1e-12:
+        raise UpdateRejected(field, f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
+                                    f"trace(G) = {trace:.6g}, which no set of features allows")
+
+
 # ----------------------------------------------------------------------------- running sums
 
 
@@ -114,22 +129,27 @@ class FeatureStatsAggregator(Aggregator):
         super().__init__(plan)
         self.sums = StatSums(shapes)
 
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return stat_shapes(self.sums.shapes)
+
     def _check(self, update: ClientUpdate) -> None:
-        shapes = self.sums.shapes
-        if set(update.stats) != set(shapes):
-            raise UpdateRejected("stats", f"expected the statistics {sorted(shapes)}, got {sorted(update.stats)}")
-        for name, tensor in update.stats.items():
-            if tuple(tensor.shape) != shapes[name]:
-                raise UpdateRejected(f"stats[{name}]", f"expected shape {shapes[name]}, got {tuple(tensor.shape)}")
-            if not bool(torch.isfinite(tensor).all()):
-                raise UpdateRejected(f"stats[{name}]", "has non-finite entries")
-        counts = update.stats["class_count"]
-        lo, hi = self.plan.class_range
-        outside = float(counts[:lo].abs().sum() + counts[hi:].abs().sum())
-        if bool((counts < 0).any()) or outside > 0 or float(counts.sum()) != update.num_samples:
-            raise UpdateRejected("stats[class_count]", f"expected non-negative counts of classes [{lo}, {hi}) only, "
-                                                       f"summing to num_samples={update.num_samples}; got "
-                                                       f"{float(counts.sum())} in all, {outside} outside")
+        """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
+        stats, (lo, hi) = update.stats, self.plan.class_range
+        counts = stats["class_count"]
+        outside = float(counts[:lo].sum() + counts[hi:].sum())
+        if outside > 0 or float(counts.sum()) != update.num_samples:
+            raise UpdateRejected("stats[class_count]", f"expected counts of classes [{lo}, {hi}) only, summing to "
+                                                       f"num_samples={update.num_samples}; got {float(counts.sum())} "
+                                                       f"in all, {outside} outside")
+        for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
+            count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
+            if bool((class_sum[count == 0] != 0).any()):
+                raise UpdateRejected(f"stats[{prefix}class_sum]", "a class with no samples must have a zero sum")
+            if prefix + "gram" in stats:
+                check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, stats[prefix + "gram"])
+        if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
+            raise UpdateRejected(f"stats[{HOLDOUT}class_count]", "held-out samples must be a subset: no class may "
+                                                                 "hold out more samples than it has")
 
     def _fold(self, update: ClientUpdate) -> None:
         self.sums.fold(update.stats)

@@ -19,50 +19,15 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Strategy, UpdateRejected, check_head
+from server.strategies.base import Strategy
+from server.strategies.validate import delta_shapes, head_shapes
 
 HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
 
 
-def _check_finite(field: str, t: Tensor) -> None:
-    if not bool(torch.isfinite(t).all()):
-        raise UpdateRejected(field, "must be finite, got NaN or inf entries")
-
-
-def _check_names(field: str, got: set[str], want: set[str], what: str) -> None:
-    if got != want:
-        missing, unknown = sorted(want - got)[:3], sorted(got - want)[:3]
-        raise UpdateRejected(field, f"expected {what} (missing {missing}, unknown {unknown})")
-
-
-def check_delta(update: ClientUpdate, spec: ModelSpec) -> None:
-    """A finite delta of the right shape for every backbone parameter, and nothing else."""
-    _check_names("delta", set(update.delta), set(spec.params), "one delta per backbone parameter")
-    for name, shape in spec.params.items():
-        got = update.delta[name]
-        if tuple(got.shape) != tuple(shape):
-            raise UpdateRejected(f"delta[{name}]", f"expected shape {tuple(shape)}, got {tuple(got.shape)}")
-        _check_finite(f"delta[{name}]", got)
-
-
-def check_dense_head(update: ClientUpdate, spec: ModelSpec) -> None:
-    check_head(update, spec)
-    _check_finite("head_weight", update.head_weight)
-    _check_finite("head_bias", update.head_bias)
-
-
-def check_fisher(update: ClientUpdate, spec: ModelSpec) -> None:
-    """A finite, non-negative diagonal Fisher per backbone parameter and for the head."""
-    shapes = dict(spec.params) | {HEAD_FISHER[0]: (spec.num_classes, spec.feature_dim),
-                                  HEAD_FISHER[1]: (spec.num_classes,)}
-    _check_names("fisher", set(update.fisher), set(shapes), "a Fisher per backbone parameter and the head")
-    for name, shape in shapes.items():
-        got = update.fisher[name]
-        if tuple(got.shape) != tuple(shape):
-            raise UpdateRejected(f"fisher[{name}]", f"expected shape {tuple(shape)}, got {tuple(got.shape)}")
-        _check_finite(f"fisher[{name}]", got)
-        if bool((got < 0).any()):
-            raise UpdateRejected(f"fisher[{name}]", f"must be non-negative, got minimum {float(got.min())}")
+def dense_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """What every dense update carries: a delta per backbone parameter and the head."""
+    return delta_shapes(spec) | head_shapes(spec)
 
 
 def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, check_delta, check_dense_head
+from server.strategies.dense import DenseStrategy, dense_shapes
 
 
 class FedAvgAggregator(Aggregator):
@@ -20,9 +20,8 @@ class FedAvgAggregator(Aggregator):
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_delta(update, self.spec)
-        check_dense_head(update, self.spec)
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return dense_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples

@@ -12,26 +12,21 @@ from common.config import RunConfig
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_head,
-                                   factors_from_tensors, factors_to_tensors, published)
+from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.validate import factor_shapes, head_shapes
 
 
 class MeanAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
+    def __init__(self, plan: RoundPlan, spec: ModelSpec, rank: int) -> None:
         super().__init__(plan)
-        self.spec = spec
+        self.spec, self.rank = spec, rank
         self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
         self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_factors(update, self.spec, ("A", "B"))
-        check_head(update, self.spec)
-        for name, f in update.factors.items():
-            for key, acc in (("B", self.b[name]), ("A", self.a[name])):
-                if tuple(f[key].shape) != acc.shape:
-                    raise UpdateRejected(f"factors[{name}][{key}]", f"expected shape {acc.shape}, got {tuple(f[key].shape)}")
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return factor_shapes(self.spec, self.rank, ("B", "A")) | head_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
@@ -60,7 +55,7 @@ class FedAvgLoRA(Strategy):
                               lora={name: published(f.b, f.a) for name, f in self.shared.items()})
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return MeanAggregator(plan, self.spec)
+        return MeanAggregator(plan, self.spec, self.config.rank)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, MeanAggregator)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from common.dense_merge import FisherMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import HEAD_FISHER, DenseStrategy, check_delta, check_dense_head, check_fisher, head_delta
+from server.strategies.dense import HEAD_FISHER, DenseStrategy, dense_shapes, head_delta
+from server.strategies.validate import fisher_shapes
 
 
 class FisherAvgAggregator(Aggregator):
@@ -26,10 +27,8 @@ class FisherAvgAggregator(Aggregator):
         self.head = FisherMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = FisherMeanAccumulator((spec.num_classes,))
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_delta(update, self.spec)
-        check_dense_head(update, self.spec)
-        check_fisher(update, self.spec)
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return dense_shapes(self.spec) | fisher_shapes(self.spec, HEAD_FISHER)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples

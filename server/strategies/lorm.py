@@ -10,8 +10,8 @@ from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import (Aggregator, Strategy, UpdateRejected, check_factors, check_grams, check_head,
-                                   check_head_gram, factors_from_tensors, factors_to_tensors, published)
+from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.validate import factor_shapes, gram_shapes, head_gram_shape, head_shapes
 
 
 class LoRMRoundAggregator(Aggregator):
@@ -28,17 +28,10 @@ class LoRMRoundAggregator(Aggregator):
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_factors(update, self.spec, (self.active,))
-        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
-        check_head(update, self.spec)
-        check_head_gram(update, self.spec)
-        r = self.config.rank
-        for name, (d_out, d_in) in self.spec.layers.items():
-            want = (d_out, r) if self.active == "B" else (r, d_in)
-            got = tuple(update.factors[name][self.active].shape)
-            if got != want:
-                raise UpdateRejected(f"factors[{name}][{self.active}]", f"expected shape {want}, got {got}")
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return (factor_shapes(self.spec, self.config.rank, (self.active,))
+                | gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
+                | head_shapes(self.spec) | head_gram_shape(self.spec))
 
     def _fold(self, update: ClientUpdate) -> None:
         gamma = self.config.gamma_backbone
@@ -56,8 +49,8 @@ class TaskGramAggregator(Aggregator):
         self.spec = spec
         self.grams = {name: GramSum(d_in) for name, (_, d_in) in spec.layers.items()}
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
 
     def _fold(self, update: ClientUpdate) -> None:
         for name, acc in self.grams.items():

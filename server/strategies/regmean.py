@@ -16,13 +16,12 @@ RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
 
 from __future__ import annotations
 
-import torch
-
 from common.config import RunConfig
 from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
 from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator, UpdateRejected, check_grams, check_head_gram
-from server.strategies.dense import DenseStrategy, check_delta, check_dense_head
+from server.strategies.base import Aggregator
+from server.strategies.dense import DenseStrategy, dense_shapes
+from server.strategies.validate import gram_shapes, head_gram_shape
 
 
 def weight_param(layer: str) -> str:
@@ -41,15 +40,9 @@ class RegMeanAggregator(Aggregator):
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_delta(update, self.spec)
-        check_dense_head(update, self.spec)
-        check_grams(update, self.spec, full=self.plan.gram == GramKind.FULL)
-        check_head_gram(update, self.spec)
-        for name, g in list(update.grams.items()) + [("<head>", update.head_gram)]:
-            if not bool(torch.isfinite(g).all()):
-                field = "head_gram" if name == "<head>" else f"grams[{name}]"
-                raise UpdateRejected(field, "must be finite, got NaN or inf entries")
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return (dense_shapes(self.spec) | gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
+                | head_gram_shape(self.spec))
 
     def _fold(self, update: ClientUpdate) -> None:
         n, gamma = update.num_samples, self.config.gamma_backbone

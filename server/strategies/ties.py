@@ -20,7 +20,7 @@ from common.config import RunConfig
 from common.dense_merge import TiesAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, check_delta, check_dense_head, head_delta
+from server.strategies.dense import DenseStrategy, dense_shapes, head_delta
 
 HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of the task vector
 
@@ -33,9 +33,8 @@ class TiesAggregator(Aggregator):
         shapes |= {HEAD_W: (spec.num_classes, spec.feature_dim), HEAD_B: (spec.num_classes,)}
         self.ties = TiesAccumulator(shapes, density)
 
-    def _check(self, update: ClientUpdate) -> None:
-        check_delta(update, self.spec)
-        check_dense_head(update, self.spec)
+    def expected(self) -> dict[str, tuple[int, ...]]:
+        return dense_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         dw, db = head_delta(update, self.plan)

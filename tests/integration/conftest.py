@@ -2,64 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
-import queue
-import re
 import socket
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
+import procs
 import pytest
+
+from server.certs import create_dev_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Proc:
-    """A child process whose output lines are collected and can be waited for."""
+class Proc(procs.Proc):
+    """A child process of the project, run from its root with its modules importable."""
 
-    def __init__(self, name: str, cmd: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-        self.name = name
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     cwd=ROOT)
-        self.lines: list[str] = []
-        self.queue: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in iter(self.proc.stdout.readline, ""):
-            self.lines.append(line)
-            self.queue.put(line)
-
-    def wait_for(self, pattern: str, timeout: float = 120.0) -> str:
-        """The first new output line matching ``pattern``; fails after ``timeout`` seconds."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None and self.queue.empty():
-                    break
-                continue
-            if regex.search(line):
-                return line
-        raise AssertionError(f"{self.name}: no line matching {pattern!r} within {timeout} s; "
-                             f"exit {self.proc.poll()}; last output:\n{''.join(self.lines[-30:])}")
-
-    def wait(self, timeout: float = 180.0) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout} s:\n{''.join(self.lines[-30:])}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        super().__init__(name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
+                         ROOT)
 
 
 def free_port() -> int:
@@ -69,25 +31,40 @@ def free_port() -> int:
 
 
 class Cluster:
-    """Start and stop coordinator and client processes for one run directory."""
+    """Start and stop coordinator and client processes for one run directory.
 
-    def __init__(self, run_dir: Path, config_json: str) -> None:
+    Connections are mutual TLS with a development CA made in ``<run dir>/tls`` (client ids
+    ``client-<i>``), as ``lorm-launch`` runs them; ``insecure=True``: plaintext.
+    """
+
+    def __init__(self, run_dir: Path, config_json: str, insecure: bool = False) -> None:
         self.run_dir = run_dir
         self.config = run_dir / "config.json"
         self.config.write_text(config_json)
         self.port = free_port()
         self.procs: list[Proc] = []
+        ids = [f"client-{i}" for i in range(json.loads(config_json)["num_clients"])]
+        self.pki = None if insecure else create_dev_pki(run_dir / "tls", ids)
 
-    def server(self) -> Proc:
+    def security_args(self, role: str, i: int = 0) -> list[str]:
+        if self.pki is None:
+            return ["--insecure"]
+        cert, key = ((self.pki.server_cert, self.pki.server_key) if role == "server" else
+                     (self.pki.client_cert(f"client-{i}"), self.pki.client_key(f"client-{i}")))
+        return ["--tls-ca", str(self.pki.ca), "--tls-cert", str(cert), "--tls-key", str(key)]
+
+    def server(self, *extra: str, env: dict[str, str] | None = None) -> Proc:
+        """``extra``: more flags (e.g. ``--quorum 1``); ``env``: e.g. ``{"LORM_FAULT": "merge.fold:3"}``."""
         p = Proc("server", [sys.executable, "-m", "server.main", "--config", str(self.config), "--state-dir",
                             str(self.run_dir / "state"), "--results-dir", str(self.run_dir / "results"),
-                            "--port", str(self.port), "--linger", "5"])
+                            "--port", str(self.port), "--linger", "5", *self.security_args("server"), *extra], env)
         self.procs.append(p)
         return p
 
-    def client(self, i: int) -> Proc:
+    def client(self, i: int, *extra: str, env: dict[str, str] | None = None) -> Proc:
         p = Proc(f"client-{i}", [sys.executable, "-m", "client.main", "--server", f"127.0.0.1:{self.port}",
-                                 "--client-id", f"client-{i}", "--index", str(i), "--give-up", "120"])
+                                 "--client-id", f"client-{i}", "--index", str(i), "--give-up", "120",
+                                 *self.security_args("client", i), *extra], env)
         self.procs.append(p)
         return p
 
@@ -100,9 +77,9 @@ class Cluster:
 def cluster(tmp_path):
     made: list[Cluster] = []
 
-    def make(config_json: str, name: str = "run") -> Cluster:
+    def make(config_json: str, name: str = "run", insecure: bool = False) -> Cluster:
         (tmp_path / name).mkdir()
-        c = Cluster(tmp_path / name, config_json)
+        c = Cluster(tmp_path / name, config_json, insecure)
         made.append(c)
         return c
 

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from common.tls import Security
 from server.coordinator import Coordinator, Options, Refused, Wait
 from server.service import create_server
 
@@ -142,7 +143,7 @@ def test_other_configuration_on_same_state_dir_is_refused(tmp_path):
 @pytest.fixture
 def served(tmp_path):
     coord = started(tmp_path)
-    server, port = create_server(coord, "127.0.0.1:0")
+    server, port = create_server(coord, "127.0.0.1:0", security=Security(insecure=True))
     server.start()
     yield coord, f"127.0.0.1:{port}"
     server.stop(0)
@@ -150,7 +151,7 @@ def served(tmp_path):
 
 def test_grpc_push_duplicate_stale_malformed_and_health(served):
     coord, target = served
-    client = CoordinatorClient(target, "c0", Backoff(give_up_s=5))
+    client = CoordinatorClient(target, "c0", Backoff(give_up_s=5), security=Security(insecure=True))
     config_back, index = client.join(0)
     assert index == 0 and config_back == coord.config
     plan = client.pull()
@@ -164,14 +165,14 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
     with pytest.raises(Rejected) as err:
         client.push(stale, "key-x")
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    other = CoordinatorClient(target, "c1", Backoff(give_up_s=5))
+    other = CoordinatorClient(target, "c1", Backoff(give_up_s=5), security=Security(insecure=True))
     other.join(1)
     bad = update_for(plan, 1)
     bad.factors["l2"]["B"] = torch.ones(3, 3)
     with pytest.raises(Rejected) as err:
         other.push(bad, "key-1")
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "factors[l2][B]" in str(err.value)
-    stranger = CoordinatorClient(target, "nobody", Backoff(give_up_s=5))
+    stranger = CoordinatorClient(target, "nobody", Backoff(give_up_s=5), security=Security(insecure=True))
     stranger.run_id = "unit"
     with pytest.raises(Rejected) as err:
         stranger.pull()

@@ -5,7 +5,7 @@ import torch
 
 from common.config import RunConfig
 from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
-from common.messages import ClientUpdate, ModelSpec, Phase
+from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
 from server.strategies import UpdateRejected, make_strategy
 
 SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
@@ -25,10 +25,18 @@ def fake_update(plan, index, *, seed, factors=None):
         facts[name] = {f: torch.randn(*shapes[f], generator=g) for f in (factors or plan.train_factors)}
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
     x = torch.randn(20, SPEC.feature_dim, generator=g, dtype=torch.float64)
-    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
-                        round=plan.round, phase=plan.phase, num_samples=10 + 5 * index, factors=facts, grams=grams,
-                        head_weight=torch.randn(6, 4, generator=g), head_bias=torch.randn(6, generator=g),
-                        head_gram=x.T @ x)
+    update = ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
+                          round=plan.round, phase=plan.phase, num_samples=10 + 5 * index, factors=facts, grams=grams,
+                          head_weight=torch.randn(6, 4, generator=g), head_bias=torch.randn(6, generator=g),
+                          head_gram=x.T @ x)
+    # Only what the plan asks for, as a real client sends (everything is drawn, so values do not shift).
+    if plan.gram == GramKind.NONE:
+        update.grams = {}
+    if not plan.send_head:
+        update.head_weight = update.head_bias = None
+    if not plan.head_gram:
+        update.head_gram = None
+    return update
 
 
 @pytest.mark.parametrize("round_, active", [(0, "B"), (1, "A")])

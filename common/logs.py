@@ -1,0 +1,93 @@
+"""Process logging: one line per event, plain text for people or JSON for collectors.
+
+Every record carries the run, task, round and client it belongs to, where known: the
+process sets what it knows once (``set_context(run=..., client=...)``, then the step it is
+working on), and a call may pass its own with ``extra={"task": ..., "round": ...}``.
+A JSON line is one object: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``msg``, then the
+known fields of ``run``, ``task``, ``round``, ``client``, and ``exc`` for a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+FORMATS = ("plain", "json")
+FIELDS = ("run", "task", "round", "client")
+ENV_FORMAT = "LORM_LOG_FORMAT"
+
+_context: dict[str, Any] = {}
+_context_lock = threading.Lock()
+
+
+def set_context(**fields: Any) -> None:
+    """Set (or, with ``None``, forget) fields every later record of this process carries."""
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"log context fields must be among {FIELDS}, got {unknown}")
+    with _context_lock:
+        for key, value in fields.items():
+            if value is None:
+                _context.pop(key, None)
+            else:
+                _context[key] = value
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    with _context_lock:
+        known = dict(_context)
+    for key in FIELDS:  # a call's own extra= wins over the process context
+        value = getattr(record, key, None)
+        if value is not None:
+            known[key] = value
+    return {key: known[key] for key in FIELDS if key in known}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+                "level": record.levelname, "logger": record.name, "msg": record.getMessage(), **_fields(record)}
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class PlainFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        known = _fields(record)
+        if not known:
+            return text
+        # Context after the message, so that a reader's eye (and a grep) finds the event first.
+        return f"{text}  [{' '.join(f'{k}={v}' for k, v in known.items())}]"
+
+
+def default_format() -> str:
+    return os.environ.get(ENV_FORMAT, "plain") or "plain"
+
+
+def add_logging_arguments(parser) -> None:
+    parser.add_argument("--log-format", choices=FORMATS, default=default_format(),
+                        help=f"plain text or one JSON object per line (default: ${ENV_FORMAT} or plain)")
+
+
+def setup_logging(fmt: str = "plain", level: int = logging.INFO, stream: TextIO | None = None) -> None:
+    """Route every logger of the process to one handler on ``stream`` (stdout) in ``fmt``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, got {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(True)  # warnings become records too: JSON output stays one object per line
