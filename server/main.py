@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     made.append(coordinator)
     server, port = create_server(coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()],
                                  security=security)
+    if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
+        log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     server.start()
     log.info("coordinator for run %s serving on %s:%d (state %s)", config.run_id, args.host, port, args.state_dir)
-    if args.metrics_port:
-        log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")
         tmp.write_text(str(port))
