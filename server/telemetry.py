@@ -134,13 +134,15 @@ class _MeteringInterceptor(grpc.ServerInterceptor):
             if method in SUBMISSIONS and code is not None and code != grpc.StatusCode.OK:
                 m.rejected.labels(reason=code.name.lower()).inc()
 
-        def guarded(behavior):
+        def unary_out(behavior):
             def call(request_or_iterator, context):
                 try:
-                    return behavior(request_or_iterator, context)
+                    reply = behavior(request_or_iterator, context)
                 except BaseException:
                     refused(context)
                     raise
+                bytes_out.inc(_size(reply))
+                return reply
             return call
 
         def stream_out(behavior):
@@ -155,24 +157,15 @@ class _MeteringInterceptor(grpc.ServerInterceptor):
                     raise
             return call
 
+        serializers = (handler.request_deserializer, handler.response_serializer)
         if handler.unary_unary:
-            def unary_unary(request, context):
-                reply = guarded(handler.unary_unary)(received(request), context)
-                bytes_out.inc(_size(reply))
-                return reply
-            return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
-                                                       handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: unary_out(handler.unary_unary)(received(request), context), *serializers)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: stream_out(handler.unary_stream)(received(request), context),
-                handler.request_deserializer, handler.response_serializer)
+                lambda request, context: stream_out(handler.unary_stream)(received(request), context), *serializers)
         if handler.stream_unary:
-            def stream_unary(iterator, context):
-                reply = guarded(handler.stream_unary)(requests(iterator), context)
-                bytes_out.inc(_size(reply))
-                return reply
-            return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer,
-                                                        handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(
+                lambda iterator, context: unary_out(handler.stream_unary)(requests(iterator), context), *serializers)
         return grpc.stream_stream_rpc_method_handler(
-            lambda iterator, context: stream_out(handler.stream_stream)(requests(iterator), context),
-            handler.request_deserializer, handler.response_serializer)
+            lambda iterator, context: stream_out(handler.stream_stream)(requests(iterator), context), *serializers)
