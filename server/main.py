@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     security.announce(log, "server")
     config = config_from_args(args)
     set_context(run=config.run_id)
+    if config.threads:
+        # The merges' float sums depend on how BLAS splits them over threads: the in-process
+        # engine runs them with config.threads, so the coordinator must too to match it bit for bit.
+        import torch
+
+        torch.set_num_threads(config.threads)
     options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir)
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
 
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
         log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     server.start()
-    log.info("coordinator for run %s serving on %s:%d (state %s)", config.run_id, args.host, port, args.state_dir)
+    log.info("coordinator for run %s serving on %s:%d (state %s, merges on %s)", config.run_id, args.host, port,
+             args.state_dir, f"{config.threads} torch thread(s)" if config.threads else "torch's default threads")
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")
         tmp.write_text(str(port))

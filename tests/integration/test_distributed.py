@@ -56,6 +56,7 @@ def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
     assert all(p.wait() == 0 for p in clients)
     server_out = "".join(server.lines)
     assert "task 1 evaluated" in server_out and "FAA (mean over tasks, paper)" in server_out
+    assert "merges on 1 torch thread(s)" in server_out  # config.threads, as the in-process engine merges
     assert_same_as_reference(c, reference)
     results = c.run_dir / "results"
     config = json.loads((results / "adapter" / "adapter_config.json").read_text())
