@@ -5,12 +5,14 @@ A client does no training in this mode. It runs the backbone in the plan's view
 out) over the current task's shard and sends sums that add up over clients and tasks, so a
 head solved from them is the same for every split of the data:
 
-- ``class_sum: (C, F')``, the per-class feature sums, i.e. ``(X^T Y)^T`` with ``Y: (n, C)``
-  one-hot over all ``C`` classes, and ``class_count: (C,)``;
-- with ``plan.head_gram``: ``gram: (F', F') = X^T X``; and, when ``config.extra["ridge_holdout"]
-  = k > 0`` (default 5), the same three statistics of the held-out samples, those whose
-  *global* training index ``i`` has ``i % k == 0``, as ``holdout_class_sum``,
-  ``holdout_class_count`` and ``holdout_gram``. A global rule makes the union of the
+- ``class_sum: (C_t, F')``, the per-class feature sums, i.e. ``(X^T Y)^T`` with ``Y: (n, C_t)``
+  one-hot over the current task's ``C_t`` classes ``[lo, hi)`` (the only ones its data has), and
+  ``class_count: (C_t,)``;
+- with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
+  with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2); and,
+  when ``config.extra["ridge_holdout"] = k > 0`` (default 5), the same three statistics of the
+  held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
+  ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
   clients' held-out samples the same set for every Dirichlet split.
 
 ``X: (n, F')`` are the backbone features ``(n, F)``, or with ``config.extra["rp_dim"] = F' > 0``
@@ -29,6 +31,7 @@ from torch import Tensor
 
 from client.backbones import ClassifierModel
 from common.config import RunConfig
+from common.merge import gram_factor
 from common.messages import RoundPlan
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
@@ -89,26 +92,30 @@ def extract(model: ClassifierModel, data: Batches, idx: Tensor, device: torch.de
     return torch.cat(out) if out else torch.zeros(0, model.head.in_features, dtype=torch.float64)
 
 
-def sums(x: Tensor, labels: Tensor, num_classes: int, gram: bool) -> dict[str, Tensor]:
-    """``class_sum: (C, F') = (X^T Y)^T``, ``class_count: (C,)`` and optionally ``gram = X^T X``."""
-    one_hot = torch.nn.functional.one_hot(labels, num_classes).to(torch.float64)  # (n, C)
+def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dict[str, Tensor]:
+    """``class_sum: (C_t, F') = (X^T Y)^T``, ``class_count: (C_t,)`` over the classes ``[lo, hi)``,
+    and optionally ``gram_factor`` with ``R^T R = X^T X``."""
+    lo, hi = classes
+    if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
+        raise ValueError(f"features step of classes [{lo}, {hi}): the shard has labels "
+                         f"{int(labels.min())}..{int(labels.max())}")
+    one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
-        out["gram"] = x.T @ x
+        out["gram_factor"] = gram_factor(x)
     return out
 
 
 def feature_stats(model: ClassifierModel, data: Batches, shard: Tensor, config: RunConfig, device: torch.device,
-                  gram: bool) -> dict[str, Tensor]:
-    """The statistics of ``shard`` (global training indices) sent in a features step (module doc)."""
-    num_classes = model.head.out_features
+                  classes: tuple[int, int], gram: bool) -> dict[str, Tensor]:
+    """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
     x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
     labels = data.labels[shard]
-    stats = sums(x, labels, num_classes, gram)
+    stats = sums(x, labels, classes, gram)
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
-        stats |= {f"holdout_{name}": t for name, t in sums(x[held], labels[held], num_classes, gram).items()}
+        stats |= {f"holdout_{name}": t for name, t in sums(x[held], labels[held], classes, gram).items()}
     return stats
 
 

@@ -148,7 +148,8 @@ class ClientWorker:
         self._load(plan)
         if plan.mode == "features":  # closed-form heads: no training, statistics of the frozen features
             self._set_view(plan)
-            stats = feature_stats(self.model, self.train, shard, self.config, self.device, gram=plan.head_gram)
+            stats = feature_stats(self.model, self.train, shard, self.config, self.device, plan.class_range,
+                                  gram=plan.head_gram)
             return ClientUpdate(run_id=plan.run_id, client_id=self.client_id, client_index=self.index,
                                 task=plan.task, round=plan.round, phase=plan.phase,
                                 num_samples=int(shard.numel()), stats=stats)

@@ -9,7 +9,12 @@ classes of different tasks are disjoint, for every task order.
 Shapes: ``C`` classes of all tasks, ``F'`` the head's input width (the backbone's
 ``feature_dim``, or ``config.extra["rp_dim"]`` with the random projection + ReLU);
 ``S: (C, F')`` class sums ``(X^T Y)^T``, ``n: (C,)`` class counts, ``G: (F', F')`` the Gram
-``X^T X``. Memory grows with ``F'`` and ``C`` only.
+``X^T X``. Memory grows with ``F'`` and ``C`` only. A client sends each Gram as its factor
+``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merge.gram_factor``; wire name
+``*gram_factor``): the same information in ``n F'`` numbers instead of ``F'^2``, and positive
+semidefinite by construction; the coordinator folds ``R^T R`` into its one ``(F', F')`` sum.
+Class sums and counts come as the rows of the current task's classes only (the others' are
+zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
 
 - ``ncm``: ``W = [m_c / |m_c|]_c`` with ``m_c = S_c / n_c``, bias 0. Since ``|x|`` is common to
   all classes, ``argmax_c x . m_c / |m_c| = argmax_c cos(x, m_c)``: this linear head *is*
@@ -35,12 +40,13 @@ from common.config import RunConfig
 from common.merge import GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
-from server.strategies.validate import stat_shapes
+from server.strategies.validate import UpTo, stat_shapes
 
 DTYPE = torch.float64
 DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
 DEFAULT_HOLDOUT = 5  # must match client/features.py: the client sends held-out sums by the same rule
 HOLDOUT = "holdout_"  # prefix of the held-out statistics' names
+FACTOR = "_factor"  # suffix of a Gram's wire name: clients send ``R`` with ``R^T R = G``
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -85,15 +91,15 @@ def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[flo
     return grid[best], errors
 
 
-def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, gram: Tensor) -> None:
-    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = X^T X`` can have come with.
+def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Tensor) -> None:
+    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = R^T R = X^T X`` can have come with.
 
-    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)``
-    (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
+    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)
+    = |R|_F^2`` (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
     """
     seen = count > 0
     lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
-    trace = float(torch.diagonal(gram).sum())
+    trace = float(factor.to(DTYPE).pow(2).sum())
     if lhs > trace * (1 + 1e-6) + 1e-12:
         raise UpdateRejected(field, f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
                                     f"trace(G) = {trace:.6g}, which no set of features allows")
@@ -111,11 +117,16 @@ class StatSums:
         self.plain = {n: torch.zeros(s, dtype=DTYPE) for n, s in shapes.items() if not n.endswith("gram")}
         self.count = 0
 
-    def fold(self, stats: dict[str, Tensor]) -> None:
+    def fold(self, stats: dict[str, Tensor], rows: slice = slice(None)) -> None:
+        """Add ``stats``; a Gram may come as itself or as its factor (``name + FACTOR``), and the
+        per-class sums may be the rows ``rows`` of the sums only (the rest being zero)."""
         for name, acc in self.grams.items():
-            acc.fold(stats[name])
+            if name in stats:
+                acc.fold(stats[name])
+            else:
+                acc.fold_factor(stats[name + FACTOR])
         for name in self.plain:
-            self.plain[name] += stats[name].to(DTYPE)
+            self.plain[name][rows] += stats[name].to(DTYPE)
         self.count += 1
 
     def value(self) -> dict[str, Tensor]:
@@ -130,29 +141,39 @@ class FeatureStatsAggregator(Aggregator):
         self.sums = StatSums(shapes)
 
     def expected(self) -> dict[str, tuple[int, ...]]:
-        return stat_shapes(self.sums.shapes)
+        """What a client sends: class sums and counts of the current task's classes ``[lo, hi)`` only
+        (the others' are zero), each Gram ``(F', F')`` as its factor ``(<= F', F')``."""
+        lo, hi = self.plan.class_range
+        return stat_shapes({(name + FACTOR if name.endswith("gram") else name):
+                            ((UpTo(shape[0]), shape[1]) if name.endswith("gram") else (hi - lo, *shape[1:]))
+                            for name, shape in self.sums.shapes.items()})
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
         stats, (lo, hi) = update.stats, self.plan.class_range
         counts = stats["class_count"]
-        outside = float(counts[:lo].sum() + counts[hi:].sum())
-        if outside > 0 or float(counts.sum()) != update.num_samples:
-            raise UpdateRejected("stats[class_count]", f"expected counts of classes [{lo}, {hi}) only, summing to "
-                                                       f"num_samples={update.num_samples}; got {float(counts.sum())} "
-                                                       f"in all, {outside} outside")
+        if float(counts.sum()) != update.num_samples:
+            raise UpdateRejected("stats[class_count]", f"expected the counts of classes [{lo}, {hi}) to sum to "
+                                                       f"num_samples={update.num_samples}; got {float(counts.sum())}")
         for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
             if bool((class_sum[count == 0] != 0).any()):
                 raise UpdateRejected(f"stats[{prefix}class_sum]", "a class with no samples must have a zero sum")
-            if prefix + "gram" in stats:
-                check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, stats[prefix + "gram"])
+            factor = stats.get(prefix + "gram" + FACTOR)
+            if factor is not None:
+                samples = int(count.sum())
+                if factor.shape[0] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
+                    raise UpdateRejected(f"stats[{prefix}gram{FACTOR}]", f"expected at most min(samples, width) = "
+                                                                        f"{min(samples, factor.shape[1])} rows, got "
+                                                                        f"{factor.shape[0]}")
+                check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, factor)
         if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
             raise UpdateRejected(f"stats[{HOLDOUT}class_count]", "held-out samples must be a subset: no class may "
                                                                  "hold out more samples than it has")
 
     def _fold(self, update: ClientUpdate) -> None:
-        self.sums.fold(update.stats)
+        lo, hi = self.plan.class_range
+        self.sums.fold(update.stats, rows=slice(lo, hi))  # the current task's rows of the per-class sums
 
 
 # ----------------------------------------------------------------------------- strategies

@@ -13,6 +13,9 @@ plans and of the clients' models; float64 (the strategies' own precision) is acc
 as folding it loses nothing. Statistics (Grams, Fisher, feature statistics) are float64,
 as clients accumulate them; anything else is refused.
 
+A dimension may be an :class:`UpTo` bound instead of a size: a Gram factor ``R`` with
+``R^T R = X^T X`` has ``min(samples, width)`` rows, whatever its client's sample count.
+
 Values: every entry finite; Gram diagonals non-negative; a full Gram ``(d, d)`` symmetric
 within ``SYMMETRY_RTOL * max(diag)`` and positive semidefinite within ``PSD_RTOL * trace``
 (a Cholesky of ``G + PSD_RTOL * trace * I``: 0.04 s at d = 768, about 3 s at d = 5000 on one
@@ -36,6 +39,20 @@ STAT_DTYPES = (torch.float64,)  # Grams, Fisher, feature statistics: accumulated
 SYMMETRY_RTOL = 1e-9  # |G - G^T| <= this * max(diag G): float64 rounding of X^T X is ~1e-16
 PSD_RTOL = 1e-8  # lambda_min(G) >= -this * trace(G): far above rounding, far below any real indefiniteness
 MAX_DTYPE_BYTES = 8  # the widest accepted dtype: bounds a step's submission size
+
+
+class UpTo(int):
+    """An expected dimension of any size from 0 up to this bound (the rows of a Gram factor,
+    ``min(samples, width)``); an ``int``, so byte limits count the bound."""
+
+    def __repr__(self) -> str:
+        return f"<={int(self)}"
+
+
+def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """``shape`` is ``want``, where an :class:`UpTo` dimension takes any size up to its bound."""
+    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w
+                                           for s, w in zip(shape, want))
 
 
 class UpdateRejected(ValueError):
@@ -152,7 +169,7 @@ def check_declared(declared: dict[str, tuple[str, tuple[int, ...]]], expected: d
                                                f"{limit} bytes (its expected tensors in float64)")
     _check_names(declared, expected)
     for name, (dtype, shape) in declared.items():
-        if tuple(shape) != expected[name]:
+        if not shape_fits(tuple(shape), expected[name]):
             raise UpdateRejected(field_of(name), f"expected shape {expected[name]}, got {tuple(shape)}")
         allowed = _allowed_dtypes(name)
         if dtype not in (str(d).removeprefix("torch.") for d in allowed):
@@ -164,7 +181,7 @@ def check_tensors(tensors: dict[str, Tensor], expected: dict[str, tuple[int, ...
     _check_names(tensors, expected)
     for name, want in expected.items():
         t, field = tensors[name], field_of(name)
-        if tuple(t.shape) != want:
+        if not shape_fits(tuple(t.shape), want):
             raise UpdateRejected(field, f"expected shape {want}, got {tuple(t.shape)}")
         if t.dtype not in _allowed_dtypes(name):
             raise UpdateRejected(field, _dtype_message(t.dtype, _allowed_dtypes(name)))

@@ -95,3 +95,19 @@ def test_coordinator_killed_between_rounds_resumes(cluster, reference):
     assert restarted.wait() == 0
     assert all(p.wait() == 0 for p in clients)
     assert_same_as_reference(c, reference)
+
+
+def test_ridge_over_grpc_identical_to_inprocess(cluster):
+    """A closed-form head over the wire: each client sends its task's class sums and its Gram as a
+    factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes."""
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": "ridge", "strategy": "ridge",
+                          "extra": {**CONFIG.extra, "rp_dim": 64, "ridge_lambdas": [0.1, 1.0, 10.0]}})
+    result = run_inprocess(config)
+    c = cluster(config.to_json())
+    server, clients = start(c)
+    assert server.wait() == 0 and all(p.wait() == 0 for p in clients)
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
+    head = load_file(str(c.run_dir / "results" / "head.safetensors"))
+    assert head["weight"].shape == (8, 64)
+    assert torch.equal(head["weight"], result.head_weight.to(torch.float32))

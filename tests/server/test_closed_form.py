@@ -11,6 +11,7 @@ import server.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
+from common.merge import GramSum, gram_factor
 from common.messages import ClientUpdate, Phase
 from server.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
@@ -124,16 +125,30 @@ def test_squared_error_from_sums_equals_rowwise():
     assert squared_error(head, x.T @ x, one_hot.T @ x, one_hot.sum(0)) == pytest.approx(want, rel=1e-12)
 
 
-def stats_update(plan, dim, classes, index, seed):
+@pytest.mark.parametrize("n, d", [(0, 7), (1, 7), (3, 7), (7, 7), (20, 7), (600, 50)])
+def test_gram_factor_is_the_gram_in_min_n_d_rows(n, d):
+    """``R^T R = X^T X`` to rounding, with ``min(n, d)`` rows: fewer numbers than the Gram when n < d."""
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(n * 100 + d), dtype=torch.float64) * 3
+    r = gram_factor(x)
+    assert r.shape == (min(n, d), d) and r.dtype == torch.float64
+    scale = max(float((x * x).sum()), 1.0)
+    assert float((r.T @ r - x.T @ x).abs().max()) <= 1e-13 * scale
+    total = GramSum(d)  # folding factors = folding the Grams themselves
+    total.fold_factor(r)
+    total.fold_factor(gram_factor(x[: n // 2]))
+    assert torch.allclose(total.value(), x.T @ x + x[: n // 2].T @ x[: n // 2], rtol=0, atol=1e-12 * scale)
+
+
+def stats_update(plan, dim, index, seed):
     gen = torch.Generator().manual_seed(seed)
     lo, hi = plan.class_range
     y = torch.randint(lo, hi, (12,), generator=gen)
     x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
-    one_hot = torch.nn.functional.one_hot(y, classes).double()
-    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram": x.T @ x}
+    one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()  # the task's classes only
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
     held = torch.arange(12) % 4 == 0
     stats |= {"holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
-              "holdout_gram": x[held].T @ x[held]}
+              "holdout_gram_factor": gram_factor(x[held])}
     return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
                         round=plan.round, phase=plan.phase, num_samples=12, stats=stats)
 
@@ -143,7 +158,7 @@ def fold_task(strategy, task, seed):
     plan = strategy.configure(task, 0, Phase.TRAIN)
     agg = strategy.aggregator(plan)
     for i in range(2):
-        agg.fold(stats_update(plan, strategy.dim, strategy.spec.num_classes, i, seed + i))
+        agg.fold(stats_update(plan, strategy.dim, i, seed + i))
     strategy.aggregate(plan, agg)
 
 
@@ -163,9 +178,14 @@ def test_restart_from_state_gives_the_same_heads():
 
 
 @pytest.mark.parametrize("break_it, field", [
-    (lambda s: s.pop("gram"), "stats"),
-    (lambda s: s.update(gram=torch.eye(4, dtype=torch.float64)), "stats[gram]"),
-    (lambda s: s["class_count"].__setitem__(5, 1.0), "stats[class_count]"),  # a class of another task
+    (lambda s: s.pop("gram_factor"), "stats"),
+    (lambda s: s.update(gram_factor=torch.eye(4, dtype=torch.float64)), "stats[gram_factor]"),  # width 4, not 5
+    (lambda s: s.update(gram_factor=torch.ones(6, 5, dtype=torch.float64)), "stats[gram_factor]"),  # rows > F'
+    (lambda s: s.update(holdout_gram_factor=torch.ones(4, 5, dtype=torch.float64)),  # rows > its 3 samples
+     "stats[holdout_gram_factor]"),
+    (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stats[class_sum]"),  # a Gram too small for the sums
+    (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stats[class_count]"),  # every class's
+    (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stats[class_count]"),  # sum != samples
     (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stats[class_sum]"),
 ])
 def test_rejected_statistics(break_it, field):
@@ -175,7 +195,7 @@ def test_rejected_statistics(break_it, field):
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    update = stats_update(plan, 5, 6, 0, 0)
+    update = stats_update(plan, 5, 0, 0)
     break_it(update.stats)
     with pytest.raises(UpdateRejected) as err:
         strategy.aggregator(plan).fold(update)
@@ -193,10 +213,13 @@ def test_features_step_travels_over_the_wire():
     plan = strategy.configure(0, 0, Phase.TRAIN)
     got = serde.plan_from_proto(serde.plan_to_proto(plan))
     assert (got.mode, got.head_gram, got.head_weight) == ("features", True, None)
-    update = stats_update(plan, 9, 6, 0, 0)
+    update = stats_update(plan, 9, 0, 0)
     _, back = serde.update_from_proto(serde.update_to_proto(update, "k"))
     assert set(back.stats) == set(update.stats)
     assert all(torch.equal(back.stats[n], t) for n, t in update.stats.items())
+    # 12 samples of the 3 classes of task 0: the task's rows of the sums, the Gram as its (9, 9) factor
+    assert back.stats["class_sum"].shape == (3, 9) and back.stats["gram_factor"].shape == (9, 9)
+    assert back.stats["holdout_gram_factor"].shape == (3, 9)  # 3 held-out samples: 3 rows, not 9
     fold_task(strategy, 0, 1)
     evaluation = serde.plan_from_proto(serde.plan_to_proto(strategy.eval_plan(0)))
     assert evaluation.mode == "features" and tuple(evaluation.head_weight.shape) == (6, 9)

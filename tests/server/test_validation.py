@@ -16,6 +16,7 @@ import torch
 
 from common import serde
 from common.config import RunConfig
+from common.merge import gram_factor
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.serde import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name,
                           update_from_tensors, update_tensors)
@@ -47,11 +48,11 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     dim = next(s for n, s in shapes.items() if n.endswith("class_sum"))[1]
     y = torch.randint(lo, hi, (N,), generator=g)
     x = torch.randn(N, dim, generator=g, dtype=F64)
-    one_hot = torch.nn.functional.one_hot(y, SPEC.num_classes).to(F64)
+    one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).to(F64)  # the task's classes only
     held = torch.arange(N) % 4 == 0
-    out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram": x.T @ x,
+    out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x),
            "holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
-           "holdout_gram": x[held].T @ x[held]}
+           "holdout_gram_factor": gram_factor(x[held])}
     return {serde.tensor_name(STAT, k): v for k, v in out.items() if serde.tensor_name(STAT, k) in shapes}
 
 
@@ -181,8 +182,9 @@ def ridge_step():
 
 
 @pytest.mark.parametrize("break_it, field", [
-    (lambda s: s["class_count"].__setitem__(5, 1.0), "stats[class_count]"),  # a class of task 1
-    (lambda s: s["class_sum"].__setitem__((5, 0), 1.0), "stats[class_sum]"),  # sum of a class with no samples
+    (lambda s: s["class_count"].__setitem__(2, s["class_count"][2] + 1), "stats[class_count]"),  # sum != samples
+    (lambda s: (s["class_count"].__setitem__(1, s["class_count"][1] + s["class_count"][0]),  # class 0: no samples,
+                s["class_count"].__setitem__(0, 0.0)), "stats[class_sum]"),  # yet a non-zero sum
     (lambda s: s["class_sum"].mul_(10.0), "stats[class_sum]"),  # more than any features of that Gram allow
     (lambda s: s["holdout_class_count"].add_(s["class_count"]), "stats[holdout_class_count]"),
     (lambda s: s["holdout_class_sum"].mul_(10.0), "stats[holdout_class_sum]"),
