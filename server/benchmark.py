@@ -258,7 +258,11 @@ def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: d
              say: Callable[[str], None] = print) -> list[str]:
     """Run every unfinished cell in order; returns the names of the cells that failed."""
     failed: list[str] = []
-    done: list[tuple[Cell, dict]] = []  # finished cells, to reuse for an identical configuration
+    # Finished cells, to reuse for an identical configuration (e.g. joint at every beta): this
+    # grid's and any other finished cell in the folder, from an earlier call with other methods or betas.
+    done: list[tuple[str, dict]] = [(str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
+                                    for path in sorted((out / "cells").glob("*/*/*/metrics.json"))]
+    done = [(name, m) for name, m in done if "config" in m and "reused_from" not in m]
     ran_seconds: list[float] = []
     for i, cell in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {cell.method} beta={cell.beta} seed={cell.seed}"
@@ -269,16 +273,15 @@ def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: d
             note = (f"; WARNING: it ran with other values of {changed} than this grid would use "
                     f"(delete its metrics.json to rerun it)" if changed else "")
             say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
-            done.append((cell, metrics))
             continue
-        twin = next(((c, m) for c, m in done if _comparable(json.loads(c.config.to_json()))
-                     == _comparable(json.loads(cell.config.to_json())) and m.get("mode") == mode), None)
+        want = _comparable(json.loads(cell.config.to_json()))
+        twin = next(((name, m) for name, m in done if _comparable(m["config"]) == want and m.get("mode") == mode),
+                    None)
         if twin is not None:
             metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed,
-                       "reused_from": twin[0].name}
+                       "reused_from": twin[0]}
             write_metrics(cell.dir(out), metrics)
-            say(f"{tag}: same run as {twin[0].name}, reused (FAA {_pct(metrics.get('faa'))})")
-            done.append((cell, metrics))
+            say(f"{tag}: same run as {twin[0]}, reused (FAA {_pct(metrics.get('faa'))})")
             continue
         eta = ""
         if ran_seconds:
@@ -295,7 +298,7 @@ def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: d
                 f"see {cell.dir(out) / 'error.txt'}")
             continue
         ran_seconds.append(metrics["wall_seconds"])
-        done.append((cell, metrics))
+        done.append((cell.name, metrics))
         say(f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
             f"forgetting {_pct(metrics['forgetting'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent per client, "
             f"{_duration(metrics['wall_seconds'])}")

@@ -248,6 +248,9 @@ def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     reused = json.loads((out / "cells/joint/beta0.5/seed1/metrics.json").read_text())
     assert (reused["beta"], reused["reused_from"]) == (0.5, "joint/beta1.0/seed1")
     assert set(read_csv(out / "results.csv")) == {"joint"} and (out / "accuracy_1.0.png").exists()
+    # a later call for another beta finds the finished cell on disk: no run either
+    rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "0.2", "--seeds", "1", "--out", str(out)])
+    assert rc == 0 and len(calls) == 1 and "same run as joint/beta1.0/seed1, reused" in printed
 
 
 def test_the_paper_column_comes_from_the_paper_table(tmp_path):
