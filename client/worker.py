@@ -100,7 +100,8 @@ class ClientWorker:
     # ----------------------------------------------------------------- model set-up
 
     def _load(self, plan: RoundPlan) -> None:
-        """Set the plan's LoRA factors and head, in the training view ``W0 + s B A``.
+        """Set the plan's LoRA factors and head, in the training view ``W0 + s B A`` (``W0 + extra + s B A``
+        with ``plan.train_extra``).
 
         In full mode the backbone weights become ``W0 + plan.delta`` instead (no LoRA).
         """
@@ -110,7 +111,8 @@ class ClientWorker:
             if name in plan.lora:
                 layer.load_factors(plan.lora[name].b, plan.lora[name].a)
             layer.scale = self.config.lora_scale if name in plan.lora else 0.0
-            layer.set_extra(None, None)
+            extra = plan.extra.get(name) if plan.train_extra else None
+            layer.set_extra(extra.b if extra else None, extra.a if extra else None)
         if plan.head_weight is not None and plan.mode != "features":  # features mode: head of width F'
             with torch.no_grad():
                 self.model.head.weight.copy_(plan.head_weight)

@@ -101,6 +101,7 @@ class RoundPlan:
     #                     send statistics of the (frozen) features of the current task (closed-form heads)
     delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
     send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
+    train_extra: bool = False  # train in the view W0 + extra + s B A (default: W0 + s B A, extra for Gram passes only)
 
 
 @dataclass

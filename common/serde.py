@@ -397,6 +397,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
     header = pb.PlanHeader(
         mode=plan.mode,
         send_fisher=plan.send_fisher,
+        train_extra=plan.train_extra,
         run_id=plan.run_id,
         phase=phase_to_proto(plan.phase),
         task=plan.task,
@@ -471,6 +472,7 @@ def plan_from_proto(
         mode=header.mode,
         delta=delta,
         send_fisher=header.send_fisher,
+        train_extra=header.train_extra,
     )
 
 

@@ -9,14 +9,15 @@ from server.strategies.closed_form import NearestClassMean, RidgeHead
 from server.strategies.fedavg import FedAvg
 from server.strategies.fedavg_lora import FedAvgLoRA
 from server.strategies.fisheravg import FisherAvg
-from server.strategies.lorm import LoRM, LoRMAverageTasks, LoRMBOnly
+from server.strategies.lorm import LoRM, LoRMAverageTasks, LoRMBOnly, LoRMSequential
 from server.strategies.lorm_closed_form import LoRMClosedForm, LoRMNearestClassMean, LoRMRidgeFirstTask
 from server.strategies.regmean import RegMean
 from server.strategies.ties import Ties
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, FedAvgLoRA, FedAvg, RegMean, FisherAvg, Ties,
-                           NearestClassMean, RidgeHead, LoRMClosedForm, LoRMNearestClassMean, LoRMRidgeFirstTask)}
+    cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, LoRMSequential, FedAvgLoRA, FedAvg, RegMean,
+                           FisherAvg, Ties, NearestClassMean, RidgeHead, LoRMClosedForm, LoRMNearestClassMean,
+                           LoRMRidgeFirstTask)}
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -183,5 +185,37 @@ class LoRMAverageTasks(LoRM):
     def merge_tasks(self) -> dict[str, LowRank]:
         t = len(self.task_factors)
         return {name: LowRank(torch.cat([f[name].b for f in self.task_factors], 1) / t,
+                              torch.cat([f[name].a for f in self.task_factors], 0))
+                for name in self.spec.layers}
+
+
+class LoRMSequential(LoRM):
+    """Variant: each task's LoRA learns a residual on top of the earlier tasks' residuals, which add up.
+
+    Task ``t`` trains, and runs its Gram passes, in the view ``W0 + E_t + s B A`` with
+    ``E_t = s sum_{tau<t} B^tau A^tau`` (``plan.train_extra``), and the model evaluated after
+    task ``t`` is that view with the task's merged factors: ``dW = sum_tau B^tau A^tau``. The
+    per-round closed-form merges are LoRM's; the task-level RegMean is replaced by the sum, so a
+    task's residual is not diluted by ``1/(t+1)`` and a new task starts from the representation
+    the earlier ones built (transfer), at the price of later residuals acting on earlier tasks'
+    features unchecked.
+    """
+
+    name = "lorm-seq"
+
+    def _previous(self, task: int) -> dict[str, LowRank]:
+        """``E_t = s sum_{tau<t} B^tau A^tau`` as one low-rank pair per layer, at full weight."""
+        done = self.task_factors[:task]
+        if not done:
+            return {}
+        return {name: published(torch.cat([f[name].b for f in done], 1) * self.config.lora_scale,
+                                torch.cat([f[name].a for f in done], 0))
+                for name in self.spec.layers}
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        return dataclasses.replace(super().configure(task, round_, phase), lora_scale=1.0, train_extra=True)
+
+    def merge_tasks(self) -> dict[str, LowRank]:
+        return {name: LowRank(torch.cat([f[name].b for f in self.task_factors], 1),
                               torch.cat([f[name].a for f in self.task_factors], 0))
                 for name in self.spec.layers}

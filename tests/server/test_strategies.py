@@ -163,6 +163,30 @@ def test_ablation_average_tasks_is_the_mean_of_task_residuals():
     torch.testing.assert_close(got.b @ got.a, (f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a) / 2)
 
 
+def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
+    """lorm-seq: task 1 trains and runs its Gram passes on W0 + s B^0 A^0 + s B A; the model is the sum."""
+    from common import serde
+
+    strategy = make_strategy(config(strategy="lorm-seq", rounds_per_task=1, lora_scale=2.0), SPEC)
+    for task in range(2):
+        strategy.begin_task(task)
+        for phase, round_ in strategy.steps(task):
+            plan = strategy.configure(task, round_, phase)
+            assert plan.train_extra and plan.lora_scale == 1.0  # no 1/(t+1): the earlier residuals at full weight
+            assert serde.plan_from_proto(serde.plan_to_proto(plan)).train_extra  # and it travels
+            if task == 0:
+                assert plan.extra == {}
+            else:
+                f0 = strategy.task_factors[0]["l1"]
+                torch.testing.assert_close(plan.extra["l1"].b @ plan.extra["l1"].a, (2.0 * f0.b @ f0.a).float())
+            fold_step(strategy, plan, 10 * task + plan.round, factors=None if plan.phase == Phase.TRAIN else ())
+    f0, f1 = strategy.task_factors
+    got = strategy.adapter()["l1"]
+    torch.testing.assert_close(got.b @ got.a, f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a, rtol=1e-12,
+                               atol=1e-12)
+    assert not make_strategy(config(), SPEC).configure(0, 0, Phase.TRAIN).train_extra  # LoRM trains on W0 + s B A
+
+
 def test_plans_publish_float32_and_b_rounds_keep_the_published_a():
     """Clients compute in float32: plans carry exactly that (half the bytes of float64)."""
     strategy = make_strategy(config(rounds_per_task=3), SPEC)

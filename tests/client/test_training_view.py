@@ -1,0 +1,37 @@
+"""Which backbone a client trains on: ``W0 + s B A``, or ``W0 + extra + s B A`` when the plan says so."""
+
+import dataclasses
+
+import torch
+
+from client.runtime import build_runtime
+from common.config import RunConfig
+from common.messages import LowRank, Phase
+from server.strategies import make_strategy
+
+CONFIG = RunConfig(strategy="lorm-seq", num_clients=2, num_tasks=2, rounds_per_task=1, local_epochs=1, rank=2,
+                   lr=3e-2, lr_lora=1e-2, threads=1, seed=3,
+                   extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4})
+
+
+def train_loss(worker, plan) -> float:
+    update = worker.update(plan)
+    assert update.phase == Phase.TRAIN
+    return update.train_loss
+
+
+def test_train_extra_puts_the_frozen_delta_under_training():
+    runtime = build_runtime(CONFIG)
+    strategy = make_strategy(CONFIG, runtime.spec)
+    strategy.begin_task(1)
+    plan = strategy.configure(1, 0, Phase.TRAIN)
+    assert plan.train_extra
+    gen = torch.Generator().manual_seed(0)
+    big = {name: LowRank(torch.randn(d_out, 2, generator=gen), torch.randn(2, d_in, generator=gen))
+           for name, (d_out, d_in) in runtime.spec.layers.items()}  # an earlier task's residual, made large
+    worker = runtime.worker(0, "c0")
+    on_w0 = train_loss(worker, dataclasses.replace(plan, extra={}))
+    with_extra = train_loss(worker, dataclasses.replace(plan, extra=big))
+    ignored = train_loss(worker, dataclasses.replace(plan, extra=big, train_extra=False))
+    assert ignored == on_w0  # without the flag the extra delta is for Gram passes and evaluation only
+    assert with_extra != on_w0  # with it, the same seeds train a different network
