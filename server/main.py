@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from common.config import add_config_arguments, config_from_args
 from common.logs import add_logging_arguments, set_context, setup_logging
 from common.metrics import format_summary
@@ -68,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     if config.threads:
         # The merges' float sums depend on how BLAS splits them over threads: the in-process
         # engine runs them with config.threads, so the coordinator must too to match it bit for bit.
-        import torch
-
         torch.set_num_threads(config.threads)
     options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir)
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)

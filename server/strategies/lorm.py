@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor
 
@@ -61,6 +59,7 @@ class TaskGramAggregator(Aggregator):
 
 class LoRM(Strategy):
     name = "lorm"
+    trains_on_previous = False  # clients train on W0 + s B A (SPEC step 3); True: on W0 + extra + s B A
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
@@ -85,15 +84,24 @@ class LoRM(Strategy):
                                      init_lora_a(r, d_in, gen).to(torch.float64))
                        for name, (d_out, d_in) in self.spec.layers.items()}
 
+    def stacked(self, tasks: list[dict[str, LowRank]], weight: float = 1.0) -> dict[str, LowRank]:
+        """``weight * sum_tau B^tau A^tau`` over ``tasks`` as one low-rank pair per layer:
+        ``[B^0 ... B^k] * weight`` and ``[A^0; ...; A^k]``."""
+        return {name: LowRank(torch.cat([f[name].b for f in tasks], 1) * weight,
+                              torch.cat([f[name].a for f in tasks], 0))
+                for name in self.spec.layers}
+
+    def divisor(self, task: int) -> int:
+        """What task ``task``'s residual and each earlier one are divided by in its Gram passes: ``t + 1``."""
+        return task + 1
+
     def _previous(self, task: int) -> dict[str, LowRank]:
-        """``(sum_{tau<t} B^tau A^tau) / (t + 1)`` as one low-rank pair per layer."""
+        """``s sum_{tau<t} B^tau A^tau / divisor(t)`` as one low-rank pair per layer (published)."""
         done = self.task_factors[:task]
         if not done:
             return {}
-        scale = self.config.lora_scale / (task + 1)
-        return {name: published(torch.cat([f[name].b for f in done], 1) * scale,
-                                torch.cat([f[name].a for f in done], 0))
-                for name in self.spec.layers}
+        return {name: published(f.b, f.a)
+                for name, f in self.stacked(done, self.config.lora_scale / self.divisor(task)).items()}
 
     def active_factor(self, round_: int) -> str:
         """Rounds alternate: B (A frozen and shared), then A (B frozen and shared), ..."""
@@ -102,8 +110,8 @@ class LoRM(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): SPEC §3 step 4 and 6.
         common = dict(lora={name: published(f.b, f.a) for name, f in self.shared.items()},
-                      lora_scale=1.0 / (task + 1), extra=self._previous(task),
-                      gram=self.gram_kind)
+                      lora_scale=1.0 / self.divisor(task), extra=self._previous(task),
+                      gram=self.gram_kind, train_extra=self.trains_on_previous)
         if phase == Phase.TRAIN:
             return self.base_plan(task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True,
                                   **common)
@@ -184,9 +192,7 @@ class LoRMAverageTasks(LoRM):
 
     def merge_tasks(self) -> dict[str, LowRank]:
         t = len(self.task_factors)
-        return {name: LowRank(torch.cat([f[name].b for f in self.task_factors], 1) / t,
-                              torch.cat([f[name].a for f in self.task_factors], 0))
-                for name in self.spec.layers}
+        return {name: LowRank(f.b / t, f.a) for name, f in self.stacked(self.task_factors).items()}
 
 
 class LoRMSequential(LoRM):
@@ -202,20 +208,10 @@ class LoRMSequential(LoRM):
     """
 
     name = "lorm-seq"
+    trains_on_previous = True
 
-    def _previous(self, task: int) -> dict[str, LowRank]:
-        """``E_t = s sum_{tau<t} B^tau A^tau`` as one low-rank pair per layer, at full weight."""
-        done = self.task_factors[:task]
-        if not done:
-            return {}
-        return {name: published(torch.cat([f[name].b for f in done], 1) * self.config.lora_scale,
-                                torch.cat([f[name].a for f in done], 0))
-                for name in self.spec.layers}
-
-    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
-        return dataclasses.replace(super().configure(task, round_, phase), lora_scale=1.0, train_extra=True)
+    def divisor(self, task: int) -> int:
+        return 1  # the earlier residuals at full weight: E_t + s B A is the model being trained
 
     def merge_tasks(self) -> dict[str, LowRank]:
-        return {name: LowRank(torch.cat([f[name].b for f in self.task_factors], 1),
-                              torch.cat([f[name].a for f in self.task_factors], 0))
-                for name in self.spec.layers}
+        return self.stacked(self.task_factors)
