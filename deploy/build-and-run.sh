@@ -5,7 +5,11 @@
 #   LORM_CLIENTS=5 bash deploy/build-and-run.sh  # 5 clients (writes deploy/compose.5.yaml)
 #   LORM_GPU=1 bash deploy/build-and-run.sh      # one GPU per client (NVIDIA container toolkit)
 # Environment: LORM_DATA (datasets folder holding clinc150/, default ../shared/datasets beside the
-# repository), LORM_PRESET (default demo), LORM_LOG_FORMAT (plain|json).
+# repository), LORM_PRESET (default demo), LORM_LOG_FORMAT (plain|json), LORM_BUILD_ARGS (more
+# `docker build` options, e.g. other base images or a wheel mirror for a build without PyPI:
+#   LORM_BUILD_ARGS="--network host --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=http://127.0.0.1:8765/
+#                    --build-arg PYTHON_BASE=my/python:3.11 --build-arg CUDA_BASE=my/cuda-base"
+# with the wheels served by `python3 -m http.server --bind 127.0.0.1 8765 -d WHEELS`).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
@@ -43,8 +47,9 @@ if [ ! -d "$LORM_DATA/clinc150" ] && [ "${LORM_PRESET:-demo}" = demo ]; then
 fi
 
 echo "[build-and-run] building lorm-coordinator and lorm-client"
-docker build -f coordinator.Dockerfile -t lorm-coordinator:latest "$root"
-docker build -f client.Dockerfile -t lorm-client:latest "$root"
+read -r -a build_args <<< "${LORM_BUILD_ARGS:-}"
+docker build "${build_args[@]}" -f coordinator.Dockerfile -t lorm-coordinator:latest "$root"
+docker build "${build_args[@]}" -f client.Dockerfile -t lorm-client:latest "$root"
 
 if [ ! -f "certs/clients/client-$((clients - 1)).crt" ] || [ ! -f certs/clients/health.crt ]; then
     ids="$(seq -s, -f 'client-%g' 0 $((clients - 1))),health"

@@ -11,6 +11,12 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
+# A private mirror or wheel folder for builds without PyPI (see deploy/coordinator.Dockerfile).
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_NO_INDEX
+ARG PIP_TRUSTED_HOST
 
 WORKDIR /opt/lorm
 RUN pip install "torch==2.14.1" "torchvision==0.29.1"

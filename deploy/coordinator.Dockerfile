@@ -1,8 +1,20 @@
 # The coordinator: lorm-server (and lorm-health, lorm-certs). CPU only; no dataset, no model weights.
 # Build from the repository root:  docker build -f deploy/coordinator.Dockerfile -t lorm-coordinator .
-FROM python:3.12-slim
+# PYTHON_BASE: any image with python3 and its venv module (a Debian-based one: useradd below).
+ARG PYTHON_BASE=python:3.12-slim
+FROM ${PYTHON_BASE}
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+# A private mirror or wheel folder for builds without PyPI (pip reads these; unset by default),
+# e.g. --network host --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=http://127.0.0.1:8765/
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_NO_INDEX
+ARG PIP_TRUSTED_HOST
+# A venv, so that the base's own Python packages (or a Debian "externally managed" Python) do not matter.
+RUN python3 -m venv /opt/venv
 
 WORKDIR /opt/lorm
 # The coordinator only merges tensors: the CPU build of torch keeps the image small.
