@@ -14,7 +14,7 @@ from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common import serde
 from common.faults import fault_point
-from common.logs import add_logging_arguments, set_context, setup_logging
+from common.logs import add_logging_arguments, loss_text, set_context, setup_logging
 from common.messages import ClientUpdate, Phase, RoundPlan
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(result, ClientUpdate):
                 fault_point("client.push")
                 client.push(result, key)
-                log.info("task %d round %d %s %s: %d samples, loss %.4f, %.1f s", plan.task, plan.round,
+                log.info("task %d round %d %s %s: %d samples, %s, %.1f s", plan.task, plan.round,
                          plan.phase.value, "".join(plan.train_factors) or "-", result.num_samples,
-                         result.train_loss, time.perf_counter() - start)
+                         loss_text(result.train_loss), time.perf_counter() - start)
             else:
                 client.report(result, key)
                 acc = [100.0 * c / t if t else float("nan") for c, t in zip(result.correct, result.total)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -23,6 +24,11 @@ ENV_FORMAT = "LORM_LOG_FORMAT"
 
 _context: dict[str, Any] = {}
 _context_lock = threading.Lock()
+
+
+def loss_text(loss: float) -> str:
+    """``loss 0.1234`` for a training step; a step that only gathers statistics has no loss (NaN)."""
+    return f"loss {loss:.4f}" if math.isfinite(loss) else "no training loss"
 
 
 def set_context(**fields: Any) -> None:

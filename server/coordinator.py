@@ -28,6 +28,7 @@ from typing import Callable
 
 from common.config import RunConfig
 from common.faults import fault_point
+from common.logs import loss_text
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
@@ -249,7 +250,7 @@ class Coordinator:
             entry["loss"] = step.aggregator.mean_loss
             entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
             self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
-                      f"({len(step.submitted)} clients, loss {step.aggregator.mean_loss:.4f})")
+                      f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)})")
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         steps = self._steps(step.task)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from client.runtime import build_runtime
 from common.config import RunConfig, add_config_arguments, config_from_args
+from common.logs import loss_text
 from common.messages import ClientUpdate, LowRank
 from common.metrics import AccuracyMatrix, format_summary
 from server.results import RunReporter
@@ -66,7 +67,7 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
             if reporter:
                 reporter.step(len(history) - 1, entry)
             log(f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
-                f"clients {aggregator.count} loss {aggregator.mean_loss:.4f}")
+                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}")
         plan = strategy.eval_plan(task)
         for worker in workers:
             report = worker.handle(plan)

@@ -56,3 +56,8 @@ def test_unknown_format_and_field_are_refused():
         logs.setup_logging("xml")
     with pytest.raises(ValueError, match="log context fields"):
         logs.set_context(step=3)
+
+
+def test_a_statistics_step_has_no_loss_rather_than_nan():
+    assert logs.loss_text(0.12345) == "loss 0.1235"
+    assert logs.loss_text(float("nan")) == "no training loss"
