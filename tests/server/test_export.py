@@ -222,6 +222,19 @@ def test_write_metrics_is_strict_json_and_atomic(tmp_path):
     assert json.loads(path.read_text())["faa"] == 82.0 and len(list(tmp_path.iterdir())) == 1
 
 
+def test_results_files_get_the_mode_open_gives_not_mkstemps(tmp_path):
+    # Results copied out of a container (docker compose cp) keep their mode: 0600 would lock
+    # everyone but the copier out, which is what mkstemp alone leaves.
+    path = write_metrics(tmp_path, {"faa": 1.0})
+    export_head(tmp_path, torch.zeros(2, 3), torch.zeros(2))
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    want = plain.stat().st_mode & 0o777
+    assert want & 0o044  # the test's own umask lets group or others read
+    assert path.stat().st_mode & 0o777 == want
+    assert (tmp_path / "head.safetensors").stat().st_mode & 0o777 == want
+
+
 def test_dense_delta_keys_are_the_library_models_state_dict(tmp_path):
     """Full fine-tuning baselines export W - W0 under the transformers model's own names."""
     from server.export import export_dense_delta
