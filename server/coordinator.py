@@ -152,6 +152,7 @@ class Coordinator:
         self.matrix = AccuracyMatrix(meta["matrix"]["correct"], meta["matrix"]["total"])
         self.history = meta["history"]
         self.started = meta.get("started", self.started)
+        self.reporter.replay(self.history)
         if self.spec is not None:
             self.strategy = make_strategy(self.config, self.spec)
             self.strategy.load_state_tensors(tensors)

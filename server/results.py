@@ -50,6 +50,20 @@ class RunReporter:
             self.writer.add_scalar("accuracy/mean_seen_tasks", sum(accuracy) / len(accuracy), task)
         self.writer.flush()
 
+    def replay(self, history: list[dict]) -> None:
+        """After a restart: the event files become the committed ``history`` alone.
+
+        A step can reach the event files and then be lost in a crash before its state is
+        committed; the restarted coordinator redoes it and would write it twice. So the old files
+        go and the committed steps are written again, once each."""
+        events = self.dir / "tensorboard"
+        if not events.is_dir():
+            return
+        for old in events.glob("events.out.tfevents.*"):
+            old.unlink()
+        for number, entry in enumerate(history):
+            self.step(number, entry)
+
     def finish(self, config: RunConfig, spec: ModelSpec, adapter: dict[str, LowRank], head_w: Tensor,
                head_b: Tensor, summary: dict, dense_delta: dict[str, Tensor] | None = None) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)

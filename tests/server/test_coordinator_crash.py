@@ -1,4 +1,4 @@
-"""The coordinator after a crash at its last step: the export it did not finish is redone."""
+"""The coordinator after a crash: a cut-short export is redone; a redone step is in TensorBoard once."""
 
 from __future__ import annotations
 
@@ -52,3 +52,40 @@ def test_restart_redoes_an_export_cut_short(tmp_path, monkeypatch):
     for name in ("adapter/adapter_model.safetensors", "head.safetensors"):
         got, want = load_file(str(results / name)), load_file(str(ref / name))
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+
+
+def scalar_steps(events_dir, tag: str) -> list[int]:
+    """Every step recorded for ``tag`` across all event files, as any reader of the raw files sees them."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = []
+    for path in sorted(events_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return sorted(steps)
+
+
+def test_restart_leaves_each_committed_step_in_tensorboard_once(tmp_path, monkeypatch):
+    coord = started(tmp_path, cfg={"num_tasks": 1})
+    plan = coord.pull("c0")
+
+    def crash(self):
+        raise Crash()
+
+    monkeypatch.setattr(Coordinator, "_commit", crash)  # step 0 reaches the event file, its state never commits
+    with pytest.raises(Crash):
+        for i in range(3):
+            coord.submit(update_for(plan, i), f"k{plan.round}/{i}")
+    monkeypatch.undo()
+    events = tmp_path / "state" / "results" / "tensorboard"
+    assert scalar_steps(events, "loss/train") == [0]
+
+    again = Coordinator(config(num_tasks=1), tmp_path / "state")  # the step is redone
+    while (plan := again.pull("c0")).phase != Phase.EVALUATE:
+        for i in range(3):
+            again.submit(update_for(plan, i), f"k{plan.round}/{i}")
+    for i in range(3):
+        again.report_eval(EvalReport("unit", f"c{i}", i, 0, [5 + i], [10]), f"e{i}")
+    assert again.done.is_set()
+    assert scalar_steps(events, "loss/train") == [0, 1, 2]
+    assert scalar_steps(events, "accuracy/task0") == [0] and scalar_steps(events, "faa/paper") == [0]
