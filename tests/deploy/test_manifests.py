@@ -370,6 +370,55 @@ def test_k8s_coordinator_deployment_service_and_state():
     assert ("PersistentVolumeClaim", "lorm-state") in objects
 
 
+def run_init_container(init: dict, pod: dict, secrets: dict[str, set[str]], index: int, root: Path) -> dict[str, Path]:
+    """Run ``init``'s shell command as pod ``index``'s kubelet would, its mounts as folders under
+    ``root`` (secret files hold their own key names). Returns volume name -> folder."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    env = {e["name"]: e for e in init["env"]}
+    assert env["LORM_CLIENT_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    shell, flag, command = init["command"]
+    assert (shell, flag) == ("sh", "-c")
+    command = command.replace("$(LORM_CLIENT_INDEX)", str(index))
+    folders = {}
+    for m in sorted(init["volumeMounts"], key=lambda m: -len(m["mountPath"])):  # /all-certs before /certs
+        folder = root / f"pod{index}-{m['name']}"
+        folder.mkdir()
+        volume = volumes[m["name"]]
+        if "secret" in volume:
+            for key in secrets[volume["secret"]["secretName"]]:
+                (folder / key).write_text(key)
+        command = re.sub(rf"(?<![\w-]){re.escape(m['mountPath'])}(?=/|\b)", str(folder), command)
+        folders[m["name"]] = folder
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return folders
+
+
+def test_k8s_client_container_sees_only_its_own_key(tmp_path):
+    objects, secrets = k8s_objects(), secret_keys()
+    pod = objects[("Job", "lorm-clients")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    assert image_name(init["image"]) == "lorm-client" and init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not pod_mounts(pod, container, objects, secrets), "a client container that mounts the secret sees every key"
+    pod_mounts(pod, init, objects, secrets)  # its volumes are declared and its secret generated
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    by_path = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for i in range(NUM_CLIENTS):
+        folders = run_init_container(init, pod, secrets, i, tmp_path)
+        argv = [a.replace("$(LORM_CLIENT_INDEX)", str(i)) for a in container["args"]]
+        wanted = {"--tls-ca": "ca.crt", "--tls-cert": f"client-{i}.crt", "--tls-key": f"client-{i}.key"}
+        for flag, content in wanted.items():
+            parent, _, leaf = flag_values(argv)[flag].rpartition("/")
+            volume = by_path[parent]
+            assert "emptyDir" in volumes[volume] and volumes[volume]["emptyDir"].get("medium") == "Memory", volume
+            path = folders[volume] / leaf
+            assert path.read_text() == content, (i, flag)
+            assert path.stat().st_mode & 0o077 == 0, "a copied file must be its owner's alone"
+        assert sorted(p.name for p in folders[by_path["/certs"]].iterdir()) == ["ca.crt", "client.crt", "client.key"]
+
+
 def test_k8s_clients_indexed_job_with_gpus():
     objects, secrets = k8s_objects(), secret_keys()
     job = objects[("Job", "lorm-clients")]
@@ -397,12 +446,9 @@ def test_k8s_clients_indexed_job_with_gpus():
     script = exec_form(dockerfile(IMAGES["lorm-client"]), "ENTRYPOINT")[0]
     assert_valid_invocation(script, container["args"], "client args")
     ids = []
+    assert not mounts  # its TLS files come from the init container (test above)
     for i in range(spec["completions"]):  # what the kubelet makes of $(VAR) in pod i
-        expand = lambda s: s.replace("$(LORM_CLIENT_INDEX)", str(i))  # noqa: E731
-        argv = [expand(a) for a in container["args"]]
-        for flag in ("--tls-ca", "--tls-cert", "--tls-key"):
-            assert mounted_file(flag_values(argv)[flag], mounts), (i, flag)
-        ids.append(expand(env["LORM_CLIENT_ID"]["value"]))
+        ids.append(env["LORM_CLIENT_ID"]["value"].replace("$(LORM_CLIENT_INDEX)", str(i)))
     assert ids == server_args.allowed_clients.split(",")
     data = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "data")
     assert env["LORM_DATA_DIR"]["value"] == data
