@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - start
         m = result.matrix
         final_all = 100.0 * sum(m.correct[-1]) / sum(m.total[-1])
+        issue = "-" if issue != issue else f"{issue:.1f}"  # nan: the issue gives no figure
         rows.append((name, m.faa(), m.faa_weighted(), final_all, issue, lambdas, seconds, sum(m.total[-1])))
         print(f"{name}: FAA {m.faa():.2f} / weighted {m.faa_weighted():.2f}, all classes {final_all:.2f} "
               f"(issue {issue}), lambda {lambdas}, {seconds:.0f} s", flush=True)
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'seconds':>9}  lambda per task")
     for name, faa, weighted, final_all, issue, lambdas, seconds, n in rows:
         lam = " ".join("-" if v is None else f"{v:g}" for v in lambdas)
-        print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7.1f}{n:>8}{seconds:>9.0f}  {lam}")
+        print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7}{n:>8}{seconds:>9.0f}  {lam}")
     return 0
 
 
