@@ -124,7 +124,7 @@ class ImageData:
         return torch.stack([transform(open_rgb(self.samples[i])) for i in idx])  # (batch, 3, H, W)
 
     def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], Tensor]:
+              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]:
         rows = [int(i) for i in idx]
         if not train:
             pixels = self._pixels(rows, self.test_transform)

@@ -29,9 +29,10 @@ PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3}
 class SampleData(Protocol):
     """A client's samples: labels known up front, inputs produced batch by batch.
 
-    ``batch(idx, device, train=..., generator=...)`` returns the model inputs and labels of
-    the samples ``idx``; with ``train=True`` it may apply the dataset's training augmentation,
-    drawing its randomness from ``generator`` only (so a step is reproducible).
+    ``batch(idx, device, train=..., generator=..., padded=...)`` returns the model inputs and
+    labels of the samples ``idx``; with ``train=True`` it may apply the dataset's training
+    augmentation, drawing its randomness from ``generator`` only (so a step is reproducible).
+    ``padded=True`` keeps text padded to the longest sample of the whole split (images: no effect).
     """
 
     labels: Tensor  # (n,) int64
@@ -39,7 +40,7 @@ class SampleData(Protocol):
     def __len__(self) -> int: ...
 
     def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], Tensor]: ...
+              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
 @dataclass
@@ -53,12 +54,13 @@ class EncodedData:
         return int(self.labels.shape[0])
 
     def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None) -> tuple[dict[str, Tensor], Tensor]:
+              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]:
         inputs = {k: v[idx] for k, v in self.inputs.items()}
         mask = inputs.get("attention_mask")
         if mask is not None:
-            # Trim padding columns that no sample of this batch uses: same outputs, less work.
-            width = max(int(mask.sum(1).max()), 1)
+            # Trim padding columns that no sample of this batch uses (same outputs, less work), or with
+            # ``padded`` those that no sample of the split uses (the width of padding=True over the split).
+            width = max(int((self.inputs["attention_mask"] if padded else mask).sum(1).max()), 1)
             inputs = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v
                       for k, v in inputs.items()}
         return {k: v.to(device) for k, v in inputs.items()}, self.labels[idx].to(device)
@@ -157,7 +159,7 @@ class ClientWorker:
                                 num_samples=int(shard.numel()), stats=stats)
         loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
         full = plan.mode == "full" and plan.phase == Phase.TRAIN
-        fisher = self._fisher(plan, shard) if full and plan.send_fisher else {}
+        fisher = self._fisher(plan, shard, seed) if full and plan.send_fisher else {}
         self._set_view(plan)
         grams, head_gram = self._gram_pass(plan, shard, seed)
         layers = self.model.lora()
@@ -189,7 +191,7 @@ class ClientWorker:
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout
         lo, hi = plan.class_range
-        model.train()
+        model.train(cfg.train_dropout)  # dropout on (the reference's train mode) or off
         loss_sum, batches = float("nan"), 0
         for _epoch in range(cfg.local_epochs):
             loss_sum, batches = 0.0, 0
@@ -211,30 +213,56 @@ class ClientWorker:
             p.requires_grad_(False)
         return loss_sum / max(batches, 1)
 
-    def _fisher(self, plan: RoundPlan, shard: Tensor) -> dict[str, Tensor]:
-        """Diagonal empirical Fisher of the ACE loss at the trained weights, per parameter.
+    def _fisher(self, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
+        """Diagonal Fisher of the ACE model ``p(y|x)`` (the task's classes) at the trained weights.
 
-        Estimated from mini-batch gradients: ``sum_b |b| g_b^2 / n`` over the shard's batches
-        (per-sample gradients would cost a backward pass per sample). Head entries are named
-        ``head.weight`` and ``head.bias``.
+        ``config.fisher`` picks the estimator (``common.config.FISHER_ESTIMATORS``), with
+        ``g_y = d log p(y|x) / d theta`` per sample ``x`` (eval mode, no dropout):
+
+        - ``sampled``: ``mean_x g_y^2``, ``y ~ p(.|x)`` (Matena & Raffel's Monte Carlo estimate);
+        - ``expected``: ``mean_x sum_y p(y|x) g_y^2`` (the exact expectation);
+        - ``reference``: ``sum_x p(y_x|x) g_{y_x}^2`` with the true label ``y_x``, summed, not
+          averaged, as the paper's public code does;
+        - ``batch``: ``sum_b |b| g_b^2 / n`` over mini-batch gradients ``g_b`` of the loss.
+
+        Head entries are named ``head.weight`` and ``head.bias``.
         """
         model, lo, hi = self.model, *plan.class_range
         params = dict(model.dense_params()) | {f"head.{n}": p for n, p in model.head.named_parameters()}
-        for p in params.values():
+        names, tensors = list(params), list(params.values())
+        for p in tensors:
             p.requires_grad_(True)
         fisher = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in params.items()}
-        model.eval()
-        for start in range(0, shard.numel(), self.config.batch_size):
-            inputs, labels = self.train.batch(shard[start:start + self.config.batch_size], self.device)
-            logits, _ = model(inputs)
-            loss = F.cross_entropy(logits[:, lo:hi], labels - lo)
-            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-            for (name, _), g in zip(params.items(), grads):
+
+        def add(scalar: Tensor, weight: float, retain: bool = False) -> None:
+            grads = torch.autograd.grad(scalar, tensors, allow_unused=True, retain_graph=retain)
+            for name, g in zip(names, grads):
                 if g is not None:
-                    fisher[name] += g.detach().cpu().double() ** 2 * labels.numel()
-        for p in params.values():
+                    fisher[name] += g.detach().cpu().double() ** 2 * weight
+
+        estimator = self.config.fisher
+        generator = torch.Generator().manual_seed(seed ^ 0xF15E)
+        model.eval()
+        size = self.config.batch_size if estimator == "batch" else 1
+        for start in range(0, shard.numel(), size):
+            inputs, labels = self.train.batch(shard[start:start + size], self.device)
+            log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
+            if estimator == "batch":
+                add(F.nll_loss(log_p, labels - lo), float(labels.numel()))
+            elif estimator == "reference":
+                y = int(labels[0]) - lo
+                add(log_p[0, y], float(log_p[0, y].detach().exp()))
+            elif estimator == "sampled":
+                y = int(torch.multinomial(log_p[0].detach().exp().cpu(), 1, generator=generator))
+                add(log_p[0, y], 1.0)
+            else:  # expected
+                probs = log_p[0].detach().exp().tolist()
+                for y, p_y in enumerate(probs):
+                    add(log_p[0, y], p_y, retain=y + 1 < len(probs))
+        for p in tensors:
             p.requires_grad_(False)
-        return {n: f / max(shard.numel(), 1) for n, f in fisher.items()}
+        scale = 1.0 if estimator == "reference" else 1.0 / max(shard.numel(), 1)
+        return {n: f * scale for n, f in fisher.items()}
 
     @torch.no_grad()
     def _gram_pass(self, plan: RoundPlan, shard: Tensor, seed: int) -> tuple[dict[str, Tensor], Tensor | None]:
@@ -253,9 +281,10 @@ class ClientWorker:
             for _ in range(self.config.gram_passes):
                 for start in range(0, shard.numel(), GRAM_BATCH):
                     inputs, _ = self.train.batch(shard[start:start + GRAM_BATCH], self.device, train=True,
-                                                 generator=generator)
-                    # Padding tokens are not inputs: their rows are left out of the Grams.
-                    recorder.row_mask = inputs.get("attention_mask")
+                                                 generator=generator, padded=self.config.gram_padding)
+                    # Padding tokens are not inputs: their rows are left out of the Grams, unless the
+                    # run counts them as the reference does (gram_padding).
+                    recorder.row_mask = None if self.config.gram_padding else inputs.get("attention_mask")
                     self.model(inputs)
         grams = {name: g.cpu() for name, g in recorder.grams.items()}
         head_gram = grams.pop("<head>", None)

@@ -13,6 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# How class ids are numbered (tasks are contiguous ranges of them):
+CLASS_ORDERS = {
+    "natural": "the dataset's own label ids (image datasets) or first appearance (text files)",
+    "alphabetical": "class names sorted; CLINC150's intents as the paper's code numbers them (each task mixes domains)",
+    "domains": "CLINC150 only: the domains of domains.json in file order, so each task is whole domains "
+               "(a harder, domain-grouped split than the paper's)",
+}
+DEFAULT_CLASS_ORDER = {"clinc150": "alphabetical"}  # every other dataset: "natural"
+
+# FisherAvg's diagonal Fisher F = E_x E_y [(d log p(y|x) / d theta)^2] over a client's samples, summed:
+FISHER_ESTIMATORS = {
+    "sampled": "per sample, y drawn from the model's p(y|x) (Matena & Raffel's Monte Carlo estimate)",
+    "expected": "per sample, every class y weighted by p(y|x) (the exact expectation; one backward per class)",
+    "reference": "per sample, the true label's squared gradient weighted by p(y|x) (the paper's public code)",
+    "batch": "mini-batch gradients of the loss, sum_b |b| g_b^2 (cheap; the empirical Fisher of batches)",
+}
+
+
 @dataclass
 class RunConfig:
     # --- run
@@ -22,7 +40,8 @@ class RunConfig:
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
     data_dir: str = ""  # where datasets live on disk ("" -> $LORM_DATA_DIR)
-    num_tasks: int = 2  # tasks are contiguous class ranges, classes in natural order
+    num_tasks: int = 2  # tasks are contiguous class ranges in the class order below
+    class_order: str = ""  # "" -> the dataset's (CLINC150: "alphabetical"; others: "natural"); see CLASS_ORDERS
     task_sizes: list[int] = field(default_factory=list)  # classes per task ([] -> as equal as possible)
     num_classes: int = 0  # 0 -> all classes of the dataset
     train_per_class: int = 0  # cap on training samples per class (0 = all); for small runs
@@ -48,6 +67,10 @@ class RunConfig:
     gamma_backbone: float = 0.0  # Gram decay of LoRA layers; 0 -> clients send diagonals only
     gamma_head: float = 0.5  # Gram decay of the classifier head
     gram_passes: int = 1  # passes over the training data per Gram computation
+    gram_padding: bool = False  # text: count padding tokens' rows in the backbone Grams (the reference pads
+    #                             the whole split to its longest utterance and counts every row)
+    train_dropout: bool = True  # the backbone's dropout during local training (the reference trains in train mode)
+    fisher: str = "sampled"  # FisherAvg's diagonal Fisher estimator, one of FISHER_ESTIMATORS
     # --- execution
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     threads: int = 0  # torch intra-op threads per process (0 -> torch's default)
@@ -75,6 +98,12 @@ class RunConfig:
                 problems.append(f"{name} must lie in [0, 1], got {value}")
         if self.gram_passes < 1:
             problems.append(f"gram_passes must be >= 1, got {self.gram_passes}")
+        if not self.class_order:
+            self.class_order = DEFAULT_CLASS_ORDER.get(self.dataset, "natural")
+        if self.class_order not in CLASS_ORDERS:
+            problems.append(f"class_order must be one of {sorted(CLASS_ORDERS)}, got {self.class_order!r}")
+        if self.fisher not in FISHER_ESTIMATORS:
+            problems.append(f"fisher must be one of {sorted(FISHER_ESTIMATORS)}, got {self.fisher!r}")
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
 

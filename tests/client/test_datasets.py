@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from client.datasets import load_dataset
+from common.partition import task_ranges
 from client.runtime import build_runtime
 from client.images import ImageData, image_transforms
 from common.config import RunConfig
@@ -261,7 +262,9 @@ def test_clinc150_downloads_missing_files_and_verifies_them(tmp_path, monkeypatc
     monkeypatch.delenv("LORM_OFFLINE", raising=False)
     monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     splits = ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path)))
-    assert sorted(served) == ["data_full.json", "domains.json"] and splits.num_classes == 150
+    assert served == ["data_full.json"] and splits.num_classes == 150  # the default order needs no domains.json
+    ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path), class_order="domains"))
+    assert served == ["data_full.json", "domains.json"]
     assert (tmp_path / "clinc150" / "data_full.json").exists()
 
     (tmp_path / "clinc150" / "data_full.json").unlink()
@@ -271,3 +274,53 @@ def test_clinc150_downloads_missing_files_and_verifies_them(tmp_path, monkeypatc
     monkeypatch.setenv("LORM_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="offline"):
         ds.clinc150(RunConfig(dataset="clinc150", data_dir=str(tmp_path)))
+
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+needs_clinc150 = pytest.mark.skipif(not (SHARED_DATA / "clinc150" / "data_full.json").exists(),
+                                    reason=f"CLINC150 not found under {SHARED_DATA}")
+
+
+@needs_clinc150
+def test_clinc150_default_order_is_alphabetical_as_the_papers_code():
+    """Class ids and task contents follow ``sorted(set(intent names))``, so tasks mix domains."""
+    data = json.loads((SHARED_DATA / "clinc150" / "data_full.json").read_text())
+    cfg = RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5)
+    assert cfg.class_order == "alphabetical" and json.loads(cfg.to_json())["class_order"] == "alphabetical"
+    splits = load_dataset(cfg)
+    names = sorted({intent for _, intent in data["train"]})
+    assert len(names) == 150 and splits.class_names == names
+    assert [names[y] for y in splits.train_y] == [intent for _, intent in data["train"]]
+    assert [names[y] for y in splits.test_y] == [intent for _, intent in data["test"]]
+    tasks = task_ranges(150, 5, [])
+    assert [splits.class_names[lo:hi] for lo, hi in tasks] == [names[30 * k:30 * k + 30] for k in range(5)]
+    domains = json.loads((SHARED_DATA / "clinc150" / "domains.json").read_text())
+    domain_of = {intent: d for d, intents in domains.items() for intent in intents}
+    assert len({domain_of[n] for n in names[:30]}) >= 5  # the first task spans many domains
+
+
+@needs_clinc150
+def test_clinc150_domain_order_is_a_named_option():
+    domains = json.loads((SHARED_DATA / "clinc150" / "domains.json").read_text())
+    splits = load_dataset(RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5,
+                                    class_order="domains"))
+    grouped = [intent for intents in domains.values() for intent in intents]
+    assert splits.class_names == grouped
+    first_two = set(list(domains.values())[0]) | set(list(domains.values())[1])
+    assert set(splits.class_names[:30]) == first_two
+
+
+def test_class_order_alphabetical_renumbers_any_dataset_and_domains_is_clinc150s(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\nhi,zeta\nbye,alpha\nyo,mid\nok,alpha\n")
+    (tmp_path / "test.csv").write_text("text,label\nhey,mid\nso,zeta\n")
+    files = {"train_file": "train.csv", "test_file": "test.csv"}
+    natural = load_dataset(config(tmp_path, "textfile", extra=files))
+    assert natural.class_names == ["zeta", "alpha", "mid"] and natural.train_y.tolist() == [0, 1, 2, 1]
+    alpha = load_dataset(config(tmp_path, "textfile", extra=files, class_order="alphabetical"))
+    assert alpha.class_names == ["alpha", "mid", "zeta"]
+    assert alpha.train_y.tolist() == [2, 0, 1, 0] and alpha.test_y.tolist() == [1, 2]
+    assert alpha.train_x == natural.train_x
+    with pytest.raises(ValueError, match="'domains' is CLINC150's"):
+        load_dataset(config(tmp_path, "textfile", extra=files, class_order="domains"))
+    with pytest.raises(ValueError, match="class_order must be one of"):
+        RunConfig(class_order="random")
