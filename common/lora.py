@@ -1,4 +1,4 @@
-"""LoRA layers, Gram capture, and placement of LoRA in a backbone (SPEC §1, §3).
+"""LoRA layers, Gram capture, and placement of LoRA in a backbone (docs/METHOD.md §1, §3).
 
 ``LoRALinear`` computes ``y = W0 x + b0 + s * B A x + B_e A_e x``:
 

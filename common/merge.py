@@ -1,4 +1,4 @@
-"""Closed-form merges of LoRM (SPEC §2): pure functions, float64 inside.
+"""Closed-form merges of LoRM (docs/METHOD.md §2): pure functions, float64 inside.
 
 Every merge here is the exact least-squares minimiser of its objective. A Gram is passed
 either as a full matrix ``G: (d_in, d_in)`` or as a vector ``g: (d_in,)`` meaning the

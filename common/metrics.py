@@ -1,4 +1,4 @@
-"""Class-incremental metrics: the accuracy matrix, both FAA definitions and forgetting (SPEC §3)."""
+"""Class-incremental metrics: the accuracy matrix, both FAA definitions and forgetting (docs/METHOD.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tasks as contiguous class ranges, and the reference Dirichlet split of SPEC §3.
+"""Tasks as contiguous class ranges, and the reference Dirichlet split (docs/METHOD.md §5).
 
 Pure and deterministic for a given seed, so every client computes its own shard locally and
 no data (nor index lists) crosses the wire.

@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# The paper's settings (SPEC §4; hyperparameter tables of the paper's appendix): per dataset,
+# The paper's settings (docs/METHOD.md §7; hyperparameter tables of the paper's appendix): per dataset,
 # (tasks, task sizes or None, rounds per task, Gram passes, backbone, head gamma per beta) and per
 # beta LoRM's (lr, rank). 10 clients, 5 local epochs, batch 16, backbone gamma 0, AdamW wd 0.
 _PAPER = {

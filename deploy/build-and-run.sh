@@ -21,7 +21,7 @@ if ! command -v docker >/dev/null 2>&1; then
 fi
 if ! docker info >/dev/null 2>&1; then
     echo "build-and-run: the docker CLI cannot reach a Docker engine (is dockerd running, is DOCKER_HOST set?)." >&2
-    echo "build-and-run: without an engine, the same commands run as processes: see README, 'Deployment'." >&2
+    echo "build-and-run: without an engine, the same commands run as processes: see docs/OPERATIONS.md." >&2
     exit 3
 fi
 if ! docker compose version >/dev/null 2>&1; then

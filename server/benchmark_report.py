@@ -18,7 +18,7 @@ def _by_beta(dataset: str, betas: tuple[float, ...], faa: dict[str, tuple[float,
     return {(dataset, method, beta): value for method, values in faa.items() for beta, value in zip(betas, values)}
 
 
-# The paper's FAA (%), keyed by (config.dataset, method, beta); beta None: every beta (SPEC §4).
+# The paper's FAA (%), keyed by (config.dataset, method, beta); beta None: every beta (docs/METHOD.md §7).
 PAPER_FAA: dict[tuple[str, str, float | None], float] = {
     ("clinc150", JOINT, None): 95.53,
     **_by_beta("clinc150", (1.0, 0.5, 0.2), {"lorm": (84.78, 82.58, 77.67), "regmean": (74.16, 74.80, 70.78),

@@ -1,7 +1,7 @@
 """Write the result of a finished run in formats that need none of this project's code.
 
 - :func:`export_adapter`: the merged backbone delta ``dW = B_cat @ A_cat`` of every LoRA layer
-  (SPEC §2, "Low-rank form of the task merge") as one standard PEFT LoRA adapter of rank
+  (docs/METHOD.md §2.7, the low-rank form of the task merge) as one standard PEFT LoRA adapter of rank
   ``k = T * r``, loadable with ``PeftModel.from_pretrained(base, out_dir)``, or by hand:
   ``W = W0 + lora_scale * lora_B @ lora_A`` with safetensors alone;
 - :func:`export_head`: the classifier head as a safetensors file;

@@ -1,4 +1,4 @@
-"""LoRM (SPEC §3): alternating closed-form LoRA merges per round, RegMean across tasks."""
+"""LoRM (docs/METHOD.md §3): alternating closed-form LoRA merges per round, RegMean across tasks."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class TaskGramAggregator(Aggregator):
 
 class LoRM(Strategy):
     name = "lorm"
-    trains_on_previous = False  # clients train on W0 + s B A (SPEC step 3); True: on W0 + extra + s B A
+    trains_on_previous = False  # clients train on W0 + s B A (docs/METHOD.md §3 step 3); True: on W0 + extra + s B A
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
@@ -108,7 +108,7 @@ class LoRM(Strategy):
         return "B" if round_ % 2 == 0 else "A"
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
-        # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): SPEC §3 step 4 and 6.
+        # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): docs/METHOD.md §3 steps 4 and 6.
         common = dict(lora={name: published(f.b, f.a) for name, f in self.shared.items()},
                       lora_scale=1.0 / self.divisor(task), extra=self._previous(task),
                       gram=self.gram_kind, train_extra=self.trains_on_previous)
@@ -148,9 +148,9 @@ class LoRM(Strategy):
         self.merged = self.merge_tasks()
 
     def merge_tasks(self) -> dict[str, LowRank]:
-        """The task-level RegMean (SPEC §2) over every finished task, in low-rank form."""
+        """The task-level RegMean (docs/METHOD.md §2.4, §2.7) over every finished task, in low-rank form."""
         if len(self.task_factors) == 1:
-            return dict(self.task_factors[0])  # one task: the model is W0 + B^0 A^0 itself (SPEC §3)
+            return dict(self.task_factors[0])  # one task: the model is W0 + B^0 A^0 itself (docs/METHOD.md §3 step 7)
         return {name: LowRank(*acc.result()) for name, acc in self.task_merge.items()}
 
     def state_tensors(self) -> dict[str, Tensor]:

@@ -1,4 +1,4 @@
-"""The closed forms of common/merge.py are exact least-squares minimisers (SPEC §2).
+"""The closed forms of common/merge.py are exact least-squares minimisers (docs/METHOD.md §2).
 
 Each merge is checked against an independent generic solve: the per-client problems are
 stacked into one ``torch.linalg.lstsq`` in float64. Client ``i`` is described by its input

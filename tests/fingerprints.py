@@ -1,0 +1,89 @@
+"""Fingerprints of one tiny in-process run per method: what a refactor must leave bit-identical.
+
+A fingerprint is the sha256 of every tensor a run ends with (merged adapter, head, dense delta)
+and of its accuracy counts and per-step losses. ``python tests/fingerprints.py --record`` writes
+``tests/data/fingerprints.json``, with the signature of the machine that computed them: float
+kernels differ between CPUs in their last bits, so only a machine of the same signature can
+compare bit for bit (``tests/integration/test_fingerprints.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.config import RunConfig  # noqa: E402
+from server.simulation import run_inprocess  # noqa: E402
+from server.strategies import STRATEGIES  # noqa: E402
+
+FILE = Path(__file__).with_name("data") / "fingerprints.json"
+TINY = dict(num_clients=2, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2, lr_lora=1e-2,
+            threads=1, seed=5, min_client_samples=2,
+            extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4, "rp_dim": 16})
+
+
+def machine_signature() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        cpu = next((line.partition(":")[2].strip() for line in cpuinfo.read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    return {"torch": torch.__version__, "cpu": cpu, "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()
+
+
+def _tensor(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return str(t.dtype).encode() + str(tuple(t.shape)).encode() + t.numpy().tobytes()
+
+
+def fingerprint(method: str) -> dict[str, str]:
+    config = RunConfig(run_id=f"fp-{method}", strategy=method, **TINY)
+    with tempfile.TemporaryDirectory() as out:
+        result = run_inprocess(config, results_dir=out)
+        delta = Path(out) / "delta.safetensors"
+        # The tensors, not the file's bytes: safetensors' header order varies with Python's hash seed.
+        dense = load_file(delta) if delta.is_file() else {}
+    adapter = [_tensor(t) for name in sorted(result.adapter) for t in (result.adapter[name].b, result.adapter[name].a)]
+    losses = [entry.get("loss") for entry in result.history]
+    return {
+        "adapter": _digest(*adapter),
+        "head": _digest(_tensor(result.head_weight), _tensor(result.head_bias)),
+        "dense_delta": _digest(*(name.encode() + _tensor(dense[name]) for name in sorted(dense))),
+        "counts": json.dumps([result.matrix.correct, result.matrix.total]),
+        "losses": _digest(json.dumps(losses).encode()),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record", action="store_true", help=f"write {FILE}")
+    args = parser.parse_args()
+    prints = {method: fingerprint(method) for method in sorted(STRATEGIES)}
+    text = json.dumps({"machine": machine_signature(), "methods": prints}, indent=1, sort_keys=True) + "\n"
+    if args.record:
+        FILE.write_text(text)
+        print(f"wrote {FILE}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
