@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import server.simulation as simulation  # noqa: E402
+import engine.simulation as simulation  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
 

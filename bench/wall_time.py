@@ -7,7 +7,7 @@ threads = 1 per process) runs
                processes on 127.0.0.1; timed from the call to its return, so it includes
                every process's start-up (interpreter, imports, model build) and the
                coordinator's linger until all clients have learnt the run is over;
-  in-process   ``server.simulation.run_inprocess`` in a process whose imports are done;
+  in-process   ``engine.simulation.run_inprocess`` in a process whose imports are done;
                timed around the call (it includes building the model and data once).
 
 Every measurement runs in a fresh subprocess, the two modes interleaved (so both see the
@@ -91,7 +91,7 @@ def one_distributed() -> dict:
 
 
 def one_inprocess() -> dict:
-    from server.simulation import run_inprocess
+    from engine.simulation import run_inprocess
 
     cpu0, start = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
     result = run_inprocess(CONFIG)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import CLASSES, FEATURES, LAYERS, VIT_B16 as SPEC  # noqa: E402
 from client.transport import CoordinatorClient  # noqa: E402
-from common import serde  # noqa: E402
+from proto import codec # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan  # noqa: E402
 from common.tls import Security  # noqa: E402
@@ -194,13 +194,13 @@ def run_pass(via_relay: bool) -> list[dict]:
                 plan = measured(label, client.pull, 0, None)
                 assert isinstance(plan, RoundPlan), plan
                 rows[-1]["raw"] = plan_raw(plan)
-                rows[-1]["msgs"] = grpc_bytes(serde.plan_to_proto(plan))
+                rows[-1]["msgs"] = grpc_bytes(codec.plan_to_proto(plan))
                 return plan
 
             def push(label: str, plan: RoundPlan) -> None:
                 update = update_for(plan, gen)
                 key = f"wire/{plan.task}/{plan.round}/{plan.phase.value}/0"
-                msgs = grpc_bytes(serde.update_to_proto(update, key))
+                msgs = grpc_bytes(codec.update_to_proto(update, key))
                 measured(label, lambda: client.push(update, key), update_raw(update), msgs)
 
             plan = pull("plan, B-round (task 0)")
@@ -237,7 +237,7 @@ def main() -> int:
     relayed = run_pass(via_relay=True)
     direct = run_pass(via_relay=False)
     print(f"ViT-B/16 shapes: {len(LAYERS)} LoRA layers, r = {RANK}, head {CLASSES} x {FEATURES}; "
-          f"chunk {serde.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s")
+          f"chunk {codec.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s")
     print("MB = 10^6 bytes. wire = TCP payload both directions through the relay; "
           "lo = loopback interface bytes, direct pass.\n")
     header = f"{'call':40s} {'raw MB':>10s} {'grpc MB':>10s} {'wire MB':>10s} {'wire/raw':>9s} " \

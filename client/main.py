@@ -12,10 +12,9 @@ import time
 from client.runtime import build_runtime
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common import serde
 from common.faults import fault_point
 from common.logs import add_logging_arguments, loss_text, set_context, setup_logging
-from common.messages import ClientUpdate, Phase, RoundPlan
+from common.messages import ClientUpdate, Phase, RoundPlan, Wait
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
 
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
              runtime.device, [int(s.numel()) for s in worker.shards])
     while True:
         answer = client.pull()
-        if isinstance(answer, serde.Wait):
+        if isinstance(answer, Wait):
             time.sleep(answer.retry_after_s)
             continue
         plan = answer

@@ -11,7 +11,9 @@ from typing import Callable, TypeVar
 
 import grpc
 
-from common import serde
+from proto import codec
+
+from common.messages import PullQuery, Wait
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, RoundPlan
 from common.tls import Security
@@ -55,7 +57,7 @@ class CoordinatorClient:
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
         self.call_timeout_s = call_timeout_s
-        self.channel = security.channel(target, serde.CHANNEL_OPTIONS)
+        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)
         self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""
@@ -92,21 +94,21 @@ class CoordinatorClient:
         self._call("describe", lambda: self.stub.Describe(
             request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata))
 
-    def pull(self) -> RoundPlan | serde.Wait:
-        request = serde.pull_to_proto(serde.PullQuery(self.run_id, self.client_id))
-        return self._call("pull", lambda: serde.plan_from_proto(
+    def pull(self) -> RoundPlan | Wait:
+        request = codec.pull_to_proto(PullQuery(self.run_id, self.client_id))
+        return self._call("pull", lambda: codec.plan_from_proto(
             self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)))
 
     def push(self, update: ClientUpdate, key: str) -> bool:
         """Send an update; ``True`` if the coordinator had it already (a retried push)."""
         reply = self._call("push", lambda: self.stub.Push(
-            serde.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True,
+            codec.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True,
             metadata=self.metadata))
         return reply.duplicate
 
     def report(self, report: EvalReport, key: str) -> bool:
         reply = self._call("report", lambda: self.stub.ReportEval(
-            serde.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True,
+            codec.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True,
             metadata=self.metadata))
         return reply.duplicate
 

@@ -13,6 +13,7 @@ Layer names are the dotted module names of the wrapped ``nn.Linear`` layers in t
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -137,3 +138,42 @@ class EvalReport:
     correct: list[int]  # correct[j] for tasks j = 0..task
     total: list[int]
 
+
+# ----------------------------------------------------------------------- the step protocol
+#
+# What the coordinator answers a Pull with when no step is ready, and what the transport and
+# servicer exchange around a Pull and a Push (proto/codec.py turns them into protobuf).
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The coordinator has no step ready for this client: pull again after ``retry_after_s``."""
+
+    retry_after_s: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PullQuery:
+    """A client asking for its next step; it last completed ``(task, round, phase)``."""
+
+    run_id: str
+    client_id: str
+    last_completed: tuple[int, int, Phase] | None = None  # None: nothing completed yet
+
+
+@dataclass(frozen=True)
+class PushEnvelope:
+    """A push's first message, decoded and checked before any tensor byte is read."""
+
+    run_id: str
+    client_id: str
+    client_index: int
+    task: int
+    round: int
+    phase: Phase
+    idempotency_key: str  # a retried push reuses its key: the coordinator records it once
+    num_samples: int
+    train_loss: float
+    total_bytes: int  # tensor bytes the push declares
+    declared: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # name -> (dtype, shape)

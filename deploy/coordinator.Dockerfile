@@ -24,6 +24,7 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY server ./server
 COPY client ./client
+COPY engine ./engine
 COPY proto ./proto
 RUN pip install . && rm -rf /opt/lorm/build
 

@@ -29,11 +29,11 @@ from typing import Callable
 from common.config import RunConfig
 from common.faults import fault_point
 from common.logs import loss_text
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
 from server.store import Store, step_key
-from common.serde import DEFAULT_MAX_TOTAL_BYTES
+from common.tensors import DEFAULT_MAX_TOTAL_BYTES
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
 
@@ -52,12 +52,6 @@ class Refused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class Wait:
-    retry_after_s: float
-    reason: str
 
 
 @dataclass

@@ -8,7 +8,9 @@ from typing import Iterator, Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common import serde
+from proto import codec
+
+from common.messages import PushEnvelope, Wait
 from common.faults import after_items
 from common.messages import ModelSpec, RoundPlan
 from common.tls import Security
@@ -19,7 +21,7 @@ from server.coordinator import Coordinator, Refused, Wait
 
 SERVICE_NAME = "lorm.v1.Coordinator"
 
-SERVER_OPTIONS = serde.CHANNEL_OPTIONS + [
+SERVER_OPTIONS = codec.CHANNEL_OPTIONS + [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # accept the clients' keepalives
     # A fixed receive window instead of bandwidth-delay probing: a push that waits for a worker
     # thread buffers at most this much, not a grown window (its whole update), so memory stays
@@ -49,7 +51,7 @@ def _abort(context: grpc.ServicerContext, err: Exception) -> None:
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(self, coordinator: Coordinator, auth: Authenticator,
-                 chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES) -> None:
+                 chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> None:
         self.coordinator = coordinator
         self.auth = auth  # every handler checks that the message's client_id is the authenticated caller
         self.chunk_bytes = chunk_bytes
@@ -84,22 +86,22 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[pb.PlanChunk]:
         self.auth.authorize(context, request.client_id)
         try:
-            query = serde.pull_from_proto(request)
+            query = codec.pull_from_proto(request)
             if query.run_id != self.coordinator.config.run_id:
                 raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
             answer = self.coordinator.pull(query.client_id)
         except (Refused, ValueError) as err:
             _abort(context, err)
         if isinstance(answer, Wait):
-            yield from serde.wait_to_proto(serde.Wait(answer.retry_after_s, answer.reason))
+            yield from codec.wait_to_proto(Wait(answer.retry_after_s, answer.reason))
             return
         assert isinstance(answer, RoundPlan)
-        yield from serde.plan_to_proto(answer, self.chunk_bytes)
+        yield from codec.plan_to_proto(answer, self.chunk_bytes)
 
     def Push(self, request_iterator: Iterator[pb.UpdateChunk], context: grpc.ServicerContext) -> pb.PushReply:
         coord = self.coordinator
 
-        def on_envelope(env: serde.PushEnvelope) -> None:
+        def on_envelope(env: PushEnvelope) -> None:
             self.auth.authorize(context, env.client_id)  # before any tensor is read or state touched
             if coord.precheck(env.client_id, env.client_index, env.run_id, env.task, env.round, env.phase,
                               env.idempotency_key, declared=env.declared, declared_bytes=env.total_bytes):
@@ -107,7 +109,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
         try:
             chunks = after_items(request_iterator, "push.receiving", 2)  # envelope + first chunk: tests kill here
-            envelope, update = serde.update_from_proto(chunks, on_envelope=on_envelope,
+            envelope, update = codec.update_from_proto(chunks, on_envelope=on_envelope,
                                                        max_total_bytes=coord.options.max_push_bytes)
             accepted = coord.submit(update, envelope.idempotency_key)
         except _Duplicate:
@@ -119,7 +121,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.Ack:
         self.auth.authorize(context, request.client_id)
         try:
-            key, report = serde.eval_from_proto(request)
+            key, report = codec.eval_from_proto(request)
             accepted = self.coordinator.report_eval(report, key)
         except (Refused, ValueError) as err:
             _abort(context, err)
@@ -133,7 +135,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                                                            f"{self.coordinator.config.run_id!r}, got {request.run_id!r}"))
         s = self.coordinator.status()
         return pb.RunStatus(run_id=s["run_id"], state=s["state"], task=s["task"], round=s["round"],
-                            phase=serde.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],
+                            phase=codec.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],
                             clients_done=s["clients_done"], metrics_json=json.dumps(s["metrics"]))
 
 

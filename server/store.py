@@ -27,9 +27,7 @@ from torch import Tensor
 
 from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
-from common.serde import update_from_tensors, update_tensors
-
-
+from common.tensors import update_from_tensors, update_tensors
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

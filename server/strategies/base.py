@@ -17,7 +17,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.serde import update_nbytes, update_tensors
+from common.tensors import update_nbytes, update_tensors
 from common.partition import task_ranges
 from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
 

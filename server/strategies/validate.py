@@ -1,7 +1,7 @@
 """What a client update must satisfy before anything is folded into a merge: one place for every strategy.
 
 Each aggregator declares the tensors its step expects as ``wire name -> shape``
-(:func:`factor_shapes`, :func:`gram_shapes`, ...; wire names as in :mod:`common.serde`), and
+(:func:`factor_shapes`, :func:`gram_shapes`, ...; wire names as in :mod:`common.tensors`), and
 :func:`check_tensors` holds an update to it: exactly those names, those shapes, the dtype of
 the tensor's kind, and the values its kind allows. :func:`check_declared` applies the same
 names, shapes, dtypes and a byte limit to a push's declared headers, before any byte of it
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from common.messages import ModelSpec
-from common.serde import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name,
-                          tensor_name)
+from common.tensors import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name,
+                            tensor_name)
 
 PARAM_DTYPES = (torch.float32, torch.float64)  # factors, head, deltas: float32 as clients compute; float64 lossless
 STAT_DTYPES = (torch.float64,)  # Grams, Fisher, feature statistics: accumulated in float64 by clients

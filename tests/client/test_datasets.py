@@ -14,7 +14,7 @@ from common.partition import task_ranges
 from client.runtime import build_runtime
 from client.images import ImageData, image_transforms
 from common.config import RunConfig
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 
 CPU = torch.device("cpu")
 

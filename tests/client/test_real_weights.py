@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from common.config import RunConfig
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 

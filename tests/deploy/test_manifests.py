@@ -98,7 +98,7 @@ def image_name(image: str) -> str:
 
 
 def env_read_by_code(name: str) -> bool:
-    sources = [p for d in ("common", "server", "client") for p in (ROOT / d).rglob("*.py")]
+    sources = [p for d in ("common", "server", "client", "engine") for p in (ROOT / d).rglob("*.py")]
     return any(name in p.read_text() for p in sources)
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from common.config import RunConfig
 from server.export import export_adapter
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 from client.runtime import build_runtime
 
 CONFIG = RunConfig(run_id="dist", num_clients=3, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,

@@ -16,7 +16,7 @@ import struct
 import pytest
 
 from common.config import RunConfig
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 
 CONFIG = RunConfig(run_id="faults", num_clients=2, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
                    lr_lora=1e-3, threads=1, seed=5,

@@ -26,7 +26,7 @@ from common.config import config_from_args
 from server.certs import create_dev_pki
 from server.export import export_adapter
 from server.main import build_parser
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 
 import netns
 

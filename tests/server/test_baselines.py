@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from common.config import RunConfig
 from common.merge import decay_gram, regmean
 from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 
 SPEC = ModelSpec(layers={"l1": (3, 4), "l2": (2, 3)}, feature_dim=3, num_classes=4,

@@ -7,13 +7,13 @@ generic torch (masks, means, ``torch.linalg.solve``), not with the strategy's he
 import pytest
 import torch
 
-import server.simulation as simulation
+import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.merge import GramSum, gram_factor
 from common.messages import ClientUpdate, Phase
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
@@ -203,23 +203,23 @@ def test_rejected_statistics(break_it, field):
 
 
 def test_features_step_travels_over_the_wire():
-    """The plans (features mode, a head of width F' at evaluation) and the statistics survive serde."""
-    from common import serde
+    """The plans (features mode, a head of width F' at evaluation) and the statistics survive the codec."""
+    from proto import codec
     from common.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    got = serde.plan_from_proto(serde.plan_to_proto(plan))
+    got = codec.plan_from_proto(codec.plan_to_proto(plan))
     assert (got.mode, got.head_gram, got.head_weight) == ("features", True, None)
     update = stats_update(plan, 9, 0, 0)
-    _, back = serde.update_from_proto(serde.update_to_proto(update, "k"))
+    _, back = codec.update_from_proto(codec.update_to_proto(update, "k"))
     assert set(back.stats) == set(update.stats)
     assert all(torch.equal(back.stats[n], t) for n, t in update.stats.items())
     # 12 samples of the 3 classes of task 0: the task's rows of the sums, the Gram as its (9, 9) factor
     assert back.stats["class_sum"].shape == (3, 9) and back.stats["gram_factor"].shape == (9, 9)
     assert back.stats["holdout_gram_factor"].shape == (3, 9)  # 3 held-out samples: 3 rows, not 9
     fold_task(strategy, 0, 1)
-    evaluation = serde.plan_from_proto(serde.plan_to_proto(strategy.eval_plan(0)))
+    evaluation = codec.plan_from_proto(codec.plan_to_proto(strategy.eval_plan(0)))
     assert evaluation.mode == "features" and tuple(evaluation.head_weight.shape) == (6, 9)

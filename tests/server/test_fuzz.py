@@ -29,11 +29,11 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common import serde
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec
-from common.serde import HEAD_GRAM, HEAD_WEIGHT, HEAD_BIAS, parse_tensor_name, update_from_tensors
+from common.tensors import HEAD_GRAM, HEAD_WEIGHT, HEAD_BIAS, parse_tensor_name, update_from_tensors, update_tensors
 from common.tls import Security
+from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.coordinator import Coordinator
@@ -278,7 +278,7 @@ def mutate_json(rng: random.Random, text: str) -> str:
 
 def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
     """A value-level corruption behind valid framing and checksums: reaches the update's validation."""
-    tensors = serde.update_tensors(update)
+    tensors = update_tensors(update)
     name = rng.choice(sorted(tensors))
     t = tensors[name].clone()
     kind = rng.randrange(6)
@@ -299,7 +299,7 @@ def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
         update.num_samples = rng.choice(INTS)
         update.train_loss = rng.choice(FLOATS)
     tensors[name] = t
-    return serde.update_from_tensors(tensors, run_id=update.run_id, client_id=update.client_id,
+    return update_from_tensors(tensors, run_id=update.run_id, client_id=update.client_id,
                                      client_index=update.client_index, task=update.task, round=update.round,
                                      phase=update.phase, num_samples=update.num_samples,
                                      train_loss=update.train_loss)
@@ -308,7 +308,7 @@ def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
 def assert_plausible(update: ClientUpdate, reference: ClientUpdate, where: str) -> None:
     """An accepted update, judged without server.strategies.validate: the reference's tensors, floating,
     finite, Gram diagonals non-negative; a sample count in the run's bounds; a loss NaN or finite >= 0."""
-    got, want = serde.update_tensors(update), serde.update_tensors(reference)
+    got, want = update_tensors(update), update_tensors(reference)
     assert got.keys() == want.keys(), where
     for name, t in got.items():
         assert t.shape == want[name].shape and t.dtype in (torch.float32, torch.float64), (where, name)
@@ -457,8 +457,8 @@ def test_fuzz_push_and_the_chunk_stream(harness):
         index = 1 if rng.random() < 0.85 else 0  # client 0 has submitted: its pushes are duplicates
         update = good_update(h.coord, index)
         if rng.random() < 0.3:  # valid framing, bad values
-            return list(serde.update_to_proto(corrupt_update(rng, update), f"p{index}", chunk_bytes=48))
-        return mutate_stream(rng, list(serde.update_to_proto(update, f"p{index}", chunk_bytes=48)))
+            return list(codec.update_to_proto(corrupt_update(rng, update), f"p{index}", chunk_bytes=48))
+        return mutate_stream(rng, list(codec.update_to_proto(update, f"p{index}", chunk_bytes=48)))
 
     def run(h: Harness, case):
         return pb.PushReply.FromString(h.raw_push(iter([_raw(m) for m in case]), timeout=10))

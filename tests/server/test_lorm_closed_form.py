@@ -7,12 +7,12 @@ extracted by hand under the backbone the features step names, not with the strat
 import pytest
 import torch
 
-import server.simulation as simulation
+import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import LowRank, Phase
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
 ROUNDS = 2

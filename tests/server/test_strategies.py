@@ -165,15 +165,14 @@ def test_ablation_average_tasks_is_the_mean_of_task_residuals():
 
 def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
     """lorm-seq: task 1 trains and runs its Gram passes on W0 + s B^0 A^0 + s B A; the model is the sum."""
-    from common import serde
-
+    from proto import codec
     strategy = make_strategy(config(strategy="lorm-seq", rounds_per_task=1, lora_scale=2.0), SPEC)
     for task in range(2):
         strategy.begin_task(task)
         for phase, round_ in strategy.steps(task):
             plan = strategy.configure(task, round_, phase)
             assert plan.train_extra and plan.lora_scale == 1.0  # no 1/(t+1): the earlier residuals at full weight
-            assert serde.plan_from_proto(serde.plan_to_proto(plan)).train_extra  # and it travels
+            assert codec.plan_from_proto(codec.plan_to_proto(plan)).train_extra  # and it travels
             if task == 0:
                 assert plan.extra == {}
             else:

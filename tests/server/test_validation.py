@@ -14,12 +14,13 @@ import grpc
 import pytest
 import torch
 
-from common import serde
+from proto import codec
+
+from common.tensors import tensor_name
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
-from common.serde import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name,
-                          update_from_tensors, update_tensors)
+from common.tensors import DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name, update_from_tensors, update_tensors
 from common.tls import Security
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -53,7 +54,7 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x),
            "holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
            "holdout_gram_factor": gram_factor(x[held])}
-    return {serde.tensor_name(STAT, k): v for k, v in out.items() if serde.tensor_name(STAT, k) in shapes}
+    return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
 
 
 def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: int, seed: int) -> ClientUpdate:
@@ -155,8 +156,8 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
                         want = field_of(tname) if bad_tensor is not None else field_of(tname).split("[")[0]
                         assert err.value.field == want, (tname, what, str(err.value))
                         refused += 1
-                extra = dict(update_tensors(good)) | {serde.tensor_name(FISHER, "stray"): torch.zeros(2, dtype=F64)}
-                if serde.tensor_name(FISHER, "stray") not in expected:
+                extra = dict(update_tensors(good)) | {tensor_name(FISHER, "stray"): torch.zeros(2, dtype=F64)}
+                if tensor_name(FISHER, "stray") not in expected:
                     with pytest.raises(UpdateRejected, match="unexpected"):
                         agg.fold(with_tensors(good, extra))
                     refused += 1
@@ -397,7 +398,7 @@ def served(tmp_path):
     server, port = create_server(coord, "127.0.0.1:0", security=Security(insecure=True))
     server.start()
     coord.target = f"127.0.0.1:{port}"  # for tests that need a channel of their own
-    channel = grpc.insecure_channel(coord.target, options=serde.CHANNEL_OPTIONS)
+    channel = grpc.insecure_channel(coord.target, options=codec.CHANNEL_OPTIONS)
     yield coord, pb_grpc.CoordinatorStub(channel)
     channel.close()
     server.stop(0)
@@ -415,7 +416,7 @@ def push(stub, messages) -> grpc.RpcError | pb.PushReply:
 
 
 def encoded(update: ClientUpdate, key: str = "k", chunk_bytes: int = 64) -> list[pb.UpdateChunk]:
-    return list(serde.update_to_proto(update, key, chunk_bytes=chunk_bytes))
+    return list(codec.update_to_proto(update, key, chunk_bytes=chunk_bytes))
 
 
 def test_wire_corruptions_are_invalid_argument_naming_the_field(served):

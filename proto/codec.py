@@ -1,7 +1,8 @@
 """The wire format: conversions between :mod:`common.messages` and ``proto/lorm.proto``.
 
-This is the only module that turns dataclasses into protobuf messages and back; the
-servicer and the client transport call it, everything else sees dataclasses only.
+This is the only module that turns dataclasses into protobuf messages and back; only the
+servicer (``server/service.py``) and the client transport (``client/transport.py``) import
+it, and everything else sees dataclasses and the flat named tensors of :mod:`common.tensors`.
 
 A tensor travels as a :class:`TensorHeader` (name, dtype, shape, byte size, CRC-32)
 declared in the stream's first message, then as :class:`TensorChunk` messages carrying its
@@ -16,7 +17,6 @@ maps to ``INVALID_ARGUMENT``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import zlib
@@ -27,11 +27,14 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
-from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
+from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Phase, PullQuery, PushEnvelope, RoundPlan,
+                             Wait)
+from common.tensors import (DEFAULT_MAX_TOTAL_BYTES, DELTA, EXTRA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, PARTS, STAT, WireError, parse_tensor_name, tensor_name, update_from_tensors,
+                            update_tensors)
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
-    raise ImportError("common.serde supports little-endian hosts only")
+    raise ImportError("proto.codec supports little-endian hosts only")
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # payload per chunk message; well under gRPC's 4 MiB default
 
@@ -47,11 +50,6 @@ CHANNEL_OPTIONS = [
     # client must find it again before its linger ends, e.g. when it restarts into a finished run.
     ("grpc.max_reconnect_backoff_ms", 5_000),
 ]
-# Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
-# receiver allocate without bound. The largest real update, full float64 Grams of a
-# ViT-B/16 (4 adapted layers per block), is about 1.1 GB. Receivers may pass their own.
-DEFAULT_MAX_TOTAL_BYTES = 2 << 30
-
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -63,53 +61,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-class WireError(ValueError):
-    """A message that breaks the wire contract; ``field`` names the offending protobuf field."""
-
-    def __init__(self, field: str, message: str, tensor: str | None = None) -> None:
-        self.field = field
-        self.tensor = tensor
-        where = f" (tensor {tensor!r})" if tensor is not None else ""
-        super().__init__(f"{field}{where}: {message}")
-
-
-# ------------------------------------------------------------------------- tensor names
-#
-# Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
-# head's are fixed. Layer names are dotted module names and never empty.
-
-LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gram", "delta", "fisher", "stat"
-HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
-PARTS = ("B", "A")
-_FACTOR_KINDS = (LORA, EXTRA, FACTOR)
-_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
-
-
-def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
-    """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
-    if not layer:
-        raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
-    if kind in _NAMED_KINDS and part is None:
-        return f"{kind}/{layer}"
-    if kind in _FACTOR_KINDS and part in PARTS:
-        return f"{kind}/{layer}/{part}"
-    raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
-
-
-def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
-    """Inverse of :func:`tensor_name`: ``(kind, layer, part)``, e.g. ``("head", None, "bias")``."""
-    if name in (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM):
-        return "head", None, name.split("/", 1)[1]
-    kind, _, rest = name.partition("/")
-    if kind in _NAMED_KINDS and rest:
-        return kind, rest, None
-    layer, _, part = rest.rpartition("/")
-    if kind in _FACTOR_KINDS and layer and part in PARTS:
-        return kind, layer, part
-    expected = "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat/<name> or head/weight|bias|gram"
-    raise WireError("tensors.name", f"expected {expected}, got {name!r}")
 
 
 # ------------------------------------------------------------------------ tensor codec
@@ -335,15 +286,6 @@ def _non_empty(**values: str) -> None:
 # ------------------------------------------------------------------------------ Pull
 
 
-@dataclass(frozen=True)
-class PullQuery:
-    """A client asking for its next step; it last completed ``(task, round, phase)``."""
-
-    run_id: str
-    client_id: str
-    last_completed: tuple[int, int, Phase] | None = None  # None: nothing completed yet
-
-
 def pull_to_proto(query: PullQuery) -> pb.PullRequest:
     request = pb.PullRequest(run_id=query.run_id, client_id=query.client_id)
     if query.last_completed is not None:
@@ -360,14 +302,6 @@ def pull_from_proto(request: pb.PullRequest) -> PullQuery:
         _non_negative(**{"last_completed.task": step.task, "last_completed.round": step.round})
         last = (step.task, step.round, phase_from_proto(step.phase, "last_completed.phase"))
     return PullQuery(request.run_id, request.client_id, last)
-
-
-@dataclass(frozen=True)
-class Wait:
-    """The coordinator has no step ready for this client: pull again after ``retry_after_s``."""
-
-    retry_after_s: float
-    reason: str = ""
 
 
 def wait_to_proto(wait: Wait) -> Iterator[pb.PlanChunk]:
@@ -477,59 +411,6 @@ def plan_from_proto(
 
 
 # ------------------------------------------------------------------------------ Push
-
-
-@dataclass(frozen=True)
-class PushEnvelope:
-    """A push's first message, decoded and checked before any tensor byte is read."""
-
-    run_id: str
-    client_id: str
-    client_index: int
-    task: int
-    round: int
-    phase: Phase
-    idempotency_key: str  # a retried push reuses its key: the coordinator records it once
-    num_samples: int
-    train_loss: float
-    total_bytes: int  # tensor bytes the push declares
-    declared: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # name -> (dtype, shape)
-
-
-def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
-    """Every tensor of an update under its wire name (also how the coordinator stages it)."""
-    tensors: dict[str, Tensor] = {}
-    for layer, parts in update.factors.items():
-        for part, tensor in parts.items():
-            tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher), (STAT, update.stats)):
-        for name, tensor in named.items():
-            tensors[tensor_name(kind, name)] = tensor
-    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
-    for name, tensor in head.items():
-        if tensor is not None:
-            tensors[name] = tensor
-    return tensors
-
-
-def update_nbytes(update: ClientUpdate) -> int:
-    """Tensor payload bytes of an update: what the wire carries, less its ~0.1 % framing."""
-    return sum(t.numel() * t.element_size() for t in update_tensors(update).values())
-
-
-def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
-    """Inverse of :func:`update_tensors`, given the update's scalar fields."""
-    factors: dict[str, dict[str, Tensor]] = {}
-    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
-    for name, tensor in tensors.items():
-        kind, layer, part = parse_tensor_name(name)
-        if kind == FACTOR:
-            factors.setdefault(layer, {})[part] = tensor
-        elif kind in named:
-            named[kind][layer] = tensor
-    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
-                        head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
-                        head_gram=tensors.get(HEAD_GRAM), **scalars)
 
 
 def update_to_proto(

@@ -42,8 +42,8 @@ from typing import Any, Callable
 from common.config import RunConfig, add_config_arguments, config_from_args
 from server.export import write_metrics
 from server.launch import launch
-from server.simulation import run_inprocess
-from server.benchmark_report import JOINT, _duration, _pct, write_report
+from engine.simulation import run_inprocess
+from engine.benchmark_report import JOINT, _duration, _pct, write_report
 from server.strategies import STRATEGIES
 
 # Keys the grid itself sets in every cell; a method configuration may not.
@@ -361,9 +361,9 @@ def _command_line(argv: list[str] | None) -> str:
     if argv is None:
         argv = sys.argv[1:]
         prog = Path(sys.argv[0]).name
-        prog = "python -m server.benchmark" if prog in ("benchmark.py", "__main__.py") else prog
+        prog = "python -m engine.benchmark" if prog in ("benchmark.py", "__main__.py") else prog
     else:
-        prog = "python -m server.benchmark"
+        prog = "python -m engine.benchmark"
     return " ".join([prog, shlex.join(argv)]).strip()
 
 

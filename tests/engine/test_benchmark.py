@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import server.benchmark as bench
-import server.benchmark_report as report
+import engine.benchmark as bench
+import engine.benchmark_report as report
 from common.config import RunConfig
 from common.presets import preset
-from server.simulation import run_inprocess
+from engine.simulation import run_inprocess
 
 TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1", "--set", "local_epochs=1"]
 METHODS = ["lorm", "fedavg-lora", "joint"]
@@ -128,7 +128,7 @@ def test_tables_and_plots_agree_with_the_cells(grid):
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| synthetic-text | {method} | 0.5 |"))
         assert f"| {faa.mean():.2f} ± {faa.std(ddof=1):.2f} | - |" in line and f"| {bytes_ / 1e6:.3f} |" in line
         assert line.endswith("| 2 |")
-    assert f"`python -m server.benchmark {' '.join(grid.argv)}`" in md
+    assert f"`python -m engine.benchmark {' '.join(grid.argv)}`" in md
     assert "CPU cores" in md and "GPU: " in md
     for name in ("faa.png", "accuracy_0.5.png"):
         assert (grid.out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -177,7 +177,7 @@ def test_report_only_rebuilds_the_tables_without_running(grid, monkeypatch):
     assert rc == 0, printed
     assert (grid.out / "results.csv").read_text() == expected
     md = (grid.out / "results.md").read_text()
-    assert "Report written by: `python -m server.benchmark --out" in md and "Grid command:" in md
+    assert "Report written by: `python -m engine.benchmark --out" in md and "Grid command:" in md
     assert (grid.out / "faa.png").exists() and (grid.out / "accuracy_0.5.png").exists()
 
 

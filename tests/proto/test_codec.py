@@ -7,10 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import serde
-from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
-from common.serde import WireError
+from proto import codec
 
+from common.tensors import tensor_name, parse_tensor_name
+
+from common.messages import PullQuery, Wait
+from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
+from common.tensors import WireError
 MiB = 1 << 20
 GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream
 
@@ -37,7 +40,7 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
 
 
-DTYPES = list(serde.DTYPES.values())
+DTYPES = list(codec.DTYPES.values())
 SHAPES = [(3, 5), (0, 4), ()]  # matrix, empty, 0-d
 
 
@@ -91,7 +94,7 @@ def make_update(dtype: torch.dtype = torch.float32, shape: tuple[int, ...] = (3,
 def test_plan_round_trip_is_byte_exact(dtype, shape):
     plan = make_plan(dtype, shape)
 
-    got = serde.plan_from_proto(serde.plan_to_proto(plan, chunk_bytes=7))
+    got = codec.plan_from_proto(codec.plan_to_proto(plan, chunk_bytes=7))
 
     for name in ("run_id", "phase", "task", "round", "class_range", "seen_classes", "train_factors",
                  "lora_scale", "gram", "head_gram", "send_head", "seed"):
@@ -108,14 +111,14 @@ def test_plan_round_trip_is_byte_exact(dtype, shape):
 def test_plan_without_tensors_round_trips():
     plan = RoundPlan(run_id="r", phase=Phase.DONE, task=9, round=0, class_range=(90, 100), seen_classes=100)
 
-    assert serde.plan_from_proto(serde.plan_to_proto(plan)) == plan
+    assert codec.plan_from_proto(codec.plan_to_proto(plan)) == plan
 
 
 def test_wait_round_trips_as_a_single_message():
-    messages = list(serde.wait_to_proto(serde.Wait(retry_after_s=1.5, reason="round 3 still open")))
+    messages = list(codec.wait_to_proto(Wait(retry_after_s=1.5, reason="round 3 still open")))
 
     assert len(messages) == 1
-    assert serde.plan_from_proto(messages) == serde.Wait(1.5, "round 3 still open")
+    assert codec.plan_from_proto(messages) == Wait(1.5, "round 3 still open")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -123,7 +126,7 @@ def test_wait_round_trips_as_a_single_message():
 def test_update_round_trip_is_byte_exact(dtype, shape):
     update = make_update(dtype, shape)
 
-    envelope, got = serde.update_from_proto(serde.update_to_proto(update, "key-1", chunk_bytes=11))
+    envelope, got = codec.update_from_proto(codec.update_to_proto(update, "key-1", chunk_bytes=11))
 
     assert envelope.idempotency_key == "key-1"
     assert envelope.total_bytes == sum(t.numel() * t.element_size() for t in _update_tensors(update))
@@ -145,7 +148,7 @@ def test_update_keeps_nan_loss_and_absent_head():
     update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
                           num_samples=0, grams={"l": torch.ones(3, dtype=torch.float64)})
 
-    _, got = serde.update_from_proto(serde.update_to_proto(update, "k"))
+    _, got = codec.update_from_proto(codec.update_to_proto(update, "k"))
 
     assert math.isnan(got.train_loss)
     assert got.head_weight is None and got.head_bias is None and got.head_gram is None and got.factors == {}
@@ -155,16 +158,16 @@ def test_eval_round_trip():
     report = EvalReport(run_id="r", client_id="c", client_index=2, task=2, correct=[5, 0, 7],
                         total=[10, 3, 7])
 
-    key, got = serde.eval_from_proto(serde.eval_to_proto(report, "eval-key"))
+    key, got = codec.eval_from_proto(codec.eval_to_proto(report, "eval-key"))
 
     assert (key, got) == ("eval-key", report)
 
 
 @pytest.mark.parametrize("last", [None, (2, 7, Phase.EVALUATE)])
 def test_pull_query_round_trip(last):
-    query = serde.PullQuery(run_id="r", client_id="c", last_completed=last)
+    query = PullQuery(run_id="r", client_id="c", last_completed=last)
 
-    assert serde.pull_from_proto(serde.pull_to_proto(query)) == query
+    assert codec.pull_from_proto(codec.pull_to_proto(query)) == query
 
 
 @settings(max_examples=60, deadline=None)
@@ -176,9 +179,9 @@ def test_pull_query_round_trip(last):
 )
 def test_tensor_chunks_reassemble_exactly(dtype, shape, chunk_bytes, seed):
     tensor = random_tensor(dtype, shape, seed)
-    assembler = serde.TensorAssembler([serde.tensor_header("t", tensor)])
+    assembler = codec.TensorAssembler([codec.tensor_header("t", tensor)])
 
-    chunks = list(serde.tensor_chunks("t", tensor, chunk_bytes))
+    chunks = list(codec.tensor_chunks("t", tensor, chunk_bytes))
     for chunk in chunks:
         assembler.add(chunk)
 
@@ -193,14 +196,14 @@ def test_tensor_chunks_reassemble_exactly(dtype, shape, chunk_bytes, seed):
     ("gram", "blocks.3.mlp.fc2", None, "gram/blocks.3.mlp.fc2"),
 ])
 def test_tensor_names_parse_back(kind, layer, part, name):
-    assert serde.tensor_name(kind, layer, part) == name
-    assert serde.parse_tensor_name(name) == (kind, layer, part)
+    assert tensor_name(kind, layer, part) == name
+    assert parse_tensor_name(name) == (kind, layer, part)
 
 
 @pytest.mark.parametrize("name", ["", "lora/x", "lora//B", "gram/", "head/other", "factor/x/C", "w/x/A"])
 def test_malformed_tensor_names_are_rejected(name):
     with pytest.raises(WireError) as caught:
-        serde.parse_tensor_name(name)
+        parse_tensor_name(name)
     assert caught.value.field == "tensors.name"
 
 
@@ -212,11 +215,11 @@ def test_a_38_mb_gram_travels_in_messages_under_1_1_mib():
     update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
                           num_samples=1, grams={"enc.11.mlp.fc2": gram})
 
-    messages = list(serde.update_to_proto(update, "k", chunk_bytes=MiB))
+    messages = list(codec.update_to_proto(update, "k", chunk_bytes=MiB))
 
     assert len(messages) == 1 + math.ceil(38_000_000 / MiB)
     assert max(m.ByteSize() for m in messages) < 1.1 * MiB
-    _, got = serde.update_from_proto(messages)
+    _, got = codec.update_from_proto(messages)
     assert_same(got.grams["enc.11.mlp.fc2"], gram)
 
 
@@ -236,9 +239,9 @@ def vit_b16_update(r: int = 16) -> ClientUpdate:
 
 def wire_overhead(update: ClientUpdate) -> float:
     """Bytes on the stream (messages + gRPC framing) per byte of tensor payload."""
-    messages = list(serde.update_to_proto(update, "k", chunk_bytes=MiB))
+    messages = list(codec.update_to_proto(update, "k", chunk_bytes=MiB))
     wire = sum(m.ByteSize() + GRPC_FRAME for m in messages)
-    return wire / serde.update_from_proto(messages)[0].total_bytes
+    return wire / codec.update_from_proto(messages)[0].total_bytes
 
 
 def test_vit_b16_update_wire_overhead_is_at_most_5_percent():
@@ -253,7 +256,7 @@ def test_vit_b16_update_wire_overhead_is_at_most_5_percent():
 
 def valid_update_stream() -> list:
     update = make_update(torch.float32, (6, 5))  # factor/enc.0.q/B: 120 bytes = 3 chunks of 48, 48, 24
-    return list(serde.update_to_proto(update, "k", chunk_bytes=48))
+    return list(codec.update_to_proto(update, "k", chunk_bytes=48))
 
 
 def chunk_indices(messages: list, name: str) -> list[int]:
@@ -266,7 +269,7 @@ def header_of(messages: list, name: str):
 
 def reject(messages, field: str, **kwargs) -> WireError:
     with pytest.raises(WireError) as caught:
-        serde.update_from_proto(messages, **kwargs)
+        codec.update_from_proto(messages, **kwargs)
     assert caught.value.field == field, str(caught.value)
     return caught.value
 
@@ -334,7 +337,7 @@ def test_unsupported_dtype_cannot_be_sent():
     update.head_bias = torch.zeros(3, dtype=torch.complex64)
 
     with pytest.raises(WireError) as caught:
-        serde.update_to_proto(update, "k")
+        codec.update_to_proto(update, "k")
     assert caught.value.field == "tensors.dtype"
 
 
@@ -376,9 +379,9 @@ def test_oversize_declared_submission_is_rejected_before_any_chunk_is_read():
 
 def test_submission_cap_is_configurable():
     messages = valid_update_stream()
-    total = serde.update_from_proto(messages)[0].total_bytes
+    total = codec.update_from_proto(messages)[0].total_bytes
 
-    serde.update_from_proto(messages, max_total_bytes=total)
+    codec.update_from_proto(messages, max_total_bytes=total)
     reject(messages, "tensors.nbytes", max_total_bytes=total - 1)
 
 
@@ -425,11 +428,11 @@ def test_on_envelope_sees_the_envelope_before_any_chunk_and_can_refuse():
         raise AssertionError("a chunk was read after the envelope was refused")
 
     with pytest.raises(Duplicate):
-        serde.update_from_proto(stream(), on_envelope=refuse)
+        codec.update_from_proto(stream(), on_envelope=refuse)
 
 
 def test_plan_with_half_a_low_rank_pair_is_rejected():
-    messages = list(serde.plan_to_proto(make_plan(torch.float32, (3, 5))))
+    messages = list(codec.plan_to_proto(make_plan(torch.float32, (3, 5))))
     header = messages[0].header
     keep = [h for h in header.tensors if h.name != "lora/enc.0.q/A"]
     del header.tensors[:]
@@ -437,16 +440,16 @@ def test_plan_with_half_a_low_rank_pair_is_rejected():
     messages = [m for m in messages if m.WhichOneof("kind") == "header" or m.chunk.name != "lora/enc.0.q/A"]
 
     with pytest.raises(WireError) as caught:
-        serde.plan_from_proto(messages)
+        codec.plan_from_proto(messages)
     assert caught.value.field == "tensors.name"
 
 
 def test_wait_with_tensors_is_rejected():
-    messages = list(serde.wait_to_proto(serde.Wait(1.0)))
+    messages = list(codec.wait_to_proto(Wait(1.0)))
     messages[0].header.tensors.add(name="head/bias", dtype="float32", nbytes=0)
 
     with pytest.raises(WireError) as caught:
-        serde.plan_from_proto(messages)
+        codec.plan_from_proto(messages)
     assert caught.value.field == "wait"
 
 
@@ -454,10 +457,10 @@ def test_wait_with_tensors_is_rejected():
     ([1, 2], [3, 3, 3], "correct"), ([1, 2, 3], [3, 3], "total"), ([1, 4, 0], [3, 3, 3], "correct"),
 ])
 def test_inconsistent_eval_counts_are_rejected(correct, total, field):
-    message = serde.eval_to_proto(EvalReport("r", "c", 0, 2, [0, 0, 0], [0, 0, 0]), "k")
+    message = codec.eval_to_proto(EvalReport("r", "c", 0, 2, [0, 0, 0], [0, 0, 0]), "k")
     message.correct[:] = correct
     message.total[:] = total
 
     with pytest.raises(WireError) as caught:
-        serde.eval_from_proto(message)
+        codec.eval_from_proto(message)
     assert caught.value.field == field

@@ -1,0 +1,103 @@
+"""Updates as flat dicts of named tensors: the names every layer of the system agrees on.
+
+No protobuf here. A per-layer tensor is ``<kind>/<layer>/<part>`` (part ``B`` or ``A``) or
+``<kind>/<layer>``; the head's names are fixed. The wire codec (``proto/codec.py``) sends
+these names and tensors; the coordinator validates (``server/strategies/validate.py``) and
+stages (``server/store.py``) updates in the same flat form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from common.messages import ClientUpdate
+
+# Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
+# receiver allocate without bound. The largest real update, full float64 Grams of a
+# ViT-B/16 (4 adapted layers per block), is about 1.1 GB. Receivers may pass their own.
+DEFAULT_MAX_TOTAL_BYTES = 2 << 30
+
+
+class WireError(ValueError):
+    """A message that breaks the wire contract; ``field`` names the offending protobuf field."""
+
+    def __init__(self, field: str, message: str, tensor: str | None = None) -> None:
+        self.field = field
+        self.tensor = tensor
+        where = f" (tensor {tensor!r})" if tensor is not None else ""
+        super().__init__(f"{field}{where}: {message}")
+
+
+# Tensor names
+#
+# Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
+# head's are fixed. Layer names are dotted module names and never empty.
+
+LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gram", "delta", "fisher", "stat"
+HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
+PARTS = ("B", "A")
+_FACTOR_KINDS = (LORA, EXTRA, FACTOR)
+_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
+
+
+def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
+    """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
+    if not layer:
+        raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
+    if kind in _NAMED_KINDS and part is None:
+        return f"{kind}/{layer}"
+    if kind in _FACTOR_KINDS and part in PARTS:
+        return f"{kind}/{layer}/{part}"
+    raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
+
+
+def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
+    """Inverse of :func:`tensor_name`: ``(kind, layer, part)``, e.g. ``("head", None, "bias")``."""
+    if name in (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM):
+        return "head", None, name.split("/", 1)[1]
+    kind, _, rest = name.partition("/")
+    if kind in _NAMED_KINDS and rest:
+        return kind, rest, None
+    layer, _, part = rest.rpartition("/")
+    if kind in _FACTOR_KINDS and layer and part in PARTS:
+        return kind, layer, part
+    expected = "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat/<name> or head/weight|bias|gram"
+    raise WireError("tensors.name", f"expected {expected}, got {name!r}")
+
+
+def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
+    """Every tensor of an update under its wire name (also how the coordinator stages it)."""
+    tensors: dict[str, Tensor] = {}
+    for layer, parts in update.factors.items():
+        for part, tensor in parts.items():
+            tensors[tensor_name(FACTOR, layer, part)] = tensor
+    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher), (STAT, update.stats)):
+        for name, tensor in named.items():
+            tensors[tensor_name(kind, name)] = tensor
+    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
+    for name, tensor in head.items():
+        if tensor is not None:
+            tensors[name] = tensor
+    return tensors
+
+
+def update_nbytes(update: ClientUpdate) -> int:
+    """Tensor payload bytes of an update: what the wire carries, less its ~0.1 % framing."""
+    return sum(t.numel() * t.element_size() for t in update_tensors(update).values())
+
+
+def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
+    """Inverse of :func:`update_tensors`, given the update's scalar fields."""
+    factors: dict[str, dict[str, Tensor]] = {}
+    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
+    for name, tensor in tensors.items():
+        kind, layer, part = parse_tensor_name(name)
+        if kind == FACTOR:
+            factors.setdefault(layer, {})[part] = tensor
+        elif kind in named:
+            named[kind][layer] = tensor
+    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
+                        head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
+                        head_gram=tensors.get(HEAD_GRAM), **scalars)
