@@ -7,15 +7,11 @@ capability): other CPUs' float kernels differ in their last bits.
 """
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fingerprints import FILE, fingerprint, machine_signature  # noqa: E402
-from server.strategies import STRATEGIES  # noqa: E402
+from fingerprints import FILE, fingerprint, machine_signature
+from server.strategies import STRATEGIES
 
 RECORDED = json.loads(FILE.read_text())
 
