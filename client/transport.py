@@ -11,12 +11,10 @@ from typing import Callable, TypeVar
 
 import grpc
 
-from proto import codec
-
-from common.messages import PullQuery, Wait
 from common.config import RunConfig
-from common.messages import ClientUpdate, EvalReport, ModelSpec, RoundPlan
+from common.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
 from common.tls import Security
+from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
@@ -26,6 +24,9 @@ T = TypeVar("T")
 # Worth retrying: the coordinator is down, restarting, or the network dropped the call.
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED}
+# The coordinator is busy (this client's calls in progress, or all of them, are at their bound):
+# retry, but not sooner than this, so that a refused client does not hammer it.
+BUSY_RETRY_S = 2.0
 
 
 @dataclass
@@ -76,6 +77,8 @@ class CoordinatorClient:
                     raise Rejected(code, err.details() or "") from err
                 if time.monotonic() - start > self.backoff.give_up_s:
                     raise
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    delay = max(delay, BUSY_RETRY_S)
                 log.info("%s: %s (%s); retrying in %.1f s", what, code.name, err.details(), delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")

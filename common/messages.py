@@ -13,6 +13,7 @@ Layer names are the dotted module names of the wrapped ``nn.Linear`` layers in t
 from __future__ import annotations
 
 import json
+import math
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
@@ -50,6 +51,31 @@ class ModelSpec:
         return json.dumps({"layers": {k: list(v) for k, v in self.layers.items()}, "feature_dim": self.feature_dim,
                            "num_classes": self.num_classes, "export_prefix": self.export_prefix,
                            "base_model": self.base_model, "params": {k: list(v) for k, v in self.params.items()}})
+
+    def difference(self, other: "ModelSpec") -> str:
+        """The first way ``other`` differs from this spec, in words ("" when equal)."""
+        for what in ("feature_dim", "num_classes", "export_prefix", "base_model"):
+            if getattr(self, what) != getattr(other, what):
+                return f"{what} {getattr(other, what)!r} instead of {getattr(self, what)!r}"
+        for what in ("layers", "params"):
+            mine, theirs = getattr(self, what), getattr(other, what)
+            if list(mine) != list(theirs):
+                extra, missing = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
+                return (f"{what}: {len(theirs)} instead of {len(mine)}, unexpected {extra[:3]}, missing {missing[:3]}"
+                        if extra or missing else f"{what} in another order")
+            for name, shape in mine.items():
+                if tuple(theirs[name]) != tuple(shape):
+                    return f"{what} {name!r} of shape {tuple(theirs[name])} instead of {tuple(shape)}"
+        return ""
+
+    def state_bytes(self, rank: int, full_grams: bool) -> int:
+        """An upper bound of the bytes the coordinator holds for one step of this model: float64 LoRA factors
+        ``(d_out + d_in) r`` and Grams (``d_in`` or ``d_in^2``) per layer, backbone parameters, head and its Gram."""
+        per_layer = sum((d_out + d_in) * rank + (d_in * d_in if full_grams else d_in)
+                        for d_out, d_in in self.layers.values())
+        params = sum(math.prod(shape) for shape in self.params.values())
+        head = self.num_classes * (self.feature_dim + 1) + self.feature_dim * self.feature_dim
+        return 8 * (per_layer + params + head)
 
     @classmethod
     def from_json(cls, text: str) -> "ModelSpec":

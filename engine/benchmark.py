@@ -167,7 +167,7 @@ class _LogSink:
     threads may still be draining a pipe when the run has returned."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "a")
+        self._file = open(path, "a", buffering=1)  # line-buffered: a running cell shows its progress
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:

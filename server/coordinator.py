@@ -62,6 +62,10 @@ class Options:
     results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
     max_push_bytes: int = DEFAULT_MAX_TOTAL_BYTES  # cap on the tensor bytes one push may declare, any step
     max_num_samples: int = 100_000_000  # cap on one client's samples per task and on eval totals per task
+    model_spec: ModelSpec | None = None  # the run's model, fixed by the operator (lorm-client --write-spec);
+    #                                       None: the first client's Describe fixes it, within the caps below
+    max_model_dim: int = 1 << 18  # cap on every dimension of a described model (vocabularies included)
+    max_model_tensors: int = 100_000  # cap on its LoRA layers plus backbone parameters
 
 
 @dataclass
@@ -109,6 +113,14 @@ class Coordinator:
         self.released: set[str] = set()  # clients told that the run is over
         self.reporter = RunReporter(self.options.results_dir or self.store.root / "results")
         self._resume()
+        fixed = self.options.model_spec
+        if fixed is not None and self.spec is None:
+            self._admit_spec(fixed, "--model-spec")
+            self.spec, self.strategy = fixed, self._strategy_for(fixed, "--model-spec")
+            self._commit()
+        elif fixed is not None and fixed != self.spec:
+            raise ValueError(f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
+                             f"{self.spec.difference(fixed) if self.spec else ''}")
 
     # ---------------------------------------------------------------- persistence
 
@@ -293,7 +305,8 @@ class Coordinator:
             else:
                 free = [i for i in range(self.config.num_clients) if i not in taken]
                 if not free:
-                    raise Refused("RESOURCE_EXHAUSTED", f"all {self.config.num_clients} client slots are taken")
+                    # Final for this run: retrying cannot free a slot (RESOURCE_EXHAUSTED would be retried).
+                    raise Refused("FAILED_PRECONDITION", f"all {self.config.num_clients} client slots are taken")
                 index = free[0]
             self.clients[client_id] = index
             self._commit()
@@ -302,21 +315,39 @@ class Coordinator:
             return index
 
     def describe(self, client_id: str, spec: ModelSpec) -> None:
+        """A client's model: it must be the run's (fixed by --model-spec or by the first Describe)."""
         with self.lock:
             self._index_of(client_id)
             if self.spec is None:
-                try:  # before anything is assigned: a spec no strategy can be built for changes nothing
-                    strategy = make_strategy(self.config, spec)
-                except (ValueError, RuntimeError) as err:
-                    raise Refused("INVALID_ARGUMENT", f"model_spec_json: no {self.config.strategy} model of it "
-                                                      f"({err})") from err
-                self.spec, self.strategy = spec, strategy
+                self._admit_spec(spec, "model_spec_json")
+                self.spec, self.strategy = spec, self._strategy_for(spec, "model_spec_json")
                 self._commit()
             elif spec != self.spec:
-                raise Refused("FAILED_PRECONDITION", f"client {client_id!r} built a different model than the run's "
-                                                     f"({len(spec.layers)} vs {len(self.spec.layers)} LoRA layers, "
-                                                     f"{spec.num_classes} vs {self.spec.num_classes} classes)")
+                raise Refused("INVALID_ARGUMENT", f"model_spec_json: client {client_id!r} built another model than "
+                                                  f"the run's: {self.spec.difference(spec)}")
             self._maybe_start()
+
+    def _admit_spec(self, spec: ModelSpec, what: str) -> None:
+        """Refuse a model over the caps before anything is allocated for it (INVALID_ARGUMENT)."""
+        o = self.options
+        tensors = len(spec.layers) + len(spec.params)
+        dims = [d for shape in (*spec.layers.values(), *spec.params.values()) for d in shape]
+        largest = max([*dims, spec.feature_dim, spec.num_classes])
+        need = spec.state_bytes(self.config.rank, full_grams=self.config.gamma_backbone > 0)
+        if tensors > o.max_model_tensors:
+            raise Refused("INVALID_ARGUMENT", f"{what}: {tensors} layers and parameters, over the cap of "
+                                              f"{o.max_model_tensors}")
+        if largest > o.max_model_dim:
+            raise Refused("INVALID_ARGUMENT", f"{what}: a dimension of {largest}, over the cap of {o.max_model_dim}")
+        if need > o.max_push_bytes:
+            raise Refused("INVALID_ARGUMENT", f"{what}: one step of this model needs about {need} bytes, over the "
+                                              f"cap of {o.max_push_bytes}")
+
+    def _strategy_for(self, spec: ModelSpec, what: str) -> Strategy:
+        try:  # before anything is assigned: a spec no strategy can be built for changes nothing
+            return make_strategy(self.config, spec)
+        except (ValueError, RuntimeError) as err:
+            raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
 
     def _maybe_start(self) -> None:
         if self.state == State.WAITING and self.strategy is not None and len(self.clients) == self.config.num_clients:

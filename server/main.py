@@ -15,9 +15,11 @@ import torch
 
 from common.config import add_config_arguments, config_from_args
 from common.logs import add_logging_arguments, set_context, setup_logging
+from common.messages import ModelSpec
 from common.metrics import format_summary
 from common.tls import SecurityError, add_security_arguments, security_from_args
-from server.coordinator import Coordinator, Options
+from server.admission import Limits
+from server.coordinator import Coordinator, Options, Refused
 from server.service import create_server
 from server.telemetry import CoordinatorMetrics, coordinator_status
 
@@ -39,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "SIGTERM: for a supervisor that restarts a process that exits (Kubernetes Deployment)")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("LORM_METRICS_PORT", "0")),
                         help="serve Prometheus /metrics on this port of --host (0: off; default $LORM_METRICS_PORT)")
+    parser.add_argument("--model-spec", default="", help="the run's model description (written by lorm-spec): a "
+                        "client's Describe must equal it; without it the first Describe fixes the model")
+    parser.add_argument("--max-calls-per-client", type=int, default=Limits.per_client,
+                        help="calls one client may have in progress; beyond it: RESOURCE_EXHAUSTED")
+    parser.add_argument("--stream-idle", type=float, default=Limits.idle_s,
+                        help="seconds a Push may send nothing (or a Pull's reader take nothing) before it is cancelled")
     add_security_arguments(parser, "server")
     add_logging_arguments(parser)
     return parser
@@ -71,7 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         # The merges' float sums depend on how BLAS splits them over threads: the in-process
         # engine runs them with config.threads, so the coordinator must too to match it bit for bit.
         torch.set_num_threads(config.threads)
-    options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir)
+    try:
+        fixed = ModelSpec.from_json(Path(args.model_spec).read_text()) if args.model_spec else None
+    except (OSError, ValueError) as err:
+        parser.error(f"--model-spec {args.model_spec}: {err}")
+    if fixed is None:
+        log.info("no --model-spec: the first client's Describe fixes the model, within the caps (lorm-spec writes "
+                 "the file that lets no client choose it)")
+    options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir,
+                      model_spec=fixed)
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
 
     def on_event(message: str) -> None:
@@ -80,11 +96,18 @@ def main(argv: list[str] | None = None) -> int:
         log.info(message, extra={"task": step.task, "round": step.round} if step else {})
 
     metrics = CoordinatorMetrics(lambda: coordinator_status(made[0]))
-    coordinator = Coordinator(config, args.state_dir, options, on_event=on_event,
-                              on_fatal=lambda err: os._exit(70), on_merge=metrics.merged)
+    try:
+        coordinator = Coordinator(config, args.state_dir, options, on_event=on_event,
+                                  on_fatal=lambda err: os._exit(70), on_merge=metrics.merged)
+    except (Refused, ValueError) as err:
+        parser.error(str(err))
     made.append(coordinator)
+    try:
+        limits = Limits(per_client=args.max_calls_per_client, idle_s=args.stream_idle)
+    except ValueError as err:
+        parser.error(str(err))
     server, port = create_server(coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()],
-                                 security=security)
+                                 security=security, limits=limits)
     if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
         log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     server.start()

@@ -8,16 +8,15 @@ from typing import Iterator, Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from proto import codec
-
-from common.messages import PushEnvelope, Wait
 from common.faults import after_items
-from common.messages import ModelSpec, RoundPlan
+from common.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
 from common.tls import Security
+from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
+from server.admission import AdmissionInterceptor, CallLimiter, Limits
 from server.auth import AuthInterceptor, Authenticator
-from server.coordinator import Coordinator, Refused, Wait
+from server.coordinator import Coordinator, Refused
 
 SERVICE_NAME = "lorm.v1.Coordinator"
 
@@ -141,15 +140,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 def create_server(coordinator: Coordinator, address: str, max_workers: int = 32,
                   interceptors: Sequence[grpc.ServerInterceptor] = (), *,
-                  security: Security) -> tuple[grpc.Server, int]:
+                  security: Security, limits: Limits = Limits()) -> tuple[grpc.Server, int]:
     """A started-ready (not yet started) server bound to ``address`` (port 0: any free port).
 
     ``interceptors``: e.g. ``server.telemetry.CoordinatorMetrics.interceptor()``. ``security``
     (checked with ``Security.check("server")``): TLS and client authentication on every call of
-    the coordinator's service; the health service needs no client identity (only the TLS handshake)."""
+    the coordinator's service; the health service needs no client identity (only the TLS handshake).
+    ``limits`` (``server.admission``): calls in progress per client and in all (``max_workers`` less
+    ``limits.reserve``, kept for health checks), and how long a stream may stay idle."""
     auth = Authenticator(security)
+    limiter = CallLimiter(limits, max_active=max_workers - limits.reserve)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
-                         interceptors=[*interceptors, AuthInterceptor(auth, SERVICE_NAME)])
+                         interceptors=[*interceptors, AuthInterceptor(auth, SERVICE_NAME),
+                                       AdmissionInterceptor(limiter, auth, SERVICE_NAME)])
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator, auth), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -34,16 +34,17 @@ class Cluster:
     """Start and stop coordinator and client processes for one run directory.
 
     Connections are mutual TLS with a development CA made in ``<run dir>/tls`` (client ids
-    ``client-<i>``), as ``lorm-launch`` runs them; ``insecure=True``: plaintext.
+    ``client-<i>``, and ``extra_ids`` with certificates but no slot in the run), as ``lorm-launch``
+    runs them; ``insecure=True``: plaintext.
     """
 
-    def __init__(self, run_dir: Path, config_json: str, insecure: bool = False) -> None:
+    def __init__(self, run_dir: Path, config_json: str, insecure: bool = False, extra_ids: tuple[str, ...] = ()) -> None:
         self.run_dir = run_dir
         self.config = run_dir / "config.json"
         self.config.write_text(config_json)
         self.port = free_port()
         self.procs: list[Proc] = []
-        ids = [f"client-{i}" for i in range(json.loads(config_json)["num_clients"])]
+        ids = [f"client-{i}" for i in range(json.loads(config_json)["num_clients"])] + list(extra_ids)
         self.pki = None if insecure else create_dev_pki(run_dir / "tls", ids)
 
     def security_args(self, role: str, i: int = 0) -> list[str]:
@@ -77,9 +78,9 @@ class Cluster:
 def cluster(tmp_path):
     made: list[Cluster] = []
 
-    def make(config_json: str, name: str = "run", insecure: bool = False) -> Cluster:
+    def make(config_json: str, name: str = "run", insecure: bool = False, extra_ids: tuple[str, ...] = ()) -> Cluster:
         (tmp_path / name).mkdir()
-        c = Cluster(tmp_path / name, config_json, insecure)
+        c = Cluster(tmp_path / name, config_json, insecure, extra_ids)
         made.append(c)
         return c
 

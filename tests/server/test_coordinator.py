@@ -61,7 +61,7 @@ def test_waits_for_every_client_then_runs(tmp_path):
     assert isinstance(plan, RoundPlan) and (plan.task, plan.round, plan.phase) == (0, 0, Phase.TRAIN)
     with pytest.raises(Refused) as err:
         coord.describe("c1", ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=6))
-    assert err.value.code == "FAILED_PRECONDITION"
+    assert err.value.code == "INVALID_ARGUMENT" and "missing ['l2']" in str(err.value)
 
 
 def test_duplicate_stale_and_impersonation(tmp_path):

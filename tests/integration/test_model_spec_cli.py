@@ -1,0 +1,38 @@
+"""``lorm-spec`` writes the run's model; ``lorm-server --model-spec`` holds every client to it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from common.config import RunConfig
+from common.messages import ModelSpec
+from conftest import Proc
+
+CONFIG = RunConfig(run_id="spec", num_clients=1, num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1,
+                   seed=2, extra={"synthetic_classes": 4, "synthetic_train": 12, "synthetic_test": 4})
+
+
+def test_the_operators_spec_admits_the_real_client_and_refuses_another_model(cluster, tmp_path):
+    c = cluster(CONFIG.to_json())
+    spec_file = tmp_path / "spec.json"
+    writer = Proc("lorm-spec", [sys.executable, "-m", "client.spec", "--config", str(c.config), "--out", str(spec_file)])
+    assert writer.wait(timeout=120) == 0
+    spec = ModelSpec.from_json(spec_file.read_text())
+    assert spec.num_classes == 4 and spec.layers
+    # Another model's spec (one class more): the real client's Describe is refused, naming the difference.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**json.loads(spec.to_json()), "num_classes": 5}))
+    server = c.server("--model-spec", str(other))
+    server.wait_for("serving on")
+    client = c.client(0, "--give-up", "5")
+    assert client.wait(timeout=120) != 0
+    assert "INVALID_ARGUMENT" in "".join(client.lines) and "num_classes 4 instead of 5" in "".join(client.lines)
+    server.kill()
+    # The right one: the run completes.
+    c2 = cluster(CONFIG.to_json(), name="run2")
+    server = c2.server("--model-spec", str(spec_file))
+    server.wait_for("serving on")
+    client = c2.client(0)
+    assert client.wait(timeout=180) == 0 and server.wait(timeout=60) == 0
+    assert "FAA (mean over tasks, paper)" in "".join(server.lines)

@@ -1,0 +1,85 @@
+"""The coordinator fixes the model: a client cannot describe an impossible one or impose another (attack 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from common.config import RunConfig
+from common.messages import ModelSpec
+from server.coordinator import Coordinator, Options, Refused
+
+SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+CONFIG = RunConfig(run_id="unit", num_clients=2, num_tasks=2, rounds_per_task=2, rank=2, seed=1)
+# The attack as it was sent, with client-0's credentials, before any real client described its model.
+IMPOSSIBLE = '{"layers":{"l":[1000000000000,32]},"feature_dim":32,"num_classes":9}'
+
+
+def state_files(coord: Coordinator) -> dict[str, bytes]:
+    return {str(p.relative_to(coord.store.root)): p.read_bytes()
+            for p in sorted(Path(coord.store.root).rglob("*")) if p.is_file()}
+
+
+def test_an_impossible_model_is_refused_before_anything_is_allocated(tmp_path):
+    coord = Coordinator(CONFIG, tmp_path / "state")
+    coord.join("c0", 0)
+    before = state_files(coord)
+    with pytest.raises(Refused) as err:
+        coord.describe("c0", ModelSpec.from_json(IMPOSSIBLE))
+    assert err.value.code == "INVALID_ARGUMENT" and "a dimension of 1000000000000, over the cap" in str(err.value)
+    wide = ModelSpec(layers=SPEC.layers, feature_dim=4, num_classes=6, params={"w": (200_000, 200_000)})
+    with pytest.raises(Refused, match="one step of this model needs about .* bytes, over the cap"):
+        coord.describe("c0", wide)
+    assert state_files(coord) == before and coord.spec is None and coord.strategy is None
+    coord.describe("c0", SPEC)  # the real model still fixes the run
+    coord.join("c1", 1)
+    coord.describe("c1", SPEC)
+    assert coord.status()["state"] == "running"
+
+
+def test_the_operators_spec_fixes_the_model_and_another_is_refused_naming_the_difference(tmp_path):
+    coord = Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC))
+    assert coord.spec == SPEC and coord.strategy is not None  # known before any client describes
+    coord.join("c0", 0)
+    other = ModelSpec(layers={"l1": (5, 4), "l2": (3, 7)}, feature_dim=4, num_classes=6)
+    with pytest.raises(Refused) as err:
+        coord.describe("c0", other)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "layers 'l2' of shape (3, 7) instead of (3, 6)" in str(err.value)
+    with pytest.raises(Refused, match="num_classes 9 instead of 6"):
+        coord.describe("c0", ModelSpec(layers=SPEC.layers, feature_dim=4, num_classes=9))
+    coord.describe("c0", SPEC)
+    # A restart with another --model-spec than the state's is refused at start-up.
+    with pytest.raises(ValueError, match="differs from --model-spec"):
+        Coordinator(CONFIG, tmp_path / "state", Options(model_spec=other))
+    assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC)).spec == SPEC
+
+
+def test_over_grpc_the_attack_is_invalid_argument_and_the_run_goes_on(tmp_path):
+    from client.transport import Backoff, CoordinatorClient, Rejected
+    from common.tls import Security
+    from proto import lorm_pb2 as pb
+    from server.service import create_server
+
+    coord = Coordinator(CONFIG, tmp_path / "state")
+    server, port = create_server(coord, "127.0.0.1:0", security=Security(insecure=True))
+    server.start()
+    try:
+        clients = [CoordinatorClient(f"127.0.0.1:{port}", f"c{i}", Backoff(give_up_s=3), call_timeout_s=5,
+                                     security=Security(insecure=True)) for i in range(2)]
+        for i, c in enumerate(clients):
+            c.join(i)
+        request = pb.ModelDescription(run_id="unit", client_id="c0", model_spec_json=IMPOSSIBLE)
+        with pytest.raises(grpc.RpcError) as err:
+            clients[0].stub.Describe(request, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for c in clients:
+            c.describe(SPEC)
+        with pytest.raises(Rejected) as refused:  # another model after the run's is fixed: named, not UNKNOWN
+            clients[1].describe(ModelSpec(layers=SPEC.layers, feature_dim=4, num_classes=9))
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert coord.status()["state"] == "running"
+    finally:
+        server.stop(0)
