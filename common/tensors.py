@@ -77,9 +77,7 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
         for name, tensor in named.items():
             tensors[tensor_name(kind, name)] = tensor
     head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
-    for name, tensor in head.items():
-        if tensor is not None:
-            tensors[name] = tensor
+    tensors.update({name: t for name, t in head.items() if t is not None})
     return tensors
 
 
@@ -94,9 +92,9 @@ def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpd
     named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
-        if kind == FACTOR:
+        if kind == FACTOR and layer is not None and part is not None:
             factors.setdefault(layer, {})[part] = tensor
-        elif kind in named:
+        elif kind in named and layer is not None:
             named[kind][layer] = tensor
     return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
                         head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),

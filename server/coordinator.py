@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from common.config import RunConfig
 from common.faults import fault_point
@@ -32,8 +32,9 @@ from common.logs import loss_text
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
+from server.checks import (Options, Refused, admit_spec, check_counts, check_run_id, check_same_spec, check_step,
+                           sample_bounds)
 from server.store import Store, step_key
-from common.tensors import DEFAULT_MAX_TOTAL_BYTES
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
 
@@ -44,28 +45,6 @@ class State(str, Enum):
     WAITING = "waiting_for_clients"
     RUNNING = "running"
     DONE = "done"
-
-
-class Refused(Exception):
-    """A call the coordinator refuses; ``code`` is a gRPC status code name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class Options:
-    quorum: int = 0  # minimum submissions to close a step at its deadline (0 -> all clients)
-    round_deadline_s: float = 0.0  # seconds a step waits for all clients (0 -> forever)
-    retry_after_s: float = 0.2  # what a waiting client is told
-    results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
-    max_push_bytes: int = DEFAULT_MAX_TOTAL_BYTES  # cap on the tensor bytes one push may declare, any step
-    max_num_samples: int = 100_000_000  # cap on one client's samples per task and on eval totals per task
-    model_spec: ModelSpec | None = None  # the run's model, fixed by the operator (lorm-client --write-spec);
-    #                                       None: the first client's Describe fixes it, within the caps below
-    max_model_dim: int = 1 << 18  # cap on every dimension of a described model (vocabularies included)
-    max_model_tensors: int = 100_000  # cap on its LoRA layers plus backbone parameters
 
 
 @dataclass
@@ -115,7 +94,7 @@ class Coordinator:
         self._resume()
         fixed = self.options.model_spec
         if fixed is not None and self.spec is None:
-            self._admit_spec(fixed, "--model-spec")
+            admit_spec(fixed, self.config, self.options, "--model-spec")
             self.spec, self.strategy = fixed, self._strategy_for(fixed, "--model-spec")
             self._commit()
         elif fixed is not None and fixed != self.spec:
@@ -195,6 +174,7 @@ class Coordinator:
         for index in self.store.staged_indices(step.key):
             meta = self.store.staged_meta(step.key, index)
             if step.phase == Phase.EVALUATE:
+                assert meta is not None  # staged means its meta was written
                 step.reports[index] = EvalReport(meta["run_id"], meta["client_id"], index, meta["task"],
                                                  meta["correct"], meta["total"])
             step.submitted.add(index)
@@ -216,6 +196,7 @@ class Coordinator:
 
     def _deadline_passed(self) -> bool:
         step = self.step
+        assert step is not None
         quorum = self.options.quorum or self.config.num_clients
         return (self.options.round_deadline_s > 0 and time.monotonic() - step.started > self.options.round_deadline_s
                 and len(step.submitted) >= quorum)
@@ -235,7 +216,7 @@ class Coordinator:
     def _finish_step(self) -> None:
         step = self.step
         assert step is not None and self.strategy is not None
-        entry = {"task": step.task, "round": step.round, "phase": step.phase.value,
+        entry: dict[str, Any] = {"task": step.task, "round": step.round, "phase": step.phase.value,
                  "factors": "".join(step.plan.train_factors), "clients": len(step.submitted)}
         if step.phase == Phase.EVALUATE:
             for i in sorted(step.reports):
@@ -319,29 +300,12 @@ class Coordinator:
         with self.lock:
             self._index_of(client_id)
             if self.spec is None:
-                self._admit_spec(spec, "model_spec_json")
+                admit_spec(spec, self.config, self.options, "model_spec_json")
                 self.spec, self.strategy = spec, self._strategy_for(spec, "model_spec_json")
                 self._commit()
-            elif spec != self.spec:
-                raise Refused("INVALID_ARGUMENT", f"model_spec_json: client {client_id!r} built another model than "
-                                                  f"the run's: {self.spec.difference(spec)}")
+            else:
+                check_same_spec(self.spec, spec, client_id)
             self._maybe_start()
-
-    def _admit_spec(self, spec: ModelSpec, what: str) -> None:
-        """Refuse a model over the caps before anything is allocated for it (INVALID_ARGUMENT)."""
-        o = self.options
-        tensors = len(spec.layers) + len(spec.params)
-        dims = [d for shape in (*spec.layers.values(), *spec.params.values()) for d in shape]
-        largest = max([*dims, spec.feature_dim, spec.num_classes])
-        need = spec.state_bytes(self.config.rank, full_grams=self.config.gamma_backbone > 0)
-        if tensors > o.max_model_tensors:
-            raise Refused("INVALID_ARGUMENT", f"{what}: {tensors} layers and parameters, over the cap of "
-                                              f"{o.max_model_tensors}")
-        if largest > o.max_model_dim:
-            raise Refused("INVALID_ARGUMENT", f"{what}: a dimension of {largest}, over the cap of {o.max_model_dim}")
-        if need > o.max_push_bytes:
-            raise Refused("INVALID_ARGUMENT", f"{what}: one step of this model needs about {need} bytes, over the "
-                                              f"cap of {o.max_push_bytes}")
 
     def _strategy_for(self, spec: ModelSpec, what: str) -> Strategy:
         try:  # before anything is assigned: a spec no strategy can be built for changes nothing
@@ -355,6 +319,9 @@ class Coordinator:
             self._open_step(0, 0, fresh_task=True)
             self._commit()
             self.emit(f"all {self.config.num_clients} clients joined: task 0 starts")
+
+    def check_run_id(self, run_id: str) -> None:
+        check_run_id(self.config, run_id)
 
     def _index_of(self, client_id: str) -> int:
         if client_id not in self.clients:
@@ -383,15 +350,11 @@ class Coordinator:
         index = self._index_of(client_id)
         if client_index != index:
             raise Refused("PERMISSION_DENIED", f"client {client_id!r} holds index {index}, not {client_index}")
-        if run_id != self.config.run_id:
-            raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.config.run_id!r}, got {run_id!r}")
+        check_run_id(self.config, run_id)
         step = self.step
         if self.state != State.RUNNING or step is None:
             raise Refused("FAILED_PRECONDITION", f"no step is open (state {self.state.value})")
-        if (task, round_, phase) != (step.task, step.round, step.phase):
-            raise Refused("FAILED_PRECONDITION", f"stale or early submission: the open step is task {step.task} "
-                                                 f"round {step.round} {step.phase.value}, got task {task} round "
-                                                 f"{round_} {phase.value}")
+        check_step((step.task, step.round, step.phase), task, round_, phase)
         return step
 
     def precheck(self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase,
@@ -416,19 +379,6 @@ class Coordinator:
                     raise Refused("INVALID_ARGUMENT", str(err)) from err
             return False
 
-    def _sample_bounds(self, step: StepState) -> tuple[int, int]:
-        """``(lo, hi)`` for one client's ``num_samples`` in ``step``, from what the run fixes.
-
-        Every client holds at least ``min_client_samples`` of each task (the partition redraws
-        until it does); with ``train_per_class`` no client can hold more than that many per
-        class of the task; ``Options.max_num_samples`` caps it in any case.
-        """
-        lo, hi = step.plan.class_range
-        cap = self.options.max_num_samples
-        if self.config.train_per_class > 0:
-            cap = min(cap, self.config.train_per_class * (hi - lo))
-        return max(self.config.min_client_samples, 1), cap
-
     def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
         """Validate, stage durably, and fold when its turn comes. Returns ``False`` for a duplicate."""
         with self.lock:
@@ -440,7 +390,7 @@ class Coordinator:
                 return False
             assert step.aggregator is not None
             try:
-                step.aggregator.check(update, samples=self._sample_bounds(step))
+                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range))
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
             self.store.stage_update(step.key, update, idempotency_key)
@@ -456,7 +406,8 @@ class Coordinator:
                                     self.config.rounds_per_task, Phase.EVALUATE)
             if report.client_index in step.submitted:
                 return False
-            self._check_counts(report)
+            assert self.strategy is not None
+            check_counts(report, self.config, self.options, self.strategy.tasks)
             self.store.stage_eval(step.key, report.client_index, {
                 "idempotency_key": idempotency_key, "run_id": report.run_id, "client_id": report.client_id,
                 "task": report.task, "correct": list(report.correct), "total": list(report.total)})
@@ -465,20 +416,6 @@ class Coordinator:
             step.reports[report.client_index] = report
             self._maybe_finish()
             return True
-
-    def _check_counts(self, report: EvalReport) -> None:
-        """One ``0 <= correct <= total`` pair per task seen, ``total`` within what the test set can hold."""
-        if len(report.correct) != report.task + 1 or len(report.total) != report.task + 1:
-            raise Refused("INVALID_ARGUMENT", f"correct/total: expected {report.task + 1} counts each")
-        assert self.strategy is not None
-        for j, (c, t) in enumerate(zip(report.correct, report.total)):
-            cap = self.options.max_num_samples
-            if self.config.test_per_class > 0:
-                lo, hi = self.strategy.tasks[j]
-                cap = min(cap, self.config.test_per_class * (hi - lo))
-            if not 0 <= c <= t <= cap:
-                raise Refused("INVALID_ARGUMENT", f"correct/total: expected 0 <= correct <= total <= {cap} for task "
-                                                  f"{j}, got {c} of {t}")
 
     def _tick(self) -> None:
         if self.state == State.RUNNING and self.step is not None and self._deadline_passed():

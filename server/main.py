@@ -19,7 +19,8 @@ from common.messages import ModelSpec
 from common.metrics import format_summary
 from common.tls import SecurityError, add_security_arguments, security_from_args
 from server.admission import Limits
-from server.coordinator import Coordinator, Options, Refused
+from server.checks import Options, Refused
+from server.coordinator import Coordinator
 from server.service import create_server
 from server.telemetry import CoordinatorMetrics, coordinator_status
 

@@ -16,7 +16,8 @@ from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import AdmissionInterceptor, CallLimiter, Limits
 from server.auth import AuthInterceptor, Authenticator
-from server.coordinator import Coordinator, Refused
+from server.checks import Refused
+from server.coordinator import Coordinator
 
 SERVICE_NAME = "lorm.v1.Coordinator"
 
@@ -71,8 +72,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
         self.auth.authorize(context, request.client_id)
         try:
-            if request.run_id != self.coordinator.config.run_id:
-                raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
+            self.coordinator.check_run_id(request.run_id)
             try:
                 spec = ModelSpec.from_json(request.model_spec_json)
             except (ValueError, KeyError, TypeError, IndexError) as err:
@@ -86,8 +86,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.auth.authorize(context, request.client_id)
         try:
             query = codec.pull_from_proto(request)
-            if query.run_id != self.coordinator.config.run_id:
-                raise Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs {self.coordinator.config.run_id!r}")
+            self.coordinator.check_run_id(query.run_id)
             answer = self.coordinator.pull(query.client_id)
         except (Refused, ValueError) as err:
             _abort(context, err)
@@ -129,9 +128,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         import json
 
-        if request.run_id and request.run_id != self.coordinator.config.run_id:
-            _abort(context, Refused("FAILED_PRECONDITION", f"run_id: this coordinator runs "
-                                                           f"{self.coordinator.config.run_id!r}, got {request.run_id!r}"))
+        if request.run_id:  # optional here: a status probe need not know the run
+            try:
+                self.coordinator.check_run_id(request.run_id)
+            except Refused as err:
+                _abort(context, err)
         s = self.coordinator.status()
         return pb.RunStatus(run_id=s["run_id"], state=s["state"], task=s["task"], round=s["round"],
                             phase=codec.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],

@@ -13,7 +13,9 @@ from client.transport import Backoff, CoordinatorClient, Rejected
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.tls import Security
-from server.coordinator import Coordinator, Options, Refused, Wait
+from common.messages import Wait
+from server.checks import Options, Refused
+from server.coordinator import Coordinator
 from server.service import create_server
 
 SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)

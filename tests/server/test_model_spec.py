@@ -9,7 +9,8 @@ import pytest
 
 from common.config import RunConfig
 from common.messages import ModelSpec
-from server.coordinator import Coordinator, Options, Refused
+from server.checks import Options, Refused
+from server.coordinator import Coordinator
 
 SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
 CONFIG = RunConfig(run_id="unit", num_clients=2, num_tasks=2, rounds_per_task=2, rank=2, seed=1)

@@ -24,7 +24,8 @@ from common.tensors import DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HE
 from common.tls import Security
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
-from server.coordinator import Coordinator, Options, Refused
+from server.checks import Options, Refused
+from server.coordinator import Coordinator
 from server.service import create_server
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
