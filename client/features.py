@@ -1,4 +1,4 @@
-"""Frozen-feature statistics for closed-form heads (``plan.mode == "features"``).
+"""Frozen-feature statistics for closed-form heads (``plan.mode == Mode.FEATURES``).
 
 A client does no training in this mode. It runs the backbone in the plan's view
 (``W0 + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding

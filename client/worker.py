@@ -19,7 +19,7 @@ from client.backbones import ClassifierModel
 from client.features import feature_logits, feature_stats
 from common.config import RunConfig
 from common.lora import GramRecorder
-from common.messages import ClientUpdate, EvalReport, GramKind, Phase, RoundPlan
+from common.messages import ClientUpdate, EvalReport, GramKind, Mode, Phase, RoundPlan
 from common.partition import dirichlet_partition, task_ranges, client_test_indices
 
 GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
@@ -107,15 +107,15 @@ class ClientWorker:
 
         In full mode the backbone weights become ``W0 + plan.delta`` instead (no LoRA).
         """
-        if plan.mode == "full" or self.model._pristine is not None:
-            self._load_dense(plan.delta if plan.mode == "full" else {})
+        if plan.mode == Mode.FULL or self.model._pristine is not None:
+            self._load_dense(plan.delta if plan.mode == Mode.FULL else {})
         for name, layer in self.model.lora().items():
             if name in plan.lora:
                 layer.load_factors(plan.lora[name].b, plan.lora[name].a)
             layer.scale = self.config.lora_scale if name in plan.lora else 0.0
             extra = plan.extra.get(name) if plan.train_extra else None
             layer.set_extra(extra.b if extra else None, extra.a if extra else None)
-        if plan.head_weight is not None and plan.mode != "features":  # features mode: head of width F'
+        if plan.head_weight is not None and plan.mode != Mode.FEATURES:  # features mode: head of width F'
             with torch.no_grad():
                 self.model.head.weight.copy_(plan.head_weight)
                 self.model.head.bias.copy_(plan.head_bias)
@@ -150,7 +150,7 @@ class ClientWorker:
         shard = self.shards[plan.task]
         self.model.to(self.device)
         self._load(plan)
-        if plan.mode == "features":  # closed-form heads: no training, statistics of the frozen features
+        if plan.mode == Mode.FEATURES:  # closed-form heads: no training, statistics of the frozen features
             self._set_view(plan)
             stats = feature_stats(self.model, self.train, shard, self.config, self.device, plan.class_range,
                                   gram=plan.head_gram)
@@ -158,7 +158,7 @@ class ClientWorker:
                                 task=plan.task, round=plan.round, phase=plan.phase,
                                 num_samples=int(shard.numel()), stats=stats)
         loss = self._train(plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
-        full = plan.mode == "full" and plan.phase == Phase.TRAIN
+        full = plan.mode == Mode.FULL and plan.phase == Phase.TRAIN
         fisher = self._fisher(plan, shard, seed) if full and plan.send_fisher else {}
         self._set_view(plan)
         grams, head_gram = self._gram_pass(plan, shard, seed)
@@ -180,7 +180,7 @@ class ClientWorker:
         for layer in model.lora().values():
             layer.set_trainable(plan.train_factors)
         factor_params = [getattr(layer, f"lora_{f}") for layer in model.lora().values() for f in plan.train_factors]
-        if plan.mode == "full":
+        if plan.mode == Mode.FULL:
             factor_params = list(model.dense_params().values())  # every backbone weight, no LoRA
         for p in factor_params + list(model.head.parameters()):
             p.requires_grad_(True)
@@ -304,7 +304,7 @@ class ClientWorker:
         mine = self.test_idx[labels < seen]
         for start in range(0, mine.numel(), 256):
             inputs, y = self.test.batch(mine[start:start + 256], self.device)
-            logits = (feature_logits(self.model, inputs, plan, self.config) if plan.mode == "features"
+            logits = (feature_logits(self.model, inputs, plan, self.config) if plan.mode == Mode.FEATURES
                       else self.model(inputs)[0])
             pred = logits[:, :seen].argmax(dim=1)
             for j, (lo, hi) in enumerate(self.tasks[: plan.task + 1]):

@@ -27,7 +27,7 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
-from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Phase, PullQuery, PushEnvelope, RoundPlan,
+from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, PullQuery, PushEnvelope, RoundPlan,
                              Wait)
 from common.tensors import (DEFAULT_MAX_TOTAL_BYTES, DELTA, EXTRA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, PARTS, STAT, WireError, parse_tensor_name, tensor_name, update_from_tensors,
                             update_tensors)
@@ -329,7 +329,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
             tensors[name] = tensor
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
     header = pb.PlanHeader(
-        mode=plan.mode,
+        mode=Mode(plan.mode).value,
         send_fisher=plan.send_fisher,
         train_extra=plan.train_extra,
         run_id=plan.run_id,
@@ -368,8 +368,8 @@ def plan_from_proto(
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
         raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
     _check_names(header.tensors, (LORA, EXTRA, DELTA), head=("weight", "bias"))
-    if header.mode not in ("lora", "full", "features"):
-        raise WireError("mode", f"expected 'lora', 'full' or 'features', got {header.mode!r}")
+    if header.mode not in {m.value for m in Mode}:
+        raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
     delta: dict[str, Tensor] = {}
@@ -403,7 +403,7 @@ def plan_from_proto(
         head_gram=header.head_gram,
         send_head=header.send_head,
         seed=header.seed,
-        mode=header.mode,
+        mode=Mode(header.mode),
         delta=delta,
         send_fisher=header.send_fisher,
         train_extra=header.train_extra,

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.merge import GramSum, right_solve
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 from server.strategies.validate import UpTo, stat_shapes
 
@@ -205,7 +205,7 @@ class ClosedFormHead(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"{self.name} has no {phase} step")
-        plan = self.base_plan(task, round_, phase, mode="features", head_gram=self.use_gram, send_head=False)
+        plan = self.base_plan(task, round_, phase, mode=Mode.FEATURES, head_gram=self.use_gram, send_head=False)
         return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
@@ -222,7 +222,7 @@ class ClosedFormHead(Strategy):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
-        return dataclasses.replace(super().eval_plan(task), mode="features")
+        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
 
     def adapter(self) -> dict[str, LowRank]:
         return {}  # the backbone stays W0
