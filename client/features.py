@@ -10,12 +10,12 @@ head solved from them is the same for every split of the data:
   ``class_count: (C_t,)``;
 - with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
   with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2); and,
-  when ``config.extra["ridge_holdout"] = k > 0`` (default 5), the same three statistics of the
+  when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
   held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
   ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
   clients' held-out samples the same set for every Dirichlet split.
 
-``X: (n, F')`` are the backbone features ``(n, F)``, or with ``config.extra["rp_dim"] = F' > 0``
+``X: (n, F')`` are the backbone features ``(n, F)``, or with the setting ``rp_dim = F' > 0``
 the random features ``max(0, X P^T)`` with ``P: (F', F)``, ``N(0, 1)`` entries seeded by
 ``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
 are float64.
@@ -33,9 +33,10 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import RoundPlan
+from common.methods import method
+from common.settings import NcmSettings, RidgeSettings
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
-DEFAULT_HOLDOUT = 5  # every 5th training sample (by global index) is held out for choosing lambda
 
 
 class Batches(Protocol):
@@ -46,20 +47,21 @@ class Batches(Protocol):
     def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
+def closed_form_settings(config: RunConfig) -> NcmSettings:
+    """The run's closed-form head settings (``ridge`` or ``ncm``; a method with neither: NCM's defaults)."""
+    own = method(config.strategy).settings
+    return config.section(own if own is not None and issubclass(own, NcmSettings) else NcmSettings)
+
+
 def rp_dim(config: RunConfig) -> int:
     """``F'`` of the random projection, 0 for none."""
-    dim = int(config.extra.get("rp_dim", 0))
-    if dim < 0:
-        raise ValueError(f"extra.rp_dim must be a non-negative integer, got {dim}")
-    return dim
+    return closed_form_settings(config).rp_dim
 
 
 def holdout_every(config: RunConfig) -> int:
-    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out."""
-    k = int(config.extra.get("ridge_holdout", DEFAULT_HOLDOUT))
-    if k < 0 or k == 1:
-        raise ValueError(f"extra.ridge_holdout must be 0 (none) or >= 2, got {k}")
-    return k
+    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out (and NCM, which needs no lambda)."""
+    settings = closed_form_settings(config)
+    return settings.holdout if isinstance(settings, RidgeSettings) else 0
 
 
 @lru_cache(maxsize=4)

@@ -18,6 +18,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from common.settings import DataSettings, ModelSettings, NcmSettings, RidgeSettings, Settings, TiesSettings
+
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
@@ -27,12 +29,13 @@ LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, t
 
 @dataclass(frozen=True)
 class Method:
-    """One method: its name (``RunConfig.strategy``), its two halves and a line of help."""
+    """One method: its name (``RunConfig.strategy``), its two halves, a line of help and its settings."""
 
     name: str
     server: str  # "server.strategies.<module>:<Strategy subclass>"
     client: str  # "client.methods.<module>:<ClientMethod subclass>"
     help: str
+    settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -44,16 +47,21 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
     Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
     Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
-    Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning"),
-    Method("ncm", "server.strategies.closed_form:NearestClassMean", FEATURES, "cosine nearest class mean on W0"),
-    Method("ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0"),
+    Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
+    Method("ncm", "server.strategies.closed_form:NearestClassMean", FEATURES, "cosine nearest class mean on W0", NcmSettings),
+    Method("ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings),
     Method("lorm-ridge", "server.strategies.lorm_closed_form:LoRMClosedForm", LORA_THEN_FEATURES,
-           "LoRM's backbone with a ridge head"),
+           "LoRM's backbone with a ridge head", RidgeSettings),
     Method("lorm-ncm", "server.strategies.lorm_closed_form:LoRMNearestClassMean", LORA_THEN_FEATURES,
-           "LoRM's backbone with a cosine NCM head"),
+           "LoRM's backbone with a cosine NCM head", NcmSettings),
     Method("lorm-ridge-first", "server.strategies.lorm_closed_form:LoRMRidgeFirstTask", LORA_THEN_FEATURES,
-           "LoRM on task 0 only, then ridge heads"),
+           "LoRM on task 0 only, then ridge heads", RidgeSettings),
 )}
+
+
+# Every settings section a run may set: the dataset loaders', the backbones' and each method's.
+SECTIONS: dict[str, type[Settings]] = {DataSettings.section: DataSettings, ModelSettings.section: ModelSettings} | {
+    m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
 
 
 def method(name: str) -> Method:
@@ -61,6 +69,27 @@ def method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {sorted(METHODS)}")
     return METHODS[name]
+
+
+def describe(name: str) -> str:
+    """What ``lorm-sim --describe NAME`` prints: a method's halves and settings, or a settings section's."""
+    if name in METHODS:
+        m = METHODS[name]
+        lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
+        settings = m.settings.describe() if m.settings else [f"(no settings of its own; every run also has "
+                                                             f"{', '.join(s + '.*' for s in ('data', 'model'))})"]
+        return "\n".join(lines + ["  settings (--set KEY=VALUE):"] + [f"    {line}" for line in settings])
+    if name in SECTIONS:
+        return "\n".join([f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in
+                                                                             SECTIONS[name].describe()])
+    raise ValueError(f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; "
+                     f"settings sections: {sorted(SECTIONS)}")
+
+
+def overview() -> str:
+    """One line per method, for ``--help``."""
+    return "methods (--describe METHOD for its settings):\n" + "\n".join(
+        f"  {m.name:<18} {m.help}" for m in METHODS.values())
 
 
 def load_half(path: str, package: str) -> Any:
