@@ -39,7 +39,7 @@ FISHER_ESTIMATORS = {
 class RunConfig:
     # --- run
     run_id: str = "run"  # names the run; every message carries it
-    strategy: str = "lorm"  # a key of server.strategies.STRATEGIES
+    strategy: str = "lorm"  # a method of common.methods.METHODS (lorm-sim --help lists them)
     seed: int = 42  # seeds the partition, the LoRA inits, the head init and local training
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS

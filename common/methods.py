@@ -56,6 +56,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "LoRM's backbone with a cosine NCM head", NcmSettings),
     Method("lorm-ridge-first", "server.strategies.lorm_closed_form:LoRMRidgeFirstTask", LORA_THEN_FEATURES,
            "LoRM on task 0 only, then ridge heads", RidgeSettings),
+    Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
 )}
 
 
