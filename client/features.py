@@ -33,8 +33,7 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import RoundPlan
-from common.methods import method
-from common.settings import NcmSettings, RidgeSettings
+from common.declared import GRAM_FACTOR, HOLDOUT, closed_form_settings, holdout_every
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -47,21 +46,9 @@ class Batches(Protocol):
     def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
-def closed_form_settings(config: RunConfig) -> NcmSettings:
-    """The run's closed-form head settings (``ridge`` or ``ncm``; a method with neither: NCM's defaults)."""
-    own = method(config.strategy).settings
-    return config.section(own if own is not None and issubclass(own, NcmSettings) else NcmSettings)
-
-
 def rp_dim(config: RunConfig) -> int:
     """``F'`` of the random projection, 0 for none."""
     return closed_form_settings(config).rp_dim
-
-
-def holdout_every(config: RunConfig) -> int:
-    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out (and NCM, which needs no lambda)."""
-    settings = closed_form_settings(config)
-    return settings.holdout if isinstance(settings, RidgeSettings) else 0
 
 
 @lru_cache(maxsize=4)
@@ -104,7 +91,7 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dic
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
-        out["gram_factor"] = gram_factor(x)
+        out["gram" + GRAM_FACTOR] = gram_factor(x)
     return out
 
 
@@ -117,7 +104,7 @@ def feature_stats(model: ClassifierModel, data: Batches, shard: Tensor, config: 
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
-        stats |= {f"holdout_{name}": t for name, t in sums(x[held], labels[held], classes, gram).items()}
+        stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram).items()}
     return stats
 
 

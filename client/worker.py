@@ -15,10 +15,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from client.backbones import ClassifierModel
+from client.backbones import ClassifierModel, model_spec
 from client.methods import client_method
 from client.methods.base import set_view
 from common.config import RunConfig
+from common.declared import check_declared_shapes, declared_tensors
+from common.tensors import update_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.partition import dirichlet_partition, task_ranges, client_test_indices
 
@@ -84,6 +86,7 @@ class ClientWorker:
         self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices
         self.test_idx = torch.from_numpy(client_test_indices(len(test), config.num_clients, client_index))
         self.method = client_method(config)  # the client half of the run's method
+        self.spec = model_spec(model)  # the shapes the coordinator knows the model by
 
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
         if plan.phase == Phase.EVALUATE:
@@ -93,8 +96,13 @@ class ClientWorker:
         raise ValueError(f"a client cannot handle phase {plan.phase}")
 
     def update(self, plan: RoundPlan) -> ClientUpdate:
-        """A ``TRAIN`` or ``TASK_GRAM`` step, as the method's client half does it."""
-        return self.method.serves(plan).update(self, plan)
+        """A ``TRAIN`` or ``TASK_GRAM`` step, as the method's client half does it; its tensors must be
+        those the step declares (``common.declared``), which the coordinator will expect."""
+        half = self.method.serves(plan)
+        update = half.update(self, plan)
+        got = {name: tuple(t.shape) for name, t in update_tensors(update).items()}
+        check_declared_shapes(got, declared_tensors(plan, self.spec, self.config), type(half).__name__)
+        return update
 
     def load_view(self, plan: RoundPlan) -> None:
         """Set the model the plan evaluates (or computes statistics on): its weights, then the view

@@ -42,6 +42,20 @@ _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
 _NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
 
 
+class UpTo(int):
+    """An expected dimension of any size from 0 up to this bound (the rows of a Gram factor,
+    ``min(samples, width)``); an ``int``, so byte limits count the bound."""
+
+    def __repr__(self) -> str:
+        return f"<={int(self)}"
+
+
+def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """``shape`` is ``want``, where an :class:`UpTo` dimension takes any size up to its bound."""
+    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w
+                                           for s, w in zip(shape, want))
+
+
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
     """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
     if not layer:

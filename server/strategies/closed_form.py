@@ -39,12 +39,10 @@ from common.config import RunConfig
 from common.merge import GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings
+from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
-from server.strategies.validate import UpTo, stat_shapes
 
 DTYPE = torch.float64
-HOLDOUT = "holdout_"  # prefix of the held-out statistics' names
-FACTOR = "_factor"  # suffix of a Gram's wire name: clients send ``R`` with ``R^T R = G``
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -134,17 +132,9 @@ class StatSums:
 class FeatureStatsAggregator(Aggregator):
     """One features step: the clients' statistics, summed."""
 
-    def __init__(self, plan: RoundPlan, shapes: dict[str, tuple[int, ...]]) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(plan, declared)
         self.sums = StatSums(shapes)
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        """What a client sends: class sums and counts of the current task's classes ``[lo, hi)`` only
-        (the others' are zero), each Gram ``(F', F')`` as its factor ``(<= F', F')``."""
-        lo, hi = self.plan.class_range
-        return stat_shapes({(name + FACTOR if name.endswith("gram") else name):
-                            ((UpTo(shape[0]), shape[1]) if name.endswith("gram") else (hi - lo, *shape[1:]))
-                            for name, shape in self.sums.shapes.items()})
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
@@ -205,7 +195,7 @@ class ClosedFormHead(Strategy):
         return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FeatureStatsAggregator(plan, self.stat_shapes())
+        return FeatureStatsAggregator(plan, self.declared(plan), self.stat_shapes())
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)

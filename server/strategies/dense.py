@@ -20,14 +20,6 @@ from torch import Tensor
 from common.config import RunConfig
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from server.strategies.base import Strategy
-from server.strategies.validate import delta_shapes, head_shapes
-
-HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
-
-
-def dense_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """What every dense update carries: a delta per backbone parameter and the head."""
-    return delta_shapes(spec) | head_shapes(spec)
 
 
 def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.declared import Shapes
 from server.strategies.base import Aggregator, Strategy
-from server.strategies.validate import head_shapes
 
 
 class HeadMeanAggregator(Aggregator):
     """The sample-weighted mean of the clients' heads: weight ``(C, F)``, bias ``(C,)``."""
 
-    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared)
         self.spec = spec
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return head_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         self.head.fold(update.head_weight, update.num_samples)
@@ -40,7 +37,7 @@ class HeadOnly(Strategy):
         return self.base_plan(task, round_, phase)  # no factors to train, no Grams: the head alone
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return HeadMeanAggregator(plan, self.spec)
+        return HeadMeanAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, HeadMeanAggregator)

@@ -19,22 +19,20 @@ from common.config import RunConfig
 from common.dense_merge import TiesAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.settings import TiesSettings
+from common.declared import Shapes
 from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, dense_shapes, head_delta
+from server.strategies.dense import DenseStrategy, head_delta
 
 HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of the task vector
 
 
 class TiesAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec, density: float) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, density: float) -> None:
+        super().__init__(plan, declared)
         self.spec = spec
         shapes = {name: tuple(shape) for name, shape in spec.params.items()}
         shapes |= {HEAD_W: (spec.num_classes, spec.feature_dim), HEAD_B: (spec.num_classes,)}
         self.ties = TiesAccumulator(shapes, density)
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return dense_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         dw, db = head_delta(update, self.plan)
@@ -51,7 +49,7 @@ class Ties(DenseStrategy):
         self.scale = settings.scale  # lambda: the merged vector's step size
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return TiesAggregator(plan, self.spec, self.density)
+        return TiesAggregator(plan, self.declared(plan), self.spec, self.density)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, TiesAggregator) and plan.head_weight is not None
