@@ -41,6 +41,12 @@ PARTS = ("B", "A")
 _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
 _NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
 
+# What each message may carry: the one list the codec, the validation and the flattening below read.
+UPDATE_FIELDS = {FACTOR: "factors", GRAM: "grams", DELTA: "delta", FISHER: "fisher", STAT: "stats"}  # kind -> field
+UPDATE_HEAD = {HEAD_WEIGHT: "head_weight", HEAD_BIAS: "head_bias", HEAD_GRAM: "head_gram"}  # name -> field
+PLAN_KINDS = (LORA, EXTRA, DELTA)  # a plan's shared factors, frozen extra delta and dense delta
+PLAN_HEAD = (HEAD_WEIGHT, HEAD_BIAS)
+
 
 class UpTo(int):
     """An expected dimension of any size from 0 up to this bound (the rows of a Gram factor,
@@ -87,11 +93,12 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
     for layer, parts in update.factors.items():
         for part, tensor in parts.items():
             tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher), (STAT, update.stats)):
-        for name, tensor in named.items():
-            tensors[tensor_name(kind, name)] = tensor
-    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
-    for name, tensor in head.items():
+    for kind, field in UPDATE_FIELDS.items():
+        if kind != FACTOR:
+            for name, tensor in getattr(update, field).items():
+                tensors[tensor_name(kind, name)] = tensor
+    for name, field in UPDATE_HEAD.items():
+        tensor = getattr(update, field)
         if tensor is not None:
             tensors[name] = tensor
     return tensors
@@ -104,14 +111,13 @@ def update_nbytes(update: ClientUpdate) -> int:
 
 def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
     """Inverse of :func:`update_tensors`, given the update's scalar fields."""
-    factors: dict[str, dict[str, Tensor]] = {}
-    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
+    named: dict[str, dict[str, Any]] = {kind: {} for kind in UPDATE_FIELDS}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
         if kind == FACTOR:
-            factors.setdefault(layer, {})[part] = tensor
+            named[FACTOR].setdefault(layer, {})[part] = tensor
         elif kind in named:
             named[kind][layer] = tensor
-    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
-                        head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
-                        head_gram=tensors.get(HEAD_GRAM), **scalars)
+    fields = {UPDATE_FIELDS[kind]: values for kind, values in named.items()}
+    head = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
+    return ClientUpdate(**fields, **head, **scalars)

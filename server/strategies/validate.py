@@ -32,8 +32,8 @@ from torch import Tensor
 
 from common.declared import (delta_shapes, factor_shapes, fisher_shapes, gram_shapes,  # noqa: F401 (re-exported)
                              head_gram_shape, head_shapes, stat_shapes)
-from common.tensors import (DELTA, FACTOR, FISHER, GRAM, STAT, UpTo, parse_tensor_name,  # noqa: F401 (UpTo: re-exported)
-                            shape_fits)
+from common.tensors import (DELTA, FACTOR, FISHER, GRAM, STAT, UPDATE_FIELDS, UpTo,  # noqa: F401 (UpTo: re-exported)
+                            parse_tensor_name, shape_fits)
 
 PARAM_DTYPES = (torch.float32, torch.float64)  # factors, head, deltas: float32 as clients compute; float64 lossless
 STAT_DTYPES = (torch.float64,)  # Grams, Fisher, feature statistics: accumulated in float64 by clients
@@ -61,7 +61,7 @@ def max_bytes(expected: dict[str, tuple[int, ...]]) -> int:
 # ------------------------------------------------------------------ names and fields
 
 
-_GROUPS = {FACTOR: "factors", GRAM: "grams", DELTA: "delta", FISHER: "fisher", STAT: "stats"}
+_GROUPS = UPDATE_FIELDS  # wire kind -> ClientUpdate field
 
 
 def field_of(name: str) -> str:
