@@ -16,7 +16,9 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="Settings")
 
 
 def setting(default: Any, help: str) -> Any:
@@ -33,7 +35,7 @@ class Settings:
     section: ClassVar[str] = ""
 
     @classmethod
-    def parse(cls, values: dict[str, Any]) -> "Settings":
+    def parse(cls: type[T], values: dict[str, Any]) -> T:
         """The section from JSON values; ``ValueError`` naming the key and the expected type or range."""
         if not isinstance(values, dict):
             raise ValueError(f"settings section {cls.section!r} expects an object of settings, got {values!r}")
@@ -54,7 +56,7 @@ class Settings:
 
 
 def _type_name(kind: Any) -> str:
-    return getattr(kind, "__name__", None) if typing.get_origin(kind) is None else str(kind).replace("typing.", "")
+    return str(getattr(kind, "__name__", kind)) if typing.get_origin(kind) is None else str(kind).replace("typing.", "")
 
 
 def _coerce(key: str, kind: Any, value: Any) -> Any:

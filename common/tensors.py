@@ -111,13 +111,14 @@ def update_nbytes(update: ClientUpdate) -> int:
 
 def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
     """Inverse of :func:`update_tensors`, given the update's scalar fields."""
-    named: dict[str, dict[str, Any]] = {kind: {} for kind in UPDATE_FIELDS}
+    factors: dict[str, dict[str, Tensor]] = {}
+    named: dict[str, dict[str, Tensor]] = {kind: {} for kind in UPDATE_FIELDS if kind != FACTOR}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
-        if kind == FACTOR:
-            named[FACTOR].setdefault(layer, {})[part] = tensor
-        elif kind in named:
+        if kind == FACTOR and layer is not None and part is not None:
+            factors.setdefault(layer, {})[part] = tensor
+        elif kind in named and layer is not None:
             named[kind][layer] = tensor
-    fields = {UPDATE_FIELDS[kind]: values for kind, values in named.items()}
-    head = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
+    fields: dict[str, Any] = {UPDATE_FIELDS[FACTOR]: factors} | {UPDATE_FIELDS[k]: v for k, v in named.items()}
+    head: dict[str, Any] = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
     return ClientUpdate(**fields, **head, **scalars)

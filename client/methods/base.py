@@ -43,9 +43,11 @@ class Client(Protocol):
     index: int  # the client's index
     client_id: str
     model: ClassifierModel
-    train: Samples
     device: torch.device
     shards: list[Tensor]  # per task: the client's training sample indices
+
+    @property
+    def train(self) -> Samples: ...  # the client's training samples (all tasks; shards index them)
 
 
 def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
@@ -162,6 +164,7 @@ def load_lora(client: Client, plan: RoundPlan, delta: dict[str, Tensor] | None =
 def load_head(model: ClassifierModel, plan: RoundPlan) -> None:
     """Copy the plan's head ``(C, F)``, ``(C,)`` into the model, when it carries one."""
     if plan.head_weight is not None:
+        assert plan.head_bias is not None  # a plan carries both or neither
         with torch.no_grad():
             model.head.weight.copy_(plan.head_weight)
             model.head.bias.copy_(plan.head_bias)

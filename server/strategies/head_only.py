@@ -24,6 +24,7 @@ class HeadMeanAggregator(Aggregator):
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
     def _fold(self, update: ClientUpdate) -> None:
+        assert update.head_weight is not None and update.head_bias is not None  # declared, so checked
         self.head.fold(update.head_weight, update.num_samples)
         self.bias.fold(update.head_bias, update.num_samples)
 
