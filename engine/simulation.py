@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         return 0
-    result = run_inprocess(config_from_args(args), log=lambda s: print(s, flush=True),
+    try:
+        config = config_from_args(args)
+    except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
+        parser.error(str(err))
+    result = run_inprocess(config, log=lambda s: print(s, flush=True),
                            results_dir=args.results_dir or None)
     print(format_summary(result.summary()))
     return 0

@@ -84,3 +84,10 @@ def test_help_lists_the_methods(capsys):
         lorm_sim(["--help"])
 
     assert "lorm-ridge-first" in capsys.readouterr().out
+
+
+def test_lorm_sim_refuses_a_bad_setting_with_its_name_not_a_traceback(capsys):
+    with pytest.raises(SystemExit):
+        lorm_sim(["--set", "ridge.rp_dim=abc"])
+
+    assert "setting ridge.rp_dim expects int, got str 'abc'" in capsys.readouterr().err
