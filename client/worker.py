@@ -20,10 +20,9 @@ from client.methods import client_method
 from client.methods.base import set_view
 from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
-from common.tensors import update_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.partition import dirichlet_partition, task_ranges, client_test_indices
-
+from common.tensors import update_tensors
 
 
 class SampleData(Protocol):

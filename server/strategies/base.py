@@ -18,8 +18,8 @@ from torch import Tensor
 from common.config import RunConfig
 from common.declared import Shapes, declared_tensors
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import update_nbytes, update_tensors
 from common.partition import task_ranges
+from common.tensors import update_nbytes, update_tensors
 from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
 
 

@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
+from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
 from common.merge import GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings
-from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 
 DTYPE = torch.float64

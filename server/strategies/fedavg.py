@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
+from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator
 from server.strategies.dense import DenseStrategy
 

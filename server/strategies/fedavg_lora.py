@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
 
 

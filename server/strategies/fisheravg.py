@@ -12,11 +12,10 @@ FedAvg step for that entry).
 
 from __future__ import annotations
 
+from common.declared import HEAD_FISHER, Shapes
 from common.dense_merge import FisherMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator
-from common.declared import HEAD_FISHER
 from server.strategies.dense import DenseStrategy, head_delta
 
 

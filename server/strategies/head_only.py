@@ -8,9 +8,9 @@ sends it); the coordinator averages the heads by sample counts, ``w = sum_i n_i 
 
 from __future__ import annotations
 
+from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator, Strategy
 
 

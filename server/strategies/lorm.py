@@ -6,11 +6,11 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
 
 

@@ -17,9 +17,9 @@ RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
 from __future__ import annotations
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
 from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
-from common.declared import Shapes
 from server.strategies.base import Aggregator
 from server.strategies.dense import DenseStrategy
 

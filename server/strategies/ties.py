@@ -16,10 +16,10 @@ their delta and head only.
 from __future__ import annotations
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.dense_merge import TiesAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.settings import TiesSettings
-from common.declared import Shapes
 from server.strategies.base import Aggregator
 from server.strategies.dense import DenseStrategy, head_delta
 
