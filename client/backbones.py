@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from common.config import RunConfig
 from common.lora import apply_lora, lora_layers, LoRALinear
 from common.messages import ModelSpec
+from common.settings import DataSettings, ModelSettings
 
 
 class Backbone(nn.Module):
@@ -137,7 +138,7 @@ def _tiny_t5(config: RunConfig) -> Backbone:
 def _tiny_vit(config: RunConfig) -> Backbone:
     from timm.models.vision_transformer import VisionTransformer
 
-    size = int(config.extra.get("image_size", 16))
+    size = config.section(DataSettings).image_size or 16  # tiny: 16 pixels unless the run sets data.image_size
     return ViTBackbone(VisionTransformer(img_size=size, patch_size=8, embed_dim=32, depth=2, num_heads=2,
                                          mlp_ratio=2.0, num_classes=0))
 
@@ -188,8 +189,8 @@ def _minilm(config: RunConfig) -> Backbone:
 
 
 def _timm_vit(name: str, config: RunConfig) -> Backbone:
-    """A pretrained timm ViT; weights from ``config.extra["weights"]`` (a local file) or the hub."""
-    weights = config.extra.get("weights", "")
+    """A pretrained timm ViT; weights from the setting ``model.weights`` (a local file) or the hub."""
+    weights = config.section(ModelSettings).weights
     try:
         if not weights:
             # Resolve the file first (cache or hub): fails fast offline, before building the model.
@@ -205,9 +206,9 @@ def _timm_vit(name: str, config: RunConfig) -> Backbone:
     except Exception as exc:  # hub errors come in many types; every one means "no weights"
         raise RuntimeError(
             f"could not load pretrained timm weights for {name!r}: {type(exc).__name__}: {exc}. Looked in "
-            f"config.extra['weights'] and the Hugging Face cache / hub (repo timm/{name}). Without internet, "
+            f"the setting model.weights and the Hugging Face cache / hub (repo timm/{name}). Without internet, "
             "download model.safetensors of that repo elsewhere and pass "
-            "--set extra='{\"weights\": \"/path/model.safetensors\"}'.") from exc
+            "--set model.weights=/path/model.safetensors.") from exc
     backbone = ViTBackbone(vit)
     backbone.base_model = f"timm/{name}"
     return backbone

@@ -24,6 +24,7 @@ import numpy as np
 
 from client.images import ImageTransforms, image_size, image_transforms, is_image_file
 from common.config import RunConfig
+from common.settings import DataSettings
 
 HOLDOUT_SEED = 0  # fixed, not config.seed: the train/test split must not change with the run seed
 HOLDOUT_TEST_FRACTION = 0.2  # ImageNet-R, ImageNet-A and EuroSAT: 80/20 per class
@@ -106,10 +107,11 @@ def _need_file(path: Path, contents: str, hint: str = "") -> Path:
 
 
 def _resolve(config: RunConfig, key: str) -> Path:
-    """``config.extra[key]`` as a path: absolute as given, relative under ``data_dir(config)``."""
-    if key not in config.extra:
-        raise ValueError(f"dataset {config.dataset!r} needs config.extra[{key!r}]")
-    path = Path(str(config.extra[key])).expanduser()
+    """The setting ``data.<key>`` as a path: absolute as given, relative under ``data_dir(config)``."""
+    value = getattr(config.section(DataSettings), key)
+    if not value:
+        raise ValueError(f"dataset {config.dataset!r} needs the setting data.{key} (--set data.{key}=...)")
+    path = Path(value).expanduser()
     return path if path.is_absolute() else data_dir(config) / path
 
 
@@ -159,7 +161,7 @@ def holdout_split(files: list[list[str]], names: list[str]) -> tuple[list[str], 
 
 def _images(config: RunConfig, name: str, train: tuple[list, np.ndarray], test: tuple[list, np.ndarray],
             class_names: list[str], transforms: str | None = None) -> Splits:
-    size = image_size(config.extra)
+    size = image_size(config.section(DataSettings))
     return Splits(train[0], train[1], test[0], test[1], class_names, kind="image",
                   transforms=image_transforms(transforms or name, size))
 
@@ -170,12 +172,11 @@ def _images(config: RunConfig, name: str, train: tuple[list, np.ndarray], test: 
 def synthetic_text(config: RunConfig) -> Splits:
     """Class-structured token sequences: each class has its own signature words among shared noise.
 
-    Sizes from ``config.extra``: ``synthetic_classes`` (default 12), ``synthetic_train`` and
-    ``synthetic_test`` samples per class (default 60 and 20). Seeded by ``config.model_seed``.
+    Sizes from the settings ``data.synthetic_classes`` (default 12), ``data.synthetic_train`` and
+    ``data.synthetic_test`` samples per class (default 60 and 20). Seeded by ``config.model_seed``.
     """
-    num_classes = int(config.extra.get("synthetic_classes", 12))
-    n_train = int(config.extra.get("synthetic_train", 60))
-    n_test = int(config.extra.get("synthetic_test", 20))
+    data = config.section(DataSettings)
+    num_classes, n_train, n_test = data.synthetic_classes, data.synthetic_train, data.synthetic_test
     rng = np.random.default_rng([config.model_seed, 7])
     noise = [f"n{k}" for k in range(40)]
     signature = [[f"c{c}w{k}" for k in range(6)] for c in range(num_classes)]
@@ -288,19 +289,19 @@ def _text_rows(path: Path) -> list[tuple[str, str]]:
 
 
 def textfile(config: RunConfig) -> Splits:
-    """Bring-your-own text: ``config.extra["train_file"]`` and ``["test_file"]``, CSV or JSONL.
+    """Bring-your-own text: the settings ``data.train_file`` and ``data.test_file``, CSV or JSONL.
 
-    Class order: ``config.extra["classes"]`` when given, else the order in which labels first
+    Class order: ``data.classes`` when given, else the order in which labels first
     appear in the training file. Relative paths are taken under ``data_dir(config)``.
     """
     paths = {}
     for key in ("train_file", "test_file"):
         paths[key] = _need_file(_resolve(config, key), "a .csv (columns text,label) or .jsonl file "
-                                f"(config.extra[{key!r}])")
+                                f"(the setting data.{key})")
     train, test = _text_rows(paths["train_file"]), _text_rows(paths["test_file"])
-    given = config.extra.get("classes")
-    names = [str(c) for c in given] if given else list(dict.fromkeys(label for _, label in train))
-    index = _class_index(names, "config.extra['classes']")
+    given = config.section(DataSettings).classes
+    names = list(given) if given else list(dict.fromkeys(label for _, label in train))
+    index = _class_index(names, "the setting data.classes")
     train_y = _lookup((label for _, label in train), index, str(paths["train_file"]))
     test_y = _lookup((label for _, label in test), index, str(paths["test_file"]))
     return Splits([text for text, _ in train], train_y, [text for text, _ in test], test_y, names)
@@ -434,17 +435,17 @@ def cub200(config: RunConfig) -> Splits:
 
 
 def imagefolder(config: RunConfig) -> Splits:
-    """Bring-your-own images: ``config.extra["root"]`` with ``train/<class>/*`` and ``test/<class>/*``.
+    """Bring-your-own images: the setting ``data.root`` with ``train/<class>/*`` and ``test/<class>/*``.
 
-    Class order: ``config.extra["classes"]`` when given, else the sorted ``train/`` folder names.
-    Transforms: ``config.extra["transforms"]`` names a dataset's (default: ImageNet-R's).
+    Class order: ``data.classes`` when given, else the sorted ``train/`` folder names.
+    Transforms: ``data.transforms`` names a dataset's (default: ImageNet-R's).
     """
     root = _resolve(config, "root")
-    layout = "train/<class>/<images> and test/<class>/<images> (config.extra['root'])"
+    layout = "train/<class>/<images> and test/<class>/<images> (the setting data.root)"
     train_dir, test_dir = _need_dir(root / "train", layout), _need_dir(root / "test", layout)
-    given = config.extra.get("classes")
-    names = [str(c) for c in given] if given else _class_folders(train_dir)
-    index = _class_index(names, "config.extra['classes']")
+    given = config.section(DataSettings).classes
+    names = list(given) if given else _class_folders(train_dir)
+    index = _class_index(names, "the setting data.classes")
 
     def read(folder: Path) -> tuple[list[str], np.ndarray]:
         found = _class_folders(folder)
@@ -452,7 +453,7 @@ def imagefolder(config: RunConfig) -> Splits:
         paths = [_image_files(folder / c) for c in names]
         return [p for ps in paths for p in ps], np.repeat(np.arange(len(names)), [len(ps) for ps in paths])
 
-    transforms = str(config.extra.get("transforms", "imagefolder"))
+    transforms = config.section(DataSettings).transforms
     return _images(config, "imagefolder", read(train_dir), read(test_dir), names, transforms)
 
 

@@ -1,4 +1,4 @@
-"""Frozen-feature statistics for closed-form heads (``plan.mode == "features"``).
+"""Frozen-feature statistics for closed-form heads (``plan.mode == Mode.FEATURES``).
 
 A client does no training in this mode. It runs the backbone in the plan's view
 (``W0 + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding
@@ -10,12 +10,12 @@ head solved from them is the same for every split of the data:
   ``class_count: (C_t,)``;
 - with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
   with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2); and,
-  when ``config.extra["ridge_holdout"] = k > 0`` (default 5), the same three statistics of the
+  when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
   held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
   ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
   clients' held-out samples the same set for every Dirichlet split.
 
-``X: (n, F')`` are the backbone features ``(n, F)``, or with ``config.extra["rp_dim"] = F' > 0``
+``X: (n, F')`` are the backbone features ``(n, F)``, or with the setting ``rp_dim = F' > 0``
 the random features ``max(0, X P^T)`` with ``P: (F', F)``, ``N(0, 1)`` entries seeded by
 ``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
 are float64.
@@ -33,9 +33,9 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import RoundPlan
+from common.declared import GRAM_FACTOR, HOLDOUT, closed_form_settings, holdout_every
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
-DEFAULT_HOLDOUT = 5  # every 5th training sample (by global index) is held out for choosing lambda
 
 
 class Batches(Protocol):
@@ -48,18 +48,7 @@ class Batches(Protocol):
 
 def rp_dim(config: RunConfig) -> int:
     """``F'`` of the random projection, 0 for none."""
-    dim = int(config.extra.get("rp_dim", 0))
-    if dim < 0:
-        raise ValueError(f"extra.rp_dim must be a non-negative integer, got {dim}")
-    return dim
-
-
-def holdout_every(config: RunConfig) -> int:
-    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out."""
-    k = int(config.extra.get("ridge_holdout", DEFAULT_HOLDOUT))
-    if k < 0 or k == 1:
-        raise ValueError(f"extra.ridge_holdout must be 0 (none) or >= 2, got {k}")
-    return k
+    return closed_form_settings(config).rp_dim
 
 
 @lru_cache(maxsize=4)
@@ -102,7 +91,7 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dic
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
-        out["gram_factor"] = gram_factor(x)
+        out["gram" + GRAM_FACTOR] = gram_factor(x)
     return out
 
 
@@ -115,7 +104,7 @@ def feature_stats(model: ClassifierModel, data: Batches, shard: Tensor, config: 
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
-        stats |= {f"holdout_{name}": t for name, t in sums(x[held], labels[held], classes, gram).items()}
+        stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram).items()}
     return stats
 
 

@@ -3,14 +3,14 @@
 Samples are file paths (decoded with PIL when a batch asks for them) or in-memory ``uint8``
 arrays ``(H, W, 3)`` (CIFAR-100). Transforms follow the paper's supplementary "Details on
 Datasets" and the reference code; the output side length is one setting,
-``config.extra["image_size"]`` (default 224, the ViT-B/16 input), so tests can use 16.
+the setting ``data.image_size`` (default 224, the ViT-B/16 input), so tests can use 16.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,7 +18,9 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms import InterpolationMode, v2
 
-IMAGE_SIZE = 224  # ViT-B/16 input side; config.extra["image_size"] overrides it
+from common.settings import DataSettings
+
+IMAGE_SIZE = 224  # ViT-B/16 input side; the setting data.image_size overrides it
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # the in21k ViT's own normalisation
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -33,11 +35,9 @@ class ImageTransforms:
     test: Transform  # deterministic evaluation transform
 
 
-def image_size(extra: dict[str, Any]) -> int:
-    size = int(extra.get("image_size", IMAGE_SIZE))
-    if size < 1:
-        raise ValueError(f"image_size must be a positive integer, got {size}")
-    return size
+def image_size(data: DataSettings) -> int:
+    """The input side in pixels: ``data.image_size``, or :data:`IMAGE_SIZE` when it is 0."""
+    return data.image_size or IMAGE_SIZE
 
 
 def _finish(norm: tuple | None) -> list:

@@ -10,7 +10,11 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from common.settings import LEGACY_EXTRA, Settings
+
+S = TypeVar("S", bound=Settings)
 
 
 # How class ids are numbered (tasks are contiguous ranges of them):
@@ -35,7 +39,7 @@ FISHER_ESTIMATORS = {
 class RunConfig:
     # --- run
     run_id: str = "run"  # names the run; every message carries it
-    strategy: str = "lorm"  # a key of server.strategies.STRATEGIES
+    strategy: str = "lorm"  # a method of common.methods.METHODS (lorm-sim --help lists them)
     seed: int = 42  # seeds the partition, the LoRA inits, the head init and local training
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
@@ -74,7 +78,10 @@ class RunConfig:
     # --- execution
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     threads: int = 0  # torch intra-op threads per process (0 -> torch's default)
-    extra: dict[str, Any] = field(default_factory=dict)  # strategy- or dataset-specific settings
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # typed settings set by section -> key
+    #   (common/settings.py: "data" and each method's, e.g. {"ridge": {"rp_dim": 5000}}; --set ridge.rp_dim=5000)
+    extra: dict[str, Any] = field(default_factory=dict)  # earlier versions' untyped settings: each key moves into
+    #   its section of ``settings`` (common.settings.LEGACY_EXTRA), over what ``settings`` has; left empty
 
     def __post_init__(self) -> None:
         problems = []
@@ -104,8 +111,43 @@ class RunConfig:
             problems.append(f"class_order must be one of {sorted(CLASS_ORDERS)}, got {self.class_order!r}")
         if self.fisher not in FISHER_ESTIMATORS:
             problems.append(f"fisher must be one of {sorted(FISHER_ESTIMATORS)}, got {self.fisher!r}")
+        problems += self._check_settings()
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
+
+    def _check_settings(self) -> list[str]:
+        """Move legacy ``extra`` keys into ``settings``, then parse every section (the problems found)."""
+        from common.methods import METHODS, SECTIONS
+
+        if not isinstance(self.settings, dict) or not isinstance(self.extra, dict):
+            return [f"settings and extra must be objects, got {self.settings!r} and {self.extra!r}"]
+        self.settings = {name: dict(values) if isinstance(values, dict) else values
+                         for name, values in self.settings.items()}
+        own = METHODS[self.strategy].settings if self.strategy in METHODS else None
+        problems = []
+        for key, value in self.extra.items():
+            if key not in LEGACY_EXTRA:
+                problems.append(f"unknown extra key {key!r}; settings go by section (--describe METHOD), "
+                                f"known extra keys: {sorted(LEGACY_EXTRA)}")
+                continue
+            section, name = LEGACY_EXTRA[key]
+            if key == "rp_dim" and own is not None and "rp_dim" in {f.name for f in dataclasses.fields(own)}:
+                section = own.section  # ncm's rp_dim as well as ridge's
+            self.settings.setdefault(section, {})[name] = value
+        self.extra = {}
+        for name, values in self.settings.items():
+            if name not in SECTIONS:
+                problems.append(f"unknown settings section {name!r}; known: {sorted(SECTIONS)}")
+                continue
+            try:
+                SECTIONS[name].parse(values)
+            except ValueError as err:
+                problems.append(str(err))
+        return problems
+
+    def section(self, cls: type[S]) -> S:
+        """The typed settings of section ``cls.section``: its defaults, with the values this run sets."""
+        return cls.parse(self.settings.get(cls.section, {}))
 
     @property
     def lora_lr(self) -> float:
@@ -135,25 +177,53 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="", help="start from a named configuration (common/presets.py)")
     parser.add_argument("--config", help="JSON file with RunConfig values")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one RunConfig value (parsed as JSON when possible, else a string)")
+                        help="override one RunConfig value (parsed as JSON when possible, else a string); a "
+                             "dotted KEY changes one key of a setting (ridge.rp_dim=5000, data.synthetic_test=5), "
+                             "and an object merges into the one there, key by key")
+
+
+def merged(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``changes`` on top; where both hold an object, merged key by key (at any depth)."""
+    out = dict(values)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """``values`` with the dotted ``key`` set to ``value`` (merged when both are objects).
+
+    ``a.b.c`` names key ``c`` of object ``b`` of field ``a``; in a dotted key, a first part that
+    is no :class:`RunConfig` field is a settings section: ``ridge.rp_dim`` is ``settings.ridge.rp_dim``.
+    """
+    parts = key.split(".")
+    if len(parts) > 1 and parts[0] not in {f.name for f in dataclasses.fields(RunConfig)}:
+        parts = ["settings", *parts]
+    if not all(parts):
+        raise ValueError(f"--set expects KEY or dotted KEY.PART=VALUE, got key {key!r}")
+    change: Any = value
+    for part in reversed(parts):
+        change = {part: change}
+    return merged(values, change)
 
 
 def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides."""
+    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key)."""
     from common.presets import preset
 
     values = dict(base or {})
     if args.preset:
-        values.update(preset(args.preset))
+        values = merged(values, preset(args.preset))
     if args.config:
         with open(args.config) as f:
-            values.update(json.load(f))
+            values = merged(values, json.load(f))
     for item in args.set:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         try:
-            values[key] = json.loads(raw)
+            value = json.loads(raw)
         except json.JSONDecodeError:
-            values[key] = raw
+            value = raw
+        values = set_value(values, key, value)
     return RunConfig.from_dict(values)

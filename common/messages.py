@@ -30,6 +30,14 @@ class Phase(str, Enum):
     DONE = "done"  # the run is over
 
 
+class Mode(str, Enum):
+    """What kind of model a step trains or evaluates (wire value: the string)."""
+
+    LORA = "lora"  # LoRA factors (and the head) on W0 + s B A
+    FULL = "full"  # every backbone weight: W0 + delta (the full fine-tuning baselines)
+    FEATURES = "features"  # no training: statistics of the frozen features (closed-form heads)
+
+
 class GramKind(str, Enum):
     NONE = "none"
     DIAG = "diag"
@@ -124,8 +132,7 @@ class RoundPlan:
     head_gram: bool = False  # send the head input's full Gram
     send_head: bool = True  # send the trained head weight and bias
     seed: int = 0  # seed for this client step (combined with the client index)
-    mode: str = "lora"  # "lora": train LoRA factors; "full": every backbone weight; "features": no training,
-    #                     send statistics of the (frozen) features of the current task (closed-form heads)
+    mode: Mode = Mode.LORA  # what the step trains or evaluates (see Mode)
     delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
     send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
     train_extra: bool = False  # train in the view W0 + extra + s B A (default: W0 + s B A, extra for Gram passes only)

@@ -38,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # A random-init tiny BERT on synthetic text: seconds, for smoke tests.
     "tiny": dict(run_id="tiny", dataset="synthetic-text", backbone="tiny-bert", num_tasks=3, num_clients=3,
                  rounds_per_task=3, local_epochs=3, rank=2, lr=3e-2, lr_lora=1e-3, threads=1,
-                 extra={"synthetic_classes": 9, "synthetic_train": 40, "synthetic_test": 10}),
+                 settings={"data": {"synthetic_classes": 9, "synthetic_train": 40, "synthetic_test": 10}}),
 }
 
 

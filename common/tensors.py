@@ -41,6 +41,26 @@ PARTS = ("B", "A")
 _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
 _NAMED_KINDS = (GRAM, DELTA, FISHER, STAT)  # "<kind>/<layer or parameter name>"
 
+# What each message may carry: the one list the codec, the validation and the flattening below read.
+UPDATE_FIELDS = {FACTOR: "factors", GRAM: "grams", DELTA: "delta", FISHER: "fisher", STAT: "stats"}  # kind -> field
+UPDATE_HEAD = {HEAD_WEIGHT: "head_weight", HEAD_BIAS: "head_bias", HEAD_GRAM: "head_gram"}  # name -> field
+PLAN_KINDS = (LORA, EXTRA, DELTA)  # a plan's shared factors, frozen extra delta and dense delta
+PLAN_HEAD = (HEAD_WEIGHT, HEAD_BIAS)
+
+
+class UpTo(int):
+    """An expected dimension of any size from 0 up to this bound (the rows of a Gram factor,
+    ``min(samples, width)``); an ``int``, so byte limits count the bound."""
+
+    def __repr__(self) -> str:
+        return f"<={int(self)}"
+
+
+def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """``shape`` is ``want``, where an :class:`UpTo` dimension takes any size up to its bound."""
+    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w
+                                           for s, w in zip(shape, want))
+
 
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
     """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
@@ -73,11 +93,14 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
     for layer, parts in update.factors.items():
         for part, tensor in parts.items():
             tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for kind, named in ((GRAM, update.grams), (DELTA, update.delta), (FISHER, update.fisher), (STAT, update.stats)):
-        for name, tensor in named.items():
-            tensors[tensor_name(kind, name)] = tensor
-    head = {HEAD_WEIGHT: update.head_weight, HEAD_BIAS: update.head_bias, HEAD_GRAM: update.head_gram}
-    tensors.update({name: t for name, t in head.items() if t is not None})
+    for kind, field in UPDATE_FIELDS.items():
+        if kind != FACTOR:
+            for name, tensor in getattr(update, field).items():
+                tensors[tensor_name(kind, name)] = tensor
+    for name, field in UPDATE_HEAD.items():
+        tensor = getattr(update, field)
+        if tensor is not None:
+            tensors[name] = tensor
     return tensors
 
 
@@ -89,13 +112,13 @@ def update_nbytes(update: ClientUpdate) -> int:
 def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
     """Inverse of :func:`update_tensors`, given the update's scalar fields."""
     factors: dict[str, dict[str, Tensor]] = {}
-    named: dict[str, dict[str, Tensor]] = {GRAM: {}, DELTA: {}, FISHER: {}, STAT: {}}
+    named: dict[str, dict[str, Tensor]] = {kind: {} for kind in UPDATE_FIELDS if kind != FACTOR}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)
         if kind == FACTOR and layer is not None and part is not None:
             factors.setdefault(layer, {})[part] = tensor
         elif kind in named and layer is not None:
             named[kind][layer] = tensor
-    return ClientUpdate(factors=factors, grams=named[GRAM], delta=named[DELTA], fisher=named[FISHER], stats=named[STAT],
-                        head_weight=tensors.get(HEAD_WEIGHT), head_bias=tensors.get(HEAD_BIAS),
-                        head_gram=tensors.get(HEAD_GRAM), **scalars)
+    fields: dict[str, Any] = {UPDATE_FIELDS[FACTOR]: factors} | {UPDATE_FIELDS[k]: v for k, v in named.items()}
+    head: dict[str, Any] = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
+    return ClientUpdate(**fields, **head, **scalars)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from common.config import RunConfig, add_config_arguments, config_from_args
+from common.config import RunConfig, add_config_arguments, config_from_args, merged
 from server.export import write_metrics
 from server.launch import launch
 from engine.simulation import run_inprocess
@@ -105,24 +105,16 @@ def _beta_of(key: str, path: str) -> float:
         raise ValueError(f"--method-config {path}: expected 'beta=<number>', got {key!r}") from None
 
 
-def _merge(values: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Apply ``overrides``; dict values (``extra``) are merged key by key, not replaced."""
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(values.get(key), dict):
-            values[key] = {**values[key], **value}
-        else:
-            values[key] = value
-
-
 def cell_config(base: RunConfig, method: str, beta: float, seed: int,
                 method_config: dict[str, dict[str, Any]]) -> RunConfig:
     """Base < the method's overrides < its overrides for ``beta`` < the grid's (strategy, beta, seed)."""
     values = json.loads(base.to_json())
     overrides = method_config.get(method, {})
-    _merge(values, {k: v for k, v in overrides.items() if not k.startswith("beta=")})
+    # Objects (settings sections, legacy extra) merge key by key at any depth, never replace.
+    values = merged(values, {k: v for k, v in overrides.items() if not k.startswith("beta=")})
     for key, per_beta in overrides.items():
         if key.startswith("beta=") and math.isclose(_beta_of(key, "method config"), beta):
-            _merge(values, per_beta)
+            values = merged(values, per_beta)
     values.update(strategy=method, beta=beta, seed=seed, run_id=f"{base.run_id}-{method}-b{beta}-s{seed}")
     if method == JOINT:
         # One client holds everything, one task has every class; beta then splits nothing, so

@@ -19,6 +19,7 @@ from client.runtime import build_runtime
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.logs import loss_text
 from common.messages import ClientUpdate, LowRank
+from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
 from server.results import RunReporter
 from server.strategies import make_strategy
@@ -86,11 +87,25 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a federated class-incremental experiment in one process.")
+    parser = argparse.ArgumentParser(description="Run a federated class-incremental experiment in one process.",
+                                     epilog=overview(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
+    parser.add_argument("--describe", metavar="METHOD", default="",
+                        help="print a method's halves and typed settings (defaults, help), or a settings "
+                             "section's (data, model), and exit")
     args = parser.parse_args(argv)
-    result = run_inprocess(config_from_args(args), log=lambda s: print(s, flush=True),
+    if args.describe:
+        try:
+            print(describe(args.describe))
+        except ValueError as err:
+            parser.error(str(err))
+        return 0
+    try:
+        config = config_from_args(args)
+    except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
+        parser.error(str(err))
+    result = run_inprocess(config, log=lambda s: print(s, flush=True),
                            results_dir=args.results_dir or None)
     print(format_summary(result.summary()))
     return 0

@@ -27,10 +27,11 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
-from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Phase, PullQuery, PushEnvelope, RoundPlan,
+from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, PullQuery, PushEnvelope, RoundPlan,
                              Wait)
-from common.tensors import (DEFAULT_MAX_TOTAL_BYTES, DELTA, EXTRA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, PARTS, STAT, WireError, parse_tensor_name, tensor_name, update_from_tensors,
-                            update_tensors)
+from common.tensors import (DEFAULT_MAX_TOTAL_BYTES, DELTA, EXTRA, HEAD_BIAS, HEAD_WEIGHT, LORA, PARTS, PLAN_HEAD,
+                            PLAN_KINDS, UPDATE_FIELDS, UPDATE_HEAD, WireError, parse_tensor_name, tensor_name,
+                            update_from_tensors, update_tensors)
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
@@ -329,7 +330,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
             tensors[name] = tensor
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
     header = pb.PlanHeader(
-        mode=plan.mode,
+        mode=Mode(plan.mode).value,
         send_fisher=plan.send_fisher,
         train_extra=plan.train_extra,
         run_id=plan.run_id,
@@ -367,9 +368,9 @@ def plan_from_proto(
     train_factors = tuple(header.train_factors)
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
         raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
-    _check_names(header.tensors, (LORA, EXTRA, DELTA), head=("weight", "bias"))
-    if header.mode not in ("lora", "full", "features"):
-        raise WireError("mode", f"expected 'lora', 'full' or 'features', got {header.mode!r}")
+    _check_names(header.tensors, PLAN_KINDS, head=tuple(name.split("/")[1] for name in PLAN_HEAD))
+    if header.mode not in {m.value for m in Mode}:
+        raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
     delta: dict[str, Tensor] = {}
@@ -403,7 +404,7 @@ def plan_from_proto(
         head_gram=header.head_gram,
         send_head=header.send_head,
         seed=header.seed,
-        mode=header.mode,
+        mode=Mode(header.mode),
         delta=delta,
         send_fisher=header.send_fisher,
         train_extra=header.train_extra,
@@ -453,7 +454,7 @@ def update_from_proto(
     _non_negative(
         client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples
     )
-    _check_names(env.tensors, (FACTOR, GRAM, DELTA, FISHER, STAT), head=("weight", "bias", "gram"))
+    _check_names(env.tensors, tuple(UPDATE_FIELDS), head=tuple(name.split("/")[1] for name in UPDATE_HEAD))
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
         run_id=env.run_id,

@@ -1,23 +1,25 @@
-"""Federated methods as siblings behind one interface (``base.Strategy``)."""
+"""Federated methods as siblings behind one interface (``base.Strategy``): the server halves.
+
+The methods and their two halves are registered in ``common.methods.METHODS``; this module
+resolves the server halves only.
+"""
 
 from __future__ import annotations
 
 from common.config import RunConfig
 from common.messages import ModelSpec
+from common.methods import METHODS, load_half
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
-from server.strategies.closed_form import NearestClassMean, RidgeHead
-from server.strategies.fedavg import FedAvg
-from server.strategies.fedavg_lora import FedAvgLoRA
-from server.strategies.fisheravg import FisherAvg
-from server.strategies.lorm import LoRM, LoRMAverageTasks, LoRMBOnly, LoRMSequential
-from server.strategies.lorm_closed_form import LoRMClosedForm, LoRMNearestClassMean, LoRMRidgeFirstTask
-from server.strategies.regmean import RegMean
-from server.strategies.ties import Ties
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (LoRM, LoRMBOnly, LoRMAverageTasks, LoRMSequential, FedAvgLoRA, FedAvg, RegMean,
-                           FisherAvg, Ties, NearestClassMean, RidgeHead, LoRMClosedForm, LoRMNearestClassMean,
-                           LoRMRidgeFirstTask)}
+
+def _server_half(name: str) -> type[Strategy]:
+    cls = load_half(METHODS[name].server, "server")
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)) or cls.name != name:
+        raise TypeError(f"method {name!r}: its server half {cls!r} must be a Strategy subclass named {name!r}")
+    return cls
+
+
+STRATEGIES: dict[str, type[Strategy]] = {name: _server_half(name) for name in METHODS}
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:

@@ -16,17 +16,19 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
+from common.declared import Shapes, declared_tensors
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import update_nbytes, update_tensors
 from common.partition import task_ranges
+from common.tensors import update_nbytes, update_tensors
 from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
 
 
 class Aggregator(ABC):
     """Folds the updates of one step; validates each before touching any running sum."""
 
-    def __init__(self, plan: RoundPlan) -> None:
+    def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
         self.plan = plan
+        self.declared = declared  # every tensor an update of this step carries (Strategy.declared)
         self.count = 0
         self.num_samples = 0
         self.loss_sum = 0.0
@@ -65,9 +67,10 @@ class Aggregator(ABC):
     def mean_loss(self) -> float:
         return self.loss_sum / self.loss_samples if self.loss_samples else float("nan")
 
-    @abstractmethod
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor an update of this step carries: wire name -> shape (``validate.*_shapes``)."""
+    def expected(self) -> Shapes:
+        """Every tensor an update of this step carries: wire name -> shape, as the plan declares it
+        (``common.declared.declared_tensors``, the declaration the clients' updates are built to)."""
+        return self.declared
 
     def _check(self, update: ClientUpdate) -> None:
         """What this method alone requires of an update whose tensors passed :meth:`expected`."""
@@ -101,7 +104,11 @@ class Strategy(ABC):
 
     @abstractmethod
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        ...
+        """An empty aggregator for ``plan``'s step, expecting the tensors :meth:`declared` names."""
+
+    def declared(self, plan: RoundPlan) -> Shapes:
+        """The tensors an update of ``plan``'s step carries (``common.declared``): wire name -> shape."""
+        return declared_tensors(plan, self.spec, self.config)
 
     @abstractmethod
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:

@@ -7,7 +7,7 @@ head (up to float64 summation order) is the same for every Dirichlet ``beta``, a
 classes of different tasks are disjoint, for every task order.
 
 Shapes: ``C`` classes of all tasks, ``F'`` the head's input width (the backbone's
-``feature_dim``, or ``config.extra["rp_dim"]`` with the random projection + ReLU);
+``feature_dim``, or the setting ``rp_dim`` with the random projection + ReLU);
 ``S: (C, F')`` class sums ``(X^T Y)^T``, ``n: (C,)`` class counts, ``G: (F', F')`` the Gram
 ``X^T X``. Memory grows with ``F'`` and ``C`` only. A client sends each Gram as its factor
 ``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merge.gram_factor``; wire name
@@ -20,33 +20,29 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   all classes, ``argmax_c x . m_c / |m_c| = argmax_c cos(x, m_c)``: this linear head *is*
   cosine nearest class mean.
 - ``ridge``: ``W = S (G + lam I)^-1``, i.e. ``W^T = (G + lam I)^-1 X^T Y``, bias 0. ``lam`` is
-  ``config.extra["ridge_lambda"]`` if set, else the value of ``config.extra["ridge_lambdas"]``
-  (default :data:`DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
-  training samples (global training index ``i % k == 0``, ``k = extra["ridge_holdout"]``,
-  default 5) of the head fitted on the rest; the squared error comes from the held-out sums
+  the setting ``ridge.fixed_lambda`` if set, else the value of ``ridge.lambdas`` (default
+  :data:`~common.settings.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
+  training samples (global training index ``i % k == 0``, ``k = ridge.holdout``, default 5)
+  of the head fitted on the rest; the squared error comes from the held-out sums
   alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from abc import abstractmethod
 
 import torch
 from torch import Tensor
 
 from common.config import RunConfig
+from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
 from common.merge import GramSum, right_solve
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
+from common.settings import NcmSettings, RidgeSettings
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
-from server.strategies.validate import UpTo, stat_shapes
 
 DTYPE = torch.float64
-DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
-DEFAULT_HOLDOUT = 5  # must match client/features.py: the client sends held-out sums by the same rule
-HOLDOUT = "holdout_"  # prefix of the held-out statistics' names
-FACTOR = "_factor"  # suffix of a Gram's wire name: clients send ``R`` with ``R^T R = G``
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -136,17 +132,9 @@ class StatSums:
 class FeatureStatsAggregator(Aggregator):
     """One features step: the clients' statistics, summed."""
 
-    def __init__(self, plan: RoundPlan, shapes: dict[str, tuple[int, ...]]) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(plan, declared)
         self.sums = StatSums(shapes)
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        """What a client sends: class sums and counts of the current task's classes ``[lo, hi)`` only
-        (the others' are zero), each Gram ``(F', F')`` as its factor ``(<= F', F')``."""
-        lo, hi = self.plan.class_range
-        return stat_shapes({(name + FACTOR if name.endswith("gram") else name):
-                            ((UpTo(shape[0]), shape[1]) if name.endswith("gram") else (hi - lo, *shape[1:]))
-                            for name, shape in self.sums.shapes.items()})
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
@@ -183,14 +171,12 @@ class ClosedFormHead(Strategy):
     """One features step per task; sums over clients and tasks; the head is solved after each task."""
 
     use_gram = False  # the solve needs the feature Gram (and clients send it)
+    settings_class: type[NcmSettings] = NcmSettings
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
-        # The setting client/features.py reads: the head's input width F'.
-        rp_dim = int(config.extra.get("rp_dim", 0))
-        if rp_dim < 0:
-            raise ValueError(f"extra.rp_dim must be a non-negative integer (0: no projection), got {rp_dim}")
-        self.dim = rp_dim or spec.feature_dim
+        self.settings = config.section(self.settings_class)  # client/features.py reads the same
+        self.dim = self.settings.rp_dim or spec.feature_dim  # the head's input width F'
         self.head_w = torch.zeros(spec.num_classes, self.dim, dtype=DTYPE)
         self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
         self.totals = StatSums(self.stat_shapes())
@@ -205,11 +191,11 @@ class ClosedFormHead(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"{self.name} has no {phase} step")
-        plan = self.base_plan(task, round_, phase, mode="features", head_gram=self.use_gram, send_head=False)
+        plan = self.base_plan(task, round_, phase, mode=Mode.FEATURES, head_gram=self.use_gram, send_head=False)
         return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FeatureStatsAggregator(plan, self.stat_shapes())
+        return FeatureStatsAggregator(plan, self.declared(plan), self.stat_shapes())
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)
@@ -222,7 +208,7 @@ class ClosedFormHead(Strategy):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
-        return dataclasses.replace(super().eval_plan(task), mode="features")
+        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
 
     def adapter(self) -> dict[str, LowRank]:
         return {}  # the backbone stays W0
@@ -250,19 +236,11 @@ class NearestClassMean(ClosedFormHead):
 class RidgeHead(ClosedFormHead):
     name = "ridge"
     use_gram = True
+    settings_class = RidgeSettings
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
-        self.fixed_lambda = float(config.extra.get("ridge_lambda", 0.0))
-        self.holdout = int(config.extra.get("ridge_holdout", DEFAULT_HOLDOUT))
-        self.grid = tuple(float(v) for v in config.extra.get("ridge_lambdas", DEFAULT_LAMBDAS))
-        if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
-            raise ValueError(f"extra.ridge_lambda must be a positive number (0: choose it), got {self.fixed_lambda}")
-        if self.holdout < 0 or self.holdout == 1:
-            raise ValueError(f"extra.ridge_holdout must be 0 (none) or >= 2, got {self.holdout}")
-        if not self.fixed_lambda and (self.holdout < 2 or not self.grid or min(self.grid) <= 0):
-            raise ValueError("ridge chooses lambda on held-out training samples: it needs extra.ridge_holdout >= 2 "
-                             f"(got {self.holdout}) and positive extra.ridge_lambdas (got {list(self.grid)}), "
-                             "or a fixed extra.ridge_lambda > 0")
+        ridge = config.section(RidgeSettings)  # checked there: a fixed lambda, or a grid and a hold-out rule
+        self.fixed_lambda, self.holdout, self.grid = ridge.fixed_lambda, ridge.holdout, ridge.lambdas
         super().__init__(config, spec)
         self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve

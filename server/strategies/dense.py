@@ -3,7 +3,7 @@
 These methods (FedAvg, RegMean, Fisher averaging, TIES) train every backbone weight with the
 same ACE loss, head and data as LoRM. The model they hold is ``W = W0 + delta`` per backbone
 parameter (``ModelSpec.params``) with the merged head; clients receive ``delta`` in every
-plan (``mode="full"``) and send back their own ``delta_i`` = trained minus received weights.
+plan (``mode=Mode.FULL``) and send back their own ``delta_i`` = trained minus received weights.
 Each round the strategy merges the ``delta_i`` into a step and adds it to ``delta``.
 
 There is no low-rank adapter: :meth:`DenseStrategy.adapter` is empty and
@@ -18,16 +18,8 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from server.strategies.base import Strategy
-from server.strategies.validate import delta_shapes, head_shapes
-
-HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
-
-
-def dense_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """What every dense update carries: a delta per backbone parameter and the head."""
-    return delta_shapes(spec) | head_shapes(spec)
 
 
 def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:
@@ -61,11 +53,11 @@ class DenseStrategy(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"strategy {self.name!r} has no {phase} step")
-        return self.base_plan(task, round_, phase, mode="full", delta=self.delta, **self.plan_options())
+        return self.base_plan(task, round_, phase, mode=Mode.FULL, delta=self.delta, **self.plan_options())
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + delta`` with the current head."""
-        return replace(super().eval_plan(task), mode="full", delta=self.delta)
+        return replace(super().eval_plan(task), mode=Mode.FULL, delta=self.delta)
 
     def add_to_delta(self, step: dict[str, Tensor]) -> None:
         """``delta <- delta + step`` (summed in float64, stored as float32); new tensors, so

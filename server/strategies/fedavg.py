@@ -6,22 +6,20 @@
 
 from __future__ import annotations
 
+from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, dense_shapes
+from server.strategies.dense import DenseStrategy
 
 
 class FedAvgAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared)
         self.spec = spec
         self.delta = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return dense_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
@@ -35,7 +33,7 @@ class FedAvg(DenseStrategy):
     name = "fedavg"
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FedAvgAggregator(plan, self.spec)
+        return FedAvgAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FedAvgAggregator)

@@ -9,24 +9,21 @@ from __future__ import annotations
 import torch
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
-from server.strategies.validate import factor_shapes, head_shapes
 
 
 class MeanAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec, rank: int) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
+        super().__init__(plan, declared)
         self.spec, self.rank = spec, rank
         self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
         self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return factor_shapes(self.spec, self.rank, ("B", "A")) | head_shapes(self.spec)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
@@ -55,7 +52,7 @@ class FedAvgLoRA(Strategy):
                               lora={name: published(f.b, f.a) for name, f in self.shared.items()})
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return MeanAggregator(plan, self.spec, self.config.rank)
+        return MeanAggregator(plan, self.declared(plan), self.spec, self.config.rank)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, MeanAggregator)

@@ -12,23 +12,20 @@ FedAvg step for that entry).
 
 from __future__ import annotations
 
+from common.declared import HEAD_FISHER, Shapes
 from common.dense_merge import FisherMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import HEAD_FISHER, DenseStrategy, dense_shapes, head_delta
-from server.strategies.validate import fisher_shapes
+from server.strategies.dense import DenseStrategy, head_delta
 
 
 class FisherAvgAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared)
         self.spec = spec
         self.delta = {name: FisherMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
         self.head = FisherMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = FisherMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return dense_shapes(self.spec) | fisher_shapes(self.spec, HEAD_FISHER)
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
@@ -46,7 +43,7 @@ class FisherAvg(DenseStrategy):
         return {"send_fisher": True}
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FisherAvgAggregator(plan, self.spec)
+        return FisherAvgAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None

@@ -6,19 +6,19 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
-from server.strategies.validate import factor_shapes, gram_shapes, head_gram_shape, head_shapes
 
 
 class LoRMRoundAggregator(Aggregator):
     """One training round: the active factor per layer, the head by RegMean, the bias by samples."""
 
-    def __init__(self, plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
+        super().__init__(plan, declared)
         self.spec, self.config = spec, config
         (self.active,) = plan.train_factors
         if self.active == "B":
@@ -27,11 +27,6 @@ class LoRMRoundAggregator(Aggregator):
             self.layers = {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return (factor_shapes(self.spec, self.config.rank, (self.active,))
-                | gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
-                | head_shapes(self.spec) | head_gram_shape(self.spec))
 
     def _fold(self, update: ClientUpdate) -> None:
         gamma = self.config.gamma_backbone
@@ -44,13 +39,10 @@ class LoRMRoundAggregator(Aggregator):
 class TaskGramAggregator(Aggregator):
     """End of task: the global Gram ``G^t = sum_i G_i^t`` per layer."""
 
-    def __init__(self, plan: RoundPlan, spec: ModelSpec) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared)
         self.spec = spec
         self.grams = {name: GramSum(d_in) for name, (_, d_in) in spec.layers.items()}
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
 
     def _fold(self, update: ClientUpdate) -> None:
         for name, acc in self.grams.items():
@@ -121,8 +113,8 @@ class LoRM(Strategy):
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         if plan.phase == Phase.TRAIN:
-            return LoRMRoundAggregator(plan, self.spec, self.config)
-        return TaskGramAggregator(plan, self.spec)
+            return LoRMRoundAggregator(plan, self.declared(plan), self.spec, self.config)
+        return TaskGramAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, LoRMRoundAggregator):

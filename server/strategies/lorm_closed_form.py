@@ -23,7 +23,7 @@ import dataclasses
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ModelSpec, Phase, RoundPlan
+from common.messages import ModelSpec, Mode, Phase, RoundPlan
 from server.strategies.base import Aggregator
 from server.strategies.closed_form import ClosedFormHead, FeatureStatsAggregator, NearestClassMean, RidgeHead
 from server.strategies.lorm import LoRM
@@ -68,7 +68,7 @@ class LoRMClosedForm(LoRM):
         return dataclasses.replace(plan, head_weight=self.ace_w.to(dtype), head_bias=self.ace_b.to(dtype))
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return self.closed.aggregator(plan) if plan.mode == "features" else super().aggregator(plan)
+        return self.closed.aggregator(plan) if plan.mode == Mode.FEATURES else super().aggregator(plan)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, FeatureStatsAggregator):
@@ -81,7 +81,7 @@ class LoRMClosedForm(LoRM):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """The closed-form head on the merged backbone: features mode, ``extra`` = the view of the features step."""
-        return dataclasses.replace(super().eval_plan(task), mode="features")
+        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
 
     def state_tensors(self) -> dict[str, Tensor]:
         return self.closed.state_tensors() | super().state_tensors() | {"ace/w": self.ace_w, "ace/b": self.ace_b}

@@ -17,11 +17,11 @@ RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
 from __future__ import annotations
 
 from common.config import RunConfig
+from common.declared import Shapes
 from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
 from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
 from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, dense_shapes
-from server.strategies.validate import gram_shapes, head_gram_shape
+from server.strategies.dense import DenseStrategy
 
 
 def weight_param(layer: str) -> str:
@@ -30,8 +30,8 @@ def weight_param(layer: str) -> str:
 
 
 class RegMeanAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> None:
-        super().__init__(plan)
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
+        super().__init__(plan, declared)
         self.spec, self.config = spec, config
         self.layers = {name: RegMeanAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
         linear = {weight_param(name) for name in spec.layers}
@@ -39,10 +39,6 @@ class RegMeanAggregator(Aggregator):
                        if name not in linear}
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def expected(self) -> dict[str, tuple[int, ...]]:
-        return (dense_shapes(self.spec) | gram_shapes(self.spec, full=self.plan.gram == GramKind.FULL)
-                | head_gram_shape(self.spec))
 
     def _fold(self, update: ClientUpdate) -> None:
         n, gamma = update.num_samples, self.config.gamma_backbone
@@ -70,7 +66,7 @@ class RegMean(DenseStrategy):
         return {"gram": gram, "head_gram": True}
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return RegMeanAggregator(plan, self.spec, self.config)
+        return RegMeanAggregator(plan, self.declared(plan), self.spec, self.config)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, RegMeanAggregator)

@@ -30,29 +30,16 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
-from common.messages import ModelSpec
-from common.tensors import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name,
-                            tensor_name)
+from common.declared import (delta_shapes, factor_shapes, fisher_shapes, gram_shapes,  # noqa: F401 (re-exported)
+                             head_gram_shape, head_shapes, stat_shapes)
+from common.tensors import (DELTA, FACTOR, FISHER, GRAM, STAT, UPDATE_FIELDS, UpTo,  # noqa: F401 (UpTo: re-exported)
+                            parse_tensor_name, shape_fits)
 
 PARAM_DTYPES = (torch.float32, torch.float64)  # factors, head, deltas: float32 as clients compute; float64 lossless
 STAT_DTYPES = (torch.float64,)  # Grams, Fisher, feature statistics: accumulated in float64 by clients
 SYMMETRY_RTOL = 1e-9  # |G - G^T| <= this * max(diag G): float64 rounding of X^T X is ~1e-16
 PSD_RTOL = 1e-8  # lambda_min(G) >= -this * trace(G): far above rounding, far below any real indefiniteness
 MAX_DTYPE_BYTES = 8  # the widest accepted dtype: bounds a step's submission size
-
-
-class UpTo(int):
-    """An expected dimension of any size from 0 up to this bound (the rows of a Gram factor,
-    ``min(samples, width)``); an ``int``, so byte limits count the bound."""
-
-    def __repr__(self) -> str:
-        return f"<={int(self)}"
-
-
-def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
-    """``shape`` is ``want``, where an :class:`UpTo` dimension takes any size up to its bound."""
-    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w
-                                           for s, w in zip(shape, want))
 
 
 class UpdateRejected(ValueError):
@@ -66,44 +53,6 @@ class UpdateRejected(ValueError):
 # ------------------------------------------------------------------ what a step expects
 
 
-def factor_shapes(spec: ModelSpec, rank: int, parts: Iterable[str]) -> dict[str, tuple[int, ...]]:
-    """LoRA factors per layer: ``B: (d_out, r)``, ``A: (r, d_in)``."""
-    parts = tuple(parts)
-    return {tensor_name(FACTOR, name, p): ((d_out, rank) if p == "B" else (rank, d_in))
-            for name, (d_out, d_in) in spec.layers.items() for p in parts}
-
-
-def gram_shapes(spec: ModelSpec, full: bool) -> dict[str, tuple[int, ...]]:
-    """A Gram per LoRA layer: ``(d_in, d_in)`` when ``full``, else its diagonal ``(d_in,)``."""
-    return {tensor_name(GRAM, name): ((d_in, d_in) if full else (d_in,)) for name, (_, d_in) in spec.layers.items()}
-
-
-def head_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """The head: weight ``(C, F)`` and bias ``(C,)``."""
-    return {HEAD_WEIGHT: (spec.num_classes, spec.feature_dim), HEAD_BIAS: (spec.num_classes,)}
-
-
-def head_gram_shape(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """The full Gram ``(F, F)`` of the head's input."""
-    return {HEAD_GRAM: (spec.feature_dim, spec.feature_dim)}
-
-
-def delta_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """A delta per backbone parameter, shaped like it."""
-    return {tensor_name(DELTA, name): tuple(shape) for name, shape in spec.params.items()}
-
-
-def fisher_shapes(spec: ModelSpec, head: tuple[str, str]) -> dict[str, tuple[int, ...]]:
-    """A diagonal Fisher per backbone parameter, and for the head under the names ``head``."""
-    shapes = dict(spec.params) | {head[0]: (spec.num_classes, spec.feature_dim), head[1]: (spec.num_classes,)}
-    return {tensor_name(FISHER, name): tuple(shape) for name, shape in shapes.items()}
-
-
-def stat_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Feature statistics ``name -> shape`` under their wire names."""
-    return {tensor_name(STAT, name): tuple(shape) for name, shape in shapes.items()}
-
-
 def max_bytes(expected: dict[str, tuple[int, ...]]) -> int:
     """The most tensor bytes an update of this step can carry (every tensor in the widest dtype)."""
     return sum(math.prod(shape) for shape in expected.values()) * MAX_DTYPE_BYTES
@@ -112,7 +61,7 @@ def max_bytes(expected: dict[str, tuple[int, ...]]) -> int:
 # ------------------------------------------------------------------ names and fields
 
 
-_GROUPS = {FACTOR: "factors", GRAM: "grams", DELTA: "delta", FISHER: "fisher", STAT: "stats"}
+_GROUPS = UPDATE_FIELDS  # wire kind -> ClientUpdate field
 
 
 def field_of(name: str) -> str:

@@ -209,7 +209,7 @@ def test_overrides_apply_base_then_method_then_beta():
     at_half = bench.cell_config(base, "lorm", 0.5, 7, overrides)
     at_one = bench.cell_config(base, "lorm", 1.0, 7, overrides)
     assert (at_half.lr, at_one.lr, at_half.seed, at_half.beta) == (0.03, 0.02, 7, 0.5)
-    assert at_half.extra == {**preset("tiny")["extra"], "synthetic_test": 5}  # merged, not replaced
+    assert at_half.settings["data"] == {**preset("tiny")["settings"]["data"], "synthetic_test": 5}  # merged, not replaced
     assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
 
 

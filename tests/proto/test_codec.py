@@ -12,7 +12,7 @@ from proto import codec
 from common.tensors import tensor_name, parse_tensor_name
 
 from common.messages import PullQuery, Wait
-from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Phase, RoundPlan
+from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, RoundPlan
 from common.tensors import WireError
 MiB = 1 << 20
 GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream
@@ -464,3 +464,22 @@ def test_inconsistent_eval_counts_are_rejected(correct, total, field):
     with pytest.raises(WireError) as caught:
         codec.eval_from_proto(message)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_plan_mode_round_trips_as_the_enum(mode):
+    plan = RoundPlan(run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2, mode=mode)
+
+    got = codec.plan_from_proto(codec.plan_to_proto(plan))
+
+    assert got.mode is mode  # the enum member itself, not its string
+
+
+def test_unknown_plan_mode_is_rejected():
+    plan = RoundPlan(run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2)
+    messages = list(codec.plan_to_proto(plan))
+    messages[0].header.mode = "sideways"
+
+    with pytest.raises(WireError) as caught:
+        codec.plan_from_proto(messages)
+    assert caught.value.field == "mode" and "sideways" in str(caught.value) and "features" in str(caught.value)

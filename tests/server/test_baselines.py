@@ -285,7 +285,7 @@ def test_rejected_update_changes_nothing(name, break_it, field):
 
 
 def test_ties_rejects_bad_settings():
-    with pytest.raises(ValueError, match="ties_density"):
+    with pytest.raises(ValueError, match=r"ties\.density should lie in \(0, 1\], got 0\.0"):
         make_strategy(config(strategy="ties", extra={"ties_density": 0.0}), SPEC)
     with pytest.raises(ValueError, match="ModelSpec.params"):
         make_strategy(config(strategy="fedavg"), ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2))

@@ -87,8 +87,7 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     # Reference: every client's rows of both tasks under W0 + B^0 A^0, solved with torch.linalg.solve.
     runtime = build_runtime(config)
     workers = [runtime.worker(i, f"c{i}") for i in range(config.num_clients)]
-    workers[0]._load(plans[3])
-    workers[0]._set_view(plans[3])  # the features step's view, on the shared model
+    workers[0].load_view(plans[3])  # the features step's view, on the shared model
     projection = random_projection(config, runtime.spec.feature_dim)
     # Each client's rows extracted in its own batches, as the client does: the same float32 features on any CPU.
     idx = torch.cat([w.shards[t] for t in range(2) for w in workers])

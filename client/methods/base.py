@@ -1,0 +1,194 @@
+"""The client half of a method: what a client trains, with which loss, and what it sends.
+
+``ClientWorker`` (``client/worker.py``) owns the data and the model and calls the method's
+client half for every step; the half never branches on other methods. A half serves one
+:class:`~common.messages.Mode` (:attr:`ClientMethod.mode`); the plans of its method ask for
+that mode (a method whose steps differ in mode combines halves, see
+``client.methods.features.LoRAThenFeatures``).
+
+:meth:`ClientMethod.update` is a template: load the plan's model, train (``TRAIN`` steps:
+:meth:`trainable` and :meth:`loss`, with the shared loop :meth:`train`), then collect what
+to send (:meth:`outputs`). Evaluation loads the same way and scores with :meth:`logits`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from client.backbones import ClassifierModel
+from common.config import RunConfig
+from common.messages import ClientUpdate, Mode, Phase, RoundPlan
+
+PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3}
+
+
+class Samples(Protocol):
+    """The part of ``client.worker.SampleData`` a method uses."""
+
+    labels: Tensor  # (n,) int64
+
+    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
+              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]: ...
+
+
+class Client(Protocol):
+    """What a method's client half sees of the worker: its configuration, model, data and shards."""
+
+    config: RunConfig
+    index: int  # the client's index
+    client_id: str
+    model: ClassifierModel
+    device: torch.device
+    shards: list[Tensor]  # per task: the client's training sample indices
+
+    @property
+    def train(self) -> Samples: ...  # the client's training samples (all tasks; shards index them)
+
+
+def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
+    """A 63-bit seed unique to one client's step."""
+    state = np.random.SeedSequence([seed, client_index, task, round_, PHASE_CODE[phase]]).generate_state(2)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+class ClientMethod:
+    """The client half of a method (stateless between steps: everything comes from the plan)."""
+
+    mode: Mode = Mode.LORA  # the mode of the plans this half serves
+
+    def serves(self, plan: RoundPlan) -> "ClientMethod":
+        """The half that handles ``plan``: this one, if the plan asks for its mode."""
+        if plan.mode != self.mode:
+            raise ValueError(f"{type(self).__name__} serves {self.mode.value!r} plans; this plan asks for "
+                             f"{Mode(plan.mode).value!r}")
+        return self
+
+    # ----------------------------------------------------------------- hooks
+
+    def load(self, client: Client, plan: RoundPlan) -> None:
+        """Set the model this step starts from (training view): LoRA factors, extra, head."""
+        load_lora(client, plan)
+        load_head(client.model, plan)
+
+    def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
+        """The backbone parameters trained at the LoRA learning rate (the head always trains, at ``lr``)."""
+        return []
+
+    def loss(self, logits: Tensor, labels: Tensor, plan: RoundPlan) -> Tensor:
+        """ACE: only the current task's classes compete; old heads get no gradient.
+
+        ``logits: (batch, num_classes)``, ``labels: (batch,)`` in ``plan.class_range``.
+        """
+        lo, hi = plan.class_range
+        return F.cross_entropy(logits[:, lo:hi], labels - lo)
+
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+        """What the update carries after training: :class:`ClientUpdate` fields by name."""
+        return {}
+
+    def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
+        """Scores ``(batch, num_classes)`` of the evaluated model (after :meth:`load` and :func:`set_view`)."""
+        return client.model(inputs)[0]
+
+    # ----------------------------------------------------------------- the step
+
+    def update(self, client: Client, plan: RoundPlan) -> ClientUpdate:
+        """One ``TRAIN`` or ``TASK_GRAM`` step: load, train (``TRAIN`` only), then :meth:`outputs`."""
+        seed = step_seed(plan.seed, client.index, plan.task, plan.round, plan.phase)
+        shard = client.shards[plan.task]
+        client.model.to(client.device)
+        self.load(client, plan)
+        loss = self.train(client, plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
+        return ClientUpdate(run_id=plan.run_id, client_id=client.client_id, client_index=client.index,
+                            task=plan.task, round=plan.round, phase=plan.phase, num_samples=int(shard.numel()),
+                            train_loss=loss, **self.outputs(client, plan, shard, seed))
+
+    def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
+        """Train :meth:`trainable` and the head with :meth:`loss`; returns the last epoch's mean loss."""
+        cfg, model = client.config, client.model
+        params = self.trainable(client, plan)
+        for p in params + list(model.head.parameters()):
+            p.requires_grad_(True)
+        groups = [{"params": list(model.head.parameters()), "lr": cfg.lr}]
+        if params:
+            groups.append({"params": params, "lr": cfg.lora_lr})
+        optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout
+        model.train(cfg.train_dropout)  # dropout on (the reference's train mode) or off
+        loss_sum, batches = float("nan"), 0
+        for _epoch in range(cfg.local_epochs):
+            loss_sum, batches = 0.0, 0
+            order = shard[torch.randperm(shard.numel(), generator=generator)]
+            for start in range(0, order.numel(), cfg.batch_size):
+                inputs, labels = client.train.batch(order[start:start + cfg.batch_size], client.device, train=True,
+                                                    generator=generator)
+                loss = self.loss(model(inputs)[0], labels, plan)  # logits: (batch, num_classes)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += float(loss.detach())
+                batches += 1
+        for layer in model.lora().values():
+            layer.set_trainable(())
+        for p in model.dense_params().values():
+            p.requires_grad_(False)
+        return loss_sum / max(batches, 1)
+
+
+# --------------------------------------------------------------------- shared model set-up
+
+
+def load_lora(client: Client, plan: RoundPlan, delta: dict[str, Tensor] | None = None) -> None:
+    """The training view ``W0 + s B A`` (``W0 + extra + s B A`` with ``plan.train_extra``).
+
+    Backbone weights are ``W0 + delta`` (``W0`` when ``delta`` is ``None`` and the model was
+    never fine-tuned densely: then nothing is copied).
+    """
+    model = client.model
+    if delta is not None or model._pristine is not None:
+        load_dense(model, delta or {})
+    for name, layer in model.lora().items():
+        if name in plan.lora:
+            layer.load_factors(plan.lora[name].b, plan.lora[name].a)
+        layer.scale = client.config.lora_scale if name in plan.lora else 0.0
+        extra = plan.extra.get(name) if plan.train_extra else None
+        layer.set_extra(extra.b if extra else None, extra.a if extra else None)
+
+
+def load_head(model: ClassifierModel, plan: RoundPlan) -> None:
+    """Copy the plan's head ``(C, F)``, ``(C,)`` into the model, when it carries one."""
+    if plan.head_weight is not None:
+        assert plan.head_bias is not None  # a plan carries both or neither
+        with torch.no_grad():
+            model.head.weight.copy_(plan.head_weight)
+            model.head.bias.copy_(plan.head_bias)
+
+
+@torch.no_grad()
+def load_dense(model: ClassifierModel, delta: dict[str, Tensor]) -> None:
+    """Backbone weights ``W0 + delta`` (``W0`` for parameters ``delta`` lacks)."""
+    w0 = model.pristine()
+    for name, p in model.dense_params().items():
+        value = w0[name] if name not in delta else w0[name] + delta[name].to(w0[name].dtype)
+        p.copy_(value.to(p.device))
+
+
+def set_view(client: Client, plan: RoundPlan) -> None:
+    """Switch to the Gram-pass / evaluation view ``W0 + extra + lora_scale * s B A``."""
+    for name, layer in client.model.lora().items():
+        layer.scale = client.config.lora_scale * plan.lora_scale if name in plan.lora else 0.0
+        extra = plan.extra.get(name)
+        layer.set_extra(extra.b if extra else None, extra.a if extra else None)
+
+
+def head_tensors(model: ClassifierModel, plan: RoundPlan) -> dict[str, Tensor | None]:
+    """The trained head's weight ``(C, F)`` and bias ``(C,)`` when the plan asks for them (``send_head``)."""
+    head = model.head
+    return {"head_weight": head.weight.detach().cpu().clone() if plan.send_head else None,
+            "head_bias": head.bias.detach().cpu().clone() if plan.send_head else None}

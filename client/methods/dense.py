@@ -1,0 +1,105 @@
+"""The client half of the full fine-tuning baselines (FedAvg, RegMean, Fisher averaging, TIES).
+
+Trains every backbone weight and the head with ACE, starting from ``W0 + plan.delta``, and
+sends ``delta`` (trained minus received weights, per parameter), the head, with
+``plan.send_fisher`` the diagonal Fisher of :func:`fisher` (FisherAvg), and the Grams the
+plan asks for (``plan.gram``, ``plan.head_gram``: RegMean), as LoRA methods record them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from client.methods.base import Client, ClientMethod, head_tensors, load_head, load_lora, set_view
+from client.methods.lora import gram_pass
+from common.messages import Mode, Phase, RoundPlan
+
+
+class DenseTrainer(ClientMethod):
+    """Every backbone weight ``W = W0 + delta`` and the head, trained with ACE (no LoRA)."""
+
+    mode = Mode.FULL
+
+    def load(self, client: Client, plan: RoundPlan) -> None:
+        load_lora(client, plan, delta=plan.delta)
+        load_head(client.model, plan)
+
+    def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
+        for layer in client.model.lora().values():
+            layer.set_trainable(())
+        return list(client.model.dense_params().values())
+
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+        trained = plan.phase == Phase.TRAIN
+        sent: dict[str, Any] = {"fisher": fisher(client, plan, shard, seed) if trained and plan.send_fisher else {}}
+        set_view(client, plan)
+        grams, head_gram = gram_pass(client, plan, shard, seed)  # RegMean's Grams of the adapted layers' inputs
+        return sent | {"grams": grams, "head_gram": head_gram} | head_tensors(client.model, plan) | {
+            "delta": dense_delta(client, plan) if trained else {}}
+
+
+def dense_delta(client: Client, plan: RoundPlan) -> dict[str, Tensor]:
+    """Trained weights minus the weights this step started from (``W0 + plan.delta``), per parameter."""
+    w0 = client.model.pristine()
+    out = {}
+    for name, p in client.model.dense_params().items():
+        start = w0[name] if name not in plan.delta else w0[name] + plan.delta[name].to(w0[name].dtype)
+        out[name] = p.detach().cpu() - start
+    return out
+
+
+def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
+    """Diagonal Fisher of the ACE model ``p(y|x)`` (the task's classes) at the trained weights.
+
+    ``config.fisher`` picks the estimator (``common.config.FISHER_ESTIMATORS``), with
+    ``g_y = d log p(y|x) / d theta`` per sample ``x`` (eval mode, no dropout):
+
+    - ``sampled``: ``mean_x g_y^2``, ``y ~ p(.|x)`` (Matena & Raffel's Monte Carlo estimate);
+    - ``expected``: ``mean_x sum_y p(y|x) g_y^2`` (the exact expectation);
+    - ``reference``: ``sum_x p(y_x|x) g_{y_x}^2`` with the true label ``y_x``, summed, not
+      averaged, as the paper's public code does;
+    - ``batch``: ``sum_b |b| g_b^2 / n`` over mini-batch gradients ``g_b`` of the loss.
+
+    Entries are shaped like their parameters, float64; the head's are named ``head.weight``
+    and ``head.bias``.
+    """
+    model, lo, hi = client.model, *plan.class_range
+    params = dict(model.dense_params()) | {f"head.{n}": p for n, p in model.head.named_parameters()}
+    names, tensors = list(params), list(params.values())
+    for p in tensors:
+        p.requires_grad_(True)
+    out = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in params.items()}
+
+    def add(scalar: Tensor, weight: float, retain: bool = False) -> None:
+        grads = torch.autograd.grad(scalar, tensors, allow_unused=True, retain_graph=retain)
+        for name, g in zip(names, grads):
+            if g is not None:
+                out[name] += g.detach().cpu().double() ** 2 * weight
+
+    estimator = client.config.fisher
+    generator = torch.Generator().manual_seed(seed ^ 0xF15E)
+    model.eval()
+    size = client.config.batch_size if estimator == "batch" else 1
+    for start in range(0, shard.numel(), size):
+        inputs, labels = client.train.batch(shard[start:start + size], client.device)
+        log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
+        if estimator == "batch":
+            add(F.nll_loss(log_p, labels - lo), float(labels.numel()))
+        elif estimator == "reference":
+            y = int(labels[0]) - lo
+            add(log_p[0, y], float(log_p[0, y].detach().exp()))
+        elif estimator == "sampled":
+            y = int(torch.multinomial(log_p[0].detach().exp().cpu(), 1, generator=generator))
+            add(log_p[0, y], 1.0)
+        else:  # expected
+            probs = log_p[0].detach().exp().tolist()
+            for y, p_y in enumerate(probs):
+                add(log_p[0, y], p_y, retain=y + 1 < len(probs))
+    for p in tensors:
+        p.requires_grad_(False)
+    scale = 1.0 if estimator == "reference" else 1.0 / max(shard.numel(), 1)
+    return {n: f * scale for n, f in out.items()}

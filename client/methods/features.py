@@ -1,0 +1,53 @@
+"""The client half of the closed-form heads: no training, statistics of the frozen features.
+
+``FeatureStatistics`` sends the sums of ``client/features.py`` (class sums and counts, and
+with ``plan.head_gram`` the Gram factor and the held-out statistics) of the current task's
+shard in the plan's view ``W0 + extra``, and evaluates the plan's head ``(C, F')`` on the
+mapped features. ``LoRAThenFeatures`` serves the LoRM + closed-form head methods, whose
+LoRA steps train as LoRM's and whose features steps and evaluations are feature statistics.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from client.features import feature_logits, feature_stats
+from client.methods.base import Client, ClientMethod, load_lora, set_view
+from client.methods.lora import LoRATrainer
+from common.messages import ClientUpdate, Mode, RoundPlan
+
+
+class FeatureStatistics(ClientMethod):
+    """Sums of the frozen features; the head of a features plan is ``(C, F')``, never loaded into the model."""
+
+    mode = Mode.FEATURES
+
+    def load(self, client: Client, plan: RoundPlan) -> None:
+        load_lora(client, plan)  # the backbone view only: the model's head has width F, the plan's F'
+
+    def update(self, client: Client, plan: RoundPlan) -> ClientUpdate:
+        """The statistics of the shard (any phase: a features step trains nothing); ``train_loss`` is NaN."""
+        shard = client.shards[plan.task]
+        client.model.to(client.device)
+        self.load(client, plan)
+        set_view(client, plan)
+        stats = feature_stats(client.model, client.train, shard, client.config, client.device, plan.class_range,
+                              gram=plan.head_gram)
+        return ClientUpdate(run_id=plan.run_id, client_id=client.client_id, client_index=client.index,
+                            task=plan.task, round=plan.round, phase=plan.phase, num_samples=int(shard.numel()),
+                            stats=stats)
+
+    def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
+        return feature_logits(client.model, inputs, plan, client.config)
+
+
+class LoRAThenFeatures(ClientMethod):
+    """LoRA plans as :class:`LoRATrainer`, features plans as :class:`FeatureStatistics`."""
+
+    halves = {Mode.LORA: LoRATrainer(), Mode.FEATURES: FeatureStatistics()}
+
+    def serves(self, plan: RoundPlan) -> ClientMethod:
+        if plan.mode not in self.halves:
+            raise ValueError(f"{type(self).__name__} serves {[m.value for m in self.halves]} plans; this plan "
+                             f"asks for {Mode(plan.mode).value!r}")
+        return self.halves[Mode(plan.mode)]

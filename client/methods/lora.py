@@ -1,0 +1,68 @@
+"""The client half of every LoRA method: train the plan's factors and the head, then a Gram pass.
+
+Sends the trained factors (``plan.train_factors``), the head (``plan.send_head``), the Grams
+of the LoRA layers' inputs (``plan.gram``) and of the head's input (``plan.head_gram``),
+recorded in the view ``W0 + extra + lora_scale * s B A`` over the shard with the training
+augmentation, as in the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from client.methods.base import Client, ClientMethod, head_tensors, set_view
+from common.lora import GramRecorder
+from common.messages import GramKind, Mode, RoundPlan
+
+GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
+
+
+class LoRATrainer(ClientMethod):
+    """LoRA factors ``B: (d_out, r)``, ``A: (r, d_in)`` per layer, and the head, trained with ACE."""
+
+    mode = Mode.LORA
+
+    def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
+        layers = client.model.lora()
+        for layer in layers.values():
+            layer.set_trainable(plan.train_factors)
+        return [getattr(layer, f"lora_{f}") for layer in layers.values() for f in plan.train_factors]
+
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+        set_view(client, plan)
+        grams, head_gram = gram_pass(client, plan, shard, seed)
+        factors = {name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
+                   for name, layer in client.model.lora().items()} if plan.train_factors else {}
+        return {"factors": factors, "grams": grams, "head_gram": head_gram, **head_tensors(client.model, plan)}
+
+
+@torch.no_grad()
+def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tuple[dict[str, Tensor], Tensor | None]:
+    """Grams over the shard: per LoRA layer ``(d_in,)`` or ``(d_in, d_in)`` (``plan.gram``), and the
+    head input's ``(F, F)`` (``plan.head_gram``), float64; with the training augmentation as in the reference."""
+    if plan.gram == GramKind.NONE and not plan.head_gram:
+        return {}, None
+    config, model = client.config, client.model
+    modules: dict = dict(model.lora()) if plan.gram != GramKind.NONE else {}
+    full = {name: plan.gram == GramKind.FULL for name in modules}
+    if plan.head_gram:
+        modules["<head>"] = model.head
+        full["<head>"] = True
+    recorder = GramRecorder(modules, full)
+    generator = torch.Generator().manual_seed(seed ^ 0x5EED)
+    model.eval()
+    with recorder.recording():
+        for _ in range(config.gram_passes):
+            for start in range(0, shard.numel(), GRAM_BATCH):
+                inputs, _ = client.train.batch(shard[start:start + GRAM_BATCH], client.device, train=True,
+                                               generator=generator, padded=config.gram_padding)
+                # Padding tokens are not inputs: their rows are left out of the Grams, unless the
+                # run counts them as the reference does (gram_padding).
+                recorder.row_mask = None if config.gram_padding else inputs.get("attention_mask")
+                model(inputs)
+    grams = {name: g.cpu() for name, g in recorder.grams.items()}
+    head_gram = grams.pop("<head>", None)
+    return grams, head_gram

@@ -1,0 +1,125 @@
+"""The tensors a step's update carries, declared once from the plan: what a client sends and a coordinator expects.
+
+:func:`declared_tensors` reads the plan's instructions (``mode``, ``train_factors``, ``gram``,
+``head_gram``, ``send_head``, ``send_fisher``, ``class_range``), the model's shapes
+(:class:`~common.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
+shape``. The coordinator validates every update against it (``Aggregator.expected``, then
+``server.strategies.validate``), and a client checks its own update against it before
+sending (``ClientWorker.update``, :func:`check_declared_shapes`), so both sides derive the
+step's tensors from one place.
+
+Shapes (``C`` classes, ``F`` the head's input, ``r`` the rank): LoRA factors ``B: (d_out, r)``,
+``A: (r, d_in)``; Grams ``(d_in,)`` or ``(d_in, d_in)``; head ``(C, F)``, ``(C,)``, its Gram
+``(F, F)``; dense deltas and Fisher shaped like their parameters (Fisher also for the head, as
+``head.weight``, ``head.bias``); feature statistics of the ``C_t`` classes of the task:
+``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``).
+"""
+
+from __future__ import annotations
+
+from common.config import RunConfig
+from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
+from common.methods import method
+from common.settings import NcmSettings, RidgeSettings
+from common.tensors import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, UpTo, shape_fits,
+                            tensor_name)
+
+Shapes = dict[str, tuple[int, ...]]
+HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
+GRAM_FACTOR = "_factor"  # suffix of a statistic's Gram sent as its factor R (R^T R = G)
+HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (ridge's lambda)
+
+
+def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """Every tensor an update of ``plan`` carries: wire name -> shape."""
+    if plan.mode == Mode.FEATURES:
+        return stat_shapes(feature_stat_shapes(plan, spec, config))
+    shapes = factor_shapes(spec, config.rank, plan.train_factors)
+    if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN:
+        shapes |= delta_shapes(spec)
+    if plan.gram != GramKind.NONE:
+        shapes |= gram_shapes(spec, full=plan.gram == GramKind.FULL)
+    if plan.send_head:
+        shapes |= head_shapes(spec)
+    if plan.head_gram:
+        shapes |= head_gram_shape(spec)
+    if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN and plan.send_fisher:
+        shapes |= fisher_shapes(spec, HEAD_FISHER)
+    return shapes
+
+
+def check_declared_shapes(got: dict[str, tuple[int, ...]], declared: Shapes, who: str) -> None:
+    """``ValueError`` unless ``got`` (wire name -> shape) is exactly the declared tensors, shapes fitting."""
+    missing, unexpected = sorted(set(declared) - set(got)), sorted(set(got) - set(declared))
+    wrong = sorted(n for n in set(got) & set(declared) if not shape_fits(got[n], declared[n]))
+    if missing or unexpected or wrong:
+        raise ValueError(f"{who}: the step declares {len(declared)} tensors; missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}, shapes {[(n, got[n], declared[n]) for n in wrong[:3]]}")
+
+
+# ------------------------------------------------------------------ closed-form heads' statistics
+
+
+def closed_form_settings(config: RunConfig) -> NcmSettings:
+    """The run's closed-form head settings (``ridge`` or ``ncm``; a method with neither: NCM's defaults)."""
+    own = method(config.strategy).settings
+    return config.section(own if own is not None and issubclass(own, NcmSettings) else NcmSettings)
+
+
+def holdout_every(config: RunConfig) -> int:
+    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out (and NCM, which needs no lambda)."""
+    settings = closed_form_settings(config)
+    return settings.holdout if isinstance(settings, RidgeSettings) else 0
+
+
+def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
+    with ``plan.head_gram`` the Gram's factor, and (ridge, ``holdout > 0``) the held-out samples' alike."""
+    lo, hi = plan.class_range
+    width = closed_form_settings(config).rp_dim or spec.feature_dim  # F'
+    shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
+    if plan.head_gram:
+        shapes["gram" + GRAM_FACTOR] = (UpTo(width), width)
+        if holdout_every(config):
+            shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
+    return shapes
+
+
+# ------------------------------------------------------------------ shapes by kind
+
+
+def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]) -> Shapes:
+    """LoRA factors per layer: ``B: (d_out, r)``, ``A: (r, d_in)``."""
+    return {tensor_name(FACTOR, name, p): ((d_out, rank) if p == "B" else (rank, d_in))
+            for name, (d_out, d_in) in spec.layers.items() for p in parts}
+
+
+def gram_shapes(spec: ModelSpec, full: bool) -> Shapes:
+    """A Gram per LoRA layer: ``(d_in, d_in)`` when ``full``, else its diagonal ``(d_in,)``."""
+    return {tensor_name(GRAM, name): ((d_in, d_in) if full else (d_in,)) for name, (_, d_in) in spec.layers.items()}
+
+
+def head_shapes(spec: ModelSpec) -> Shapes:
+    """The head: weight ``(C, F)`` and bias ``(C,)``."""
+    return {HEAD_WEIGHT: (spec.num_classes, spec.feature_dim), HEAD_BIAS: (spec.num_classes,)}
+
+
+def head_gram_shape(spec: ModelSpec) -> Shapes:
+    """The full Gram ``(F, F)`` of the head's input."""
+    return {HEAD_GRAM: (spec.feature_dim, spec.feature_dim)}
+
+
+def delta_shapes(spec: ModelSpec) -> Shapes:
+    """A delta per backbone parameter, shaped like it."""
+    return {tensor_name(DELTA, name): tuple(shape) for name, shape in spec.params.items()}
+
+
+def fisher_shapes(spec: ModelSpec, head: tuple[str, str]) -> Shapes:
+    """A diagonal Fisher per backbone parameter, and for the head under the names ``head``."""
+    shapes = dict(spec.params) | {head[0]: (spec.num_classes, spec.feature_dim), head[1]: (spec.num_classes,)}
+    return {tensor_name(FISHER, name): tuple(shape) for name, shape in shapes.items()}
+
+
+def stat_shapes(shapes: Shapes) -> Shapes:
+    """Feature statistics ``name -> shape`` under their wire names."""
+    return {tensor_name(STAT, name): tuple(shape) for name, shape in shapes.items()}

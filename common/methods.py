@@ -1,0 +1,101 @@
+"""The registry of methods: each name maps to its server half and its client half.
+
+A method is one unit with two halves that run in different processes: the server half (a
+``server.strategies.base.Strategy``: plans, validation, merging) and the client half (a
+``client.methods.base.ClientMethod``: what a client trains, its loss, what it computes and
+sends). Neither package may import the other, so the registry names both halves by import
+path (``"package.module:Class"``, like entry points); the coordinator resolves only the
+server half (``server.strategies.make_strategy``), a client only the client half
+(``client.methods.client_method``).
+
+Several methods share a client half: every LoRA method trains the same way, so a new method
+that trains like an existing one adds only its server half and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from common.settings import DataSettings, ModelSettings, NcmSettings, RidgeSettings, Settings, TiesSettings
+
+# The client halves (client/methods/): one per way of training.
+LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
+DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
+FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
+LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method: its name (``RunConfig.strategy``), its two halves, a line of help and its settings."""
+
+    name: str
+    server: str  # "server.strategies.<module>:<Strategy subclass>"
+    client: str  # "client.methods.<module>:<ClientMethod subclass>"
+    help: str
+    settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
+    Method("lorm-b-only", "server.strategies.lorm:LoRMBOnly", LORA, "ablation: LoRM training B every round (A stays its init)"),
+    Method("lorm-avg-tasks", "server.strategies.lorm:LoRMAverageTasks", LORA, "ablation: tasks' residuals averaged instead of the task RegMean"),
+    Method("lorm-seq", "server.strategies.lorm:LoRMSequential", LORA, "variant: each task's LoRA a residual on the earlier tasks'"),
+    Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
+    Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
+    Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
+    Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
+    Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
+    Method("ncm", "server.strategies.closed_form:NearestClassMean", FEATURES, "cosine nearest class mean on W0", NcmSettings),
+    Method("ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings),
+    Method("lorm-ridge", "server.strategies.lorm_closed_form:LoRMClosedForm", LORA_THEN_FEATURES,
+           "LoRM's backbone with a ridge head", RidgeSettings),
+    Method("lorm-ncm", "server.strategies.lorm_closed_form:LoRMNearestClassMean", LORA_THEN_FEATURES,
+           "LoRM's backbone with a cosine NCM head", NcmSettings),
+    Method("lorm-ridge-first", "server.strategies.lorm_closed_form:LoRMRidgeFirstTask", LORA_THEN_FEATURES,
+           "LoRM on task 0 only, then ridge heads", RidgeSettings),
+    Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
+)}
+
+
+# Every settings section a run may set: the dataset loaders', the backbones' and each method's.
+SECTIONS: dict[str, type[Settings]] = {DataSettings.section: DataSettings, ModelSettings.section: ModelSettings} | {
+    m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
+
+
+def method(name: str) -> Method:
+    """The registered method ``name``; ``ValueError`` naming the known ones otherwise."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(METHODS)}")
+    return METHODS[name]
+
+
+def describe(name: str) -> str:
+    """What ``lorm-sim --describe NAME`` prints: a method's halves and settings, or a settings section's."""
+    if name in METHODS:
+        m = METHODS[name]
+        lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
+        settings = m.settings.describe() if m.settings else [f"(no settings of its own; every run also has "
+                                                             f"{', '.join(s + '.*' for s in ('data', 'model'))})"]
+        return "\n".join(lines + ["  settings (--set KEY=VALUE):"] + [f"    {line}" for line in settings])
+    if name in SECTIONS:
+        return "\n".join([f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in
+                                                                             SECTIONS[name].describe()])
+    raise ValueError(f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; "
+                     f"settings sections: {sorted(SECTIONS)}")
+
+
+def overview() -> str:
+    """One line per method, for ``--help``."""
+    return "methods (--describe METHOD for its settings):\n" + "\n".join(
+        f"  {m.name:<18} {m.help}" for m in METHODS.values())
+
+
+def load_half(path: str, package: str) -> Any:
+    """The object named by ``"module:attribute"``, which must live in ``package`` (a layer loads only its own half)."""
+    module, sep, attribute = path.partition(":")
+    if not sep or module.split(".")[0] != package:
+        raise ValueError(f"expected a path 'module:attribute' inside package {package!r}, got {path!r}")
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,172 @@
+"""Typed settings: each method (and the dataset loaders) declares its own, with defaults and help.
+
+A section is a frozen dataclass whose fields are the settings: a type annotation (``int``,
+``float``, ``bool``, ``str``, ``tuple[float, ...]`` or ``list[str]``), a default and a help
+text (:func:`setting`); ``__post_init__`` checks what one field cannot say alone. A run keeps
+the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON) and reads them
+typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
+
+Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`) and those the method registry (``common.methods``)
+names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.SECTIONS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="Settings")
+
+
+def setting(default: Any, help: str) -> Any:
+    """A settings field with its default and help text (lists and tuples are copied per instance)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A section of typed settings; subclasses name it with ``section``."""
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def parse(cls: type[T], values: dict[str, Any]) -> T:
+        """The section from JSON values; ``ValueError`` naming the key and the expected type or range."""
+        if not isinstance(values, dict):
+            raise ValueError(f"settings section {cls.section!r} expects an object of settings, got {values!r}")
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown setting {cls.section}.{unknown[0]}; {cls.section} has {sorted(known)}")
+        return cls(**{key: _coerce(f"{cls.section}.{key}", hints[key], value) for key, value in values.items()})
+
+    @classmethod
+    def describe(cls) -> list[str]:
+        """One line per setting: ``section.key (type, default value): help``."""
+        hints = typing.get_type_hints(cls)
+        defaults = cls()
+        return [f"{cls.section}.{f.name} ({_type_name(hints[f.name])}, default {getattr(defaults, f.name)!r}): "
+                f"{f.metadata.get('help', '')}" for f in dataclasses.fields(cls)]
+
+
+def _type_name(kind: Any) -> str:
+    return str(getattr(kind, "__name__", kind)) if typing.get_origin(kind) is None else str(kind).replace("typing.", "")
+
+
+def _coerce(key: str, kind: Any, value: Any) -> Any:
+    """``value`` as ``kind`` when it is one (an int is a float too); else ``ValueError`` naming ``key``."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (list, tuple) and isinstance(value, (list, tuple)):
+        item = args[0]
+        return origin(_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value))
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, str, bool) and type(value) is kind:
+        return value
+    raise ValueError(f"setting {key} expects {_type_name(kind)}, got {type(value).__name__} {value!r}")
+
+
+def _positive_int(key: str, value: int, zero: str) -> None:
+    if value < 0:
+        raise ValueError(f"setting {key} must be a non-negative integer ({zero}), got {value}")
+
+
+# ----------------------------------------------------------------------------- the sections
+
+
+@dataclass(frozen=True)
+class DataSettings(Settings):
+    """What the dataset loaders (``client/datasets.py``) read besides ``RunConfig``'s data fields."""
+
+    section: ClassVar[str] = "data"
+    train_file: str = setting("", "textfile: training samples, .csv (text,label) or .jsonl; relative to data_dir")
+    test_file: str = setting("", "textfile: test samples, as train_file")
+    root: str = setting("", "imagefolder: folder with train/<class>/* and test/<class>/*; relative to data_dir")
+    classes: list[str] = setting([], "textfile, imagefolder: the class order ([]: the files' own)")
+    transforms: str = setting("imagefolder", "imagefolder: whose image transforms to use (a dataset name)")
+    image_size: int = setting(0, "images: input side in pixels (0: the backbone's, 224 for ViT-B/16, 16 for tiny-vit)")
+    synthetic_classes: int = setting(12, "synthetic-text: number of classes")
+    synthetic_train: int = setting(60, "synthetic-text: training samples per class")
+    synthetic_test: int = setting(20, "synthetic-text: test samples per class")
+
+    def __post_init__(self) -> None:
+        _positive_int("data.image_size", self.image_size, "0: the backbone's")
+        for key in ("synthetic_classes", "synthetic_train", "synthetic_test"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"setting data.{key} must be a positive integer, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class ModelSettings(Settings):
+    """What the backbones (``client/backbones.py``) read besides ``RunConfig``'s model fields."""
+
+    section: ClassVar[str] = "model"
+    weights: str = setting("", "timm ViTs: a local model.safetensors instead of the Hugging Face hub or cache")
+
+
+@dataclass(frozen=True)
+class NcmSettings(Settings):
+    """Cosine nearest class mean (``ncm``, ``lorm-ncm``): the feature map of the closed-form head."""
+
+    section: ClassVar[str] = "ncm"
+    rp_dim: int = setting(0, "width F' of the random projection + ReLU before the head (0: none, F' = F)")
+
+    def __post_init__(self) -> None:
+        _positive_int(f"{self.section}.rp_dim", self.rp_dim, "0: no projection")
+
+
+DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
+
+
+@dataclass(frozen=True)
+class RidgeSettings(NcmSettings):
+    """Ridge regression heads (``ridge``, ``lorm-ridge``, ``lorm-ridge-first``)."""
+
+    section: ClassVar[str] = "ridge"
+    fixed_lambda: float = setting(0.0, "the ridge lambda (0: choose it from `lambdas` on held-out samples)")
+    lambdas: tuple[float, ...] = setting(DEFAULT_LAMBDAS, "the lambdas to choose from (held-out squared error)")
+    holdout: int = setting(5, "hold out training samples with global index i % holdout == 0 to choose lambda "
+                              "(0: none; then fixed_lambda is needed)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
+            raise ValueError(f"setting ridge.fixed_lambda must be a positive number (0: choose it), "
+                             f"got {self.fixed_lambda}")
+        if self.holdout < 0 or self.holdout == 1:
+            raise ValueError(f"setting ridge.holdout must be 0 (none) or >= 2, got {self.holdout}")
+        if not self.fixed_lambda and (self.holdout < 2 or not self.lambdas or min(self.lambdas) <= 0):
+            raise ValueError("ridge chooses lambda on held-out training samples: it needs ridge.holdout >= 2 "
+                             f"(got {self.holdout}) and positive ridge.lambdas (got {list(self.lambdas)}), "
+                             "or a fixed ridge.fixed_lambda > 0")
+
+
+@dataclass(frozen=True)
+class TiesSettings(Settings):
+    """TIES merging (``ties``)."""
+
+    section: ClassVar[str] = "ties"
+    density: float = setting(0.3, "k: the fraction of entries of largest magnitude each client keeps, in (0, 1]")
+    scale: float = setting(0.4, "lambda: the merged task vector's step size")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.density <= 1.0:
+            raise ValueError(f"setting ties.density should lie in (0, 1], got {self.density}")
+        if not math.isfinite(self.scale):
+            raise ValueError(f"setting ties.scale should be finite, got {self.scale}")
+
+
+# ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
+LEGACY_EXTRA: dict[str, tuple[str, str]] = {
+    **{key: ("data", key) for key in ("train_file", "test_file", "root", "classes", "transforms", "image_size",
+                                      "synthetic_classes", "synthetic_train", "synthetic_test")},
+    "weights": ("model", "weights"),
+    "rp_dim": ("ridge", "rp_dim"), "ridge_lambda": ("ridge", "fixed_lambda"), "ridge_lambdas": ("ridge", "lambdas"),
+    "ridge_holdout": ("ridge", "holdout"), "ties_density": ("ties", "density"), "ties_lambda": ("ties", "scale"),
+}

@@ -1,0 +1,93 @@
+"""Typed settings: sections with defaults and help, dotted overrides that change one key, refusals that name it."""
+
+import argparse
+import json
+
+import pytest
+
+from common.config import RunConfig, add_config_arguments, config_from_args
+from common.settings import DataSettings, NcmSettings, RidgeSettings, TiesSettings
+from engine.simulation import main as lorm_sim
+
+
+def from_args(*argv: str) -> RunConfig:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)))
+
+
+def test_a_dotted_override_changes_one_key_and_keeps_the_others():
+    config = from_args("--preset", "tiny", "--set", "strategy=ridge", "--set", "ridge.rp_dim=5000",
+                       "--set", "ridge.holdout=4", "--set", "data.synthetic_test=3")
+
+    assert config.section(RidgeSettings) == RidgeSettings(rp_dim=5000, holdout=4)  # the other keys: defaults
+    assert config.section(DataSettings) == DataSettings(synthetic_classes=9, synthetic_train=40, synthetic_test=3)
+
+
+def test_a_later_dotted_override_keeps_earlier_keys_of_its_section():
+    config = from_args("--set", 'settings={"ties": {"density": 0.5, "scale": 0.7}}', "--set", "ties.scale=0.2")
+
+    assert config.section(TiesSettings) == TiesSettings(density=0.5, scale=0.2)
+
+
+def test_set_extra_merges_into_extra_instead_of_replacing_it(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"extra": {"synthetic_classes": 5, "synthetic_train": 7}}))
+
+    config = from_args("--config", str(tmp_path / "c.json"), "--set", 'extra={"synthetic_test": 2}')
+
+    assert config.section(DataSettings) == DataSettings(synthetic_classes=5, synthetic_train=7, synthetic_test=2)
+
+
+def test_legacy_extra_keys_move_into_their_sections():
+    config = RunConfig(strategy="ncm", extra={"rp_dim": 9, "ridge_lambda": 2.0, "ties_lambda": 0.1})
+
+    assert config.extra == {}
+    assert config.settings == {"ncm": {"rp_dim": 9}, "ridge": {"fixed_lambda": 2.0}, "ties": {"scale": 0.1}}
+    assert RunConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ridge.rpdim=5"], r"unknown setting ridge\.rpdim; ridge has \['fixed_lambda', 'holdout', 'lambdas', 'rp_dim'\]"),
+    (["nosuch.key=5"], r"unknown settings section 'nosuch'; known: \['data', 'model', 'ncm', 'ridge', 'ties'\]"),
+    (['ridge.rp_dim="wide"'], r"setting ridge\.rp_dim expects int, got str 'wide'"),
+    (["ridge.rp_dim=1.5"], r"setting ridge\.rp_dim expects int, got float 1\.5"),
+    (["ties.density=true"], r"setting ties\.density expects float, got bool True"),
+    (['ridge.lambdas=[1, "x"]'], r"setting ridge\.lambdas\[1\] expects float, got str 'x'"),
+    (['extra={"rp_dimm": 3}'], r"unknown extra key 'rp_dimm'"),
+    (["ties.density=0"], r"setting ties\.density should lie in \(0, 1\], got 0\.0"),
+])
+def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
+    with pytest.raises(ValueError, match=message):
+        from_args(*[arg for item in argv for arg in ("--set", item)])
+
+
+def test_a_float_setting_takes_an_integer():
+    assert RunConfig(settings={"ties": {"scale": 1}}).section(TiesSettings).scale == 1.0
+
+
+def test_ncm_and_ridge_read_their_own_rp_dim():
+    config = RunConfig(strategy="lorm-ncm", settings={"ncm": {"rp_dim": 7}})
+
+    assert config.section(NcmSettings).rp_dim == 7 and config.section(RidgeSettings).rp_dim == 0
+
+
+def test_describe_lists_a_methods_settings_with_defaults_and_help(capsys):
+    assert lorm_sim(["--describe", "ridge"]) == 0
+
+    out = capsys.readouterr().out
+    assert "ridge.rp_dim (int, default 0): width F' of the random projection" in out
+    assert "ridge.holdout (int, default 5)" in out and "client.methods.features:FeatureStatistics" in out
+
+
+def test_help_lists_the_methods(capsys):
+    with pytest.raises(SystemExit):
+        lorm_sim(["--help"])
+
+    assert "lorm-ridge-first" in capsys.readouterr().out
+
+
+def test_lorm_sim_refuses_a_bad_setting_with_its_name_not_a_traceback(capsys):
+    with pytest.raises(SystemExit):
+        lorm_sim(["--set", "ridge.rp_dim=abc"])
+
+    assert "setting ridge.rp_dim expects int, got str 'abc'" in capsys.readouterr().err

@@ -1,0 +1,42 @@
+"""The method registry: every method has both halves, each resolvable by its own layer only."""
+
+import pytest
+
+from client.methods import ClientMethod, client_method
+from common.config import RunConfig
+from common.messages import Mode, Phase, RoundPlan
+from common.methods import METHODS, load_half, method
+from server.strategies import STRATEGIES, Strategy
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_resolves_both_halves(name):
+    entry = METHODS[name]
+
+    server, client = load_half(entry.server, "server"), client_method(RunConfig(strategy=name))
+
+    assert issubclass(server, Strategy) and server.name == name and STRATEGIES[name] is server
+    assert isinstance(client, ClientMethod)
+
+
+def test_a_layer_loads_only_its_own_half():
+    with pytest.raises(ValueError, match="inside package 'client'"):
+        load_half(METHODS["lorm"].server, "client")
+
+
+def test_unknown_method_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown method 'nope'; known: \[.*'lorm'"):
+        method("nope")
+
+
+@pytest.mark.parametrize("name, served, refused", [
+    ("lorm", Mode.LORA, Mode.FULL), ("fedavg", Mode.FULL, Mode.FEATURES), ("ridge", Mode.FEATURES, Mode.LORA),
+    ("lorm-ridge", Mode.FEATURES, Mode.FULL),
+])
+def test_a_client_half_refuses_plans_of_another_mode(name, served, refused):
+    half = client_method(RunConfig(strategy=name))
+    plan = RoundPlan(run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2)
+
+    assert half.serves(RoundPlan(**{**plan.__dict__, "mode": served})).mode == served
+    with pytest.raises(ValueError, match=f"this plan asks for '{refused.value}'"):
+        half.serves(RoundPlan(**{**plan.__dict__, "mode": refused}))
