@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                            beta=args.beta, threads=args.threads, extra=extra, **fields)
         lambdas: list[float | None] = []
 
-        def log(line: str) -> None:
+        def log(line: str, name: str = name, lambdas: list[float | None] = lambdas) -> None:
             print(f"  [{name}] {line}", flush=True)
             if "evaluated" in line:  # the head just evaluated was solved with this lambda
                 head = getattr(made[-1], "closed", made[-1])  # lorm-*: the closed-form head inside

@@ -43,8 +43,8 @@ from bench.synthetic import TINY, VIT_B16, make_update  # noqa: E402
 from client.transport import Backoff, CoordinatorClient  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.messages import ModelSpec, Phase  # noqa: E402
-from common.tensors import update_nbytes # noqa: E402
-from common.messages import Wait
+from common.messages import Wait  # noqa: E402
+from common.tensors import update_nbytes  # noqa: E402
 from common.tls import Security  # noqa: E402
 from server.store import Store  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402

@@ -21,7 +21,7 @@ import math
 import sys
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from google.protobuf.message import Message
@@ -72,7 +72,7 @@ def _raw_bytes(name: str, tensor: Tensor) -> memoryview:
     if tensor.dtype not in _DTYPE_NAMES:
         raise WireError("tensors.dtype", f"expected one of {sorted(DTYPES)}, got {tensor.dtype}", name)
     flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())  # bytes of any dtype, bfloat16 included
+    return flat.view(torch.uint8).numpy().data  # bytes of any dtype, bfloat16 included
 
 
 def _encode(name: str, tensor: Tensor) -> tuple[pb.TensorHeader, memoryview]:
@@ -243,20 +243,20 @@ def _check_names(headers: Iterable[pb.TensorHeader], kinds: tuple[str, ...], hea
 
 # ------------------------------------------------------------------------------ enums
 
-_PHASES = {
+_PHASES: dict[Phase, pb.Phase] = {
     Phase.TRAIN: pb.PHASE_TRAIN,
     Phase.TASK_GRAM: pb.PHASE_TASK_GRAM,
     Phase.EVALUATE: pb.PHASE_EVALUATE,
     Phase.DONE: pb.PHASE_DONE,
 }
-_GRAM_KINDS = {
+_GRAM_KINDS: dict[GramKind, pb.GramKind] = {
     GramKind.NONE: pb.GRAM_KIND_NONE,
     GramKind.DIAG: pb.GRAM_KIND_DIAG,
     GramKind.FULL: pb.GRAM_KIND_FULL,
 }
 
 
-def phase_to_proto(phase: Phase) -> int:
+def phase_to_proto(phase: Phase) -> pb.Phase:
     return _PHASES[Phase(phase)]
 
 
@@ -265,7 +265,7 @@ def phase_from_proto(value: int, field: str = "phase") -> Phase:
     return _enum_from_proto(_PHASES, pb.Phase.Name, value, field)
 
 
-def _enum_from_proto(mapping: dict[Any, int], wire_name: Callable[[int], str], value: int, field: str) -> Any:
+def _enum_from_proto(mapping: Mapping[Any, int], wire_name: Callable[[int], str], value: int, field: str) -> Any:
     for member, wire in mapping.items():
         if wire == value:
             return member
@@ -325,9 +325,8 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
     for param, tensor in plan.delta.items():
         tensors[tensor_name(DELTA, param)] = tensor
-    for name, tensor in ((HEAD_WEIGHT, plan.head_weight), (HEAD_BIAS, plan.head_bias)):
-        if tensor is not None:
-            tensors[name] = tensor
+    head = {HEAD_WEIGHT: plan.head_weight, HEAD_BIAS: plan.head_bias}
+    tensors.update({name: t for name, t in head.items() if t is not None})
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
     header = pb.PlanHeader(
         mode=Mode(plan.mode).value,
@@ -375,10 +374,10 @@ def plan_from_proto(
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
     delta: dict[str, Tensor] = {}
     for name, tensor in tensors.items():
-        kind, layer, part = parse_tensor_name(name)
-        if kind in factors:
+        kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
+        if kind in factors and layer is not None and part is not None:
             factors[kind].setdefault(layer, {})[part] = tensor
-        elif kind == DELTA:
+        elif kind == DELTA and layer is not None:
             delta[layer] = tensor
     low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
     for kind, layers in factors.items():

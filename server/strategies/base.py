@@ -72,7 +72,7 @@ class Aggregator(ABC):
         (``common.declared.declared_tensors``, the declaration the clients' updates are built to)."""
         return self.declared
 
-    def _check(self, update: ClientUpdate) -> None:
+    def _check(self, update: ClientUpdate) -> None:  # noqa: B027 (an optional hook: most methods need none)
         """What this method alone requires of an update whose tensors passed :meth:`expected`."""
 
     @abstractmethod
@@ -95,7 +95,7 @@ class Strategy(ABC):
         """The ``(phase, round)`` steps of one task before its evaluation."""
         return [(Phase.TRAIN, j) for j in range(self.config.rounds_per_task)]
 
-    def begin_task(self, task: int) -> None:
+    def begin_task(self, task: int) -> None:  # noqa: B027 (an optional hook)
         """Called once when ``task`` starts, before its first ``configure``."""
 
     @abstractmethod
@@ -165,7 +165,13 @@ def published_tensor(t: Tensor | None) -> Tensor | None:
 
 def published(b: Tensor, a: Tensor) -> LowRank:
     """Low-rank factors as a plan carries them (see :func:`published_tensor`)."""
-    return LowRank(published_tensor(b), published_tensor(a))
+    return LowRank(b.detach().to(torch.float32), a.detach().to(torch.float32))
+
+
+def present(t: Tensor | None) -> Tensor:
+    """A tensor the step's declaration requires: validation has checked that the update carries it."""
+    assert t is not None, "a declared tensor is missing: the update was folded without being checked"
+    return t
 
 
 def factors_to_tensors(prefix: str, factors: dict[str, LowRank]) -> dict[str, Tensor]:

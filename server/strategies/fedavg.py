@@ -9,7 +9,7 @@ from __future__ import annotations
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator
+from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy
 
 
@@ -25,8 +25,8 @@ class FedAvgAggregator(Aggregator):
         n = update.num_samples
         for name, acc in self.delta.items():
             acc.fold(update.delta[name], n)
-        self.head.fold(update.head_weight, n)
-        self.bias.fold(update.head_bias, n)
+        self.head.fold(present(update.head_weight), n)
+        self.bias.fold(present(update.head_bias), n)
 
 
 class FedAvg(DenseStrategy):

@@ -13,7 +13,8 @@ from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.base import (Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present,
+                                    published)
 
 
 class MeanAggregator(Aggregator):
@@ -30,8 +31,8 @@ class MeanAggregator(Aggregator):
         for name, f in update.factors.items():
             self.b[name].fold(f["B"], n)
             self.a[name].fold(f["A"], n)
-        self.head.fold(update.head_weight, n)
-        self.bias.fold(update.head_bias, n)
+        self.head.fold(present(update.head_weight), n)
+        self.bias.fold(present(update.head_bias), n)
 
 
 class FedAvgLoRA(Strategy):

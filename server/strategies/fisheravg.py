@@ -47,6 +47,7 @@ class FisherAvg(DenseStrategy):
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None
+        assert plan.head_bias is not None
         self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
         self.head_w = plan.head_weight + aggregator.head.result()
         self.head_b = plan.head_bias + aggregator.bias.result()

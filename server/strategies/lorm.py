@@ -11,7 +11,8 @@ from common.lora import init_lora_a
 from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
                           TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.base import (Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present,
+                                    published)
 
 
 class LoRMRoundAggregator(Aggregator):
@@ -22,7 +23,8 @@ class LoRMRoundAggregator(Aggregator):
         self.spec, self.config = spec, config
         (self.active,) = plan.train_factors
         if self.active == "B":
-            self.layers = {name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
+            self.layers: dict[str, LoraBAccumulator | LoraAAccumulator] = {
+                name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
         else:
             self.layers = {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
@@ -32,8 +34,8 @@ class LoRMRoundAggregator(Aggregator):
         gamma = self.config.gamma_backbone
         for name, acc in self.layers.items():
             acc.fold(update.factors[name][self.active], decay_gram(update.grams[name], gamma))
-        self.head.fold(update.head_weight, decay_gram(update.head_gram, self.config.gamma_head))
-        self.bias.fold(update.head_bias, update.num_samples)
+        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
+        self.bias.fold(present(update.head_bias), update.num_samples)
 
 
 class TaskGramAggregator(Aggregator):

@@ -20,7 +20,7 @@ from common.config import RunConfig
 from common.declared import Shapes
 from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
 from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator
+from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy
 
 
@@ -35,19 +35,19 @@ class RegMeanAggregator(Aggregator):
         self.spec, self.config = spec, config
         self.layers = {name: RegMeanAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
         linear = {weight_param(name) for name in spec.layers}
-        self.others = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()
-                       if name not in linear}
+        self.others: dict[str, WeightedMeanAccumulator] = {
+            name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items() if name not in linear}
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
     def _fold(self, update: ClientUpdate) -> None:
         n, gamma = update.num_samples, self.config.gamma_backbone
-        for name, acc in self.layers.items():
-            acc.fold(update.delta[weight_param(name)], decay_gram(update.grams[name], gamma))
-        for name, acc in self.others.items():
-            acc.fold(update.delta[name], n)
-        self.head.fold(update.head_weight, decay_gram(update.head_gram, self.config.gamma_head))
-        self.bias.fold(update.head_bias, n)
+        for name, layer in self.layers.items():
+            layer.fold(update.delta[weight_param(name)], decay_gram(update.grams[name], gamma))
+        for name, other in self.others.items():
+            other.fold(update.delta[name], n)
+        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
+        self.bias.fold(present(update.head_bias), n)
 
 
 class RegMean(DenseStrategy):

@@ -53,6 +53,7 @@ class Ties(DenseStrategy):
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, TiesAggregator) and plan.head_weight is not None
+        assert plan.head_bias is not None
         merged = {name: self.scale * t for name, t in aggregator.ties.result().items()}
         self.head_w = plan.head_weight + merged.pop(HEAD_W)
         self.head_b = plan.head_bias + merged.pop(HEAD_B)

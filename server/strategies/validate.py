@@ -136,11 +136,12 @@ def check_tensors(tensors: dict[str, Tensor], expected: dict[str, tuple[int, ...
             raise UpdateRejected(field, _dtype_message(t.dtype, _allowed_dtypes(name)))
         check_finite(field, t)
         kind, layer, part = parse_tensor_name(name)
-        if kind == GRAM or part == "gram" or (kind == STAT and layer.endswith("gram")):
+        stat = layer or "" if kind == STAT else ""
+        if kind == GRAM or part == "gram" or stat.endswith("gram"):
             check_gram(field, t)
         elif kind == FISHER:
             check_non_negative(field, t)
-        elif kind == STAT and layer.endswith("class_count"):
+        elif stat.endswith("class_count"):
             check_counts(field, t)
 
 

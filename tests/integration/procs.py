@@ -47,7 +47,7 @@ class Proc:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout} s:\n{''.join(self.lines[-30:])}")
+            raise AssertionError(f"{self.name} still running after {timeout} s:\n{''.join(self.lines[-30:])}") from None
 
     def stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP), from /proc."""

@@ -381,7 +381,7 @@ def campaign(harness: Harness, rpc: str, make_case, run_case) -> collections.Cou
     start, n = time.monotonic(), 0
     while n < CASES and time.monotonic() - start < TIME_CAP_S:
         case = make_case(rng, harness)
-        code, result = _outcome(lambda: run_case(harness, case))
+        code, result = _outcome(lambda case=case: run_case(harness, case))
         where = f"{rpc} case {n} (seed {SEED}-{rpc}): {code}"
         if code != "OK":
             details = result.details() or ""

@@ -281,7 +281,7 @@ def test_bad_updates_are_invalid_argument_naming_the_field_and_change_nothing(tm
     for break_it, field in BAD_UPDATES:
         bad = update_of(coord, 1, 2)
         break_it(bad)
-        err = refused(lambda: coord.submit(bad, "k1"))
+        err = refused(lambda bad=bad: coord.submit(bad, "k1"))
         assert err.code == "INVALID_ARGUMENT" and str(err).startswith(field + ":"), (field, str(err))
         assert snapshot(coord) == before
 
@@ -360,7 +360,7 @@ def test_eval_counts_are_checked(tmp_path):
     for correct, total, code in [([5, 1], [6], "INVALID_ARGUMENT"), ([7], [6], "INVALID_ARGUMENT"),
                                  ([-1], [6], "INVALID_ARGUMENT"), ([1], [options_cap + 1], "INVALID_ARGUMENT")]:
         report = EvalReport("val", "c0", 0, 0, correct, total)
-        assert refused(lambda: coord.report_eval(report, "e0")).code == code
+        assert refused(lambda report=report: coord.report_eval(report, "e0")).code == code
     assert refused(lambda: coord.report_eval(EvalReport("val", "c0", 0, 1, [1, 1], [2, 2]), "e0")).code == \
         "FAILED_PRECONDITION"  # task 1 is not being evaluated
     assert refused(lambda: coord.submit(update_of_plan(coord), "x")).code == "FAILED_PRECONDITION"
@@ -463,7 +463,7 @@ def test_oversized_pushes_are_refused_before_their_bytes_are_buffered(served):
     for cap_first in (False, True):
         released = threading.Event()
 
-        def stream():
+        def stream(released=released):
             msgs = encoded(huge, chunk_bytes=1 << 16)
             yield msgs[0]
             released.wait(20)  # chunks only after the reply: the server must decide on the envelope alone
