@@ -90,12 +90,12 @@ class ClientWorker:
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
         if plan.phase == Phase.EVALUATE:
             return self.evaluate(plan)
-        if plan.phase in (Phase.TRAIN, Phase.TASK_GRAM):
+        if plan.phase in (Phase.TRAIN, Phase.TASK_GRAM, Phase.FEATURES):
             return self.update(plan)
         raise ValueError(f"a client cannot handle phase {plan.phase}")
 
     def update(self, plan: RoundPlan) -> ClientUpdate:
-        """A ``TRAIN`` or ``TASK_GRAM`` step, as the method's client half does it; its tensors must be
+        """A ``TRAIN``, ``TASK_GRAM`` or ``FEATURES`` step, as the method's client half does it; its tensors must be
         those the step declares (``common.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
         update = half.update(self, plan)

@@ -26,6 +26,7 @@ class Phase(str, Enum):
 
     TRAIN = "train"  # local training of the listed factors + head, then (optionally) a Gram pass
     TASK_GRAM = "task_gram"  # end of task: a Gram pass only, no training
+    FEATURES = "features"  # no training: statistics of the task's features (closed-form heads)
     EVALUATE = "evaluate"  # evaluate the published model on the client's test share
     DONE = "done"  # the run is over
 
@@ -119,7 +120,7 @@ class RoundPlan:
     run_id: str
     phase: Phase
     task: int  # 0-based task index
-    round: int  # 0-based round within the task (TASK_GRAM/EVALUATE: the number of rounds)
+    round: int  # 0-based round within the task (TASK_GRAM/EVALUATE and a LoRM features step: the number of rounds)
     class_range: tuple[int, int]  # [lo, hi): the current task's classes
     seen_classes: int  # classes 0..seen_classes-1 are scored at evaluation
     train_factors: tuple[str, ...] = ()  # subset of ("B", "A") trained this round
@@ -140,7 +141,7 @@ class RoundPlan:
 
 @dataclass
 class ClientUpdate:
-    """What a client pushes after a TRAIN or TASK_GRAM step."""
+    """What a client pushes after a TRAIN, TASK_GRAM or FEATURES step."""
 
     run_id: str
     client_id: str

@@ -248,6 +248,7 @@ _PHASES: dict[Phase, pb.Phase] = {
     Phase.TASK_GRAM: pb.PHASE_TASK_GRAM,
     Phase.EVALUATE: pb.PHASE_EVALUATE,
     Phase.DONE: pb.PHASE_DONE,
+    Phase.FEATURES: pb.PHASE_FEATURES,
 }
 _GRAM_KINDS: dict[GramKind, pb.GramKind] = {
     GramKind.NONE: pb.GRAM_KIND_NONE,

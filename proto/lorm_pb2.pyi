@@ -14,6 +14,7 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_TASK_GRAM: _ClassVar[Phase]
     PHASE_EVALUATE: _ClassVar[Phase]
     PHASE_DONE: _ClassVar[Phase]
+    PHASE_FEATURES: _ClassVar[Phase]
 
 class GramKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ PHASE_TRAIN: Phase
 PHASE_TASK_GRAM: Phase
 PHASE_EVALUATE: Phase
 PHASE_DONE: Phase
+PHASE_FEATURES: Phase
 GRAM_KIND_UNSPECIFIED: GramKind
 GRAM_KIND_NONE: GramKind
 GRAM_KIND_DIAG: GramKind

@@ -24,7 +24,7 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.messages import ClientUpdate, Mode, Phase, RoundPlan
 
-PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3}
+PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3, Phase.FEATURES: 4}
 
 
 class Samples(Protocol):

@@ -186,10 +186,10 @@ class ClosedFormHead(Strategy):
         return {"class_sum": (c, f), "class_count": (c,)}
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
-        return [(Phase.TRAIN, 0)]
+        return [(Phase.FEATURES, 0)]
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
-        if phase != Phase.TRAIN:
+        if phase != Phase.FEATURES:
             raise ValueError(f"{self.name} has no {phase} step")
         plan = self.base_plan(task, round_, phase, mode=Mode.FEATURES, head_gram=self.use_gram, send_head=False)
         return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here

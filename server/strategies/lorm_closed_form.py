@@ -2,7 +2,7 @@
 
 The backbone is adapted exactly as :class:`~server.strategies.lorm.LoRM` adapts it (same
 rounds, same per-round and task merges). After each task's TASK_GRAM step comes one more,
-the *features step* ``(TASK_GRAM, rounds_per_task + 1)`` in features mode: clients send the
+the *features step* ``(FEATURES, rounds_per_task)`` in features mode: clients send the
 statistics of ``client/features.py`` of the current task's data under the merged backbone
 ``W0 + extra`` with ``extra`` the task merge of tasks ``0..t`` (the model evaluated after task
 ``t``). The sums fold into one :class:`~server.strategies.closed_form.ClosedFormHead` across
@@ -44,22 +44,22 @@ class LoRMClosedForm(LoRM):
 
     @property
     def features_round(self) -> int:
-        return self.config.rounds_per_task + 1  # after LoRM's TASK_GRAM step (round rounds_per_task)
+        return self.config.rounds_per_task  # as LoRM's TASK_GRAM step before it: the phase tells them apart
 
     def adapts(self, task: int) -> bool:
         return task == 0 or not self.first_task_only
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
         lorm = super().steps(task) if self.adapts(task) else []
-        return lorm + [(Phase.TASK_GRAM, self.features_round)]
+        return lorm + [(Phase.FEATURES, self.features_round)]
 
     def begin_task(self, task: int) -> None:
         if self.adapts(task):
             super().begin_task(task)
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
-        if (phase, round_) == (Phase.TASK_GRAM, self.features_round):
-            plan = self.closed.configure(task, 0, Phase.TRAIN)  # features mode, the statistics it needs
+        if phase == Phase.FEATURES:
+            plan = self.closed.configure(task, 0, Phase.FEATURES)  # features mode, the statistics it needs
             return dataclasses.replace(plan, phase=phase, round=round_, extra=self.view())
         if not self.adapts(task):
             raise ValueError(f"{self.name} adapts the backbone on task 0 only; task {task} has no {phase} step")

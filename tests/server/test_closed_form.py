@@ -91,7 +91,7 @@ def test_identical_across_betas(variant):
     runs = [run_inprocess(tiny(name, **extra).replace(beta=beta)) for beta in (1.0, 0.2)]
     assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
     torch.testing.assert_close(runs[0].head_weight, runs[1].head_weight, rtol=1e-9, atol=1e-10)
-    assert runs[0].adapter == {} and [h["phase"] for h in runs[0].history] == ["train", "evaluate"] * 2
+    assert runs[0].adapter == {} and [h["phase"] for h in runs[0].history] == ["features", "evaluate"] * 2
 
 
 def test_lambda_uses_no_test_data(monkeypatch):
@@ -155,7 +155,7 @@ def stats_update(plan, dim, index, seed):
 
 def fold_task(strategy, task, seed):
     strategy.begin_task(task)
-    plan = strategy.configure(task, 0, Phase.TRAIN)
+    plan = strategy.configure(task, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
     for i in range(2):
         agg.fold(stats_update(plan, strategy.dim, i, seed + i))
@@ -194,7 +194,7 @@ def test_rejected_statistics(break_it, field):
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2), spec)
     strategy.begin_task(0)
-    plan = strategy.configure(0, 0, Phase.TRAIN)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
     update = stats_update(plan, 5, 0, 0)
     break_it(update.stats)
     with pytest.raises(UpdateRejected) as err:
@@ -210,7 +210,7 @@ def test_features_step_travels_over_the_wire():
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
     strategy.begin_task(0)
-    plan = strategy.configure(0, 0, Phase.TRAIN)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
     got = codec.plan_from_proto(codec.plan_to_proto(plan))
     assert (got.mode, got.head_gram, got.head_weight) == ("features", True, None)
     update = stats_update(plan, 9, 0, 0)

@@ -53,13 +53,13 @@ def same_view(got: dict[str, LowRank], want: dict[str, LowRank]) -> bool:
 def test_lorm_then_a_features_step_under_the_merged_backbone(monkeypatch, name):
     result, strategy, plans = recorded_run(monkeypatch, tiny(name, rp_dim=48, ridge_lambda=LAMBDA))
     assert [len(row) for row in result.matrix.correct] == [1, 2]  # a full accuracy matrix
-    per_task = ["train"] * ROUNDS + ["task_gram", "task_gram", "evaluate"]
+    per_task = ["train"] * ROUNDS + ["task_gram", "features", "evaluate"]
     assert [p.phase.value for p in plans] == per_task * 2
     assert [p.mode for p in plans] == (["lora"] * (ROUNDS + 1) + ["features", "features"]) * 2
     assert [p.train_factors for p in plans[:ROUNDS]] == [("B",), ("A",)]
     for task in range(2):
         features, evaluation = plans[task * len(per_task) + ROUNDS + 1: (task + 1) * len(per_task)]
-        assert (features.task, features.round, features.head_weight) == (task, ROUNDS + 1, None)
+        assert (features.task, features.round, features.head_weight) == (task, ROUNDS, None)
         assert features.head_gram == (name == "lorm-ridge") and features.lora == {}
         assert same_view(features.extra, evaluation.extra)  # the statistics' view is the one evaluated
         assert len(features.extra) == len(strategy.spec.layers)
@@ -76,9 +76,9 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     assert [len(row) for row in result.matrix.correct] == [1, 2]
     steps = [(p.task, p.phase.value, p.round, p.mode, p.train_factors) for p in plans]
     assert steps == [(0, "train", 0, "lora", ("B",)), (0, "train", 1, "lora", ("A",)),
-                     (0, "task_gram", ROUNDS, "lora", ()), (0, "task_gram", ROUNDS + 1, "features", ()),
+                     (0, "task_gram", ROUNDS, "lora", ()), (0, "features", ROUNDS, "features", ()),
                      (0, "evaluate", ROUNDS, "features", ()),
-                     (1, "task_gram", ROUNDS + 1, "features", ()), (1, "evaluate", ROUNDS, "features", ())]
+                     (1, "features", ROUNDS, "features", ()), (1, "evaluate", ROUNDS, "features", ())]
     assert len(strategy.task_factors) == 1
     frozen = {n: LowRank(f.b * config.lora_scale, f.a) for n, f in strategy.task_factors[0].items()}
     for p in plans[3:]:
@@ -117,6 +117,6 @@ def test_restart_from_state_keeps_both_heads_and_the_sums(monkeypatch):
 def test_first_task_only_refuses_training_steps_later():
     config = tiny("lorm-ridge-first")
     strategy = make_strategy(config, build_runtime(config).spec)
-    assert strategy.steps(1) == [(Phase.TASK_GRAM, ROUNDS + 1)]
+    assert strategy.steps(1) == [(Phase.FEATURES, ROUNDS)]
     with pytest.raises(ValueError, match="task 0 only"):
         strategy.configure(1, 0, Phase.TRAIN)

@@ -178,7 +178,7 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
 def ridge_step():
     strategy = make_strategy(config(strategy="ridge"), SPEC)
     strategy.begin_task(0)
-    plan = strategy.configure(0, 0, Phase.TRAIN)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
     return plan, agg, valid_update(plan, agg.expected(), 0, seed=5)
 
