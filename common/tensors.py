@@ -105,8 +105,12 @@ def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
 
 
 def update_nbytes(update: ClientUpdate) -> int:
-    """Tensor payload bytes of an update: what the wire carries, less its ~0.1 % framing."""
-    return sum(t.numel() * t.element_size() for t in update_tensors(update).values())
+    """Tensor payload bytes of an update: what the wire carries, less its ~0.1 % framing (no names built)."""
+    fields = [getattr(update, field) for kind, field in UPDATE_FIELDS.items() if kind != FACTOR]
+    tensors = [t for parts in update.factors.values() for t in parts.values()]
+    tensors += [t for named in fields for t in named.values()]
+    tensors += [t for t in (getattr(update, field) for field in UPDATE_HEAD.values()) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:

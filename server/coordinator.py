@@ -34,6 +34,7 @@ from common.metrics import AccuracyMatrix
 from server.results import RunReporter
 from server.checks import (Options, Refused, admit_spec, check_counts, check_run_id, check_same_spec, check_step,
                            sample_bounds)
+from common.tensors import update_tensors
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
@@ -390,10 +391,12 @@ class Coordinator:
                 return False
             assert step.aggregator is not None
             try:
-                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range))
+                tensors = update_tensors(update)  # once: validated and staged in this form
+                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range),
+                                      tensors=tensors)
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
-            self.store.stage_update(step.key, update, idempotency_key)
+            self.store.stage_update(step.key, update, idempotency_key, tensors)
             fault_point("push.staged")
             step.submitted.add(update.client_index)
             self._fold_ready(update)

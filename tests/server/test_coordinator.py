@@ -185,3 +185,26 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     for c in (client, other, stranger):
         c.close()
+
+
+def test_an_accepted_update_is_flattened_once(tmp_path, monkeypatch):
+    """Validation, staging and the byte count share one flat form of the update."""
+    import common.tensors
+    import server.coordinator
+    import server.store
+    import server.strategies.base
+
+    calls, flatten = [], common.tensors.update_tensors
+
+    def counting(update):
+        calls.append(update.client_index)
+        return flatten(update)
+
+    for module in (server.coordinator, server.store, server.strategies.base, common.tensors):
+        if hasattr(module, "update_tensors"):
+            monkeypatch.setattr(module, "update_tensors", counting)
+    coord = started(tmp_path)
+    plan = coord.pull("c0")
+    calls.clear()
+    assert coord.submit(update_for(plan, 0), "k0") is True
+    assert calls == [0]
