@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=["ncm", "ridge", "ridge-rp"])
     parser.add_argument("--beta", type=float, default=0.5)
-    parser.add_argument("--data-dir", default=os.environ.get(
-        "LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")))
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
@@ -58,9 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.methods:
         strategy, extra, issue, fields = METHODS[name]
-        config = RunConfig(run_id=f"closed-form-{name}", strategy=strategy, dataset="clinc150",
-                           data_dir=args.data_dir, backbone="minilm", max_length=64, num_tasks=5, num_clients=10,
-                           beta=args.beta, threads=args.threads, extra=extra, **fields)
+        config = RunConfig(
+            run_id=f"closed-form-{name}",
+            strategy=strategy,
+            dataset="clinc150",
+            data_dir=args.data_dir,
+            backbone="minilm",
+            max_length=64,
+            num_tasks=5,
+            num_clients=10,
+            beta=args.beta,
+            threads=args.threads,
+            extra=extra,
+            **fields,
+        )
         lambdas: list[float | None] = []
 
         def log(line: str, name: str = name, lambdas: list[float | None] = lambdas) -> None:
@@ -76,12 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         final_all = 100.0 * sum(m.correct[-1]) / sum(m.total[-1])
         issue = "-" if issue != issue else f"{issue:.1f}"  # nan: the issue gives no figure
         rows.append((name, m.faa(), m.faa_weighted(), final_all, issue, lambdas, seconds, sum(m.total[-1])))
-        print(f"{name}: FAA {m.faa():.2f} / weighted {m.faa_weighted():.2f}, all classes {final_all:.2f} "
-              f"(issue {issue}), lambda {lambdas}, {seconds:.0f} s", flush=True)
+        print(
+            f"{name}: FAA {m.faa():.2f} / weighted {m.faa_weighted():.2f}, all classes {final_all:.2f} "
+            f"(issue {issue}), lambda {lambdas}, {seconds:.0f} s",
+            flush=True,
+        )
 
     print(f"\nCLINC150, all-MiniLM-L6-v2 frozen, 10 clients, 5 tasks, beta {args.beta}, max length 64")
-    print(f"{'method':<18}{'FAA paper':>11}{'FAA weighted':>14}{'all 150':>9}{'issue':>7}{'test n':>8}"
-          f"{'seconds':>9}  lambda per task")
+    print(
+        f"{'method':<18}{'FAA paper':>11}{'FAA weighted':>14}{'all 150':>9}{'issue':>7}{'test n':>8}"
+        f"{'seconds':>9}  lambda per task"
+    )
     for name, faa, weighted, final_all, issue, lambdas, seconds, n in rows:
         lam = " ".join("-" if v is None else f"{v:g}" for v in lambdas)
         print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7}{n:>8}{seconds:>9.0f}  {lam}")

@@ -106,8 +106,15 @@ def worker_inprocess(n: int, order: str, state: Path) -> dict:
     wall = time.perf_counter() - start
     step = coordinator.step
     assert step is not None and (step.task, step.round, step.phase) == (0, 1, Phase.TRAIN), "the B-round did not merge"
-    return {"base": base, "peak": peak_rss(), "end": rss(), "wall": wall, "last": last,
-            "staged": sum(staged), "staged_files": len(staged)}
+    return {
+        "base": base,
+        "peak": peak_rss(),
+        "end": rss(),
+        "wall": wall,
+        "last": last,
+        "staged": sum(staged),
+        "staged_files": len(staged),
+    }
 
 
 def worker_grpc(n: int, state: Path) -> dict:
@@ -120,8 +127,12 @@ def worker_grpc(n: int, state: Path) -> dict:
     base = rss()
     start = time.perf_counter()
     try:
-        load = subprocess.run([sys.executable, __file__, "--load", f"127.0.0.1:{port}", "--clients", str(n)],
-                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+        load = subprocess.run(
+            [sys.executable, __file__, "--load", f"127.0.0.1:{port}", "--clients", str(n)],
+            capture_output=True,
+            text=True,
+            timeout=WORKER_TIMEOUT_S,
+        )
         if load.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{load.stderr[-3000:]}")
         wall = time.perf_counter() - start
@@ -130,8 +141,16 @@ def worker_grpc(n: int, state: Path) -> dict:
         client = json.loads(load.stdout.strip().splitlines()[-1])
     finally:
         server.stop(grace=1).wait()
-    return {"base": base, "peak": peak_rss(), "end": rss(), "wall": wall, "last": float("nan"),
-            "staged": sum(staged), "staged_files": len(staged), "client_peak": client["peak"]}
+    return {
+        "base": base,
+        "peak": peak_rss(),
+        "end": rss(),
+        "wall": wall,
+        "last": float("nan"),
+        "staged": sum(staged),
+        "staged_files": len(staged),
+        "client_peak": client["peak"],
+    }
 
 
 # ----------------------------------------------------------------------------- load generator
@@ -180,9 +199,13 @@ def run_worker(mode: str, n: int, order: str, root: Path, arena_max: int) -> dic
     state = Path(tempfile.mkdtemp(prefix=f"lorm-mem-{mode}-{n}-", dir=root))
     env = {**os.environ, **({"MALLOC_ARENA_MAX": str(arena_max)} if arena_max else {})}
     try:
-        proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--clients", str(n), "--order", order,
-                               "--state", str(state)], capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
-                              env=env)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", mode, "--clients", str(n), "--order", order, "--state", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=WORKER_TIMEOUT_S,
+            env=env,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{mode} N={n} failed:\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -196,8 +219,12 @@ def main() -> int:
     parser.add_argument("--grpc-max", type=int, default=100, help="largest N also run through gRPC")
     parser.add_argument("--reverse-max", type=int, default=1000, help="largest N also run in reverse order")
     parser.add_argument("--modes", default="forward,reverse,grpc", help="which of forward, reverse, grpc to run")
-    parser.add_argument("--malloc-arena-max", type=int, default=0,
-                        help="set MALLOC_ARENA_MAX for the coordinator's process (0: glibc's default)")
+    parser.add_argument(
+        "--malloc-arena-max",
+        type=int,
+        default=0,
+        help="set MALLOC_ARENA_MAX for the coordinator's process (0: glibc's default)",
+    )
     parser.add_argument("--root", default=tempfile.gettempdir(), help="where the temporary state dirs go")
     parser.add_argument("--worker", choices=["inprocess", "grpc"])
     parser.add_argument("--load", metavar="TARGET")
@@ -211,8 +238,11 @@ def main() -> int:
         return 0
     if args.worker:
         state = Path(args.state)
-        result = worker_inprocess(args.clients, args.order, state) if args.worker == "inprocess" \
+        result = (
+            worker_inprocess(args.clients, args.order, state)
+            if args.worker == "inprocess"
             else worker_grpc(args.clients, state)
+        )
         print(json.dumps(result))
         return 0
 
@@ -234,22 +264,30 @@ def main() -> int:
             runs.append(("inprocess", n, "reverse"))
         if "grpc" in modes and n <= args.grpc_max:
             runs.append(("grpc", n, "mixed"))
-    print(f"update: {UPDATE_BYTES / 1e6:.2f} MB of tensors; {len(LAYERS)} LoRA layers, r = {RANK}; "
-          f"state under {root} ({free / 1e9:.0f} GB free); {os.cpu_count()} CPUs; "
-          f"gRPC load: {LOAD_THREADS} client threads in a separate process; "
-          f"MALLOC_ARENA_MAX={args.malloc_arena_max or 'default'}")
+    print(
+        f"update: {UPDATE_BYTES / 1e6:.2f} MB of tensors; {len(LAYERS)} LoRA layers, r = {RANK}; "
+        f"state under {root} ({free / 1e9:.0f} GB free); {os.cpu_count()} CPUs; "
+        f"gRPC load: {LOAD_THREADS} client threads in a separate process; "
+        f"MALLOC_ARENA_MAX={args.malloc_arena_max or 'default'}"
+    )
     for note in notes:
         print("note:", note)
-    header = f"{'mode':10s} {'order':8s} {'N':>5s} {'base MB':>8s} {'peak MB':>8s} {'peak-base':>9s} " \
-             f"{'end MB':>7s} {'s/update':>8s} {'last s':>7s} {'staged GB':>9s} {'wall s':>7s}"
+    header = (
+        f"{'mode':10s} {'order':8s} {'N':>5s} {'base MB':>8s} {'peak MB':>8s} {'peak-base':>9s} "
+        f"{'end MB':>7s} {'s/update':>8s} {'last s':>7s} {'staged GB':>9s} {'wall s':>7s}"
+    )
     print(header)
     print("-" * len(header))
     for mode, n, order in runs:
         r = run_worker(mode, n, order, root, args.malloc_arena_max)
         last = "" if r["last"] != r["last"] else f"{r['last']:.2f}"
-        print(f"{mode:10s} {order:8s} {n:5d} {r['base'] / 2**20:8.0f} {r['peak'] / 2**20:8.0f} "
-              f"{(r['peak'] - r['base']) / 2**20:9.0f} {r['end'] / 2**20:7.0f} {r['wall'] / n:8.3f} {last:>7s} {r['staged'] / 1e9:9.2f} "
-              f"{r['wall']:7.1f}", flush=True)
+        print(
+            f"{mode:10s} {order:8s} {n:5d} {r['base'] / 2**20:8.0f} {r['peak'] / 2**20:8.0f} "
+            f"{(r['peak'] - r['base']) / 2**20:9.0f} {r['end'] / 2**20:7.0f} {r['wall'] / n:8.3f} {last:>7s} "
+            f"{r['staged'] / 1e9:9.2f} "
+            f"{r['wall']:7.1f}",
+            flush=True,
+        )
     print("MB = MiB of RSS; staged GB = 10^9 bytes on disk when the round closed (deleted at the merge's commit)")
     return 0
 

@@ -81,15 +81,33 @@ class CoordinatorProcess:
         port_file = root / "port"
         self.log = open(root / "server.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.main", "--config", str(root / "config.json"), "--state-dir",
-             str(self.state), "--port", "0", "--port-file", str(port_file), "--insecure", "--linger", "0"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(THREADS)},
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "server.main",
+                "--config",
+                str(root / "config.json"),
+                "--state-dir",
+                str(self.state),
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--insecure",
+                "--linger",
+                "0",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(THREADS)},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"coordinator did not start (exit {self.proc.poll()}): "
-                                   f"{(root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"coordinator did not start (exit {self.proc.poll()}): {(root / 'server.log').read_text()[-2000:]}"
+                )
             time.sleep(POLL_S)
         self.target = f"127.0.0.1:{port_file.read_text()}"
 
@@ -178,6 +196,7 @@ def measure(n: int, spec: ModelSpec, rank: int, root: Path) -> dict:
     coordinator = CoordinatorProcess(cfg, root)
     marks: dict = {}
     try:
+
         def on_barrier() -> None:  # every client joined and described; no push yet
             marks["base"] = coordinator.memory()["VmRSS"]
             marks["start"] = time.perf_counter()
@@ -196,12 +215,23 @@ def measure(n: int, spec: ModelSpec, rank: int, root: Path) -> dict:
     meta, tensors = saved
     expected = inprocess_fold(cfg, spec, updates)
     total = sum(update_nbytes(u) for u in updates)
-    differ = sorted(k for k in expected.keys() | tensors.keys()
-                    if k not in expected or k not in tensors or not torch.equal(expected[k], tensors[k]))
-    return {"clients": n, "merged_clients": meta["history"][0]["clients"], "merged_equal": not differ,
-            "differ": differ[:5],
-            "bytes": total, "wall_s": wall, "updates_per_s": n / wall, "mb_per_s": total / 1e6 / wall,
-            "base_rss": marks["base"], "peak_rss": memory["VmHWM"]}
+    differ = sorted(
+        k
+        for k in expected.keys() | tensors.keys()
+        if k not in expected or k not in tensors or not torch.equal(expected[k], tensors[k])
+    )
+    return {
+        "clients": n,
+        "merged_clients": meta["history"][0]["clients"],
+        "merged_equal": not differ,
+        "differ": differ[:5],
+        "bytes": total,
+        "wall_s": wall,
+        "updates_per_s": n / wall,
+        "mb_per_s": total / 1e6 / wall,
+        "base_rss": marks["base"],
+        "peak_rss": memory["VmHWM"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,22 +245,31 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     spec = MODELS[args.model]
     if not args.json:
-        print(f"model {args.model} ({len(spec.layers)} LoRA layers), r = {args.rank}; {os.cpu_count()} CPUs; "
-              "one coordinator process, one thread + channel per client in this process")
-        print(f"{'N':>5s} {'merged':>6s} {'equal':>5s} {'MB':>8s} {'wall s':>7s} {'upd/s':>7s} {'MB/s':>7s} "
-              f"{'base MiB':>8s} {'peak MiB':>8s}")
+        print(
+            f"model {args.model} ({len(spec.layers)} LoRA layers), r = {args.rank}; {os.cpu_count()} CPUs; "
+            "one coordinator process, one thread + channel per client in this process"
+        )
+        print(
+            f"{'N':>5s} {'merged':>6s} {'equal':>5s} {'MB':>8s} {'wall s':>7s} {'upd/s':>7s} {'MB/s':>7s} "
+            f"{'base MiB':>8s} {'peak MiB':>8s}"
+        )
     for n in (int(s) for s in args.clients.split(",")):
         with tempfile.TemporaryDirectory(prefix=f"lorm-load-{n}-", dir=args.root) as root:
             r = measure(n, spec, args.rank, Path(root))
         if args.json:
             print(json.dumps(r), flush=True)
         else:
-            print(f"{n:5d} {r['merged_clients']:6d} {str(r['merged_equal']):>5s} {r['bytes'] / 1e6:8.1f} "
-                  f"{r['wall_s']:7.2f} {r['updates_per_s']:7.1f} {r['mb_per_s']:7.1f} "
-                  f"{r['base_rss'] / 2**20:8.0f} {r['peak_rss'] / 2**20:8.0f}", flush=True)
+            print(
+                f"{n:5d} {r['merged_clients']:6d} {str(r['merged_equal']):>5s} {r['bytes'] / 1e6:8.1f} "
+                f"{r['wall_s']:7.2f} {r['updates_per_s']:7.1f} {r['mb_per_s']:7.1f} "
+                f"{r['base_rss'] / 2**20:8.0f} {r['peak_rss'] / 2**20:8.0f}",
+                flush=True,
+            )
         if r["merged_clients"] != n or not r["merged_equal"]:
-            print(f"N={n}: {r['merged_clients']} clients merged; state differing from the in-process fold: "
-                  f"{r['differ']}", file=sys.stderr)
+            print(
+                f"N={n}: {r['merged_clients']} clients merged; state differing from the in-process fold: {r['differ']}",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

@@ -99,14 +99,16 @@ def make_round_inputs(gen: torch.Generator) -> list[dict[str, object]]:
     """Per layer: the shared factors and every client's (B_i, A_i, g_i) in float32."""
     layers = []
     for d_out, d_in in LAYERS:
-        layers.append({
-            "d_out": d_out,
-            "d_in": d_in,
-            "a": torch.randn(RANK, d_in, generator=gen),
-            "bs": [torch.randn(d_out, RANK, generator=gen) for _ in range(CLIENTS)],
-            "as": [torch.randn(RANK, d_in, generator=gen) for _ in range(CLIENTS)],
-            "gs": [torch.rand(d_in, generator=gen) * 1e4 for _ in range(CLIENTS)],
-        })
+        layers.append(
+            {
+                "d_out": d_out,
+                "d_in": d_in,
+                "a": torch.randn(RANK, d_in, generator=gen),
+                "bs": [torch.randn(d_out, RANK, generator=gen) for _ in range(CLIENTS)],
+                "as": [torch.randn(RANK, d_in, generator=gen) for _ in range(CLIENTS)],
+                "gs": [torch.rand(d_in, generator=gen) * 1e4 for _ in range(CLIENTS)],
+            }
+        )
     return layers
 
 
@@ -146,14 +148,10 @@ def table(layers: list[dict]) -> None:
     print(f"{torch.get_num_threads()} thread(s); float64 matmul 1024^3: {flops_per_s / 1e9:.1f} GFLOP/s")
     merged = task_merge(layers)
     rows = [  # (work, measured seconds, FLOPs)
-        ("B-round (fold 10 + solve)", median_seconds(lambda: b_round(layers)),
-         b_round_flops(CLIENTS, RANK)),
-        ("A-round (fold 10 + solve)", median_seconds(lambda: a_round(layers)),
-         a_round_flops(CLIENTS, RANK)),
-        ("task merge, T = 10 (factors)", median_seconds(lambda: task_merge(layers)),
-         task_merge_flops(TASKS, RANK)),
-        ("dense dW = B_cat @ A_cat", median_seconds(lambda: [b @ a for b, a in merged]),
-         dense_dw_flops(TASKS, RANK)),
+        ("B-round (fold 10 + solve)", median_seconds(lambda: b_round(layers)), b_round_flops(CLIENTS, RANK)),
+        ("A-round (fold 10 + solve)", median_seconds(lambda: a_round(layers)), a_round_flops(CLIENTS, RANK)),
+        ("task merge, T = 10 (factors)", median_seconds(lambda: task_merge(layers)), task_merge_flops(TASKS, RANK)),
+        ("dense dW = B_cat @ A_cat", median_seconds(lambda: [b @ a for b, a in merged]), dense_dw_flops(TASKS, RANK)),
     ]
     header = f"{'work':30s} {'measured s':>11s} {'FLOPs':>10s} {'FLOP-bound s':>13s} {'ratio':>8s}"
     print(header)
@@ -165,8 +163,10 @@ def table(layers: list[dict]) -> None:
 
 def main() -> None:
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}; ViT-B/16: {len(LAYERS)} layers, r = {RANK}, {CLIENTS} clients, "
-          f"{TASKS} tasks, diagonal Grams; median of {REPEATS} runs; ratio = measured / FLOP-bound")
+    print(
+        f"torch {torch.__version__}; ViT-B/16: {len(LAYERS)} layers, r = {RANK}, {CLIENTS} clients, "
+        f"{TASKS} tasks, diagonal Grams; median of {REPEATS} runs; ratio = measured / FLOP-bound"
+    )
     layers = make_round_inputs(torch.Generator().manual_seed(0))
     default_threads = torch.get_num_threads()
     print("\n[default threads]")

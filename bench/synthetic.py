@@ -23,9 +23,11 @@ TINY = ModelSpec({"l1": (6, 4), "l2": (4, 6)}, feature_dim=4, num_classes=6)  # 
 
 def update_bytes(spec: ModelSpec, rank: int, factors: tuple[str, ...] = ("B",)) -> int:
     """Tensor bytes of one :func:`make_update` (its ``update_nbytes``)."""
-    per_layer = sum((d_out * rank if "B" in factors else 0) * 4 + (rank * d_in if "A" in factors else 0) * 4
-                    + d_in * 8 for d_out, d_in in spec.layers.values())
-    head = (spec.num_classes * spec.feature_dim + spec.num_classes) * 4 + spec.feature_dim ** 2 * 8
+    per_layer = sum(
+        (d_out * rank if "B" in factors else 0) * 4 + (rank * d_in if "A" in factors else 0) * 4 + d_in * 8
+        for d_out, d_in in spec.layers.values()
+    )
+    head = (spec.num_classes * spec.feature_dim + spec.num_classes) * 4 + spec.feature_dim**2 * 8
     return per_layer + head
 
 
@@ -37,10 +39,22 @@ def make_update(plan: RoundPlan, index: int, rank: int, spec: ModelSpec = VIT_B1
     head_gram = head_gram @ head_gram.T  # symmetric positive semi-definite, like a real Gram
     shapes = {"B": lambda d_out, d_in: (d_out, rank), "A": lambda d_out, d_in: (rank, d_in)}
     return ClientUpdate(
-        run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task, round=plan.round,
-        phase=plan.phase, num_samples=100 + index % 7,
-        factors={name: {f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2 for f in plan.train_factors}
-                 for name, (d_out, d_in) in spec.layers.items()},
-        grams={name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in spec.layers.items()},
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=100 + index % 7,
+        factors={
+            name: {f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2 for f in plan.train_factors}
+            for name, (d_out, d_in) in spec.layers.items()
+        },
+        grams={
+            name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in spec.layers.items()
+        },
         head_weight=torch.randn(spec.num_classes, features, generator=gen) * 1e-2,
-        head_bias=torch.randn(spec.num_classes, generator=gen) * 1e-2, head_gram=head_gram, train_loss=1.0)
+        head_bias=torch.randn(spec.num_classes, generator=gen) * 1e-2,
+        head_gram=head_gram,
+        train_loss=1.0,
+    )

@@ -45,9 +45,22 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import RunConfig  # noqa: E402
 
-CONFIG = RunConfig(run_id="walltime", dataset="synthetic-text", backbone="tiny-bert", num_clients=3, num_tasks=2,
-                   rounds_per_task=3, local_epochs=3, rank=2, lr=3e-2, lr_lora=1e-3, threads=1, seed=5,
-                   device="cpu", extra={"synthetic_classes": 12, "synthetic_train": 400, "synthetic_test": 40})
+CONFIG = RunConfig(
+    run_id="walltime",
+    dataset="synthetic-text",
+    backbone="tiny-bert",
+    num_clients=3,
+    num_tasks=2,
+    rounds_per_task=3,
+    local_epochs=3,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=5,
+    device="cpu",
+    extra={"synthetic_classes": 12, "synthetic_train": 400, "synthetic_test": 40},
+)
 GOAL = 1.15
 RUN_TIMEOUT_S = 900
 
@@ -75,8 +88,14 @@ def one_distributed() -> dict:
         config_path.write_text(CONFIG.to_json())
         with open(run_dir / "log.txt", "w") as log, contextlib.redirect_stdout(log):
             start = time.perf_counter()
-            rc = launch(config_path, CONFIG.num_clients, run_dir / "state", run_dir / "results", RUN_TIMEOUT_S,
-                        quiet_clients=True)
+            rc = launch(
+                config_path,
+                CONFIG.num_clients,
+                run_dir / "state",
+                run_dir / "results",
+                RUN_TIMEOUT_S,
+                quiet_clients=True,
+            )
             seconds = time.perf_counter() - start
         lines = (run_dir / "log.txt").read_text().splitlines()
         if rc != 0:
@@ -86,8 +105,14 @@ def one_distributed() -> dict:
     # the distributed run without process start-up, comparable to run_inprocess.
     running = log_time(lines, "clients joined: task 0 starts")
     done = log_time(lines, "done: FAA")
-    return {"seconds": seconds, "running": done - running, "cpu": cpu_seconds(resource.RUSAGE_CHILDREN),
-            "faa": metrics["faa"], "correct": metrics["correct"], "total": metrics["total"]}
+    return {
+        "seconds": seconds,
+        "running": done - running,
+        "cpu": cpu_seconds(resource.RUSAGE_CHILDREN),
+        "faa": metrics["faa"],
+        "correct": metrics["correct"],
+        "total": metrics["total"],
+    }
 
 
 def one_inprocess() -> dict:
@@ -96,14 +121,25 @@ def one_inprocess() -> dict:
     cpu0, start = cpu_seconds(resource.RUSAGE_SELF), time.perf_counter()
     result = run_inprocess(CONFIG)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "running": seconds, "cpu": cpu_seconds(resource.RUSAGE_SELF) - cpu0,
-            "faa": result.matrix.faa(), "correct": result.matrix.correct, "total": result.matrix.total}
+    return {
+        "seconds": seconds,
+        "running": seconds,
+        "cpu": cpu_seconds(resource.RUSAGE_SELF) - cpu0,
+        "faa": result.matrix.faa(),
+        "correct": result.matrix.correct,
+        "total": result.matrix.total,
+    }
 
 
 def measure(mode: str, cpus: str) -> dict:
     """One run of ``mode`` in a fresh subprocess restricted to ``cpus`` (e.g. "0" or "0,1")."""
-    proc = subprocess.run([sys.executable, __file__, "--one", mode, "--cpus", cpus], capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S + 60, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--one", mode, "--cpus", cpus],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S + 60,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} on CPUs {cpus} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -135,10 +171,14 @@ def main() -> int:
 
     cpus_all = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     print(f"config: {CONFIG.to_json()}")
-    print(f"machine: {os.cpu_count()} CPUs, no GPU, shared with other work; load average at start "
-          f"{os.getloadavg()[0]:.1f}; {args.repeats} runs per cell, modes interleaved\n")
-    header = f"{'CPUs':6s} {'mode':12s} {'wall min s':>10s} {'wall med s':>10s} {'w/o start-up s':>14s} " \
-             f"{'CPU s':>7s} {'FAA':>8s}"
+    print(
+        f"machine: {os.cpu_count()} CPUs, no GPU, shared with other work; load average at start "
+        f"{os.getloadavg()[0]:.1f}; {args.repeats} runs per cell, modes interleaved\n"
+    )
+    header = (
+        f"{'CPUs':6s} {'mode':12s} {'wall min s':>10s} {'wall med s':>10s} {'w/o start-up s':>14s} "
+        f"{'CPU s':>7s} {'FAA':>8s}"
+    )
     print(header)
     print("-" * len(header))
     ratios = []
@@ -150,9 +190,12 @@ def main() -> int:
                 runs[mode].append(measure(mode, cpus))
         for mode, rs in runs.items():
             walls = [r["seconds"] for r in rs]
-            print(f"{cpus:6s} {mode:12s} {min(walls):10.1f} {statistics.median(walls):10.1f} "
-                  f"{min(r['running'] for r in rs):14.1f} {statistics.median(r['cpu'] for r in rs):7.1f} "
-                  f"{rs[0]['faa']:8.4f}", flush=True)
+            print(
+                f"{cpus:6s} {mode:12s} {min(walls):10.1f} {statistics.median(walls):10.1f} "
+                f"{min(r['running'] for r in rs):14.1f} {statistics.median(r['cpu'] for r in rs):7.1f} "
+                f"{rs[0]['faa']:8.4f}",
+                flush=True,
+            )
         best = {mode: min(r["seconds"] for r in rs) for mode, rs in runs.items()}
         running = {mode: min(r["running"] for r in rs) for mode, rs in runs.items()}
         ratios.append((cpus, best["distributed"] / best["inprocess"], running["distributed"] / running["inprocess"]))
@@ -161,17 +204,23 @@ def main() -> int:
     print(f"\nevery run's correct/total counts identical (hence the same FAA): {same}")
     for cpus, wall_ratio, running_ratio in ratios:
         flag = "" if wall_ratio <= GOAL else f"  (goal <= {GOAL})"
-        print(f"CPUs {cpus}: distributed / in-process wall (min) {wall_ratio:.3f}{flag}; "
-              f"without start-up {running_ratio:.3f}")
+        print(
+            f"CPUs {cpus}: distributed / in-process wall (min) {wall_ratio:.3f}{flag}; "
+            f"without start-up {running_ratio:.3f}"
+        )
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
     print("\nper-process start-up (median of 3, after a warm-up):")
-    for label, code in (("python -c pass", "pass"),
-                        ("import torch", "import torch"),
-                        ("import torch + transformers BertModel", "import torch; from transformers import BertModel"),
-                        ("import client.main (lorm-client)", "import client.main, client.worker, client.backbones; "
-                                                             "from transformers import BertModel"),
-                        ("import server.main (lorm-server)", "import server.main, server.strategies")):
+    for label, code in (
+        ("python -c pass", "pass"),
+        ("import torch", "import torch"),
+        ("import torch + transformers BertModel", "import torch; from transformers import BertModel"),
+        (
+            "import client.main (lorm-client)",
+            "import client.main, client.worker, client.backbones; from transformers import BertModel",
+        ),
+        ("import server.main (lorm-server)", "import server.main, server.strategies"),
+    ):
         print(f"  {label:40s} {startup_seconds(code):6.2f} s")
     return 0
 

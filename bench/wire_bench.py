@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import CLASSES, FEATURES, LAYERS, VIT_B16 as SPEC  # noqa: E402
 from client.transport import CoordinatorClient  # noqa: E402
-from proto import codec # noqa: E402
+from proto import codec  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan  # noqa: E402
 from common.tls import Security  # noqa: E402
@@ -130,11 +130,20 @@ def update_for(plan: RoundPlan, gen: torch.Generator) -> ClientUpdate:
     head = plan.send_head
     x = torch.randn(256, FEATURES, generator=gen, dtype=torch.float64)
     return ClientUpdate(
-        run_id=plan.run_id, client_id="c0", client_index=0, task=plan.task, round=plan.round, phase=plan.phase,
-        num_samples=500, factors=factors, grams=grams,
+        run_id=plan.run_id,
+        client_id="c0",
+        client_index=0,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=500,
+        factors=factors,
+        grams=grams,
         head_weight=torch.randn(CLASSES, FEATURES, generator=gen) if head else None,
         head_bias=torch.randn(CLASSES, generator=gen) if head else None,
-        head_gram=x.T @ x if plan.head_gram else None, train_loss=0.5)
+        head_gram=x.T @ x if plan.head_gram else None,
+        train_loss=0.5,
+    )
 
 
 def update_raw(update: ClientUpdate) -> int:
@@ -173,8 +182,7 @@ def run_pass(via_relay: bool) -> list[dict]:
         server, port = create_server(coordinator, "127.0.0.1:0", security=Security(insecure=True))
         server.start()
         relay = CountingRelay(port) if via_relay else None
-        client = CoordinatorClient(f"127.0.0.1:{relay.port if relay else port}", "c0",
-                                   security=Security(insecure=True))
+        client = CoordinatorClient(f"127.0.0.1:{relay.port if relay else port}", "c0", security=Security(insecure=True))
         try:
             client.join(0)
             client.describe(SPEC)
@@ -186,8 +194,17 @@ def run_pass(via_relay: bool) -> list[dict]:
                 seconds = time.perf_counter() - t0
                 time.sleep(0.2)  # let the last ACKs and window updates land before reading counters
                 up1, down1 = relay.counts() if relay else (0, 0)
-                rows.append({"label": label, "raw": raw, "msgs": msgs, "up": up1 - up0, "down": down1 - down0,
-                             "lo": lo_bytes() - lo0, "seconds": seconds})
+                rows.append(
+                    {
+                        "label": label,
+                        "raw": raw,
+                        "msgs": msgs,
+                        "up": up1 - up0,
+                        "down": down1 - down0,
+                        "lo": lo_bytes() - lo0,
+                        "seconds": seconds,
+                    }
+                )
                 return result
 
             def pull(label: str) -> RoundPlan:
@@ -236,38 +253,52 @@ def main() -> int:
     idle = lo_bytes() - idle0
     relayed = run_pass(via_relay=True)
     direct = run_pass(via_relay=False)
-    print(f"ViT-B/16 shapes: {len(LAYERS)} LoRA layers, r = {RANK}, head {CLASSES} x {FEATURES}; "
-          f"chunk {codec.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s")
-    print("MB = 10^6 bytes. wire = TCP payload both directions through the relay; "
-          "lo = loopback interface bytes, direct pass.\n")
-    header = f"{'call':40s} {'raw MB':>10s} {'grpc MB':>10s} {'wire MB':>10s} {'wire/raw':>9s} " \
-             f"{'lo MB':>10s} {'lo/raw':>7s} {'s':>6s}"
+    print(
+        f"ViT-B/16 shapes: {len(LAYERS)} LoRA layers, r = {RANK}, head {CLASSES} x {FEATURES}; "
+        f"chunk {codec.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s"
+    )
+    print(
+        "MB = 10^6 bytes. wire = TCP payload both directions through the relay; "
+        "lo = loopback interface bytes, direct pass.\n"
+    )
+    header = (
+        f"{'call':40s} {'raw MB':>10s} {'grpc MB':>10s} {'wire MB':>10s} {'wire/raw':>9s} "
+        f"{'lo MB':>10s} {'lo/raw':>7s} {'s':>6s}"
+    )
     print(header)
     print("-" * len(header))
     for row, d in zip(relayed, direct):
         wire = row["up"] + row["down"]
         flag = "" if wire / row["raw"] <= GOAL else "  > goal"
-        print(f"{row['label']:40s} {mb(row['raw'])} {mb(row['msgs'])} {mb(wire)} {wire / row['raw']:9.4f} "
-              f"{mb(d['lo'])} {d['lo'] / row['raw']:7.4f} {row['seconds']:6.2f}{flag}")
+        print(
+            f"{row['label']:40s} {mb(row['raw'])} {mb(row['msgs'])} {mb(wire)} {wire / row['raw']:9.4f} "
+            f"{mb(d['lo'])} {d['lo'] / row['raw']:7.4f} {row['seconds']:6.2f}{flag}"
+        )
     by_label = {row["label"]: row for row in relayed}
     b_update, a_update = by_label["update, B-round"], by_label["update, A-round"]
     b_plan, a_plan = by_label["plan, B-round (task 0)"], by_label["plan, A-round (task 0)"]
     paper = paper_code_bytes()
-    print(f"\nPaper code per client per round (upload, analytic): factors B+A f32 {mb(paper['factors']).strip()} MB "
-          f"+ dense Grams f32 {mb(paper['grams']).strip()} MB + head (w, b, dense Gram) f32 "
-          f"{mb(paper['head']).strip()} MB = {mb(paper['total']).strip()} MB")
+    print(
+        f"\nPaper code per client per round (upload, analytic): factors B+A f32 {mb(paper['factors']).strip()} MB "
+        f"+ dense Grams f32 {mb(paper['grams']).strip()} MB + head (w, b, dense Gram) f32 "
+        f"{mb(paper['head']).strip()} MB = {mb(paper['total']).strip()} MB"
+    )
     print(f"\n{'per client per round':40s} {'ours wire MB':>13s} {'paper MB':>10s} {'ours/paper':>11s}")
     for label, row in (("upload, B-round", b_update), ("upload, A-round", a_update)):
         wire = row["up"] + row["down"]
         print(f"{label:40s} {mb(wire):>13s} {mb(paper['total'])} {wire / paper['total']:11.4f}")
-    for label, up, down in (("upload + download, B-round", b_update, b_plan),
-                            ("upload + download, A-round", a_update, a_plan)):
+    for label, up, down in (
+        ("upload + download, B-round", b_update, b_plan),
+        ("upload + download, A-round", a_update, a_plan),
+    ):
         wire = up["up"] + up["down"] + down["up"] + down["down"]
         print(f"{label:40s} {mb(wire):>13s} {'':>10s} {'':>11s}")
     factors32 = sum((d_out + d_in) * RANK * 4 for d_out, d_in in LAYERS.values())
     head32 = (CLASSES * FEATURES + CLASSES) * 4
-    print("\nplan raw at task t (analytic: float32 current factors + task deltas of rank t*r + head): "
-          + ", ".join(f"t={t}: {mb(factors32 * (1 + t) + head32).strip()} MB" for t in (0, 1, 9)))
+    print(
+        "\nplan raw at task t (analytic: float32 current factors + task deltas of rank t*r + head): "
+        + ", ".join(f"t={t}: {mb(factors32 * (1 + t) + head32).strip()} MB" for t in (0, 1, 9))
+    )
     return 0
 
 

@@ -102,8 +102,9 @@ class T5Features(Backbone):
     target_rule = "t5"
     export_prefix = "t5."
 
-    def __init__(self, t5: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]],
-                 decoder_token: int = 1) -> None:
+    def __init__(
+        self, t5: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]], decoder_token: int = 1
+    ) -> None:
         super().__init__()
         self.t5 = t5
         self.tokenize = tokenize
@@ -123,8 +124,14 @@ class T5Features(Backbone):
 def _tiny_bert(config: RunConfig) -> Backbone:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=max(64, config.max_length))
+    cfg = BertConfig(
+        vocab_size=512,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max(64, config.max_length),
+    )
     return TextEncoder(BertModel(cfg, add_pooling_layer=False), HashTokenizer(cfg.vocab_size, config.max_length))
 
 
@@ -139,8 +146,9 @@ def _tiny_vit(config: RunConfig) -> Backbone:
     from timm.models.vision_transformer import VisionTransformer
 
     size = config.section(DataSettings).image_size or 16  # tiny: 16 pixels unless the run sets data.image_size
-    return ViTBackbone(VisionTransformer(img_size=size, patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                                         mlp_ratio=2.0, num_classes=0))
+    return ViTBackbone(
+        VisionTransformer(img_size=size, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=0)
+    )
 
 
 def _hub_error(name: str, exc: Exception) -> RuntimeError:
@@ -149,14 +157,17 @@ def _hub_error(name: str, exc: Exception) -> RuntimeError:
         f"could not load pretrained weights {name!r}: {type(exc).__name__}: {exc}. Looked for a local directory "
         f"of that name and in the Hugging Face cache ({cache}); the hub was unreachable or refused. Download it on "
         f"a machine with internet (e.g. `huggingface-cli download {name} --local-dir DIR`), copy DIR here and pass "
-        "backbone=DIR (or backbone=t5:DIR / bert:DIR); set HF_HUB_OFFLINE=1 to skip network attempts.")
+        "backbone=DIR (or backbone=t5:DIR / bert:DIR); set HF_HUB_OFFLINE=1 to skip network attempts."
+    )
 
 
 def _tokenizer(tokenizer, config: RunConfig) -> Callable[[Sequence[str]], dict[str, Tensor]]:
     def tokenize(texts: Sequence[str]) -> dict[str, Tensor]:
-        enc = tokenizer(list(texts), padding="max_length", truncation=True, max_length=config.max_length,
-                        return_tensors="pt")
+        enc = tokenizer(
+            list(texts), padding="max_length", truncation=True, max_length=config.max_length, return_tensors="pt"
+        )
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
     return tokenize
 
 
@@ -171,8 +182,11 @@ def _pretrained_text(name: str | Path, config: RunConfig, family: str = "") -> B
         model = T5Model.from_pretrained(str(name)) if family == "t5" else AutoModel.from_pretrained(str(name))
     except (OSError, ValueError) as exc:
         raise _hub_error(str(name), exc) from exc
-    backbone: Backbone = (T5Features(model, _tokenizer(tokenizer, config)) if family == "t5"
-                          else TextEncoder(model, _tokenizer(tokenizer, config)))
+    backbone: Backbone = (
+        T5Features(model, _tokenizer(tokenizer, config))
+        if family == "t5"
+        else TextEncoder(model, _tokenizer(tokenizer, config))
+    )
     backbone.base_model = str(name)
     return backbone
 
@@ -208,7 +222,8 @@ def _timm_vit(name: str, config: RunConfig) -> Backbone:
             f"could not load pretrained timm weights for {name!r}: {type(exc).__name__}: {exc}. Looked in "
             f"the setting model.weights and the Hugging Face cache / hub (repo timm/{name}). Without internet, "
             "download model.safetensors of that repo elsewhere and pass "
-            "--set model.weights=/path/model.safetensors.") from exc
+            "--set model.weights=/path/model.safetensors."
+        ) from exc
     backbone = ViTBackbone(vit)
     backbone.base_model = f"timm/{name}"
     return backbone
@@ -243,8 +258,10 @@ def build_backbone(config: RunConfig) -> Backbone:
             return _timm_vit(rest, config)
         if os.path.isdir(name):
             return _pretrained_text(name, config)
-    raise ValueError(f"unknown backbone {name!r}: expected one of {sorted(BACKBONES)}, a local model directory, "
-                     "or bert:NAME, t5:NAME, timm:NAME")
+    raise ValueError(
+        f"unknown backbone {name!r}: expected one of {sorted(BACKBONES)}, a local model directory, "
+        "or bert:NAME, t5:NAME, timm:NAME"
+    )
 
 
 class ClassifierModel(nn.Module):
@@ -285,9 +302,14 @@ class ClassifierModel(nn.Module):
 
 def model_spec(model: ClassifierModel) -> ModelSpec:
     backbone = model.backbone
-    return ModelSpec(model.layer_shapes(), backbone.feature_dim, model.head.out_features,
-                     backbone.export_prefix, backbone.base_model,
-                     {n: tuple(p.shape) for n, p in model.dense_params().items()})
+    return ModelSpec(
+        model.layer_shapes(),
+        backbone.feature_dim,
+        model.head.out_features,
+        backbone.export_prefix,
+        backbone.base_model,
+        {n: tuple(p.shape) for n, p in model.dense_params().items()},
+    )
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:

@@ -55,8 +55,9 @@ class Splits:
         if sorted(names) != sorted(self.class_names):
             raise ValueError(f"reordering needs the same class names, got {names[:5]}... for {self.class_names[:5]}...")
         new_id = np.array([names.index(name) for name in self.class_names], dtype=np.int64)
-        return dataclasses.replace(self, train_y=new_id[self.train_y], test_y=new_id[self.test_y],
-                                   class_names=list(names))
+        return dataclasses.replace(
+            self, train_y=new_id[self.train_y], test_y=new_id[self.test_y], class_names=list(names)
+        )
 
     def limited(self, num_classes: int, train_per_class: int, test_per_class: int) -> "Splits":
         """The first ``num_classes`` classes, at most ``*_per_class`` samples of each (0: no cap)."""
@@ -69,9 +70,14 @@ class Splits:
             return np.sort(np.concatenate(idx))
 
         tr, te = pick(self.train_y, train_per_class), pick(self.test_y, test_per_class)
-        return dataclasses.replace(self, train_x=[self.train_x[i] for i in tr], train_y=self.train_y[tr],
-                                   test_x=[self.test_x[i] for i in te], test_y=self.test_y[te],
-                                   class_names=self.class_names[:keep])
+        return dataclasses.replace(
+            self,
+            train_x=[self.train_x[i] for i in tr],
+            train_y=self.train_y[tr],
+            test_x=[self.test_x[i] for i in te],
+            test_y=self.test_y[te],
+            class_names=self.class_names[:keep],
+        )
 
 
 def data_dir(config: RunConfig) -> Path:
@@ -80,7 +86,8 @@ def data_dir(config: RunConfig) -> Path:
     if not root:
         raise FileNotFoundError(
             f"dataset {config.dataset!r} needs a data directory: set data_dir in the run configuration "
-            "or the environment variable LORM_DATA_DIR (e.g. LORM_DATA_DIR=../shared/datasets)")
+            "or the environment variable LORM_DATA_DIR (e.g. LORM_DATA_DIR=../shared/datasets)"
+        )
     return Path(root).expanduser()
 
 
@@ -90,8 +97,9 @@ def data_dir(config: RunConfig) -> Path:
 def _dataset_root(config: RunConfig, name: str) -> tuple[Path, str]:
     """``data_dir / name`` and the hint that goes into every missing-path error of this dataset."""
     parent = data_dir(config)
-    return parent / name, (f"data_dir / LORM_DATA_DIR (now {str(parent)!r}) must point at the folder "
-                           f"that holds {name}/")
+    return parent / name, (
+        f"data_dir / LORM_DATA_DIR (now {str(parent)!r}) must point at the folder that holds {name}/"
+    )
 
 
 def _need_dir(path: Path, contents: str, hint: str = "") -> Path:
@@ -127,8 +135,9 @@ def _lookup(labels: Iterable[str], index: dict[str, int], where: str) -> np.ndar
     labels = list(labels)
     unknown = sorted({label for label in labels if label not in index}, key=str)
     if unknown:
-        raise ValueError(f"{where}: unknown labels {unknown[:5]} (not among the {len(index)} classes, "
-                         f"e.g. {list(index)[:5]})")
+        raise ValueError(
+            f"{where}: unknown labels {unknown[:5]} (not among the {len(index)} classes, e.g. {list(index)[:5]})"
+        )
     return np.array([index[label] for label in labels], dtype=np.int64)
 
 
@@ -159,11 +168,24 @@ def holdout_split(files: list[list[str]], names: list[str]) -> tuple[list[str], 
     return train_x, np.array(train_y, dtype=np.int64), test_x, np.array(test_y, dtype=np.int64)
 
 
-def _images(config: RunConfig, name: str, train: tuple[list, np.ndarray], test: tuple[list, np.ndarray],
-            class_names: list[str], transforms: str | None = None) -> Splits:
+def _images(
+    config: RunConfig,
+    name: str,
+    train: tuple[list, np.ndarray],
+    test: tuple[list, np.ndarray],
+    class_names: list[str],
+    transforms: str | None = None,
+) -> Splits:
     size = image_size(config.section(DataSettings))
-    return Splits(train[0], train[1], test[0], test[1], class_names, kind="image",
-                  transforms=image_transforms(transforms or name, size))
+    return Splits(
+        train[0],
+        train[1],
+        test[0],
+        test[1],
+        class_names,
+        kind="image",
+        transforms=image_transforms(transforms or name, size),
+    )
 
 
 # --------------------------------------------------------------------------- text
@@ -209,8 +231,10 @@ def _download_clinc150(path: Path) -> None:
     import urllib.request
 
     url = CLINC150_SOURCE + path.name
-    hint = (f"CLINC150 file {path} not found; it is {url} (data/{path.name} of github.com/clinc/oos-eval, "
-            "commit 828f809); put it there or point LORM_DATA_DIR at the folder holding clinc150/")
+    hint = (
+        f"CLINC150 file {path} not found; it is {url} (data/{path.name} of github.com/clinc/oos-eval, "
+        "commit 828f809); put it there or point LORM_DATA_DIR at the folder holding clinc150/"
+    )
     if os.environ.get("LORM_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(hint + " (offline: no download attempted)")
     try:
@@ -248,8 +272,9 @@ def clinc150(config: RunConfig) -> Splits:
     elif config.class_order == "alphabetical":
         names = sorted({intent for _, intent in data["train"]})
     else:
-        raise ValueError(f"CLINC150 takes class_order 'alphabetical' (the paper's) or 'domains', "
-                         f"got {config.class_order!r}")
+        raise ValueError(
+            f"CLINC150 takes class_order 'alphabetical' (the paper's) or 'domains', got {config.class_order!r}"
+        )
     index = {name: i for i, name in enumerate(names)}
 
     def split(rows: list[list[str]], what: str) -> tuple[list[str], np.ndarray]:
@@ -282,10 +307,11 @@ def _text_rows(path: Path) -> list[tuple[str, str]]:
                 item = json.loads(line)
                 rows.append((str(item["text"]), str(item["label"])))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path} line {number}: expected a JSON object with text and label, "
-                                 f"got {line[:80]!r}") from exc
+                raise ValueError(
+                    f"{path} line {number}: expected a JSON object with text and label, got {line[:80]!r}"
+                ) from exc
         return rows
-    raise ValueError(f"{path}: expected a .csv (columns text,label) or .jsonl file ({{\"text\": .., \"label\": ..}})")
+    raise ValueError(f'{path}: expected a .csv (columns text,label) or .jsonl file ({{"text": .., "label": ..}})')
 
 
 def textfile(config: RunConfig) -> Splits:
@@ -296,8 +322,9 @@ def textfile(config: RunConfig) -> Splits:
     """
     paths = {}
     for key in ("train_file", "test_file"):
-        paths[key] = _need_file(_resolve(config, key), "a .csv (columns text,label) or .jsonl file "
-                                f"(the setting data.{key})")
+        paths[key] = _need_file(
+            _resolve(config, key), f"a .csv (columns text,label) or .jsonl file (the setting data.{key})"
+        )
     train, test = _text_rows(paths["train_file"]), _text_rows(paths["test_file"])
     given = config.section(DataSettings).classes
     names = list(given) if given else list(dict.fromkeys(label for _, label in train))
@@ -318,20 +345,26 @@ def cifar100(config: RunConfig) -> Splits:
     ``fine_label_names.txt`` when present). The whole set stays in memory as ``uint8``.
     """
     root, hint = _dataset_root(config, "cifar100")
-    folder = _need_dir(root / "cifar-100-binary", "train.bin and test.bin of the CIFAR-100 binary version "
-                       "(cifar-100-binary.tar.gz, extracted into cifar100/)", hint)
+    folder = _need_dir(
+        root / "cifar-100-binary",
+        "train.bin and test.bin of the CIFAR-100 binary version (cifar-100-binary.tar.gz, extracted into cifar100/)",
+        hint,
+    )
 
     def read(split: str) -> tuple[list[np.ndarray], np.ndarray]:
         path = _need_file(folder / f"{split}.bin", f"the CIFAR-100 binary {split} records", hint)
         raw = np.fromfile(path, dtype=np.uint8)
         if raw.size == 0 or raw.size % 3074:
-            raise ValueError(f"{path}: {raw.size} bytes is not a whole number of 3074-byte records "
-                             "(coarse label, fine label, 3072 pixel bytes)")
+            raise ValueError(
+                f"{path}: {raw.size} bytes is not a whole number of 3074-byte records "
+                "(coarse label, fine label, 3072 pixel bytes)"
+            )
         records = raw.reshape(-1, 3074)
         labels = records[:, 1].astype(np.int64)
         if labels.max() >= 100:
-            raise ValueError(f"{path}: unknown fine labels {sorted(set(labels[labels >= 100].tolist()))[:5]} "
-                             "(CIFAR-100 has 0..99)")
+            raise ValueError(
+                f"{path}: unknown fine labels {sorted(set(labels[labels >= 100].tolist()))[:5]} (CIFAR-100 has 0..99)"
+            )
         pixels = np.ascontiguousarray(records[:, 2:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         return list(pixels), labels  # (32, 32, 3) uint8 views of one array
 
@@ -357,14 +390,16 @@ def _folder_per_class(config: RunConfig, name: str, subdir: str, contents: str) 
 
 def imagenet_r(config: RunConfig) -> Splits:
     """ImageNet-R, ``imagenet-r/<wnid>/*.jpg`` (200 classes sorted by WordNet id), 80/20 holdout."""
-    return _folder_per_class(config, "imagenet-r", "", "one folder of images per class named by WordNet id "
-                             "(imagenet-r.tar extracted)")
+    return _folder_per_class(
+        config, "imagenet-r", "", "one folder of images per class named by WordNet id (imagenet-r.tar extracted)"
+    )
 
 
 def imagenet_a(config: RunConfig) -> Splits:
     """ImageNet-A, ``imagenet-a/<wnid>/*.jpg`` (200 classes sorted by WordNet id), 80/20 holdout."""
-    return _folder_per_class(config, "imagenet-a", "", "one folder of images per class named by WordNet id "
-                             "(imagenet-a.tar extracted)")
+    return _folder_per_class(
+        config, "imagenet-a", "", "one folder of images per class named by WordNet id (imagenet-a.tar extracted)"
+    )
 
 
 def eurosat(config: RunConfig) -> Splits:
@@ -372,8 +407,12 @@ def eurosat(config: RunConfig) -> Splits:
 
     The paper states no split; this is our fixed ``holdout_split``.
     """
-    return _folder_per_class(config, "eurosat", "2750", "one folder of .jpg images per class "
-                             "(EuroSAT_RGB.zip: 2750/AnnualCrop, 2750/Forest, ...)")
+    return _folder_per_class(
+        config,
+        "eurosat",
+        "2750",
+        "one folder of .jpg images per class (EuroSAT_RGB.zip: 2750/AnnualCrop, 2750/Forest, ...)",
+    )
 
 
 def cars196(config: RunConfig) -> Splits:
@@ -385,8 +424,12 @@ def cars196(config: RunConfig) -> Splits:
     from scipy.io import loadmat
 
     root, hint = _dataset_root(config, "cars196")
-    devkit = _need_dir(root / "devkit", "cars_meta.mat, cars_train_annos.mat and "
-                       "cars_test_annos_withlabels.mat (car_devkit.tgz plus the labelled test annotations)", hint)
+    devkit = _need_dir(
+        root / "devkit",
+        "cars_meta.mat, cars_train_annos.mat and "
+        "cars_test_annos_withlabels.mat (car_devkit.tgz plus the labelled test annotations)",
+        hint,
+    )
     meta = _need_file(devkit / "cars_meta.mat", "the Stanford Cars devkit class list (class_names)", hint)
     names = [str(n) for n in np.atleast_1d(loadmat(meta, squeeze_me=True)["class_names"])]
     index = {c + 1: c for c in range(len(names))}  # .mat labels are 1-based
@@ -409,8 +452,12 @@ def cub200(config: RunConfig) -> Splits:
     Classes in ``classes.txt`` order (ids 1..200); names without the ``001.`` prefix.
     """
     root, hint = _dataset_root(config, "cub200")
-    folder = _need_dir(root / "CUB_200_2011", "images.txt, image_class_labels.txt, train_test_split.txt, "
-                       "classes.txt and images/ (CUB_200_2011.tgz extracted)", hint)
+    folder = _need_dir(
+        root / "CUB_200_2011",
+        "images.txt, image_class_labels.txt, train_test_split.txt, "
+        "classes.txt and images/ (CUB_200_2011.tgz extracted)",
+        hint,
+    )
 
     def table(file: str, what: str) -> dict[str, str]:
         path = _need_file(folder / file, what, hint)
@@ -479,12 +526,15 @@ def load_dataset(config: RunConfig) -> Splits:
     if config.class_order == "alphabetical" and splits.class_names != sorted(splits.class_names):
         splits = splits.reordered(sorted(splits.class_names))
     elif config.class_order == "domains" and config.dataset != "clinc150":
-        raise ValueError(f"class_order 'domains' is CLINC150's; dataset {config.dataset!r} takes 'natural' "
-                         "or 'alphabetical'")
+        raise ValueError(
+            f"class_order 'domains' is CLINC150's; dataset {config.dataset!r} takes 'natural' or 'alphabetical'"
+        )
     splits = splits.limited(config.num_classes, config.train_per_class, config.test_per_class)
     counts = np.bincount(splits.train_y, minlength=splits.num_classes)
     empty = [splits.class_names[c] for c in np.flatnonzero(counts == 0)]
     if empty:
-        raise ValueError(f"dataset {config.dataset!r}: classes without training samples: {empty[:5]} "
-                         f"({len(empty)} of {splits.num_classes}); every class needs at least one")
+        raise ValueError(
+            f"dataset {config.dataset!r}: classes without training samples: {empty[:5]} "
+            f"({len(empty)} of {splits.num_classes}); every class needs at least one"
+        )
     return splits

@@ -75,7 +75,7 @@ def extract(model: ClassifierModel, data: Batches, idx: Tensor, device: torch.de
     model.eval()
     out = []
     for start in range(0, idx.numel(), FEATURE_BATCH):
-        inputs, _ = data.batch(idx[start:start + FEATURE_BATCH], device)
+        inputs, _ = data.batch(idx[start : start + FEATURE_BATCH], device)
         _, features = model(inputs)  # (batch, F)
         out.append(features.to(torch.float64).cpu())
     return torch.cat(out) if out else torch.zeros(0, model.head.in_features, dtype=torch.float64)
@@ -86,8 +86,9 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dic
     and optionally ``gram_factor`` with ``R^T R = X^T X``."""
     lo, hi = classes
     if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
-        raise ValueError(f"features step of classes [{lo}, {hi}): the shard has labels "
-                         f"{int(labels.min())}..{int(labels.max())}")
+        raise ValueError(
+            f"features step of classes [{lo}, {hi}): the shard has labels {int(labels.min())}..{int(labels.max())}"
+        )
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
@@ -95,8 +96,15 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dic
     return out
 
 
-def feature_stats(model: ClassifierModel, data: Batches, shard: Tensor, config: RunConfig, device: torch.device,
-                  classes: tuple[int, int], gram: bool) -> dict[str, Tensor]:
+def feature_stats(
+    model: ClassifierModel,
+    data: Batches,
+    shard: Tensor,
+    config: RunConfig,
+    device: torch.device,
+    classes: tuple[int, int],
+    gram: bool,
+) -> dict[str, Tensor]:
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
     x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
     labels = data.labels[shard]

@@ -73,8 +73,13 @@ def image_transforms(name: str, size: int) -> ImageTransforms:
         train = v2.Compose([v2.RandomResizedCrop(size, interpolation=BICUBIC), flip, *_finish(HALF)])
         return ImageTransforms(train, _eval(size, HALF))
     if name == "imagenet-a":
-        train = v2.Compose([v2.RandomResizedCrop(size, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3), interpolation=BICUBIC),
-                            flip, *_finish(IMAGENET)])
+        train = v2.Compose(
+            [
+                v2.RandomResizedCrop(size, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3), interpolation=BICUBIC),
+                flip,
+                *_finish(IMAGENET),
+            ]
+        )
         return ImageTransforms(train, _eval(size, IMAGENET))
     if name == "cub200":
         train = v2.Compose([v2.Resize(resize, interpolation=BICUBIC), v2.RandomCrop(size), flip, *_finish(IMAGENET)])
@@ -84,8 +89,10 @@ def image_transforms(name: str, size: int) -> ImageTransforms:
     if name == "eurosat":
         same = _square(size, None, flip=False)
         return ImageTransforms(same, same)
-    raise ValueError(f"no image transforms for {name!r}; known: cifar100, imagenet-r, imagenet-a, cub200, "
-                     "cars196, eurosat, imagefolder")
+    raise ValueError(
+        f"no image transforms for {name!r}; known: cifar100, imagenet-r, imagenet-a, cub200, "
+        "cars196, eurosat, imagefolder"
+    )
 
 
 def is_image_file(path: Path) -> bool:
@@ -109,8 +116,13 @@ class ImageData:
     untouched.
     """
 
-    def __init__(self, samples: Sequence[str | Path | np.ndarray], labels: Tensor | np.ndarray,
-                 train_transform: Transform, test_transform: Transform) -> None:
+    def __init__(
+        self,
+        samples: Sequence[str | Path | np.ndarray],
+        labels: Tensor | np.ndarray,
+        train_transform: Transform,
+        test_transform: Transform,
+    ) -> None:
         self.samples = list(samples)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         if len(self.samples) != self.labels.shape[0]:
@@ -123,8 +135,15 @@ class ImageData:
     def _pixels(self, idx: list[int], transform: Transform) -> Tensor:
         return torch.stack([transform(open_rgb(self.samples[i])) for i in idx])  # (batch, 3, H, W)
 
-    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]:
+    def batch(
+        self,
+        idx: Tensor,
+        device: torch.device,
+        *,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+        padded: bool = False,
+    ) -> tuple[dict[str, Tensor], Tensor]:
         rows = [int(i) for i in idx]
         if not train:
             pixels = self._pixels(rows, self.test_transform)

@@ -37,22 +37,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lorm-client", description="Run one LoRM client.")
     # Containers configure these through the environment (LORM_SERVER, LORM_CLIENT_ID, LORM_CLIENT_INDEX).
     env = os.environ.get
-    parser.add_argument("--server", default=env("LORM_SERVER"), required=not env("LORM_SERVER"),
-                        help="coordinator address, host:port (default $LORM_SERVER)")
-    parser.add_argument("--client-id", default=env("LORM_CLIENT_ID") or socket.gethostname(),
-                        help="this client's stable identity, reused on restart (default $LORM_CLIENT_ID, "
-                             "else the host name)")
-    parser.add_argument("--index", type=int, default=env("LORM_CLIENT_INDEX") or None,  # argparse applies int
-                        help="ask for this data shard (0..N-1; default $LORM_CLIENT_INDEX, else the coordinator "
-                             "assigns the lowest free one)")
+    parser.add_argument(
+        "--server",
+        default=env("LORM_SERVER"),
+        required=not env("LORM_SERVER"),
+        help="coordinator address, host:port (default $LORM_SERVER)",
+    )
+    parser.add_argument(
+        "--client-id",
+        default=env("LORM_CLIENT_ID") or socket.gethostname(),
+        help="this client's stable identity, reused on restart (default $LORM_CLIENT_ID, else the host name)",
+    )
+    parser.add_argument(
+        "--index",
+        type=int,
+        default=env("LORM_CLIENT_INDEX") or None,  # argparse applies int
+        help="ask for this data shard (0..N-1; default $LORM_CLIENT_INDEX, else the coordinator "
+        "assigns the lowest free one)",
+    )
     parser.add_argument("--give-up", type=float, default=600.0, help="seconds one call retries before failing")
-    parser.add_argument("--call-timeout", type=float, default=float(env("LORM_CALL_TIMEOUT", "300")),
-                        help="seconds one call (one whole push or pull, however large) may take before it is "
-                             "retried; raise it for large updates on slow links (default $LORM_CALL_TIMEOUT or 300)")
-    parser.add_argument("--metrics-port", type=int, default=int(env("LORM_METRICS_PORT", "0")),
-                        help="serve Prometheus /metrics on this port (0: off; default $LORM_METRICS_PORT)")
-    parser.add_argument("--metrics-host", default=env("LORM_METRICS_HOST", "0.0.0.0"),
-                        help="address the metrics endpoint listens on (default $LORM_METRICS_HOST or 0.0.0.0)")
+    parser.add_argument(
+        "--call-timeout",
+        type=float,
+        default=float(env("LORM_CALL_TIMEOUT", "300")),
+        help="seconds one call (one whole push or pull, however large) may take before it is "
+        "retried; raise it for large updates on slow links (default $LORM_CALL_TIMEOUT or 300)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("LORM_METRICS_PORT", "0")),
+        help="serve Prometheus /metrics on this port (0: off; default $LORM_METRICS_PORT)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=env("LORM_METRICS_HOST", "0.0.0.0"),
+        help="address the metrics endpoint listens on (default $LORM_METRICS_HOST or 0.0.0.0)",
+    )
     add_security_arguments(parser, "client")
     add_logging_arguments(parser)
     args = parser.parse_args(argv)
@@ -69,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         bound = metrics.serve(args.metrics_port, args.metrics_host)
         log.info("metrics on http://%s:%d/metrics", args.metrics_host, bound)
 
-    client = CoordinatorClient(args.server, args.client_id, Backoff(give_up_s=args.give_up), args.call_timeout,
-                               security=security)
+    client = CoordinatorClient(
+        args.server, args.client_id, Backoff(give_up_s=args.give_up), args.call_timeout, security=security
+    )
     config, index = client.join(args.index)
     set_context(run=config.run_id)
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
@@ -78,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     worker = runtime.worker(index, args.client_id)
     metrics.watch_device(runtime.device)
     client.describe(runtime.spec)
-    log.info("model: %d LoRA layers, device %s; shard sizes per task %s", len(runtime.spec.layers),
-             runtime.device, [int(s.numel()) for s in worker.shards])
+    log.info(
+        "model: %d LoRA layers, device %s; shard sizes per task %s",
+        len(runtime.spec.layers),
+        runtime.device,
+        [int(s.numel()) for s in worker.shards],
+    )
     while True:
         answer = client.pull()
         if isinstance(answer, Wait):
@@ -99,9 +125,16 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(result, ClientUpdate):
                 fault_point("client.push")
                 client.push(result, key)
-                log.info("task %d round %d %s %s: %d samples, %s, %.1f s", plan.task, plan.round,
-                         plan.phase.value, "".join(plan.train_factors) or "-", result.num_samples,
-                         loss_text(result.train_loss), time.perf_counter() - start)
+                log.info(
+                    "task %d round %d %s %s: %d samples, %s, %.1f s",
+                    plan.task,
+                    plan.round,
+                    plan.phase.value,
+                    "".join(plan.train_factors) or "-",
+                    result.num_samples,
+                    loss_text(result.train_loss),
+                    time.perf_counter() - start,
+                )
             else:
                 client.report(result, key)
                 acc = [100.0 * c / t if t else float("nan") for c, t in zip(result.correct, result.total)]

@@ -35,8 +35,10 @@ def sample_data(splits: Splits, model: ClassifierModel) -> tuple[SampleData, Sam
     """Text: both splits tokenised once, up front. Images: decoded and transformed per batch."""
     takes_pixels = "pixel_values" in inspect.signature(model.backbone.forward).parameters
     if (splits.kind == "image") != takes_pixels:
-        raise ValueError(f"the dataset gives {splits.kind} samples but backbone {type(model.backbone).__name__} "
-                         f"takes {'images' if takes_pixels else 'text'}; pick a matching dataset and backbone")
+        raise ValueError(
+            f"the dataset gives {splits.kind} samples but backbone {type(model.backbone).__name__} "
+            f"takes {'images' if takes_pixels else 'text'}; pick a matching dataset and backbone"
+        )
     train_y, test_y = torch.from_numpy(splits.train_y), torch.from_numpy(splits.test_y)
     if splits.kind == "image":
         t = splits.transforms

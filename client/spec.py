@@ -24,8 +24,9 @@ def describe(config: RunConfig) -> ModelSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lorm-spec", description="Write the model description of a run "
-                                     "(for lorm-server --model-spec).")
+    parser = argparse.ArgumentParser(
+        prog="lorm-spec", description="Write the model description of a run (for lorm-server --model-spec)."
+    )
     add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
@@ -34,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(spec.to_json() + "\n")
     tmp.replace(out)
-    print(f"wrote {out}: {len(spec.layers)} LoRA layers, {len(spec.params)} backbone parameters, "
-          f"feature_dim {spec.feature_dim}, {spec.num_classes} classes", flush=True)
+    print(
+        f"wrote {out}: {len(spec.layers)} LoRA layers, {len(spec.params)} backbone parameters, "
+        f"feature_dim {spec.feature_dim}, {spec.num_classes} classes",
+        flush=True,
+    )
     return 0
 
 

@@ -20,11 +20,18 @@ class _GpuCollector(Collector):
         if self.device.type != "cuda" or not torch.cuda.is_available():
             return
         for name, doc, read in (
-                ("lorm_client_gpu_memory_allocated_bytes", "tensor memory allocated now", torch.cuda.memory_allocated),
-                ("lorm_client_gpu_memory_max_allocated_bytes", "peak tensor memory since start",
-                 torch.cuda.max_memory_allocated),
-                ("lorm_client_gpu_memory_reserved_bytes", "memory held by the caching allocator",
-                 torch.cuda.memory_reserved)):
+            ("lorm_client_gpu_memory_allocated_bytes", "tensor memory allocated now", torch.cuda.memory_allocated),
+            (
+                "lorm_client_gpu_memory_max_allocated_bytes",
+                "peak tensor memory since start",
+                torch.cuda.max_memory_allocated,
+            ),
+            (
+                "lorm_client_gpu_memory_reserved_bytes",
+                "memory held by the caching allocator",
+                torch.cuda.memory_reserved,
+            ),
+        ):
             yield GaugeMetricFamily(name, doc, value=float(read(self.device)))
 
 
@@ -32,10 +39,12 @@ class ClientMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.samples = Counter("lorm_client_samples", "samples processed (epochs x shard for training)", ["phase"],
-                               registry=r)
-        self.samples_per_second = Gauge("lorm_client_samples_per_second", "throughput of the last step", ["phase"],
-                                        registry=r)
+        self.samples = Counter(
+            "lorm_client_samples", "samples processed (epochs x shard for training)", ["phase"], registry=r
+        )
+        self.samples_per_second = Gauge(
+            "lorm_client_samples_per_second", "throughput of the last step", ["phase"], registry=r
+        )
         self.loss = Gauge("lorm_client_train_loss", "mean training loss of the last local epoch", registry=r)
         self.steps = Counter("lorm_client_steps", "steps completed and sent", ["phase"], registry=r)
         self.task = Gauge("lorm_client_task", "task of the last step", registry=r)
@@ -44,8 +53,9 @@ class ClientMetrics:
     def watch_device(self, device: torch.device) -> None:
         self.registry.register(_GpuCollector(device))
 
-    def step_done(self, phase: str, task: int, round_: int, samples: int, seconds: float,
-                  loss: float | None = None) -> None:
+    def step_done(
+        self, phase: str, task: int, round_: int, samples: int, seconds: float, loss: float | None = None
+    ) -> None:
         self.steps.labels(phase=phase).inc()
         self.samples.labels(phase=phase).inc(samples)
         if seconds > 0:

@@ -22,8 +22,14 @@ log = logging.getLogger("lorm.client")
 T = TypeVar("T")
 
 # Worth retrying: the coordinator is down, restarting, or the network dropped the call.
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-             grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED}
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 # The coordinator is busy (this client's calls in progress, or all of them, are at their bound):
 # retry, but not sooner than this, so that a refused client does not hammer it.
 BUSY_RETRY_S = 2.0
@@ -52,8 +58,15 @@ class Rejected(Exception):
 
 
 class CoordinatorClient:
-    def __init__(self, target: str, client_id: str, backoff: Backoff | None = None, call_timeout_s: float = 300.0,
-                 *, security: Security):
+    def __init__(
+        self,
+        target: str,
+        client_id: str,
+        backoff: Backoff | None = None,
+        call_timeout_s: float = 300.0,
+        *,
+        security: Security,
+    ):
         """``security``: checked with ``Security.check("client")``; plaintext only if it says ``insecure``."""
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
@@ -87,37 +100,66 @@ class CoordinatorClient:
         request = pb.JoinRequest(client_id=self.client_id)
         if requested_index is not None:
             request.requested_index = requested_index
-        reply = self._call("join", lambda: self.stub.Join(
-            request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata))
+        reply = self._call(
+            "join",
+            lambda: self.stub.Join(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata),
+        )
         self.run_id = reply.run_id
         return RunConfig.from_json(reply.config_json), reply.client_index
 
     def describe(self, spec: ModelSpec) -> None:
         request = pb.ModelDescription(run_id=self.run_id, client_id=self.client_id, model_spec_json=spec.to_json())
-        self._call("describe", lambda: self.stub.Describe(
-            request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata))
+        self._call(
+            "describe",
+            lambda: self.stub.Describe(
+                request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata
+            ),
+        )
 
     def pull(self) -> RoundPlan | Wait:
         request = codec.pull_to_proto(PullQuery(self.run_id, self.client_id))
-        return self._call("pull", lambda: codec.plan_from_proto(
-            self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)))
+        return self._call(
+            "pull",
+            lambda: codec.plan_from_proto(
+                self.stub.Pull(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)
+            ),
+        )
 
     def push(self, update: ClientUpdate, key: str) -> bool:
         """Send an update; ``True`` if the coordinator had it already (a retried push)."""
-        reply = self._call("push", lambda: self.stub.Push(
-            codec.update_to_proto(update, key), timeout=self.call_timeout_s, wait_for_ready=True,
-            metadata=self.metadata))
+        reply = self._call(
+            "push",
+            lambda: self.stub.Push(
+                codec.update_to_proto(update, key),
+                timeout=self.call_timeout_s,
+                wait_for_ready=True,
+                metadata=self.metadata,
+            ),
+        )
         return reply.duplicate
 
     def report(self, report: EvalReport, key: str) -> bool:
-        reply = self._call("report", lambda: self.stub.ReportEval(
-            codec.eval_to_proto(report, key), timeout=self.call_timeout_s, wait_for_ready=True,
-            metadata=self.metadata))
+        reply = self._call(
+            "report",
+            lambda: self.stub.ReportEval(
+                codec.eval_to_proto(report, key),
+                timeout=self.call_timeout_s,
+                wait_for_ready=True,
+                metadata=self.metadata,
+            ),
+        )
         return reply.duplicate
 
     def status(self) -> dict:
-        s = self._call("status", lambda: self.stub.Status(
-            pb.StatusRequest(run_id=self.run_id), timeout=10, metadata=self.metadata))
-        return {"run_id": s.run_id, "state": s.state, "task": s.task, "round": s.round,
-                "clients_joined": s.clients_joined, "clients_done": s.clients_done,
-                "metrics": json.loads(s.metrics_json or "{}")}
+        s = self._call(
+            "status", lambda: self.stub.Status(pb.StatusRequest(run_id=self.run_id), timeout=10, metadata=self.metadata)
+        )
+        return {
+            "run_id": s.run_id,
+            "state": s.state,
+            "task": s.task,
+            "round": s.round,
+            "clients_joined": s.clients_joined,
+            "clients_done": s.clients_done,
+            "metrics": json.loads(s.metrics_json or "{}"),
+        }

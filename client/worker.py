@@ -38,8 +38,15 @@ class SampleData(Protocol):
 
     def __len__(self) -> int: ...
 
-    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]: ...
+    def batch(
+        self,
+        idx: Tensor,
+        device: torch.device,
+        *,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+        padded: bool = False,
+    ) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
 @dataclass
@@ -52,16 +59,22 @@ class EncodedData:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]:
+    def batch(
+        self,
+        idx: Tensor,
+        device: torch.device,
+        *,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+        padded: bool = False,
+    ) -> tuple[dict[str, Tensor], Tensor]:
         inputs = {k: v[idx] for k, v in self.inputs.items()}
         mask = inputs.get("attention_mask")
         if mask is not None:
             # Trim padding columns that no sample of this batch uses (same outputs, less work), or with
             # ``padded`` those that no sample of the split uses (the width of padding=True over the split).
             width = max(int((self.inputs["attention_mask"] if padded else mask).sum(1).max()), 1)
-            inputs = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v
-                      for k, v in inputs.items()}
+            inputs = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v for k, v in inputs.items()}
         return {k: v.to(device) for k, v in inputs.items()}, self.labels[idx].to(device)
 
 
@@ -74,14 +87,23 @@ def resolve_device(name: str) -> torch.device:
 class ClientWorker:
     """Client ``client_index`` of ``config.num_clients``, with its shard of ``train`` and ``test``."""
 
-    def __init__(self, config: RunConfig, client_index: int, client_id: str, model: ClassifierModel,
-                 train: SampleData, test: SampleData, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        client_index: int,
+        client_id: str,
+        model: ClassifierModel,
+        train: SampleData,
+        test: SampleData,
+        device: torch.device,
+    ) -> None:
         self.config, self.index, self.client_id = config, client_index, client_id
         self.model, self.train, self.test, self.device = model, train, test, device
         num_classes = model.head.out_features
         self.tasks = task_ranges(num_classes, config.num_tasks, config.task_sizes)
-        shards = dirichlet_partition(train.labels.numpy(), self.tasks, config.num_clients, config.beta,
-                                     config.seed, config.min_client_samples)
+        shards = dirichlet_partition(
+            train.labels.numpy(), self.tasks, config.num_clients, config.beta, config.seed, config.min_client_samples
+        )
         self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices
         self.test_idx = torch.from_numpy(client_test_indices(len(test), config.num_clients, client_index))
         self.method = client_method(config)  # the client half of the run's method
@@ -122,12 +144,18 @@ class ClientWorker:
         labels = self.test.labels[self.test_idx]
         mine = self.test_idx[labels < seen]
         for start in range(0, mine.numel(), 256):
-            inputs, y = self.test.batch(mine[start:start + 256], self.device)
+            inputs, y = self.test.batch(mine[start : start + 256], self.device)
             logits = half.logits(self, plan, inputs)  # (batch, num_classes)
             pred = logits[:, :seen].argmax(dim=1)
             for j, (lo, hi) in enumerate(self.tasks[: plan.task + 1]):
                 in_task = (y >= lo) & (y < hi)
                 correct[j] += int((pred[in_task] == y[in_task]).sum())
                 total[j] += int(in_task.sum())
-        return EvalReport(run_id=plan.run_id, client_id=self.client_id, client_index=self.index,
-                          task=plan.task, correct=correct, total=total)
+        return EvalReport(
+            run_id=plan.run_id,
+            client_id=self.client_id,
+            client_index=self.index,
+            task=plan.task,
+            correct=correct,
+            total=total,
+        )

@@ -22,7 +22,7 @@ CLASS_ORDERS = {
     "natural": "the dataset's own label ids (image datasets) or first appearance (text files)",
     "alphabetical": "class names sorted; CLINC150's intents as the paper's code numbers them (each task mixes domains)",
     "domains": "CLINC150 only: the domains of domains.json in file order, so each task is whole domains "
-               "(a harder, domain-grouped split than the paper's)",
+    "(a harder, domain-grouped split than the paper's)",
 }
 DEFAULT_CLASS_ORDER = {"clinc150": "alphabetical"}  # every other dataset: "natural"
 
@@ -121,14 +121,17 @@ class RunConfig:
 
         if not isinstance(self.settings, dict) or not isinstance(self.extra, dict):
             return [f"settings and extra must be objects, got {self.settings!r} and {self.extra!r}"]
-        self.settings = {name: dict(values) if isinstance(values, dict) else values
-                         for name, values in self.settings.items()}
+        self.settings = {
+            name: dict(values) if isinstance(values, dict) else values for name, values in self.settings.items()
+        }
         own = METHODS[self.strategy].settings if self.strategy in METHODS else None
         problems = []
         for key, value in self.extra.items():
             if key not in LEGACY_EXTRA:
-                problems.append(f"unknown extra key {key!r}; settings go by section (--describe METHOD), "
-                                f"known extra keys: {sorted(LEGACY_EXTRA)}")
+                problems.append(
+                    f"unknown extra key {key!r}; settings go by section (--describe METHOD), "
+                    f"known extra keys: {sorted(LEGACY_EXTRA)}"
+                )
                 continue
             section, name = LEGACY_EXTRA[key]
             if key == "rp_dim" and own is not None and "rp_dim" in {f.name for f in dataclasses.fields(own)}:
@@ -176,10 +179,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` (JSON) and repeatable ``--set KEY=VALUE`` overrides of :class:`RunConfig`."""
     parser.add_argument("--preset", default="", help="start from a named configuration (common/presets.py)")
     parser.add_argument("--config", help="JSON file with RunConfig values")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one RunConfig value (parsed as JSON when possible, else a string); a "
-                             "dotted KEY changes one key of a setting (ridge.rp_dim=5000, data.synthetic_test=5), "
-                             "and an object merges into the one there, key by key")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one RunConfig value (parsed as JSON when possible, else a string); a "
+        "dotted KEY changes one key of a setting (ridge.rp_dim=5000, data.synthetic_test=5), "
+        "and an object merges into the one there, key by key",
+    )
 
 
 def merged(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -21,8 +21,19 @@ from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
 from common.settings import NcmSettings, RidgeSettings
-from common.tensors import (DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, UpTo, shape_fits,
-                            tensor_name)
+from common.tensors import (
+    DELTA,
+    FACTOR,
+    FISHER,
+    GRAM,
+    HEAD_BIAS,
+    HEAD_GRAM,
+    HEAD_WEIGHT,
+    STAT,
+    UpTo,
+    shape_fits,
+    tensor_name,
+)
 
 Shapes = dict[str, tuple[int, ...]]
 HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
@@ -53,8 +64,10 @@ def check_declared_shapes(got: dict[str, tuple[int, ...]], declared: Shapes, who
     missing, unexpected = sorted(set(declared) - set(got)), sorted(set(got) - set(declared))
     wrong = sorted(n for n in set(got) & set(declared) if not shape_fits(got[n], declared[n]))
     if missing or unexpected or wrong:
-        raise ValueError(f"{who}: the step declares {len(declared)} tensors; missing {missing[:3]}, unexpected "
-                         f"{unexpected[:3]}, shapes {[(n, got[n], declared[n]) for n in wrong[:3]]}")
+        raise ValueError(
+            f"{who}: the step declares {len(declared)} tensors; missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, shapes {[(n, got[n], declared[n]) for n in wrong[:3]]}"
+        )
 
 
 # ------------------------------------------------------------------ closed-form heads' statistics
@@ -90,8 +103,11 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
 
 def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]) -> Shapes:
     """LoRA factors per layer: ``B: (d_out, r)``, ``A: (r, d_in)``."""
-    return {tensor_name(FACTOR, name, p): ((d_out, rank) if p == "B" else (rank, d_in))
-            for name, (d_out, d_in) in spec.layers.items() for p in parts}
+    return {
+        tensor_name(FACTOR, name, p): ((d_out, rank) if p == "B" else (rank, d_in))
+        for name, (d_out, d_in) in spec.layers.items()
+        for p in parts
+    }
 
 
 def gram_shapes(spec: ModelSpec, full: bool) -> Shapes:

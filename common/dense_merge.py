@@ -40,8 +40,10 @@ class FisherMeanAccumulator:
 
     def fold(self, x: Tensor, fisher: Tensor, n: float) -> None:
         if tuple(x.shape) != tuple(self.shape) or tuple(fisher.shape) != tuple(self.shape):
-            raise ValueError(f"fisher mean: expected shape {tuple(self.shape)}, got x {tuple(x.shape)} "
-                             f"and fisher {tuple(fisher.shape)}")
+            raise ValueError(
+                f"fisher mean: expected shape {tuple(self.shape)}, got x {tuple(x.shape)} "
+                f"and fisher {tuple(fisher.shape)}"
+            )
         self.fallback.fold(x, n)
         f = _f64(fisher)
         term = f * _f64(x)

@@ -29,8 +29,18 @@ from typing import Iterable, Iterator, TypeVar
 T = TypeVar("T")
 
 ENV = "LORM_FAULT"
-POINTS = ("join.committed", "push.receiving", "push.staged", "merge.fold", "merge.aggregated", "commit.tensors",
-          "commit.current", "eval.staged", "export", "client.push")
+POINTS = (
+    "join.committed",
+    "push.receiving",
+    "push.staged",
+    "merge.fold",
+    "merge.aggregated",
+    "commit.tensors",
+    "commit.current",
+    "eval.staged",
+    "export",
+    "client.push",
+)
 
 
 def _parse(spec: str) -> tuple[str, int, str]:
@@ -39,8 +49,10 @@ def _parse(spec: str) -> tuple[str, int, str]:
     nth = parts[1] if len(parts) > 1 else "1"
     action = parts[2] if len(parts) > 2 else "kill"
     if len(parts) > 3 or name not in POINTS or not nth.isdigit() or int(nth) < 1 or action not in ("kill", "stop"):
-        raise ValueError(f"{ENV} should be 'name', 'name:nth' or 'name:nth:stop' with nth >= 1 and name one of "
-                         f"{', '.join(POINTS)}; got {spec!r}")
+        raise ValueError(
+            f"{ENV} should be 'name', 'name:nth' or 'name:nth:stop' with nth >= 1 and name one of "
+            f"{', '.join(POINTS)}; got {spec!r}"
+        )
     return name, int(nth), action
 
 

@@ -56,8 +56,13 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-                "level": record.levelname, "logger": record.name, "msg": record.getMessage(), **_fields(record)}
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_fields(record),
+        }
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
@@ -81,8 +86,12 @@ def default_format() -> str:
 
 
 def add_logging_arguments(parser) -> None:
-    parser.add_argument("--log-format", choices=FORMATS, default=default_format(),
-                        help=f"plain text or one JSON object per line (default: ${ENV_FORMAT} or plain)")
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=default_format(),
+        help=f"plain text or one JSON object per line (default: ${ENV_FORMAT} or plain)",
+    )
 
 
 def setup_logging(fmt: str = "plain", level: int = logging.INFO, stream: TextIO | None = None) -> None:

@@ -26,15 +26,21 @@ import torch.nn.functional as F
 # Regular expressions over dotted module names (``model.named_modules()``), per backbone family.
 TARGET_RULES: dict[str, tuple[str, ...]] = {
     # timm ViT: every block's attention and MLP projections; not the patch embedding or head.
-    "vit": (r"(^|\.)blocks\.\d+\.attn\.qkv$", r"(^|\.)blocks\.\d+\.attn\.proj$",
-            r"(^|\.)blocks\.\d+\.mlp\.fc1$", r"(^|\.)blocks\.\d+\.mlp\.fc2$"),
+    "vit": (
+        r"(^|\.)blocks\.\d+\.attn\.qkv$",
+        r"(^|\.)blocks\.\d+\.attn\.proj$",
+        r"(^|\.)blocks\.\d+\.mlp\.fc1$",
+        r"(^|\.)blocks\.\d+\.mlp\.fc2$",
+    ),
     # T5: every linear layer of encoder and decoder (q, k, v, o, wi, wo, cross-attention too).
     "t5": (r"(^|\.)(encoder|decoder)\.block\.\d+\..*\.(q|k|v|o|wi|wi_0|wi_1|wo)$",),
     # BERT-like encoders: query, key, value, attention output, intermediate, output dense.
-    "bert": (r"(^|\.)layer\.\d+\.attention\.self\.(query|key|value)$",
-             r"(^|\.)layer\.\d+\.attention\.output\.dense$",
-             r"(^|\.)layer\.\d+\.intermediate\.dense$",
-             r"(^|\.)layer\.\d+\.output\.dense$"),
+    "bert": (
+        r"(^|\.)layer\.\d+\.attention\.self\.(query|key|value)$",
+        r"(^|\.)layer\.\d+\.attention\.output\.dense$",
+        r"(^|\.)layer\.\d+\.intermediate\.dense$",
+        r"(^|\.)layer\.\d+\.output\.dense$",
+    ),
 }
 
 
@@ -100,7 +106,8 @@ class LoRALinear(nn.Module):
         if tuple(b.shape) != tuple(self.lora_B.shape) or tuple(a.shape) != tuple(self.lora_A.shape):
             raise ValueError(
                 f"factors must be B {tuple(self.lora_B.shape)} and A {tuple(self.lora_A.shape)}, "
-                f"got B {tuple(b.shape)} and A {tuple(a.shape)}")
+                f"got B {tuple(b.shape)} and A {tuple(a.shape)}"
+            )
         self.lora_B.copy_(b)
         self.lora_A.copy_(a)
 
@@ -112,8 +119,9 @@ class LoRALinear(nn.Module):
         if b is None or a is None:
             b, a = like.new_zeros(d_out, 0), like.new_zeros(0, d_in)
         if b.dim() != 2 or a.dim() != 2 or b.shape[0] != d_out or a.shape[1] != d_in or b.shape[1] != a.shape[0]:
-            raise ValueError(f"extra factors must be B ({d_out}, k) and A (k, {d_in}), "
-                             f"got B {tuple(b.shape)} and A {tuple(a.shape)}")
+            raise ValueError(
+                f"extra factors must be B ({d_out}, k) and A (k, {d_in}), got B {tuple(b.shape)} and A {tuple(a.shape)}"
+            )
         self.extra_B = b.to(like)
         self.extra_A = a.to(like)
 
@@ -144,8 +152,11 @@ def apply_lora(model: nn.Module, targets: str | Sequence[str], rank: int, scale:
     compiled = [re.compile(p) for p in patterns]
     for p in model.parameters():
         p.requires_grad_(False)
-    names = [name for name, mod in model.named_modules()
-             if isinstance(mod, nn.Linear) and any(c.search(name) for c in compiled)]
+    names = [
+        name
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and any(c.search(name) for c in compiled)
+    ]
     if not names:
         raise ValueError(f"no nn.Linear layer matched the LoRA targets {list(patterns)}")
     for name in names:
@@ -187,6 +198,7 @@ class GramRecorder:
             prev = self.grams.get(name)
             self.grams[name] = g if prev is None else prev + g
             self.rows[name] += x.shape[0]
+
         return hook
 
     @contextmanager

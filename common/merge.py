@@ -370,9 +370,7 @@ def merge_lora_a(as_: Sequence[Tensor], gs: Sequence[Tensor]) -> Tensor:
     return acc.result()
 
 
-def merge_tasks(
-    bs: Sequence[Tensor], as_: Sequence[Tensor], gs: Sequence[Tensor]
-) -> tuple[Tensor, Tensor]:
+def merge_tasks(bs: Sequence[Tensor], as_: Sequence[Tensor], gs: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """Task merge: ``(B_cat, A_cat)`` with ``B_cat @ A_cat = (sum_t B^t A^t G^t)(sum_t G^t)^-1``.
 
     ``bs[t]: (d_out, r_t)``, ``as_[t]: (r_t, d_in)``; ``B_cat: (d_out, sum r_t)``,

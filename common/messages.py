@@ -57,9 +57,16 @@ class ModelSpec:
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # backbone weights (full fine-tuning)
 
     def to_json(self) -> str:
-        return json.dumps({"layers": {k: list(v) for k, v in self.layers.items()}, "feature_dim": self.feature_dim,
-                           "num_classes": self.num_classes, "export_prefix": self.export_prefix,
-                           "base_model": self.base_model, "params": {k: list(v) for k, v in self.params.items()}})
+        return json.dumps(
+            {
+                "layers": {k: list(v) for k, v in self.layers.items()},
+                "feature_dim": self.feature_dim,
+                "num_classes": self.num_classes,
+                "export_prefix": self.export_prefix,
+                "base_model": self.base_model,
+                "params": {k: list(v) for k, v in self.params.items()},
+            }
+        )
 
     def difference(self, other: "ModelSpec") -> str:
         """The first way ``other`` differs from this spec, in words ("" when equal)."""
@@ -70,8 +77,11 @@ class ModelSpec:
             mine, theirs = getattr(self, what), getattr(other, what)
             if list(mine) != list(theirs):
                 extra, missing = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
-                return (f"{what}: {len(theirs)} instead of {len(mine)}, unexpected {extra[:3]}, missing {missing[:3]}"
-                        if extra or missing else f"{what} in another order")
+                return (
+                    f"{what}: {len(theirs)} instead of {len(mine)}, unexpected {extra[:3]}, missing {missing[:3]}"
+                    if extra or missing
+                    else f"{what} in another order"
+                )
             for name, shape in mine.items():
                 if tuple(theirs[name]) != tuple(shape):
                     return f"{what} {name!r} of shape {tuple(theirs[name])} instead of {tuple(shape)}"
@@ -80,8 +90,9 @@ class ModelSpec:
     def state_bytes(self, rank: int, full_grams: bool) -> int:
         """An upper bound of the bytes the coordinator holds for one step of this model: float64 LoRA factors
         ``(d_out + d_in) r`` and Grams (``d_in`` or ``d_in^2``) per layer, backbone parameters, head and its Gram."""
-        per_layer = sum((d_out + d_in) * rank + (d_in * d_in if full_grams else d_in)
-                        for d_out, d_in in self.layers.values())
+        per_layer = sum(
+            (d_out + d_in) * rank + (d_in * d_in if full_grams else d_in) for d_out, d_in in self.layers.values()
+        )
         params = sum(math.prod(shape) for shape in self.params.values())
         head = self.num_classes * (self.feature_dim + 1) + self.feature_dim * self.feature_dim
         return 8 * (per_layer + params + head)
@@ -93,15 +104,23 @@ class ModelSpec:
             v = json.loads(text)
             layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
             params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
-            spec = cls(layers, int(v["feature_dim"]), int(v["num_classes"]), str(v.get("export_prefix", "")),
-                       str(v.get("base_model", "")), params)
+            spec = cls(
+                layers,
+                int(v["feature_dim"]),
+                int(v["num_classes"]),
+                str(v.get("export_prefix", "")),
+                str(v.get("base_model", "")),
+                params,
+            )
         except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, RecursionError) as err:
             raise ValueError(f"not a model description ({type(err).__name__}: {err})") from err
         sizes = [d for shape in spec.layers.values() for d in shape] + [spec.feature_dim, spec.num_classes]
         if min(sizes) < 1 or any(d < 0 for shape in spec.params.values() for d in shape):
-            raise ValueError(f"expected positive layer sizes, feature_dim and num_classes and non-negative "
-                             f"parameter dimensions, got layers {spec.layers}, feature_dim {spec.feature_dim}, "
-                             f"num_classes {spec.num_classes}")
+            raise ValueError(
+                f"expected positive layer sizes, feature_dim and num_classes and non-negative "
+                f"parameter dimensions, got layers {spec.layers}, feature_dim {spec.feature_dim}, "
+                f"num_classes {spec.num_classes}"
+            )
         return spec
 
 

@@ -38,31 +38,73 @@ class Method:
     settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
-    Method("lorm-b-only", "server.strategies.lorm:LoRMBOnly", LORA, "ablation: LoRM training B every round (A stays its init)"),
-    Method("lorm-avg-tasks", "server.strategies.lorm:LoRMAverageTasks", LORA, "ablation: tasks' residuals averaged instead of the task RegMean"),
-    Method("lorm-seq", "server.strategies.lorm:LoRMSequential", LORA, "variant: each task's LoRA a residual on the earlier tasks'"),
-    Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
-    Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
-    Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
-    Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
-    Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
-    Method("ncm", "server.strategies.closed_form:NearestClassMean", FEATURES, "cosine nearest class mean on W0", NcmSettings),
-    Method("ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings),
-    Method("lorm-ridge", "server.strategies.lorm_closed_form:LoRMClosedForm", LORA_THEN_FEATURES,
-           "LoRM's backbone with a ridge head", RidgeSettings),
-    Method("lorm-ncm", "server.strategies.lorm_closed_form:LoRMNearestClassMean", LORA_THEN_FEATURES,
-           "LoRM's backbone with a cosine NCM head", NcmSettings),
-    Method("lorm-ridge-first", "server.strategies.lorm_closed_form:LoRMRidgeFirstTask", LORA_THEN_FEATURES,
-           "LoRM on task 0 only, then ridge heads", RidgeSettings),
-    Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
+        Method(
+            "lorm-b-only",
+            "server.strategies.lorm:LoRMBOnly",
+            LORA,
+            "ablation: LoRM training B every round (A stays its init)",
+        ),
+        Method(
+            "lorm-avg-tasks",
+            "server.strategies.lorm:LoRMAverageTasks",
+            LORA,
+            "ablation: tasks' residuals averaged instead of the task RegMean",
+        ),
+        Method(
+            "lorm-seq",
+            "server.strategies.lorm:LoRMSequential",
+            LORA,
+            "variant: each task's LoRA a residual on the earlier tasks'",
+        ),
+        Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
+        Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
+        Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
+        Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
+        Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
+        Method(
+            "ncm",
+            "server.strategies.closed_form:NearestClassMean",
+            FEATURES,
+            "cosine nearest class mean on W0",
+            NcmSettings,
+        ),
+        Method(
+            "ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings
+        ),
+        Method(
+            "lorm-ridge",
+            "server.strategies.lorm_closed_form:LoRMClosedForm",
+            LORA_THEN_FEATURES,
+            "LoRM's backbone with a ridge head",
+            RidgeSettings,
+        ),
+        Method(
+            "lorm-ncm",
+            "server.strategies.lorm_closed_form:LoRMNearestClassMean",
+            LORA_THEN_FEATURES,
+            "LoRM's backbone with a cosine NCM head",
+            NcmSettings,
+        ),
+        Method(
+            "lorm-ridge-first",
+            "server.strategies.lorm_closed_form:LoRMRidgeFirstTask",
+            LORA_THEN_FEATURES,
+            "LoRM on task 0 only, then ridge heads",
+            RidgeSettings,
+        ),
+        Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
+    )
+}
 
 
 # Every settings section a run may set: the dataset loaders', the backbones' and each method's.
 SECTIONS: dict[str, type[Settings]] = {DataSettings.section: DataSettings, ModelSettings.section: ModelSettings} | {
-    m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
+    m.settings.section: m.settings for m in METHODS.values() if m.settings is not None
+}
 
 
 def method(name: str) -> Method:
@@ -77,20 +119,26 @@ def describe(name: str) -> str:
     if name in METHODS:
         m = METHODS[name]
         lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
-        settings = m.settings.describe() if m.settings else [f"(no settings of its own; every run also has "
-                                                             f"{', '.join(s + '.*' for s in ('data', 'model'))})"]
+        settings = (
+            m.settings.describe()
+            if m.settings
+            else [f"(no settings of its own; every run also has {', '.join(s + '.*' for s in ('data', 'model'))})"]
+        )
         return "\n".join(lines + ["  settings (--set KEY=VALUE):"] + [f"    {line}" for line in settings])
     if name in SECTIONS:
-        return "\n".join([f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in
-                                                                             SECTIONS[name].describe()])
-    raise ValueError(f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; "
-                     f"settings sections: {sorted(SECTIONS)}")
+        return "\n".join(
+            [f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in SECTIONS[name].describe()]
+        )
+    raise ValueError(
+        f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; settings sections: {sorted(SECTIONS)}"
+    )
 
 
 def overview() -> str:
     """One line per method, for ``--help``."""
     return "methods (--describe METHOD for its settings):\n" + "\n".join(
-        f"  {m.name:<18} {m.help}" for m in METHODS.values())
+        f"  {m.name:<18} {m.help}" for m in METHODS.values()
+    )
 
 
 def load_half(path: str, package: str) -> Any:

@@ -25,8 +25,9 @@ class AccuracyMatrix:
 
     def accuracy(self) -> list[list[float]]:
         """``a[t][j]`` in percent."""
-        return [[100.0 * c / n if n else float("nan") for c, n in zip(cs, ns)]
-                for cs, ns in zip(self.correct, self.total)]
+        return [
+            [100.0 * c / n if n else float("nan") for c, n in zip(cs, ns)] for cs, ns in zip(self.correct, self.total)
+        ]
 
     def faa(self) -> float:
         """Final average accuracy as the paper defines it: ``mean_j a[T][j]``."""
@@ -47,16 +48,24 @@ class AccuracyMatrix:
         return sum(drops) / len(drops)
 
     def summary(self) -> dict:
-        return {"accuracy": self.accuracy(), "correct": self.correct, "total": self.total,
-                "faa": self.faa(), "faa_weighted": self.faa_weighted(), "forgetting": self.forgetting()}
+        return {
+            "accuracy": self.accuracy(),
+            "correct": self.correct,
+            "total": self.total,
+            "faa": self.faa(),
+            "faa_weighted": self.faa_weighted(),
+            "forgetting": self.forgetting(),
+        }
 
 
 def format_summary(summary: dict) -> str:
     """A plain-text table of the accuracy matrix, both FAA figures, forgetting and time."""
     acc = summary["accuracy"]
     width = len(acc)
-    lines = ["accuracy a[t][j] (%): rows = after task t, columns = task j",
-             "      " + "".join(f"{'j=' + str(j):>8}" for j in range(width))]
+    lines = [
+        "accuracy a[t][j] (%): rows = after task t, columns = task j",
+        "      " + "".join(f"{'j=' + str(j):>8}" for j in range(width)),
+    ]
     for t, row in enumerate(acc):
         lines.append(f"t={t:<4}" + "".join(f"{a:8.2f}" for a in row))
     lines.append(f"FAA (mean over tasks, paper): {summary['faa']:.2f}")

@@ -52,7 +52,8 @@ def dirichlet_partition(
         if len(in_task) < num_clients * min_samples:
             raise ValueError(
                 f"task {t} has {len(in_task)} training samples, fewer than {num_clients} clients x "
-                f"{min_samples} minimum samples each")
+                f"{min_samples} minimum samples each"
+            )
         by_class = [np.flatnonzero(labels == c) for c in range(lo, hi)]
         for _ in range(max_draws):
             owner = np.empty(len(labels), dtype=np.int64)
@@ -65,7 +66,8 @@ def dirichlet_partition(
         else:
             raise RuntimeError(
                 f"task {t}: no Dirichlet(beta={beta}) split gave every one of {num_clients} clients "
-                f">= {min_samples} samples in {max_draws} draws; raise beta or lower min_client_samples")
+                f">= {min_samples} samples in {max_draws} draws; raise beta or lower min_client_samples"
+            )
         shards.append([np.sort(in_task[owner[in_task] == i]) for i in range(num_clients)])
     return shards
 

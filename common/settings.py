@@ -6,7 +6,8 @@ text (:func:`setting`); ``__post_init__`` checks what one field cannot say alone
 the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON) and reads them
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
-Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`) and those the method registry (``common.methods``)
+Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`) and those the method registry
+(``common.methods``)
 names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.SECTIONS``).
 """
 
@@ -51,8 +52,11 @@ class Settings:
         """One line per setting: ``section.key (type, default value): help``."""
         hints = typing.get_type_hints(cls)
         defaults = cls()
-        return [f"{cls.section}.{f.name} ({_type_name(hints[f.name])}, default {getattr(defaults, f.name)!r}): "
-                f"{f.metadata.get('help', '')}" for f in dataclasses.fields(cls)]
+        return [
+            f"{cls.section}.{f.name} ({_type_name(hints[f.name])}, default {getattr(defaults, f.name)!r}): "
+            f"{f.metadata.get('help', '')}"
+            for f in dataclasses.fields(cls)
+        ]
 
 
 def _type_name(kind: Any) -> str:
@@ -121,7 +125,7 @@ class NcmSettings(Settings):
         _positive_int(f"{self.section}.rp_dim", self.rp_dim, "0: no projection")
 
 
-DEFAULT_LAMBDAS = tuple(10.0 ** k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
+DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each
 
 
 @dataclass(frozen=True)
@@ -131,20 +135,26 @@ class RidgeSettings(NcmSettings):
     section: ClassVar[str] = "ridge"
     fixed_lambda: float = setting(0.0, "the ridge lambda (0: choose it from `lambdas` on held-out samples)")
     lambdas: tuple[float, ...] = setting(DEFAULT_LAMBDAS, "the lambdas to choose from (held-out squared error)")
-    holdout: int = setting(5, "hold out training samples with global index i % holdout == 0 to choose lambda "
-                              "(0: none; then fixed_lambda is needed)")
+    holdout: int = setting(
+        5,
+        "hold out training samples with global index i % holdout == 0 to choose lambda "
+        "(0: none; then fixed_lambda is needed)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
-            raise ValueError(f"setting ridge.fixed_lambda must be a positive number (0: choose it), "
-                             f"got {self.fixed_lambda}")
+            raise ValueError(
+                f"setting ridge.fixed_lambda must be a positive number (0: choose it), got {self.fixed_lambda}"
+            )
         if self.holdout < 0 or self.holdout == 1:
             raise ValueError(f"setting ridge.holdout must be 0 (none) or >= 2, got {self.holdout}")
         if not self.fixed_lambda and (self.holdout < 2 or not self.lambdas or min(self.lambdas) <= 0):
-            raise ValueError("ridge chooses lambda on held-out training samples: it needs ridge.holdout >= 2 "
-                             f"(got {self.holdout}) and positive ridge.lambdas (got {list(self.lambdas)}), "
-                             "or a fixed ridge.fixed_lambda > 0")
+            raise ValueError(
+                "ridge chooses lambda on held-out training samples: it needs ridge.holdout >= 2 "
+                f"(got {self.holdout}) and positive ridge.lambdas (got {list(self.lambdas)}), "
+                "or a fixed ridge.fixed_lambda > 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -164,9 +174,25 @@ class TiesSettings(Settings):
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {
-    **{key: ("data", key) for key in ("train_file", "test_file", "root", "classes", "transforms", "image_size",
-                                      "synthetic_classes", "synthetic_train", "synthetic_test")},
+    **{
+        key: ("data", key)
+        for key in (
+            "train_file",
+            "test_file",
+            "root",
+            "classes",
+            "transforms",
+            "image_size",
+            "synthetic_classes",
+            "synthetic_train",
+            "synthetic_test",
+        )
+    },
     "weights": ("model", "weights"),
-    "rp_dim": ("ridge", "rp_dim"), "ridge_lambda": ("ridge", "fixed_lambda"), "ridge_lambdas": ("ridge", "lambdas"),
-    "ridge_holdout": ("ridge", "holdout"), "ties_density": ("ties", "density"), "ties_lambda": ("ties", "scale"),
+    "rp_dim": ("ridge", "rp_dim"),
+    "ridge_lambda": ("ridge", "fixed_lambda"),
+    "ridge_lambdas": ("ridge", "lambdas"),
+    "ridge_holdout": ("ridge", "holdout"),
+    "ties_density": ("ties", "density"),
+    "ties_lambda": ("ties", "scale"),
 }

@@ -58,8 +58,7 @@ class UpTo(int):
 
 def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """``shape`` is ``want``, where an :class:`UpTo` dimension takes any size up to its bound."""
-    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w
-                                           for s, w in zip(shape, want))
+    return len(shape) == len(want) and all(0 <= s <= w if isinstance(w, UpTo) else s == w for s, w in zip(shape, want))
 
 
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:

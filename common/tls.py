@@ -42,8 +42,9 @@ def token_digest(token: str) -> str:
 def read_token(path: str) -> str:
     token = Path(path).read_text().strip()
     if not token or any(c.isspace() for c in token):
-        raise SecurityError(f"--token-file {path}: expected one token (no spaces), got "
-                            f"{'nothing' if not token else 'several words'}")
+        raise SecurityError(
+            f"--token-file {path}: expected one token (no spaces), got {'nothing' if not token else 'several words'}"
+        )
     return token
 
 
@@ -57,8 +58,10 @@ def read_token_digests(path: str) -> dict[str, str]:
         raise SecurityError(f"--token-file {path}: expected a non-empty JSON object {{client_id: sha256 hex}}")
     bad = [c for c, d in digests.items() if not isinstance(d, str) or not _HEX_DIGEST.match(d)]
     if bad:
-        raise SecurityError(f"--token-file {path}: the digests of {bad} are not 64 lower-case hex digits "
-                            "(sha256 of the token, e.g. `printf %s TOKEN | sha256sum`)")
+        raise SecurityError(
+            f"--token-file {path}: the digests of {bad} are not 64 lower-case hex digits "
+            "(sha256 of the token, e.g. `printf %s TOKEN | sha256sum`)"
+        )
     if len(set(digests.values())) != len(digests):
         raise SecurityError(f"--token-file {path}: two clients share a token")
     return digests
@@ -95,30 +98,39 @@ class Security:
             raise SecurityError("pass --tls-cert and --tls-key together (a certificate and its private key)")
         if self.insecure:
             if self.allowed_clients and not self.token_file:
-                raise SecurityError("--allowed-clients needs client authentication, which --insecure without "
-                                    "--token-file does not have")
+                raise SecurityError(
+                    "--allowed-clients needs client authentication, which --insecure without --token-file does not have"
+                )
             if self.ca or self.cert:
-                raise SecurityError("--insecure (plaintext) contradicts --tls-ca/--tls-cert/--tls-key "
-                                    f"(or ${ENV['ca']}/${ENV['cert']}/${ENV['key']}): pass one or the other")
+                raise SecurityError(
+                    "--insecure (plaintext) contradicts --tls-ca/--tls-cert/--tls-key "
+                    f"(or ${ENV['ca']}/${ENV['cert']}/${ENV['key']}): pass one or the other"
+                )
             return self
         if role == "server":
             if not self.cert:
                 raise SecurityError(
                     "the coordinator needs TLS: pass --tls-cert FILE --tls-key FILE and --tls-ca FILE (mutual TLS: "
                     "clients present certificates from that CA) or --token-file FILE (bearer tokens); or --insecure "
-                    "for plaintext on a trusted network. Development files: lorm-certs --out DIR --num-clients N")
+                    "for plaintext on a trusted network. Development files: lorm-certs --out DIR --num-clients N"
+                )
             if not self.ca and not self.token_file:
-                raise SecurityError("TLS without client authentication: add --tls-ca FILE (mutual TLS) or "
-                                    "--token-file FILE (bearer tokens)")
+                raise SecurityError(
+                    "TLS without client authentication: add --tls-ca FILE (mutual TLS) or "
+                    "--token-file FILE (bearer tokens)"
+                )
         else:
             if not self.ca:
                 raise SecurityError(
                     "the client needs the CA that signed the coordinator's certificate: pass --tls-ca FILE, plus "
                     "--tls-cert FILE --tls-key FILE (mutual TLS) or --token-file FILE (bearer token); or --insecure "
-                    "for plaintext on a trusted network")
+                    "for plaintext on a trusted network"
+                )
             if not self.cert and not self.token_file:
-                raise SecurityError("no client credentials: pass --tls-cert FILE --tls-key FILE (mutual TLS) or "
-                                    "--token-file FILE (bearer token)")
+                raise SecurityError(
+                    "no client credentials: pass --tls-cert FILE --tls-key FILE (mutual TLS) or "
+                    "--token-file FILE (bearer token)"
+                )
         return self
 
     def describe(self, role: str) -> str:
@@ -126,8 +138,9 @@ class Security:
             auth = "bearer tokens" if self.token_file else "no client authentication"
             return f"plaintext ({auth})"
         if role == "server":
-            auth = " and ".join(a for a, on in (("client certificates", self.ca), ("bearer tokens", self.token_file))
-                                if on)
+            auth = " and ".join(
+                a for a, on in (("client certificates", self.ca), ("bearer tokens", self.token_file)) if on
+            )
             return f"TLS, clients authenticated by {auth}"
         return "mutual TLS" if self.cert else "TLS with a bearer token"
 
@@ -137,13 +150,20 @@ class Security:
             log.info("connections: %s", self.describe(role))
             return
         if role == "server":
-            who = ("clients authenticate with bearer tokens, which travel unencrypted too" if self.token_file else
-                   "clients are not authenticated: anyone who reaches the port can join, push and read the run")
+            who = (
+                "clients authenticate with bearer tokens, which travel unencrypted too"
+                if self.token_file
+                else "clients are not authenticated: anyone who reaches the port can join, push and read the run"
+            )
         else:
-            who = "the coordinator is not authenticated" + (" and the token travels unencrypted" if self.token_file
-                                                             else "")
-        log.warning("WARNING: --insecure: plaintext gRPC, updates and models travel unencrypted, %s. "
-                    "Use only on a trusted network.", who)
+            who = "the coordinator is not authenticated" + (
+                " and the token travels unencrypted" if self.token_file else ""
+            )
+        log.warning(
+            "WARNING: --insecure: plaintext gRPC, updates and models travel unencrypted, %s. "
+            "Use only on a trusted network.",
+            who,
+        )
 
     # ---------------------------------------------------------------- credentials
 
@@ -153,8 +173,9 @@ class Security:
             return None
         pair = (Path(self.key).read_bytes(), Path(self.cert).read_bytes())
         if self.ca:
-            return grpc.ssl_server_credentials([pair], root_certificates=Path(self.ca).read_bytes(),
-                                               require_client_auth=True)
+            return grpc.ssl_server_credentials(
+                [pair], root_certificates=Path(self.ca).read_bytes(), require_client_auth=True
+            )
         return grpc.ssl_server_credentials([pair])
 
     def channel(self, target: str, options: list[tuple[str, object]]) -> grpc.Channel:
@@ -163,7 +184,8 @@ class Security:
         creds = grpc.ssl_channel_credentials(
             root_certificates=Path(self.ca).read_bytes(),
             private_key=Path(self.key).read_bytes() if self.key else None,
-            certificate_chain=Path(self.cert).read_bytes() if self.cert else None)
+            certificate_chain=Path(self.cert).read_bytes() if self.cert else None,
+        )
         if self.server_name:
             options = options + [("grpc.ssl_target_name_override", self.server_name)]
         return grpc.secure_channel(target, creds, options=options)
@@ -178,32 +200,58 @@ class Security:
 
 def add_security_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     """The same connection flags for ``lorm-server`` (role ``server``) and ``lorm-client`` (``client``)."""
-    g = parser.add_argument_group("connection security (TLS files default to $LORM_TLS_CA, $LORM_TLS_CERT, "
-                                  "$LORM_TLS_KEY, $LORM_TOKEN_FILE)")
+    g = parser.add_argument_group(
+        "connection security (TLS files default to $LORM_TLS_CA, $LORM_TLS_CERT, $LORM_TLS_KEY, $LORM_TOKEN_FILE)"
+    )
     peer = "client certificates (mutual TLS)" if role == "server" else "the coordinator's certificate"
-    g.add_argument("--tls-ca", default=os.environ.get(ENV["ca"], ""), metavar="FILE",
-                   help=f"CA certificate (PEM) that signs {peer}")
-    g.add_argument("--tls-cert", default=os.environ.get(ENV["cert"], ""), metavar="FILE",
-                   help="this side's certificate (PEM)")
-    g.add_argument("--tls-key", default=os.environ.get(ENV["key"], ""), metavar="FILE",
-                   help="this side's private key (PEM)")
-    g.add_argument("--token-file", default=os.environ.get(ENV["token_file"], ""), metavar="FILE",
-                   help="JSON {client_id: sha256 hex of its token}: clients authenticate with bearer tokens"
-                   if role == "server" else "file holding this client's bearer token")
+    g.add_argument(
+        "--tls-ca",
+        default=os.environ.get(ENV["ca"], ""),
+        metavar="FILE",
+        help=f"CA certificate (PEM) that signs {peer}",
+    )
+    g.add_argument(
+        "--tls-cert", default=os.environ.get(ENV["cert"], ""), metavar="FILE", help="this side's certificate (PEM)"
+    )
+    g.add_argument(
+        "--tls-key", default=os.environ.get(ENV["key"], ""), metavar="FILE", help="this side's private key (PEM)"
+    )
+    g.add_argument(
+        "--token-file",
+        default=os.environ.get(ENV["token_file"], ""),
+        metavar="FILE",
+        help="JSON {client_id: sha256 hex of its token}: clients authenticate with bearer tokens"
+        if role == "server"
+        else "file holding this client's bearer token",
+    )
     if role == "server":
-        g.add_argument("--allowed-clients", default="", metavar="IDS",
-                       help="comma-separated client ids admitted to the run (default: every id the CA or token "
-                            "file vouches for)")
+        g.add_argument(
+            "--allowed-clients",
+            default="",
+            metavar="IDS",
+            help="comma-separated client ids admitted to the run (default: every id the CA or token file vouches for)",
+        )
     else:
-        g.add_argument("--tls-server-name", default="", metavar="NAME",
-                       help="name to expect in the coordinator's certificate (default: the host in --server)")
-    g.add_argument("--insecure", action="store_true",
-                   help="plaintext connections (logged as a warning); only on a trusted network")
+        g.add_argument(
+            "--tls-server-name",
+            default="",
+            metavar="NAME",
+            help="name to expect in the coordinator's certificate (default: the host in --server)",
+        )
+    g.add_argument(
+        "--insecure", action="store_true", help="plaintext connections (logged as a warning); only on a trusted network"
+    )
 
 
 def security_from_args(args: argparse.Namespace, role: str) -> Security:
     """The checked settings from :func:`add_security_arguments`' flags; :class:`SecurityError` if unusable."""
     allowed = tuple(c.strip() for c in getattr(args, "allowed_clients", "").split(",") if c.strip())
-    return Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token_file=args.token_file,
-                    allowed_clients=allowed, server_name=getattr(args, "tls_server_name", ""),
-                    insecure=args.insecure).check(role)
+    return Security(
+        ca=args.tls_ca,
+        cert=args.tls_cert,
+        key=args.tls_key,
+        token_file=args.token_file,
+        allowed_clients=allowed,
+        server_name=getattr(args, "tls_server_name", ""),
+        insecure=args.insecure,
+    ).check(role)

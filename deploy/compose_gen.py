@@ -162,8 +162,13 @@ def compose(n: int) -> str:
     if n < 1:
         raise ValueError(f"--clients must be >= 1, got {n}")
     ids = ",".join(client_ids(n))
-    return (HEADER.format(n=n, ids=ids) + "".join(CLIENT.format(i=i) for i in range(n)) + "\n"
-            + FOOTER_VOLUMES + "".join(CLIENT_SECRETS.format(i=i) for i in range(n)))
+    return (
+        HEADER.format(n=n, ids=ids)
+        + "".join(CLIENT.format(i=i) for i in range(n))
+        + "\n"
+        + FOOTER_VOLUMES
+        + "".join(CLIENT_SECRETS.format(i=i) for i in range(n))
+    )
 
 
 def compose_gpu(n: int) -> str:

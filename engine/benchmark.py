@@ -79,8 +79,9 @@ def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
     with open(path) as f:
         values = json.load(f)
     if not isinstance(values, dict):
-        raise ValueError(f"--method-config {path}: expected a JSON object {{method: {{key: value}}}}, "
-                         f"got {type(values).__name__}")
+        raise ValueError(
+            f"--method-config {path}: expected a JSON object {{method: {{key: value}}}}, got {type(values).__name__}"
+        )
     for method, overrides in values.items():
         if method not in known_methods():
             raise ValueError(f"--method-config {path}: unknown method {method!r}; known: {known_methods()}")
@@ -105,8 +106,9 @@ def _beta_of(key: str, path: str) -> float:
         raise ValueError(f"--method-config {path}: expected 'beta=<number>', got {key!r}") from None
 
 
-def cell_config(base: RunConfig, method: str, beta: float, seed: int,
-                method_config: dict[str, dict[str, Any]]) -> RunConfig:
+def cell_config(
+    base: RunConfig, method: str, beta: float, seed: int, method_config: dict[str, dict[str, Any]]
+) -> RunConfig:
     """Base < the method's overrides < its overrides for ``beta`` < the grid's (strategy, beta, seed)."""
     values = json.loads(base.to_json())
     overrides = method_config.get(method, {})
@@ -123,8 +125,9 @@ def cell_config(base: RunConfig, method: str, beta: float, seed: int,
     return RunConfig.from_dict(values)
 
 
-def plan_grid(base: RunConfig, methods: list[str], betas: list[float], seeds: list[int],
-              method_config: dict[str, dict[str, Any]]) -> list[Cell]:
+def plan_grid(
+    base: RunConfig, methods: list[str], betas: list[float], seeds: list[int], method_config: dict[str, dict[str, Any]]
+) -> list[Cell]:
     return [Cell(m, b, s, cell_config(base, m, b, s, method_config)) for m in methods for b in betas for s in seeds]
 
 
@@ -185,8 +188,9 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
     sink = _LogSink(cell_dir / "log.txt")
     try:
         with _alarm(timeout_s):
-            result = run_inprocess(config, log=lambda line: sink.write(line + "\n"),
-                                   results_dir=cell_dir / "run" / "results")
+            result = run_inprocess(
+                config, log=lambda line: sink.write(line + "\n"), results_dir=cell_dir / "run" / "results"
+            )
         return result.summary()
     finally:
         sink.close()
@@ -201,8 +205,13 @@ def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) ->
     sink = _LogSink(cell_dir / "log.txt")
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            rc = launch(config_path, config.num_clients, run_dir / "state", run_dir / "results",
-                        timeout_s if timeout_s > 0 else 10 * 365 * 86400.0)
+            rc = launch(
+                config_path,
+                config.num_clients,
+                run_dir / "state",
+                run_dir / "results",
+                timeout_s if timeout_s > 0 else 10 * 365 * 86400.0,
+            )
     finally:
         sink.close()
     if rc != 0:
@@ -212,7 +221,9 @@ def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) ->
 
 
 RUNNERS: dict[str, Callable[[RunConfig, Path, float], dict]] = {
-    "inprocess": run_inprocess_cell, "distributed": run_distributed_cell}
+    "inprocess": run_inprocess_cell,
+    "distributed": run_distributed_cell,
+}
 
 
 def run_cell(cell: Cell, out: Path, mode: str, timeout_s: float, extra: dict) -> dict:
@@ -224,8 +235,16 @@ def run_cell(cell: Cell, out: Path, mode: str, timeout_s: float, extra: dict) ->
     start = time.perf_counter()
     summary = RUNNERS[mode](cell.config, cell_dir, timeout_s)
     wall = time.perf_counter() - start
-    metrics = {**summary, "method": cell.method, "beta": cell.beta, "seed": cell.seed, "mode": mode,
-               "wall_seconds": wall, "bytes_per_client": total_bytes(summary["history"]), **extra}
+    metrics = {
+        **summary,
+        "method": cell.method,
+        "beta": cell.beta,
+        "seed": cell.seed,
+        "mode": mode,
+        "wall_seconds": wall,
+        "bytes_per_client": total_bytes(summary["history"]),
+        **extra,
+    }
     write_metrics(cell_dir, metrics)
     (cell_dir / "error.txt").unlink(missing_ok=True)
     return metrics
@@ -246,14 +265,17 @@ def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
     return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
 
 
-def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: dict,
-             say: Callable[[str], None] = print) -> list[str]:
+def run_grid(
+    cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: dict, say: Callable[[str], None] = print
+) -> list[str]:
     """Run every unfinished cell in order; returns the names of the cells that failed."""
     failed: list[str] = []
     # Finished cells, to reuse for an identical configuration (e.g. joint at every beta): this
     # grid's and any other finished cell in the folder, from an earlier call with other methods or betas.
-    done: list[tuple[str, dict]] = [(str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
-                                    for path in sorted((out / "cells").glob("*/*/*/metrics.json"))]
+    done: list[tuple[str, dict]] = [
+        (str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
+        for path in sorted((out / "cells").glob("*/*/*/metrics.json"))
+    ]
     done = [(name, m) for name, m in done if "config" in m and "reused_from" not in m]
     ran_seconds: list[float] = []
     for i, cell in enumerate(cells, 1):
@@ -262,22 +284,24 @@ def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: d
         if path.exists():
             metrics = json.loads(path.read_text())
             changed = _config_changes(metrics.get("config", {}), cell.config)
-            note = (f"; WARNING: it ran with other values of {changed} than this grid would use "
-                    f"(delete its metrics.json to rerun it)" if changed else "")
+            note = (
+                f"; WARNING: it ran with other values of {changed} than this grid would use "
+                f"(delete its metrics.json to rerun it)"
+                if changed
+                else ""
+            )
             say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
             continue
         want = _comparable(json.loads(cell.config.to_json()))
-        twin = next(((name, m) for name, m in done if _comparable(m["config"]) == want and m.get("mode") == mode),
-                    None)
+        twin = next(((name, m) for name, m in done if _comparable(m["config"]) == want and m.get("mode") == mode), None)
         if twin is not None:
-            metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed,
-                       "reused_from": twin[0]}
+            metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
             write_metrics(cell.dir(out), metrics)
             say(f"{tag}: same run as {twin[0]}, reused (FAA {_pct(metrics.get('faa'))})")
             continue
         eta = ""
         if ran_seconds:
-            left = sum(1 for c in cells[i - 1:] if not (c.dir(out) / "metrics.json").exists())
+            left = sum(1 for c in cells[i - 1 :] if not (c.dir(out) / "metrics.json").exists())
             eta = f", about {_duration(left * sum(ran_seconds) / len(ran_seconds))} left for {left} cells"
         say(f"{tag}: running ({mode}){eta}")
         try:
@@ -286,14 +310,18 @@ def run_grid(cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: d
             cell.dir(out).mkdir(parents=True, exist_ok=True)
             (cell.dir(out) / "error.txt").write_text(traceback.format_exc())
             failed.append(cell.name)
-            say(f"{tag}: FAILED ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                f"see {cell.dir(out) / 'error.txt'}")
+            say(
+                f"{tag}: FAILED ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                f"see {cell.dir(out) / 'error.txt'}"
+            )
             continue
         ran_seconds.append(metrics["wall_seconds"])
         done.append((cell.name, metrics))
-        say(f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
+        say(
+            f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
             f"forgetting {_pct(metrics['forgetting'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent per client, "
-            f"{_duration(metrics['wall_seconds'])}")
+            f"{_duration(metrics['wall_seconds'])}"
+        )
     return failed
 
 
@@ -312,8 +340,15 @@ def machine_info() -> dict:
                 break
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {"system": f"{platform.system()} {platform.machine()}", "cpu": cpu, "cores": os.cpu_count(),
-            "usable_cores": usable, "gpu": gpu, "python": platform.python_version(), "torch": torch.__version__}
+    return {
+        "system": f"{platform.system()} {platform.machine()}",
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
 
 
 def _csv(text: str, cast: Callable[[str], Any], what: str) -> list:
@@ -334,14 +369,21 @@ def _csv(text: str, cast: Callable[[str], Any], what: str) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lorm-bench", description="Run a grid of methods x betas x seeds and "
-                                     "write the paper's kind of table (results.md, results.csv, plots).")
+    parser = argparse.ArgumentParser(
+        prog="lorm-bench",
+        description="Run a grid of methods x betas x seeds and "
+        "write the paper's kind of table (results.md, results.csv, plots).",
+    )
     add_config_arguments(parser)
     parser.add_argument("--methods", default="lorm", help=f"comma list of methods: {', '.join(known_methods())}")
     parser.add_argument("--betas", default="", help="comma list of Dirichlet betas (default: the config's beta)")
     parser.add_argument("--seeds", default="", help="comma list of seeds (default: the config's seed)")
-    parser.add_argument("--mode", choices=sorted(RUNNERS), default="inprocess",
-                        help="inprocess: the in-process engine; distributed: coordinator + client processes")
+    parser.add_argument(
+        "--mode",
+        choices=sorted(RUNNERS),
+        default="inprocess",
+        help="inprocess: the in-process engine; distributed: coordinator + client processes",
+    )
     parser.add_argument("--out", required=True, help="the grid's folder (cells/, results.md, results.csv, plots)")
     parser.add_argument("--method-config", default="", help='JSON {method: {key: value, "beta=<b>": {key: value}}}')
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds one cell may take (0: no limit)")
@@ -382,14 +424,26 @@ def main(argv: list[str] | None = None) -> int:
         cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
     except (ValueError, OSError) as err:
         parser.error(str(err))
-    print(f"lorm-bench: {len(cells)} cells ({len(methods)} methods x {len(betas)} betas x {len(seeds)} seeds), "
-          f"{args.mode}, dataset {base.dataset}, into {out}", flush=True)
+    print(
+        f"lorm-bench: {len(cells)} cells ({len(methods)} methods x {len(betas)} betas x {len(seeds)} seeds), "
+        f"{args.mode}, dataset {base.dataset}, into {out}",
+        flush=True,
+    )
     start = time.perf_counter()
-    failed = run_grid(cells, out, args.mode, args.timeout, {"command": command, "machine": machine},
-                      say=lambda line: print(line, flush=True))
+    failed = run_grid(
+        cells,
+        out,
+        args.mode,
+        args.timeout,
+        {"command": command, "machine": machine},
+        say=lambda line: print(line, flush=True),
+    )
     write_report(out, command, machine)
-    print(f"lorm-bench: grid done in {_duration(time.perf_counter() - start)}; wrote {out / 'results.md'}, "
-          f"{out / 'results.csv'}, {out / 'faa.png'}", flush=True)
+    print(
+        f"lorm-bench: grid done in {_duration(time.perf_counter() - start)}; wrote {out / 'results.md'}, "
+        f"{out / 'results.csv'}, {out / 'faa.png'}",
+        flush=True,
+    )
     if failed:
         print(f"lorm-bench: {len(failed)} cell(s) failed: {', '.join(failed)}", file=sys.stderr, flush=True)
         return 1

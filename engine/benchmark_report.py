@@ -21,18 +21,54 @@ def _by_beta(dataset: str, betas: tuple[float, ...], faa: dict[str, tuple[float,
 # The paper's FAA (%), keyed by (config.dataset, method, beta); beta None: every beta (docs/METHOD.md §7).
 PAPER_FAA: dict[tuple[str, str, float | None], float] = {
     ("clinc150", JOINT, None): 95.53,
-    **_by_beta("clinc150", (1.0, 0.5, 0.2), {"lorm": (84.78, 82.58, 77.67), "regmean": (74.16, 74.80, 70.78),
-                                             "ties": (58.84, 54.13, 47.71), "ccvr": (39.18, 38.13, 30.36)}),
+    **_by_beta(
+        "clinc150",
+        (1.0, 0.5, 0.2),
+        {
+            "lorm": (84.78, 82.58, 77.67),
+            "regmean": (74.16, 74.80, 70.78),
+            "ties": (58.84, 54.13, 47.71),
+            "ccvr": (39.18, 38.13, 30.36),
+        },
+    ),
     **_by_beta("cifar100", (0.5, 0.1, 0.05), {"lorm": (86.95, 81.75, 82.76)}),
     # The ablation table: ImageNet-R at beta 0.5, EuroSAT at beta 1.0.
-    **_by_beta("imagenet-r", (0.5,), {"fedavg": (57.65,), "fedavg-lora": (57.00,), "regmean": (61.18,),
-                                      "lorm-avg-tasks": (75.08,), "lorm": (75.62,)}),
-    **_by_beta("eurosat", (1.0,), {"fedavg": (41.04,), "fedavg-lora": (53.14,), "regmean": (48.74,),
-                                   "lorm-avg-tasks": (71.40,), "lorm": (77.37,)}),
+    **_by_beta(
+        "imagenet-r",
+        (0.5,),
+        {
+            "fedavg": (57.65,),
+            "fedavg-lora": (57.00,),
+            "regmean": (61.18,),
+            "lorm-avg-tasks": (75.08,),
+            "lorm": (75.62,),
+        },
+    ),
+    **_by_beta(
+        "eurosat",
+        (1.0,),
+        {
+            "fedavg": (41.04,),
+            "fedavg-lora": (53.14,),
+            "regmean": (48.74,),
+            "lorm-avg-tasks": (71.40,),
+            "lorm": (77.37,),
+        },
+    ),
 }
 # Row order of the tables: the upper bound, the baselines, then LoRM's variants.
-METHOD_ORDER = (JOINT, "fedavg", "fedavg-lora", "fisheravg", "regmean", "ties", "ccvr", "lorm-b-only",
-                "lorm-avg-tasks", "lorm")
+METHOD_ORDER = (
+    JOINT,
+    "fedavg",
+    "fedavg-lora",
+    "fisheravg",
+    "regmean",
+    "ties",
+    "ccvr",
+    "lorm-b-only",
+    "lorm-avg-tasks",
+    "lorm",
+)
 
 
 def paper_faa(dataset: str, method: str, beta: float) -> float | None:
@@ -108,12 +144,21 @@ def summarize(cells: list[dict]) -> list[Row]:
     rows = []
     for (dataset, method, beta), group in _groups(cells).items():
         faa = [_number(c["faa"]) for c in group]
-        rows.append(Row(dataset, method, beta, len(group), _mean(faa),
-                        statistics.stdev(faa) if len(faa) > 1 else None,
-                        _mean([_number(c["faa_weighted"]) for c in group]),
-                        _mean([_number(c["forgetting"]) for c in group]),
-                        _mean([float(c["bytes_per_client"]) for c in group]),
-                        _mean([float(c["wall_seconds"]) for c in group]), paper_faa(dataset, method, beta)))
+        rows.append(
+            Row(
+                dataset,
+                method,
+                beta,
+                len(group),
+                _mean(faa),
+                statistics.stdev(faa) if len(faa) > 1 else None,
+                _mean([_number(c["faa_weighted"]) for c in group]),
+                _mean([_number(c["forgetting"]) for c in group]),
+                _mean([float(c["bytes_per_client"]) for c in group]),
+                _mean([float(c["wall_seconds"]) for c in group]),
+                paper_faa(dataset, method, beta),
+            )
+        )
     return rows
 
 
@@ -136,8 +181,10 @@ def _distinct(values: list[str]) -> list[str]:
 
 
 def _machine_line(machine: dict) -> str:
-    return (f"{machine['system']}, {machine['cpu']}, {machine['cores']} CPU cores ({machine['usable_cores']} usable), "
-            f"GPU: {machine['gpu']}; Python {machine['python']}, torch {machine['torch']}")
+    return (
+        f"{machine['system']}, {machine['cpu']}, {machine['cores']} CPU cores ({machine['usable_cores']} usable), "
+        f"GPU: {machine['gpu']}; Python {machine['python']}, torch {machine['torch']}"
+    )
 
 
 def _faa_text(row: Row) -> str:
@@ -150,9 +197,12 @@ def _pivot(rows: list[Row]) -> list[str]:
     for dataset in _distinct([r.dataset for r in rows]):
         mine = [r for r in rows if r.dataset == dataset]
         betas = sorted({r.beta for r in mine}, reverse=True)
-        lines += [f"FAA (%) on {dataset}, mean ± std over seeds [paper]:", "",
-                  "| method | " + " | ".join(f"beta={b}" for b in betas) + " |",
-                  "|---|" + "---|" * len(betas)]
+        lines += [
+            f"FAA (%) on {dataset}, mean ± std over seeds [paper]:",
+            "",
+            "| method | " + " | ".join(f"beta={b}" for b in betas) + " |",
+            "|---|" + "---|" * len(betas),
+        ]
         for method in sorted({r.method for r in mine}, key=_order):
             cells = []
             for b in betas:
@@ -178,21 +228,28 @@ def markdown(rows: list[Row], cells: list[dict], failed: list[tuple[str, str]], 
     lines += [f"- Machine: {m}" for m in machines or [_machine_line(machine)]]
     lines += [f"- Mode: {modes}. Finished cells: {len(cells)}; failed: {len(failed)}.", ""]
     lines += _pivot(rows)
-    lines += ["| dataset | method | beta | FAA (%) | paper FAA (%) | FAA weighted (%) | forgetting (%) "
-              "| sent per client (MB) | wall time | seeds |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| dataset | method | beta | FAA (%) | paper FAA (%) | FAA weighted (%) | forgetting (%) "
+        "| sent per client (MB) | wall time | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         faa = _faa_text(r)
         paper = "-" if r.paper_faa is None else f"{r.paper_faa:.2f}"
-        lines.append(f"| {r.dataset} | {r.method} | {r.beta} | {faa} | {paper} | {r.faa_weighted_mean:.2f} "
-                     f"| {r.forgetting_mean:.2f} | {r.bytes_per_client_mean / 1e6:.3f} "
-                     f"| {_duration(r.wall_seconds_mean)} | {r.seeds} |")
-    lines += ["", "FAA: the paper's final average accuracy, the mean over tasks of the accuracy on each after the "
-              "last task; mean ± sample standard deviation over seeds. FAA weighted: accuracy over all test samples "
-              "after the last task (the reference code's figure). Forgetting: mean over earlier tasks of the best "
-              "accuracy minus the final one. Sent per client: tensor payload bytes one client uploads over the "
-              "whole run (1 MB = 10^6 bytes). Wall time: mean per run. `joint`: LoRM with one client holding all "
-              "data and one task with all classes (the upper bound)."]
+        lines.append(
+            f"| {r.dataset} | {r.method} | {r.beta} | {faa} | {paper} | {r.faa_weighted_mean:.2f} "
+            f"| {r.forgetting_mean:.2f} | {r.bytes_per_client_mean / 1e6:.3f} "
+            f"| {_duration(r.wall_seconds_mean)} | {r.seeds} |"
+        )
+    lines += [
+        "",
+        "FAA: the paper's final average accuracy, the mean over tasks of the accuracy on each after the "
+        "last task; mean ± sample standard deviation over seeds. FAA weighted: accuracy over all test samples "
+        "after the last task (the reference code's figure). Forgetting: mean over earlier tasks of the best "
+        "accuracy minus the final one. Sent per client: tensor payload bytes one client uploads over the "
+        "whole run (1 MB = 10^6 bytes). Wall time: mean per run. `joint`: LoRM with one client holding all "
+        "data and one task with all classes (the upper bound).",
+    ]
     if failed:
         lines += ["", "Failed cells (no result; rerun the grid to retry them):", ""]
         lines += [f"- `{name}`: {error}" for name, error in failed]
@@ -220,12 +277,19 @@ def plot_faa(rows: list[Row], path: Path) -> None:
         mine = {r.beta: r for r in rows if r.method == method}
         xs = [i + (k - (len(methods) - 1) / 2) * width for i, b in enumerate(betas) if b in mine]
         ours = [mine[b] for b in betas if b in mine]
-        ax.bar(xs, [r.faa_mean for r in ours], width, yerr=[r.faa_std or 0.0 for r in ours], capsize=3,
-               label=method)
+        ax.bar(xs, [r.faa_mean for r in ours], width, yerr=[r.faa_std or 0.0 for r in ours], capsize=3, label=method)
         known = [(x, r.paper_faa) for x, r in zip(xs, ours) if r.paper_faa is not None]
         if known:
-            ax.scatter([x for x, _ in known], [p for _, p in known], marker="D", color="red",
-                       edgecolors="black", zorder=3, s=36, label=None if paper_labelled else "paper")
+            ax.scatter(
+                [x for x, _ in known],
+                [p for _, p in known],
+                marker="D",
+                color="red",
+                edgecolors="black",
+                zorder=3,
+                s=36,
+                label=None if paper_labelled else "paper",
+            )
             paper_labelled = True
     ax.set_xticks(range(len(betas)))
     ax.set_xticklabels([f"beta={b}" for b in betas])

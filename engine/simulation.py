@@ -38,8 +38,12 @@ class RunResult:
     history: list[dict] = field(default_factory=list)  # one entry per step
 
     def summary(self) -> dict:
-        return {"config": json.loads(self.config.to_json()), "seconds": self.seconds,
-                "history": self.history, **self.matrix.summary()}
+        return {
+            "config": json.loads(self.config.to_json()),
+            "seconds": self.seconds,
+            "history": self.history,
+            **self.matrix.summary(),
+        }
 
 
 def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str | Path | None = None) -> RunResult:
@@ -61,14 +65,21 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
                 assert isinstance(update, ClientUpdate)
                 aggregator.fold(update)
             strategy.aggregate(plan, aggregator)
-            entry = {"task": task, "round": round_, "phase": phase.value,
-                     "factors": "".join(plan.train_factors), "loss": aggregator.mean_loss,
-                     "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1)}
+            entry = {
+                "task": task,
+                "round": round_,
+                "phase": phase.value,
+                "factors": "".join(plan.train_factors),
+                "loss": aggregator.mean_loss,
+                "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1),
+            }
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)
-            log(f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
-                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}")
+            log(
+                f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
+                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}"
+            )
         plan = strategy.eval_plan(task)
         for worker in workers:
             report = worker.handle(plan)
@@ -78,22 +89,37 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
         if reporter:
             reporter.step(len(history) - 1, history[-1])
         log(f"task {task} evaluated: " + " ".join(f"{a:.2f}" for a in acc))
-    result = RunResult(config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b,
-                       time.perf_counter() - start, history)
+    result = RunResult(
+        config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b, time.perf_counter() - start, history
+    )
     if reporter:
-        reporter.finish(config, runtime.spec, result.adapter, result.head_weight, result.head_bias, result.summary(),
-                        strategy.dense_delta())
+        reporter.finish(
+            config,
+            runtime.spec,
+            result.adapter,
+            result.head_weight,
+            result.head_bias,
+            result.summary(),
+            strategy.dense_delta(),
+        )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a federated class-incremental experiment in one process.",
-                                     epilog=overview(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Run a federated class-incremental experiment in one process.",
+        epilog=overview(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_arguments(parser)
     parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
-    parser.add_argument("--describe", metavar="METHOD", default="",
-                        help="print a method's halves and typed settings (defaults, help), or a settings "
-                             "section's (data, model), and exit")
+    parser.add_argument(
+        "--describe",
+        metavar="METHOD",
+        default="",
+        help="print a method's halves and typed settings (defaults, help), or a settings "
+        "section's (data, model), and exit",
+    )
     args = parser.parse_args(argv)
     if args.describe:
         try:
@@ -105,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
-    result = run_inprocess(config, log=lambda s: print(s, flush=True),
-                           results_dir=args.results_dir or None)
+    result = run_inprocess(config, log=lambda s: print(s, flush=True), results_dir=args.results_dir or None)
     print(format_summary(result.summary()))
     return 0
 

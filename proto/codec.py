@@ -27,11 +27,36 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
-from common.messages import (ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, PullQuery, PushEnvelope, RoundPlan,
-                             Wait)
-from common.tensors import (DEFAULT_MAX_TOTAL_BYTES, DELTA, EXTRA, HEAD_BIAS, HEAD_WEIGHT, LORA, PARTS, PLAN_HEAD,
-                            PLAN_KINDS, UPDATE_FIELDS, UPDATE_HEAD, WireError, parse_tensor_name, tensor_name,
-                            update_from_tensors, update_tensors)
+from common.messages import (
+    ClientUpdate,
+    EvalReport,
+    GramKind,
+    LowRank,
+    Mode,
+    Phase,
+    PullQuery,
+    PushEnvelope,
+    RoundPlan,
+    Wait,
+)
+from common.tensors import (
+    DEFAULT_MAX_TOTAL_BYTES,
+    DELTA,
+    EXTRA,
+    HEAD_BIAS,
+    HEAD_WEIGHT,
+    LORA,
+    PARTS,
+    PLAN_HEAD,
+    PLAN_KINDS,
+    UPDATE_FIELDS,
+    UPDATE_HEAD,
+    WireError,
+    parse_tensor_name,
+    tensor_name,
+    update_from_tensors,
+    update_tensors,
+)
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
@@ -102,9 +127,7 @@ def tensor_header(name: str, tensor: Tensor) -> pb.TensorHeader:
     return _encode(name, tensor)[0]
 
 
-def tensor_chunks(
-    name: str, tensor: Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Iterator[pb.TensorChunk]:
+def tensor_chunks(name: str, tensor: Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
     """The tensor's bytes as chunks of at most ``chunk_bytes``; none for an empty tensor."""
     _check_chunk_bytes(chunk_bytes)
     return _raw_chunks(name, _raw_bytes(name, tensor), chunk_bytes)
@@ -134,9 +157,7 @@ class TensorAssembler:
     once, in a bytearray the returned tensor shares.
     """
 
-    def __init__(
-        self, headers: Iterable[pb.TensorHeader], *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
-    ) -> None:
+    def __init__(self, headers: Iterable[pb.TensorHeader], *, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES) -> None:
         self._slots: dict[str, _Slot] = {}
         total = 0
         for header in headers:
@@ -451,9 +472,7 @@ def update_from_proto(
     """
     env, stream = _open_stream(messages, "envelope")
     _non_empty(run_id=env.run_id, client_id=env.client_id, idempotency_key=env.idempotency_key)
-    _non_negative(
-        client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples
-    )
+    _non_negative(client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples)
     _check_names(env.tensors, tuple(UPDATE_FIELDS), head=tuple(name.split("/")[1] for name in UPDATE_HEAD))
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
@@ -473,8 +492,16 @@ def update_from_proto(
         on_envelope(envelope)
     tensors = _receive(assembler, stream, "envelope")
     update = update_from_tensors(
-        tensors, run_id=env.run_id, client_id=env.client_id, client_index=env.client_index, task=env.task,
-        round=env.round, phase=envelope.phase, num_samples=env.num_samples, train_loss=env.train_loss)
+        tensors,
+        run_id=env.run_id,
+        client_id=env.client_id,
+        client_index=env.client_index,
+        task=env.task,
+        round=env.round,
+        phase=envelope.phase,
+        num_samples=env.num_samples,
+        train_loss=env.train_loss,
+    )
     return envelope, update
 
 
@@ -496,9 +523,7 @@ def eval_to_proto(report: EvalReport, idempotency_key: str) -> pb.EvalReport:
 
 def eval_from_proto(message: pb.EvalReport) -> tuple[str, EvalReport]:
     """Inverse of :func:`eval_to_proto`: ``(idempotency_key, report)``."""
-    _non_empty(
-        run_id=message.run_id, client_id=message.client_id, idempotency_key=message.idempotency_key
-    )
+    _non_empty(run_id=message.run_id, client_id=message.client_id, idempotency_key=message.idempotency_key)
     _non_negative(client_index=message.client_index, task=message.task)
     correct, total = list(message.correct), list(message.total)
     for field, counts in (("correct", correct), ("total", total)):
@@ -507,7 +532,5 @@ def eval_from_proto(message: pb.EvalReport) -> tuple[str, EvalReport]:
     for j, (c, t) in enumerate(zip(correct, total)):
         if not 0 <= c <= t:
             raise WireError("correct", f"expected 0 <= correct <= total for task {j}, got {c} of {t}")
-    report = EvalReport(
-        message.run_id, message.client_id, message.client_index, message.task, correct, total
-    )
+    report = EvalReport(message.run_id, message.client_id, message.client_index, message.task, correct, total)
     return message.idempotency_key, report

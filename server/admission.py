@@ -43,8 +43,10 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.per_client < 1 or self.reserve < 1 or not self.idle_s > 0:
-            raise ValueError(f"admission limits must be positive, got per_client {self.per_client}, "
-                             f"reserve {self.reserve}, idle_s {self.idle_s}")
+            raise ValueError(
+                f"admission limits must be positive, got per_client {self.per_client}, "
+                f"reserve {self.reserve}, idle_s {self.idle_s}"
+            )
 
 
 class Busy(Exception):
@@ -66,11 +68,14 @@ class CallLimiter:
     def slot(self, caller: str) -> Iterator[None]:
         with self._lock:
             if self._by_caller[caller] >= self.limits.per_client:
-                raise Busy(f"caller {caller!r} already has {self._by_caller[caller]} calls in progress "
-                           f"(limit {self.limits.per_client}); retry after one of them ends")
+                raise Busy(
+                    f"caller {caller!r} already has {self._by_caller[caller]} calls in progress "
+                    f"(limit {self.limits.per_client}); retry after one of them ends"
+                )
             if self._active >= self.max_active:
-                raise Busy(f"the coordinator has {self._active} calls in progress (limit {self.max_active}); "
-                           "retry later")
+                raise Busy(
+                    f"the coordinator has {self._active} calls in progress (limit {self.max_active}); retry later"
+                )
             self._by_caller[caller] += 1
             self._active += 1
         try:
@@ -132,14 +137,17 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
         if handler is None or not handler_call_details.method.startswith(self.prefix):
             return handler
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary),
-                                                       handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._unary_stream(handler.unary_stream),
-                                                        handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(
+                self._unary_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
         if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._stream_unary(handler.stream_unary),
-                                                        handler.request_deserializer, handler.response_serializer)
+            return grpc.stream_unary_rpc_method_handler(
+                self._stream_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
         raise ValueError(f"{handler_call_details.method}: bidirectional streams are not admitted")
 
     @contextmanager
@@ -160,6 +168,7 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
         def handle(request, context):
             with self._admitted(context):
                 return behavior(request, context)
+
         return handle
 
     def _unary_stream(self, behavior: Callable) -> Callable:
@@ -172,6 +181,7 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
                         dog.feed()
                 finally:
                     dog.stop()
+
         return handle
 
     def _stream_unary(self, behavior: Callable) -> Callable:
@@ -182,4 +192,5 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
                     return behavior(_fed(request_iterator, dog), context)
                 finally:
                     dog.stop()
+
         return handle

@@ -19,8 +19,11 @@ log = logging.getLogger("lorm.server.auth")
 
 def certificate_identity(auth_context: dict[str, list[bytes]]) -> str | None:
     """The client id in a verified peer certificate: its ``lorm-client://<id>`` SAN URI, else its CN."""
-    uris = {v.decode()[len(CLIENT_URI_SCHEME):] for v in auth_context.get("x509_subject_alternative_name", [])
-            if v.decode().startswith(CLIENT_URI_SCHEME)}
+    uris = {
+        v.decode()[len(CLIENT_URI_SCHEME) :]
+        for v in auth_context.get("x509_subject_alternative_name", [])
+        if v.decode().startswith(CLIENT_URI_SCHEME)
+    }
     if len(uris) > 1:
         return None  # a certificate for several clients identifies none of them
     if uris:
@@ -32,7 +35,7 @@ def certificate_identity(auth_context: dict[str, list[bytes]]) -> str | None:
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
     for key, value in metadata or ():
         if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            return value[len("Bearer "):].strip() or None
+            return value[len("Bearer ") :].strip() or None
     return None
 
 
@@ -64,8 +67,12 @@ class Authenticator:
         if self.by_certificate:
             who = certificate_identity(context.auth_context())
             if who is None:
-                _refuse(context, grpc.StatusCode.UNAUTHENTICATED, "no client identity: the call needs a client "
-                        f"certificate with a SAN URI {CLIENT_URI_SCHEME}<client_id> (or a CN) from the run's CA")
+                _refuse(
+                    context,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "no client identity: the call needs a client "
+                    f"certificate with a SAN URI {CLIENT_URI_SCHEME}<client_id> (or a CN) from the run's CA",
+                )
         if self.by_digest:
             token = bearer_token(context.invocation_metadata())
             if token is None:
@@ -74,8 +81,11 @@ class Authenticator:
             if holder is None:
                 _refuse(context, grpc.StatusCode.UNAUTHENTICATED, "unknown bearer token")
             if who is not None and who != holder:
-                _refuse(context, grpc.StatusCode.PERMISSION_DENIED,
-                        f"the certificate names client {who!r} but the token belongs to {holder!r}")
+                _refuse(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"the certificate names client {who!r} but the token belongs to {holder!r}",
+                )
             who = holder
         if self.allowed and who not in self.allowed:
             _refuse(context, grpc.StatusCode.PERMISSION_DENIED, f"client {who!r} is not admitted to this run")
@@ -85,8 +95,11 @@ class Authenticator:
         """Abort with PERMISSION_DENIED unless the caller is ``client_id`` (a client acts only as itself)."""
         who = self.identity(context)
         if who is not None and who != client_id:
-            _refuse(context, grpc.StatusCode.PERMISSION_DENIED,
-                    f"authenticated as client {who!r}, but the call is for client_id {client_id!r}")
+            _refuse(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"authenticated as client {who!r}, but the call is for client_id {client_id!r}",
+            )
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
@@ -99,14 +112,19 @@ class AuthInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self.prefix) or not self.auth.required:
             return handler
-        for kind, factory in (("unary_unary", grpc.unary_unary_rpc_method_handler),
-                              ("unary_stream", grpc.unary_stream_rpc_method_handler),
-                              ("stream_unary", grpc.stream_unary_rpc_method_handler),
-                              ("stream_stream", grpc.stream_stream_rpc_method_handler)):
+        for kind, factory in (
+            ("unary_unary", grpc.unary_unary_rpc_method_handler),
+            ("unary_stream", grpc.unary_stream_rpc_method_handler),
+            ("stream_unary", grpc.stream_unary_rpc_method_handler),
+            ("stream_stream", grpc.stream_stream_rpc_method_handler),
+        ):
             behavior = getattr(handler, kind)
             if behavior is not None:
-                return factory(self._guard(behavior), request_deserializer=handler.request_deserializer,
-                               response_serializer=handler.response_serializer)
+                return factory(
+                    self._guard(behavior),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
         return handler
 
     def _guard(self, behavior: Callable) -> Callable:

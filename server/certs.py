@@ -72,31 +72,53 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "LoRM development"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "LoRM development"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _builder(subject: str, issuer: x509.Name, key, days: int) -> x509.CertificateBuilder:
     now = dt.datetime.now(dt.timezone.utc)
-    return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate clocks a little behind
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate clocks a little behind
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
 
 
 def _leaf(subject: str, sans: list[x509.GeneralName], usage, ca_cert: x509.Certificate, ca_key, days: int):
     key = _key()
-    cert = (_builder(subject, ca_cert.subject, key, days)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                         data_encipherment=False, key_agreement=True, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            # One purpose per certificate: a client's certificate cannot serve, nor the coordinator's act as a client.
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        _builder(subject, ca_cert.subject, key, days)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        # One purpose per certificate: a client's certificate cannot serve, nor the coordinator's act as a client.
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -118,12 +140,19 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
-def create_dev_pki(out: Path | str, client_ids: list[str], hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                   days: int = 365, tokens: bool = False, force: bool = False) -> Pki:
+def create_dev_pki(
+    out: Path | str,
+    client_ids: list[str],
+    hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
+    days: int = 365,
+    tokens: bool = False,
+    force: bool = False,
+) -> Pki:
     """Write a development CA, a coordinator certificate for ``hosts`` and one certificate per client.
 
     Refuses (``FileExistsError``) to replace any existing file unless ``force``.
@@ -131,8 +160,10 @@ def create_dev_pki(out: Path | str, client_ids: list[str], hosts: tuple[str, ...
     pki = Pki(Path(out))
     bad = [c for c in client_ids if not CLIENT_ID.match(c)]
     if bad:
-        raise ValueError(f"client ids must be 1-64 characters of letters, digits, '.', '_', '-' starting with a "
-                         f"letter or digit; got {bad}")
+        raise ValueError(
+            f"client ids must be 1-64 characters of letters, digits, '.', '_', '-' starting with a "
+            f"letter or digit; got {bad}"
+        )
     if len(set(client_ids)) != len(client_ids):
         raise ValueError(f"client ids must be distinct, got {client_ids}")
     if not hosts:
@@ -146,24 +177,44 @@ def create_dev_pki(out: Path | str, client_ids: list[str], hosts: tuple[str, ...
         raise FileExistsError(f"refusing to overwrite {', '.join(existing)} (pass --force to replace them)")
 
     ca_key = _key()
-    ca_cert = (_builder("LoRM development CA", _name("LoRM development CA"), ca_key, days)
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=False, key_encipherment=False, content_commitment=False,
-                                            data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                            crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-               .sign(ca_key, hashes.SHA256()))
+    ca_cert = (
+        _builder("LoRM development CA", _name("LoRM development CA"), ca_key, days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     _write(pki.out / "ca.key", _pem_key(ca_key), private=True)
     _write(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
 
-    key, cert = _leaf("lorm-coordinator", [_host_name(h) for h in hosts], ExtendedKeyUsageOID.SERVER_AUTH,
-                      ca_cert, ca_key, days)
+    key, cert = _leaf(
+        "lorm-coordinator", [_host_name(h) for h in hosts], ExtendedKeyUsageOID.SERVER_AUTH, ca_cert, ca_key, days
+    )
     _write(pki.server_key, _pem_key(key), private=True)
     _write(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
 
     digests = {}
     for c in client_ids:
-        key, cert = _leaf(c, [x509.UniformResourceIdentifier(f"{CLIENT_URI_SCHEME}{c}")],
-                          ExtendedKeyUsageOID.CLIENT_AUTH, ca_cert, ca_key, days)
+        key, cert = _leaf(
+            c,
+            [x509.UniformResourceIdentifier(f"{CLIENT_URI_SCHEME}{c}")],
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            ca_cert,
+            ca_key,
+            days,
+        )
         _write(pki.client_key(c), _pem_key(key), private=True)
         _write(pki.client_cert(c), cert.public_bytes(serialization.Encoding.PEM), private=False)
         if tokens:
@@ -176,38 +227,61 @@ def create_dev_pki(out: Path | str, client_ids: list[str], hosts: tuple[str, ...
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lorm-certs", description="Create a development CA, a coordinator "
-                                     "certificate and one certificate (and optionally a token) per client.")
+    parser = argparse.ArgumentParser(
+        prog="lorm-certs",
+        description="Create a development CA, a coordinator "
+        "certificate and one certificate (and optionally a token) per client.",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--clients", default="", help="comma-separated client ids, e.g. site-a,site-b")
-    who.add_argument("--num-clients", type=int, default=0, help="client ids client-0 .. client-(N-1) "
-                                                                 "(what lorm-launch uses)")
-    parser.add_argument("--hosts", default="localhost,127.0.0.1",
-                        help="comma-separated names and IP addresses clients dial the coordinator by")
+    who.add_argument(
+        "--num-clients", type=int, default=0, help="client ids client-0 .. client-(N-1) (what lorm-launch uses)"
+    )
+    parser.add_argument(
+        "--hosts",
+        default="localhost,127.0.0.1",
+        help="comma-separated names and IP addresses clients dial the coordinator by",
+    )
     parser.add_argument("--days", type=int, default=365, help="validity of every certificate")
-    parser.add_argument("--tokens", action="store_true", help="also write a bearer token per client and the "
-                                                              "coordinator's tokens.json (for TLS ending at a proxy)")
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="also write a bearer token per client and the coordinator's tokens.json (for TLS ending at a proxy)",
+    )
     parser.add_argument("--force", action="store_true", help="replace existing files")
     args = parser.parse_args(argv)
-    ids = ([c.strip() for c in args.clients.split(",") if c.strip()] if args.clients
-           else [f"client-{i}" for i in range(args.num_clients)])
+    ids = (
+        [c.strip() for c in args.clients.split(",") if c.strip()]
+        if args.clients
+        else [f"client-{i}" for i in range(args.num_clients)]
+    )
     if not ids:
         parser.error("no client ids: pass --clients ID,ID,... or --num-clients N (N > 0)")
     try:
-        pki = create_dev_pki(args.out, ids, tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
-                             days=args.days, tokens=args.tokens, force=args.force)
+        pki = create_dev_pki(
+            args.out,
+            ids,
+            tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
+            days=args.days,
+            tokens=args.tokens,
+            force=args.force,
+        )
     except (FileExistsError, ValueError) as err:
         print(f"lorm-certs: {err}", file=sys.stderr)
         return 2
-    print(f"lorm-certs: wrote a development CA, the coordinator's certificate and {len(ids)} client "
-          f"certificate(s) to {pki.out}")
+    print(
+        f"lorm-certs: wrote a development CA, the coordinator's certificate and {len(ids)} client "
+        f"certificate(s) to {pki.out}"
+    )
     print(f"  coordinator: --tls-ca {pki.ca} --tls-cert {pki.server_cert} --tls-key {pki.server_key}")
-    print(f"  client {ids[0]}: --tls-ca {pki.ca} --tls-cert {pki.client_cert(ids[0])} "
-          f"--tls-key {pki.client_key(ids[0])}")
+    print(
+        f"  client {ids[0]}: --tls-ca {pki.ca} --tls-cert {pki.client_cert(ids[0])} --tls-key {pki.client_key(ids[0])}"
+    )
     if args.tokens:
-        print(f"  tokens: coordinator --token-file {pki.tokens}; client {ids[0]} --token-file "
-              f"{pki.client_token(ids[0])}")
+        print(
+            f"  tokens: coordinator --token-file {pki.tokens}; client {ids[0]} --token-file {pki.client_token(ids[0])}"
+        )
     return 0
 
 

@@ -46,8 +46,11 @@ def check_step(open_step: tuple[int, int, Phase], task: int, round_: int, phase:
     """A submission must be for the open step ``(task, round, phase)``."""
     if (task, round_, phase) != open_step:
         t, r, p = open_step
-        raise Refused("FAILED_PRECONDITION", f"stale or early submission: the open step is task {t} round {r} "
-                                             f"{p.value}, got task {task} round {round_} {phase.value}")
+        raise Refused(
+            "FAILED_PRECONDITION",
+            f"stale or early submission: the open step is task {t} round {r} "
+            f"{p.value}, got task {task} round {round_} {phase.value}",
+        )
 
 
 def sample_bounds(config: RunConfig, options: Options, class_range: tuple[int, int]) -> tuple[int, int]:
@@ -75,8 +78,10 @@ def check_counts(report: EvalReport, config: RunConfig, options: Options, tasks:
             lo, hi = tasks[j]
             cap = min(cap, config.test_per_class * (hi - lo))
         if not 0 <= c <= t <= cap:
-            raise Refused("INVALID_ARGUMENT", f"correct/total: expected 0 <= correct <= total <= {cap} for task "
-                                              f"{j}, got {c} of {t}")
+            raise Refused(
+                "INVALID_ARGUMENT",
+                f"correct/total: expected 0 <= correct <= total <= {cap} for task {j}, got {c} of {t}",
+            )
 
 
 def admit_spec(spec: ModelSpec, config: RunConfig, options: Options, what: str) -> None:
@@ -86,16 +91,21 @@ def admit_spec(spec: ModelSpec, config: RunConfig, options: Options, what: str) 
     largest = max([*dims, spec.feature_dim, spec.num_classes])
     need = spec.state_bytes(config.rank, full_grams=config.gamma_backbone > 0)
     if tensors > options.max_model_tensors:
-        raise Refused("INVALID_ARGUMENT", f"{what}: {tensors} layers and parameters, over the cap of "
-                                          f"{options.max_model_tensors}")
+        raise Refused(
+            "INVALID_ARGUMENT", f"{what}: {tensors} layers and parameters, over the cap of {options.max_model_tensors}"
+        )
     if largest > options.max_model_dim:
         raise Refused("INVALID_ARGUMENT", f"{what}: a dimension of {largest}, over the cap of {options.max_model_dim}")
     if need > options.max_push_bytes:
-        raise Refused("INVALID_ARGUMENT", f"{what}: one step of this model needs about {need} bytes, over the "
-                                          f"cap of {options.max_push_bytes}")
+        raise Refused(
+            "INVALID_ARGUMENT",
+            f"{what}: one step of this model needs about {need} bytes, over the cap of {options.max_push_bytes}",
+        )
 
 
 def check_same_spec(run: ModelSpec, described: ModelSpec, client_id: str) -> None:
     if described != run:
-        raise Refused("INVALID_ARGUMENT", f"model_spec_json: client {client_id!r} built another model than the "
-                                          f"run's: {run.difference(described)}")
+        raise Refused(
+            "INVALID_ARGUMENT",
+            f"model_spec_json: client {client_id!r} built another model than the run's: {run.difference(described)}",
+        )

@@ -32,8 +32,16 @@ from common.logs import loss_text
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
-from server.checks import (Options, Refused, admit_spec, check_counts, check_run_id, check_same_spec, check_step,
-                           sample_bounds)
+from server.checks import (
+    Options,
+    Refused,
+    admit_spec,
+    check_counts,
+    check_run_id,
+    check_same_spec,
+    check_step,
+    sample_bounds,
+)
 from common.tensors import update_tensors
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
@@ -69,10 +77,15 @@ class StepState:
 
 
 class Coordinator:
-    def __init__(self, config: RunConfig, state_dir: str | Path, options: Options | None = None,
-                 on_event: Callable[[str], None] | None = None,
-                 on_fatal: Callable[[BaseException], None] = lambda err: None,
-                 on_merge: Callable[[str, float], None] = lambda phase, seconds: None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        state_dir: str | Path,
+        options: Options | None = None,
+        on_event: Callable[[str], None] | None = None,
+        on_fatal: Callable[[BaseException], None] = lambda err: None,
+        on_merge: Callable[[str, float], None] = lambda phase, seconds: None,
+    ) -> None:
         self.options = options or Options()
         self.store = Store(state_dir)
         self.lock = threading.RLock()
@@ -99,16 +112,24 @@ class Coordinator:
             self.spec, self.strategy = fixed, self._strategy_for(fixed, "--model-spec")
             self._commit()
         elif fixed is not None and fixed != self.spec:
-            raise ValueError(f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
-                             f"{self.spec.difference(fixed) if self.spec else ''}")
+            raise ValueError(
+                f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
+                f"{self.spec.difference(fixed) if self.spec else ''}"
+            )
 
     # ---------------------------------------------------------------- persistence
 
     def _meta(self) -> dict:
-        return {"config": json.loads(self.config.to_json()), "clients": self.clients,
-                "spec": self.spec.to_json() if self.spec else None, "state": self.state.value,
-                "pointer": list(self.pointer), "matrix": {"correct": self.matrix.correct, "total": self.matrix.total},
-                "history": self.history, "started": self.started}
+        return {
+            "config": json.loads(self.config.to_json()),
+            "clients": self.clients,
+            "spec": self.spec.to_json() if self.spec else None,
+            "state": self.state.value,
+            "pointer": list(self.pointer),
+            "matrix": {"correct": self.matrix.correct, "total": self.matrix.total},
+            "history": self.history,
+            "started": self.started,
+        }
 
     def _commit(self) -> None:
         try:
@@ -129,8 +150,10 @@ class Coordinator:
         meta, tensors = saved
         stored = RunConfig.from_dict(meta["config"])
         if stored != self.config:
-            raise ValueError(f"state directory {self.store.root} holds run {stored.run_id!r} with a different "
-                             "configuration; use a fresh --state-dir or the same configuration")
+            raise ValueError(
+                f"state directory {self.store.root} holds run {stored.run_id!r} with a different "
+                "configuration; use a fresh --state-dir or the same configuration"
+            )
         self.clients = {k: int(v) for k, v in meta["clients"].items()}
         self.spec = ModelSpec.from_json(meta["spec"]) if meta["spec"] else None
         self.state = State(meta["state"])
@@ -148,7 +171,9 @@ class Coordinator:
         elif self.state == State.DONE:
             self._export()  # again: a crash may have cut the export short; it is a pure function of the state
             self.done.set()
-        self.emit(f"resumed run {self.config.run_id} at {self.state.value} task {self.pointer[0]} step {self.pointer[1]}")
+        self.emit(
+            f"resumed run {self.config.run_id} at {self.state.value} task {self.pointer[0]} step {self.pointer[1]}"
+        )
 
     # ---------------------------------------------------------------- steps
 
@@ -176,8 +201,9 @@ class Coordinator:
             meta = self.store.staged_meta(step.key, index)
             if step.phase == Phase.EVALUATE:
                 assert meta is not None  # staged means its meta was written
-                step.reports[index] = EvalReport(meta["run_id"], meta["client_id"], index, meta["task"],
-                                                 meta["correct"], meta["total"])
+                step.reports[index] = EvalReport(
+                    meta["run_id"], meta["client_id"], index, meta["task"], meta["correct"], meta["total"]
+                )
             step.submitted.add(index)
         self._fold_ready()
         self._maybe_finish()
@@ -199,8 +225,11 @@ class Coordinator:
         step = self.step
         assert step is not None
         quorum = self.options.quorum or self.config.num_clients
-        return (self.options.round_deadline_s > 0 and time.monotonic() - step.started > self.options.round_deadline_s
-                and len(step.submitted) >= quorum)
+        return (
+            self.options.round_deadline_s > 0
+            and time.monotonic() - step.started > self.options.round_deadline_s
+            and len(step.submitted) >= quorum
+        )
 
     def _maybe_finish(self) -> None:
         step = self.step
@@ -217,8 +246,13 @@ class Coordinator:
     def _finish_step(self) -> None:
         step = self.step
         assert step is not None and self.strategy is not None
-        entry: dict[str, Any] = {"task": step.task, "round": step.round, "phase": step.phase.value,
-                 "factors": "".join(step.plan.train_factors), "clients": len(step.submitted)}
+        entry: dict[str, Any] = {
+            "task": step.task,
+            "round": step.round,
+            "phase": step.phase.value,
+            "factors": "".join(step.plan.train_factors),
+            "clients": len(step.submitted),
+        }
         if step.phase == Phase.EVALUATE:
             for i in sorted(step.reports):
                 r = step.reports[i]
@@ -238,8 +272,10 @@ class Coordinator:
             self.on_merge(step.phase.value, time.perf_counter() - merge_start)
             entry["loss"] = step.aggregator.mean_loss
             entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
-            self.emit(f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
-                      f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)})")
+            self.emit(
+                f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
+                f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)})"
+            )
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         steps = self._steps(step.task)
@@ -257,14 +293,28 @@ class Coordinator:
 
     def _export(self) -> None:
         assert self.strategy is not None and self.spec is not None
-        out = self.reporter.finish(self.config, self.spec, self.strategy.adapter(), self.strategy.head_w,
-                                   self.strategy.head_b, self.summary(), self.strategy.dense_delta())
-        self.emit(f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
-                  f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}")
+        out = self.reporter.finish(
+            self.config,
+            self.spec,
+            self.strategy.adapter(),
+            self.strategy.head_w,
+            self.strategy.head_b,
+            self.summary(),
+            self.strategy.dense_delta(),
+        )
+        self.emit(
+            f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
+            f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}"
+        )
 
     def summary(self) -> dict:
-        return {"run_id": self.config.run_id, "config": json.loads(self.config.to_json()),
-                "seconds": time.time() - self.started, "history": self.history, **self.matrix.summary()}
+        return {
+            "run_id": self.config.run_id,
+            "config": json.loads(self.config.to_json()),
+            "seconds": time.time() - self.started,
+            "history": self.history,
+            **self.matrix.summary(),
+        }
 
     # ---------------------------------------------------------------- client calls
 
@@ -273,14 +323,18 @@ class Coordinator:
             if client_id in self.clients:
                 index = self.clients[client_id]
                 if requested_index is not None and requested_index != index:
-                    raise Refused("FAILED_PRECONDITION", f"client {client_id!r} already holds index {index}, "
-                                                         f"not {requested_index}")
+                    raise Refused(
+                        "FAILED_PRECONDITION",
+                        f"client {client_id!r} already holds index {index}, not {requested_index}",
+                    )
                 return index
             taken = set(self.clients.values())
             if requested_index is not None:
                 if not 0 <= requested_index < self.config.num_clients:
-                    raise Refused("INVALID_ARGUMENT", f"requested_index must lie in 0..{self.config.num_clients - 1}, "
-                                                      f"got {requested_index}")
+                    raise Refused(
+                        "INVALID_ARGUMENT",
+                        f"requested_index must lie in 0..{self.config.num_clients - 1}, got {requested_index}",
+                    )
                 if requested_index in taken:
                     raise Refused("ALREADY_EXISTS", f"client index {requested_index} is held by another client")
                 index = requested_index
@@ -335,19 +389,28 @@ class Coordinator:
             self._tick()
             if self.state == State.DONE:
                 self.released.add(client_id)
-                return RoundPlan(run_id=self.config.run_id, phase=Phase.DONE, task=self.config.num_tasks - 1,
-                                 round=0, class_range=(0, 0), seen_classes=0)
+                return RoundPlan(
+                    run_id=self.config.run_id,
+                    phase=Phase.DONE,
+                    task=self.config.num_tasks - 1,
+                    round=0,
+                    class_range=(0, 0),
+                    seen_classes=0,
+                )
             if self.state == State.WAITING:
                 return Wait(self.options.retry_after_s, f"{len(self.clients)}/{self.config.num_clients} clients joined")
             step = self.step
             assert step is not None
             if index in step.submitted:
-                return Wait(self.options.retry_after_s, f"waiting for {self.config.num_clients - len(step.submitted)} "
-                                                        "other clients")
+                return Wait(
+                    self.options.retry_after_s,
+                    f"waiting for {self.config.num_clients - len(step.submitted)} other clients",
+                )
             return step.plan
 
-    def _check_step(self, client_id: str, client_index: int, run_id: str, task: int, round_: int,
-                    phase: Phase) -> StepState:
+    def _check_step(
+        self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase
+    ) -> StepState:
         index = self._index_of(client_id)
         if client_index != index:
             raise Refused("PERMISSION_DENIED", f"client {client_id!r} holds index {index}, not {client_index}")
@@ -358,9 +421,18 @@ class Coordinator:
         check_step((step.task, step.round, step.phase), task, round_, phase)
         return step
 
-    def precheck(self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase,
-                 idempotency_key: str, declared: dict[str, tuple[str, tuple[int, ...]]] | None = None,
-                 declared_bytes: int = 0) -> bool:
+    def precheck(
+        self,
+        client_id: str,
+        client_index: int,
+        run_id: str,
+        task: int,
+        round_: int,
+        phase: Phase,
+        idempotency_key: str,
+        declared: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+        declared_bytes: int = 0,
+    ) -> bool:
         """Check a push's envelope before its tensors are received; ``True`` if it is a duplicate.
 
         ``declared`` (tensor name -> (dtype name, shape), ``declared_bytes`` in all): the push's
@@ -383,8 +455,9 @@ class Coordinator:
     def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
         """Validate, stage durably, and fold when its turn comes. Returns ``False`` for a duplicate."""
         with self.lock:
-            step = self._check_step(update.client_id, update.client_index, update.run_id, update.task,
-                                    update.round, update.phase)
+            step = self._check_step(
+                update.client_id, update.client_index, update.run_id, update.task, update.round, update.phase
+            )
             if step.phase == Phase.EVALUATE:
                 raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
             if update.client_index in step.submitted:
@@ -392,8 +465,9 @@ class Coordinator:
             assert step.aggregator is not None
             try:
                 tensors = update_tensors(update)  # once: validated and staged in this form
-                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range),
-                                      tensors=tensors)
+                step.aggregator.check(
+                    update, samples=sample_bounds(self.config, self.options, step.plan.class_range), tensors=tensors
+                )
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
             self.store.stage_update(step.key, update, idempotency_key, tensors)
@@ -405,15 +479,30 @@ class Coordinator:
 
     def report_eval(self, report: EvalReport, idempotency_key: str) -> bool:
         with self.lock:
-            step = self._check_step(report.client_id, report.client_index, report.run_id, report.task,
-                                    self.config.rounds_per_task, Phase.EVALUATE)
+            step = self._check_step(
+                report.client_id,
+                report.client_index,
+                report.run_id,
+                report.task,
+                self.config.rounds_per_task,
+                Phase.EVALUATE,
+            )
             if report.client_index in step.submitted:
                 return False
             assert self.strategy is not None
             check_counts(report, self.config, self.options, self.strategy.tasks)
-            self.store.stage_eval(step.key, report.client_index, {
-                "idempotency_key": idempotency_key, "run_id": report.run_id, "client_id": report.client_id,
-                "task": report.task, "correct": list(report.correct), "total": list(report.total)})
+            self.store.stage_eval(
+                step.key,
+                report.client_index,
+                {
+                    "idempotency_key": idempotency_key,
+                    "run_id": report.run_id,
+                    "client_id": report.client_id,
+                    "task": report.task,
+                    "correct": list(report.correct),
+                    "total": list(report.total),
+                },
+            )
             fault_point("eval.staged")
             step.submitted.add(report.client_index)
             step.reports[report.client_index] = report
@@ -436,8 +525,13 @@ class Coordinator:
     def status(self) -> dict:
         with self.lock:
             step = self.step
-            return {"run_id": self.config.run_id, "state": self.state.value,
-                    "task": step.task if step else self.pointer[0], "round": step.round if step else 0,
-                    "phase": (step.phase if step else Phase.DONE if self.state == State.DONE else Phase.TRAIN),
-                    "clients_joined": len(self.clients), "clients_done": len(step.submitted) if step else 0,
-                    "metrics": {"accuracy": self.matrix.accuracy(), "history": self.history[-5:]}}
+            return {
+                "run_id": self.config.run_id,
+                "state": self.state.value,
+                "task": step.task if step else self.pointer[0],
+                "round": step.round if step else 0,
+                "phase": (step.phase if step else Phase.DONE if self.state == State.DONE else Phase.TRAIN),
+                "clients_joined": len(self.clients),
+                "clients_done": len(step.submitted) if step else 0,
+                "metrics": {"accuracy": self.matrix.accuracy(), "history": self.history[-5:]},
+            }

@@ -33,8 +33,14 @@ METRICS_FILE = "metrics.json"
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the base model, as PEFT saves keys
 
 
-def export_adapter(out_dir: str | os.PathLike, adapter: dict[str, LowRank], spec: ModelSpec, *,
-                   rank_per_task: int, lora_scale: float = 1.0) -> Path:
+def export_adapter(
+    out_dir: str | os.PathLike,
+    adapter: dict[str, LowRank],
+    spec: ModelSpec,
+    *,
+    rank_per_task: int,
+    lora_scale: float = 1.0,
+) -> Path:
     """Write ``adapter`` as a PEFT LoRA adapter directory and return its path.
 
     ``adapter`` maps every layer of ``spec.layers`` (names relative to our backbone wrapper) to
@@ -66,8 +72,12 @@ def export_adapter(out_dir: str | os.PathLike, adapter: dict[str, LowRank], spec
         key = PEFT_PREFIX + _strip_prefix(name, spec.export_prefix)
         tensors[f"{key}.lora_A.weight"] = a  # (k, d_in)
         tensors[f"{key}.lora_B.weight"] = b  # (d_out, k)
-    metadata = {"format": "pt", "lorm.rank_per_task": str(rank_per_task),
-                "lorm.tasks": str(rank // rank_per_task), "lorm.lora_scale": repr(float(lora_scale))}
+    metadata = {
+        "format": "pt",
+        "lorm.rank_per_task": str(rank_per_task),
+        "lorm.tasks": str(rank // rank_per_task),
+        "lorm.lora_scale": repr(float(lora_scale)),
+    }
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,8 +94,10 @@ def export_head(out_dir: str | os.PathLike, head_w: Tensor, head_b: Tensor) -> P
     Returns the file's path.
     """
     if head_w.dim() != 2 or head_b.dim() != 1 or head_b.shape[0] != head_w.shape[0]:
-        raise ValueError(f"head must be weight (num_classes, feature_dim) and bias (num_classes,), "
-                         f"got weight {tuple(head_w.shape)} and bias {tuple(head_b.shape)}")
+        raise ValueError(
+            f"head must be weight (num_classes, feature_dim) and bias (num_classes,), "
+            f"got weight {tuple(head_w.shape)} and bias {tuple(head_b.shape)}"
+        )
     tensors = {"weight": _float32(head_w), "bias": _float32(head_b)}
     for key, t in tensors.items():
         if not torch.isfinite(t).all():
@@ -113,12 +125,13 @@ def export_dense_delta(path: str | os.PathLike, delta: dict[str, Tensor], spec: 
     for name, shape in spec.params.items():
         t = _float32(delta[name])
         if tuple(t.shape) != tuple(shape) or not torch.isfinite(t).all():
-            raise ValueError(f"dense delta {name!r}: expected finite values of shape {tuple(shape)}, "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"dense delta {name!r}: expected finite values of shape {tuple(shape)}, got shape {tuple(t.shape)}"
+            )
         key = name
         for layer in spec.layers:  # a LoRA-wrapped linear keeps its weight under ".base."
             if name.startswith(f"{layer}.base."):
-                key = f"{layer}." + name[len(layer) + len(".base."):]
+                key = f"{layer}." + name[len(layer) + len(".base.") :]
                 break
         key = _strip_prefix(key, spec.export_prefix) if spec.export_prefix else key
         tensors[key] = t
@@ -159,11 +172,14 @@ def _checked_factors(adapter: dict[str, LowRank], spec: ModelSpec) -> tuple[int,
         b, a = adapter[name].b, adapter[name].a
         k = b.shape[-1] if b.dim() == 2 else -1
         if b.dim() != 2 or a.dim() != 2 or b.shape[0] != d_out or a.shape != (k, d_in) or k < 1:
-            raise ValueError(f"layer {name!r}: expected B ({d_out}, k) and A (k, {d_in}) with k >= 1, "
-                             f"got B {tuple(b.shape)} and A {tuple(a.shape)}")
+            raise ValueError(
+                f"layer {name!r}: expected B ({d_out}, k) and A (k, {d_in}) with k >= 1, "
+                f"got B {tuple(b.shape)} and A {tuple(a.shape)}"
+            )
         if rank is not None and k != rank:
-            raise ValueError(f"layer {name!r} has rank {k}, but earlier layers have rank {rank}; "
-                             f"an adapter has one rank")
+            raise ValueError(
+                f"layer {name!r} has rank {k}, but earlier layers have rank {rank}; an adapter has one rank"
+            )
         rank = k
         b32, a32 = _float32(b), _float32(a)
         for label, t in (("B", b32), ("A", a32)):
@@ -203,7 +219,7 @@ def _lora_config(spec: ModelSpec, rank: int, lora_scale: float, targets: list[st
 def _strip_prefix(name: str, prefix: str) -> str:
     if not name.startswith(prefix) or len(name) == len(prefix):
         raise ValueError(f"layer {name!r} does not start with the export prefix {prefix!r}")
-    return name[len(prefix):]
+    return name[len(prefix) :]
 
 
 def _float32(t: Tensor) -> Tensor:

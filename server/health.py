@@ -21,10 +21,14 @@ from common.tls import Security, add_security_arguments
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lorm-health", description="Check that a LoRM coordinator is serving.")
-    parser.add_argument("--target", default=os.environ.get("LORM_HEALTH_TARGET", "127.0.0.1:50051"),
-                        help="coordinator address host:port (default: $LORM_HEALTH_TARGET or 127.0.0.1:50051)")
-    parser.add_argument("--service", default="", help="service name to check ('' = the whole server, "
-                                                      "or lorm.v1.Coordinator)")
+    parser.add_argument(
+        "--target",
+        default=os.environ.get("LORM_HEALTH_TARGET", "127.0.0.1:50051"),
+        help="coordinator address host:port (default: $LORM_HEALTH_TARGET or 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--service", default="", help="service name to check ('' = the whole server, or lorm.v1.Coordinator)"
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds the check may take")
     # The client's flags: under mutual TLS the handshake itself needs a certificate from the run's CA.
     add_security_arguments(parser, "client")
@@ -32,11 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _security(args: argparse.Namespace) -> Security:
-    security = Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token_file=args.token_file,
-                        server_name=args.tls_server_name, insecure=args.insecure)
+    security = Security(
+        ca=args.tls_ca,
+        cert=args.tls_cert,
+        key=args.tls_key,
+        token_file=args.token_file,
+        server_name=args.tls_server_name,
+        insecure=args.insecure,
+    )
     if not security.insecure and not security.ca:
-        raise SystemExit("lorm-health: give --tls-ca FILE (with --tls-cert/--tls-key under mutual TLS) "
-                         "or --insecure (plaintext)")
+        raise SystemExit(
+            "lorm-health: give --tls-ca FILE (with --tls-cert/--tls-key under mutual TLS) or --insecure (plaintext)"
+        )
     if bool(security.cert) != bool(security.key):
         raise SystemExit("lorm-health: --tls-cert and --tls-key go together; got only one of them")
     return security
@@ -48,8 +59,11 @@ def check(args: argparse.Namespace) -> tuple[int, str]:
     with security.channel(args.target, []) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout,
-                               metadata=security.call_metadata() or None)
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=args.service),
+                timeout=args.timeout,
+                metadata=security.call_metadata() or None,
+            )
         except grpc.RpcError as err:
             return 2, f"{args.target}: {err.code().name} ({err.details()})"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

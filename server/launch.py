@@ -44,21 +44,51 @@ def _security_args(run_dir: Path, num_clients: int, insecure: bool) -> tuple[lis
     ids = [f"client-{i}" for i in range(num_clients)]
     pki = create_dev_pki(run_dir / "tls", ids, force=True)  # the run's own CA: replaced on every launch
     server = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
-    return server, [["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert(c)), "--tls-key",
-                     str(pki.client_key(c))] for c in ids]
+    return server, [
+        ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert(c)), "--tls-key", str(pki.client_key(c))]
+        for c in ids
+    ]
 
 
-def launch(config_path: Path, num_clients: int, state_dir: Path, results_dir: Path, timeout_s: float,
-           quiet_clients: bool = False, extra_server_args: list[str] | None = None, insecure: bool = False) -> int:
+def launch(
+    config_path: Path,
+    num_clients: int,
+    state_dir: Path,
+    results_dir: Path,
+    timeout_s: float,
+    quiet_clients: bool = False,
+    extra_server_args: list[str] | None = None,
+    insecure: bool = False,
+) -> int:
     root = Path(__file__).resolve().parent.parent
-    env = {**{k: v for k, v in os.environ.items() if k not in ENV.values()},  # the flags below say it all
-           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ENV.values()},  # the flags below say it all
+        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    }
     server_security, client_security = _security_args(state_dir.parent, num_clients, insecure)
     port_file = state_dir.parent / "port"
     port_file.unlink(missing_ok=True)
-    server = _spawn(SERVER + ["--config", str(config_path), "--state-dir", str(state_dir), "--results-dir",
-                              str(results_dir), "--port", "0", "--port-file", str(port_file)]
-                    + server_security + (extra_server_args or []), "", env, False)
+    server = _spawn(
+        SERVER
+        + [
+            "--config",
+            str(config_path),
+            "--state-dir",
+            str(state_dir),
+            "--results-dir",
+            str(results_dir),
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ]
+        + server_security
+        + (extra_server_args or []),
+        "",
+        env,
+        False,
+    )
     clients: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 120
@@ -72,8 +102,14 @@ def launch(config_path: Path, num_clients: int, state_dir: Path, results_dir: Pa
             time.sleep(0.05)
         target = f"127.0.0.1:{port_file.read_text().strip()}"
         for i in range(num_clients):
-            clients.append(_spawn(CLIENT + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)]
-                                  + client_security[i], f"client-{i}", env, quiet_clients))
+            clients.append(
+                _spawn(
+                    CLIENT + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)] + client_security[i],
+                    f"client-{i}",
+                    env,
+                    quiet_clients,
+                )
+            )
         try:
             rc = server.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -103,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="", help="state and results go here (default runs/<run_id>-<time>)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
     parser.add_argument("--quiet-clients", action="store_true", help="show only the coordinator's output")
-    parser.add_argument("--insecure", action="store_true", help="plaintext connections instead of mutual TLS "
-                                                                 "with a development CA made for the run")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext connections instead of mutual TLS with a development CA made for the run",
+    )
     args = parser.parse_args(argv)
     config = config_from_args(args)
     run_dir = Path(args.run_dir or f"runs/{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -112,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     config_path = run_dir / "config.json"
     config_path.write_text(config.to_json())
     print(f"lorm-launch: run {config.run_id}, {config.num_clients} clients, directory {run_dir}", flush=True)
-    return launch(config_path, config.num_clients, run_dir / "state", run_dir / "results", args.timeout,
-                  args.quiet_clients, insecure=args.insecure)
+    return launch(
+        config_path,
+        config.num_clients,
+        run_dir / "state",
+        run_dir / "results",
+        args.timeout,
+        args.quiet_clients,
+        insecure=args.insecure,
+    )
 
 
 if __name__ == "__main__":

@@ -29,25 +29,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lorm-server", description="Run the LoRM coordinator (gRPC).")
     add_config_arguments(parser)
     parser.add_argument("--state-dir", required=True, help="where the run's state is kept (resumed if present)")
-    parser.add_argument("--results-dir", default="", help="adapter, head and metrics at the end (default <state>/results)")
+    parser.add_argument(
+        "--results-dir", default="", help="adapter, head and metrics at the end (default <state>/results)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free port)")
     parser.add_argument("--port-file", default="", help="write the bound port to this file once serving")
     parser.add_argument("--quorum", type=int, default=0, help="submissions that close a step at its deadline (0: all)")
-    parser.add_argument("--round-deadline", type=float, default=0.0, help="seconds a step waits for all clients (0: forever)")
-    parser.add_argument("--linger", type=float, default=10.0, help="seconds to keep serving after the run ends, "
-                                                                   "so clients learn it is over")
-    parser.add_argument("--keep-serving", action="store_true",
-                        help="after the run (and --linger), keep serving health, status and metrics until "
-                             "SIGTERM: for a supervisor that restarts a process that exits (Kubernetes Deployment)")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("LORM_METRICS_PORT", "0")),
-                        help="serve Prometheus /metrics on this port of --host (0: off; default $LORM_METRICS_PORT)")
-    parser.add_argument("--model-spec", default="", help="the run's model description (written by lorm-spec): a "
-                        "client's Describe must equal it; without it the first Describe fixes the model")
-    parser.add_argument("--max-calls-per-client", type=int, default=Limits.per_client,
-                        help="calls one client may have in progress; beyond it: RESOURCE_EXHAUSTED")
-    parser.add_argument("--stream-idle", type=float, default=Limits.idle_s,
-                        help="seconds a Push may send nothing (or a Pull's reader take nothing) before it is cancelled")
+    parser.add_argument(
+        "--round-deadline", type=float, default=0.0, help="seconds a step waits for all clients (0: forever)"
+    )
+    parser.add_argument(
+        "--linger",
+        type=float,
+        default=10.0,
+        help="seconds to keep serving after the run ends, so clients learn it is over",
+    )
+    parser.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the run (and --linger), keep serving health, status and metrics until "
+        "SIGTERM: for a supervisor that restarts a process that exits (Kubernetes Deployment)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("LORM_METRICS_PORT", "0")),
+        help="serve Prometheus /metrics on this port of --host (0: off; default $LORM_METRICS_PORT)",
+    )
+    parser.add_argument(
+        "--model-spec",
+        default="",
+        help="the run's model description (written by lorm-spec): a "
+        "client's Describe must equal it; without it the first Describe fixes the model",
+    )
+    parser.add_argument(
+        "--max-calls-per-client",
+        type=int,
+        default=Limits.per_client,
+        help="calls one client may have in progress; beyond it: RESOURCE_EXHAUSTED",
+    )
+    parser.add_argument(
+        "--stream-idle",
+        type=float,
+        default=Limits.idle_s,
+        help="seconds a Push may send nothing (or a Pull's reader take nothing) before it is cancelled",
+    )
     add_security_arguments(parser, "server")
     add_logging_arguments(parser)
     return parser
@@ -85,10 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         parser.error(f"--model-spec {args.model_spec}: {err}")
     if fixed is None:
-        log.info("no --model-spec: the first client's Describe fixes the model, within the caps (lorm-spec writes "
-                 "the file that lets no client choose it)")
-    options = Options(quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir,
-                      model_spec=fixed)
+        log.info(
+            "no --model-spec: the first client's Describe fixes the model, within the caps (lorm-spec writes "
+            "the file that lets no client choose it)"
+        )
+    options = Options(
+        quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir, model_spec=fixed
+    )
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
 
     def on_event(message: str) -> None:
@@ -98,8 +128,14 @@ def main(argv: list[str] | None = None) -> int:
 
     metrics = CoordinatorMetrics(lambda: coordinator_status(made[0]))
     try:
-        coordinator = Coordinator(config, args.state_dir, options, on_event=on_event,
-                                  on_fatal=lambda err: os._exit(70), on_merge=metrics.merged)
+        coordinator = Coordinator(
+            config,
+            args.state_dir,
+            options,
+            on_event=on_event,
+            on_fatal=lambda err: os._exit(70),
+            on_merge=metrics.merged,
+        )
     except (Refused, ValueError) as err:
         parser.error(str(err))
     made.append(coordinator)
@@ -107,13 +143,20 @@ def main(argv: list[str] | None = None) -> int:
         limits = Limits(per_client=args.max_calls_per_client, idle_s=args.stream_idle)
     except ValueError as err:
         parser.error(str(err))
-    server, port = create_server(coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()],
-                                 security=security, limits=limits)
+    server, port = create_server(
+        coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()], security=security, limits=limits
+    )
     if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
         log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     server.start()
-    log.info("coordinator for run %s serving on %s:%d (state %s, merges on %s)", config.run_id, args.host, port,
-             args.state_dir, f"{config.threads} torch thread(s)" if config.threads else "torch's default threads")
+    log.info(
+        "coordinator for run %s serving on %s:%d (state %s, merges on %s)",
+        config.run_id,
+        args.host,
+        port,
+        args.state_dir,
+        f"{config.threads} torch thread(s)" if config.threads else "torch's default threads",
+    )
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")
         tmp.write_text(str(port))

@@ -64,19 +64,28 @@ class RunReporter:
         for number, entry in enumerate(history):
             self.step(number, entry)
 
-    def finish(self, config: RunConfig, spec: ModelSpec, adapter: dict[str, LowRank], head_w: Tensor,
-               head_b: Tensor, summary: dict, dense_delta: dict[str, Tensor] | None = None) -> Path:
+    def finish(
+        self,
+        config: RunConfig,
+        spec: ModelSpec,
+        adapter: dict[str, LowRank],
+        head_w: Tensor,
+        head_b: Tensor,
+        summary: dict,
+        dense_delta: dict[str, Tensor] | None = None,
+    ) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
         if dense_delta is not None:
             export_dense_delta(self.dir / "delta.safetensors", dense_delta, spec)
         elif adapter:
-            export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank,
-                           lora_scale=config.lora_scale)
+            export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale)
         fault_point("export")
         export_head(self.dir, head_w, head_b)
         write_metrics(self.dir, summary)
-        plot_accuracy(summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}")
+        plot_accuracy(
+            summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}"
+        )
         if self._writer is not None:
             self.writer.add_scalar("faa/paper", summary["faa"], len(summary["accuracy"]) - 1)
             self.writer.add_scalar("faa/sample_weighted", summary["faa_weighted"], len(summary["accuracy"]) - 1)
@@ -96,8 +105,14 @@ def plot_accuracy(accuracy: list[list[float]], path: Path, title: str = "") -> N
     for j in range(tasks):
         ts = list(range(j, tasks))
         ax.plot(ts, [accuracy[t][j] for t in ts], marker="o", label=f"task {j}")
-    ax.plot(range(tasks), [sum(row) / len(row) for row in accuracy], color="black", linestyle="--",
-            linewidth=2, label="mean over seen tasks")
+    ax.plot(
+        range(tasks),
+        [sum(row) / len(row) for row in accuracy],
+        color="black",
+        linestyle="--",
+        linewidth=2,
+        label="mean over seen tasks",
+    )
     ax.set_xlabel("after training task")
     ax.set_ylabel("accuracy (%)")
     ax.set_xticks(range(tasks))

@@ -50,8 +50,9 @@ def _abort(context: grpc.ServicerContext, err: Exception) -> None:
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, auth: Authenticator,
-                 chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self, coordinator: Coordinator, auth: Authenticator, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    ) -> None:
         self.coordinator = coordinator
         self.auth = auth  # every handler checks that the message's client_id is the authenticated caller
         self.chunk_bytes = chunk_bytes
@@ -66,8 +67,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             index = coord.join(request.client_id, wanted)
         except (Refused, ValueError) as err:
             _abort(context, err)
-        return pb.JoinReply(run_id=coord.config.run_id, config_json=coord.config.to_json(), client_index=index,
-                            num_clients=coord.config.num_clients)
+        return pb.JoinReply(
+            run_id=coord.config.run_id,
+            config_json=coord.config.to_json(),
+            client_index=index,
+            num_clients=coord.config.num_clients,
+        )
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
         self.auth.authorize(context, request.client_id)
@@ -101,20 +106,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
         def on_envelope(env: PushEnvelope) -> None:
             self.auth.authorize(context, env.client_id)  # before any tensor is read or state touched
-            if coord.precheck(env.client_id, env.client_index, env.run_id, env.task, env.round, env.phase,
-                              env.idempotency_key, declared=env.declared, declared_bytes=env.total_bytes):
+            if coord.precheck(
+                env.client_id,
+                env.client_index,
+                env.run_id,
+                env.task,
+                env.round,
+                env.phase,
+                env.idempotency_key,
+                declared=env.declared,
+                declared_bytes=env.total_bytes,
+            ):
                 raise _Duplicate()
 
         try:
             chunks = after_items(request_iterator, "push.receiving", 2)  # envelope + first chunk: tests kill here
-            envelope, update = codec.update_from_proto(chunks, on_envelope=on_envelope,
-                                                       max_total_bytes=coord.options.max_push_bytes)
+            envelope, update = codec.update_from_proto(
+                chunks, on_envelope=on_envelope, max_total_bytes=coord.options.max_push_bytes
+            )
             accepted = coord.submit(update, envelope.idempotency_key)
         except _Duplicate:
             return pb.PushReply(accepted=True, duplicate=True, message="already recorded")
         except (Refused, ValueError) as err:
             _abort(context, err)
-        return pb.PushReply(accepted=True, duplicate=not accepted, message="recorded" if accepted else "already recorded")
+        return pb.PushReply(
+            accepted=True, duplicate=not accepted, message="recorded" if accepted else "already recorded"
+        )
 
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.Ack:
         self.auth.authorize(context, request.client_id)
@@ -134,14 +151,27 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             except Refused as err:
                 _abort(context, err)
         s = self.coordinator.status()
-        return pb.RunStatus(run_id=s["run_id"], state=s["state"], task=s["task"], round=s["round"],
-                            phase=codec.phase_to_proto(s["phase"]), clients_joined=s["clients_joined"],
-                            clients_done=s["clients_done"], metrics_json=json.dumps(s["metrics"]))
+        return pb.RunStatus(
+            run_id=s["run_id"],
+            state=s["state"],
+            task=s["task"],
+            round=s["round"],
+            phase=codec.phase_to_proto(s["phase"]),
+            clients_joined=s["clients_joined"],
+            clients_done=s["clients_done"],
+            metrics_json=json.dumps(s["metrics"]),
+        )
 
 
-def create_server(coordinator: Coordinator, address: str, max_workers: int = 32,
-                  interceptors: Sequence[grpc.ServerInterceptor] = (), *,
-                  security: Security, limits: Limits = Limits()) -> tuple[grpc.Server, int]:
+def create_server(
+    coordinator: Coordinator,
+    address: str,
+    max_workers: int = 32,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    *,
+    security: Security,
+    limits: Limits = Limits(),
+) -> tuple[grpc.Server, int]:
     """A started-ready (not yet started) server bound to ``address`` (port 0: any free port).
 
     ``interceptors``: e.g. ``server.telemetry.CoordinatorMetrics.interceptor()``. ``security``
@@ -151,9 +181,15 @@ def create_server(coordinator: Coordinator, address: str, max_workers: int = 32,
     ``limits.reserve``, kept for health checks), and how long a stream may stay idle."""
     auth = Authenticator(security)
     limiter = CallLimiter(limits, max_active=max_workers - limits.reserve)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS,
-                         interceptors=[*interceptors, AuthInterceptor(auth, SERVICE_NAME),
-                                       AdmissionInterceptor(limiter, auth, SERVICE_NAME)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=SERVER_OPTIONS,
+        interceptors=[
+            *interceptors,
+            AuthInterceptor(auth, SERVICE_NAME),
+            AdmissionInterceptor(limiter, auth, SERVICE_NAME),
+        ],
+    )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator, auth), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -28,6 +28,8 @@ from torch import Tensor
 from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
 from common.tensors import update_from_tensors, update_tensors
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -119,8 +121,9 @@ class Store:
     def _staging(self, key: str) -> Path:
         return self.root / "staging" / key
 
-    def stage_update(self, key: str, update: ClientUpdate, idempotency_key: str,
-                     tensors: dict[str, Tensor] | None = None) -> None:
+    def stage_update(
+        self, key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
+    ) -> None:
         """Persist one accepted update of step ``key`` (durable before it is acknowledged); ``tensors``:
         the update already flattened (``update_tensors``)."""
         folder = self._staging(key)
@@ -129,9 +132,18 @@ class Store:
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)
-        meta = {"idempotency_key": idempotency_key, "run_id": update.run_id, "client_id": update.client_id,
-                "client_index": i, "task": update.task, "round": update.round, "phase": update.phase.value,
-                "num_samples": update.num_samples, "train_loss": update.train_loss, "has_tensors": bool(tensors)}
+        meta = {
+            "idempotency_key": idempotency_key,
+            "run_id": update.run_id,
+            "client_id": update.client_id,
+            "client_index": i,
+            "task": update.task,
+            "round": update.round,
+            "phase": update.phase.value,
+            "num_samples": update.num_samples,
+            "train_loss": update.train_loss,
+            "has_tensors": bool(tensors),
+        }
         atomic_write_json(folder / f"{i}.json", meta)  # written last: its presence marks the update complete
 
     def staged_meta(self, key: str, index: int) -> dict | None:
@@ -149,9 +161,16 @@ class Store:
         meta = json.loads((folder / f"{index}.json").read_text())
         tensors = load_file(str(folder / f"{index}.safetensors")) if meta["has_tensors"] else {}
         return update_from_tensors(
-            tensors, run_id=meta["run_id"], client_id=meta["client_id"], client_index=index, task=meta["task"],
-            round=meta["round"], phase=Phase(meta["phase"]), num_samples=meta["num_samples"],
-            train_loss=float(meta["train_loss"]))
+            tensors,
+            run_id=meta["run_id"],
+            client_id=meta["client_id"],
+            client_index=index,
+            task=meta["task"],
+            round=meta["round"],
+            phase=Phase(meta["phase"]),
+            num_samples=meta["num_samples"],
+            train_loss=float(meta["train_loss"]),
+        )
 
     def stage_eval(self, key: str, index: int, report: dict) -> None:
         atomic_write_json(self._staging(key) / f"{index}.json", report)

@@ -38,15 +38,18 @@ class _StatusCollector(Collector):
         info = InfoMetricFamily("lorm_run", "the run this coordinator serves", labels=["run_id", "state"])
         info.add_metric([s["run_id"], s["state"]], {})
         yield info
-        for name, doc, value in (("lorm_task", "task in progress (the last task once done)", s["task"]),
-                                 ("lorm_round", "round in progress within the task", s["round"]),
-                                 ("lorm_steps_completed", "steps merged or evaluated so far", s["steps_completed"]),
-                                 ("lorm_clients_joined", "clients that have joined the run", s["clients_joined"]),
-                                 ("lorm_step_submissions", "submissions received for the open step",
-                                  s["clients_done"]),
-                                 ("lorm_clients_connected",
-                                  f"joined clients heard from in the last {CONNECTED_WINDOW_S:.0f} s",
-                                  self.connected(s["client_ids"]))):
+        for name, doc, value in (
+            ("lorm_task", "task in progress (the last task once done)", s["task"]),
+            ("lorm_round", "round in progress within the task", s["round"]),
+            ("lorm_steps_completed", "steps merged or evaluated so far", s["steps_completed"]),
+            ("lorm_clients_joined", "clients that have joined the run", s["clients_joined"]),
+            ("lorm_step_submissions", "submissions received for the open step", s["clients_done"]),
+            (
+                "lorm_clients_connected",
+                f"joined clients heard from in the last {CONNECTED_WINDOW_S:.0f} s",
+                self.connected(s["client_ids"]),
+            ),
+        ):
             yield GaugeMetricFamily(name, doc, value=float(value))
 
 
@@ -54,11 +57,16 @@ def coordinator_status(coordinator) -> dict:
     """What the collector reports, read without the coordinator's lock: a scrape never waits
     for a long merge (the values are each current, if not all from the same instant)."""
     step = coordinator.step
-    return {"run_id": coordinator.config.run_id, "state": coordinator.state.value,
-            "task": step.task if step else coordinator.pointer[0], "round": step.round if step else 0,
-            "steps_completed": len(coordinator.history), "clients_joined": len(coordinator.clients),
-            "client_ids": list(coordinator.clients),  # one C-level copy: atomic under the GIL
-            "clients_done": len(step.submitted) if step else 0}
+    return {
+        "run_id": coordinator.config.run_id,
+        "state": coordinator.state.value,
+        "task": step.task if step else coordinator.pointer[0],
+        "round": step.round if step else 0,
+        "steps_completed": len(coordinator.history),
+        "clients_joined": len(coordinator.clients),
+        "client_ids": list(coordinator.clients),  # one C-level copy: atomic under the GIL
+        "clients_done": len(step.submitted) if step else 0,
+    }
 
 
 class CoordinatorMetrics:
@@ -68,14 +76,20 @@ class CoordinatorMetrics:
         self.registry = registry or CollectorRegistry()
         self._seen: dict[str, float] = {}  # client id -> monotonic time last heard from
         self._seen_lock = threading.Lock()
-        self.bytes_in = Counter("lorm_received_bytes", "serialized message bytes received", ["method"],
-                                registry=self.registry)
-        self.bytes_out = Counter("lorm_sent_bytes", "serialized message bytes sent", ["method"],
-                                 registry=self.registry)
-        self.rejected = Counter("lorm_rejected_submissions", "submissions refused, by gRPC status code",
-                                ["reason"], registry=self.registry)
-        self.merge_seconds = Histogram("lorm_merge_seconds", "time to merge one step's submissions", ["phase"],
-                                       buckets=MERGE_BUCKETS, registry=self.registry)
+        self.bytes_in = Counter(
+            "lorm_received_bytes", "serialized message bytes received", ["method"], registry=self.registry
+        )
+        self.bytes_out = Counter("lorm_sent_bytes", "serialized message bytes sent", ["method"], registry=self.registry)
+        self.rejected = Counter(
+            "lorm_rejected_submissions", "submissions refused, by gRPC status code", ["reason"], registry=self.registry
+        )
+        self.merge_seconds = Histogram(
+            "lorm_merge_seconds",
+            "time to merge one step's submissions",
+            ["phase"],
+            buckets=MERGE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_StatusCollector(status, self.connected))
 
     # -------------------------------------------------------------- hooks
@@ -143,6 +157,7 @@ class _MeteringInterceptor(grpc.ServerInterceptor):
                     raise
                 bytes_out.inc(_size(reply))
                 return reply
+
             return call
 
         def stream_out(behavior):
@@ -155,17 +170,22 @@ class _MeteringInterceptor(grpc.ServerInterceptor):
                 except BaseException:
                     refused(context)
                     raise
+
             return call
 
         serializers = (handler.request_deserializer, handler.response_serializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: unary_out(handler.unary_unary)(received(request), context), *serializers)
+                lambda request, context: unary_out(handler.unary_unary)(received(request), context), *serializers
+            )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: stream_out(handler.unary_stream)(received(request), context), *serializers)
+                lambda request, context: stream_out(handler.unary_stream)(received(request), context), *serializers
+            )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                lambda iterator, context: unary_out(handler.stream_unary)(requests(iterator), context), *serializers)
+                lambda iterator, context: unary_out(handler.stream_unary)(requests(iterator), context), *serializers
+            )
         return grpc.stream_stream_rpc_method_handler(
-            lambda iterator, context: stream_out(handler.stream_stream)(requests(iterator), context), *serializers)
+            lambda iterator, context: stream_out(handler.stream_stream)(requests(iterator), context), *serializers
+        )

@@ -27,17 +27,33 @@ from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 
 FILE = Path(__file__).with_name("data") / "fingerprints.json"
-TINY = dict(num_clients=2, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2, lr_lora=1e-2,
-            threads=1, seed=5, min_client_samples=2,
-            extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4, "rp_dim": 16})
+TINY = dict(
+    num_clients=2,
+    num_tasks=2,
+    rounds_per_task=2,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-2,
+    threads=1,
+    seed=5,
+    min_client_samples=2,
+    extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4, "rp_dim": 16},
+)
 
 
 def machine_signature() -> dict[str, str]:
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        cpu = next((line.partition(":")[2].strip() for line in cpuinfo.read_text().splitlines()
-                    if line.startswith("model name")), cpu)
+        cpu = next(
+            (
+                line.partition(":")[2].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            cpu,
+        )
     return {"torch": torch.__version__, "cpu": cpu, "capability": torch.backends.cpu.get_cpu_capability()}
 
 

@@ -34,15 +34,20 @@ def modules(package: str) -> list[Path]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_package_imports_a_layer_above_or_beside_it(package):
-    wrong = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.split(".")[0] in FORBIDDEN[package])
-             for p in modules(package)}
+    wrong = {
+        str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m.split(".")[0] in FORBIDDEN[package])
+        for p in modules(package)
+    }
     assert {p: m for p, m in wrong.items() if m} == {}
 
 
 def test_only_the_servicer_and_the_client_transport_import_the_wire():
-    speakers = {str(p.relative_to(ROOT)) for package in ("common", "server", "client", "engine")
-                for p in modules(package)
-                if any(m.split(".")[0] == "proto" or m.startswith("google.protobuf") for m in imports(p))}
+    speakers = {
+        str(p.relative_to(ROOT))
+        for package in ("common", "server", "client", "engine")
+        for p in modules(package)
+        if any(m.split(".")[0] == "proto" or m.startswith("google.protobuf") for m in imports(p))
+    }
     assert speakers == WIRE_EDGES
 
 

@@ -29,10 +29,15 @@ def test_unknown_method_names_the_known_ones():
         method("nope")
 
 
-@pytest.mark.parametrize("name, served, refused", [
-    ("lorm", Mode.LORA, Mode.FULL), ("fedavg", Mode.FULL, Mode.FEATURES), ("ridge", Mode.FEATURES, Mode.LORA),
-    ("lorm-ridge", Mode.FEATURES, Mode.FULL),
-])
+@pytest.mark.parametrize(
+    "name, served, refused",
+    [
+        ("lorm", Mode.LORA, Mode.FULL),
+        ("fedavg", Mode.FULL, Mode.FEATURES),
+        ("ridge", Mode.FEATURES, Mode.LORA),
+        ("lorm-ridge", Mode.FEATURES, Mode.FULL),
+    ],
+)
 def test_a_client_half_refuses_plans_of_another_mode(name, served, refused):
     half = client_method(RunConfig(strategy=name))
     plan = RoundPlan(run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2)

@@ -32,8 +32,15 @@ class Samples(Protocol):
 
     labels: Tensor  # (n,) int64
 
-    def batch(self, idx: Tensor, device: torch.device, *, train: bool = False,
-              generator: torch.Generator | None = None, padded: bool = False) -> tuple[dict[str, Tensor], Tensor]: ...
+    def batch(
+        self,
+        idx: Tensor,
+        device: torch.device,
+        *,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+        padded: bool = False,
+    ) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
 class Client(Protocol):
@@ -64,8 +71,9 @@ class ClientMethod:
     def serves(self, plan: RoundPlan) -> "ClientMethod":
         """The half that handles ``plan``: this one, if the plan asks for its mode."""
         if plan.mode != self.mode:
-            raise ValueError(f"{type(self).__name__} serves {self.mode.value!r} plans; this plan asks for "
-                             f"{Mode(plan.mode).value!r}")
+            raise ValueError(
+                f"{type(self).__name__} serves {self.mode.value!r} plans; this plan asks for {Mode(plan.mode).value!r}"
+            )
         return self
 
     # ----------------------------------------------------------------- hooks
@@ -104,9 +112,17 @@ class ClientMethod:
         client.model.to(client.device)
         self.load(client, plan)
         loss = self.train(client, plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
-        return ClientUpdate(run_id=plan.run_id, client_id=client.client_id, client_index=client.index,
-                            task=plan.task, round=plan.round, phase=plan.phase, num_samples=int(shard.numel()),
-                            train_loss=loss, **self.outputs(client, plan, shard, seed))
+        return ClientUpdate(
+            run_id=plan.run_id,
+            client_id=client.client_id,
+            client_index=client.index,
+            task=plan.task,
+            round=plan.round,
+            phase=plan.phase,
+            num_samples=int(shard.numel()),
+            train_loss=loss,
+            **self.outputs(client, plan, shard, seed),
+        )
 
     def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
         """Train :meth:`trainable` and the head with :meth:`loss`; returns the last epoch's mean loss."""
@@ -126,8 +142,9 @@ class ClientMethod:
             loss_sum, batches = 0.0, 0
             order = shard[torch.randperm(shard.numel(), generator=generator)]
             for start in range(0, order.numel(), cfg.batch_size):
-                inputs, labels = client.train.batch(order[start:start + cfg.batch_size], client.device, train=True,
-                                                    generator=generator)
+                inputs, labels = client.train.batch(
+                    order[start : start + cfg.batch_size], client.device, train=True, generator=generator
+                )
                 loss = self.loss(model(inputs)[0], labels, plan)  # logits: (batch, num_classes)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -190,5 +207,7 @@ def set_view(client: Client, plan: RoundPlan) -> None:
 def head_tensors(model: ClassifierModel, plan: RoundPlan) -> dict[str, Tensor | None]:
     """The trained head's weight ``(C, F)`` and bias ``(C,)`` when the plan asks for them (``send_head``)."""
     head = model.head
-    return {"head_weight": head.weight.detach().cpu().clone() if plan.send_head else None,
-            "head_bias": head.bias.detach().cpu().clone() if plan.send_head else None}
+    return {
+        "head_weight": head.weight.detach().cpu().clone() if plan.send_head else None,
+        "head_bias": head.bias.detach().cpu().clone() if plan.send_head else None,
+    }

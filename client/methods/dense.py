@@ -38,8 +38,12 @@ class DenseTrainer(ClientMethod):
         sent: dict[str, Any] = {"fisher": fisher(client, plan, shard, seed) if trained and plan.send_fisher else {}}
         set_view(client, plan)
         grams, head_gram = gram_pass(client, plan, shard, seed)  # RegMean's Grams of the adapted layers' inputs
-        return sent | {"grams": grams, "head_gram": head_gram} | head_tensors(client.model, plan) | {
-            "delta": dense_delta(client, plan) if trained else {}}
+        return (
+            sent
+            | {"grams": grams, "head_gram": head_gram}
+            | head_tensors(client.model, plan)
+            | {"delta": dense_delta(client, plan) if trained else {}}
+        )
 
 
 def dense_delta(client: Client, plan: RoundPlan) -> dict[str, Tensor]:
@@ -85,7 +89,7 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
     model.eval()
     size = client.config.batch_size if estimator == "batch" else 1
     for start in range(0, shard.numel(), size):
-        inputs, labels = client.train.batch(shard[start:start + size], client.device)
+        inputs, labels = client.train.batch(shard[start : start + size], client.device)
         log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
         if estimator == "batch":
             add(F.nll_loss(log_p, labels - lo), float(labels.numel()))

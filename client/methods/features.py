@@ -31,11 +31,19 @@ class FeatureStatistics(ClientMethod):
         client.model.to(client.device)
         self.load(client, plan)
         set_view(client, plan)
-        stats = feature_stats(client.model, client.train, shard, client.config, client.device, plan.class_range,
-                              gram=plan.head_gram)
-        return ClientUpdate(run_id=plan.run_id, client_id=client.client_id, client_index=client.index,
-                            task=plan.task, round=plan.round, phase=plan.phase, num_samples=int(shard.numel()),
-                            stats=stats)
+        stats = feature_stats(
+            client.model, client.train, shard, client.config, client.device, plan.class_range, gram=plan.head_gram
+        )
+        return ClientUpdate(
+            run_id=plan.run_id,
+            client_id=client.client_id,
+            client_index=client.index,
+            task=plan.task,
+            round=plan.round,
+            phase=plan.phase,
+            num_samples=int(shard.numel()),
+            stats=stats,
+        )
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
         return feature_logits(client.model, inputs, plan, client.config)
@@ -48,6 +56,8 @@ class LoRAThenFeatures(ClientMethod):
 
     def serves(self, plan: RoundPlan) -> ClientMethod:
         if plan.mode not in self.halves:
-            raise ValueError(f"{type(self).__name__} serves {[m.value for m in self.halves]} plans; this plan "
-                             f"asks for {Mode(plan.mode).value!r}")
+            raise ValueError(
+                f"{type(self).__name__} serves {[m.value for m in self.halves]} plans; this plan "
+                f"asks for {Mode(plan.mode).value!r}"
+            )
         return self.halves[Mode(plan.mode)]

@@ -34,8 +34,14 @@ class LoRATrainer(ClientMethod):
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
         set_view(client, plan)
         grams, head_gram = gram_pass(client, plan, shard, seed)
-        factors = {name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
-                   for name, layer in client.model.lora().items()} if plan.train_factors else {}
+        factors = (
+            {
+                name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
+                for name, layer in client.model.lora().items()
+            }
+            if plan.train_factors
+            else {}
+        )
         return {"factors": factors, "grams": grams, "head_gram": head_gram, **head_tensors(client.model, plan)}
 
 
@@ -57,8 +63,13 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
     with recorder.recording():
         for _ in range(config.gram_passes):
             for start in range(0, shard.numel(), GRAM_BATCH):
-                inputs, _ = client.train.batch(shard[start:start + GRAM_BATCH], client.device, train=True,
-                                               generator=generator, padded=config.gram_padding)
+                inputs, _ = client.train.batch(
+                    shard[start : start + GRAM_BATCH],
+                    client.device,
+                    train=True,
+                    generator=generator,
+                    padded=config.gram_padding,
+                )
                 # Padding tokens are not inputs: their rows are left out of the Grams, unless the
                 # run counts them as the reference does (gram_padding).
                 recorder.row_mask = None if config.gram_padding else inputs.get("attention_mask")

@@ -47,8 +47,9 @@ class Aggregator(ABC):
             self.loss_sum += update.train_loss * update.num_samples
             self.loss_samples += update.num_samples
 
-    def check(self, update: ClientUpdate, *, samples: tuple[int, int] | None = None,
-              tensors: dict[str, Tensor] | None = None) -> None:
+    def check(
+        self, update: ClientUpdate, *, samples: tuple[int, int] | None = None, tensors: dict[str, Tensor] | None = None
+    ) -> None:
         """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing.
 
         The step's fields, ``num_samples`` (within ``samples = (lo, hi)`` when given) and the
@@ -78,8 +79,7 @@ class Aggregator(ABC):
         """What this method alone requires of an update whose tensors passed :meth:`expected`."""
 
     @abstractmethod
-    def _fold(self, update: ClientUpdate) -> None:
-        ...
+    def _fold(self, update: ClientUpdate) -> None: ...
 
 
 class Strategy(ABC):
@@ -144,16 +144,31 @@ class Strategy(ABC):
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
         return RoundPlan(
-            run_id=self.config.run_id, phase=Phase.EVALUATE, task=task, round=self.config.rounds_per_task,
-            class_range=self.tasks[task], seen_classes=self.tasks[task][1], extra=self.view(),
-            head_weight=published_tensor(self.head_w), head_bias=published_tensor(self.head_b),
-            seed=self.config.seed)
+            run_id=self.config.run_id,
+            phase=Phase.EVALUATE,
+            task=task,
+            round=self.config.rounds_per_task,
+            class_range=self.tasks[task],
+            seen_classes=self.tasks[task][1],
+            extra=self.view(),
+            head_weight=published_tensor(self.head_w),
+            head_bias=published_tensor(self.head_b),
+            seed=self.config.seed,
+        )
 
     def base_plan(self, task: int, round_: int, phase: Phase, **fields) -> RoundPlan:
-        return RoundPlan(run_id=self.config.run_id, phase=phase, task=task, round=round_,
-                         class_range=self.tasks[task], seen_classes=self.tasks[task][1],
-                         head_weight=published_tensor(self.head_w), head_bias=published_tensor(self.head_b),
-                         seed=self.config.seed, **fields)
+        return RoundPlan(
+            run_id=self.config.run_id,
+            phase=phase,
+            task=task,
+            round=round_,
+            class_range=self.tasks[task],
+            seen_classes=self.tasks[task][1],
+            head_weight=published_tensor(self.head_w),
+            head_bias=published_tensor(self.head_b),
+            seed=self.config.seed,
+            **fields,
+        )
 
 
 def published_tensor(t: Tensor | None) -> Tensor | None:

@@ -69,8 +69,9 @@ def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) 
     ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples.
     """
     head = head.to(DTYPE)
-    return float(((head @ gram.to(DTYPE)) * head).sum() - 2.0 * (head * class_sum.to(DTYPE)).sum()
-                 + count.to(DTYPE).sum())
+    return float(
+        ((head @ gram.to(DTYPE)) * head).sum() - 2.0 * (head * class_sum.to(DTYPE)).sum() + count.to(DTYPE).sum()
+    )
 
 
 def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[float, list[float]]:
@@ -97,8 +98,11 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
     lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
     trace = float(factor.to(DTYPE).pow(2).sum())
     if lhs > trace * (1 + 1e-6) + 1e-12:
-        raise UpdateRejected(field, f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
-                                    f"trace(G) = {trace:.6g}, which no set of features allows")
+        raise UpdateRejected(
+            field,
+            f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
+            f"trace(G) = {trace:.6g}, which no set of features allows",
+        )
 
 
 # ----------------------------------------------------------------------------- running sums
@@ -141,8 +145,11 @@ class FeatureStatsAggregator(Aggregator):
         stats, (lo, hi) = update.stats, self.plan.class_range
         counts = stats["class_count"]
         if float(counts.sum()) != update.num_samples:
-            raise UpdateRejected("stats[class_count]", f"expected the counts of classes [{lo}, {hi}) to sum to "
-                                                       f"num_samples={update.num_samples}; got {float(counts.sum())}")
+            raise UpdateRejected(
+                "stats[class_count]",
+                f"expected the counts of classes [{lo}, {hi}) to sum to "
+                f"num_samples={update.num_samples}; got {float(counts.sum())}",
+            )
         for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
             if bool((class_sum[count == 0] != 0).any()):
@@ -151,13 +158,18 @@ class FeatureStatsAggregator(Aggregator):
             if factor is not None:
                 samples = int(count.sum())
                 if factor.shape[0] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
-                    raise UpdateRejected(f"stats[{prefix}gram{FACTOR}]", f"expected at most min(samples, width) = "
-                                                                        f"{min(samples, factor.shape[1])} rows, got "
-                                                                        f"{factor.shape[0]}")
+                    raise UpdateRejected(
+                        f"stats[{prefix}gram{FACTOR}]",
+                        f"expected at most min(samples, width) = "
+                        f"{min(samples, factor.shape[1])} rows, got "
+                        f"{factor.shape[0]}",
+                    )
                 check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, factor)
         if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
-            raise UpdateRejected(f"stats[{HOLDOUT}class_count]", "held-out samples must be a subset: no class may "
-                                                                 "hold out more samples than it has")
+            raise UpdateRejected(
+                f"stats[{HOLDOUT}class_count]",
+                "held-out samples must be a subset: no class may hold out more samples than it has",
+            )
 
     def _fold(self, update: ClientUpdate) -> None:
         lo, hi = self.plan.class_range

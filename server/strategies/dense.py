@@ -31,8 +31,7 @@ def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:
     assert update.head_weight is not None and update.head_bias is not None
     assert plan.head_weight is not None and plan.head_bias is not None
     w, b = update.head_weight, update.head_bias
-    return ((w - plan.head_weight.to(w.dtype)).to(torch.float64),
-            (b - plan.head_bias.to(b.dtype)).to(torch.float64))
+    return ((w - plan.head_weight.to(w.dtype)).to(torch.float64), (b - plan.head_bias.to(b.dtype)).to(torch.float64))
 
 
 class DenseStrategy(Strategy):
@@ -41,10 +40,13 @@ class DenseStrategy(Strategy):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         if not spec.params:
-            raise ValueError(f"strategy {self.name!r} fine-tunes the whole backbone: the model spec must list "
-                             "its parameters (ModelSpec.params), got none")
-        self.delta: dict[str, Tensor] = {name: torch.zeros(shape, dtype=torch.float32)
-                                         for name, shape in spec.params.items()}
+            raise ValueError(
+                f"strategy {self.name!r} fine-tunes the whole backbone: the model spec must list "
+                "its parameters (ModelSpec.params), got none"
+            )
+        self.delta: dict[str, Tensor] = {
+            name: torch.zeros(shape, dtype=torch.float32) for name, shape in spec.params.items()
+        }
 
     def plan_options(self) -> dict:
         """What clients must send besides the delta and head (``RoundPlan`` fields)."""

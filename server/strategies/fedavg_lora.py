@@ -13,8 +13,7 @@ from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import (Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present,
-                                    published)
+from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
 
 
 class MeanAggregator(Aggregator):
@@ -42,15 +41,21 @@ class FedAvgLoRA(Strategy):
         super().__init__(config, spec)
         gen = torch.Generator().manual_seed(config.seed * 7919)
         r = config.rank
-        self.shared = {name: LowRank(torch.zeros(d_out, r, dtype=torch.float64),
-                                     init_lora_a(r, d_in, gen).to(torch.float64))
-                       for name, (d_out, d_in) in spec.layers.items()}
+        self.shared = {
+            name: LowRank(torch.zeros(d_out, r, dtype=torch.float64), init_lora_a(r, d_in, gen).to(torch.float64))
+            for name, (d_out, d_in) in spec.layers.items()
+        }
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"FedAvg with LoRA has no {phase} step")
-        return self.base_plan(task, round_, phase, train_factors=("B", "A"),
-                              lora={name: published(f.b, f.a) for name, f in self.shared.items()})
+        return self.base_plan(
+            task,
+            round_,
+            phase,
+            train_factors=("B", "A"),
+            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
+        )
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return MeanAggregator(plan, self.declared(plan), self.spec, self.config.rank)

@@ -8,11 +8,17 @@ from torch import Tensor
 from common.config import RunConfig
 from common.declared import Shapes
 from common.lora import init_lora_a
-from common.merge import (GramSum, LoraAAccumulator, LoraBAccumulator, RegMeanAccumulator,
-                          TaskMergeAccumulator, WeightedMeanAccumulator, decay_gram)
+from common.merge import (
+    GramSum,
+    LoraAAccumulator,
+    LoraBAccumulator,
+    RegMeanAccumulator,
+    TaskMergeAccumulator,
+    WeightedMeanAccumulator,
+    decay_gram,
+)
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import (Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present,
-                                    published)
+from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
 
 
 class LoRMRoundAggregator(Aggregator):
@@ -24,7 +30,8 @@ class LoRMRoundAggregator(Aggregator):
         (self.active,) = plan.train_factors
         if self.active == "B":
             self.layers: dict[str, LoraBAccumulator | LoraAAccumulator] = {
-                name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
+                name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()
+            }
         else:
             self.layers = {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
@@ -74,16 +81,18 @@ class LoRM(Strategy):
         """Fresh factors for every task: ``B = 0`` and a seeded random ``A``."""
         gen = torch.Generator().manual_seed(self.config.seed * 7919 + task)
         r = self.config.rank
-        self.shared = {name: LowRank(torch.zeros(d_out, r, dtype=torch.float64),
-                                     init_lora_a(r, d_in, gen).to(torch.float64))
-                       for name, (d_out, d_in) in self.spec.layers.items()}
+        self.shared = {
+            name: LowRank(torch.zeros(d_out, r, dtype=torch.float64), init_lora_a(r, d_in, gen).to(torch.float64))
+            for name, (d_out, d_in) in self.spec.layers.items()
+        }
 
     def stacked(self, tasks: list[dict[str, LowRank]], weight: float = 1.0) -> dict[str, LowRank]:
         """``weight * sum_tau B^tau A^tau`` over ``tasks`` as one low-rank pair per layer:
         ``[B^0 ... B^k] * weight`` and ``[A^0; ...; A^k]``."""
-        return {name: LowRank(torch.cat([f[name].b for f in tasks], 1) * weight,
-                              torch.cat([f[name].a for f in tasks], 0))
-                for name in self.spec.layers}
+        return {
+            name: LowRank(torch.cat([f[name].b for f in tasks], 1) * weight, torch.cat([f[name].a for f in tasks], 0))
+            for name in self.spec.layers
+        }
 
     def divisor(self, task: int) -> int:
         """What task ``task``'s residual and each earlier one are divided by in its Gram passes: ``t + 1``."""
@@ -94,8 +103,10 @@ class LoRM(Strategy):
         done = self.task_factors[:task]
         if not done:
             return {}
-        return {name: published(f.b, f.a)
-                for name, f in self.stacked(done, self.config.lora_scale / self.divisor(task)).items()}
+        return {
+            name: published(f.b, f.a)
+            for name, f in self.stacked(done, self.config.lora_scale / self.divisor(task)).items()
+        }
 
     def active_factor(self, round_: int) -> str:
         """Rounds alternate: B (A frozen and shared), then A (B frozen and shared), ..."""
@@ -103,12 +114,17 @@ class LoRM(Strategy):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): docs/METHOD.md §3 steps 4 and 6.
-        common = dict(lora={name: published(f.b, f.a) for name, f in self.shared.items()},
-                      lora_scale=1.0 / self.divisor(task), extra=self._previous(task),
-                      gram=self.gram_kind, train_extra=self.trains_on_previous)
+        common = dict(
+            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
+            lora_scale=1.0 / self.divisor(task),
+            extra=self._previous(task),
+            gram=self.gram_kind,
+            train_extra=self.trains_on_previous,
+        )
         if phase == Phase.TRAIN:
-            return self.base_plan(task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True,
-                                  **common)
+            return self.base_plan(
+                task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True, **common
+            )
         if phase == Phase.TASK_GRAM:
             return self.base_plan(task, round_, phase, send_head=False, **common)
         raise ValueError(f"LoRM has no {phase} step")
@@ -162,8 +178,10 @@ class LoRM(Strategy):
         t = 0
         while f"task{t}/{next(iter(layers))}/b" in tensors:
             # Re-fold the stored tasks in order: the same sums, the same merge as before.
-            self._end_task(factors_from_tensors(f"task{t}", layers, tensors),
-                           {name: tensors[f"task{t}/{name}/g"] for name in layers})
+            self._end_task(
+                factors_from_tensors(f"task{t}", layers, tensors),
+                {name: tensors[f"task{t}/{name}/g"] for name in layers},
+            )
             t += 1
 
     def adapter(self) -> dict[str, LowRank]:

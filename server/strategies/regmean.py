@@ -36,7 +36,8 @@ class RegMeanAggregator(Aggregator):
         self.layers = {name: RegMeanAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
         linear = {weight_param(name) for name in spec.layers}
         self.others: dict[str, WeightedMeanAccumulator] = {
-            name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items() if name not in linear}
+            name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items() if name not in linear
+        }
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
@@ -58,8 +59,10 @@ class RegMean(DenseStrategy):
         for name, (d_out, d_in) in spec.layers.items():
             shape = spec.params.get(weight_param(name))
             if shape is None or tuple(shape) != (d_out, d_in):
-                raise ValueError(f"layer {name!r}: expected backbone parameter {weight_param(name)!r} of shape "
-                                 f"{(d_out, d_in)}, got {shape}")
+                raise ValueError(
+                    f"layer {name!r}: expected backbone parameter {weight_param(name)!r} of shape "
+                    f"{(d_out, d_in)}, got {shape}"
+                )
 
     def plan_options(self) -> dict:
         gram = GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG

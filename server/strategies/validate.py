@@ -30,10 +30,17 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
-from common.declared import (delta_shapes, factor_shapes, fisher_shapes, gram_shapes,  # noqa: F401 (re-exported)
-                             head_gram_shape, head_shapes, stat_shapes)
-from common.tensors import (DELTA, FACTOR, FISHER, GRAM, STAT, UPDATE_FIELDS, UpTo,  # noqa: F401 (UpTo: re-exported)
-                            parse_tensor_name, shape_fits)
+from common.tensors import (
+    DELTA,
+    FACTOR,
+    FISHER,
+    GRAM,
+    STAT,
+    UPDATE_FIELDS,
+    UpTo,  # noqa: F401 (UpTo: re-exported)
+    parse_tensor_name,
+    shape_fits,
+)
 
 PARAM_DTYPES = (torch.float32, torch.float64)  # factors, head, deltas: float32 as clients compute; float64 lossless
 STAT_DTYPES = (torch.float64,)  # Grams, Fisher, feature statistics: accumulated in float64 by clients
@@ -89,8 +96,9 @@ def _check_names(got: Iterable[str], expected: dict[str, tuple[int, ...]]) -> No
     missing, unknown = sorted(set(expected) - got), sorted(got - set(expected))
     first = min(missing + unknown, key=lambda n: (list(expected).index(n) if n in expected else len(expected), n))
     group = _group_of(first) if first in expected or _parses(first) else "tensors"
-    raise UpdateRejected(group, f"this step expects {len(expected)} tensors; missing {missing[:3]}, "
-                                f"unexpected {unknown[:3]}")
+    raise UpdateRejected(
+        group, f"this step expects {len(expected)} tensors; missing {missing[:3]}, unexpected {unknown[:3]}"
+    )
 
 
 def _parses(name: str) -> bool:
@@ -109,13 +117,17 @@ def _dtype_message(dtype: object, allowed: tuple[torch.dtype, ...]) -> str:
 # ------------------------------------------------------------------ checks
 
 
-def check_declared(declared: dict[str, tuple[str, tuple[int, ...]]], expected: dict[str, tuple[int, ...]],
-                   nbytes: int) -> None:
+def check_declared(
+    declared: dict[str, tuple[str, tuple[int, ...]]], expected: dict[str, tuple[int, ...]], nbytes: int
+) -> None:
     """A push's headers (``name -> (dtype name, shape)``, ``nbytes`` in all) against the step, before its bytes."""
     limit = max_bytes(expected)
     if nbytes > limit:
-        raise UpdateRejected("tensors.nbytes", f"the push declares {nbytes} bytes; this step's update is at most "
-                                               f"{limit} bytes (its expected tensors in float64)")
+        raise UpdateRejected(
+            "tensors.nbytes",
+            f"the push declares {nbytes} bytes; this step's update is at most "
+            f"{limit} bytes (its expected tensors in float64)",
+        )
     _check_names(declared, expected)
     for name, (dtype, shape) in declared.items():
         if not shape_fits(tuple(shape), expected[name]):
@@ -172,14 +184,19 @@ def check_gram(field: str, g: Tensor) -> None:
     scale = float(diag.max())
     asym = float((g - g.T).abs().max())
     if asym > SYMMETRY_RTOL * scale:
-        raise UpdateRejected(field, f"a full Gram must be symmetric: |G - G^T| reaches {asym:.3g}, "
-                                    f"over {SYMMETRY_RTOL:g} x max diagonal {scale:.3g}")
+        raise UpdateRejected(
+            field,
+            f"a full Gram must be symmetric: |G - G^T| reaches {asym:.3g}, "
+            f"over {SYMMETRY_RTOL:g} x max diagonal {scale:.3g}",
+        )
     eps = PSD_RTOL * max(float(diag.sum()), torch.finfo(torch.float64).tiny)
     shifted = g.to(torch.float64) + eps * torch.eye(g.shape[0], dtype=torch.float64)
     _, info = torch.linalg.cholesky_ex(shifted)
     if int(info) != 0:
-        raise UpdateRejected(field, f"a full Gram must be positive semidefinite: G + {eps:.3g} I "
-                                    f"({PSD_RTOL:g} x trace) has no Cholesky factor")
+        raise UpdateRejected(
+            field,
+            f"a full Gram must be positive semidefinite: G + {eps:.3g} I ({PSD_RTOL:g} x trace) has no Cholesky factor",
+        )
 
 
 def check_scalars(num_samples: int, train_loss: float, samples: tuple[int, int] | None = None) -> None:

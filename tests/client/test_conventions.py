@@ -11,8 +11,18 @@ from common.config import RunConfig
 from common.messages import Phase
 from server.strategies import make_strategy
 
-TINY = dict(num_clients=2, num_tasks=2, rounds_per_task=1, local_epochs=1, rank=2, lr=3e-2, lr_lora=1e-2,
-            threads=1, seed=3, extra={"synthetic_classes": 6, "synthetic_train": 8, "synthetic_test": 4})
+TINY = dict(
+    num_clients=2,
+    num_tasks=2,
+    rounds_per_task=1,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-2,
+    threads=1,
+    seed=3,
+    extra={"synthetic_classes": 6, "synthetic_train": 8, "synthetic_test": 4},
+)
 
 
 def first_update(config: RunConfig, task: int = 0):
@@ -68,6 +78,7 @@ def test_reference_fisher_weighs_the_true_labels_gradient_by_its_probability_and
     def weigh(p, y):
         one_hot = F.one_hot(y, p.shape[1]).double()
         return p.gather(1, y[:, None]) * (one_hot - p) ** 2
+
     w, b = head_fisher_by_hand(worker, plan, weigh)
     assert close(update.fisher["head.weight"], w) and close(update.fisher["head.bias"], b)
 
@@ -81,7 +92,7 @@ def test_sampled_fisher_is_reproducible_and_every_estimator_differs():
     again, _, _ = first_update(RunConfig(strategy="fisheravg", fisher="sampled", **TINY))
     assert torch.equal(again.fisher["head.bias"], fishers["sampled"])
     values = list(fishers.values())
-    assert all(not torch.equal(a, b) for i, a in enumerate(values) for b in values[i + 1:])
+    assert all(not torch.equal(a, b) for i, a in enumerate(values) for b in values[i + 1 :])
     with pytest.raises(ValueError, match="fisher must be one of"):
         RunConfig(fisher="empirical")
 
@@ -90,15 +101,28 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     # Synthetic samples all have 9 tokens: no padding anywhere, so the setting changes nothing.
     base = RunConfig(strategy="lorm", **TINY)
     plain, worker, _ = first_update(base)
-    assert int(worker.train.inputs["attention_mask"].sum(1).min()) == int(worker.train.inputs["attention_mask"].sum(1).max())
+    assert int(worker.train.inputs["attention_mask"].sum(1).min()) == int(
+        worker.train.inputs["attention_mask"].sum(1).max()
+    )
     padded, _, _ = first_update(dataclasses.replace(base, gram_padding=True))
     assert all(torch.equal(padded.grams[k], plain.grams[k]) for k in plain.grams)
     # Utterances of 1 to 6 words: the padded Grams gain the rows of the padding tokens.
     rows = [f"{' '.join(['w%d' % c] * (1 + k % 6))},c{c}" for c in range(4) for k in range(8)]
     (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
-    text = RunConfig(strategy="lorm", dataset="textfile", data_dir=str(tmp_path), num_clients=2, num_tasks=2,
-                     rounds_per_task=1, local_epochs=1, rank=2, threads=1, seed=3, min_client_samples=2,
-                     extra={"train_file": "t.csv", "test_file": "t.csv"})
+    text = RunConfig(
+        strategy="lorm",
+        dataset="textfile",
+        data_dir=str(tmp_path),
+        num_clients=2,
+        num_tasks=2,
+        rounds_per_task=1,
+        local_epochs=1,
+        rank=2,
+        threads=1,
+        seed=3,
+        min_client_samples=2,
+        extra={"train_file": "t.csv", "test_file": "t.csv"},
+    )
     plain, _, _ = first_update(text)
     padded, _, _ = first_update(dataclasses.replace(text, gram_padding=True))
     layer = next(name for name in plain.grams if name.endswith("attention.self.query"))

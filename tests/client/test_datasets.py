@@ -115,8 +115,9 @@ def write_annos(path: Path, rows: list[tuple[int, str]]) -> None:
 def test_cars196_devkit(tmp_path):
     root = tmp_path / "cars196"
     (root / "devkit").mkdir(parents=True)
-    scipy.io.savemat(root / "devkit" / "cars_meta.mat", {"class_names": np.array(["A 2012", "B 2009", "C 2007"],
-                                                                                  dtype=object)})
+    scipy.io.savemat(
+        root / "devkit" / "cars_meta.mat", {"class_names": np.array(["A 2012", "B 2009", "C 2007"], dtype=object)}
+    )
     write_annos(root / "devkit" / "cars_train_annos.mat", [(3, "00001.jpg"), (1, "00002.jpg"), (2, "00003.jpg")])
     write_annos(root / "devkit" / "cars_test_annos_withlabels.mat", [(2, "00001.jpg"), (3, "00002.jpg")])
     for split in ("train", "test"):
@@ -136,8 +137,12 @@ def test_cub200_official_split(tmp_path):
     folder = tmp_path / "cub200" / "CUB_200_2011"
     folder.mkdir(parents=True)
     (folder / "classes.txt").write_text("1 001.Black_footed_Albatross\n2 002.Laysan_Albatross\n")
-    images = {1: "001.Black_footed_Albatross/a.jpg", 2: "002.Laysan_Albatross/b.jpg",
-              3: "001.Black_footed_Albatross/c.jpg", 4: "002.Laysan_Albatross/d.jpg"}
+    images = {
+        1: "001.Black_footed_Albatross/a.jpg",
+        2: "002.Laysan_Albatross/b.jpg",
+        3: "001.Black_footed_Albatross/c.jpg",
+        4: "002.Laysan_Albatross/d.jpg",
+    }
     (folder / "images.txt").write_text("".join(f"{i} {p}\n" for i, p in images.items()))
     (folder / "image_class_labels.txt").write_text("1 1\n2 2\n3 1\n4 2\n")
     (folder / "train_test_split.txt").write_text("1 1\n2 1\n3 0\n4 0\n")
@@ -227,8 +232,18 @@ def test_image_data_batches_and_reproducible_augmentation(tmp_path):
 def test_images_train_end_to_end(tmp_path):
     image_folder(tmp_path / "mine" / "train", ["a", "b", "c"], per_class=6)
     image_folder(tmp_path / "mine" / "test", ["a", "b", "c"], per_class=2)
-    cfg = config(tmp_path, "imagefolder", backbone="tiny-vit", num_clients=2, beta=1.0, min_client_samples=2,
-                 rounds_per_task=1, local_epochs=1, batch_size=4, extra={"root": "mine"})
+    cfg = config(
+        tmp_path,
+        "imagefolder",
+        backbone="tiny-vit",
+        num_clients=2,
+        beta=1.0,
+        min_client_samples=2,
+        rounds_per_task=1,
+        local_epochs=1,
+        batch_size=4,
+        extra={"root": "mine"},
+    )
     result = run_inprocess(cfg)
     assert len(result.matrix.accuracy()) == 1 and np.isfinite(result.history[0]["loss"])
 
@@ -277,8 +292,9 @@ def test_clinc150_downloads_missing_files_and_verifies_them(tmp_path, monkeypatc
 
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "datasets"
-needs_clinc150 = pytest.mark.skipif(not (SHARED_DATA / "clinc150" / "data_full.json").exists(),
-                                    reason=f"CLINC150 not found under {SHARED_DATA}")
+needs_clinc150 = pytest.mark.skipif(
+    not (SHARED_DATA / "clinc150" / "data_full.json").exists(), reason=f"CLINC150 not found under {SHARED_DATA}"
+)
 
 
 @needs_clinc150
@@ -293,7 +309,7 @@ def test_clinc150_default_order_is_alphabetical_as_the_papers_code():
     assert [names[y] for y in splits.train_y] == [intent for _, intent in data["train"]]
     assert [names[y] for y in splits.test_y] == [intent for _, intent in data["test"]]
     tasks = task_ranges(150, 5, [])
-    assert [splits.class_names[lo:hi] for lo, hi in tasks] == [names[30 * k:30 * k + 30] for k in range(5)]
+    assert [splits.class_names[lo:hi] for lo, hi in tasks] == [names[30 * k : 30 * k + 30] for k in range(5)]
     domains = json.loads((SHARED_DATA / "clinc150" / "domains.json").read_text())
     domain_of = {intent: d for d, intents in domains.items() for intent in intents}
     assert len({domain_of[n] for n in names[:30]}) >= 5  # the first task spans many domains
@@ -302,8 +318,7 @@ def test_clinc150_default_order_is_alphabetical_as_the_papers_code():
 @needs_clinc150
 def test_clinc150_domain_order_is_a_named_option():
     domains = json.loads((SHARED_DATA / "clinc150" / "domains.json").read_text())
-    splits = load_dataset(RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5,
-                                    class_order="domains"))
+    splits = load_dataset(RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5, class_order="domains"))
     grouped = [intent for intents in domains.values() for intent in intents]
     assert splits.class_names == grouped
     first_two = set(list(domains.values())[0]) | set(list(domains.values())[1])

@@ -9,9 +9,19 @@ from common.config import RunConfig
 from common.messages import LowRank, Phase
 from server.strategies import make_strategy
 
-CONFIG = RunConfig(strategy="lorm-seq", num_clients=2, num_tasks=2, rounds_per_task=1, local_epochs=1, rank=2,
-                   lr=3e-2, lr_lora=1e-2, threads=1, seed=3,
-                   extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4})
+CONFIG = RunConfig(
+    strategy="lorm-seq",
+    num_clients=2,
+    num_tasks=2,
+    rounds_per_task=1,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-2,
+    threads=1,
+    seed=3,
+    extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4},
+)
 
 
 def train_loss(worker, plan) -> float:
@@ -27,8 +37,10 @@ def test_train_extra_puts_the_frozen_delta_under_training():
     plan = strategy.configure(1, 0, Phase.TRAIN)
     assert plan.train_extra
     gen = torch.Generator().manual_seed(0)
-    big = {name: LowRank(torch.randn(d_out, 2, generator=gen), torch.randn(2, d_in, generator=gen))
-           for name, (d_out, d_in) in runtime.spec.layers.items()}  # an earlier task's residual, made large
+    big = {
+        name: LowRank(torch.randn(d_out, 2, generator=gen), torch.randn(2, d_in, generator=gen))
+        for name, (d_out, d_in) in runtime.spec.layers.items()
+    }  # an earlier task's residual, made large
     worker = runtime.worker(0, "c0")
     on_w0 = train_loss(worker, dataclasses.replace(plan, extra={}))
     with_extra = train_loss(worker, dataclasses.replace(plan, extra=big))

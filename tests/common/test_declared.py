@@ -11,28 +11,55 @@ from common.declared import check_declared_shapes, declared_tensors
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.tensors import UpTo
 
-SPEC = ModelSpec(layers={"l1": (3, 4), "l2": (2, 3)}, feature_dim=5, num_classes=6,
-                 params={"emb.weight": (7, 4), "l1.base.weight": (3, 4)})
+SPEC = ModelSpec(
+    layers={"l1": (3, 4), "l2": (2, 3)},
+    feature_dim=5,
+    num_classes=6,
+    params={"emb.weight": (7, 4), "l1.base.weight": (3, 4)},
+)
 
 
 def plan(**fields) -> RoundPlan:
-    return RoundPlan(**{"run_id": "r", "phase": Phase.TRAIN, "task": 1, "round": 0, "class_range": (2, 4),
-                        "seen_classes": 4, **fields})
+    return RoundPlan(
+        **{
+            "run_id": "r",
+            "phase": Phase.TRAIN,
+            "task": 1,
+            "round": 0,
+            "class_range": (2, 4),
+            "seen_classes": 4,
+            **fields,
+        }
+    )
 
 
 def test_a_lorm_round_declares_its_factor_grams_head_and_head_gram():
     got = declared_tensors(plan(train_factors=("A",), gram=GramKind.DIAG, head_gram=True), SPEC, RunConfig(rank=2))
 
-    assert got == {"factor/l1/A": (2, 4), "factor/l2/A": (2, 3), "gram/l1": (4,), "gram/l2": (3,),
-                   "head/weight": (6, 5), "head/bias": (6,), "head/gram": (5, 5)}
+    assert got == {
+        "factor/l1/A": (2, 4),
+        "factor/l2/A": (2, 3),
+        "gram/l1": (4,),
+        "gram/l2": (3,),
+        "head/weight": (6, 5),
+        "head/bias": (6,),
+        "head/gram": (5, 5),
+    }
 
 
 def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
     got = declared_tensors(plan(mode=Mode.FULL, send_fisher=True), SPEC, RunConfig(strategy="fisheravg"))
 
-    assert got == {"delta/emb.weight": (7, 4), "delta/l1.base.weight": (3, 4), "head/weight": (6, 5),
-                   "head/bias": (6,), "fisher/emb.weight": (7, 4), "fisher/l1.base.weight": (3, 4),
-                   "fisher/head.weight": (6, 5), "fisher/head.bias": (6,)}
+    assert got == {
+        "delta/emb.weight": (7, 4),
+        "delta/l1.base.weight": (3, 4),
+        "head/weight": (6, 5),
+        "head/bias": (6,),
+        "fisher/emb.weight": (7, 4),
+        "fisher/l1.base.weight": (3, 4),
+        "fisher/head.weight": (6, 5),
+        "fisher/head.bias": (6,),
+    }
 
 
 def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the_projected_width():
@@ -40,9 +67,14 @@ def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the
 
     got = declared_tensors(plan(mode=Mode.FEATURES, head_gram=True, send_head=False), SPEC, config)
 
-    assert got == {"stat/class_sum": (2, 9), "stat/class_count": (2,), "stat/gram_factor": (9, 9),
-                   "stat/holdout_class_sum": (2, 9), "stat/holdout_class_count": (2,),
-                   "stat/holdout_gram_factor": (9, 9)}
+    assert got == {
+        "stat/class_sum": (2, 9),
+        "stat/class_count": (2,),
+        "stat/gram_factor": (9, 9),
+        "stat/holdout_class_sum": (2, 9),
+        "stat/holdout_class_count": (2,),
+        "stat/holdout_gram_factor": (9, 9),
+    }
     assert isinstance(got["stat/gram_factor"][0], UpTo) and not isinstance(got["stat/gram_factor"][1], UpTo)
 
 
@@ -50,8 +82,11 @@ def test_the_check_names_missing_unexpected_and_misshapen_tensors():
     declared = {"head/weight": (6, 5), "head/bias": (6,), "stat/gram_factor": (UpTo(9), 9)}
     check_declared_shapes({"head/weight": (6, 5), "head/bias": (6,), "stat/gram_factor": (4, 9)}, declared, "x")
 
-    with pytest.raises(ValueError, match=r"me: .*missing \['head/bias'\], unexpected \['gram/l1'\], "
-                                         r"shapes \[\('head/weight', \(5, 6\), \(6, 5\)\)\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"me: .*missing \['head/bias'\], unexpected \['gram/l1'\], "
+        r"shapes \[\('head/weight', \(5, 6\), \(6, 5\)\)\]",
+    ):
         check_declared_shapes({"head/weight": (5, 6), "gram/l1": (4,), "stat/gram_factor": (4, 9)}, declared, "me")
 
 
@@ -63,10 +98,17 @@ class Chatty(LoRATrainer):
 
 
 def test_a_worker_refuses_to_send_what_the_step_does_not_declare():
-    config = RunConfig(strategy="head-only", num_clients=2, local_epochs=0, threads=1,
-                       settings={"data": {"synthetic_classes": 4, "synthetic_train": 8, "synthetic_test": 2}})
+    config = RunConfig(
+        strategy="head-only",
+        num_clients=2,
+        local_epochs=0,
+        threads=1,
+        settings={"data": {"synthetic_classes": 4, "synthetic_train": 8, "synthetic_test": 2}},
+    )
     worker = build_runtime(config).worker(0, "c0")
     worker.method = Chatty()
 
-    with pytest.raises(ValueError, match=r"Chatty: the step declares 2 tensors; missing \[\], unexpected \['gram/stray'\]"):
+    with pytest.raises(
+        ValueError, match=r"Chatty: the step declares 2 tensors; missing \[\], unexpected \['gram/stray'\]"
+    ):
         worker.update(plan(task=0, class_range=(0, 2), seen_classes=2))

@@ -24,8 +24,14 @@ def run(fault: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "LORM_FAULT"}
     if fault is not None:
         env["LORM_FAULT"] = fault
-    return subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_unset_does_nothing():

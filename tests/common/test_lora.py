@@ -91,14 +91,23 @@ def test_gram_recorder_equals_xtx(shape, full):
 
 def test_apply_lora_bert_rules_and_identity_at_init():
     from transformers import BertConfig, BertModel
+
     torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=32), add_pooling_layer=True).eval()
+    model = BertModel(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+        add_pooling_layer=True,
+    ).eval()
     ids = torch.randint(0, 50, (2, 5))
     before = model(input_ids=ids).last_hidden_state
     names = apply_lora(model, "bert", rank=2)
-    suffixes = ["attention.self.query", "attention.self.key", "attention.self.value",
-                "attention.output.dense", "intermediate.dense", "output.dense"]
+    suffixes = [
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ]
     assert names == [f"encoder.layer.{i}.{s}" for i in range(2) for s in suffixes]
     assert set(lora_layers(model)) == set(names)
     assert "pooler.dense" not in names
@@ -109,6 +118,7 @@ def test_apply_lora_bert_rules_and_identity_at_init():
 
 def test_apply_lora_vit_rules():
     from timm.models.vision_transformer import VisionTransformer
+
     vit = VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=3)
     names = apply_lora(vit, "vit", rank=1)
     assert names == [f"blocks.{i}.{s}" for i in range(2) for s in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]
@@ -117,8 +127,10 @@ def test_apply_lora_vit_rules():
 
 def test_apply_lora_t5_rules():
     from transformers import T5Config, T5ForConditionalGeneration
-    t5 = T5ForConditionalGeneration(T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1,
-                                             num_decoder_layers=1, num_heads=2))
+
+    t5 = T5ForConditionalGeneration(
+        T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)
+    )
     linear = [n for n, m in t5.named_modules() if isinstance(m, nn.Linear)]
     names = apply_lora(t5, "t5", rank=1)
     assert "lm_head" in linear and "lm_head" not in names

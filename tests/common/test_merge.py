@@ -126,8 +126,12 @@ def check_regmean(gen: torch.Generator, n: int, d_out: int, d_in: int, kind: str
     sol = regmean(ws, gs)
     objective = regression_objective(xs, ws)
     assert_least_squares(
-        sol, lstsq_weights(xs, ws), objective, lambda w: [x @ w.T for x in xs],
-        unique=kind in FULL_RANK_KINDS, tol=1e-9 if kind in FULL_RANK_KINDS else 1e-7,
+        sol,
+        lstsq_weights(xs, ws),
+        objective,
+        lambda w: [x @ w.T for x in xs],
+        unique=kind in FULL_RANK_KINDS,
+        tol=1e-9 if kind in FULL_RANK_KINDS else 1e-7,
     )
 
 
@@ -140,8 +144,12 @@ def check_lora_b(gen: torch.Generator, n: int, d_out: int, d_in: int, r: int, ki
     zs = [x @ a.T for x in xs]
     unique = kind in FULL_RANK_KINDS and r <= d_in
     assert_least_squares(
-        sol, lstsq_weights(zs, bs), regression_objective(zs, bs), lambda b: [z @ b.T for z in zs],
-        unique=unique, tol=1e-9 if unique else 1e-7,
+        sol,
+        lstsq_weights(zs, bs),
+        regression_objective(zs, bs),
+        lambda b: [z @ b.T for z in zs],
+        unique=unique,
+        tol=1e-9 if unique else 1e-7,
     )
 
 
@@ -156,13 +164,12 @@ def check_lora_a(gen: torch.Generator, n: int, d_out: int, d_in: int, r: int, ki
     assert_least_squares(
         sol, ref, regression_objective(xs, as_), lambda a: [x @ a.T for x in xs], unique=unique, tol=tol
     )
+
     # The true A-round objective, with the shared B in front: also minimised there.
     def true_objective(a: Tensor) -> Tensor:
         return sum(((x @ (a - ai).T @ b.T) ** 2).sum() for x, ai in zip(xs, as_))
 
-    assert_least_squares(
-        sol, ref, true_objective, lambda a: [x @ a.T @ b.T for x in xs], unique=unique, tol=tol
-    )
+    assert_least_squares(sol, ref, true_objective, lambda a: [x @ a.T @ b.T for x in xs], unique=unique, tol=tol)
 
 
 def check_tasks(gen: torch.Generator, rs: Sequence[int], d_out: int, d_in: int, kind: str) -> None:
@@ -175,8 +182,12 @@ def check_tasks(gen: torch.Generator, rs: Sequence[int], d_out: int, d_in: int, 
     targets = [b @ a for b, a in zip(bs, as_)]
     unique = kind in FULL_RANK_KINDS
     assert_least_squares(
-        b_cat @ a_cat, lstsq_weights(xs, targets), regression_objective(xs, targets),
-        lambda w: [x @ w.T for x in xs], unique=unique, tol=1e-9 if unique else 1e-7,
+        b_cat @ a_cat,
+        lstsq_weights(xs, targets),
+        regression_objective(xs, targets),
+        lambda w: [x @ w.T for x in xs],
+        unique=unique,
+        tol=1e-9 if unique else 1e-7,
     )
 
 
@@ -190,22 +201,29 @@ def test_regmean_is_least_squares(n: int, d_out: int, d_in: int, kind: str, seed
 
 
 @FEW
-@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 4), st.integers(0, 4),
-       st.sampled_from(FULL_RANK_KINDS), SEEDS)
+@given(
+    st.integers(1, 4), st.integers(1, 6), st.integers(1, 4), st.integers(0, 4), st.sampled_from(FULL_RANK_KINDS), SEEDS
+)
 def test_lora_b_is_least_squares(n: int, d_out: int, r: int, extra: int, kind: str, seed: int) -> None:
     check_lora_b(torch.Generator().manual_seed(seed), n, d_out, r + extra, r, kind)
 
 
 @FEW
-@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.integers(1, 8),
-       st.sampled_from(FULL_RANK_KINDS), SEEDS)
+@given(
+    st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.integers(1, 8), st.sampled_from(FULL_RANK_KINDS), SEEDS
+)
 def test_lora_a_is_least_squares(n: int, r: int, extra: int, d_in: int, kind: str, seed: int) -> None:
     check_lora_a(torch.Generator().manual_seed(seed), n, r + extra, d_in, r, kind)
 
 
 @FEW
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.integers(1, 6), st.integers(1, 8),
-       st.sampled_from(FULL_RANK_KINDS), SEEDS)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.sampled_from(FULL_RANK_KINDS),
+    SEEDS,
+)
 def test_task_merge_is_least_squares(rs: list[int], d_out: int, d_in: int, kind: str, seed: int) -> None:
     check_tasks(torch.Generator().manual_seed(seed), rs, d_out, d_in, kind)
 
@@ -242,8 +260,9 @@ def test_checks_reject_the_plain_mean() -> None:
     ws = randn_list(gen, 3, 4, 6)
     objective = regression_objective(xs, ws)
     with pytest.raises(AssertionError):
-        assert_least_squares(torch.stack(ws).mean(0), lstsq_weights(xs, ws), objective,
-                             lambda w: [x @ w.T for x in xs], unique=False)
+        assert_least_squares(
+            torch.stack(ws).mean(0), lstsq_weights(xs, ws), objective, lambda w: [x @ w.T for x in xs], unique=False
+        )
 
 
 # ----------------------------------------------------------------------------- special cases
@@ -383,11 +402,13 @@ def test_accumulators_match_list_functions_in_constant_memory(kind: str) -> None
     shared_a = as_[0]
     cases = [
         (lambda: RegMeanAccumulator(d_out, d_in), list(zip(ws, gs)), lambda k: regmean(ws[:k], gs[:k])),
-        (lambda: LoraBAccumulator(shared_a, d_out), list(zip(bs, gs)),
-         lambda k: merge_lora_b(bs[:k], shared_a, gs[:k])),
+        (
+            lambda: LoraBAccumulator(shared_a, d_out),
+            list(zip(bs, gs)),
+            lambda k: merge_lora_b(bs[:k], shared_a, gs[:k]),
+        ),
         (lambda: LoraAAccumulator(r, d_in), list(zip(as_, gs)), lambda k: merge_lora_a(as_[:k], gs[:k])),
-        (lambda: WeightedMeanAccumulator((3,)), list(zip(xs, counts)),
-         lambda k: weighted_mean(xs[:k], counts[:k])),
+        (lambda: WeightedMeanAccumulator((3,)), list(zip(xs, counts)), lambda k: weighted_mean(xs[:k], counts[:k])),
     ]
     for make, args, list_fn in cases:
         small, large = fold_all(make(), args[:3]), fold_all(make(), args)
@@ -426,8 +447,13 @@ def test_task_accumulator_grows_with_tasks_only() -> None:
 
 
 def test_empty_accumulators_raise() -> None:
-    for acc in (RegMeanAccumulator(2, 3), LoraAAccumulator(1, 3), TaskMergeAccumulator(2, 3),
-                LoraBAccumulator(torch.ones(1, 3), 2), WeightedMeanAccumulator((2,))):
+    for acc in (
+        RegMeanAccumulator(2, 3),
+        LoraAAccumulator(1, 3),
+        TaskMergeAccumulator(2, 3),
+        LoraBAccumulator(torch.ones(1, 3), 2),
+        WeightedMeanAccumulator((2,)),
+    ):
         with pytest.raises(ValueError, match="nothing folded"):
             acc.result()
     with pytest.raises(ValueError, match="nothing folded"):
@@ -473,25 +499,27 @@ W34, G4 = torch.ones(3, 4), torch.ones(4)
         (lambda: regmean([W34, torch.ones(3, 5)], [G4, G4]), r"\(3, 4\)", r"\(3, 5\)"),
         (lambda: regmean([W34, W34], [G4, torch.ones(5)]), r"\(4,\) or \(4, 4\)", r"\(5,\)"),
         (lambda: regmean([W34, W34], [G4, torch.ones(4, 5)]), r"\(4,\) or \(4, 4\)", r"\(4, 5\)"),
-        (lambda: merge_lora_b([torch.ones(3, 2), torch.ones(3, 1)], torch.ones(2, 4), [G4, G4]),
-         r"\(3, 2\)", r"\(3, 1\)"),
-        (lambda: merge_lora_b([torch.ones(3, 2)], torch.ones(2, 4), [torch.ones(3)]),
-         r"\(4,\)", r"\(3,\)"),
+        (
+            lambda: merge_lora_b([torch.ones(3, 2), torch.ones(3, 1)], torch.ones(2, 4), [G4, G4]),
+            r"\(3, 2\)",
+            r"\(3, 1\)",
+        ),
+        (lambda: merge_lora_b([torch.ones(3, 2)], torch.ones(2, 4), [torch.ones(3)]), r"\(4,\)", r"\(3,\)"),
         (lambda: merge_lora_b([torch.ones(3, 2)], torch.ones(4), [G4]), r"\(r, d_in\)", r"\(4,\)"),
         (lambda: merge_lora_a([torch.ones(2, 4), torch.ones(2, 3)], [G4, G4]), r"\(2, 4\)", r"\(2, 3\)"),
         (lambda: merge_tasks([torch.ones(3, 2)], [torch.ones(3, 4)], [G4]), r"\(2, 4\)", r"\(3, 4\)"),
-        (lambda: merge_tasks([torch.ones(3, 2), torch.ones(5, 1)],
-                             [torch.ones(2, 4), torch.ones(1, 4)], [G4, G4]),
-         r"\(3, \*\)", r"\(5, 1\)"),
+        (
+            lambda: merge_tasks([torch.ones(3, 2), torch.ones(5, 1)], [torch.ones(2, 4), torch.ones(1, 4)], [G4, G4]),
+            r"\(3, \*\)",
+            r"\(5, 1\)",
+        ),
         (lambda: weighted_mean([torch.ones(2), torch.ones(3)], [1, 1]), r"\(2,\)", r"\(3,\)"),
         (lambda: regmean([torch.ones(3)], [G4]), r"\(\*, \*\)", r"\(3,\)"),
         (lambda: merge_lora_a([torch.ones(2, 3, 4)], [G4]), r"\(\*, \*\)", r"\(2, 3, 4\)"),
         (lambda: merge_tasks([torch.ones(3, 2)], [torch.ones(2)], [G4]), r"\(\*, \*\)", r"\(2,\)"),
     ],
 )
-def test_shape_errors_name_expected_and_actual(
-    call: Callable[[], object], expected: str, actual: str
-) -> None:
+def test_shape_errors_name_expected_and_actual(call: Callable[[], object], expected: str, actual: str) -> None:
     with pytest.raises(ValueError, match=f"{expected}.*got {actual}"):
         call()
 
@@ -515,6 +543,7 @@ def test_empty_or_unequal_lists_raise(call: Callable[[], object]) -> None:
 def test_singular_full_gram_gives_the_pseudo_inverse_solution():
     """Rank-deficient inputs: the minimum-norm minimiser ``M pinv(S)``, as the reference's pinv."""
     from common.merge import right_solve
+
     g = torch.Generator().manual_seed(11)
     x = torch.randn(3, 6, generator=g, dtype=torch.float64)  # 3 rows in 6 dims: rank 3
     s = x.T @ x

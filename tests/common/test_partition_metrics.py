@@ -46,6 +46,7 @@ def test_partition_deterministic_per_seed_and_skewed_by_beta():
     def skew(beta):  # mean over clients of the largest class share
         shards = dirichlet_partition(y, tasks, 5, beta, seed=4)[0]
         return np.mean([np.bincount(y[s], minlength=6).max() / len(s) for s in shards])
+
     assert skew(0.05) > skew(100.0) + 0.3
 
 

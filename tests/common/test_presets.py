@@ -27,8 +27,9 @@ def test_overrides_apply_in_order(tmp_path):
     add_config_arguments(parser)
     path = tmp_path / "c.json"
     path.write_text('{"beta": 0.2, "rank": 3}')
-    cfg = config_from_args(parser.parse_args(["--preset", "demo", "--config", str(path), "--set", "rank=4",
-                                              "--set", "run_id=x"]))
+    cfg = config_from_args(
+        parser.parse_args(["--preset", "demo", "--config", str(path), "--set", "rank=4", "--set", "run_id=x"])
+    )
     assert (cfg.dataset, cfg.beta, cfg.rank, cfg.run_id) == ("clinc150", 0.2, 4, "x")
     with pytest.raises(ValueError, match="unknown run configuration keys"):
         config_from_args(parser.parse_args(["--set", "nope=1"]))
@@ -39,5 +40,10 @@ def test_every_clinc150_preset_numbers_intents_alphabetically_as_the_paper():
     assert "paper-clinc150-b0.5" in clinc and "cpu-clinc150-full" in clinc
     assert all(RunConfig(**PRESETS[name]).class_order == "alphabetical" for name in clinc)
     full = RunConfig(**PRESETS["cpu-clinc150-full"])
-    assert (full.train_per_class, full.num_clients, full.rounds_per_task, full.batch_size, full.max_length) == \
-        (0, 10, 5, 16, 64)
+    assert (full.train_per_class, full.num_clients, full.rounds_per_task, full.batch_size, full.max_length) == (
+        0,
+        10,
+        5,
+        16,
+        64,
+    )

@@ -17,8 +17,18 @@ def from_args(*argv: str) -> RunConfig:
 
 
 def test_a_dotted_override_changes_one_key_and_keeps_the_others():
-    config = from_args("--preset", "tiny", "--set", "strategy=ridge", "--set", "ridge.rp_dim=5000",
-                       "--set", "ridge.holdout=4", "--set", "data.synthetic_test=3")
+    config = from_args(
+        "--preset",
+        "tiny",
+        "--set",
+        "strategy=ridge",
+        "--set",
+        "ridge.rp_dim=5000",
+        "--set",
+        "ridge.holdout=4",
+        "--set",
+        "data.synthetic_test=3",
+    )
 
     assert config.section(RidgeSettings) == RidgeSettings(rp_dim=5000, holdout=4)  # the other keys: defaults
     assert config.section(DataSettings) == DataSettings(synthetic_classes=9, synthetic_train=40, synthetic_test=3)
@@ -46,16 +56,22 @@ def test_legacy_extra_keys_move_into_their_sections():
     assert RunConfig.from_json(config.to_json()) == config
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["ridge.rpdim=5"], r"unknown setting ridge\.rpdim; ridge has \['fixed_lambda', 'holdout', 'lambdas', 'rp_dim'\]"),
-    (["nosuch.key=5"], r"unknown settings section 'nosuch'; known: \['data', 'model', 'ncm', 'ridge', 'ties'\]"),
-    (['ridge.rp_dim="wide"'], r"setting ridge\.rp_dim expects int, got str 'wide'"),
-    (["ridge.rp_dim=1.5"], r"setting ridge\.rp_dim expects int, got float 1\.5"),
-    (["ties.density=true"], r"setting ties\.density expects float, got bool True"),
-    (['ridge.lambdas=[1, "x"]'], r"setting ridge\.lambdas\[1\] expects float, got str 'x'"),
-    (['extra={"rp_dimm": 3}'], r"unknown extra key 'rp_dimm'"),
-    (["ties.density=0"], r"setting ties\.density should lie in \(0, 1\], got 0\.0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["ridge.rpdim=5"],
+            r"unknown setting ridge\.rpdim; ridge has \['fixed_lambda', 'holdout', 'lambdas', 'rp_dim'\]",
+        ),
+        (["nosuch.key=5"], r"unknown settings section 'nosuch'; known: \['data', 'model', 'ncm', 'ridge', 'ties'\]"),
+        (['ridge.rp_dim="wide"'], r"setting ridge\.rp_dim expects int, got str 'wide'"),
+        (["ridge.rp_dim=1.5"], r"setting ridge\.rp_dim expects int, got float 1\.5"),
+        (["ties.density=true"], r"setting ties\.density expects float, got bool True"),
+        (['ridge.lambdas=[1, "x"]'], r"setting ridge\.lambdas\[1\] expects float, got str 'x'"),
+        (['extra={"rp_dimm": 3}'], r"unknown extra key 'rp_dimm'"),
+        (["ties.density=0"], r"setting ties\.density should lie in \(0, 1\], got 0\.0"),
+    ],
+)
 def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
     with pytest.raises(ValueError, match=message):
         from_args(*[arg for item in argv for arg in ("--set", item)])

@@ -16,8 +16,10 @@ def files(tmp_path):
         (tmp_path / name).write_text("PEM")
     (tmp_path / "token").write_text("s3cret\n")
     (tmp_path / "tokens.json").write_text(json.dumps({"c0": "ab" * 32}))
-    return {k: str(tmp_path / v) for k, v in dict(ca="ca.crt", cert="cert.crt", key="cert.key", token="token",
-                                                     tokens="tokens.json").items()}
+    return {
+        k: str(tmp_path / v)
+        for k, v in dict(ca="ca.crt", cert="cert.crt", key="cert.key", token="token", tokens="tokens.json").items()
+    }
 
 
 def parse(role: str, argv: list[str]) -> Security:
@@ -29,8 +31,10 @@ def parse(role: str, argv: list[str]) -> Security:
 def test_nothing_given_says_what_to_pass():
     with pytest.raises(SecurityError) as err:
         parse("server", [])
-    assert all(flag in str(err.value) for flag in ("--tls-cert", "--tls-key", "--tls-ca", "--token-file",
-                                                   "--insecure", "lorm-certs"))
+    assert all(
+        flag in str(err.value)
+        for flag in ("--tls-cert", "--tls-key", "--tls-ca", "--token-file", "--insecure", "lorm-certs")
+    )
     with pytest.raises(SecurityError) as err:
         parse("client", [])
     assert "--tls-ca" in str(err.value) and "--insecure" in str(err.value)
@@ -39,8 +43,19 @@ def test_nothing_given_says_what_to_pass():
 def test_server_modes(files):
     mtls = parse("server", ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"]])
     assert mtls.tls and mtls.describe("server") == "TLS, clients authenticated by client certificates"
-    tokens = parse("server", ["--tls-cert", files["cert"], "--tls-key", files["key"], "--token-file", files["tokens"],
-                              "--allowed-clients", "c0, c1"])
+    tokens = parse(
+        "server",
+        [
+            "--tls-cert",
+            files["cert"],
+            "--tls-key",
+            files["key"],
+            "--token-file",
+            files["tokens"],
+            "--allowed-clients",
+            "c0, c1",
+        ],
+    )
     assert tokens.allowed_clients == ("c0", "c1") and "bearer tokens" in tokens.describe("server")
     assert parse("server", ["--insecure"]).describe("server") == "plaintext (no client authentication)"
     with pytest.raises(SecurityError, match="--allowed-clients needs client authentication"):
@@ -56,8 +71,12 @@ def test_server_modes(files):
 
 
 def test_client_modes(files):
-    assert parse("client", ["--tls-ca", files["ca"], "--tls-cert", files["cert"], "--tls-key",
-                            files["key"]]).describe("client") == "mutual TLS"
+    assert (
+        parse("client", ["--tls-ca", files["ca"], "--tls-cert", files["cert"], "--tls-key", files["key"]]).describe(
+            "client"
+        )
+        == "mutual TLS"
+    )
     token = parse("client", ["--tls-ca", files["ca"], "--token-file", files["token"]])
     assert token.call_metadata() == (("authorization", "Bearer s3cret"),)
     with pytest.raises(SecurityError, match="no client credentials"):

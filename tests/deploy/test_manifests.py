@@ -55,8 +55,14 @@ def console_scripts() -> dict[str, str]:
 @lru_cache
 def flags_of(script: str) -> frozenset[str]:
     """Every option the script's parser accepts, read from its --help (what a user would see)."""
-    out = subprocess.run([sys.executable, "-m", console_scripts()[script], "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-m", console_scripts()[script], "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out.stdout))
 
@@ -200,20 +206,30 @@ def test_compose_cross_references():
     assert sorted(int(s["environment"]["LORM_CLIENT_INDEX"]) for s in clients.values()) == list(range(NUM_CLIENTS))
 
     # Volumes: declared, and mounted where the command keeps state and results.
-    named = {m.split(":")[0]: m.split(":")[1] for s in services.values() for m in s["volumes"] if ":" in m
-             and not m.startswith((".", "/"))}
+    named = {
+        m.split(":")[0]: m.split(":")[1]
+        for s in services.values()
+        for m in s["volumes"]
+        if ":" in m and not m.startswith((".", "/"))
+    }
     assert set(named) <= set(spec["volumes"]), f"undeclared volumes {set(named) - set(spec['volumes'])}"
     assert named["state"] == args.state_dir and named["results"] == args.results_dir
 
     # Secrets: declared, their files in the layout lorm-certs writes, and every TLS path a command uses mounted.
     pki = Pki(DEPLOY / "certs")
-    expected = {"ca": pki.ca, "coordinator-cert": pki.server_cert, "coordinator-key": pki.server_key,
-                "health-cert": pki.client_cert("health"), "health-key": pki.client_key("health")}
+    expected = {
+        "ca": pki.ca,
+        "coordinator-cert": pki.server_cert,
+        "coordinator-key": pki.server_key,
+        "health-cert": pki.client_cert("health"),
+        "health-key": pki.client_key("health"),
+    }
     for i in range(NUM_CLIENTS):
         c = f"client-{i}"
         expected |= {f"{c}-cert": pki.client_cert(c), f"{c}-key": pki.client_key(c)}
-    assert {k: (DEPLOY / v["file"]).resolve() for k, v in spec["secrets"].items()} == \
-        {k: v.resolve() for k, v in expected.items()}
+    assert {k: (DEPLOY / v["file"]).resolve() for k, v in spec["secrets"].items()} == {
+        k: v.resolve() for k, v in expected.items()
+    }
     for name, s in services.items():
         sources = {x["source"] for x in s["secrets"]}
         assert sources <= set(spec["secrets"]), name
@@ -265,8 +281,23 @@ def test_docker_compose_config_when_the_cli_has_compose():
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
         pytest.skip("no `docker compose` CLI here (the parse needs no engine, but the plugin is missing)")
-    out = subprocess.run([docker, "compose", "-f", "compose.yaml", "-f", "compose.gpu.yaml", "config", "--quiet",
-                          "--no-path-resolution"], cwd=DEPLOY, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            docker,
+            "compose",
+            "-f",
+            "compose.yaml",
+            "-f",
+            "compose.gpu.yaml",
+            "config",
+            "--quiet",
+            "--no-path-resolution",
+        ],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if "secret" in out.stderr and "not found" in out.stderr.lower():
         pytest.skip("docker compose config needs deploy/certs (bash deploy/build-and-run.sh creates it)")
     assert out.returncode == 0, out.stderr
@@ -290,7 +321,9 @@ def secret_keys() -> dict[str, set[str]]:
     keys = {}
     pki = Pki(DEPLOY / "k8s" / "certs")
     ids = [f"client-{i}" for i in range(NUM_CLIENTS)] + ["health"]
-    layout = {pki.ca, pki.server_cert, pki.server_key} | {f for c in ids for f in (pki.client_cert(c), pki.client_key(c))}
+    layout = {pki.ca, pki.server_cert, pki.server_key} | {
+        f for c in ids for f in (pki.client_cert(c), pki.client_key(c))
+    }
     for gen in kustomization["secretGenerator"]:
         names = set()
         for entry in gen["files"]:
@@ -375,8 +408,10 @@ def run_init_container(init: dict, pod: dict, secrets: dict[str, set[str]], inde
     ``root`` (secret files hold their own key names). Returns volume name -> folder."""
     volumes = {v["name"]: v for v in pod["volumes"]}
     env = {e["name"]: e for e in init["env"]}
-    assert env["LORM_CLIENT_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["LORM_CLIENT_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     shell, flag, command = init["command"]
     assert (shell, flag) == ("sh", "-c")
     command = command.replace("$(LORM_CLIENT_INDEX)", str(index))
@@ -435,8 +470,10 @@ def test_k8s_clients_indexed_job_with_gpus():
     assert image_name(container["image"]) == "lorm-client"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == container["resources"]["limits"]["nvidia.com/gpu"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["LORM_CLIENT_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["LORM_CLIENT_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     for name in env:
         assert env_read_by_code(name), f"environment {name} is read by no code"
     service = objects[("Service", "lorm-coordinator")]

@@ -62,11 +62,21 @@ def fake_run(fail_seeds=(), sleep_s=0.0, calls=None):
         time.sleep(sleep_s)
         if config.seed in fail_seeds:
             raise RuntimeError(f"boom for seed {config.seed}")
-        summary = {"config": json.loads(config.to_json()), "seconds": 0.1,
-                   "history": [{"task": 0, "bytes_per_client": 100.0}, {"task": 1, "bytes_per_client": 50.0},
-                               {"task": 1, "phase": "evaluate", "accuracy": [40.0, 60.0]}],
-                   "accuracy": [[60.0], [40.0, 60.0]], "correct": [[6], [4, 6]], "total": [[10], [10, 10]],
-                   "faa": 50.0, "faa_weighted": 50.0, "forgetting": 20.0}
+        summary = {
+            "config": json.loads(config.to_json()),
+            "seconds": 0.1,
+            "history": [
+                {"task": 0, "bytes_per_client": 100.0},
+                {"task": 1, "bytes_per_client": 50.0},
+                {"task": 1, "phase": "evaluate", "accuracy": [40.0, 60.0]},
+            ],
+            "accuracy": [[60.0], [40.0, 60.0]],
+            "correct": [[6], [4, 6]],
+            "total": [[10], [10, 10]],
+            "faa": 50.0,
+            "faa_weighted": 50.0,
+            "forgetting": 20.0,
+        }
         return SimpleNamespace(summary=lambda: summary)
 
     return run
@@ -78,8 +88,18 @@ def grid(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     (root / "methods.json").write_text(json.dumps(METHOD_CONFIG))
     out = root / "grid"
-    argv = TINY + ["--methods", ",".join(METHODS), "--betas", "0.5", "--seeds", "1,2", "--out", str(out),
-                   "--method-config", str(root / "methods.json")]
+    argv = TINY + [
+        "--methods",
+        ",".join(METHODS),
+        "--betas",
+        "0.5",
+        "--seeds",
+        "1,2",
+        "--out",
+        str(out),
+        "--method-config",
+        str(root / "methods.json"),
+    ]
     rc, printed = bench_main(argv)
     return SimpleNamespace(out=out, rc=rc, printed=printed, argv=argv)
 
@@ -87,7 +107,8 @@ def grid(tmp_path_factory):
 def test_grid_runs_every_cell_with_its_configuration(grid):
     assert grid.rc == 0, grid.printed
     assert [d.relative_to(grid.out / "cells").as_posix() for d in cell_dirs(grid.out)] == sorted(
-        f"{m}/beta0.5/seed{s}" for m in METHODS for s in SEEDS)
+        f"{m}/beta0.5/seed{s}" for m in METHODS for s in SEEDS
+    )
     for d in cell_dirs(grid.out):
         m = json.loads((d / "metrics.json").read_text())
         assert (m["beta"], m["mode"]) == (0.5, "inprocess") and f"seed{m['seed']}" == d.name
@@ -157,8 +178,9 @@ def test_a_deleted_cell_and_only_it_runs_again(grid, monkeypatch):
     before = mtimes(grid.out)
     (target / "metrics.json").unlink()
     calls = []
-    monkeypatch.setattr(bench, "run_inprocess",
-                        lambda config, **kw: calls.append(config) or run_inprocess(config, **kw))
+    monkeypatch.setattr(
+        bench, "run_inprocess", lambda config, **kw: calls.append(config) or run_inprocess(config, **kw)
+    )
     rc, printed = bench_main(grid.argv)
     assert rc == 0, printed
     assert [(c.strategy, c.seed) for c in calls] == [("fedavg-lora", 2)]
@@ -190,12 +212,15 @@ def test_an_unknown_method_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "g").exists()
 
 
-@pytest.mark.parametrize("method_config, message", [
-    ({"fedprox": {"lr": 1}}, "unknown method 'fedprox'"),
-    ({"lorm": {"beta=0.5": {"seed": 3}}}, "['seed'] are set by the grid"),
-    ({"lorm": {"beta=half": {"lr": 1}}}, "expected 'beta=<number>'"),
-    ({"lorm": {"learning_rate": 1}}, "unknown run configuration keys: ['learning_rate']"),
-])
+@pytest.mark.parametrize(
+    "method_config, message",
+    [
+        ({"fedprox": {"lr": 1}}, "unknown method 'fedprox'"),
+        ({"lorm": {"beta=0.5": {"seed": 3}}}, "['seed'] are set by the grid"),
+        ({"lorm": {"beta=half": {"lr": 1}}}, "expected 'beta=<number>'"),
+        ({"lorm": {"learning_rate": 1}}, "unknown run configuration keys: ['learning_rate']"),
+    ],
+)
 def test_a_bad_method_config_is_a_clear_error(tmp_path, capsys, method_config, message):
     (tmp_path / "m.json").write_text(json.dumps(method_config))
     with pytest.raises(SystemExit):
@@ -209,7 +234,10 @@ def test_overrides_apply_base_then_method_then_beta():
     at_half = bench.cell_config(base, "lorm", 0.5, 7, overrides)
     at_one = bench.cell_config(base, "lorm", 1.0, 7, overrides)
     assert (at_half.lr, at_one.lr, at_half.seed, at_half.beta) == (0.03, 0.02, 7, 0.5)
-    assert at_half.settings["data"] == {**preset("tiny")["settings"]["data"], "synthetic_test": 5}  # merged, not replaced
+    assert at_half.settings["data"] == {
+        **preset("tiny")["settings"]["data"],
+        "synthetic_test": 5,
+    }  # merged, not replaced
     assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
 
 
@@ -264,10 +292,24 @@ def test_the_paper_column_comes_from_the_paper_table(tmp_path):
     for seed, faa in zip((1, 2, 3), (80.0, 82.0, 84.0)):
         cell = tmp_path / f"cells/lorm/beta0.5/seed{seed}"
         cell.mkdir(parents=True)
-        (cell / "metrics.json").write_text(json.dumps(
-            {"method": "lorm", "beta": 0.5, "seed": seed, "mode": "inprocess", "config": {"dataset": "clinc150"},
-             "accuracy": [[90.0], [faa - 10, faa + 10]], "faa": faa, "faa_weighted": faa + 1, "forgetting": 5.0,
-             "bytes_per_client": 2.5e6, "wall_seconds": 60.0 * seed, "history": []}))
+        (cell / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "method": "lorm",
+                    "beta": 0.5,
+                    "seed": seed,
+                    "mode": "inprocess",
+                    "config": {"dataset": "clinc150"},
+                    "accuracy": [[90.0], [faa - 10, faa + 10]],
+                    "faa": faa,
+                    "faa_weighted": faa + 1,
+                    "forgetting": 5.0,
+                    "bytes_per_client": 2.5e6,
+                    "wall_seconds": 60.0 * seed,
+                    "history": [],
+                }
+            )
+        )
     rc, _ = bench_main(["--out", str(tmp_path), "--report-only"])
     row = read_csv(tmp_path / "results.csv")["lorm"]
     assert rc == 0 and (float(row["faa_mean"]), float(row["faa_std"]), float(row["paper_faa"])) == (82.0, 2.0, 82.58)
@@ -279,8 +321,9 @@ def test_the_paper_column_comes_from_the_paper_table(tmp_path):
 @pytest.mark.slow
 def test_a_distributed_cell_gives_the_inprocess_result(tmp_path):
     out = tmp_path / "g"
-    rc, printed = bench_main(TINY + ["--methods", "lorm", "--seeds", "3", "--mode", "distributed", "--out", str(out),
-                                     "--timeout", "300"])
+    rc, printed = bench_main(
+        TINY + ["--methods", "lorm", "--seeds", "3", "--mode", "distributed", "--out", str(out), "--timeout", "300"]
+    )
     assert rc == 0, printed
     cell = out / "cells/lorm/beta0.5/seed3"
     m = json.loads((cell / "metrics.json").read_text())

@@ -20,8 +20,9 @@ class Proc(procs.Proc):
     """A child process of the project, run from its root with its modules importable."""
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        super().__init__(name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
-                         ROOT)
+        super().__init__(
+            name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}, ROOT
+        )
 
 
 def free_port() -> int:
@@ -38,7 +39,9 @@ class Cluster:
     runs them; ``insecure=True``: plaintext.
     """
 
-    def __init__(self, run_dir: Path, config_json: str, insecure: bool = False, extra_ids: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, run_dir: Path, config_json: str, insecure: bool = False, extra_ids: tuple[str, ...] = ()
+    ) -> None:
         self.run_dir = run_dir
         self.config = run_dir / "config.json"
         self.config.write_text(config_json)
@@ -50,22 +53,59 @@ class Cluster:
     def security_args(self, role: str, i: int = 0) -> list[str]:
         if self.pki is None:
             return ["--insecure"]
-        cert, key = ((self.pki.server_cert, self.pki.server_key) if role == "server" else
-                     (self.pki.client_cert(f"client-{i}"), self.pki.client_key(f"client-{i}")))
+        cert, key = (
+            (self.pki.server_cert, self.pki.server_key)
+            if role == "server"
+            else (self.pki.client_cert(f"client-{i}"), self.pki.client_key(f"client-{i}"))
+        )
         return ["--tls-ca", str(self.pki.ca), "--tls-cert", str(cert), "--tls-key", str(key)]
 
     def server(self, *extra: str, env: dict[str, str] | None = None) -> Proc:
         """``extra``: more flags (e.g. ``--quorum 1``); ``env``: e.g. ``{"LORM_FAULT": "merge.fold:3"}``."""
-        p = Proc("server", [sys.executable, "-m", "server.main", "--config", str(self.config), "--state-dir",
-                            str(self.run_dir / "state"), "--results-dir", str(self.run_dir / "results"),
-                            "--port", str(self.port), "--linger", "5", *self.security_args("server"), *extra], env)
+        p = Proc(
+            "server",
+            [
+                sys.executable,
+                "-m",
+                "server.main",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.run_dir / "state"),
+                "--results-dir",
+                str(self.run_dir / "results"),
+                "--port",
+                str(self.port),
+                "--linger",
+                "5",
+                *self.security_args("server"),
+                *extra,
+            ],
+            env,
+        )
         self.procs.append(p)
         return p
 
     def client(self, i: int, *extra: str, env: dict[str, str] | None = None) -> Proc:
-        p = Proc(f"client-{i}", [sys.executable, "-m", "client.main", "--server", f"127.0.0.1:{self.port}",
-                                 "--client-id", f"client-{i}", "--index", str(i), "--give-up", "120",
-                                 *self.security_args("client", i), *extra], env)
+        p = Proc(
+            f"client-{i}",
+            [
+                sys.executable,
+                "-m",
+                "client.main",
+                "--server",
+                f"127.0.0.1:{self.port}",
+                "--client-id",
+                f"client-{i}",
+                "--index",
+                str(i),
+                "--give-up",
+                "120",
+                *self.security_args("client", i),
+                *extra,
+            ],
+            env,
+        )
         self.procs.append(p)
         return p
 

@@ -16,8 +16,7 @@ class Proc:
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], cwd: Path) -> None:
         self.name = name
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     cwd=cwd)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -40,8 +39,10 @@ class Proc:
                 continue
             if regex.search(line):
                 return line
-        raise AssertionError(f"{self.name}: no line matching {pattern!r} within {timeout} s; exit "
-                             f"{self.proc.poll()}; last output:\n{''.join(self.lines[-30:])}")
+        raise AssertionError(
+            f"{self.name}: no line matching {pattern!r} within {timeout} s; exit "
+            f"{self.proc.poll()}; last output:\n{''.join(self.lines[-30:])}"
+        )
 
     def wait(self, timeout: float = 180.0) -> int:
         try:

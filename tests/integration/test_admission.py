@@ -15,9 +15,19 @@ from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import Busy, CallLimiter, Limits
 from server.service import SERVICE_NAME
 
-CONFIG = RunConfig(run_id="adm", num_clients=1, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
-                   lr_lora=1e-2, threads=1, seed=2, extra={"synthetic_classes": 6, "synthetic_train": 12,
-                                                           "synthetic_test": 4})
+CONFIG = RunConfig(
+    run_id="adm",
+    num_clients=1,
+    num_tasks=2,
+    rounds_per_task=2,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-2,
+    threads=1,
+    seed=2,
+    extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4},
+)
 ATTACK_STREAMS = 200  # the attack as measured: 32 idle streams were enough to stop the coordinator
 
 
@@ -99,8 +109,9 @@ def token_server(tmp_path):
 
     pki = create_dev_pki(tmp_path / "tls", ["c0", "c1"], tokens=True)
     coord = Coordinator(CONFIG, tmp_path / "state")
-    server, port = create_server(coord, "127.0.0.1:0", security=Security(token_file=str(pki.tokens), insecure=True),
-                                 limits=Limits(per_client=1))
+    server, port = create_server(
+        coord, "127.0.0.1:0", security=Security(token_file=str(pki.tokens), insecure=True), limits=Limits(per_client=1)
+    )
     server.start()
     yield pki, f"127.0.0.1:{port}"
     server.stop(0)
@@ -113,8 +124,9 @@ def test_a_full_run_is_final_and_a_busy_client_backs_off(token_server):
 
     def connect(client_id: str) -> CoordinatorClient:
         security = Security(token_file=str(pki.client_token(client_id)), insecure=True)
-        return CoordinatorClient(target, client_id, Backoff(initial_s=0.05, give_up_s=20), call_timeout_s=5,
-                                 security=security)
+        return CoordinatorClient(
+            target, client_id, Backoff(initial_s=0.05, give_up_s=20), call_timeout_s=5, security=security
+        )
 
     assert connect("c0").join(0)[1] == 0
     start = time.monotonic()

@@ -14,9 +14,19 @@ from server.export import export_adapter
 from engine.simulation import run_inprocess
 from client.runtime import build_runtime
 
-CONFIG = RunConfig(run_id="dist", num_clients=3, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
-                   lr_lora=1e-3, threads=1, seed=9,
-                   extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10})
+CONFIG = RunConfig(
+    run_id="dist",
+    num_clients=3,
+    num_tasks=2,
+    rounds_per_task=2,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=9,
+    extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +74,7 @@ def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
     assert json.loads((results / "config.json").read_text()) == json.loads(CONFIG.to_json())
     assert (results / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(results / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -100,8 +111,14 @@ def test_coordinator_killed_between_rounds_resumes(cluster, reference):
 def test_ridge_over_grpc_identical_to_inprocess(cluster):
     """A closed-form head over the wire: each client sends its task's class sums and its Gram as a
     factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes."""
-    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": "ridge", "strategy": "ridge",
-                          "extra": {**CONFIG.extra, "rp_dim": 64, "ridge_lambdas": [0.1, 1.0, 10.0]}})
+    config = RunConfig(
+        **{
+            **json.loads(CONFIG.to_json()),
+            "run_id": "ridge",
+            "strategy": "ridge",
+            "extra": {**CONFIG.extra, "rp_dim": 64, "ridge_lambdas": [0.1, 1.0, 10.0]},
+        }
+    )
     result = run_inprocess(config)
     c = cluster(config.to_json())
     server, clients = start(c)

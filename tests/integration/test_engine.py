@@ -5,8 +5,18 @@ import torch
 from common.config import RunConfig
 from engine.simulation import run_inprocess
 
-TINY = dict(num_clients=3, num_tasks=3, rounds_per_task=3, local_epochs=3, beta=0.5, rank=2, lr=3e-2,
-            lr_lora=1e-3, threads=1, extra={"synthetic_classes": 9, "synthetic_train": 40, "synthetic_test": 10})
+TINY = dict(
+    num_clients=3,
+    num_tasks=3,
+    rounds_per_task=3,
+    local_epochs=3,
+    beta=0.5,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    extra={"synthetic_classes": 9, "synthetic_train": 40, "synthetic_test": 10},
+)
 
 
 def test_engine_is_deterministic_and_complete():

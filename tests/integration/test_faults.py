@@ -18,9 +18,19 @@ import pytest
 from common.config import RunConfig
 from engine.simulation import run_inprocess
 
-CONFIG = RunConfig(run_id="faults", num_clients=2, num_tasks=2, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
-                   lr_lora=1e-3, threads=1, seed=5,
-                   extra={"synthetic_classes": 8, "synthetic_train": 20, "synthetic_test": 8})
+CONFIG = RunConfig(
+    run_id="faults",
+    num_clients=2,
+    num_tasks=2,
+    rounds_per_task=2,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=5,
+    extra={"synthetic_classes": 8, "synthetic_train": 20, "synthetic_test": 8},
+)
 RESULT_FILES = ("adapter/adapter_model.safetensors", "head.safetensors")
 
 # Per task the steps are: train B, train A, task Gram, evaluate; 2 clients push at each of the
@@ -53,7 +63,7 @@ def safetensors_parts(raw: bytes) -> tuple[dict, bytes]:
     Compared as parsed JSON: the library writes the metadata's keys in hash order, which
     differs between processes, so two equal files need not be equal byte for byte."""
     size = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + size]), raw[8 + size:]
+    return json.loads(raw[8 : 8 + size]), raw[8 + size :]
 
 
 def assert_same_as_reference(run_dir, reference) -> None:

@@ -23,7 +23,9 @@ def test_every_method_has_a_fingerprint():
 @pytest.mark.parametrize("method", sorted(RECORDED["methods"]))
 def test_a_tiny_run_is_bit_identical_to_its_fingerprint(method):
     if machine_signature() != RECORDED["machine"]:
-        pytest.skip(f"fingerprints were recorded on {RECORDED['machine']}, this is {machine_signature()}: "
-                    "bitwise comparison needs the same float kernels (re-record with python tests/fingerprints.py "
-                    "--record at the commit before a refactor)")
+        pytest.skip(
+            f"fingerprints were recorded on {RECORDED['machine']}, this is {machine_signature()}: "
+            "bitwise comparison needs the same float kernels (re-record with python tests/fingerprints.py "
+            "--record at the commit before a refactor)"
+        )
     assert fingerprint(method) == RECORDED["methods"][method]

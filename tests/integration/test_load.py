@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def load_bench():
@@ -57,5 +57,6 @@ def test_vit_b16_updates_memory_does_not_grow_with_clients(tmp_path):
         runs[n] = bench.measure(n, bench.VIT_B16, 1, tmp_path / str(n))
         assert runs[n]["merged_clients"] == n and runs[n]["merged_equal"]
     # At most the server's worker threads hold an update each, whatever N is.
-    assert runs[200]["peak_rss"] < runs[50]["peak_rss"] * 1.25 + 64 * MIB, \
-        {n: r["peak_rss"] / MIB for n, r in runs.items()}
+    assert runs[200]["peak_rss"] < runs[50]["peak_rss"] * 1.25 + 64 * MIB, {
+        n: r["peak_rss"] / MIB for n, r in runs.items()
+    }

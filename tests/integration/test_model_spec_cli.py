@@ -9,14 +9,25 @@ from common.config import RunConfig
 from common.messages import ModelSpec
 from conftest import Proc
 
-CONFIG = RunConfig(run_id="spec", num_clients=1, num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1,
-                   seed=2, extra={"synthetic_classes": 4, "synthetic_train": 12, "synthetic_test": 4})
+CONFIG = RunConfig(
+    run_id="spec",
+    num_clients=1,
+    num_tasks=1,
+    rounds_per_task=1,
+    local_epochs=1,
+    rank=2,
+    threads=1,
+    seed=2,
+    extra={"synthetic_classes": 4, "synthetic_train": 12, "synthetic_test": 4},
+)
 
 
 def test_the_operators_spec_admits_the_real_client_and_refuses_another_model(cluster, tmp_path):
     c = cluster(CONFIG.to_json())
     spec_file = tmp_path / "spec.json"
-    writer = Proc("lorm-spec", [sys.executable, "-m", "client.spec", "--config", str(c.config), "--out", str(spec_file)])
+    writer = Proc(
+        "lorm-spec", [sys.executable, "-m", "client.spec", "--config", str(c.config), "--out", str(spec_file)]
+    )
     assert writer.wait(timeout=120) == 0
     spec = ModelSpec.from_json(spec_file.read_text())
     assert spec.num_classes == 4 and spec.layers

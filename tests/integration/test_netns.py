@@ -72,7 +72,7 @@ class ComposeService:
         for inside, outside in self.paths.items():
             if value == inside or value.startswith(inside + "/"):
                 outside.parent.mkdir(parents=True, exist_ok=True)
-                return str(outside) + value[len(inside):]
+                return str(outside) + value[len(inside) :]
         return value
 
     def command(self, *extra: str) -> list[str]:
@@ -116,8 +116,9 @@ def start(lab: netns.Lab, spec: dict, root: Path, client_env: dict[int, dict[str
     # As `depends_on: service_healthy`: the compose health check, run where compose runs it.
     deadline = time.monotonic() + 120
     while True:
-        probe = server_host.spawn("health", [str(BIN / coordinator.health[0]), *coordinator.health[1:]],
-                                  env_for(coordinator), root)
+        probe = server_host.spawn(
+            "health", [str(BIN / coordinator.health[0]), *coordinator.health[1:]], env_for(coordinator), root
+        )
         if probe.wait(timeout=60) == 0:
             break
         assert time.monotonic() < deadline, f"health check never passed:\n{''.join(probe.lines)}"

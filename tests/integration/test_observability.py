@@ -24,9 +24,19 @@ import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-CONFIG = RunConfig(run_id="obs", num_clients=1, num_tasks=1, rounds_per_task=2, local_epochs=1, rank=2, lr=3e-2,
-                   lr_lora=1e-3, threads=1, seed=3,
-                   extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 8})
+CONFIG = RunConfig(
+    run_id="obs",
+    num_clients=1,
+    num_tasks=1,
+    rounds_per_task=2,
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=3,
+    extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 8},
+)
 
 
 def free_port() -> int:
@@ -58,17 +68,36 @@ def refuse_two_submissions(port: int) -> None:
             stub.Push(iter([pb.UpdateChunk()]), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:
-            stub.ReportEval(pb.EvalReport(run_id="obs", client_id="stranger", idempotency_key="k", correct=[1],
-                                          total=[2]), timeout=30)
+            stub.ReportEval(
+                pb.EvalReport(run_id="obs", client_id="stranger", idempotency_key="k", correct=[1], total=[2]),
+                timeout=30,
+            )
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_coordinator_metrics_and_json_logs_of_a_run(tmp_path):
     (tmp_path / "config.json").write_text(CONFIG.to_json())
     port, metrics_port = free_port(), free_port()
-    server = spawn("server", [str(BIN / "lorm-server"), "--config", str(tmp_path / "config.json"), "--state-dir",
-                              str(tmp_path / "state"), "--port", str(port), "--metrics-port", str(metrics_port),
-                              "--insecure", "--log-format", "json", "--linger", "2", "--keep-serving"])
+    server = spawn(
+        "server",
+        [
+            str(BIN / "lorm-server"),
+            "--config",
+            str(tmp_path / "config.json"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--insecure",
+            "--log-format",
+            "json",
+            "--linger",
+            "2",
+            "--keep-serving",
+        ],
+    )
     client = None
     try:
         server.wait_for("serving on", timeout=240)
@@ -76,8 +105,19 @@ def test_coordinator_metrics_and_json_logs_of_a_run(tmp_path):
         assert before['lorm_run_info{run_id="obs",state="waiting_for_clients"}'] == 1
         assert before["lorm_clients_joined"] == 0
         refuse_two_submissions(port)
-        client = spawn("client", [str(BIN / "lorm-client"), "--server", f"127.0.0.1:{port}", "--client-id", "c0",
-                                  "--insecure", "--log-format", "json"])
+        client = spawn(
+            "client",
+            [
+                str(BIN / "lorm-client"),
+                "--server",
+                f"127.0.0.1:{port}",
+                "--client-id",
+                "c0",
+                "--insecure",
+                "--log-format",
+                "json",
+            ],
+        )
         server.wait_for("serving its status until SIGTERM", timeout=600)
         assert client.wait(timeout=120) == 0
         after = scrape(metrics_port)
@@ -104,8 +144,12 @@ def test_coordinator_metrics_and_json_logs_of_a_run(tmp_path):
         assert records and all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
         for r in records:
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["ts"]), r
-        steps = [r for r in records if re.match(r"task \d+ (round \d+ \S+ \S+ merged|evaluated)", r["msg"])
-                 or re.match(r"task \d+ round \d+ \S+ \S+: \d+ samples", r["msg"])]
+        steps = [
+            r
+            for r in records
+            if re.match(r"task \d+ (round \d+ \S+ \S+ merged|evaluated)", r["msg"])
+            or re.match(r"task \d+ round \d+ \S+ \S+: \d+ samples", r["msg"])
+        ]
         assert steps, [r["msg"] for r in records]
         for r in steps:  # an event about a step carries its run, task and round (and client)
             task, round_ = map(int, re.match(r"task (\d+)(?: round (\d+))?", r["msg"]).groups(default="-1"))

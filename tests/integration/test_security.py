@@ -33,18 +33,30 @@ IDS = ["c0", "c1", "c2"]
 def update_for(plan: RoundPlan, index: int, client_id: str | None = None) -> ClientUpdate:
     g = torch.Generator().manual_seed(index)
     x = torch.randn(12, 4, generator=g, dtype=torch.float64)
-    return ClientUpdate(run_id=plan.run_id, client_id=client_id or f"c{index}", client_index=index, task=plan.task,
-                        round=plan.round, phase=plan.phase, num_samples=10,
-                        factors={"l1": {"B": torch.randn(5, 2, generator=g)}},
-                        grams={"l1": torch.rand(4, generator=g, dtype=torch.float64) + 0.1},
-                        head_weight=torch.randn(6, 4, generator=g), head_bias=torch.randn(6, generator=g),
-                        head_gram=x.T @ x, train_loss=1.0)
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=client_id or f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=10,
+        factors={"l1": {"B": torch.randn(5, 2, generator=g)}},
+        grams={"l1": torch.rand(4, generator=g, dtype=torch.float64) + 0.1},
+        head_weight=torch.randn(6, 4, generator=g),
+        head_bias=torch.randn(6, generator=g),
+        head_gram=x.T @ x,
+        train_loss=1.0,
+    )
 
 
 def snapshot(coord: Coordinator) -> tuple[dict, dict]:
     """Everything a refused call must leave alone: the status and every byte of the state on disk."""
-    files = {str(p.relative_to(coord.store.root)): p.read_bytes()
-             for p in sorted(Path(coord.store.root).rglob("*")) if p.is_file()}
+    files = {
+        str(p.relative_to(coord.store.root)): p.read_bytes()
+        for p in sorted(Path(coord.store.root).rglob("*"))
+        if p.is_file()
+    }
     return coord.status(), files
 
 
@@ -114,9 +126,11 @@ def test_client_without_a_valid_certificate_cannot_connect(serve, pki, tmp_path,
     coord, target = serve(mtls_server(pki))
     before = snapshot(coord)
     other = create_dev_pki(tmp_path / "other", ["c0"])
-    cert, key = {"no certificate": ("", ""),
-                 "certificate of another CA": (other.client_cert("c0"), other.client_key("c0")),
-                 "coordinator's certificate": (pki.server_cert, pki.server_key)}[who]
+    cert, key = {
+        "no certificate": ("", ""),
+        "certificate of another CA": (other.client_cert("c0"), other.client_key("c0")),
+        "coordinator's certificate": (pki.server_cert, pki.server_key),
+    }[who]
     security = Security(ca=str(pki.ca), cert=str(cert), key=str(key))
     with security.channel(target, []) as channel:
         with pytest.raises(grpc.RpcError) as err:
@@ -135,10 +149,15 @@ def test_one_client_cannot_act_as_another(serve, pki):
     clients, plan = joined_and_running(target, pki)
     impostor.run_id = CONFIG.run_id
     before = snapshot(coord)
-    calls = {"join": lambda: impostor.join(1), "describe": lambda: impostor.describe(SPEC), "pull": impostor.pull,
-             "push": lambda: impostor.push(update_for(plan, 1), "k1"),
-             "report": lambda: impostor.report(EvalReport(run_id="sec", client_id="c1", client_index=1, task=0,
-                                                          correct=[1], total=[2]), "k1")}
+    calls = {
+        "join": lambda: impostor.join(1),
+        "describe": lambda: impostor.describe(SPEC),
+        "pull": impostor.pull,
+        "push": lambda: impostor.push(update_for(plan, 1), "k1"),
+        "report": lambda: impostor.report(
+            EvalReport(run_id="sec", client_id="c1", client_index=1, task=0, correct=[1], total=[2]), "k1"
+        ),
+    }
     for name, call in calls.items():
         with pytest.raises(Rejected) as err:
             call()
@@ -191,8 +210,10 @@ def test_tokens_every_call_is_authenticated(serve, pki):
         assert reply.status == health_pb2.HealthCheckResponse.SERVING  # health needs no identity
     wrong = Path(pki.out / "wrong.token")
     wrong.write_text("not-a-token")
-    for security, code in ((Security(ca=str(pki.ca), token_file=str(wrong)), grpc.StatusCode.UNAUTHENTICATED),
-                           (token_client(pki, "c0"), grpc.StatusCode.PERMISSION_DENIED)):  # c0's token, as c1
+    for security, code in (
+        (Security(ca=str(pki.ca), token_file=str(wrong)), grpc.StatusCode.UNAUTHENTICATED),
+        (token_client(pki, "c0"), grpc.StatusCode.PERMISSION_DENIED),
+    ):  # c0's token, as c1
         with pytest.raises(Rejected) as err:
             connect(target, "c1", security).join(1)
         assert err.value.code == code
@@ -211,13 +232,21 @@ def test_tokens_on_plaintext_and_with_certificates(serve, pki):
     assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert connect(target, "c0", Security(token_file=str(pki.client_token("c0")), insecure=True)).join(0)[1] == 0
     coord, target = serve(mtls_server(pki, token_file=str(pki.tokens)))  # both: they must name the same client
-    mixed = Security(ca=str(pki.ca), cert=str(pki.client_cert("c1")), key=str(pki.client_key("c1")),
-                     token_file=str(pki.client_token("c0")))
+    mixed = Security(
+        ca=str(pki.ca),
+        cert=str(pki.client_cert("c1")),
+        key=str(pki.client_key("c1")),
+        token_file=str(pki.client_token("c0")),
+    )
     with pytest.raises(Rejected) as err:
         connect(target, "c1", mixed).join(1)
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "token belongs to 'c0'" in str(err.value)
-    both = Security(ca=str(pki.ca), cert=str(pki.client_cert("c1")), key=str(pki.client_key("c1")),
-                    token_file=str(pki.client_token("c1")))
+    both = Security(
+        ca=str(pki.ca),
+        cert=str(pki.client_cert("c1")),
+        key=str(pki.client_key("c1")),
+        token_file=str(pki.client_token("c1")),
+    )
     assert connect(target, "c1", both).join(1)[1] == 1
 
 
@@ -226,8 +255,14 @@ def test_tokens_on_plaintext_and_with_certificates(serve, pki):
 
 def spawn(module: str, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LORM_TLS_", "LORM_TOKEN_"))}
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def test_server_and_client_refuse_to_start_without_tls_or_insecure(tmp_path):
@@ -247,8 +282,9 @@ def test_server_and_client_refuse_to_start_without_tls_or_insecure(tmp_path):
 def test_insecure_server_warns(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(CONFIG.to_json())
-    server = spawn("server.main", "--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0",
-                   "--insecure")
+    server = spawn(
+        "server.main", "--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0", "--insecure"
+    )
     try:
         lines = []
         for line in server.stdout:  # until it serves (or exits)
@@ -264,8 +300,16 @@ def test_insecure_server_warns(tmp_path):
 
 
 def test_launch_runs_over_mutual_tls(tmp_path, capsys):
-    config = RunConfig(run_id="tls-launch", num_clients=2, num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2,
-                       threads=1, extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 4})
+    config = RunConfig(
+        run_id="tls-launch",
+        num_clients=2,
+        num_tasks=1,
+        rounds_per_task=1,
+        local_epochs=1,
+        rank=2,
+        threads=1,
+        extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 4},
+    )
     path = tmp_path / "config.json"
     path.write_text(config.to_json())
     assert launch(path, 2, tmp_path / "state", tmp_path / "results", timeout_s=120, quiet_clients=False) == 0

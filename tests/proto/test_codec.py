@@ -14,6 +14,7 @@ from common.tensors import tensor_name, parse_tensor_name
 from common.messages import PullQuery, Wait
 from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, RoundPlan
 from common.tensors import WireError
+
 MiB = 1 << 20
 GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream
 
@@ -55,8 +56,10 @@ def make_plan(dtype: torch.dtype, shape: tuple[int, ...]) -> RoundPlan:
         train_factors=("A",),
         lora={"enc.0.q": LowRank(random_tensor(dtype, shape, 1), random_tensor(dtype, shape, 2))},
         lora_scale=0.25,
-        extra={"enc.0.q": LowRank(random_tensor(dtype, (4, 2), 3), random_tensor(dtype, (2, 6), 4)),
-               "enc.1.v": LowRank(random_tensor(dtype, (0, 2), 5), random_tensor(dtype, (2, 0), 6))},
+        extra={
+            "enc.0.q": LowRank(random_tensor(dtype, (4, 2), 3), random_tensor(dtype, (2, 6), 4)),
+            "enc.1.v": LowRank(random_tensor(dtype, (0, 2), 5), random_tensor(dtype, (2, 0), 6)),
+        },
         head_weight=random_tensor(dtype, (30, 7), 7),
         head_bias=random_tensor(dtype, (30,), 8),
         gram=GramKind.FULL,
@@ -75,10 +78,11 @@ def make_update(dtype: torch.dtype = torch.float32, shape: tuple[int, ...] = (3,
         round=4,
         phase=Phase.TRAIN,
         num_samples=1234,
-        factors={"enc.0.q": {"B": random_tensor(dtype, shape, 1), "A": random_tensor(dtype, shape, 2)},
-                 "enc.0.v": {"A": random_tensor(dtype, (2, 9), 3)}},
-        grams={"enc.0.q": random_tensor(torch.float64, (5,), 4),
-               "enc.0.v": random_tensor(torch.float64, (9, 9), 5)},
+        factors={
+            "enc.0.q": {"B": random_tensor(dtype, shape, 1), "A": random_tensor(dtype, shape, 2)},
+            "enc.0.v": {"A": random_tensor(dtype, (2, 9), 3)},
+        },
+        grams={"enc.0.q": random_tensor(torch.float64, (5,), 4), "enc.0.v": random_tensor(torch.float64, (9, 9), 5)},
         head_weight=random_tensor(dtype, (10, 7), 6),
         head_bias=random_tensor(dtype, (10,), 7),
         head_gram=random_tensor(torch.float64, (7, 7), 8),
@@ -96,8 +100,20 @@ def test_plan_round_trip_is_byte_exact(dtype, shape):
 
     got = codec.plan_from_proto(codec.plan_to_proto(plan, chunk_bytes=7))
 
-    for name in ("run_id", "phase", "task", "round", "class_range", "seen_classes", "train_factors",
-                 "lora_scale", "gram", "head_gram", "send_head", "seed"):
+    for name in (
+        "run_id",
+        "phase",
+        "task",
+        "round",
+        "class_range",
+        "seen_classes",
+        "train_factors",
+        "lora_scale",
+        "gram",
+        "head_gram",
+        "send_head",
+        "seed",
+    ):
         assert getattr(got, name) == getattr(plan, name), name
     for mine, theirs in ((got.lora, plan.lora), (got.extra, plan.extra)):
         assert mine.keys() == theirs.keys()
@@ -145,8 +161,16 @@ def _update_tensors(u: ClientUpdate) -> list[torch.Tensor]:
 
 
 def test_update_keeps_nan_loss_and_absent_head():
-    update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
-                          num_samples=0, grams={"l": torch.ones(3, dtype=torch.float64)})
+    update = ClientUpdate(
+        run_id="r",
+        client_id="c",
+        client_index=0,
+        task=0,
+        round=0,
+        phase=Phase.TASK_GRAM,
+        num_samples=0,
+        grams={"l": torch.ones(3, dtype=torch.float64)},
+    )
 
     _, got = codec.update_from_proto(codec.update_to_proto(update, "k"))
 
@@ -155,8 +179,7 @@ def test_update_keeps_nan_loss_and_absent_head():
 
 
 def test_eval_round_trip():
-    report = EvalReport(run_id="r", client_id="c", client_index=2, task=2, correct=[5, 0, 7],
-                        total=[10, 3, 7])
+    report = EvalReport(run_id="r", client_id="c", client_index=2, task=2, correct=[5, 0, 7], total=[10, 3, 7])
 
     key, got = codec.eval_from_proto(codec.eval_to_proto(report, "eval-key"))
 
@@ -189,12 +212,15 @@ def test_tensor_chunks_reassemble_exactly(dtype, shape, chunk_bytes, seed):
     assert_same(assembler.finish()["t"], tensor)
 
 
-@pytest.mark.parametrize("kind, layer, part, name", [
-    ("lora", "encoder.layer.0.attention.self.query", "B", "lora/encoder.layer.0.attention.self.query/B"),
-    ("extra", "blocks.3.mlp.fc1", "A", "extra/blocks.3.mlp.fc1/A"),
-    ("factor", "odd/name", "A", "factor/odd/name/A"),
-    ("gram", "blocks.3.mlp.fc2", None, "gram/blocks.3.mlp.fc2"),
-])
+@pytest.mark.parametrize(
+    "kind, layer, part, name",
+    [
+        ("lora", "encoder.layer.0.attention.self.query", "B", "lora/encoder.layer.0.attention.self.query/B"),
+        ("extra", "blocks.3.mlp.fc1", "A", "extra/blocks.3.mlp.fc1/A"),
+        ("factor", "odd/name", "A", "factor/odd/name/A"),
+        ("gram", "blocks.3.mlp.fc2", None, "gram/blocks.3.mlp.fc2"),
+    ],
+)
 def test_tensor_names_parse_back(kind, layer, part, name):
     assert tensor_name(kind, layer, part) == name
     assert parse_tensor_name(name) == (kind, layer, part)
@@ -212,8 +238,16 @@ def test_malformed_tensor_names_are_rejected(name):
 
 def test_a_38_mb_gram_travels_in_messages_under_1_1_mib():
     gram = torch.arange(4_750_000, dtype=torch.float64)  # 38 MB, like a 3072-wide full Gram
-    update = ClientUpdate(run_id="r", client_id="c", client_index=0, task=0, round=0, phase=Phase.TASK_GRAM,
-                          num_samples=1, grams={"enc.11.mlp.fc2": gram})
+    update = ClientUpdate(
+        run_id="r",
+        client_id="c",
+        client_index=0,
+        task=0,
+        round=0,
+        phase=Phase.TASK_GRAM,
+        num_samples=1,
+        grams={"enc.11.mlp.fc2": gram},
+    )
 
     messages = list(codec.update_to_proto(update, "k", chunk_bytes=MiB))
 
@@ -227,14 +261,28 @@ def vit_b16_update(r: int = 16) -> ClientUpdate:
     """A ViT-B/16-sized update: 12 blocks x (q, v, fc1, fc2), r=16 factors, diagonal Grams."""
     factors, grams = {}, {}
     for block in range(12):
-        for name, (d_out, d_in) in {"attn.q": (768, 768), "attn.v": (768, 768),
-                                    "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}.items():
+        for name, (d_out, d_in) in {
+            "attn.q": (768, 768),
+            "attn.v": (768, 768),
+            "mlp.fc1": (3072, 768),
+            "mlp.fc2": (768, 3072),
+        }.items():
             layer = f"blocks.{block}.{name}"
             factors[layer] = {"B": torch.randn(d_out, r), "A": torch.randn(r, d_in)}
             grams[layer] = torch.rand(d_in, dtype=torch.float64)
-    return ClientUpdate(run_id="run-1", client_id="client-a", client_index=0, task=0, round=0,
-                        phase=Phase.TRAIN, num_samples=5000, factors=factors, grams=grams,
-                        head_weight=torch.randn(100, 768), head_bias=torch.randn(100))
+    return ClientUpdate(
+        run_id="run-1",
+        client_id="client-a",
+        client_index=0,
+        task=0,
+        round=0,
+        phase=Phase.TRAIN,
+        num_samples=5000,
+        factors=factors,
+        grams=grams,
+        head_weight=torch.randn(100, 768),
+        head_bias=torch.randn(100),
+    )
 
 
 def wire_overhead(update: ClientUpdate) -> float:
@@ -341,11 +389,14 @@ def test_unsupported_dtype_cannot_be_sent():
     assert caught.value.field == "tensors.dtype"
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda h: setattr(h, "nbytes", h.nbytes + 4),
-    lambda h: h.shape.append(2),
-    lambda h: setattr(h, "dtype", "float64"),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda h: setattr(h, "nbytes", h.nbytes + 4),
+        lambda h: h.shape.append(2),
+        lambda h: setattr(h, "dtype", "float64"),
+    ],
+)
 def test_shape_and_size_mismatch_is_rejected(mutate):
     messages = valid_update_stream()
     mutate(header_of(messages, FACTOR))
@@ -403,9 +454,16 @@ def test_tensor_a_message_does_not_carry_is_rejected():
     reject(messages, "tensors.name")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("phase", 0), ("idempotency_key", ""), ("run_id", ""), ("client_index", -1), ("num_samples", -3),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("phase", 0),
+        ("idempotency_key", ""),
+        ("run_id", ""),
+        ("client_index", -1),
+        ("num_samples", -3),
+    ],
+)
 def test_malformed_envelope_scalar_is_rejected(field, value):
     messages = valid_update_stream()
     setattr(messages[0].envelope, field, value)
@@ -453,9 +511,14 @@ def test_wait_with_tensors_is_rejected():
     assert caught.value.field == "wait"
 
 
-@pytest.mark.parametrize("correct, total, field", [
-    ([1, 2], [3, 3, 3], "correct"), ([1, 2, 3], [3, 3], "total"), ([1, 4, 0], [3, 3, 3], "correct"),
-])
+@pytest.mark.parametrize(
+    "correct, total, field",
+    [
+        ([1, 2], [3, 3, 3], "correct"),
+        ([1, 2, 3], [3, 3], "total"),
+        ([1, 4, 0], [3, 3, 3], "correct"),
+    ],
+)
 def test_inconsistent_eval_counts_are_rejected(correct, total, field):
     message = codec.eval_to_proto(EvalReport("r", "c", 0, 2, [0, 0, 0], [0, 0, 0]), "k")
     message.correct[:] = correct

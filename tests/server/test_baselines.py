@@ -10,9 +10,18 @@ from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 
-SPEC = ModelSpec(layers={"l1": (3, 4), "l2": (2, 3)}, feature_dim=3, num_classes=4,
-                 params={"emb.weight": (5, 4), "l1.base.weight": (3, 4), "l1.base.bias": (3,),
-                         "l2.base.weight": (2, 3), "norm.weight": (3,)})
+SPEC = ModelSpec(
+    layers={"l1": (3, 4), "l2": (2, 3)},
+    feature_dim=3,
+    num_classes=4,
+    params={
+        "emb.weight": (5, 4),
+        "l1.base.weight": (3, 4),
+        "l1.base.bias": (3,),
+        "l2.base.weight": (2, 3),
+        "norm.weight": (3,),
+    },
+)
 DENSE = ("fedavg", "regmean", "fisheravg", "ties")
 N = [10, 15, 20]  # samples of clients 0, 1, 2
 
@@ -30,11 +39,17 @@ def fake_update(plan, index, *, seed, spec=SPEC):
     g = torch.Generator().manual_seed(seed)
     f = spec.feature_dim
     update = ClientUpdate(
-        run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task, round=plan.round,
-        phase=plan.phase, num_samples=N[index],
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=N[index],
         delta={name: torch.randn(*shape, generator=g) for name, shape in spec.params.items()},
         head_weight=torch.randn(spec.num_classes, f, generator=g, dtype=torch.float64),
-        head_bias=torch.randn(spec.num_classes, generator=g, dtype=torch.float64))
+        head_bias=torch.randn(spec.num_classes, generator=g, dtype=torch.float64),
+    )
     if plan.gram != GramKind.NONE:
         update.grams = {name: gram(g, d_in, plan.gram == GramKind.FULL) for name, (_, d_in) in spec.layers.items()}
     if plan.head_gram:
@@ -42,8 +57,10 @@ def fake_update(plan, index, *, seed, spec=SPEC):
     if plan.send_fisher:
         shapes = dict(spec.params) | {"head.weight": (spec.num_classes, f), "head.bias": (spec.num_classes,)}
         # about a third of the entries zero, so that some have zero Fisher on every client
-        update.fisher = {name: torch.rand(*shape, generator=g, dtype=torch.float64).sub(0.3).clamp(min=0)
-                         for name, shape in shapes.items()}
+        update.fisher = {
+            name: torch.rand(*shape, generator=g, dtype=torch.float64).sub(0.3).clamp(min=0)
+            for name, shape in shapes.items()
+        }
     return update
 
 
@@ -68,7 +85,7 @@ def one_round(strategy, seeds=(0, 1, 2), make=fake_update):
 
 
 def wmean(xs):
-    return sum(n * x.double() for n, x in zip(N, xs)) / sum(N[:len(xs)])
+    return sum(n * x.double() for n, x in zip(N, xs)) / sum(N[: len(xs)])
 
 
 def test_plans_ask_only_for_what_each_method_needs():
@@ -83,8 +100,12 @@ def test_plans_ask_only_for_what_each_method_needs():
         assert ev.phase == Phase.EVALUATE and ev.mode == "full" and ev.delta is strategy.delta and ev.extra == {}
         assert strategy.adapter() == {} and strategy.dense_delta() is strategy.delta
         assert strategy.steps(0) == [(Phase.TRAIN, 0), (Phase.TRAIN, 1)]
-    assert got == {"fedavg": (GramKind.NONE, False, False), "regmean": (GramKind.DIAG, True, False),
-                   "fisheravg": (GramKind.NONE, False, True), "ties": (GramKind.NONE, False, False)}
+    assert got == {
+        "fedavg": (GramKind.NONE, False, False),
+        "regmean": (GramKind.DIAG, True, False),
+        "fisheravg": (GramKind.NONE, False, True),
+        "ties": (GramKind.NONE, False, False),
+    }
     assert start("regmean", gamma_backbone=0.5).configure(0, 0, Phase.TRAIN).gram == GramKind.FULL
     assert make_strategy(config(strategy="lorm"), SPEC).dense_delta() is None
 
@@ -133,8 +154,12 @@ def test_fisheravg_by_hand_with_zero_fisher_fallback():
 
     _, ups = one_round(strategy, seeds=(0, 1), make=known)
     # (1*1 + 3*3) / 4; only client 1 has Fisher; no Fisher at all: (10*3 + 15*5) / 25
-    torch.testing.assert_close(strategy.delta["norm.weight"].double() - old["norm.weight"].double(),
-                               torch.tensor([2.5, 4.0, 4.2], dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        strategy.delta["norm.weight"].double() - old["norm.weight"].double(),
+        torch.tensor([2.5, 4.0, 4.2], dtype=torch.float64),
+        rtol=0,
+        atol=1e-6,
+    )
 
     def by_hand(xs, fs):
         total = fs[0] + fs[1]
@@ -156,6 +181,7 @@ def test_fisheravg_by_hand_with_zero_fisher_fallback():
 
 # ----------------------------------------------------------------------------- TIES
 
+
 def ties_direct(vectors, density=0.3, lam=0.4):
     """TIES as in its reference: rows = clients, all in memory at once."""
     t = torch.stack(vectors)  # (clients, d)
@@ -170,24 +196,37 @@ def ties_direct(vectors, density=0.3, lam=0.4):
 
 TINY = ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2, params={"l.base.weight": (1, 2), "b": (4,)})
 # entries: l.base.weight (2), b (4), head weight (2), head bias (2); 30 % of 10 -> each client keeps 3
-VECTORS = [[5, -1, 0.5, 2, -4, 0, 0, 3, 0, -0.1],
-           [-5, 2, 0, 3, 1, 0, 0, 3, 0, 0.2],
-           [1, 6, 0, -2, -2, 0, 0, -1, 0, 0]]  # client 2 keeps 6 and both -2 (tied at the threshold)
+VECTORS = [
+    [5, -1, 0.5, 2, -4, 0, 0, 3, 0, -0.1],
+    [-5, 2, 0, 3, 1, 0, 0, 3, 0, 0.2],
+    [1, 6, 0, -2, -2, 0, 0, -1, 0, 0],
+]  # client 2 keeps 6 and both -2 (tied at the threshold)
 
 
 def flat(strategy, old):
     """The strategy's step this round, flattened in the order of VECTORS."""
-    return torch.cat([(strategy.delta[p].double() - old[p].double()).flatten() for p in TINY.params]
-                     + [strategy.head_w.flatten(), strategy.head_b])
+    return torch.cat(
+        [(strategy.delta[p].double() - old[p].double()).flatten() for p in TINY.params]
+        + [strategy.head_w.flatten(), strategy.head_b]
+    )
 
 
 def ties_update(rows):
     def make(plan, index, *, seed):
         v = torch.tensor(rows[index], dtype=torch.float64)
-        return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=0, round=0,
-                            phase=Phase.TRAIN, num_samples=N[index],
-                            delta={"l.base.weight": v[:2].float().reshape(1, 2), "b": v[2:6].float()},
-                            head_weight=v[6:8].reshape(2, 1), head_bias=v[8:10])
+        return ClientUpdate(
+            run_id=plan.run_id,
+            client_id=f"c{index}",
+            client_index=index,
+            task=0,
+            round=0,
+            phase=Phase.TRAIN,
+            num_samples=N[index],
+            delta={"l.base.weight": v[:2].float().reshape(1, 2), "b": v[2:6].float()},
+            head_weight=v[6:8].reshape(2, 1),
+            head_bias=v[8:10],
+        )
+
     return make
 
 
@@ -214,15 +253,22 @@ def test_ties_random_equals_direct_and_adds_to_global_delta():
     strategy = start("ties", extra={"ties_density": 0.5, "ties_lambda": 0.7})
     old, w_g, b_g = dict(strategy.delta), strategy.head_w.clone(), strategy.head_b.clone()
     _, ups = one_round(strategy)
-    vectors = [torch.cat([u.delta[p].double().flatten() for p in SPEC.params]
-                         + [(u.head_weight - w_g).flatten(), u.head_bias - b_g]) for u in ups]
+    vectors = [
+        torch.cat(
+            [u.delta[p].double().flatten() for p in SPEC.params] + [(u.head_weight - w_g).flatten(), u.head_bias - b_g]
+        )
+        for u in ups
+    ]
     want = ties_direct(vectors, density=0.5, lam=0.7)
-    got = torch.cat([(strategy.delta[p].double() - old[p].double()).flatten() for p in SPEC.params]
-                    + [(strategy.head_w - w_g).flatten(), strategy.head_b - b_g])
+    got = torch.cat(
+        [(strategy.delta[p].double() - old[p].double()).flatten() for p in SPEC.params]
+        + [(strategy.head_w - w_g).flatten(), strategy.head_b - b_g]
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- state and rejections
+
 
 @pytest.mark.parametrize("name", DENSE)
 def test_state_round_trips_exactly(name, tmp_path):
@@ -280,6 +326,7 @@ def test_rejected_update_changes_nothing(name, break_it, field):
         assert agg.count == 2
         strategy.aggregate(plan, agg)
         return strategy.state_tensors()
+
     clean, dirty = run(False), run(True)
     assert all(torch.equal(clean[k], dirty[k]) for k in clean)
 
@@ -293,11 +340,20 @@ def test_ties_rejects_bad_settings():
 
 # ----------------------------------------------------------------------------- end to end
 
+
 @pytest.mark.parametrize("name", DENSE)
 def test_end_to_end_in_process(name):
-    result = run_inprocess(RunConfig(strategy=name, num_clients=2, num_tasks=2, rounds_per_task=1, local_epochs=1,
-                                     threads=1, extra={"synthetic_classes": 4, "synthetic_train": 20,
-                                                       "synthetic_test": 5}))
+    result = run_inprocess(
+        RunConfig(
+            strategy=name,
+            num_clients=2,
+            num_tasks=2,
+            rounds_per_task=1,
+            local_epochs=1,
+            threads=1,
+            extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 5},
+        )
+    )
     totals = result.matrix.total
     assert len(totals) == 2 and [len(row) for row in totals] == [1, 2] and all(t > 0 for row in totals for t in row)
     assert result.adapter == {}

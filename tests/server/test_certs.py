@@ -28,21 +28,29 @@ def test_ca_signs_a_coordinator_and_one_certificate_per_client(tmp_path):
     assert sans.get_values_for_type(x509.DNSName) == ["coord.example"]
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.7")]
     assert list(server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
-        ExtendedKeyUsageOID.SERVER_AUTH]
+        ExtendedKeyUsageOID.SERVER_AUTH
+    ]
     digests = json.loads(pki.tokens.read_text())
     for client in ("site-a", "site-b"):
         cert = load(pki.client_cert(client))
         cert.verify_directly_issued_by(ca)
         assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == client
         uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.UniformResourceIdentifier)
+            x509.UniformResourceIdentifier
+        )
         assert uris == [f"lorm-client://{client}"]
         assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
-            ExtendedKeyUsageOID.CLIENT_AUTH]
+            ExtendedKeyUsageOID.CLIENT_AUTH
+        ]
         assert digests[client] == token_digest(pki.client_token(client).read_text().strip())
     assert digests["site-a"] != digests["site-b"]
-    for secret in [pki.out / "ca.key", pki.server_key, pki.client_key("site-a"), pki.client_token("site-a"),
-                   pki.tokens]:
+    for secret in [
+        pki.out / "ca.key",
+        pki.server_key,
+        pki.client_key("site-a"),
+        pki.client_token("site-a"),
+        pki.tokens,
+    ]:
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
     assert stat.S_IMODE(pki.ca.stat().st_mode) == 0o644
 
@@ -69,9 +77,17 @@ def test_command_line(tmp_path, capsys):
 
 
 def test_identity_is_the_uri_san_else_the_common_name():
-    assert certificate_identity({"x509_subject_alternative_name": [b"lorm-client://c1", b"other.example"],
-                                 "x509_common_name": [b"c9"]}) == "c1"
+    assert (
+        certificate_identity(
+            {"x509_subject_alternative_name": [b"lorm-client://c1", b"other.example"], "x509_common_name": [b"c9"]}
+        )
+        == "c1"
+    )
     assert certificate_identity({"x509_common_name": [b"c9"]}) == "c9"
-    assert certificate_identity({"x509_subject_alternative_name": [b"lorm-client://c1", b"lorm-client://c2"],
-                                 "x509_common_name": [b"c1"]}) is None
+    assert (
+        certificate_identity(
+            {"x509_subject_alternative_name": [b"lorm-client://c1", b"lorm-client://c2"], "x509_common_name": [b"c1"]}
+        )
+        is None
+    )
     assert certificate_identity({}) is None

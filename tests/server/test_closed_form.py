@@ -17,15 +17,21 @@ from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
-TINY = dict(num_clients=3, num_tasks=2, beta=0.5, seed=3, threads=1, backbone="tiny-bert",
-            extra={"synthetic_classes": 8, "synthetic_train": 40, "synthetic_test": 10})
+TINY = dict(
+    num_clients=3,
+    num_tasks=2,
+    beta=0.5,
+    seed=3,
+    threads=1,
+    backbone="tiny-bert",
+    extra={"synthetic_classes": 8, "synthetic_train": 40, "synthetic_test": 10},
+)
 VARIANTS = {"ncm": ("ncm", {}), "ridge": ("ridge", {}), "ridge-rp": ("ridge", {"rp_dim": 96})}
 GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 
 def tiny(strategy: str, **extra) -> RunConfig:
-    return RunConfig(**{**TINY, "strategy": strategy,
-                        "extra": {**TINY["extra"], "ridge_lambdas": list(GRID), **extra}})
+    return RunConfig(**{**TINY, "strategy": strategy, "extra": {**TINY["extra"], "ridge_lambdas": list(GRID), **extra}})
 
 
 def federated(config: RunConfig):
@@ -37,15 +43,19 @@ def federated(config: RunConfig):
     projection = random_projection(config, runtime.spec.feature_dim)
     for task in range(config.num_tasks):
         strategy.begin_task(task)
-        (phase, round_), = strategy.steps(task)
+        ((phase, round_),) = strategy.steps(task)
         plan = strategy.configure(task, round_, phase)
         aggregator = strategy.aggregator(plan)
         for worker in workers:
             aggregator.fold(worker.update(plan))
         strategy.aggregate(plan, aggregator)
         idx = torch.cat([w.shards[task] for w in workers])
-        x = torch.cat([feature_map(extract(runtime.model, runtime.train, w.shards[task], runtime.device), projection)
-                       for w in workers])
+        x = torch.cat(
+            [
+                feature_map(extract(runtime.model, runtime.train, w.shards[task], runtime.device), projection)
+                for w in workers
+            ]
+        )
         rows.append((x, runtime.train.labels[idx], idx))
     return strategy, rows
 
@@ -147,10 +157,21 @@ def stats_update(plan, dim, index, seed):
     one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()  # the task's classes only
     stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
     held = torch.arange(12) % 4 == 0
-    stats |= {"holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
-              "holdout_gram_factor": gram_factor(x[held])}
-    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
-                        round=plan.round, phase=plan.phase, num_samples=12, stats=stats)
+    stats |= {
+        "holdout_class_sum": one_hot[held].T @ x[held],
+        "holdout_class_count": one_hot[held].sum(0),
+        "holdout_gram_factor": gram_factor(x[held]),
+    }
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=12,
+        stats=stats,
+    )
 
 
 def fold_task(strategy, task, seed):
@@ -177,17 +198,22 @@ def test_restart_from_state_gives_the_same_heads():
     assert torch.equal(restarted.head_w, straight.head_w) and restarted.lam == straight.lam
 
 
-@pytest.mark.parametrize("break_it, field", [
-    (lambda s: s.pop("gram_factor"), "stats"),
-    (lambda s: s.update(gram_factor=torch.eye(4, dtype=torch.float64)), "stats[gram_factor]"),  # width 4, not 5
-    (lambda s: s.update(gram_factor=torch.ones(6, 5, dtype=torch.float64)), "stats[gram_factor]"),  # rows > F'
-    (lambda s: s.update(holdout_gram_factor=torch.ones(4, 5, dtype=torch.float64)),  # rows > its 3 samples
-     "stats[holdout_gram_factor]"),
-    (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stats[class_sum]"),  # a Gram too small for the sums
-    (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stats[class_count]"),  # every class's
-    (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stats[class_count]"),  # sum != samples
-    (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stats[class_sum]"),
-])
+@pytest.mark.parametrize(
+    "break_it, field",
+    [
+        (lambda s: s.pop("gram_factor"), "stats"),
+        (lambda s: s.update(gram_factor=torch.eye(4, dtype=torch.float64)), "stats[gram_factor]"),  # width 4, not 5
+        (lambda s: s.update(gram_factor=torch.ones(6, 5, dtype=torch.float64)), "stats[gram_factor]"),  # rows > F'
+        (
+            lambda s: s.update(holdout_gram_factor=torch.ones(4, 5, dtype=torch.float64)),  # rows > its 3 samples
+            "stats[holdout_gram_factor]",
+        ),
+        (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stats[class_sum]"),  # a Gram too small for the sums
+        (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stats[class_count]"),  # every class's
+        (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stats[class_count]"),  # sum != samples
+        (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stats[class_sum]"),
+    ],
+)
 def test_rejected_statistics(break_it, field):
     from common.messages import ModelSpec
 

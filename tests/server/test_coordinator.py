@@ -10,7 +10,6 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.tls import Security
 from common.messages import Wait
@@ -18,25 +17,38 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
 
-SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+from conftest import LORA_SPEC, unit_config
+
+SPEC = LORA_SPEC
 
 
-def config(**kw) -> RunConfig:
-    return RunConfig(**{**dict(run_id="unit", num_clients=3, num_tasks=2, rounds_per_task=2, rank=2, seed=1), **kw})
+config = unit_config
 
 
 def update_for(plan: RoundPlan, index: int, seed: int = 0) -> ClientUpdate:
     g = torch.Generator().manual_seed(seed * 100 + index)
-    factors = {name: {f: torch.randn(*((d_out, 2) if f == "B" else (2, d_in)), generator=g)
-                      for f in plan.train_factors} for name, (d_out, d_in) in SPEC.layers.items()}
+    factors = {
+        name: {f: torch.randn(*((d_out, 2) if f == "B" else (2, d_in)), generator=g) for f in plan.train_factors}
+        for name, (d_out, d_in) in SPEC.layers.items()
+    }
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
     x = torch.randn(12, 4, generator=g, dtype=torch.float64)
     head = plan.phase == Phase.TRAIN
-    return ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
-                        round=plan.round, phase=plan.phase, num_samples=10 + index, factors=factors, grams=grams,
-                        head_weight=torch.randn(6, 4, generator=g) if head else None,
-                        head_bias=torch.randn(6, generator=g) if head else None,
-                        head_gram=x.T @ x if head else None, train_loss=1.0)
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=10 + index,
+        factors=factors,
+        grams=grams,
+        head_weight=torch.randn(6, 4, generator=g) if head else None,
+        head_bias=torch.randn(6, generator=g) if head else None,
+        head_gram=x.T @ x if head else None,
+        train_loss=1.0,
+    )
 
 
 def started(tmp_path, **kw) -> Coordinator:

@@ -23,9 +23,13 @@ K = 4  # adapter rank: two tasks of rank 2
 
 def random_adapter(spec: ModelSpec, seed: int) -> dict[str, LowRank]:
     g = torch.Generator().manual_seed(seed)
-    return {name: LowRank(0.1 * torch.randn(d_out, K, generator=g, dtype=torch.float64),
-                          0.1 * torch.randn(K, d_in, generator=g, dtype=torch.float64))
-            for name, (d_out, d_in) in spec.layers.items()}
+    return {
+        name: LowRank(
+            0.1 * torch.randn(d_out, K, generator=g, dtype=torch.float64),
+            0.1 * torch.randn(K, d_in, generator=g, dtype=torch.float64),
+        )
+        for name, (d_out, d_in) in spec.layers.items()
+    }
 
 
 def ours_with(backbone: str, adapter_scale: float = 1.0):
@@ -153,8 +157,9 @@ def test_vit_by_hand_and_with_peft_match_ours(tmp_path):
         want = model.backbone(pixel_values=pixels)  # (batch, feature_dim): the pre-logits
 
     def fresh_vit():
-        vit = VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
-                                num_classes=0)
+        vit = VisionTransformer(
+            img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=0
+        )
         vit.load_state_dict(load_file(str(tmp_path / "base.safetensors")))
         return vit.eval()
 
@@ -177,15 +182,18 @@ def small_adapter():
     return {name: LowRank(torch.ones(d_out, 2), torch.ones(2, d_in)) for name, (d_out, d_in) in SPEC.layers.items()}
 
 
-@pytest.mark.parametrize("breaks, message", [
-    (lambda ad: ad.pop("enc.l2"), "enc.l2"),
-    (lambda ad: ad.update({"enc.l3": LowRank(torch.ones(1, 2), torch.ones(2, 1))}), "enc.l3"),
-    (lambda ad: ad.update({"enc.l2": LowRank(torch.ones(3, 2), torch.ones(2, 5))}), r"enc\.l2.*\(2, 5\)"),
-    (lambda ad: ad.update({"enc.l1": LowRank(torch.ones(4, 2), torch.ones(2, 4))}), r"enc\.l1.*\(4, 2\)"),
-    (lambda ad: ad.update({"enc.l2": LowRank(torch.ones(3, 1), torch.ones(1, 6))}), r"enc\.l2.*rank 1"),
-    (lambda ad: ad["enc.l2"].a.__setitem__((0, 0), math.nan), r"enc\.l2.*A.*non-finite"),
-    (lambda ad: ad["enc.l1"].b.__setitem__((1, 1), math.inf), r"enc\.l1.*B.*non-finite"),
-])
+@pytest.mark.parametrize(
+    "breaks, message",
+    [
+        (lambda ad: ad.pop("enc.l2"), "enc.l2"),
+        (lambda ad: ad.update({"enc.l3": LowRank(torch.ones(1, 2), torch.ones(2, 1))}), "enc.l3"),
+        (lambda ad: ad.update({"enc.l2": LowRank(torch.ones(3, 2), torch.ones(2, 5))}), r"enc\.l2.*\(2, 5\)"),
+        (lambda ad: ad.update({"enc.l1": LowRank(torch.ones(4, 2), torch.ones(2, 4))}), r"enc\.l1.*\(4, 2\)"),
+        (lambda ad: ad.update({"enc.l2": LowRank(torch.ones(3, 1), torch.ones(1, 6))}), r"enc\.l2.*rank 1"),
+        (lambda ad: ad["enc.l2"].a.__setitem__((0, 0), math.nan), r"enc\.l2.*A.*non-finite"),
+        (lambda ad: ad["enc.l1"].b.__setitem__((1, 1), math.inf), r"enc\.l1.*B.*non-finite"),
+    ],
+)
 def test_bad_adapter_is_rejected_naming_the_layer(tmp_path, breaks, message):
     adapter = small_adapter()
     breaks(adapter)
@@ -214,8 +222,12 @@ def test_write_metrics_is_strict_json_and_atomic(tmp_path):
     summary = {"faa": 81.5, "accuracy": [[90.0], [70.0, 93.0]], "forgetting": math.nan, "history": ({"t": 0},)}
     path = write_metrics(tmp_path, summary)
     write_metrics(tmp_path, {**summary, "faa": 82.0})  # replaces the file in place
-    assert json.loads(path.read_text()) == {"faa": 82.0, "accuracy": [[90.0], [70.0, 93.0]], "forgetting": None,
-                                            "history": [{"t": 0}]}
+    assert json.loads(path.read_text()) == {
+        "faa": 82.0,
+        "accuracy": [[90.0], [70.0, 93.0]],
+        "forgetting": None,
+        "history": [{"t": 0}],
+    }
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]  # no temp files left
     with pytest.raises(TypeError):
         write_metrics(tmp_path, {"bad": object()})

@@ -30,8 +30,8 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, ModelSpec
-from common.tensors import HEAD_GRAM, HEAD_WEIGHT, HEAD_BIAS, parse_tensor_name, update_from_tensors, update_tensors
+from common.messages import ClientUpdate
+from common.tensors import HEAD_GRAM, update_from_tensors, update_tensors
 from common.tls import Security
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -39,31 +39,27 @@ from proto import lorm_pb2_grpc as pb_grpc
 from server.coordinator import Coordinator
 from server.service import create_server
 
-SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+from conftest import LORA_SPEC, valid_update
+
+SPEC = LORA_SPEC
 CASES = 300  # per RPC, at most
 TIME_CAP_S = 20.0  # per RPC, at most
 MIN_CASES = 40  # fewer than this in the time cap means the machine is too loaded for the test to mean much
 SEED = 20261122
-REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED}
+REFUSALS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 SERVICE = "/lorm.v1.Coordinator/"
 
 
 def good_update(coord: Coordinator, index: int) -> ClientUpdate:
-    """A valid update of the open LoRM step for client ``index``."""
-    g = torch.Generator().manual_seed(index)
-    tensors = {}
-    for name, shape in coord.step.aggregator.expected().items():
-        kind, _, _ = parse_tensor_name(name)
-        if name == HEAD_GRAM or kind == "gram":
-            x = torch.randn(12, shape[0], generator=g, dtype=torch.float64)
-            tensors[name] = x.T @ x if len(shape) == 2 else (x * x).sum(0)
-        else:
-            tensors[name] = torch.randn(shape, generator=g)
-    assert HEAD_WEIGHT in tensors and HEAD_BIAS in tensors
-    plan = coord.step.plan
-    return update_from_tensors(tensors, run_id=plan.run_id, client_id=f"c{index}", client_index=index,
-                               task=plan.task, round=plan.round, phase=plan.phase, num_samples=12, train_loss=0.5)
+    """A valid update of the open step for client ``index``."""
+    assert coord.step is not None and coord.step.aggregator is not None
+    return valid_update(coord.step.plan, coord.step.aggregator.expected(), index, seed=index)
 
 
 # ------------------------------------------------------------------ the server and its state
@@ -111,13 +107,12 @@ class Harness:
         self.server.start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")  # no client-side size limits
         self.stub = pb_grpc.CoordinatorStub(self.channel)
-        self.raw_unary = {name: self.channel.unary_unary(SERVICE + name, request_serializer=None,
-                                                         response_deserializer=None)
-                          for name in ("Join", "Describe", "ReportEval", "Status")}
-        self.raw_pull = self.channel.unary_stream(SERVICE + "Pull", request_serializer=None,
-                                                  response_deserializer=None)
-        self.raw_push = self.channel.stream_unary(SERVICE + "Push", request_serializer=None,
-                                                  response_deserializer=None)
+        self.raw_unary = {
+            name: self.channel.unary_unary(SERVICE + name, request_serializer=None, response_deserializer=None)
+            for name in ("Join", "Describe", "ReportEval", "Status")
+        }
+        self.raw_pull = self.channel.unary_stream(SERVICE + "Pull", request_serializer=None, response_deserializer=None)
+        self.raw_push = self.channel.stream_unary(SERVICE + "Push", request_serializer=None, response_deserializer=None)
         self.before = self.state()
 
     def close(self) -> None:
@@ -135,14 +130,25 @@ class Harness:
             sums = hashlib.sha256()
             for t in _tensors_of(step.aggregator, set()):
                 sums.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            return (coord.status(), list(coord.history), dict(coord.clients), coord.spec, coord.state,
-                    step.next_fold, sorted(step.submitted), step.aggregator.count, step.aggregator.num_samples,
-                    sums.hexdigest(), files)
+            return (
+                coord.status(),
+                list(coord.history),
+                dict(coord.clients),
+                coord.spec,
+                coord.state,
+                step.next_fold,
+                sorted(step.submitted),
+                step.aggregator.count,
+                step.aggregator.num_samples,
+                sums.hexdigest(),
+                files,
+            )
 
     def alive(self) -> bool:
         status = self.stub.Status(pb.StatusRequest(), timeout=10)
         health = health_pb2_grpc.HealthStub(self.channel).Check(
-            health_pb2.HealthCheckRequest(service="lorm.v1.Coordinator"), timeout=10)
+            health_pb2.HealthCheckRequest(service="lorm.v1.Coordinator"), timeout=10
+        )
         return status.run_id == "fuzz" and health.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -155,19 +161,46 @@ def harness(tmp_path):
 
 # ------------------------------------------------------------------ mutations
 
-STRINGS = ["", "fuzz", "c0", "c1", "c2", "c9", "other", "k0", "x" * 10_000, "\u00e9\u4e2d\U0001F600", "../../etc",
-           "factor/l1/B", "gram/l1", "head/gram", "head/weight", "lora/l1/A", "float32", "float64", "int64", "bool"]
-INTS = [0, 1, 2, -1, 3, 5, 6, 12, 2**31 - 1, -2**31, 2**62, -2**63, 2**63 - 1]
+STRINGS = [
+    "",
+    "fuzz",
+    "c0",
+    "c1",
+    "c2",
+    "c9",
+    "other",
+    "k0",
+    "x" * 10_000,
+    "\u00e9\u4e2d\U0001f600",
+    "../../etc",
+    "factor/l1/B",
+    "gram/l1",
+    "head/gram",
+    "head/weight",
+    "lora/l1/A",
+    "float32",
+    "float64",
+    "int64",
+    "bool",
+]
+INTS = [0, 1, 2, -1, 3, 5, 6, 12, 2**31 - 1, -(2**31), 2**62, -(2**63), 2**63 - 1]
 FLOATS = [0.0, -0.0, 0.5, 1.0, -1.0, float("nan"), float("inf"), float("-inf"), 1e308, 5e-324]
-INT_TYPES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1),
-             FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1), FieldDescriptor.TYPE_ENUM: (-2**31, 2**31 - 1)}
+INT_TYPES = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_ENUM: (-(2**31), 2**31 - 1),
+}
 
 
 def random_scalar(rng: random.Random, field: FieldDescriptor):
     t = field.type
     if t == FieldDescriptor.TYPE_STRING:
-        return rng.choice(STRINGS) if rng.random() < 0.7 else "".join(chr(rng.randrange(1, 0x3000))
-                                                                       for _ in range(rng.randrange(40)))
+        return (
+            rng.choice(STRINGS)
+            if rng.random() < 0.7
+            else "".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(40)))
+        )
     if t == FieldDescriptor.TYPE_BYTES:
         return rng.randbytes(rng.choice([0, 1, 3, 64, 1000]))
     if t == FieldDescriptor.TYPE_BOOL:
@@ -228,13 +261,13 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
         for _ in range(rng.randint(1, 8)):
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
     elif kind == 1:
-        b = b[:rng.randrange(len(b) + 1)]
+        b = b[: rng.randrange(len(b) + 1)]
     elif kind == 2:
         at = rng.randrange(len(b) + 1)
         b[at:at] = rng.randbytes(rng.randint(1, 16))
     elif kind == 3 and b:
         at = rng.randrange(len(b))
-        b[at:at + 4] = rng.randbytes(4)
+        b[at : at + 4] = rng.randbytes(4)
     else:
         b = bytearray(rng.randbytes(rng.randrange(200)))
     return bytes(b)
@@ -260,8 +293,28 @@ def mutate_message(rng: random.Random, base: Message) -> Message | bytes:
     return msg
 
 
-JSON_VALUES = [None, -1, 0, 1, 3, 2**70, float("inf"), float("nan"), -0.5, "4", "", [], {}, [[5, 4]], [5],
-               {"l1": [5, 4]}, {"l1": [-5, 4]}, {"l1": [0, 4]}, {"": [1, 1]}, True]
+JSON_VALUES = [
+    None,
+    -1,
+    0,
+    1,
+    3,
+    2**70,
+    float("inf"),
+    float("nan"),
+    -0.5,
+    "4",
+    "",
+    [],
+    {},
+    [[5, 4]],
+    [5],
+    {"l1": [5, 4]},
+    {"l1": [-5, 4]},
+    {"l1": [0, 4]},
+    {"": [1, 1]},
+    True,
+]
 
 
 def mutate_json(rng: random.Random, text: str) -> str:
@@ -299,10 +352,17 @@ def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
         update.num_samples = rng.choice(INTS)
         update.train_loss = rng.choice(FLOATS)
     tensors[name] = t
-    return update_from_tensors(tensors, run_id=update.run_id, client_id=update.client_id,
-                                     client_index=update.client_index, task=update.task, round=update.round,
-                                     phase=update.phase, num_samples=update.num_samples,
-                                     train_loss=update.train_loss)
+    return update_from_tensors(
+        tensors,
+        run_id=update.run_id,
+        client_id=update.client_id,
+        client_index=update.client_index,
+        task=update.task,
+        round=update.round,
+        phase=update.phase,
+        num_samples=update.num_samples,
+        train_loss=update.train_loss,
+    )
 
 
 def assert_plausible(update: ClientUpdate, reference: ClientUpdate, where: str) -> None:
@@ -350,7 +410,7 @@ def mutate_stream(rng: random.Random, stream: list[pb.UpdateChunk]) -> list[pb.U
         out[i] = mutate_bytes(rng, msgs[i].SerializeToString())
         return out
     elif kind == 8:  # truncated stream
-        msgs = msgs[:rng.randrange(len(msgs))]
+        msgs = msgs[: rng.randrange(len(msgs))]
     else:  # random messages
         msgs = []
         for _ in range(rng.randint(0, 5)):
@@ -387,8 +447,9 @@ def campaign(harness: Harness, rpc: str, make_case, run_case) -> collections.Cou
             details = result.details() or ""
             # INTERNAL only as gRPC's own answer to bytes that do not parse as the request message;
             # "Stream removed" is a client dropping a reply whose details are too long a header.
-            assert grpc.StatusCode[code] in REFUSALS or (
-                code == "INTERNAL" and "deserializ" in details.lower()), f"{where} {details!r}"
+            assert grpc.StatusCode[code] in REFUSALS or (code == "INTERNAL" and "deserializ" in details.lower()), (
+                f"{where} {details!r}"
+            )
             assert "Stream removed" not in details, f"{where} {details!r}"
         new_submission = rpc == "Push" and code == "OK" and not result.duplicate
         if new_submission:
@@ -412,16 +473,23 @@ def _unary(name: str):
     def run(h: Harness, case):
         reply = h.raw_unary[name](_raw(case), timeout=10)
         return reply
+
     return run
 
 
 UNARY_BASES = {
-    "Join": lambda h: [pb.JoinRequest(client_id="c1"), pb.JoinRequest(client_id="c1", requested_index=1),
-                       pb.JoinRequest(client_id="c7", requested_index=2)],
+    "Join": lambda h: [
+        pb.JoinRequest(client_id="c1"),
+        pb.JoinRequest(client_id="c1", requested_index=1),
+        pb.JoinRequest(client_id="c7", requested_index=2),
+    ],
     "Describe": lambda h: [pb.ModelDescription(run_id="fuzz", client_id="c1", model_spec_json=SPEC.to_json())],
     "Describe (JSON)": lambda h: [pb.ModelDescription(run_id="fuzz", client_id="c1", model_spec_json=SPEC.to_json())],
-    "ReportEval": lambda h: [pb.EvalReport(run_id="fuzz", client_id="c1", client_index=1, task=0,
-                                           idempotency_key="e1", correct=[3], total=[4])],
+    "ReportEval": lambda h: [
+        pb.EvalReport(
+            run_id="fuzz", client_id="c1", client_index=1, task=0, idempotency_key="e1", correct=[3], total=[4]
+        )
+    ],
     "Status": lambda h: [pb.StatusRequest(run_id="fuzz"), pb.StatusRequest()],
 }
 
@@ -432,8 +500,9 @@ def test_fuzz_unary_rpc(harness, rpc):
 
     def make(rng: random.Random, h: Harness):
         if rpc.endswith("(JSON)"):  # structure-aware: a model description with odd values
-            return pb.ModelDescription(run_id="fuzz", client_id=rng.choice(["c1", "c7"]),
-                                       model_spec_json=mutate_json(rng, SPEC.to_json()))
+            return pb.ModelDescription(
+                run_id="fuzz", client_id=rng.choice(["c1", "c7"]), model_spec_json=mutate_json(rng, SPEC.to_json())
+            )
         return mutate_message(rng, rng.choice(bases))
 
     counts = campaign(harness, rpc, make, _unary(rpc.split()[0]))
@@ -441,9 +510,10 @@ def test_fuzz_unary_rpc(harness, rpc):
 
 
 def test_fuzz_pull(harness):
-    bases = [pb.PullRequest(run_id="fuzz", client_id="c1"),
-             pb.PullRequest(run_id="fuzz", client_id="c0",
-                            last_completed=pb.StepRef(task=0, round=0, phase=pb.PHASE_TRAIN))]
+    bases = [
+        pb.PullRequest(run_id="fuzz", client_id="c1"),
+        pb.PullRequest(run_id="fuzz", client_id="c0", last_completed=pb.StepRef(task=0, round=0, phase=pb.PHASE_TRAIN)),
+    ]
 
     def run(h: Harness, case):
         return list(h.raw_pull(_raw(case), timeout=10))

@@ -10,8 +10,15 @@ from common.tensors import update_tensors
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
-CONFIG = RunConfig(strategy="head-only", num_clients=3, num_tasks=2, rounds_per_task=2, local_epochs=1, threads=1,
-                   settings={"data": {"synthetic_classes": 6, "synthetic_train": 20, "synthetic_test": 5}})
+CONFIG = RunConfig(
+    strategy="head-only",
+    num_clients=3,
+    num_tasks=2,
+    rounds_per_task=2,
+    local_epochs=1,
+    threads=1,
+    settings={"data": {"synthetic_classes": 6, "synthetic_train": 20, "synthetic_test": 5}},
+)
 F64_TOLERANCE = 16 * torch.finfo(torch.float64).eps  # a weighted mean of 3 float32 heads, summed in float64
 
 

@@ -39,8 +39,10 @@ def test_mutual_tls_probe_needs_a_certificate_from_the_ca(tmp_path, pki):
     server, port = serve(tmp_path, Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key)))
     target = ["--target", f"127.0.0.1:{port}", "--timeout", "5", "--tls-ca", str(pki.ca)]
     try:
-        assert health(target + ["--tls-cert", str(pki.client_cert("health")),
-                                "--tls-key", str(pki.client_key("health"))]) == 0
+        assert (
+            health(target + ["--tls-cert", str(pki.client_cert("health")), "--tls-key", str(pki.client_key("health"))])
+            == 0
+        )
         assert health(target) == 2  # the TLS handshake itself wants a client certificate
         assert health(["--target", f"127.0.0.1:{port}", "--insecure", "--timeout", "2"]) == 2
     finally:

@@ -18,8 +18,17 @@ from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
 ROUNDS = 2
-TINY = dict(num_clients=3, num_tasks=2, beta=0.5, seed=3, threads=1, backbone="tiny-bert", rounds_per_task=ROUNDS,
-            local_epochs=1, extra={"synthetic_classes": 8, "synthetic_train": 40, "synthetic_test": 10})
+TINY = dict(
+    num_clients=3,
+    num_tasks=2,
+    beta=0.5,
+    seed=3,
+    threads=1,
+    backbone="tiny-bert",
+    rounds_per_task=ROUNDS,
+    local_epochs=1,
+    extra={"synthetic_classes": 8, "synthetic_train": 40, "synthetic_test": 10},
+)
 LAMBDA = 1.0  # fixed, so the reference is one solve
 
 
@@ -45,8 +54,10 @@ def recorded_run(monkeypatch, config: RunConfig):
 
 def same_view(got: dict[str, LowRank], want: dict[str, LowRank]) -> bool:
     """Equal factors, at the precision the plan carries them (plans may round float64 state to float32)."""
-    return set(got) == set(want) and all(torch.equal(got[n].b, want[n].b.to(got[n].b.dtype))
-                                         and torch.equal(got[n].a, want[n].a.to(got[n].a.dtype)) for n in want)
+    return set(got) == set(want) and all(
+        torch.equal(got[n].b, want[n].b.to(got[n].b.dtype)) and torch.equal(got[n].a, want[n].a.to(got[n].a.dtype))
+        for n in want
+    )
 
 
 @pytest.mark.parametrize("name", ["lorm-ridge", "lorm-ncm"])
@@ -58,7 +69,7 @@ def test_lorm_then_a_features_step_under_the_merged_backbone(monkeypatch, name):
     assert [p.mode for p in plans] == (["lora"] * (ROUNDS + 1) + ["features", "features"]) * 2
     assert [p.train_factors for p in plans[:ROUNDS]] == [("B",), ("A",)]
     for task in range(2):
-        features, evaluation = plans[task * len(per_task) + ROUNDS + 1: (task + 1) * len(per_task)]
+        features, evaluation = plans[task * len(per_task) + ROUNDS + 1 : (task + 1) * len(per_task)]
         assert (features.task, features.round, features.head_weight) == (task, ROUNDS, None)
         assert features.head_gram == (name == "lorm-ridge") and features.lora == {}
         assert same_view(features.extra, evaluation.extra)  # the statistics' view is the one evaluated
@@ -75,10 +86,15 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     result, strategy, plans = recorded_run(monkeypatch, config)
     assert [len(row) for row in result.matrix.correct] == [1, 2]
     steps = [(p.task, p.phase.value, p.round, p.mode, p.train_factors) for p in plans]
-    assert steps == [(0, "train", 0, "lora", ("B",)), (0, "train", 1, "lora", ("A",)),
-                     (0, "task_gram", ROUNDS, "lora", ()), (0, "features", ROUNDS, "features", ()),
-                     (0, "evaluate", ROUNDS, "features", ()),
-                     (1, "features", ROUNDS, "features", ()), (1, "evaluate", ROUNDS, "features", ())]
+    assert steps == [
+        (0, "train", 0, "lora", ("B",)),
+        (0, "train", 1, "lora", ("A",)),
+        (0, "task_gram", ROUNDS, "lora", ()),
+        (0, "features", ROUNDS, "features", ()),
+        (0, "evaluate", ROUNDS, "features", ()),
+        (1, "features", ROUNDS, "features", ()),
+        (1, "evaluate", ROUNDS, "features", ()),
+    ]
     assert len(strategy.task_factors) == 1
     frozen = {n: LowRank(f.b * config.lora_scale, f.a) for n, f in strategy.task_factors[0].items()}
     for p in plans[3:]:
@@ -91,14 +107,20 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     projection = random_projection(config, runtime.spec.feature_dim)
     # Each client's rows extracted in its own batches, as the client does: the same float32 features on any CPU.
     idx = torch.cat([w.shards[t] for t in range(2) for w in workers])
-    x = torch.cat([feature_map(extract(runtime.model, runtime.train, w.shards[t], runtime.device), projection)
-                   for t in range(2) for w in workers])  # (n, F')
+    x = torch.cat(
+        [
+            feature_map(extract(runtime.model, runtime.train, w.shards[t], runtime.device), projection)
+            for t in range(2)
+            for w in workers
+        ]
+    )  # (n, F')
     y = torch.nn.functional.one_hot(runtime.train.labels[idx], 8).double()  # (n, C)
     system = x.T @ x + LAMBDA * torch.eye(48, dtype=torch.float64)
     want = torch.linalg.solve(system, x.T @ y).T
     # Only float64 summation order differs (clients' sums vs one product), amplified by the solve.
-    assert_close_to_dtype(result.head_weight, want, torch.float64, terms=idx.numel(),
-                          cond=float(torch.linalg.cond(system)))
+    assert_close_to_dtype(
+        result.head_weight, want, torch.float64, terms=idx.numel(), cond=float(torch.linalg.cond(system))
+    )
     assert torch.equal(plans[-1].head_weight, result.head_weight.to(plans[-1].head_weight.dtype))  # the head evaluated
 
 

@@ -19,8 +19,11 @@ IMPOSSIBLE = '{"layers":{"l":[1000000000000,32]},"feature_dim":32,"num_classes":
 
 
 def state_files(coord: Coordinator) -> dict[str, bytes]:
-    return {str(p.relative_to(coord.store.root)): p.read_bytes()
-            for p in sorted(Path(coord.store.root).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(coord.store.root)): p.read_bytes()
+        for p in sorted(Path(coord.store.root).rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_an_impossible_model_is_refused_before_anything_is_allocated(tmp_path):
@@ -68,8 +71,12 @@ def test_over_grpc_the_attack_is_invalid_argument_and_the_run_goes_on(tmp_path):
     server, port = create_server(coord, "127.0.0.1:0", security=Security(insecure=True))
     server.start()
     try:
-        clients = [CoordinatorClient(f"127.0.0.1:{port}", f"c{i}", Backoff(give_up_s=3), call_timeout_s=5,
-                                     security=Security(insecure=True)) for i in range(2)]
+        clients = [
+            CoordinatorClient(
+                f"127.0.0.1:{port}", f"c{i}", Backoff(give_up_s=3), call_timeout_s=5, security=Security(insecure=True)
+            )
+            for i in range(2)
+        ]
         for i, c in enumerate(clients):
             c.join(i)
         request = pb.ModelDescription(run_id="unit", client_id="c0", model_spec_json=IMPOSSIBLE)

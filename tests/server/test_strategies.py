@@ -3,18 +3,16 @@
 import pytest
 import torch
 
-from common.config import RunConfig
 from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
-from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
+from common.messages import ClientUpdate, GramKind, Phase
 from server.strategies import UpdateRejected, make_strategy
 
-SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+from conftest import LORA_SPEC, unit_config
+
+SPEC = LORA_SPEC
 
 
-def config(**kw):
-    base = dict(num_clients=3, num_tasks=2, rounds_per_task=2, rank=2, seed=1, gamma_head=0.5)
-    base.update(kw)
-    return RunConfig(**base)
+config = unit_config
 
 
 def fake_update(plan, index, *, seed, factors=None):
@@ -25,10 +23,20 @@ def fake_update(plan, index, *, seed, factors=None):
         facts[name] = {f: torch.randn(*shapes[f], generator=g) for f in (factors or plan.train_factors)}
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
     x = torch.randn(20, SPEC.feature_dim, generator=g, dtype=torch.float64)
-    update = ClientUpdate(run_id=plan.run_id, client_id=f"c{index}", client_index=index, task=plan.task,
-                          round=plan.round, phase=plan.phase, num_samples=10 + 5 * index, factors=facts, grams=grams,
-                          head_weight=torch.randn(6, 4, generator=g), head_bias=torch.randn(6, generator=g),
-                          head_gram=x.T @ x)
+    update = ClientUpdate(
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=10 + 5 * index,
+        factors=facts,
+        grams=grams,
+        head_weight=torch.randn(6, 4, generator=g),
+        head_bias=torch.randn(6, generator=g),
+        head_gram=x.T @ x,
+    )
     # Only what the plan asks for, as a real client sends (everything is drawn, so values do not shift).
     if plan.gram == GramKind.NONE:
         update.grams = {}
@@ -66,15 +74,18 @@ def test_lorm_round_equals_closed_forms(round_, active):
     torch.testing.assert_close(strategy.head_b, bias, rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("break_it, field", [
-    (lambda u: setattr(u, "round", 1), "round"),
-    (lambda u: setattr(u, "run_id", "other"), "run_id"),
-    (lambda u: setattr(u, "num_samples", 0), "num_samples"),
-    (lambda u: u.grams.update(l1=torch.ones(5, dtype=torch.float64)), "grams[l1]"),
-    (lambda u: u.factors["l2"].update(B=torch.ones(3, 3)), "factors[l2][B]"),
-    (lambda u: u.factors.pop("l1"), "factors"),
-    (lambda u: setattr(u, "head_gram", None), "head_gram"),
-])
+@pytest.mark.parametrize(
+    "break_it, field",
+    [
+        (lambda u: setattr(u, "round", 1), "round"),
+        (lambda u: setattr(u, "run_id", "other"), "run_id"),
+        (lambda u: setattr(u, "num_samples", 0), "num_samples"),
+        (lambda u: u.grams.update(l1=torch.ones(5, dtype=torch.float64)), "grams[l1]"),
+        (lambda u: u.factors["l2"].update(B=torch.ones(3, 3)), "factors[l2][B]"),
+        (lambda u: u.factors.pop("l1"), "factors"),
+        (lambda u: setattr(u, "head_gram", None), "head_gram"),
+    ],
+)
 def test_rejected_update_changes_nothing(break_it, field):
     def run(with_bad):
         strategy = make_strategy(config(), SPEC)
@@ -91,6 +102,7 @@ def test_rejected_update_changes_nothing(break_it, field):
         agg.fold(fake_update(plan, 2, seed=2))
         strategy.aggregate(plan, agg)
         return strategy
+
     clean, dirty = run(False), run(True)
     for name in SPEC.layers:
         assert torch.equal(clean.shared[name].b, dirty.shared[name].b)
@@ -117,16 +129,18 @@ def test_lorm_task_merge_after_two_tasks():
         plan = strategy.configure(task, 1, Phase.TASK_GRAM)
         assert plan.lora_scale == pytest.approx(1 / (task + 1))
         if task == 1:  # the Gram pass adds the previous task's delta, scaled by 1 / (t + 1)
-            torch.testing.assert_close(plan.extra["l1"].b @ plan.extra["l1"].a,
-                                       (finals[0]["l1"].b @ finals[0]["l1"].a / 2).float())
+            torch.testing.assert_close(
+                plan.extra["l1"].b @ plan.extra["l1"].a, (finals[0]["l1"].b @ finals[0]["l1"].a / 2).float()
+            )
         ups = fold_step(strategy, plan, 100, factors=())
         finals.append(dict(strategy.shared))
         task_grams.append({n: sum(u.grams[n] for u in ups) for n in SPEC.layers})
         if task == 0:  # one task: the model is B^0 A^0 itself
             assert torch.equal(strategy.adapter()["l1"].b, finals[0]["l1"].b)
     for name in SPEC.layers:
-        b_cat, a_cat = merge_tasks([f[name].b for f in finals], [f[name].a for f in finals],
-                                   [g[name] for g in task_grams])
+        b_cat, a_cat = merge_tasks(
+            [f[name].b for f in finals], [f[name].a for f in finals], [g[name] for g in task_grams]
+        )
         got = strategy.adapter()[name]
         torch.testing.assert_close(got.b @ got.a, b_cat @ a_cat, rtol=1e-12, atol=1e-12)
         assert got.b.shape == (SPEC.layers[name][0], 4)  # rank T * r
@@ -166,6 +180,7 @@ def test_ablation_average_tasks_is_the_mean_of_task_residuals():
 def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
     """lorm-seq: task 1 trains and runs its Gram passes on W0 + s B^0 A^0 + s B A; the model is the sum."""
     from proto import codec
+
     strategy = make_strategy(config(strategy="lorm-seq", rounds_per_task=1, lora_scale=2.0), SPEC)
     for task in range(2):
         strategy.begin_task(task)
@@ -181,8 +196,7 @@ def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
             fold_step(strategy, plan, 10 * task + plan.round, factors=None if plan.phase == Phase.TRAIN else ())
     f0, f1 = strategy.task_factors
     got = strategy.adapter()["l1"]
-    torch.testing.assert_close(got.b @ got.a, f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a, rtol=1e-12,
-                               atol=1e-12)
+    torch.testing.assert_close(got.b @ got.a, f0["l1"].b @ f0["l1"].a + f1["l1"].b @ f1["l1"].a, rtol=1e-12, atol=1e-12)
     assert not make_strategy(config(), SPEC).configure(0, 0, Phase.TRAIN).train_extra  # LoRM trains on W0 + s B A
 
 

@@ -18,9 +18,19 @@ from proto import codec
 
 from common.tensors import tensor_name
 from common.config import RunConfig
-from common.merge import gram_factor
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
-from common.tensors import DELTA, FACTOR, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, STAT, parse_tensor_name, update_from_tensors, update_tensors
+from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase
+from common.tensors import (
+    DELTA,
+    FACTOR,
+    FISHER,
+    GRAM,
+    HEAD_BIAS,
+    HEAD_GRAM,
+    HEAD_WEIGHT,
+    STAT,
+    parse_tensor_name,
+    update_tensors,
+)
 from common.tls import Security
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -30,58 +40,30 @@ from server.service import create_server
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
 
+from conftest import valid_update, with_tensors
+
 F64 = torch.float64
 # Dense strategies need the backbone's parameters; RegMean needs <layer>.base.weight for every LoRA layer.
-SPEC = ModelSpec(layers={"l1": (3, 4), "l2": (2, 3)}, feature_dim=3, num_classes=6,
-                 params={"emb.weight": (5, 4), "l1.base.weight": (3, 4), "l1.base.bias": (3,),
-                         "l2.base.weight": (2, 3)})
+SPEC = ModelSpec(
+    layers={"l1": (3, 4), "l2": (2, 3)},
+    feature_dim=3,
+    num_classes=6,
+    params={"emb.weight": (5, 4), "l1.base.weight": (3, 4), "l1.base.bias": (3,), "l2.base.weight": (2, 3)},
+)
 N = 12  # samples per client and step
 
 
 def config(**kw) -> RunConfig:
-    base = dict(run_id="val", num_clients=3, num_tasks=2, rounds_per_task=1, rank=2, seed=1,
-                extra={"ridge_lambdas": [0.1, 1.0, 10.0], "ridge_holdout": 4})
+    base = dict(
+        run_id="val",
+        num_clients=3,
+        num_tasks=2,
+        rounds_per_task=1,
+        rank=2,
+        seed=1,
+        extra={"ridge_lambdas": [0.1, 1.0, 10.0], "ridge_holdout": 4},
+    )
     return RunConfig(**{**base, **kw})
-
-
-def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """Feature statistics of N samples of the plan's classes, as client/features.py computes them."""
-    lo, hi = plan.class_range
-    dim = next(s for n, s in shapes.items() if n.endswith("class_sum"))[1]
-    y = torch.randint(lo, hi, (N,), generator=g)
-    x = torch.randn(N, dim, generator=g, dtype=F64)
-    one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).to(F64)  # the task's classes only
-    held = torch.arange(N) % 4 == 0
-    out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x),
-           "holdout_class_sum": one_hot[held].T @ x[held], "holdout_class_count": one_hot[held].sum(0),
-           "holdout_gram_factor": gram_factor(x[held])}
-    return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
-
-
-def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: int, seed: int) -> ClientUpdate:
-    """A correct update of any strategy's step, built from what its aggregator expects."""
-    g = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, shape in expected.items():
-        kind, _, part = parse_tensor_name(name)
-        if kind in (FACTOR, DELTA) or name in (HEAD_WEIGHT, HEAD_BIAS):
-            tensors[name] = torch.randn(shape, generator=g)  # float32, as clients compute
-        elif kind == GRAM or name == HEAD_GRAM:
-            x = torch.randn(N, shape[0], generator=g, dtype=F64)
-            tensors[name] = x.T @ x if len(shape) == 2 else (x * x).sum(0)
-        elif kind == FISHER:
-            tensors[name] = torch.rand(shape, generator=g, dtype=F64)
-    stats = {n: s for n, s in expected.items() if n.startswith(STAT + "/")}
-    if stats:
-        tensors |= _stats(stats, plan, g)
-    return update_from_tensors(tensors, run_id=plan.run_id, client_id=f"c{index}", client_index=index,
-                               task=plan.task, round=plan.round, phase=plan.phase, num_samples=N, train_loss=1.0)
-
-
-def with_tensors(update: ClientUpdate, tensors: dict[str, torch.Tensor]) -> ClientUpdate:
-    return update_from_tensors(tensors, run_id=update.run_id, client_id=update.client_id,
-                               client_index=update.client_index, task=update.task, round=update.round,
-                               phase=update.phase, num_samples=update.num_samples, train_loss=update.train_loss)
 
 
 # ------------------------------------------------------------------ generic corruptions
@@ -104,19 +86,23 @@ def corruptions(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor | No
     kind, layer, part = parse_tensor_name(name)
     param = kind in (FACTOR, DELTA) or name in (HEAD_WEIGHT, HEAD_BIAS)
     flat = t.reshape(-1)
-    cases = [("nan", _set(flat, 0, float("nan")).reshape(t.shape)),
-             ("inf", _set(flat, -1, float("-inf")).reshape(t.shape)),
-             ("dtype", t.to(torch.float16 if param else torch.float32)),
-             ("int dtype", t.to(torch.int64)),
-             ("shape", torch.cat([t, t[:1]])),
-             ("missing", None)]
+    cases = [
+        ("nan", _set(flat, 0, float("nan")).reshape(t.shape)),
+        ("inf", _set(flat, -1, float("-inf")).reshape(t.shape)),
+        ("dtype", t.to(torch.float16 if param else torch.float32)),
+        ("int dtype", t.to(torch.int64)),
+        ("shape", torch.cat([t, t[:1]])),
+        ("missing", None),
+    ]
     gram = kind == GRAM or name == HEAD_GRAM or (kind == STAT and layer.endswith("gram"))
     if gram and t.dim() == 1:
         cases.append(("negative diagonal", _set(t, 0, -1.0)))
     elif gram:
-        cases += [("negative diagonal", _set(t, (1, 1), -1.0)),
-                  ("asymmetric", _set(t, (0, 1), float(t[0, 1]) + 1.0 + float(t.abs().max()))),
-                  ("indefinite", _indefinite(t))]
+        cases += [
+            ("negative diagonal", _set(t, (1, 1), -1.0)),
+            ("asymmetric", _set(t, (0, 1), float(t[0, 1]) + 1.0 + float(t.abs().max()))),
+            ("indefinite", _indefinite(t)),
+        ]
     if kind == FISHER:
         cases.append(("negative", _set(flat, 0, -1e-3).reshape(t.shape)))
     if kind == STAT and layer.endswith("class_count"):
@@ -183,14 +169,22 @@ def ridge_step():
     return plan, agg, valid_update(plan, agg.expected(), 0, seed=5)
 
 
-@pytest.mark.parametrize("break_it, field", [
-    (lambda s: s["class_count"].__setitem__(2, s["class_count"][2] + 1), "stats[class_count]"),  # sum != samples
-    (lambda s: (s["class_count"].__setitem__(1, s["class_count"][1] + s["class_count"][0]),  # class 0: no samples,
-                s["class_count"].__setitem__(0, 0.0)), "stats[class_sum]"),  # yet a non-zero sum
-    (lambda s: s["class_sum"].mul_(10.0), "stats[class_sum]"),  # more than any features of that Gram allow
-    (lambda s: s["holdout_class_count"].add_(s["class_count"]), "stats[holdout_class_count]"),
-    (lambda s: s["holdout_class_sum"].mul_(10.0), "stats[holdout_class_sum]"),
-])
+@pytest.mark.parametrize(
+    "break_it, field",
+    [
+        (lambda s: s["class_count"].__setitem__(2, s["class_count"][2] + 1), "stats[class_count]"),  # sum != samples
+        (
+            lambda s: (
+                s["class_count"].__setitem__(1, s["class_count"][1] + s["class_count"][0]),  # class 0: no samples,
+                s["class_count"].__setitem__(0, 0.0),
+            ),
+            "stats[class_sum]",
+        ),  # yet a non-zero sum
+        (lambda s: s["class_sum"].mul_(10.0), "stats[class_sum]"),  # more than any features of that Gram allow
+        (lambda s: s["holdout_class_count"].add_(s["class_count"]), "stats[holdout_class_count]"),
+        (lambda s: s["holdout_class_sum"].mul_(10.0), "stats[holdout_class_sum]"),
+    ],
+)
 def test_ridge_statistics_must_be_consistent(break_it, field):
     plan, agg, update = ridge_step()
     agg.check(update)
@@ -251,8 +245,9 @@ def refused(call) -> Refused:
 
 def snapshot(coord: Coordinator) -> tuple:
     """Everything a refused call must leave as it was."""
-    files = sorted((str(p.relative_to(coord.store.root)), p.stat().st_size)
-                   for p in coord.store.root.rglob("*") if p.is_file())
+    files = sorted(
+        (str(p.relative_to(coord.store.root)), p.stat().st_size) for p in coord.store.root.rglob("*") if p.is_file()
+    )
     return coord.status(), list(coord.history), files, coord.step.next_fold, set(coord.step.submitted)
 
 
@@ -293,16 +288,17 @@ def test_sample_count_bound_from_train_per_class(tmp_path):
     assert err.code == "INVALID_ARGUMENT" and "num_samples" in str(err) and "[6, 6]" in str(err)
 
 
-@pytest.mark.parametrize("field, value", [("run_id", "other"), ("task", 1), ("round", 1),
-                                          ("phase", Phase.TASK_GRAM)])
+@pytest.mark.parametrize("field, value", [("run_id", "other"), ("task", 1), ("round", 1), ("phase", Phase.TASK_GRAM)])
 def test_wrong_run_task_round_or_phase_is_failed_precondition(tmp_path, field, value):
     coord = started(tmp_path / "s")
     before = snapshot(coord)
     bad = update_of(coord, 0, 1)
     setattr(bad, field, value)
     assert refused(lambda: coord.submit(bad, "k0")).code == "FAILED_PRECONDITION"
-    assert refused(lambda: coord.precheck("c0", 0, bad.run_id, bad.task, bad.round, bad.phase, "k")).code == \
-        "FAILED_PRECONDITION"
+    assert (
+        refused(lambda: coord.precheck("c0", 0, bad.run_id, bad.task, bad.round, bad.phase, "k")).code
+        == "FAILED_PRECONDITION"
+    )
     assert snapshot(coord) == before
 
 
@@ -357,25 +353,37 @@ def test_eval_counts_are_checked(tmp_path):
     coord = to_evaluation(tmp_path / "s")
     options_cap = coord.options.max_num_samples
     before = snapshot(coord)
-    for correct, total, code in [([5, 1], [6], "INVALID_ARGUMENT"), ([7], [6], "INVALID_ARGUMENT"),
-                                 ([-1], [6], "INVALID_ARGUMENT"), ([1], [options_cap + 1], "INVALID_ARGUMENT")]:
+    for correct, total, code in [
+        ([5, 1], [6], "INVALID_ARGUMENT"),
+        ([7], [6], "INVALID_ARGUMENT"),
+        ([-1], [6], "INVALID_ARGUMENT"),
+        ([1], [options_cap + 1], "INVALID_ARGUMENT"),
+    ]:
         report = EvalReport("val", "c0", 0, 0, correct, total)
         assert refused(lambda report=report: coord.report_eval(report, "e0")).code == code
-    assert refused(lambda: coord.report_eval(EvalReport("val", "c0", 0, 1, [1, 1], [2, 2]), "e0")).code == \
-        "FAILED_PRECONDITION"  # task 1 is not being evaluated
+    assert (
+        refused(lambda: coord.report_eval(EvalReport("val", "c0", 0, 1, [1, 1], [2, 2]), "e0")).code
+        == "FAILED_PRECONDITION"
+    )  # task 1 is not being evaluated
     assert refused(lambda: coord.submit(update_of_plan(coord), "x")).code == "FAILED_PRECONDITION"
     assert snapshot(coord) == before
     capped = to_evaluation(tmp_path / "t")
     capped.config.test_per_class = 2  # task 0 has 3 classes: at most 6 test samples
-    assert refused(lambda: capped.report_eval(EvalReport("val", "c0", 0, 0, [1], [7]), "e0")).code == \
-        "INVALID_ARGUMENT"
+    assert refused(lambda: capped.report_eval(EvalReport("val", "c0", 0, 0, [1], [7]), "e0")).code == "INVALID_ARGUMENT"
     assert coord.report_eval(EvalReport("val", "c0", 0, 0, [5], [6]), "e0") is True
 
 
 def update_of_plan(coord: Coordinator) -> ClientUpdate:
     plan = coord.step.plan
-    return ClientUpdate(run_id=plan.run_id, client_id="c0", client_index=0, task=plan.task, round=plan.round,
-                        phase=plan.phase, num_samples=N)
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id="c0",
+        client_index=0,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=N,
+    )
 
 
 def test_describe_with_an_impossible_model_changes_nothing(tmp_path):
@@ -384,8 +392,13 @@ def test_describe_with_an_impossible_model_changes_nothing(tmp_path):
     bad = ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=1)  # 1 class cannot make 2 tasks
     assert refused(lambda: coord.describe("c0", bad)).code == "INVALID_ARGUMENT"
     assert coord.spec is None and coord.strategy is None
-    for text in ['{"layers": {"l": [0, 4]}, "feature_dim": 4, "num_classes": 6}', "[]", "1e999", "[" * 100_000,
-                 '{"layers": {"l": [1e999, 4]}, "feature_dim": 4, "num_classes": 6}']:
+    for text in [
+        '{"layers": {"l": [0, 4]}, "feature_dim": 4, "num_classes": 6}',
+        "[]",
+        "1e999",
+        "[" * 100_000,
+        '{"layers": {"l": [1e999, 4]}, "feature_dim": 4, "num_classes": 6}',
+    ]:
         with pytest.raises(ValueError):
             ModelSpec.from_json(text)
 
@@ -490,8 +503,7 @@ def test_a_message_over_the_grpc_limit_is_resource_exhausted(served):
     # can be staged or not, depending on which core event is seen first; the client sees
     # RESOURCE_EXHAUSTED either way, and its retry with the same idempotency key is then
     # "already recorded", so nothing is lost or counted twice.)
-    msgs.insert(len(msgs) - 1, pb.UpdateChunk(chunk=pb.TensorChunk(name="head/gram", offset=0,
-                                                                    data=b"\0" * (9 << 20))))
+    msgs.insert(len(msgs) - 1, pb.UpdateChunk(chunk=pb.TensorChunk(name="head/gram", offset=0, data=b"\0" * (9 << 20))))
     with grpc.insecure_channel(stub_target(coord)) as unlimited:  # no client-side send limit
         err = push(pb_grpc.CoordinatorStub(unlimited), msgs)
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -505,22 +517,44 @@ def test_other_rpcs_refuse_wrong_runs_and_malformed_requests(served):
     before = snapshot(coord)
     calls = [
         (grpc.StatusCode.FAILED_PRECONDITION, lambda: stub.Status(pb.StatusRequest(run_id="other"), timeout=10)),
-        (grpc.StatusCode.FAILED_PRECONDITION, lambda: list(stub.Pull(pb.PullRequest(run_id="x", client_id="c0"),
-                                                                     timeout=10))),
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            lambda: list(stub.Pull(pb.PullRequest(run_id="x", client_id="c0"), timeout=10)),
+        ),
         (grpc.StatusCode.INVALID_ARGUMENT, lambda: list(stub.Pull(pb.PullRequest(run_id="val"), timeout=10))),
-        (grpc.StatusCode.FAILED_PRECONDITION, lambda: stub.Describe(pb.ModelDescription(
-            run_id="x", client_id="c0", model_spec_json=LORM.to_json()), timeout=10)),
-        (grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.Describe(pb.ModelDescription(
-            run_id="val", client_id="c0", model_spec_json="{"), timeout=10)),
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            lambda: stub.Describe(
+                pb.ModelDescription(run_id="x", client_id="c0", model_spec_json=LORM.to_json()), timeout=10
+            ),
+        ),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: stub.Describe(pb.ModelDescription(run_id="val", client_id="c0", model_spec_json="{"), timeout=10),
+        ),
         (grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.Join(pb.JoinRequest(client_id=""), timeout=10)),
-        (grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.Join(pb.JoinRequest(client_id="c9", requested_index=-1),
-                                                             timeout=10)),
-        (grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.ReportEval(pb.EvalReport(
-            run_id="val", client_id="c0", client_index=0, task=0, idempotency_key="e", correct=[3], total=[2]),
-            timeout=10)),
-        (grpc.StatusCode.FAILED_PRECONDITION, lambda: stub.ReportEval(pb.EvalReport(
-            run_id="val", client_id="c0", client_index=0, task=0, idempotency_key="e", correct=[1], total=[2]),
-            timeout=10)),  # no evaluation is open
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: stub.Join(pb.JoinRequest(client_id="c9", requested_index=-1), timeout=10),
+        ),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: stub.ReportEval(
+                pb.EvalReport(
+                    run_id="val", client_id="c0", client_index=0, task=0, idempotency_key="e", correct=[3], total=[2]
+                ),
+                timeout=10,
+            ),
+        ),
+        (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            lambda: stub.ReportEval(
+                pb.EvalReport(
+                    run_id="val", client_id="c0", client_index=0, task=0, idempotency_key="e", correct=[1], total=[2]
+                ),
+                timeout=10,
+            ),
+        ),  # no evaluation is open
     ]
     for code, call in calls:
         with pytest.raises(grpc.RpcError) as err:

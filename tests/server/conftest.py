@@ -1,0 +1,95 @@
+"""Shared pieces of the coordinator's tests: the small LoRA model, the base run, and valid updates of any step."""
+
+from __future__ import annotations
+
+import torch
+
+from common.config import RunConfig
+from common.merge import gram_factor
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.tensors import (
+    DELTA,
+    FACTOR,
+    FISHER,
+    GRAM,
+    HEAD_BIAS,
+    HEAD_GRAM,
+    HEAD_WEIGHT,
+    STAT,
+    parse_tensor_name,
+    tensor_name,
+    update_from_tensors,
+)
+
+F64 = torch.float64
+N = 12  # samples per client and step of a made-up update
+# Two LoRA layers and a head of 6 classes over 4 features: the LoRM tests' model.
+LORA_SPEC = ModelSpec(layers={"l1": (5, 4), "l2": (3, 6)}, feature_dim=4, num_classes=6)
+
+
+def unit_config(**kw) -> RunConfig:
+    """3 clients, 2 tasks of 2 rounds, rank 2, seed 1; ``kw`` overrides."""
+    base = dict(run_id="unit", num_clients=3, num_tasks=2, rounds_per_task=2, rank=2, seed=1)
+    return RunConfig(**{**base, **kw})
+
+
+def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Feature statistics of N samples of the plan's classes, as client/features.py computes them."""
+    lo, hi = plan.class_range
+    dim = next(s for n, s in shapes.items() if n.endswith("class_sum"))[1]
+    y = torch.randint(lo, hi, (N,), generator=g)
+    x = torch.randn(N, dim, generator=g, dtype=F64)
+    one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).to(F64)  # the task's classes only
+    held = torch.arange(N) % 4 == 0
+    out = {
+        "class_sum": one_hot.T @ x,
+        "class_count": one_hot.sum(0),
+        "gram_factor": gram_factor(x),
+        "holdout_class_sum": one_hot[held].T @ x[held],
+        "holdout_class_count": one_hot[held].sum(0),
+        "holdout_gram_factor": gram_factor(x[held]),
+    }
+    return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
+
+
+def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: int, seed: int) -> ClientUpdate:
+    """A correct update of any strategy's step, built from what its aggregator expects."""
+    g = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in expected.items():
+        kind, _, part = parse_tensor_name(name)
+        if kind in (FACTOR, DELTA) or name in (HEAD_WEIGHT, HEAD_BIAS):
+            tensors[name] = torch.randn(shape, generator=g)  # float32, as clients compute
+        elif kind == GRAM or name == HEAD_GRAM:
+            x = torch.randn(N, shape[0], generator=g, dtype=F64)
+            tensors[name] = x.T @ x if len(shape) == 2 else (x * x).sum(0)
+        elif kind == FISHER:
+            tensors[name] = torch.rand(shape, generator=g, dtype=F64)
+    stats = {n: s for n, s in expected.items() if n.startswith(STAT + "/")}
+    if stats:
+        tensors |= _stats(stats, plan, g)
+    return update_from_tensors(
+        tensors,
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=N,
+        train_loss=1.0,
+    )
+
+
+def with_tensors(update: ClientUpdate, tensors: dict[str, torch.Tensor]) -> ClientUpdate:
+    return update_from_tensors(
+        tensors,
+        run_id=update.run_id,
+        client_id=update.client_id,
+        client_index=update.client_index,
+        task=update.task,
+        round=update.round,
+        phase=update.phase,
+        num_samples=update.num_samples,
+        train_loss=update.train_loss,
+    )
