@@ -115,12 +115,22 @@ def _need_file(path: Path, contents: str, hint: str = "") -> Path:
 
 
 def _resolve(config: RunConfig, key: str) -> Path:
-    """The setting ``data.<key>`` as a path: absolute as given, relative under ``data_dir(config)``."""
+    """The setting ``data.<key>`` as a path: absolute as given; relative, under the working directory if it
+    is there, else under ``data_dir(config)``. A path found nowhere is named with every place tried."""
     value = getattr(config.section(DataSettings), key)
     if not value:
         raise ValueError(f"dataset {config.dataset!r} needs the setting data.{key} (--set data.{key}=...)")
     path = Path(value).expanduser()
-    return path if path.is_absolute() else data_dir(config) / path
+    if path.is_absolute() or path.exists():
+        return path
+    root = config.data_dir or os.environ.get("LORM_DATA_DIR", "")
+    if root and (Path(root).expanduser() / path).exists():
+        return Path(root).expanduser() / path
+    tried = [str(path.resolve())] + ([str(Path(root).expanduser() / path)] if root else [])
+    raise FileNotFoundError(
+        f"data.{key} = {value!r}: no such file or folder; tried {' and '.join(tried)}"
+        + ("" if root else " (set data_dir or LORM_DATA_DIR to look there too)")
+    )
 
 
 def _class_index(names: list[str], where: str) -> dict[str, int]:
@@ -289,24 +299,54 @@ def clinc150(config: RunConfig) -> Splits:
     return Splits(train_x, train_y, test_x, test_y, names)
 
 
-def _text_rows(path: Path) -> list[tuple[str, str]]:
-    """``(text, label)`` rows of a CSV (header with ``text`` and ``label``) or JSONL file."""
+LABEL_NAMES = ("label", "intent", "category")  # the label's column (CSV) or key (JSONL), first found
+
+
+def _label_name(found: list[str], chosen: str, where: str) -> str:
+    if chosen:
+        if chosen not in found:
+            raise ValueError(f"{where}: the setting data.label_column = {chosen!r} is not among {found}")
+        return chosen
+    name = next((n for n in LABEL_NAMES if n in found), None)
+    if name is None:
+        raise ValueError(
+            f"{where}: no label column: expected one of {list(LABEL_NAMES)} (or set data.label_column), got {found}"
+        )
+    return name
+
+
+def _text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
+    """``(text, label)`` rows of a CSV or JSONL file, UTF-8 with or without a byte-order mark.
+
+    CSV: a header with ``text`` and a label column (``label``, ``intent`` or ``category``, or
+    ``label_column``); the delimiter is sniffed among comma, semicolon and tab. JSONL: one object
+    a line with the same keys.
+    """
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            if not {"text", "label"} <= set(reader.fieldnames or ()):
-                raise ValueError(f"{path}: a CSV file needs the columns text and label, got {reader.fieldnames}")
-            return [(row["text"], str(row["label"])) for row in reader]
+    if suffix in (".csv", ".tsv"):
+        with path.open(newline="", encoding="utf-8-sig") as f:  # spreadsheets write a byte-order mark
+            sample = f.read(64 * 1024)
+            f.seek(0)
+            try:
+                dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(sample, delimiters=",;\t")
+            except csv.Error:
+                dialect = csv.excel_tab if suffix == ".tsv" else csv.excel
+            reader = csv.DictReader(f, dialect=dialect)
+            fields = [str(n) for n in reader.fieldnames or ()]
+            if "text" not in fields:
+                raise ValueError(f"{path}: a CSV file needs a text column, got {fields}")
+            label = _label_name(fields, label_column, str(path))
+            return [(row["text"], str(row[label])) for row in reader]
     if suffix in (".jsonl", ".ndjson"):
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 item = json.loads(line)
-                rows.append((str(item["text"]), str(item["label"])))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                label = _label_name(list(item), label_column, f"{path} line {number}")
+                rows.append((str(item["text"]), str(item[label])))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(
                     f"{path} line {number}: expected a JSON object with text and label, got {line[:80]!r}"
                 ) from exc
@@ -325,7 +365,8 @@ def textfile(config: RunConfig) -> Splits:
         paths[key] = _need_file(
             _resolve(config, key), f"a .csv (columns text,label) or .jsonl file (the setting data.{key})"
         )
-    train, test = _text_rows(paths["train_file"]), _text_rows(paths["test_file"])
+    label_column = config.section(DataSettings).label_column
+    train, test = _text_rows(paths["train_file"], label_column), _text_rows(paths["test_file"], label_column)
     given = config.section(DataSettings).classes
     names = list(given) if given else list(dict.fromkeys(label for _, label in train))
     index = _class_index(names, "the setting data.classes")

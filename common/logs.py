@@ -26,6 +26,12 @@ _context: dict[str, Any] = {}
 _context_lock = threading.Lock()
 
 
+def report_text(report: dict) -> str:
+    """A strategy's step report in a log line: ``; ridge_lambda 10000.0`` (nested values left out)."""
+    flat = [f"{k} {v}" for k, v in report.items() if not isinstance(v, (dict, list))]
+    return "; " + ", ".join(flat) if flat else ""
+
+
 def loss_text(loss: float) -> str:
     """``loss 0.1234`` for a training step; a step that only gathers statistics has no loss (NaN)."""
     return f"loss {loss:.4f}" if math.isfinite(loss) else "no training loss"

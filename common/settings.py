@@ -93,6 +93,7 @@ class DataSettings(Settings):
     test_file: str = setting("", "textfile: test samples, as train_file")
     root: str = setting("", "imagefolder: folder with train/<class>/* and test/<class>/*; relative to data_dir")
     classes: list[str] = setting([], "textfile, imagefolder: the class order ([]: the files' own)")
+    label_column: str = setting("", "textfile: the label's column or key ('': the first of label, intent, category)")
     transforms: str = setting("imagefolder", "imagefolder: whose image transforms to use (a dataset name)")
     image_size: int = setting(0, "images: input side in pixels (0: the backbone's, 224 for ViT-B/16, 16 for tiny-vit)")
     synthetic_classes: int = setting(12, "synthetic-text: number of classes")

@@ -17,7 +17,7 @@ from typing import Callable
 
 from client.runtime import build_runtime
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import loss_text
+from common.logs import loss_text, report_text
 from common.messages import ClientUpdate, LowRank
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
@@ -72,13 +72,14 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
                 "factors": "".join(plan.train_factors),
                 "loss": aggregator.mean_loss,
                 "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1),
+                **strategy.step_report(plan),
             }
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)
             log(
                 f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
-                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}"
+                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}{report_text(strategy.step_report(plan))}"
             )
         plan = strategy.eval_plan(task)
         for worker in workers:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from common.config import RunConfig
 from common.faults import fault_point
-from common.logs import loss_text
+from common.logs import loss_text, report_text
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from server.results import RunReporter
@@ -272,9 +272,11 @@ class Coordinator:
             self.on_merge(step.phase.value, time.perf_counter() - merge_start)
             entry["loss"] = step.aggregator.mean_loss
             entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
+            report = self.strategy.step_report(step.plan)
+            entry.update(report)
             self.emit(
                 f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
-                f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)})"
+                f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)}){report_text(report)}"
             )
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)

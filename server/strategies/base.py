@@ -9,6 +9,8 @@ depend on how many clients fold into them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 from abc import ABC, abstractmethod
 
@@ -127,6 +129,10 @@ class Strategy(ABC):
         baselines return their delta here and an empty :meth:`adapter`.
         """
         return None
+
+    def step_report(self, plan: RoundPlan) -> dict[str, Any]:
+        """What the merge of ``plan``'s step chose, for the run's history (metrics.json) and log; JSON values."""
+        return {}
 
     def state_tensors(self) -> dict[str, Tensor]:
         """Everything the strategy must remember between steps, as named tensors (persisted)."""

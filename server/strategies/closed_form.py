@@ -29,6 +29,8 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 from abc import abstractmethod
 
@@ -274,3 +276,10 @@ class RidgeHead(ClosedFormHead):
         if not self.fixed_lambda:
             self.lam, self.errors = select_lambda(sums, self.grid)
         return ridge_head(sums["gram"], sums["class_sum"], self.lam)
+
+    def step_report(self, plan: RoundPlan) -> dict[str, Any]:
+        """The lambda of the head just solved and, when it was chosen, every candidate's held-out squared error."""
+        report: dict[str, Any] = {"ridge_lambda": self.lam}
+        if not self.fixed_lambda and self.errors:
+            report["ridge_heldout_error"] = {repr(lam): err for lam, err in zip(self.grid, self.errors, strict=True)}
+        return report

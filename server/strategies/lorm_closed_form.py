@@ -18,6 +18,8 @@ width ``F``) but is never evaluated.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 
 from torch import Tensor
@@ -69,6 +71,9 @@ class LoRMClosedForm(LoRM):
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return self.closed.aggregator(plan) if plan.mode == Mode.FEATURES else super().aggregator(plan)
+
+    def step_report(self, plan: RoundPlan) -> dict[str, Any]:
+        return self.closed.step_report(plan) if plan.mode == Mode.FEATURES else super().step_report(plan)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, FeatureStatsAggregator):

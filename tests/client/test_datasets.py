@@ -339,3 +339,49 @@ def test_class_order_alphabetical_renumbers_any_dataset_and_domains_is_clinc150s
         load_dataset(config(tmp_path, "textfile", extra=files, class_order="domains"))
     with pytest.raises(ValueError, match="class_order must be one of"):
         RunConfig(class_order="random")
+
+
+def test_spreadsheet_csv_with_a_byte_order_mark_semicolons_and_an_intent_column(tmp_path):
+    text = "text;intent\nbook a table;restaurant\nwake me at 7;alarm\nany table free?;restaurant\n"
+    (tmp_path / "train.csv").write_bytes(text.encode("utf-8-sig"))  # as spreadsheets save it
+    (tmp_path / "test.tsv").write_text("text\tcategory\nset an alarm\talarm\n")
+    (tmp_path / "test.jsonl").write_bytes('{"text": "table for two", "label": "restaurant"}\n'.encode("utf-8-sig"))
+    for test_file in ("test.tsv", "test.jsonl"):
+        splits = load_dataset(
+            config(tmp_path, "textfile", settings={"data": {"train_file": "train.csv", "test_file": test_file}})
+        )
+        assert splits.class_names == ["restaurant", "alarm"] and splits.train_y.tolist() == [0, 1, 0]
+        assert splits.train_x[0] == "book a table" and len(splits.test_x) == 1
+    (tmp_path / "named.csv").write_text("text,topic,label\nhi,greeting,x\nbye,farewell,y\n")
+    chosen = load_dataset(
+        config(
+            tmp_path,
+            "textfile",
+            settings={"data": {"train_file": "named.csv", "test_file": "named.csv", "label_column": "topic"}},
+        )
+    )
+    assert chosen.class_names == ["greeting", "farewell"]
+    (tmp_path / "nolabel.csv").write_text("text,tag\nhi,x\n")
+    with pytest.raises(ValueError, match=r"no label column: expected one of \['label', 'intent', 'category'\]"):
+        load_dataset(
+            config(tmp_path, "textfile", settings={"data": {"train_file": "nolabel.csv", "test_file": "nolabel.csv"}})
+        )
+
+
+def test_relative_files_resolve_against_the_working_directory_and_errors_name_every_place_tried(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "t.csv").write_text("text,label\nhi,a\nbye,b\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LORM_DATA_DIR", raising=False)
+    files = {"data": {"train_file": "mine/t.csv", "test_file": "mine/t.csv"}}
+    cfg = RunConfig(dataset="textfile", num_tasks=1, settings=files)  # no data_dir: the working directory
+    assert load_dataset(cfg).class_names == ["a", "b"]
+    missing = RunConfig(
+        dataset="textfile", num_tasks=1, settings={"data": {"train_file": "nope.csv", "test_file": "mine/t.csv"}}
+    )
+    with pytest.raises(FileNotFoundError) as err:
+        load_dataset(missing)
+    assert str(tmp_path / "nope.csv") in str(err.value) and "set data_dir or LORM_DATA_DIR" in str(err.value)
+    monkeypatch.setenv("LORM_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(FileNotFoundError, match=r"tried .*nope\.csv and .*data/nope\.csv"):
+        load_dataset(missing)

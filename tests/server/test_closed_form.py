@@ -249,3 +249,19 @@ def test_features_step_travels_over_the_wire():
     fold_task(strategy, 0, 1)
     evaluation = codec.plan_from_proto(codec.plan_to_proto(strategy.eval_plan(0)))
     assert evaluation.mode == "features" and tuple(evaluation.head_weight.shape) == (6, 9)
+
+
+def test_the_chosen_lambda_and_every_candidates_error_are_in_the_history_and_the_log():
+    lines: list[str] = []
+    result = run_inprocess(tiny("ridge"), log=lines.append)
+    steps = [h for h in result.history if h["phase"] == "features"]
+    assert len(steps) == 2
+    for step in steps:
+        errors = step["ridge_heldout_error"]
+        assert sorted(float(k) for k in errors) == sorted(GRID)
+        assert step["ridge_lambda"] == min(GRID, key=lambda lam: errors[repr(lam)])
+    assert sum("features" in line and f"ridge_lambda {steps[-1]['ridge_lambda']}" in line for line in lines) >= 1
+    summary = result.summary()  # what metrics.json holds
+    assert [h.get("ridge_lambda") for h in summary["history"] if h["phase"] == "features"] == [
+        s["ridge_lambda"] for s in steps
+    ]
