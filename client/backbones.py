@@ -32,6 +32,11 @@ class Backbone(nn.Module):
     def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def token_lengths(self, samples: Sequence[Any]) -> list[int] | None:
+        """Text: each sample's token count before truncation (``None``: not a text model)."""
+        lengths = getattr(getattr(self, "tokenize", None), "lengths", None)
+        return lengths(list(samples)) if lengths is not None else None
+
 
 class HashTokenizer:
     """A dependency-free whitespace tokenizer for tests: word -> ``2 + crc32(word) % (vocab - 2)``.
@@ -51,6 +56,9 @@ class HashTokenizer:
             ids[row, : len(tokens)] = torch.tensor(tokens)
             mask[row, : len(tokens)] = 1
         return {"input_ids": ids, "attention_mask": mask}
+
+    def lengths(self, texts: Sequence[str]) -> list[int]:
+        return [1 + len(text.split()) for text in texts]  # the start token and one id per word
 
 
 class TextEncoder(Backbone):
@@ -168,6 +176,10 @@ def _tokenizer(tokenizer, config: RunConfig) -> Callable[[Sequence[str]], dict[s
         )
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
+    def lengths(texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(list(texts), truncation=False)["input_ids"]]
+
+    tokenize.lengths = lengths  # type: ignore[attr-defined]
     return tokenize
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from client.backbones import ClassifierModel, build_model, model_spec
@@ -13,6 +16,8 @@ from client.images import ImageData
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.config import RunConfig
 from common.messages import ModelSpec
+
+log = logging.getLogger("lorm.client")
 
 
 @dataclass
@@ -31,7 +36,7 @@ class ClientRuntime:
         return ClientWorker(self.config, client_index, client_id, self.model, self.train, self.test, self.device)
 
 
-def sample_data(splits: Splits, model: ClassifierModel) -> tuple[SampleData, SampleData]:
+def sample_data(splits: Splits, model: ClassifierModel, max_length: int | None = None) -> tuple[SampleData, SampleData]:
     """Text: both splits tokenised once, up front. Images: decoded and transformed per batch."""
     takes_pixels = "pixel_values" in inspect.signature(model.backbone.forward).parameters
     if (splits.kind == "image") != takes_pixels:
@@ -43,8 +48,30 @@ def sample_data(splits: Splits, model: ClassifierModel) -> tuple[SampleData, Sam
     if splits.kind == "image":
         t = splits.transforms
         return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
+    if max_length:
+        warn_truncation(model, splits.train_x, max_length)
     encode = model.backbone.encode
     return EncodedData(encode(splits.train_x), train_y), EncodedData(encode(splits.test_x), test_y)
+
+
+def warn_truncation(model: ClassifierModel, texts: list[Any], max_length: int) -> float:
+    """Warn (once per client) when ``max_length`` cuts training samples; returns the share cut."""
+    lengths = model.backbone.token_lengths(texts)
+    if not lengths:
+        return 0.0
+    cut = sum(n > max_length for n in lengths) / len(lengths)
+    if cut > 0:
+        p99 = int(np.percentile(lengths, 99))
+        log.warning(
+            "max_length %d cuts %.1f %% of the training samples (their 99th percentile is %d tokens, the longest "
+            "%d); --set max_length=%d keeps 99 %% of them whole",
+            max_length,
+            100 * cut,
+            p99,
+            max(lengths),
+            p99,
+        )
+    return cut
 
 
 def build_runtime(config: RunConfig) -> ClientRuntime:
@@ -53,5 +80,5 @@ def build_runtime(config: RunConfig) -> ClientRuntime:
         torch.set_num_threads(config.threads)
     splits = load_dataset(config)
     model = build_model(config, splits.num_classes)
-    train, test = sample_data(splits, model)
+    train, test = sample_data(splits, model, config.max_length)
     return ClientRuntime(config, model, train, test, resolve_device(config.device))

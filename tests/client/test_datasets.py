@@ -385,3 +385,18 @@ def test_relative_files_resolve_against_the_working_directory_and_errors_name_ev
     monkeypatch.setenv("LORM_DATA_DIR", str(tmp_path / "data"))
     with pytest.raises(FileNotFoundError, match=r"tried .*nope\.csv and .*data/nope\.csv"):
         load_dataset(missing)
+
+
+def test_truncation_is_warned_once_with_the_share_cut_and_a_length_that_fits(tmp_path, caplog):
+    rows = [f"{' '.join(['w'] * n)},c{n % 2}" for n in (2, 3, 3, 9, 12)]  # 3..13 tokens with the start token
+    (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    files = {"data": {"train_file": "t.csv", "test_file": "t.csv"}}
+    with caplog.at_level("WARNING", logger="lorm.client"):
+        build_runtime(config(tmp_path, "textfile", backbone="tiny-bert", max_length=8, settings=files))
+    warnings = [r.getMessage() for r in caplog.records if "max_length" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "max_length 8 cuts 40.0 % of the training samples" in warnings[0] and "the longest 13" in warnings[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lorm.client"):
+        build_runtime(config(tmp_path, "textfile", backbone="tiny-bert", max_length=16, settings=files))
+    assert not [r for r in caplog.records if "max_length" in r.getMessage()]
