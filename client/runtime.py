@@ -61,15 +61,18 @@ def warn_truncation(model: ClassifierModel, texts: list[Any], max_length: int) -
         return 0.0
     cut = sum(n > max_length for n in lengths) / len(lengths)
     if cut > 0:
-        p99 = int(np.percentile(lengths, 99))
+        p99, longest = int(np.ceil(np.percentile(lengths, 99))), max(lengths)
+        # A max_length above the current one that keeps 99 % whole, or every sample when 99 % already are.
+        fits, kept = (p99, "99 %") if p99 > max_length else (longest, "all")
         log.warning(
             "max_length %d cuts %.1f %% of the training samples (their 99th percentile is %d tokens, the longest "
-            "%d); --set max_length=%d keeps 99 %% of them whole",
+            "%d); --set max_length=%d keeps %s of them whole",
             max_length,
             100 * cut,
             p99,
-            max(lengths),
-            p99,
+            longest,
+            fits,
+            kept,
         )
     return cut
 

@@ -396,6 +396,8 @@ def test_truncation_is_warned_once_with_the_share_cut_and_a_length_that_fits(tmp
     warnings = [r.getMessage() for r in caplog.records if "max_length" in r.getMessage()]
     assert len(warnings) == 1
     assert "max_length 8 cuts 40.0 % of the training samples" in warnings[0] and "the longest 13" in warnings[0]
+    assert "99th percentile is 13 tokens" in warnings[0]
+    assert "--set max_length=13 keeps 99 % of them whole" in warnings[0]
     caplog.clear()
     with caplog.at_level("WARNING", logger="lorm.client"):
         build_runtime(config(tmp_path, "textfile", backbone="tiny-bert", max_length=16, settings=files))
