@@ -17,7 +17,7 @@ from torch import Tensor
 
 from client.backbones import ClassifierModel, model_spec
 from client.methods import client_method
-from client.methods.base import set_view
+from client.methods.base import Samples, set_view
 from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
@@ -25,7 +25,7 @@ from common.partition import dirichlet_partition, task_ranges, client_test_indic
 from common.tensors import update_tensors
 
 
-class SampleData(Protocol):
+class SampleData(Samples, Protocol):
     """A client's samples: labels known up front, inputs produced batch by batch.
 
     ``batch(idx, device, train=..., generator=..., padded=...)`` returns the model inputs and
@@ -34,19 +34,7 @@ class SampleData(Protocol):
     ``padded=True`` keeps text padded to the longest sample of the whole split (images: no effect).
     """
 
-    labels: Tensor  # (n,) int64
-
     def __len__(self) -> int: ...
-
-    def batch(
-        self,
-        idx: Tensor,
-        device: torch.device,
-        *,
-        train: bool = False,
-        generator: torch.Generator | None = None,
-        padded: bool = False,
-    ) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
 @dataclass
