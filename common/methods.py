@@ -18,7 +18,15 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from common.settings import DataSettings, ModelSettings, NcmSettings, RidgeSettings, Settings, TiesSettings
+from common.settings import (
+    DataSettings,
+    ModelSettings,
+    NcmSettings,
+    RidgeSettings,
+    RobustSettings,
+    Settings,
+    TiesSettings,
+)
 
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
@@ -101,10 +109,12 @@ METHODS: dict[str, Method] = {
 }
 
 
-# Every settings section a run may set: the dataset loaders', the backbones' and each method's.
-SECTIONS: dict[str, type[Settings]] = {DataSettings.section: DataSettings, ModelSettings.section: ModelSettings} | {
-    m.settings.section: m.settings for m in METHODS.values() if m.settings is not None
-}
+# Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's.
+SECTIONS: dict[str, type[Settings]] = {
+    DataSettings.section: DataSettings,
+    ModelSettings.section: ModelSettings,
+    RobustSettings.section: RobustSettings,
+} | {m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
 
 
 def method(name: str) -> Method:

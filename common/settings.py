@@ -6,7 +6,8 @@ text (:func:`setting`); ``__post_init__`` checks what one field cannot say alone
 the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON) and reads them
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
-Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`) and those the method registry
+Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`), ``robust``
+(:class:`RobustSettings`) and those the method registry
 (``common.methods``)
 names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.SECTIONS``).
 """
@@ -113,6 +114,35 @@ class ModelSettings(Settings):
 
     section: ClassVar[str] = "model"
     weights: str = setting("", "timm ViTs: a local model.safetensors instead of the Hugging Face hub or cache")
+
+
+ROBUST_ACTIONS = ("clip", "refuse")
+
+
+@dataclass(frozen=True)
+class RobustSettings(Settings):
+    """The coordinator's guard against poisoned updates (``server/robust.py``): off unless enabled."""
+
+    section: ClassVar[str] = "robust"
+    enabled: bool = setting(False, "screen every step's updates before any is folded (folding waits for the step)")
+    kappa: float = setting(
+        4.0, "bound: a client's per-sample Gram trace, class-sum norm or change norm at most kappa x the step's median"
+    )
+    action: str = setting("clip", "over the bound: 'clip' scales the tensor down to it, 'refuse' drops the update")
+    min_cosine: float = setting(
+        -0.2, "drop an update whose change points away from the other clients' sum (cosine below this)"
+    )
+    min_clients: int = setting(3, "screen only steps with at least this many updates (a median needs a few)")
+
+    def __post_init__(self) -> None:
+        if not (self.kappa >= 1.0 and math.isfinite(self.kappa)):
+            raise ValueError(f"setting robust.kappa must be a finite number >= 1, got {self.kappa}")
+        if self.action not in ROBUST_ACTIONS:
+            raise ValueError(f"setting robust.action must be one of {list(ROBUST_ACTIONS)}, got {self.action!r}")
+        if not -1.0 <= self.min_cosine <= 1.0:
+            raise ValueError(f"setting robust.min_cosine must lie in [-1, 1], got {self.min_cosine}")
+        if self.min_clients < 3:
+            raise ValueError(f"setting robust.min_clients must be at least 3, got {self.min_clients}")
 
 
 @dataclass(frozen=True)

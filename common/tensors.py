@@ -125,3 +125,18 @@ def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpd
     fields: dict[str, Any] = {UPDATE_FIELDS[FACTOR]: factors} | {UPDATE_FIELDS[k]: v for k, v in named.items()}
     head: dict[str, Any] = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
     return ClientUpdate(**fields, **head, **scalars)
+
+
+def with_tensors(update: ClientUpdate, tensors: dict[str, Tensor]) -> ClientUpdate:
+    """``update``'s scalar fields with ``tensors`` (wire names) in place of its own."""
+    return update_from_tensors(
+        tensors,
+        run_id=update.run_id,
+        client_id=update.client_id,
+        client_index=update.client_index,
+        task=update.task,
+        round=update.round,
+        phase=update.phase,
+        num_samples=update.num_samples,
+        train_loss=update.train_loss,
+    )

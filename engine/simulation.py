@@ -13,18 +13,27 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from client.runtime import build_runtime
+from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.logs import loss_text, report_text
-from common.messages import ClientUpdate, LowRank
+from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
+from common.settings import RobustSettings
 from server.results import RunReporter
+from server.robust import robust_text, screen_and_fold
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
+
+
+class Worker(Protocol):
+    """A client as the engine drives it: a plan in, an update or evaluation report out."""
+
+    def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport: ...
 
 
 @dataclass
@@ -46,13 +55,25 @@ class RunResult:
         }
 
 
-def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str | Path | None = None) -> RunResult:
-    """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator."""
+def run_inprocess(
+    config: RunConfig,
+    log: Log = lambda _: None,
+    results_dir: str | Path | None = None,
+    wrap: Callable[[int, ClientWorker], Worker] | None = None,
+) -> RunResult:
+    """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator.
+
+    ``wrap(i, worker)``: what stands in for client ``i`` (e.g. a hostile client of
+    ``engine.attacks``); by default the worker itself.
+    """
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
-    workers = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
+    robust = config.section(RobustSettings)
+    workers: list[Worker] = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
+    if wrap is not None:
+        workers = [wrap(i, w) for i, w in enumerate(workers)]  # type: ignore[arg-type]
     matrix = AccuracyMatrix()
     history: list[dict] = []
     for task in range(config.num_tasks):
@@ -60,10 +81,18 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
         for phase, round_ in strategy.steps(task):
             plan = strategy.configure(task, round_, phase)
             aggregator = strategy.aggregator(plan)
-            for worker in workers:
-                update = worker.handle(plan)
-                assert isinstance(update, ClientUpdate)
-                aggregator.fold(update)
+            screened: dict = {}
+            if robust.enabled:  # every update first, as the coordinator screens a closed step
+                updates = [worker.handle(plan) for worker in workers]
+                for update in updates:
+                    assert isinstance(update, ClientUpdate)
+                    aggregator.check(update)
+                screened = screen_and_fold(robust, plan, aggregator, list(range(len(updates))), updates.__getitem__)
+            else:
+                for worker in workers:
+                    update = worker.handle(plan)
+                    assert isinstance(update, ClientUpdate)
+                    aggregator.fold(update)
             strategy.aggregate(plan, aggregator)
             entry = {
                 "task": task,
@@ -74,16 +103,20 @@ def run_inprocess(config: RunConfig, log: Log = lambda _: None, results_dir: str
                 "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1),
                 **strategy.step_report(plan),
             }
+            if screened:
+                entry["robust"] = screened
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)
             log(
                 f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
                 f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}{report_text(strategy.step_report(plan))}"
+                + (robust_text(screened) if screened else "")
             )
         plan = strategy.eval_plan(task)
         for worker in workers:
             report = worker.handle(plan)
+            assert isinstance(report, EvalReport)
             matrix.add(task, report.correct, report.total)
         acc = matrix.accuracy()[task]
         history.append({"task": task, "round": config.rounds_per_task, "phase": "evaluate", "accuracy": acc})

@@ -8,7 +8,9 @@ strategy's running sums in client-index order as soon as every lower index has b
 so the result is bit-identical to the in-process engine, which folds clients 0..N-1 in
 order; an update that arrives ahead of its turn waits on disk, not in memory. A step ends
 when every client has submitted, or once its deadline has passed with a quorum; the
-missing clients are then skipped and their late updates refused.
+missing clients are then skipped and their late updates refused. In robust mode
+(``robust.enabled``, ``server.robust``) nothing is folded until the step closes: the staged
+updates are then screened together and what passes is folded, in index order.
 
 After every step the state is committed atomically (``server.store``); a restarted
 coordinator resumes from the last commit and re-folds the staged submissions of the step
@@ -17,6 +19,7 @@ in progress.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -31,7 +34,9 @@ from common.faults import fault_point
 from common.logs import loss_text, report_text
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
+from common.settings import RobustSettings
 from server.results import RunReporter
+from server.robust import robust_text, screen_and_fold
 from server.checks import (
     Options,
     Refused,
@@ -94,6 +99,7 @@ class Coordinator:
         self.on_fatal = on_fatal
         self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.config = config
+        self.robust = config.section(RobustSettings)
         self.clients: dict[str, int] = {}  # client id -> client index
         self.spec: ModelSpec | None = None
         self.strategy: Strategy | None = None
@@ -212,7 +218,7 @@ class Coordinator:
         """Fold staged updates in index order while the next index is available."""
         step = self.step
         assert step is not None
-        if step.aggregator is None:
+        if step.aggregator is None or self.robust.enabled:  # robust: screened and folded when the step closes
             return
         while step.next_fold < self.config.num_clients and step.next_fold in step.submitted:
             i = step.next_fold
@@ -260,11 +266,15 @@ class Coordinator:
             entry["accuracy"] = self.matrix.accuracy()[step.task]
             self.emit(f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in entry["accuracy"]))
         else:
-            # Fold whatever is staged but was held back by a missing (skipped) lower index.
             assert step.aggregator is not None
-            for i in sorted(step.submitted):
-                if i >= step.next_fold:
-                    step.aggregator.fold(self.store.load_update(step.key, i), checked=True)
+            screened: dict[str, Any] = {}
+            if self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
+                load = functools.partial(self.store.load_update, step.key)
+                screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)
+            else:  # fold whatever is staged but was held back by a missing (skipped) lower index
+                for i in sorted(step.submitted):
+                    if i >= step.next_fold:
+                        step.aggregator.fold(self.store.load_update(step.key, i), checked=True)
             step.next_fold = self.config.num_clients
             merge_start = time.perf_counter()
             self.strategy.aggregate(step.plan, step.aggregator)
@@ -274,9 +284,12 @@ class Coordinator:
             entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
             report = self.strategy.step_report(step.plan)
             entry.update(report)
+            if screened:
+                entry["robust"] = screened
             self.emit(
                 f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
                 f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)}){report_text(report)}"
+                + (robust_text(screened) if screened else "")
             )
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)

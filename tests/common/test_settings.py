@@ -63,7 +63,10 @@ def test_legacy_extra_keys_move_into_their_sections():
             ["ridge.rpdim=5"],
             r"unknown setting ridge\.rpdim; ridge has \['fixed_lambda', 'holdout', 'lambdas', 'rp_dim'\]",
         ),
-        (["nosuch.key=5"], r"unknown settings section 'nosuch'; known: \['data', 'model', 'ncm', 'ridge', 'ties'\]"),
+        (
+            ["nosuch.key=5"],
+            r"unknown settings section 'nosuch'; known: \['data', 'model', 'ncm', 'ridge', 'robust', 'ties'\]",
+        ),
         (['ridge.rp_dim="wide"'], r"setting ridge\.rp_dim expects int, got str 'wide'"),
         (["ridge.rp_dim=1.5"], r"setting ridge\.rp_dim expects int, got float 1\.5"),
         (["ties.density=true"], r"setting ties\.density expects float, got bool True"),

@@ -79,17 +79,3 @@ def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: i
         num_samples=N,
         train_loss=1.0,
     )
-
-
-def with_tensors(update: ClientUpdate, tensors: dict[str, torch.Tensor]) -> ClientUpdate:
-    return update_from_tensors(
-        tensors,
-        run_id=update.run_id,
-        client_id=update.client_id,
-        client_index=update.client_index,
-        task=update.task,
-        round=update.round,
-        phase=update.phase,
-        num_samples=update.num_samples,
-        train_loss=update.train_loss,
-    )

@@ -40,7 +40,8 @@ from server.service import create_server
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
 
-from conftest import valid_update, with_tensors
+from common.tensors import with_tensors
+from conftest import valid_update
 
 F64 = torch.float64
 # Dense strategies need the backbone's parameters; RegMean needs <layer>.base.weight for every LoRA layer.

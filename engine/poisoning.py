@@ -1,0 +1,131 @@
+"""lorm-poison: FAA with one hostile client, with the robust guard off and on (``server/robust.py``).
+
+Each cell is one in-process run of a preset at one beta and seed, with client ``--attacker``
+hostile in one way of ``engine.attacks`` (or none), and ``robust.enabled`` off or on. Cells are
+``OUT/<attack>/<guard>/metrics.json``; a finished cell is skipped (resume). The table goes to
+``OUT/results.md`` and stdout.
+
+    python -m engine.poisoning --preset cpu-clinc150-quick --beta 0.5 --out runs/poisoning \\
+        --attacks none,scale-factors,scale-grams,flip-sign,flip-labels --guards off,on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common.config import RunConfig, merged
+from common.presets import preset
+from engine.attacks import ATTACKS, wrap_hostile
+from engine.simulation import run_inprocess
+
+GUARDS = ("off", "on")
+
+
+def cell_config(base: RunConfig, guard: str, settings: dict[str, Any]) -> RunConfig:
+    """``base`` with ``robust.enabled`` as ``guard`` says, and the guard's other settings."""
+    robust = {"enabled": guard == "on"} | (settings if guard == "on" else {})
+    return RunConfig.from_dict(merged(json.loads(base.to_json()), {"settings": {"robust": robust}}))
+
+
+def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[str, Any]:
+    cell.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(cell / "log.txt", "w", buffering=1) as log:
+        result = run_inprocess(
+            config,
+            log=lambda line: log.write(line + "\n"),
+            results_dir=cell / "run" / "results",
+            wrap=None if attack == "none" else wrap_hostile(attack, attacker),
+        )
+    steps = [h["robust"] for h in result.history if h.get("robust", {}).get("screened")]
+    metrics = result.summary() | {
+        "attack": attack,
+        "attacker": attacker if attack != "none" else None,
+        "wall_seconds": time.perf_counter() - start,
+        "screened_steps": len(steps),
+        "refused": {"attacker": 0, "honest": 0},
+        "clipped": {"attacker": 0, "honest": 0},
+    }
+    for report in steps:
+        for what in ("refused", "clipped"):
+            for i in report[what]:
+                metrics[what]["attacker" if attack != "none" and i == attacker else "honest"] += 1
+    (cell / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
+    return metrics
+
+
+def table(out: Path, attacks: list[str], guards: list[str]) -> str:
+    """Markdown: one row per attack, FAA per guard, with what the guard refused and clipped."""
+    lines = [
+        "| attack | " + " | ".join(f"FAA, guard {g}" for g in guards) + " | refused (attacker / honest) "
+        "| clipped (attacker / honest) |",
+        "|---" * (len(guards) + 3) + "|",
+    ]
+    for attack in attacks:
+        cells = []
+        guarded: dict[str, Any] = {}
+        for guard in guards:
+            path = out / attack / guard / "metrics.json"
+            if path.exists():
+                m = json.loads(path.read_text())
+                cells.append(f"{m['faa']:.2f}")
+                if guard == "on":
+                    guarded = m
+            else:
+                cells.append("-")
+        steps = guarded.get("screened_steps", 0)
+        counts = [
+            f"{guarded[w]['attacker']} / {guarded[w]['honest']} of {steps} steps" if guarded else "-"
+            for w in ("refused", "clipped")
+        ]
+        lines.append(f"| {attack} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lorm-poison", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cpu-clinc150-quick")
+    parser.add_argument("--method", default="lorm")
+    parser.add_argument("--beta", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attacker", type=int, default=3, help="the hostile client's index")
+    parser.add_argument("--attacks", default=",".join(("none",) + ATTACKS))
+    parser.add_argument("--guards", default=",".join(GUARDS))
+    parser.add_argument("--robust", default="{}", help="the guard's settings when on, JSON (e.g. '{\"kappa\": 3}')")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    attacks, guards = args.attacks.split(","), args.guards.split(",")
+    for attack in attacks:
+        if attack != "none" and attack not in ATTACKS:
+            parser.error(f"unknown attack {attack!r}; known: none, {', '.join(ATTACKS)}")
+    for guard in guards:
+        if guard not in GUARDS:
+            parser.error(f"--guards takes {', '.join(GUARDS)}, got {guard!r}")
+    base = RunConfig.from_dict(preset(args.preset) | {"strategy": args.method, "beta": args.beta, "seed": args.seed})
+    if not 0 <= args.attacker < base.num_clients:
+        parser.error(f"--attacker must be a client index below {base.num_clients}, got {args.attacker}")
+    out = Path(args.out)
+    settings = json.loads(args.robust)
+    for attack in attacks:
+        for guard in guards:
+            cell = out / attack / guard
+            if args.report_only or (cell / "metrics.json").exists():
+                continue
+            print(f"{attack}, guard {guard}: running", flush=True)
+            m = run_cell(cell_config(base, guard, settings), attack, args.attacker, cell)
+            print(f"{attack}, guard {guard}: FAA {m['faa']:.2f} ({m['wall_seconds'] / 60:.1f} min)", flush=True)
+    text = table(out, attacks, guards)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The robust mode's screen (server/robust.py): what it clips, what it refuses, what it leaves alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.config import RunConfig
+from common.messages import ClientUpdate, LowRank, Phase, RoundPlan
+from common.settings import RobustSettings
+from engine.attacks import GRAM_SCALE, tamper
+from server.robust import Screen, screen_and_fold
+from server.strategies import make_strategy
+from tolerance import rel_tolerance
+
+from conftest import LORA_SPEC, unit_config
+
+F64 = torch.float64
+CLIENTS = 7
+
+
+def b_round() -> tuple[RoundPlan, object]:
+    """LoRM's first B-round of task 0 on the unit model, with a shared A and B starting at zero."""
+    strategy = make_strategy(unit_config(num_clients=CLIENTS), LORA_SPEC)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    assert plan.train_factors == ("B",)
+    return plan, strategy
+
+
+def honest(plan: RoundPlan, index: int, noise: float = 0.2) -> ClientUpdate:
+    """An update whose B moves along one direction shared by every honest client, plus noise, and
+    whose Grams and head are those of ``12 + index`` samples of similar inputs."""
+    common = torch.Generator().manual_seed(99)
+    g = torch.Generator().manual_seed(1000 + index)
+    n = 12 + index
+    factors, grams = {}, {}
+    for name, (d_out, d_in) in LORA_SPEC.layers.items():
+        rank = plan.lora[name].b.shape[1] if name in plan.lora else 2
+        shared = torch.randn(d_out, rank, generator=common)
+        factors[name] = {"B": plan.lora[name].b + shared + noise * torch.randn(d_out, rank, generator=g)}
+        x = torch.randn(n, d_in, generator=g, dtype=F64)
+        grams[name] = (x * x).sum(0)
+    x = torch.randn(n, LORA_SPEC.feature_dim, generator=g, dtype=F64)
+    assert plan.head_weight is not None and plan.head_bias is not None
+    shared_head = torch.randn(plan.head_weight.shape, generator=common)
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=n,
+        factors=factors,
+        grams=grams,
+        head_weight=plan.head_weight + 0.1 * shared_head + 0.02 * torch.randn(plan.head_weight.shape, generator=g),
+        head_bias=plan.head_bias + 0.01 * torch.randn(plan.head_bias.shape, generator=g),
+        head_gram=x.T @ x if plan.head_gram else None,
+        train_loss=1.0,
+    )
+
+
+def screened(settings: RobustSettings, updates: list[ClientUpdate], plan: RoundPlan, strategy) -> tuple[dict, object]:
+    aggregator = strategy.aggregator(plan)
+    for u in updates:
+        aggregator.check(u)
+    return screen_and_fold(settings, plan, aggregator, list(range(len(updates))), updates.__getitem__), aggregator
+
+
+def per_sample_trace(update: ClientUpdate, layer: str) -> float:
+    return float(update.grams[layer].sum()) / update.num_samples
+
+
+def test_off_by_default_and_its_settings_are_checked():
+    assert RunConfig().section(RobustSettings).enabled is False
+    for bad, words in (
+        ({"kappa": 0.5}, "robust.kappa"),
+        ({"action": "drop"}, "robust.action"),
+        ({"min_cosine": 2.0}, "robust.min_cosine"),
+        ({"min_clients": 2}, "robust.min_clients"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            RobustSettings.parse(bad)
+
+
+def test_honest_clients_pass_untouched():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
+    assert report["refused"] == [] and report["clipped"] == [] and report["spared"] == []
+    assert aggregator.count == CLIENTS
+    assert all(v["cosine"] > 0.5 for v in report["clients"].values())
+
+
+def test_a_scaled_gram_is_clipped_onto_kappa_times_the_median_per_sample_trace():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    updates[3] = tamper("scale-grams", updates[3], plan)
+    settings = RobustSettings(enabled=True, kappa=4.0)
+    screen = Screen(settings, plan)
+    for u in updates:
+        screen.observe(u)
+    verdict = screen.judge(updates[3])
+    assert not verdict.refused and set(verdict.clipped) >= {"gram/l1", "gram/l2"}
+    clipped = screen.apply(updates[3], verdict)
+    for layer in LORA_SPEC.layers:
+        traces = sorted(per_sample_trace(u, layer) for u in updates)
+        median = traces[CLIENTS // 2]
+        assert per_sample_trace(updates[3], layer) > GRAM_SCALE / 10 * median  # the attack
+        assert per_sample_trace(clipped, layer) == pytest.approx(4.0 * median, rel=rel_tolerance(F64))
+    assert torch.equal(clipped.factors["l1"]["B"], updates[3].factors["l1"]["B"])  # nothing else moves
+    for i in (0, 1, 2, 4, 5, 6):
+        assert not screen.judge(updates[i]).clipped
+
+
+def test_a_scaled_factor_is_clipped_around_where_the_step_started_it_or_refused():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    updates[2] = tamper("scale-factors", updates[2], plan)
+    report, _ = screened(RobustSettings(enabled=True), updates, plan, strategy)
+    assert report["clipped"] == [2] and report["refused"] == []
+    assert "factor/l1/B" in report["clients"]["2"]["clipped"]
+    screen = Screen(RobustSettings(enabled=True, kappa=4.0), plan)
+    for u in updates:
+        screen.observe(u)
+    clipped = screen.apply(updates[2], screen.judge(updates[2]))
+    moved = [float((u.factors["l1"]["B"] - plan.lora["l1"].b).norm()) for u in updates]
+    median = sorted(moved)[CLIENTS // 2]
+    assert float((clipped.factors["l1"]["B"] - plan.lora["l1"].b).norm()) == pytest.approx(
+        4.0 * median, rel=rel_tolerance(torch.float32)
+    )
+    report, aggregator = screened(RobustSettings(enabled=True, action="refuse"), updates, plan, strategy)
+    assert report["refused"] == [2] and aggregator.count == CLIENTS - 1
+    assert "exceeds robust.kappa 4 x the step's median" in report["clients"]["2"]["refused"]
+
+
+def test_a_sign_flipped_factor_is_refused_for_its_direction():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    flipped = tamper("flip-sign", updates[5], plan)
+    assert math.isclose(  # the same norms: only the direction gives it away
+        float(flipped.factors["l2"]["B"].norm()), float(updates[5].factors["l2"]["B"].norm()), rel_tol=1e-6
+    )
+    updates[5] = flipped
+    report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
+    assert report["refused"] == [5] and aggregator.count == CLIENTS - 1
+    assert "points away from the other clients'" in report["clients"]["5"]["refused"]
+    assert report["clients"]["5"]["cosine"] < -0.5
+
+
+def test_never_more_than_a_minority_is_refused_the_worst_first():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    for i in (0, 1, 2, 3):  # a majority flipped: the screen's premise fails, it keeps a majority
+        updates[i] = tamper("flip-sign", updates[i], plan)
+    report, aggregator = screened(RobustSettings(enabled=True, min_cosine=0.9), updates, plan, strategy)
+    assert len(report["refused"]) == (CLIENTS - 1) // 2 and aggregator.count == CLIENTS - (CLIENTS - 1) // 2
+    cosine = {int(i): v["cosine"] for i, v in report["clients"].items()}
+    kept_worst = min(cosine[i] for i in range(CLIENTS) if i not in report["refused"])
+    assert all(cosine[i] <= kept_worst for i in report["refused"])
+    assert report["spared"]  # over the bound, kept, and said so
+
+
+def test_too_few_clients_are_folded_unscreened():
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(2)]
+    updates[1] = tamper("scale-factors", updates[1], plan)
+    report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
+    assert report == {"screened": False, "why": "2 updates < robust.min_clients 3"} and aggregator.count == 2
+
+
+def test_screened_folds_equal_folding_the_clipped_updates_directly():
+    """The screen changes what is folded, never how: the strategy's merge of the clipped updates."""
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    updates[4] = tamper("scale-grams", updates[4], plan)
+    settings = RobustSettings(enabled=True)
+    _, aggregator = screened(settings, updates, plan, strategy)
+    screen = Screen(settings, plan)
+    for u in updates:
+        screen.observe(u)
+    direct = strategy.aggregator(plan)
+    for u in updates:
+        direct.fold(screen.apply(u, screen.judge(u)))
+    strategy.aggregate(plan, aggregator)
+    screened_b = {name: lr.b.clone() for name, lr in strategy.view().items()}
+    strategy2 = make_strategy(unit_config(num_clients=CLIENTS), LORA_SPEC)
+    strategy2.begin_task(0)
+    strategy2.aggregate(strategy2.configure(0, 0, Phase.TRAIN), direct)
+    for name, lr in strategy2.view().items():
+        assert torch.equal(lr.b, screened_b[name])
+
+
+def test_plan_starts_name_the_factors_a_client_trains():
+    from server.robust import plan_starts
+
+    plan = RoundPlan(
+        run_id="r",
+        phase=Phase.TRAIN,
+        task=0,
+        round=0,
+        class_range=(0, 2),
+        seen_classes=2,
+        lora={"l1": LowRank(torch.ones(5, 2), torch.zeros(2, 4))},
+    )
+    assert set(plan_starts(plan)) == {"factor/l1/B", "factor/l1/A"}
