@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import sys
@@ -13,7 +14,8 @@ from client.runtime import build_runtime
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
-from common.logs import add_logging_arguments, loss_text, set_context, setup_logging
+from common.progress import Progress
+from common.logs import add_logging_arguments, set_context, setup_logging, step_loss, step_name
 from common.messages import ClientUpdate, Phase, RoundPlan, Wait
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
@@ -56,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         "assigns the lowest free one)",
     )
     parser.add_argument("--give-up", type=float, default=600.0, help="seconds one call retries before failing")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (default: a status line on a terminal, else a line every 30 s)",
+    )
     parser.add_argument(
         "--call-timeout",
         type=float,
@@ -106,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         runtime.device,
         [int(s.numel()) for s in worker.shards],
     )
+    # This step's batches and ETA: a status line on a terminal, else a plain line every 30 s (the
+    # coordinator's log has the run's ETA).
+    quiet = args.no_progress or args.log_format == "json"  # a redrawn status line is not a JSON record
+    progress = Progress(
+        [], interactive=False if quiet else None, every_s=math.inf if args.no_progress else 30.0, emit=log.info
+    )
+    worker.on_batch = progress.batch
     while True:
         answer = client.pull()
         if isinstance(answer, Wait):
@@ -118,21 +132,27 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         set_context(task=plan.task, round=plan.round)
         start = time.perf_counter()
-        result = worker.handle(plan)
+        progress.begin(
+            f"task {plan.task} round {plan.round} {step_name(plan.phase.value, ''.join(plan.train_factors))}"
+        )
+        try:
+            result = worker.handle(plan)
+        finally:
+            progress.end()
         _record(metrics, config, plan, result, time.perf_counter() - start)
         key = idempotency_key(config.run_id, plan, index)
         try:
             if isinstance(result, ClientUpdate):
                 fault_point("client.push")
                 client.push(result, key)
+                loss = step_loss(plan.phase.value, result.train_loss)
                 log.info(
-                    "task %d round %d %s %s: %d samples, %s, %.1f s",
+                    "task %d round %d %s: %d samples%s, %.1f s",
                     plan.task,
                     plan.round,
-                    plan.phase.value,
-                    "".join(plan.train_factors) or "-",
+                    step_name(plan.phase.value, "".join(plan.train_factors)),
                     result.num_samples,
-                    loss_text(result.train_loss),
+                    f", {loss}" if loss else "",
                     time.perf_counter() - start,
                 )
             else:

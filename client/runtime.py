@@ -77,10 +77,28 @@ def warn_truncation(model: ClassifierModel, texts: list[Any], max_length: int) -
     return cut
 
 
+RANDOM_BACKBONES = ("tiny-bert", "tiny-t5", "tiny-vit")  # random init from a config: for tests
+OWN_DATA_PRESETS = {"textfile": "text", "imagefolder": "images"}
+
+
+def warn_random_backbone(config: RunConfig) -> bool:
+    """Warn when a run trains a random-init test backbone on the user's own data; ``True`` if it did."""
+    if config.dataset not in OWN_DATA_PRESETS or config.backbone not in RANDOM_BACKBONES:
+        return False
+    log.warning(
+        "backbone %s is a small random-init model for tests, not a pretrained one: on your own data use "
+        "--preset %s (a pretrained encoder), or --set backbone=...",
+        config.backbone,
+        OWN_DATA_PRESETS[config.dataset],
+    )
+    return True
+
+
 def build_runtime(config: RunConfig) -> ClientRuntime:
     """Load the dataset, build the model (seeded), and prepare both splits' samples."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    warn_random_backbone(config)
     splits = load_dataset(config)
     model = build_model(config, splits.num_classes)
     train, test = sample_data(splits, model, config.max_length)

@@ -10,7 +10,7 @@ and what the update carries, is the method's client half (``client/methods/``, c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -95,6 +95,7 @@ class ClientWorker:
         self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices
         self.test_idx = torch.from_numpy(client_test_indices(len(test), config.num_clients, client_index))
         self.method = client_method(config)  # the client half of the run's method
+        self.on_batch: Callable[[int, int], None] | None = None  # progress: (batches done, of total)
         self.spec = model_spec(model)  # the shapes the coordinator knows the model by
 
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:

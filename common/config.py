@@ -44,7 +44,7 @@ class RunConfig:
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
     data_dir: str = ""  # where datasets live on disk ("" -> $LORM_DATA_DIR)
-    num_tasks: int = 2  # tasks are contiguous class ranges in the class order below
+    num_tasks: int = 2  # tasks: contiguous class ranges in the class order below (0: chosen from the data)
     class_order: str = ""  # "" -> the dataset's (CLINC150: "alphabetical"; others: "natural"); see CLASS_ORDERS
     task_sizes: list[int] = field(default_factory=list)  # classes per task ([] -> as equal as possible)
     num_classes: int = 0  # 0 -> all classes of the dataset
@@ -87,8 +87,8 @@ class RunConfig:
         problems = []
         if self.num_clients < 1:
             problems.append(f"num_clients must be >= 1, got {self.num_clients}")
-        if self.num_tasks < 1:
-            problems.append(f"num_tasks must be >= 1, got {self.num_tasks}")
+        if self.num_tasks < 0:
+            problems.append(f"num_tasks must be >= 1, or 0 to choose it from the data, got {self.num_tasks}")
         if not self.beta > 0:
             problems.append(f"beta must be > 0, got {self.beta}")
         if self.rank < 1:

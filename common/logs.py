@@ -37,6 +37,24 @@ def loss_text(loss: float) -> str:
     return f"loss {loss:.4f}" if math.isfinite(loss) else "no training loss"
 
 
+STATISTICS_STEPS = {"task_gram": "task Gram", "features": "features"}  # phase value -> name: steps that do not train
+
+
+def step_name(phase: str, factors: str) -> str:
+    """How a log line names a step: ``train B`` (the factor it trains; ``train -`` when none), or,
+    for a step that only gathers statistics, ``task Gram (statistics only, no training)``."""
+    if phase in STATISTICS_STEPS:
+        return f"{STATISTICS_STEPS[phase]} (statistics only, no training)"
+    if phase == "evaluate":
+        return "evaluation"
+    return f"{phase} {factors or '-'}"
+
+
+def step_loss(phase: str, loss: float) -> str:
+    """The loss part of a step's log line: empty for a statistics step (its name says it)."""
+    return "" if phase in STATISTICS_STEPS else loss_text(loss)
+
+
 def set_context(**fields: Any) -> None:
     """Set (or, with ``None``, forget) fields every later record of this process carries."""
     unknown = sorted(set(fields) - set(FIELDS))

@@ -9,12 +9,25 @@ from __future__ import annotations
 import numpy as np
 
 
+AUTO_TASKS = 5  # tasks when the run leaves their number to the data (the paper's CLINC150 and ImageNet-R splits)
+
+
+def auto_num_tasks(num_classes: int, sizes: list[int] | None = None) -> int:
+    """The number of tasks for ``num_tasks=0`` ("from the data"): one per entry of ``sizes`` when
+    given, else 5, or fewer so that every task holds at least 2 classes."""
+    if sizes:
+        return len(sizes)
+    return max(1, min(AUTO_TASKS, num_classes // 2))
+
+
 def task_ranges(num_classes: int, num_tasks: int, sizes: list[int] | None = None) -> list[tuple[int, int]]:
     """Split classes ``0..num_classes-1`` into ``num_tasks`` contiguous ``[lo, hi)`` ranges.
 
     ``sizes`` gives the classes per task (Cars-196: ``[20] * 9 + [16]``); without it, sizes
-    differ by at most one, larger tasks last.
+    differ by at most one, larger tasks last. ``num_tasks=0``: as many as :func:`auto_num_tasks`.
     """
+    if num_tasks == 0:
+        num_tasks = auto_num_tasks(num_classes, sizes)
     if not 1 <= num_tasks <= num_classes:
         raise ValueError(f"need 1 <= num_tasks <= num_classes, got {num_tasks} tasks for {num_classes} classes")
     if sizes:
@@ -25,6 +38,14 @@ def task_ranges(num_classes: int, num_tasks: int, sizes: list[int] | None = None
         sizes = [base] * (num_tasks - rest) + [base + 1] * rest
     bounds = np.cumsum([0] + sizes)
     return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def describe_tasks(tasks: list[tuple[int, int]], chosen: bool) -> str:
+    """One line for the log: how many tasks of how many classes, and whether the data chose it."""
+    sizes = [hi - lo for lo, hi in tasks]
+    shape = f"{sizes[0]} classes each" if len(set(sizes)) == 1 else f"{sizes} classes"
+    why = " (num_tasks=0: chosen from the data; set num_tasks or task_sizes to change it)" if chosen else ""
+    return f"{tasks[-1][1]} classes in {len(tasks)} tasks of {shape}{why}"
 
 
 def dirichlet_partition(

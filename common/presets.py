@@ -97,6 +97,46 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_length=64,
         threads=1,
     ),
+    # Your own text (a CSV or JSONL of text,label; README "Bring your own CSV"): the pretrained
+    # all-MiniLM-L6-v2, tasks chosen from the data (5, or fewer so that each has 2 classes; see
+    # the log's first line), 3 clients, LoRM's OOS settings, 64 tokens. Name the files with
+    # --set data.train_file=... --set data.test_file=...
+    "text": dict(
+        run_id="text",
+        dataset="textfile",
+        backbone="minilm",
+        num_tasks=0,
+        num_clients=3,
+        beta=0.5,
+        rounds_per_task=3,
+        local_epochs=1,
+        batch_size=16,
+        lr=1e-2,
+        rank=1,
+        gamma_backbone=0.0,
+        gamma_head=0.5,
+        max_length=64,
+    ),
+    # Your own images (a folder of train/<class>/* and test/<class>/*): the pretrained ViT-B/16
+    # (ImageNet-21k, from the Hugging Face hub or --set model.weights=FILE), tasks chosen from the
+    # data, 3 clients, the paper's ImageNet-R settings for beta 0.5 with 3 rounds of 1 epoch.
+    # Name the folder with --set data.root=...
+    "images": dict(
+        run_id="images",
+        dataset="imagefolder",
+        backbone="vit-b16-in21k",
+        num_tasks=0,
+        num_clients=3,
+        beta=0.5,
+        rounds_per_task=3,
+        local_epochs=1,
+        batch_size=16,
+        lr=3e-3,
+        rank=2,
+        gamma_backbone=0.0,
+        gamma_head=0.5,
+        gram_passes=2,
+    ),
     # A random-init tiny BERT on synthetic text: seconds, for smoke tests.
     "tiny": dict(
         run_id="tiny",

@@ -22,6 +22,7 @@ from common.config import RunConfig, merged
 from common.presets import preset
 from engine.attacks import ATTACKS, wrap_hostile
 from engine.simulation import run_inprocess
+from server.strategies.validate import UpdateRejected
 
 GUARDS = ("off", "on")
 
@@ -35,13 +36,33 @@ def cell_config(base: RunConfig, guard: str, settings: dict[str, Any]) -> RunCon
 def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[str, Any]:
     cell.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    lines: list[str] = []
     with open(cell / "log.txt", "w", buffering=1) as log:
-        result = run_inprocess(
-            config,
-            log=lambda line: log.write(line + "\n"),
-            results_dir=cell / "run" / "results",
-            wrap=None if attack == "none" else wrap_hostile(attack, attacker),
-        )
+
+        def say(line: str) -> None:
+            log.write(line + "\n")
+            lines.append(line)
+
+        try:
+            result = run_inprocess(
+                config,
+                log=say,
+                results_dir=cell / "run" / "results",
+                wrap=None if attack == "none" else wrap_hostile(attack, attacker),
+            )
+        except UpdateRejected as err:
+            # The run cannot go on: a client's update is not even well-formed any more (e.g. NaN
+            # factors once the merged model has been wrecked). That is the cell's outcome.
+            metrics = {
+                "attack": attack,
+                "attacker": attacker if attack != "none" else None,
+                "config": json.loads(config.to_json()),
+                "faa": None,
+                "broken": f"after '{lines[-1] if lines else 'the start'}': an update was refused ({err})",
+                "wall_seconds": time.perf_counter() - start,
+            }
+            (cell / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
+            return metrics
     steps = [h["robust"] for h in result.history if h.get("robust", {}).get("screened")]
     metrics = result.summary() | {
         "attack": attack,
@@ -66,25 +87,30 @@ def table(out: Path, attacks: list[str], guards: list[str]) -> str:
         "| clipped (attacker / honest) |",
         "|---" * (len(guards) + 3) + "|",
     ]
+    notes: list[str] = []
     for attack in attacks:
         cells = []
         guarded: dict[str, Any] = {}
         for guard in guards:
             path = out / attack / guard / "metrics.json"
-            if path.exists():
-                m = json.loads(path.read_text())
-                cells.append(f"{m['faa']:.2f}")
-                if guard == "on":
-                    guarded = m
-            else:
+            if not path.exists():
                 cells.append("-")
+                continue
+            m = json.loads(path.read_text())
+            if m["faa"] is None:
+                notes.append(f"{attack}, guard {guard}: the run broke down {m['broken']}")
+                cells.append(f"broken ({len(notes)})")
+            else:
+                cells.append(f"{m['faa']:.2f}")
+            if guard == "on" and "refused" in m:
+                guarded = m
         steps = guarded.get("screened_steps", 0)
         counts = [
             f"{guarded[w]['attacker']} / {guarded[w]['honest']} of {steps} steps" if guarded else "-"
             for w in ("refused", "clipped")
         ]
         lines.append(f"| {attack} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + [f"({i}) {note}" for i, note in enumerate(notes, 1)] if notes else []))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,12 @@ from typing import Callable, Protocol
 from client.runtime import build_runtime
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import loss_text, report_text
+from common.logs import report_text, step_loss, step_name
 from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
+from common.partition import describe_tasks
+from common.progress import Progress, kind_of
 from common.settings import RobustSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
@@ -60,37 +62,58 @@ def run_inprocess(
     log: Log = lambda _: None,
     results_dir: str | Path | None = None,
     wrap: Callable[[int, ClientWorker], Worker] | None = None,
+    progress: bool = False,
 ) -> RunResult:
     """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator.
 
     ``wrap(i, worker)``: what stands in for client ``i`` (e.g. a hostile client of
-    ``engine.attacks``); by default the worker itself.
+    ``engine.attacks``); by default the worker itself. ``progress``: show which client step runs,
+    its batches and the run's ETA on stderr (``common.progress``).
     """
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     robust = config.section(RobustSettings)
-    workers: list[Worker] = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
+    honest = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
+    workers: list[Worker] = list(honest)
     if wrap is not None:
-        workers = [wrap(i, w) for i, w in enumerate(workers)]  # type: ignore[arg-type]
+        workers = [wrap(i, w) for i, w in enumerate(honest)]
+    kinds = [kind_of(phase.value) for phase in strategy.schedule() for _ in range(config.num_clients)]
+    shown = Progress(kinds) if progress else None
+
+    def handle(i: int, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        if shown is None:
+            return workers[i].handle(plan)
+        shown.begin(
+            f"task {plan.task} round {plan.round} {step_name(plan.phase.value, ''.join(plan.train_factors))}, "
+            f"client {i + 1}/{len(workers)}"
+        )
+        honest[i].on_batch = shown.batch
+        try:
+            return workers[i].handle(plan)
+        finally:
+            honest[i].on_batch = None
+            shown.end()
+
     matrix = AccuracyMatrix()
     history: list[dict] = []
-    for task in range(config.num_tasks):
+    log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
+    for task in range(len(strategy.tasks)):
         strategy.begin_task(task)
         for phase, round_ in strategy.steps(task):
             plan = strategy.configure(task, round_, phase)
             aggregator = strategy.aggregator(plan)
             screened: dict = {}
             if robust.enabled:  # every update first, as the coordinator screens a closed step
-                updates = [worker.handle(plan) for worker in workers]
+                updates = [handle(i, plan) for i in range(len(workers))]
                 for update in updates:
                     assert isinstance(update, ClientUpdate)
                     aggregator.check(update)
                 screened = screen_and_fold(robust, plan, aggregator, list(range(len(updates))), updates.__getitem__)
             else:
-                for worker in workers:
-                    update = worker.handle(plan)
+                for i in range(len(workers)):
+                    update = handle(i, plan)
                     assert isinstance(update, ClientUpdate)
                     aggregator.fold(update)
             strategy.aggregate(plan, aggregator)
@@ -108,14 +131,16 @@ def run_inprocess(
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)
+            loss = step_loss(phase.value, aggregator.mean_loss)
             log(
-                f"task {task} round {round_} {phase.value} {entry['factors'] or '-'} "
-                f"clients {aggregator.count} {loss_text(aggregator.mean_loss)}{report_text(strategy.step_report(plan))}"
+                f"task {task} round {round_} {step_name(phase.value, entry['factors'])} clients {aggregator.count}"
+                + (f" {loss}" if loss else "")
+                + report_text(strategy.step_report(plan))
                 + (robust_text(screened) if screened else "")
             )
         plan = strategy.eval_plan(task)
-        for worker in workers:
-            report = worker.handle(plan)
+        for i in range(len(workers)):
+            report = handle(i, plan)
             assert isinstance(report, EvalReport)
             matrix.add(task, report.correct, report.total)
         acc = matrix.accuracy()[task]
@@ -154,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         help="print a method's halves and typed settings (defaults, help), or a settings "
         "section's (data, model), and exit",
     )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (default: a status line on a terminal, else a line every 30 s)",
+    )
     args = parser.parse_args(argv)
     if args.describe:
         try:
@@ -165,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
-    result = run_inprocess(config, log=lambda s: print(s, flush=True), results_dir=args.results_dir or None)
+    result = run_inprocess(
+        config, log=lambda s: print(s, flush=True), results_dir=args.results_dir or None, progress=not args.no_progress
+    )
     print(format_summary(result.summary()))
     return 0
 

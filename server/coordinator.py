@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,9 +32,11 @@ from typing import Any, Callable
 
 from common.config import RunConfig
 from common.faults import fault_point
-from common.logs import loss_text, report_text
+from common.logs import report_text, step_loss, step_name
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
+from common.partition import describe_tasks
+from common.progress import Progress, kind_of
 from common.settings import RobustSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
@@ -100,6 +103,7 @@ class Coordinator:
         self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.config = config
         self.robust = config.section(RobustSettings)
+        self.progress: Progress | None = None
         self.clients: dict[str, int] = {}  # client id -> client index
         self.spec: ModelSpec | None = None
         self.strategy: Strategy | None = None
@@ -189,6 +193,11 @@ class Coordinator:
 
     def _open_step(self, task: int, index: int, fresh_task: bool) -> None:
         assert self.strategy is not None
+        if self.progress is None:  # the run's steps, for its ETA in the log (timed from this process's start)
+            kinds = [kind_of(p.value) for p in self.strategy.schedule()]
+            self.progress = Progress(kinds, interactive=False, every_s=math.inf)  # no lines of its own
+        self.progress.done = sum(len(self.strategy.steps(t)) + 1 for t in range(task)) + index
+        self.progress.begin(f"task {task} step {index}")
         if fresh_task:
             self.strategy.begin_task(task)
         phase, round_ = self._steps(task)[index]
@@ -259,12 +268,16 @@ class Coordinator:
             "factors": "".join(step.plan.train_factors),
             "clients": len(step.submitted),
         }
+        eta = ""
+        if self.progress is not None:
+            self.progress.end()
+            eta = f"; {self.progress.run_text()}"
         if step.phase == Phase.EVALUATE:
             for i in sorted(step.reports):
                 r = step.reports[i]
                 self.matrix.add(step.task, r.correct, r.total)
             entry["accuracy"] = self.matrix.accuracy()[step.task]
-            self.emit(f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in entry["accuracy"]))
+            self.emit(f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in entry["accuracy"]) + eta)
         else:
             assert step.aggregator is not None
             screened: dict[str, Any] = {}
@@ -286,17 +299,19 @@ class Coordinator:
             entry.update(report)
             if screened:
                 entry["robust"] = screened
+            loss = step_loss(step.phase.value, step.aggregator.mean_loss)
             self.emit(
-                f"task {step.task} round {step.round} {step.phase.value} {entry['factors'] or '-'} merged "
-                f"({len(step.submitted)} clients, {loss_text(step.aggregator.mean_loss)}){report_text(report)}"
+                f"task {step.task} round {step.round} {step_name(step.phase.value, entry['factors'])} merged "
+                f"({len(step.submitted)} clients{', ' + loss if loss else ''}){report_text(report)}"
                 + (robust_text(screened) if screened else "")
+                + eta
             )
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         steps = self._steps(step.task)
         if step.index + 1 < len(steps):
             self._open_step(step.task, step.index + 1, fresh_task=False)
-        elif step.task + 1 < self.config.num_tasks:
+        elif step.task + 1 < len(self.strategy.tasks):
             self._open_step(step.task + 1, 0, fresh_task=True)
         else:
             self.step = None
@@ -389,6 +404,7 @@ class Coordinator:
             self._open_step(0, 0, fresh_task=True)
             self._commit()
             self.emit(f"all {self.config.num_clients} clients joined: task 0 starts")
+            self.emit(describe_tasks(self.strategy.tasks, chosen=self.config.num_tasks == 0))
 
     def check_run_id(self, run_id: str) -> None:
         check_run_id(self.config, run_id)
@@ -407,7 +423,7 @@ class Coordinator:
                 return RoundPlan(
                     run_id=self.config.run_id,
                     phase=Phase.DONE,
-                    task=self.config.num_tasks - 1,
+                    task=len(self.strategy.tasks) - 1 if self.strategy is not None else 0,
                     round=0,
                     class_range=(0, 0),
                     seen_classes=0,

@@ -13,7 +13,7 @@ to send (:meth:`outputs`). Evaluation loads the same way and scores with :meth:`
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -55,6 +55,9 @@ class Client(Protocol):
 
     @property
     def train(self) -> Samples: ...  # the client's training samples (all tasks; shards index them)
+
+    @property
+    def on_batch(self) -> Callable[[int, int], None] | None: ...  # (batches done, of total): progress
 
 
 def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
@@ -138,7 +141,8 @@ class ClientMethod:
         torch.manual_seed(seed)  # dropout
         model.train(cfg.train_dropout)  # dropout on (the reference's train mode) or off
         loss_sum, batches = float("nan"), 0
-        for _epoch in range(cfg.local_epochs):
+        per_epoch = -(-shard.numel() // cfg.batch_size)
+        for epoch in range(cfg.local_epochs):
             loss_sum, batches = 0.0, 0
             order = shard[torch.randperm(shard.numel(), generator=generator)]
             for start in range(0, order.numel(), cfg.batch_size):
@@ -151,6 +155,8 @@ class ClientMethod:
                 optimizer.step()
                 loss_sum += float(loss.detach())
                 batches += 1
+                if client.on_batch is not None:
+                    client.on_batch(epoch * per_epoch + batches, cfg.local_epochs * per_epoch)
         for layer in model.lora().values():
             layer.set_trainable(())
         for p in model.dense_params().values():

@@ -88,7 +88,10 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
     generator = torch.Generator().manual_seed(seed ^ 0xF15E)
     model.eval()
     size = client.config.batch_size if estimator == "batch" else 1
+    total = -(-shard.numel() // size)
     for start in range(0, shard.numel(), size):
+        if client.on_batch is not None:
+            client.on_batch(start // size + 1, total)
         inputs, labels = client.train.batch(shard[start : start + size], client.device)
         log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
         if estimator == "batch":

@@ -60,9 +60,10 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
     recorder = GramRecorder(modules, full)
     generator = torch.Generator().manual_seed(seed ^ 0x5EED)
     model.eval()
+    per_pass = -(-shard.numel() // GRAM_BATCH)
     with recorder.recording():
-        for _ in range(config.gram_passes):
-            for start in range(0, shard.numel(), GRAM_BATCH):
+        for done_passes in range(config.gram_passes):
+            for batch, start in enumerate(range(0, shard.numel(), GRAM_BATCH)):
                 inputs, _ = client.train.batch(
                     shard[start : start + GRAM_BATCH],
                     client.device,
@@ -74,6 +75,8 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
                 # run counts them as the reference does (gram_padding).
                 recorder.row_mask = None if config.gram_padding else inputs.get("attention_mask")
                 model(inputs)
+                if client.on_batch is not None:
+                    client.on_batch(done_passes * per_pass + batch + 1, config.gram_passes * per_pass)
     grams = {name: g.cpu() for name, g in recorder.grams.items()}
     head_gram = grams.pop("<head>", None)
     return grams, head_gram

@@ -99,6 +99,10 @@ class Strategy(ABC):
         """The ``(phase, round)`` steps of one task before its evaluation."""
         return [(Phase.TRAIN, j) for j in range(self.config.rounds_per_task)]
 
+    def schedule(self) -> list[Phase]:
+        """The phase of every step of the run, in order: each task's :meth:`steps`, then its evaluation."""
+        return [phase for task in range(len(self.tasks)) for phase, _ in self.steps(task) + [(Phase.EVALUATE, 0)]]
+
     def begin_task(self, task: int) -> None:  # noqa: B027 (an optional hook)
         """Called once when ``task`` starts, before its first ``configure``."""
 

@@ -402,3 +402,25 @@ def test_truncation_is_warned_once_with_the_share_cut_and_a_length_that_fits(tmp
     with caplog.at_level("WARNING", logger="lorm.client"):
         build_runtime(config(tmp_path, "textfile", backbone="tiny-bert", max_length=16, settings=files))
     assert not [r for r in caplog.records if "max_length" in r.getMessage()]
+
+
+def test_own_data_on_a_random_init_backbone_is_warned_with_the_preset_to_use(caplog):
+    from client.runtime import warn_random_backbone
+
+    with caplog.at_level("WARNING", logger="lorm.client"):
+        assert warn_random_backbone(RunConfig(dataset="textfile", backbone="tiny-bert"))
+        assert not warn_random_backbone(RunConfig(dataset="textfile", backbone="minilm"))
+        assert not warn_random_backbone(RunConfig(dataset="synthetic-text", backbone="tiny-bert"))
+        assert warn_random_backbone(RunConfig(dataset="imagefolder", backbone="tiny-vit"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "random-init" in messages[0] and "--preset text" in messages[0]
+    assert "--preset images" in messages[1]
+
+
+def test_the_own_data_presets_name_pretrained_backbones_and_leave_tasks_to_the_data():
+    from common.presets import preset
+
+    for name, dataset, backbone in (("text", "textfile", "minilm"), ("images", "imagefolder", "vit-b16-in21k")):
+        config = RunConfig.from_dict(preset(name))
+        assert (config.dataset, config.backbone, config.num_tasks) == (dataset, backbone, 0)

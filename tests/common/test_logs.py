@@ -61,3 +61,13 @@ def test_unknown_format_and_field_are_refused():
 def test_a_statistics_step_has_no_loss_rather_than_nan():
     assert logs.loss_text(0.12345) == "loss 0.1235"
     assert logs.loss_text(float("nan")) == "no training loss"
+
+
+def test_steps_are_named_for_what_they_do():
+    assert logs.step_name("train", "B") == "train B"
+    assert logs.step_name("train", "") == "train -"  # full fine-tuning trains no factor
+    assert logs.step_name("task_gram", "") == "task Gram (statistics only, no training)"
+    assert logs.step_name("features", "") == "features (statistics only, no training)"
+    assert logs.step_name("evaluate", "") == "evaluation"
+    assert logs.step_loss("features", float("nan")) == ""  # the name says it: no "no training loss"
+    assert logs.step_loss("train", 0.5) == "loss 0.5000"

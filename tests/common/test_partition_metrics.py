@@ -72,3 +72,20 @@ def test_metrics_by_hand():
     assert m.forgetting() == pytest.approx(20.0)
     with pytest.raises(ValueError):
         m.add(1, [1], [2])
+
+
+def test_num_tasks_zero_takes_the_number_from_the_data():
+    from common.config import RunConfig
+    from common.partition import auto_num_tasks, describe_tasks
+
+    assert [auto_num_tasks(c) for c in (150, 10, 9, 6, 3, 1)] == [5, 5, 4, 3, 1, 1]  # 5, each task >= 2 classes
+    assert auto_num_tasks(196, [20] * 9 + [16]) == 10  # task sizes name the tasks
+    assert task_ranges(6, 0) == [(0, 2), (2, 4), (4, 6)]
+    assert task_ranges(196, 0, [20] * 9 + [16])[-1] == (180, 196)
+    assert RunConfig(num_tasks=0).num_tasks == 0
+    with pytest.raises(ValueError, match="num_tasks must be >= 1, or 0 to choose it from the data"):
+        RunConfig(num_tasks=-1)
+    assert describe_tasks(task_ranges(6, 0), chosen=True).startswith(
+        "6 classes in 3 tasks of 2 classes each (num_tasks=0"
+    )
+    assert describe_tasks([(0, 3), (3, 7)], chosen=False) == "7 classes in 2 tasks of [3, 4] classes"

@@ -99,3 +99,17 @@ def test_lorm_poison_writes_its_table(tmp_path, monkeypatch):
     m = json.loads((out / "scale-grams" / "on" / "metrics.json").read_text())
     assert m["attack"] == "scale-grams" and m["clipped"]["attacker"] > 0
     assert m["config"]["settings"]["robust"]["enabled"] is True
+
+
+def test_a_run_the_attack_breaks_is_a_result_with_its_reason(tmp_path, monkeypatch):
+    """On CLINC150, unguarded factors scaled by 1e4 wreck the merged model until an honest client's
+    update is NaN and refused. Here the scale overflows float32 at once: the attacker's own update
+    is refused by validation, the cell records where the run broke down, and the table says so."""
+    import engine.attacks
+    from engine.poisoning import run_cell, table
+
+    monkeypatch.setattr(engine.attacks, "FACTOR_SCALE", 1e39)
+    m = run_cell(RunConfig(**CONFIG), "scale-factors", ATTACKER, tmp_path / "scale-factors" / "off")
+    assert m["faa"] is None and "an update was refused" in m["broken"] and "must be finite" in m["broken"]
+    text = table(tmp_path, ["scale-factors"], ["off"])
+    assert "| scale-factors | broken (1) |" in text and "(1) scale-factors, guard off: the run broke down after" in text
