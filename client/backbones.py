@@ -32,6 +32,12 @@ class Backbone(nn.Module):
     def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def max_tokens(self) -> int:
+        """The most tokens a sample may have: the model's position table, else 512."""
+        model = getattr(self, "encoder", None) or getattr(self, "t5", None)
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        return int(positions) if isinstance(positions, int) and positions > 0 else 512
+
     def token_lengths(self, samples: Sequence[Any]) -> list[int] | None:
         """Text: each sample's token count before truncation (``None``: not a text model)."""
         lengths = getattr(getattr(self, "tokenize", None), "lengths", None)

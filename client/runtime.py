@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.backbones import ClassifierModel, build_model, model_spec
+from client.backbones import ClassifierModel, build_backbone, build_model, model_spec
 from client.datasets import Splits, load_dataset
 from client.images import ImageData
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
@@ -52,6 +53,28 @@ def sample_data(splits: Splits, model: ClassifierModel, max_length: int | None =
         warn_truncation(model, splits.train_x, max_length)
     encode = model.backbone.encode
     return EncodedData(encode(splits.train_x), train_y), EncodedData(encode(splits.test_x), test_y)
+
+
+PROBE_LENGTH = 512  # tokens the probe tokenizer keeps while it counts (BERT's and T5's usual limit)
+
+
+def chosen_max_length(config: RunConfig, splits: Splits) -> int:
+    """``max_length=0``: the 99th percentile of the training samples' token counts, rounded up to a
+    multiple of 8 and capped by the model (every client counts the same split: the same number)."""
+    backbone = build_backbone(dataclasses.replace(config, max_length=PROBE_LENGTH))
+    lengths = backbone.token_lengths(splits.train_x)
+    if not lengths:
+        return PROBE_LENGTH  # not a text model: nothing reads it
+    cap = backbone.max_tokens()
+    chosen = min(cap, max(8, -(-int(np.ceil(np.percentile(lengths, 99))) // 8) * 8))
+    log.info(
+        "max_length 0: %d tokens (the training samples' 99th percentile, rounded up to a multiple of 8; "
+        "the longest has %d, the model takes %d)",
+        chosen,
+        max(lengths),
+        cap,
+    )
+    return chosen
 
 
 def warn_truncation(model: ClassifierModel, texts: list[Any], max_length: int) -> float:
@@ -100,6 +123,8 @@ def build_runtime(config: RunConfig) -> ClientRuntime:
         torch.set_num_threads(config.threads)
     warn_random_backbone(config)
     splits = load_dataset(config)
+    if config.max_length == 0:
+        config = dataclasses.replace(config, max_length=chosen_max_length(config, splits))
     model = build_model(config, splits.num_classes)
     train, test = sample_data(splits, model, config.max_length)
     return ClientRuntime(config, model, train, test, resolve_device(config.device))

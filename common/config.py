@@ -56,7 +56,7 @@ class RunConfig:
     min_client_samples: int = 6  # the split is redrawn until each client has this many per task
     # --- model
     backbone: str = "tiny-bert"  # a key of client.backbones.BACKBONES, or a local path
-    max_length: int = 32  # text: tokens per sample
+    max_length: int = 32  # text: tokens per sample (0: the training samples' 99th percentile, capped by the model)
     model_seed: int = 0  # seeds random-init backbones (tests) so every client builds the same W0
     rank: int = 1  # LoRA rank r
     lora_scale: float = 1.0  # multiplies B @ A; 1 as in the reference (no alpha / r)

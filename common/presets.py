@@ -98,9 +98,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         threads=1,
     ),
     # Your own text (a CSV or JSONL of text,label; README "Bring your own CSV"): the pretrained
-    # all-MiniLM-L6-v2, tasks chosen from the data (5, or fewer so that each has 2 classes; see
-    # the log's first line), 3 clients, LoRM's OOS settings, 64 tokens. Name the files with
-    # --set data.train_file=... --set data.test_file=...
+    # all-MiniLM-L6-v2, tasks chosen from the data (5, or fewer so that each has 2 classes), as many
+    # tokens as 99 % of the training samples need (max_length 0; both choices are logged first),
+    # 3 clients, LoRM's OOS settings. Name the files with --set data.train_file=... --set data.test_file=...
     "text": dict(
         run_id="text",
         dataset="textfile",
@@ -115,7 +115,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         rank=1,
         gamma_backbone=0.0,
         gamma_head=0.5,
-        max_length=64,
+        max_length=0,
     ),
     # Your own images (a folder of train/<class>/* and test/<class>/*): the pretrained ViT-B/16
     # (ImageNet-21k, from the Hugging Face hub or --set model.weights=FILE), tasks chosen from the

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"{attack}, guard {guard}: running", flush=True)
             m = run_cell(cell_config(base, guard, settings), attack, args.attacker, cell)
-            print(f"{attack}, guard {guard}: FAA {m['faa']:.2f} ({m['wall_seconds'] / 60:.1f} min)", flush=True)
+            outcome = f"FAA {m['faa']:.2f}" if m["faa"] is not None else f"broke down {m['broken']}"
+            print(f"{attack}, guard {guard}: {outcome} ({m['wall_seconds'] / 60:.1f} min)", flush=True)
     text = table(out, attacks, guards)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(text + "\n")

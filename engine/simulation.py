@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 from client.runtime import build_runtime
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import report_text, step_loss, step_name
+from common.logs import add_logging_arguments, report_text, setup_logging, step_loss, step_name
 from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_arguments(parser)
+    add_logging_arguments(parser)
     parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
     parser.add_argument(
         "--describe",
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         return 0
+    setup_logging(args.log_format)  # the clients' warnings and choices (e.g. max_length 0), on stdout
     try:
         config = config_from_args(args)
     except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback

@@ -35,7 +35,8 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
         assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
         outputs.append(done.stdout)
     sim, grpc = outputs[1], outputs[2]
-    assert "6 classes in 3 tasks of 2 classes each" in sim.splitlines()[0]  # the first line, as the README says
+    first = sim.splitlines()[:2]  # the first lines, as the README says
+    assert "max_length 0: 16 tokens" in first[0] and "6 classes in 3 tasks of 2 classes each" in first[1], first
     assert "FAA (mean over tasks, paper)" in sim and "task 0 round 3 task Gram (statistics only" in sim
     assert "6 classes in 3 tasks of 2 classes each" in grpc and "FAA (mean over tasks, paper)" in grpc
     for run_dir in ("runs/own-text", "runs/own-text-grpc/results"):

@@ -424,3 +424,24 @@ def test_the_own_data_presets_name_pretrained_backbones_and_leave_tasks_to_the_d
     for name, dataset, backbone in (("text", "textfile", "minilm"), ("images", "imagefolder", "vit-b16-in21k")):
         config = RunConfig.from_dict(preset(name))
         assert (config.dataset, config.backbone, config.num_tasks) == (dataset, backbone, 0)
+
+
+def test_max_length_zero_keeps_what_99_percent_of_the_training_samples_need(tmp_path, caplog):
+    """Sentences of 3..40 words on the word-level test tokenizer (a start token + one per word)."""
+    train = tmp_path / "train.csv"
+    rows = [("w " * (3 + i % 38)).strip() + f",c{i % 2}" for i in range(200)]
+    train.write_text("text,label\n" + "\n".join(rows) + "\n")
+    config = RunConfig(
+        dataset="textfile",
+        backbone="tiny-bert",
+        max_length=0,
+        num_tasks=1,
+        settings={"data": {"train_file": str(train), "test_file": str(train)}},
+    )
+    with caplog.at_level("INFO", logger="lorm.client"):
+        runtime = build_runtime(config)
+    lengths = sorted(1 + 3 + i % 38 for i in range(200))
+    p99 = int(np.ceil(np.percentile(lengths, 99)))
+    assert runtime.config.max_length == -(-p99 // 8) * 8 == 48  # 41 tokens at the 99th percentile, up to 48
+    assert runtime.train.inputs["input_ids"].shape[1] == 48
+    assert any("max_length 0: 48 tokens" in r.getMessage() for r in caplog.records)

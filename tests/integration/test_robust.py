@@ -106,10 +106,11 @@ def test_a_run_the_attack_breaks_is_a_result_with_its_reason(tmp_path, monkeypat
     update is NaN and refused. Here the scale overflows float32 at once: the attacker's own update
     is refused by validation, the cell records where the run broke down, and the table says so."""
     import engine.attacks
-    from engine.poisoning import run_cell, table
 
     monkeypatch.setattr(engine.attacks, "FACTOR_SCALE", 1e39)
-    m = run_cell(RunConfig(**CONFIG), "scale-factors", ATTACKER, tmp_path / "scale-factors" / "off")
+    argv = ["--preset", "tiny", "--attacks", "scale-factors", "--guards", "off", "--attacker", "1"]
+    assert poison_main(argv + ["--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "scale-factors" / "off" / "metrics.json").read_text())
     assert m["faa"] is None and "an update was refused" in m["broken"] and "must be finite" in m["broken"]
-    text = table(tmp_path, ["scale-factors"], ["off"])
+    text = (tmp_path / "results.md").read_text()
     assert "| scale-factors | broken (1) |" in text and "(1) scale-factors, guard off: the run broke down after" in text
