@@ -15,7 +15,7 @@ from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
 from common.progress import Progress
-from common.logs import add_logging_arguments, set_context, setup_logging, step_loss, step_name
+from common.logs import add_logging_arguments, set_context, setup_logging, plan_name, step_loss
 from common.messages import ClientUpdate, Phase, RoundPlan, Wait
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         set_context(task=plan.task, round=plan.round)
         start = time.perf_counter()
-        progress.begin(
-            f"task {plan.task} round {plan.round} {step_name(plan.phase.value, ''.join(plan.train_factors))}"
-        )
+        progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
         try:
             result = worker.handle(plan)
         finally:
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     "task %d round %d %s: %d samples%s, %.1f s",
                     plan.task,
                     plan.round,
-                    step_name(plan.phase.value, "".join(plan.train_factors)),
+                    plan_name(plan),
                     result.num_samples,
                     f", {loss}" if loss else "",
                     time.perf_counter() - start,

@@ -54,7 +54,7 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
         shapes |= head_shapes(spec)
     if plan.head_gram:
         shapes |= head_gram_shape(spec)
-    if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN and plan.send_fisher:
+    if plan.mode == Mode.FULL and plan.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
         shapes |= fisher_shapes(spec, HEAD_FISHER)
     return shapes
 

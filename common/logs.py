@@ -40,14 +40,21 @@ def loss_text(loss: float) -> str:
 STATISTICS_STEPS = {"task_gram": "task Gram", "features": "features"}  # phase value -> name: steps that do not train
 
 
-def step_name(phase: str, factors: str) -> str:
+def step_name(phase: str, factors: str, fisher: bool = False) -> str:
     """How a log line names a step: ``train B`` (the factor it trains; ``train -`` when none), or,
-    for a step that only gathers statistics, ``task Gram (statistics only, no training)``."""
+    for a step that only gathers statistics, ``task Gram (statistics only, no training)`` (``task
+    Fisher`` when the statistic is the Fisher: EWC)."""
     if phase in STATISTICS_STEPS:
-        return f"{STATISTICS_STEPS[phase]} (statistics only, no training)"
+        name = "task Fisher" if fisher and phase == "task_gram" else STATISTICS_STEPS[phase]
+        return f"{name} (statistics only, no training)"
     if phase == "evaluate":
         return "evaluation"
     return f"{phase} {factors or '-'}"
+
+
+def plan_name(plan: Any) -> str:
+    """:func:`step_name` of a ``RoundPlan``."""
+    return step_name(plan.phase.value, "".join(plan.train_factors), plan.send_fisher)
 
 
 def step_loss(phase: str, loss: float) -> str:

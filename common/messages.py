@@ -156,6 +156,10 @@ class RoundPlan:
     delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
     send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
     train_extra: bool = False  # train in the view W0 + extra + s B A (default: W0 + s B A, extra for Gram passes only)
+    # full mode, continual-learning baselines: the global weights W0 + anchor at the previous task's end
+    # (EWC's penalty centre, LwF's teacher), and EWC's accumulated diagonal Fisher there, per parameter
+    anchor: dict[str, Tensor] = field(default_factory=dict)
+    fisher: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -20,6 +20,8 @@ from typing import Any
 
 from common.settings import (
     DataSettings,
+    EwcSettings,
+    LwfSettings,
     ModelSettings,
     NcmSettings,
     RidgeSettings,
@@ -31,6 +33,8 @@ from common.settings import (
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
+EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
+LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
 
@@ -105,6 +109,20 @@ METHODS: dict[str, Method] = {
             RidgeSettings,
         ),
         Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
+        Method(
+            "ewc",
+            "server.strategies.continual:EWC",
+            EWC,
+            "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
+            EwcSettings,
+        ),
+        Method(
+            "lwf",
+            "server.strategies.continual:LwF",
+            LWF,
+            "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
+            LwfSettings,
+        ),
     )
 }
 

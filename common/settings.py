@@ -203,6 +203,40 @@ class TiesSettings(Settings):
             raise ValueError(f"setting ties.scale should be finite, got {self.scale}")
 
 
+@dataclass(frozen=True)
+class EwcSettings(Settings):
+    """Elastic weight consolidation (``ewc``), federated: FedAvg of the weights, the penalty on clients."""
+
+    section: ClassVar[str] = "ewc"
+    strength: float = setting(
+        2.0, "lambda of the penalty lambda/2 sum_k F_k (theta_k - theta*_k)^2 (2: the paper's code's ewc_lambda 1)"
+    )
+    decay: float = setting(
+        0.9, "F <- decay F + F_task at each task's end (the paper's code's ewc_gamma; 1: a plain sum)"
+    )
+
+    def __post_init__(self) -> None:
+        if not (self.strength >= 0 and math.isfinite(self.strength)):
+            raise ValueError(f"setting ewc.strength must be a finite number >= 0, got {self.strength}")
+        if not 0.0 <= self.decay <= 1.0:
+            raise ValueError(f"setting ewc.decay must lie in [0, 1], got {self.decay}")
+
+
+@dataclass(frozen=True)
+class LwfSettings(Settings):
+    """Learning without forgetting (``lwf``), federated: FedAvg of the weights, distillation on clients."""
+
+    section: ClassVar[str] = "lwf"
+    alpha: float = setting(0.5, "weight of the distillation loss (the paper's code's alpha)")
+    temperature: float = setting(2.0, "softmax temperature of teacher and student on the old classes")
+
+    def __post_init__(self) -> None:
+        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ValueError(f"setting lwf.alpha must be a finite number >= 0, got {self.alpha}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"setting lwf.temperature must be a finite number > 0, got {self.temperature}")
+
+
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {
     **{

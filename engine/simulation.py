@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 from client.runtime import build_runtime
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import add_logging_arguments, report_text, setup_logging, step_loss, step_name
+from common.logs import add_logging_arguments, report_text, setup_logging, plan_name, step_loss
 from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
@@ -85,10 +85,7 @@ def run_inprocess(
     def handle(i: int, plan: RoundPlan) -> ClientUpdate | EvalReport:
         if shown is None:
             return workers[i].handle(plan)
-        shown.begin(
-            f"task {plan.task} round {plan.round} {step_name(plan.phase.value, ''.join(plan.train_factors))}, "
-            f"client {i + 1}/{len(workers)}"
-        )
+        shown.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}, client {i + 1}/{len(workers)}")
         honest[i].on_batch = shown.batch
         try:
             return workers[i].handle(plan)
@@ -133,7 +130,7 @@ def run_inprocess(
                 reporter.step(len(history) - 1, entry)
             loss = step_loss(phase.value, aggregator.mean_loss)
             log(
-                f"task {task} round {round_} {step_name(phase.value, entry['factors'])} clients {aggregator.count}"
+                f"task {task} round {round_} {plan_name(plan)} clients {aggregator.count}"
                 + (f" {loss}" if loss else "")
                 + report_text(strategy.step_report(plan))
                 + (robust_text(screened) if screened else "")

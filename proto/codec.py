@@ -41,8 +41,10 @@ from common.messages import (
 )
 from common.tensors import (
     DEFAULT_MAX_TOTAL_BYTES,
+    ANCHOR,
     DELTA,
     EXTRA,
+    FISHER,
     HEAD_BIAS,
     HEAD_WEIGHT,
     LORA,
@@ -345,8 +347,9 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         for layer, low_rank in factors.items():
             tensors[tensor_name(kind, layer, "B")] = low_rank.b
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
-    for param, tensor in plan.delta.items():
-        tensors[tensor_name(DELTA, param)] = tensor
+    for kind, named in ((DELTA, plan.delta), (ANCHOR, plan.anchor), (FISHER, plan.fisher)):
+        for param, tensor in named.items():
+            tensors[tensor_name(kind, param)] = tensor
     head = {HEAD_WEIGHT: plan.head_weight, HEAD_BIAS: plan.head_bias}
     tensors.update({name: t for name, t in head.items() if t is not None})
     encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
@@ -394,13 +397,13 @@ def plan_from_proto(
         raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
-    delta: dict[str, Tensor] = {}
+    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
         if kind in factors and layer is not None and part is not None:
             factors[kind].setdefault(layer, {})[part] = tensor
-        elif kind == DELTA and layer is not None:
-            delta[layer] = tensor
+        elif kind in named and layer is not None:
+            named[kind][layer] = tensor
     low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
     for kind, layers in factors.items():
         for layer, parts in layers.items():
@@ -426,9 +429,11 @@ def plan_from_proto(
         send_head=header.send_head,
         seed=header.seed,
         mode=Mode(header.mode),
-        delta=delta,
+        delta=named[DELTA],
         send_fisher=header.send_fisher,
         train_extra=header.train_extra,
+        anchor=named[ANCHOR],
+        fisher=named[FISHER],
     )
 
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from common.config import RunConfig
 from common.faults import fault_point
-from common.logs import report_text, step_loss, step_name
+from common.logs import report_text, plan_name, step_loss
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
@@ -301,7 +301,7 @@ class Coordinator:
                 entry["robust"] = screened
             loss = step_loss(step.phase.value, step.aggregator.mean_loss)
             self.emit(
-                f"task {step.task} round {step.round} {step_name(step.phase.value, entry['factors'])} merged "
+                f"task {step.task} round {step.round} {plan_name(step.plan)} merged "
                 f"({len(step.submitted)} clients{', ' + loss if loss else ''}){report_text(report)}"
                 + (robust_text(screened) if screened else "")
                 + eta

@@ -98,6 +98,11 @@ class ClientMethod:
         lo, hi = plan.class_range
         return F.cross_entropy(logits[:, lo:hi], labels - lo)
 
+    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+        """A term added to :meth:`loss` for each training batch (EWC's penalty, LwF's distillation);
+        ``None``: nothing is added."""
+        return None
+
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
         """What the update carries after training: :class:`ClientUpdate` fields by name."""
         return {}
@@ -149,7 +154,11 @@ class ClientMethod:
                 inputs, labels = client.train.batch(
                     order[start : start + cfg.batch_size], client.device, train=True, generator=generator
                 )
-                loss = self.loss(model(inputs)[0], labels, plan)  # logits: (batch, num_classes)
+                logits = model(inputs)[0]  # (batch, num_classes)
+                loss = self.loss(logits, labels, plan)
+                extra = self.regulariser(client, plan, inputs, logits)
+                if extra is not None:
+                    loss = loss + extra
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -35,7 +35,8 @@ class DenseTrainer(ClientMethod):
 
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
         trained = plan.phase == Phase.TRAIN
-        sent: dict[str, Any] = {"fisher": fisher(client, plan, shard, seed) if trained and plan.send_fisher else {}}
+        # FisherAvg asks for the Fisher with every round, EWC in a step of its own at a task's end.
+        sent: dict[str, Any] = {"fisher": fisher(client, plan, shard, seed) if plan.send_fisher else {}}
         set_view(client, plan)
         grams, head_gram = gram_pass(client, plan, shard, seed)  # RegMean's Grams of the adapted layers' inputs
         return (

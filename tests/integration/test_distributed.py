@@ -150,3 +150,21 @@ def test_robust_mode_over_grpc_identical_to_inprocess(cluster, tmp_path):
     export_adapter(tmp_path / "adapter", result.adapter, build_runtime(config).spec, rank_per_task=config.rank)
     expected = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert adapter.keys() == expected.keys() and all(torch.equal(adapter[k], expected[k]) for k in expected)
+
+
+@pytest.mark.parametrize("method", ["ewc", "lwf"])
+def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
+    """Plans that carry the previous task's weights (and EWC's Fisher), and EWC's Fisher step, over the
+    wire: the same counts, head and dense delta as in-process."""
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
+    result = run_inprocess(config)
+    c = cluster(config.to_json())
+    server, clients = start(c)
+    assert server.wait() == 0 and all(p.wait() == 0 for p in clients)
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
+    head = load_file(str(c.run_dir / "results" / "head.safetensors"))
+    assert torch.equal(head["weight"], result.head_weight.to(torch.float32))
+    phases = [h["phase"] for h in metrics["history"]]
+    assert phases.count("task_gram") == (CONFIG.num_tasks if method == "ewc" else 0)  # EWC's Fisher steps
+    assert ("task Fisher (statistics only" in "".join(server.lines)) == (method == "ewc")

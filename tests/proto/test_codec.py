@@ -124,6 +124,24 @@ def test_plan_round_trip_is_byte_exact(dtype, shape):
     assert_same(got.head_bias, plan.head_bias)
 
 
+def test_a_plans_dense_delta_anchor_and_fisher_round_trip_by_name():
+    g = torch.Generator().manual_seed(4)
+    params = {"enc.emb.weight": (5, 3), "enc.norm.bias": (3,)}
+    named = {
+        kind: {n: torch.randn(s, generator=g) for n, s in params.items()} for kind in ("delta", "anchor", "fisher")
+    }
+    plan = RoundPlan(
+        run_id="r", phase=Phase.TRAIN, task=1, round=0, class_range=(2, 4), seen_classes=4, mode=Mode.FULL, **named
+    )
+    got = codec.plan_from_proto(codec.plan_to_proto(plan, chunk_bytes=11))
+    assert isinstance(got, RoundPlan)
+    for kind, tensors in named.items():
+        mine = getattr(got, kind)
+        assert mine.keys() == tensors.keys(), kind
+        for name in tensors:
+            assert_same(mine[name], tensors[name])
+
+
 def test_plan_without_tensors_round_trips():
     plan = RoundPlan(run_id="r", phase=Phase.DONE, task=9, round=0, class_range=(90, 100), seen_classes=100)
 

@@ -1,0 +1,88 @@
+"""The client halves of the continual-learning baselines (``server/strategies/continual.py``).
+
+Both train as :class:`DenseTrainer` does (every backbone weight and the head, ACE) and add a
+term to each batch's loss, from what the plan hands out:
+
+- **EWC** (Kirkpatrick et al. 2017): ``strength/2 * sum_k F_k (theta_k - theta*_k)^2`` over
+  the backbone parameters, with ``theta* = W0 + plan.anchor`` and ``F = plan.fisher`` (empty
+  during the first task: no penalty). At a task's end its ``TASK_GRAM`` step sends the
+  diagonal Fisher of the shard at the merged weights (``client.methods.dense.fisher``).
+- **LwF** (Li & Hoiem 2017): ``alpha * CE(softmax(t / T), softmax(s / T))`` over the old classes
+  ``[0, lo)``, where ``t`` are the logits of the previous task's global model
+  (``W0 + plan.anchor``, with the plan's head: its old rows are the teacher's, as ACE never
+  trains them) and ``s`` the model's being trained (empty ``anchor``, first task: no term).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from client.backbones import ClassifierModel
+from client.methods.base import Client, load_dense
+from client.methods.dense import DenseTrainer
+from common.messages import RoundPlan
+from common.settings import EwcSettings, LwfSettings
+
+
+def ewc_penalty(
+    params: dict[str, Tensor], centre: dict[str, Tensor], fisher: dict[str, Tensor], strength: float
+) -> Tensor:
+    """``strength/2 * sum_k F_k (theta_k - theta*_k)^2`` over the parameters ``fisher`` names."""
+    terms = [(fisher[name] * (params[name] - centre[name]).square()).sum() for name in fisher]
+    return 0.5 * strength * torch.stack(terms).sum()
+
+
+def distillation(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
+    """LwF's loss on ``(batch, old classes)`` logits: the cross-entropy of the student's softened
+    distribution against the teacher's, ``-mean_x sum_c softmax(t/T)_c log softmax(s/T)_c``."""
+    target = F.softmax(teacher / temperature, dim=1)
+    return -(target * F.log_softmax(student / temperature, dim=1)).sum(1).mean()
+
+
+class EwcTrainer(DenseTrainer):
+    """:class:`DenseTrainer` with EWC's penalty around ``W0 + plan.anchor``, weighted by ``plan.fisher``."""
+
+    def load(self, client: Client, plan: RoundPlan) -> None:
+        super().load(client, plan)
+        self.centre: dict[str, Tensor] = {}
+        self.weights: dict[str, Tensor] = {}
+        if plan.fisher:
+            w0, device = client.model.pristine(), client.device
+            for name, f in plan.fisher.items():
+                self.centre[name] = (w0[name] + plan.anchor[name].to(w0[name].dtype)).to(device)
+                self.weights[name] = f.to(device=device, dtype=w0[name].dtype)
+        self.strength = client.config.section(EwcSettings).strength
+
+    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+        if not self.weights or self.strength == 0.0:
+            return None
+        return ewc_penalty(client.model.dense_params(), self.centre, self.weights, self.strength)
+
+
+class LwfTrainer(DenseTrainer):
+    """:class:`DenseTrainer` with distillation on the old classes from the model ``W0 + plan.anchor``."""
+
+    def load(self, client: Client, plan: RoundPlan) -> None:
+        super().load(client, plan)
+        self.teacher: ClassifierModel | None = None
+        lo = plan.class_range[0]
+        if plan.anchor and lo > 0:
+            teacher = copy.deepcopy(client.model)  # the step's model with the plan's head...
+            load_dense(teacher, plan.anchor)  # ...and the previous task's backbone
+            teacher.eval()  # no dropout: a fixed target
+            for p in teacher.parameters():
+                p.requires_grad_(False)
+            self.teacher = teacher
+        self.settings = client.config.section(LwfSettings)
+
+    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+        if self.teacher is None or self.settings.alpha == 0.0:
+            return None
+        lo = plan.class_range[0]
+        with torch.no_grad():
+            old = self.teacher(inputs)[0][:, :lo]
+        return self.settings.alpha * distillation(logits[:, :lo], old, self.settings.temperature)

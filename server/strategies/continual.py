@@ -1,0 +1,119 @@
+"""The continual-learning baselines of the paper, federated by FedAvg: EWC and LwF.
+
+Both fine-tune every backbone weight and the head with ACE, as ``fedavg`` does, and merge the
+clients' deltas and heads by FedAvg (the paper's adaptation of continual-learning methods to
+the federated setting). What they add lives in the loss on the clients
+(``client/methods/continual.py``); the coordinator hands out what that loss needs:
+
+- ``anchor``: the global weights at the previous task's end, ``W0 + anchor``, per backbone
+  parameter (float32). EWC's penalty is centred there; LwF's teacher is that model.
+- EWC only: ``fisher``, the diagonal Fisher accumulated over the tasks so far (float32),
+  ``F <- decay F + F_t``. ``F_t`` comes from one more step at each task's end (``TASK_GRAM``,
+  ``send_fisher``): each client computes the diagonal Fisher of its shard at the task's merged
+  weights (estimator ``RunConfig.fisher``), and the coordinator takes the sample-weighted mean
+  (the ``reference`` estimator sums over samples: divided by the samples of all clients, as the
+  paper's code does).
+
+Nothing else crosses the wire; the plans are larger (the anchor, and for EWC the Fisher, are
+one more copy of the backbone each) and their bytes are counted with the updates' in the
+benchmark tables.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+import torch
+
+from common.declared import Shapes
+from common.merge import WeightedMeanAccumulator
+from common.messages import ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
+from common.settings import EwcSettings
+from server.strategies.base import Aggregator
+from server.strategies.fedavg import FedAvg
+
+
+class Anchored(FedAvg):
+    """FedAvg that also hands out the global weights of the previous task's end (``anchor``)."""
+
+    def __init__(self, config, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.anchor: dict[str, Tensor] = {}  # empty during the first task: nothing to keep yet
+
+    def begin_task(self, task: int) -> None:
+        super().begin_task(task)
+        if task > 0:
+            self.anchor = dict(self.delta)  # add_to_delta makes new tensors: these stay as they are
+
+    def plan_options(self) -> dict:
+        return {"anchor": self.anchor}
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return super().state_tensors() | {f"anchor/{name}": a for name, a in self.anchor.items()}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.anchor = {name: tensors[f"anchor/{name}"] for name in self.spec.params if f"anchor/{name}" in tensors}
+
+
+class LwF(Anchored):
+    name = "lwf"
+
+
+class FisherAggregator(Aggregator):
+    """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
+        super().__init__(plan, declared)
+        self.summed = summed  # the estimator sums over samples (``reference``) rather than averaging
+        self.fisher = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
+
+    def _fold(self, update: ClientUpdate) -> None:
+        n = update.num_samples
+        for name, acc in self.fisher.items():
+            f = update.fisher[name]
+            acc.fold(f / n if self.summed else f, n)  # sum_i F_i / sum_i n_i, or sum_i n_i F_i / sum_i n_i
+
+
+class EWC(Anchored):
+    name = "ewc"
+
+    def __init__(self, config, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.settings = config.section(EwcSettings)
+        self.fisher: dict[str, Tensor] = {}
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]  # the task's Fisher
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        if phase == Phase.TASK_GRAM:  # no training: the Fisher of the task's merged weights
+            return self.base_plan(
+                task, round_, phase, mode=Mode.FULL, delta=self.delta, send_fisher=True, send_head=False
+            )
+        return super().configure(task, round_, phase)
+
+    def plan_options(self) -> dict:
+        return super().plan_options() | {"fisher": self.fisher}
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        if plan.phase == Phase.TASK_GRAM:
+            return FisherAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher == "reference")
+        return super().aggregator(plan)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        if not isinstance(aggregator, FisherAggregator):
+            return super().aggregate(plan, aggregator)
+        decay = self.settings.decay
+        self.fisher = {
+            name: ((decay * self.fisher[name].to(torch.float64) if name in self.fisher else 0.0) + acc.result()).to(
+                torch.float32
+            )
+            for name, acc in aggregator.fisher.items()
+        }
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return super().state_tensors() | {f"fisher/{name}": f for name, f in self.fisher.items()}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.fisher = {name: tensors[f"fisher/{name}"] for name in self.spec.params if f"fisher/{name}" in tensors}

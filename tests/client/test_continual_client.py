@@ -1,0 +1,77 @@
+"""The client halves of EWC and LwF on the tiny model: the penalty's centre and weights, and the
+teacher, are the ones the plan hands out."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+
+from client.methods.base import load_dense
+from client.methods.continual import EwcTrainer, LwfTrainer, distillation, ewc_penalty
+from client.runtime import build_runtime
+from common.config import RunConfig
+from common.messages import Phase
+from server.strategies import make_strategy
+
+BASE = dict(
+    num_clients=2,
+    num_tasks=2,
+    rounds_per_task=1,
+    local_epochs=1,
+    lr=3e-2,
+    threads=1,
+    seed=3,
+    extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4},
+)
+
+
+def second_task_plan(method: str):
+    config = RunConfig(**BASE, strategy=method)
+    runtime = build_runtime(config)
+    strategy = make_strategy(config, runtime.spec)
+    strategy.begin_task(1)
+    plan = strategy.configure(1, 0, Phase.TRAIN)
+    gen = torch.Generator().manual_seed(5)
+    params = runtime.spec.params
+    anchor = {name: 0.01 * torch.randn(shape, generator=gen) for name, shape in params.items()}
+    fisher = {name: torch.rand(shape, generator=gen) for name, shape in params.items()}
+    return runtime, dataclasses.replace(plan, anchor=anchor, fisher=fisher if method == "ewc" else {})
+
+
+def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher():
+    runtime, plan = second_task_plan("ewc")
+    worker = runtime.worker(0, "c0")
+    half = EwcTrainer()
+    half.load(worker, plan)
+    model = worker.model
+    w0 = model.pristine()
+    centre = {n: w0[n] + plan.anchor[n] for n in plan.fisher}
+    expected = ewc_penalty(model.dense_params(), centre, plan.fisher, strength=2.0)
+    got = half.regulariser(worker, plan, {}, torch.zeros(1))
+    assert got is not None and torch.allclose(got, expected) and got.item() > 0
+    half.load(worker, dataclasses.replace(plan, fisher={}))
+    assert half.regulariser(worker, plan, {}, torch.zeros(1)) is None  # the first task: no penalty
+
+
+def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_plans_head():
+    runtime, plan = second_task_plan("lwf")
+    worker = runtime.worker(0, "c0")
+    half = LwfTrainer()
+    half.load(worker, plan)
+    teacher = copy.deepcopy(worker.model)
+    load_dense(teacher, plan.anchor)
+    teacher.eval()
+    lo = plan.class_range[0]
+    assert lo > 0 and torch.equal(half.teacher.head.weight, plan.head_weight.to(half.teacher.head.weight.dtype))
+    inputs, _ = worker.train.batch(worker.shards[1][:4], worker.device)
+    student = worker.model(inputs)[0]
+    with torch.no_grad():
+        target = teacher(inputs)[0][:, :lo]
+    got = half.regulariser(worker, plan, inputs, student)
+    assert got is not None and torch.allclose(got, 0.5 * distillation(student[:, :lo], target, 2.0))
+    for name, p in half.teacher.dense_params().items():  # W0 + anchor, not the step's W0 + delta
+        assert torch.equal(p, worker.model.pristine()[name] + plan.anchor[name])
+    half.load(worker, dataclasses.replace(plan, anchor={}))
+    assert half.regulariser(worker, plan, inputs, student) is None
