@@ -57,6 +57,9 @@ def dense_delta(client: Client, plan: RoundPlan) -> dict[str, Tensor]:
     return out
 
 
+FLUSH_EVERY = 64  # squared-gradient terms summed in float32 before they join the float64 Fisher
+
+
 def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
     """Diagonal Fisher of the ACE model ``p(y|x)`` (the task's classes) at the trained weights.
 
@@ -78,12 +81,31 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
     for p in tensors:
         p.requires_grad_(True)
     out = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in params.items()}
+    # Squared gradients are summed in the parameters' dtype on their device, FLUSH_EVERY terms at a
+    # time, then into the float64 result: the float64 conversion of every parameter per sample cost
+    # twice the sample's forward and backward (measured on MiniLM, 1 thread: 168 ms against 80 ms;
+    # an in-place multiply-add, 11 ms). A chunk's float32 sum is off by at most about
+    # FLUSH_EVERY * eps relatively; the merges divide by Fisher sums, so that much is immaterial.
+    chunk = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+    pending = 0
+
+    def flush() -> None:
+        nonlocal pending
+        if pending:
+            for name, c in chunk.items():
+                out[name] += c.detach().cpu().double()
+                c.zero_()
+            pending = 0
 
     def add(scalar: Tensor, weight: float, retain: bool = False) -> None:
+        nonlocal pending
         grads = torch.autograd.grad(scalar, tensors, allow_unused=True, retain_graph=retain)
         for name, g in zip(names, grads):
             if g is not None:
-                out[name] += g.detach().cpu().double() ** 2 * weight
+                chunk[name].addcmul_(g.detach(), g.detach(), value=weight)
+        pending += 1
+        if pending == FLUSH_EVERY:
+            flush()
 
     estimator = client.config.fisher
     generator = torch.Generator().manual_seed(seed ^ 0xF15E)
@@ -107,6 +129,7 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
             probs = log_p[0].detach().exp().tolist()
             for y, p_y in enumerate(probs):
                 add(log_p[0, y], p_y, retain=y + 1 < len(probs))
+    flush()
     for p in tensors:
         p.requires_grad_(False)
     scale = 1.0 if estimator == "reference" else 1.0 / max(shard.numel(), 1)
