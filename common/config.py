@@ -74,7 +74,7 @@ class RunConfig:
     gram_padding: bool = False  # text: count padding tokens' rows in the backbone Grams (the reference pads
     #                             the whole split to its longest utterance and counts every row)
     train_dropout: bool = True  # the backbone's dropout during local training (the reference trains in train mode)
-    fisher: str = "sampled"  # FisherAvg's diagonal Fisher estimator, one of FISHER_ESTIMATORS
+    fisher: str = "sampled"  # the diagonal Fisher estimator of FisherAvg and EWC, one of FISHER_ESTIMATORS
     # --- execution
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     threads: int = 0  # torch intra-op threads per process (0 -> torch's default)

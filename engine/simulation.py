@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="METHOD",
         default="",
         help="print a method's halves and typed settings (defaults, help), or a settings "
-        "section's (data, model), and exit",
+        "section's (data, model, robust), and exit",
     )
     parser.add_argument(
         "--no-progress",
