@@ -128,11 +128,15 @@ class Verdict:
     refused: str = ""  # why the update was dropped ("" when it was folded)
     clipped: dict[str, float] = field(default_factory=dict)  # tensor name -> the scale applied (< 1)
     cosine: float = float("nan")  # its change against the other clients' summed change
+    ratio: float = 0.0  # its largest measure over the step's median, across its tensors (what kappa bounds)
     severity: float = 0.0  # how far past its bound a refused update is (the worst are refused first)
     spared: bool = False  # over a bound, but kept: refusing it would have left no honest majority
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"cosine": None if math.isnan(self.cosine) else round(self.cosine, 4)}
+        out: dict[str, Any] = {
+            "cosine": None if math.isnan(self.cosine) else round(self.cosine, 4),
+            "ratio": float(f"{self.ratio:.4g}"),
+        }
         if self.refused:
             out["refused"] = self.refused
         if self.spared:
@@ -189,6 +193,16 @@ class Screen:
             norm = float(rest.norm())
             if norm > 0.0:
                 cosines.append(float((unit * rest).sum()) / norm)
+        over: list[tuple[float, str, float, float]] = []  # (value / bound, name, value, bound)
+        for name in sorted(tensors):
+            if name not in self.values or i not in self.values[name]:
+                continue
+            median = self._median(name)
+            value, bound = self.values[name][i], kappa * median
+            if median > 0.0:
+                verdict.ratio = max(verdict.ratio, value / median)
+            if value > bound > 0.0:
+                over.append((value / bound, name, value, bound))
         if cosines:  # the median over tensors: a layer or the head alone does not decide
             verdict.cosine = statistics.median(cosines)
             if verdict.cosine < self.settings.min_cosine:
@@ -198,21 +212,15 @@ class Screen:
                     f"< robust.min_cosine {self.settings.min_cosine})"
                 )
                 return verdict
-        for name in sorted(tensors):
-            if name not in self.values or i not in self.values[name]:
-                continue
-            value, bound = self.values[name][i], kappa * self._median(name)
-            if not value > bound or bound <= 0.0:
-                continue
-            if self.settings.action == "refuse":
-                role = tensor_role(name, tensors[name])
-                verdict.severity = math.log(value / bound)
-                verdict.refused = (
-                    f"{name}: its {role} measure {value:.4g} exceeds robust.kappa {kappa:g} x the step's median "
-                    f"({bound:.4g})"
-                )
-                return verdict
-            verdict.clipped[name] = bound / value
+        if over and self.settings.action == "refuse":
+            excess, name, value, bound = max(over)
+            verdict.severity = math.log(excess)
+            verdict.refused = (
+                f"{name}: its {tensor_role(name, tensors[name])} measure {value:.4g} exceeds robust.kappa {kappa:g} "
+                f"x the step's median ({bound:.4g})"
+            )
+            return verdict
+        verdict.clipped = {name: bound / value for _, name, value, bound in over}
         return verdict
 
     def apply(self, update: ClientUpdate, verdict: Verdict) -> ClientUpdate:
