@@ -332,3 +332,29 @@ def test_a_distributed_cell_gives_the_inprocess_result(tmp_path):
     assert (m["correct"], m["total"]) == (reference.matrix.correct, reference.matrix.total)
     assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in reference.history)
     assert "lorm" in read_csv(out / "results.csv")
+
+
+def test_the_papers_per_method_settings_make_each_cell_one_command():
+    """bench/paper/<dataset>.json: the appendix's hyperparameters of the competitors this project has,
+    read by lorm-bench --method-config over the preset paper-<dataset>-b<beta>."""
+    from pathlib import Path
+
+    from common.presets import PRESETS
+
+    root = Path(__file__).resolve().parents[2] / "bench" / "paper"
+    datasets = {name.split("-b")[0].removeprefix("paper-") for name in PRESETS if name.startswith("paper-")}
+    assert {p.stem for p in root.glob("*.json")} == datasets
+    grid = json.loads((root / "imagenet-r.json").read_text())
+    base = RunConfig.from_dict(PRESETS["paper-imagenet-r-b0.05"])
+    lwf = bench.cell_config(base, "lwf", 0.05, 0, grid)
+    assert (lwf.lr, lwf.lora_lr, lwf.strategy) == (3e-5, 3e-5, "lwf")  # the appendix's ImageNet-R table
+    regmean = bench.cell_config(base, "regmean", 0.05, 0, grid)
+    assert (regmean.lr, regmean.gamma_backbone, regmean.gamma_head) == (1e-5, 0.1, 0.1)
+    ewc = bench.cell_config(
+        RunConfig.from_dict(PRESETS["paper-cifar100-b0.5"]),
+        "ewc",
+        0.5,
+        0,
+        json.loads((root / "cifar100.json").read_text()),
+    )
+    assert (ewc.lr, ewc.fisher) == (1e-5, "reference")  # the paper's code's Fisher estimator
