@@ -11,6 +11,11 @@ term to each batch's loss, from what the plan hands out:
   ``[0, lo)``, where ``t`` are the logits of the previous task's global model
   (``W0 + plan.anchor``, with the plan's head: its old rows are the teacher's, as ACE never
   trains them) and ``s`` the model's being trained (empty ``anchor``, first task: no term).
+  The paper's public code slices both models' logits to the *current* task's classes before
+  distilling (``lwf.py``: the teacher's ``[cur_offset : cur_offset + cpt]``, then ``[:, :cur_offset
+  + cpt]`` of that), so it distils the old model's outputs on the new classes; this follows the
+  original LwF, on the old classes. Softening by ``p^(1/T)`` renormalised, as that code does, is
+  ``softmax(z / T)``: the same target.
 """
 
 from __future__ import annotations
