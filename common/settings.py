@@ -132,6 +132,9 @@ class RobustSettings(Settings):
     min_cosine: float = setting(
         -0.2, "drop an update whose change points away from the other clients' sum (cosine below this)"
     )
+    relative_cosine: float = setting(
+        0.5, "drop an update whose cosine is below this fraction of the step's median client's (when that is > 0)"
+    )
     min_clients: int = setting(3, "screen only steps with at least this many updates (a median needs a few)")
 
     def __post_init__(self) -> None:
@@ -141,6 +144,8 @@ class RobustSettings(Settings):
             raise ValueError(f"setting robust.action must be one of {list(ROBUST_ACTIONS)}, got {self.action!r}")
         if not -1.0 <= self.min_cosine <= 1.0:
             raise ValueError(f"setting robust.min_cosine must lie in [-1, 1], got {self.min_cosine}")
+        if not 0.0 <= self.relative_cosine < 1.0:
+            raise ValueError(f"setting robust.relative_cosine must lie in [0, 1), got {self.relative_cosine}")
         if self.min_clients < 3:
             raise ValueError(f"setting robust.min_clients must be at least 3, got {self.min_clients}")
 

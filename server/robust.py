@@ -19,8 +19,9 @@ send finite, well-formed statistics that move a closed-form merge as far as it l
    other clients' changes scaled to unit length (so that one huge change cannot drag the reference
    away from the honest majority); the client's score is the median over its tensors (so that the
    head, whose rows differ by the classes a client holds, does not decide alone). Below
-   ``min_cosine`` the update is dropped: a sign-flipped factor has the norm of an honest one, and
-   only its direction gives it away.
+   ``min_cosine``, or below ``relative_cosine`` x the step's median score, the update is dropped:
+   a sign-flipped factor has the norm of an honest one, and only its direction gives it away; an
+   update trained on wrong labels points the right way, but much less so than the others.
 
 Every merge here weighs clients by their own statistics (``sum_i B_i A G_i A^T`` against
 ``sum_i A G_i A^T``), so clipping a client's Gram lowers its weight in numerator and denominator
@@ -241,6 +242,27 @@ class Screen:
         return with_tensors(update, tensors)
 
 
+def relative_to_median(settings: RobustSettings, verdicts: dict[int, Verdict]) -> None:
+    """Refuse each update whose cosine is below ``relative_cosine`` x the step's median cosine (when
+    that median is positive): an update trained on wrong labels keeps an honest norm and a positive
+    cosine, but agrees with the others far less than the typical client does."""
+    cosines = [v.cosine for v in verdicts.values() if not math.isnan(v.cosine)]
+    if not cosines or settings.relative_cosine <= 0.0:
+        return
+    median = statistics.median(cosines)
+    floor = settings.relative_cosine * median
+    if median <= 0.0:
+        return
+    for verdict in verdicts.values():
+        if not verdict.refused and verdict.cosine < floor:
+            verdict.severity = (floor - verdict.cosine) / median
+            verdict.clipped = {}
+            verdict.refused = (
+                f"its change agrees with the other clients' far less than the step's median client's (cosine "
+                f"{verdict.cosine:.3f} < robust.relative_cosine {settings.relative_cosine:g} x {median:.3f})"
+            )
+
+
 def screen_and_fold(
     settings: RobustSettings,
     plan: RoundPlan,
@@ -259,6 +281,7 @@ def screen_and_fold(
     for i in indices:
         screen.observe(load(i))
     verdicts = {i: screen.judge(load(i)) for i in indices}
+    relative_to_median(settings, verdicts)
     # The medians assume an honest majority: never drop more than a minority, the worst first.
     most = (len(indices) - 1) // 2
     worst = sorted((i for i in indices if verdicts[i].refused), key=lambda i: (-verdicts[i].severity, i))

@@ -81,6 +81,7 @@ def test_off_by_default_and_its_settings_are_checked():
         ({"action": "drop"}, "robust.action"),
         ({"min_cosine": 2.0}, "robust.min_cosine"),
         ({"min_clients": 2}, "robust.min_clients"),
+        ({"relative_cosine": 1.0}, "robust.relative_cosine"),
     ):
         with pytest.raises(ValueError, match=words):
             RobustSettings.parse(bad)
@@ -149,6 +150,24 @@ def test_a_sign_flipped_factor_is_refused_for_its_direction():
     assert report["refused"] == [5] and aggregator.count == CLIENTS - 1
     assert "points away from the other clients'" in report["clients"]["5"]["refused"]
     assert report["clients"]["5"]["cosine"] < -0.5
+
+
+def test_an_update_that_agrees_far_less_than_the_median_client_is_refused():
+    """Trained on wrong labels: an honest norm and a positive cosine, but much lower than the others'."""
+    plan, strategy = b_round()
+    updates = [honest(plan, i) for i in range(CLIENTS)]
+    suspect = honest(plan, 6, noise=30.0)  # its factors: mostly its own direction...
+    g = torch.Generator().manual_seed(66)
+    suspect.head_weight = suspect.head_weight + 3.0 * torch.randn(suspect.head_weight.shape, generator=g)
+    suspect.head_bias = suspect.head_bias + 0.1 * torch.randn(suspect.head_bias.shape, generator=g)  # ...and its head
+    updates[6] = suspect
+    report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
+    cosine = {int(i): v["cosine"] for i, v in report["clients"].items()}
+    median = sorted(cosine.values())[CLIENTS // 2]
+    assert 0.0 < cosine[6] < 0.5 * median  # positive: the absolute min_cosine alone lets it through
+    assert report["refused"] == [6] and "far less than the step's median client's" in report["clients"]["6"]["refused"]
+    report, _ = screened(RobustSettings(enabled=True, relative_cosine=0.0), updates, plan, strategy)
+    assert report["refused"] == []
 
 
 def test_never_more_than_a_minority_is_refused_the_worst_first():
