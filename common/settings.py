@@ -126,7 +126,7 @@ class RobustSettings(Settings):
     section: ClassVar[str] = "robust"
     enabled: bool = setting(False, "screen every step's updates before any is folded (folding waits for the step)")
     kappa: float = setting(
-        4.0, "bound: a client's per-sample Gram trace, class-sum norm or change norm at most kappa x the step's median"
+        2.0, "bound: a client's per-sample Gram trace, class-sum norm or change norm at most kappa x the step's median"
     )
     action: str = setting("clip", "over the bound: 'clip' scales the tensor down to it, 'refuse' drops the update")
     min_cosine: float = setting(

@@ -135,7 +135,7 @@ def test_a_scaled_factor_is_clipped_around_where_the_step_started_it_or_refused(
     )
     report, aggregator = screened(RobustSettings(enabled=True, action="refuse"), updates, plan, strategy)
     assert report["refused"] == [2] and aggregator.count == CLIENTS - 1
-    assert "exceeds robust.kappa 4 x the step's median" in report["clients"]["2"]["refused"]
+    assert "exceeds robust.kappa 2 x the step's median" in report["clients"]["2"]["refused"]
 
 
 def test_a_sign_flipped_factor_is_refused_for_its_direction():
