@@ -59,6 +59,7 @@ from common.tensors import (
     HEAD_WEIGHT,
     STAT,
     parse_tensor_name,
+    tensor_name,
     update_tensors,
     with_tensors,
 )
@@ -90,8 +91,8 @@ def plan_starts(plan: RoundPlan) -> dict[str, Tensor]:
     ``delta`` is a change already; factors a plan does not hand out start at zero)."""
     starts: dict[str, Tensor] = {}
     for layer, low_rank in plan.lora.items():
-        starts[f"{FACTOR}/{layer}/B"] = low_rank.b
-        starts[f"{FACTOR}/{layer}/A"] = low_rank.a
+        starts[tensor_name(FACTOR, layer, "B")] = low_rank.b
+        starts[tensor_name(FACTOR, layer, "A")] = low_rank.a
     if plan.head_weight is not None:
         starts[HEAD_WEIGHT] = plan.head_weight
     if plan.head_bias is not None:
