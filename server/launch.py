@@ -1,6 +1,8 @@
 """``lorm-launch``: one coordinator and N clients as separate OS processes on loopback.
 
-Starts ``lorm-server`` on a free port, then ``num_clients`` ``lorm-client`` processes, prints
+Writes the run's model spec with ``lorm-spec`` (so the coordinator, started with ``--model-spec``,
+holds every client's Describe to it), starts ``lorm-server`` on a free port, then ``num_clients``
+``lorm-client`` processes, prints
 their output with a prefix per process, and waits for the run to finish. Connections are
 mutual TLS with a development CA made for the run (``<run dir>/tls``, ``server/certs.py``);
 ``--insecure`` runs them in plaintext instead.
@@ -22,6 +24,7 @@ from server.certs import create_dev_pki
 
 SERVER = [sys.executable, "-m", "server.main"]
 CLIENT = [sys.executable, "-m", "client.main"]
+SPEC = [sys.executable, "-m", "client.spec"]
 
 
 def _pump(prefix: str, stream, sink) -> None:
@@ -67,6 +70,18 @@ def launch(
         "PYTHONUNBUFFERED": "1",
     }
     server_security, client_security = _security_args(state_dir.parent, num_clients, insecure)
+    extra = list(extra_server_args or [])
+    if "--model-spec" not in extra:
+        # The model is the launcher's, not the first client's: lorm-spec writes what every client of
+        # this configuration describes, and the coordinator holds each Describe to it.
+        spec_path = state_dir.parent / "spec.json"
+        made = subprocess.run(
+            SPEC + ["--config", str(config_path), "--out", str(spec_path)], env=env, capture_output=True, text=True
+        )
+        if made.returncode != 0:
+            print(f"lorm-launch: lorm-spec failed ({made.returncode}):\n{made.stderr[-3000:]}", file=sys.stderr)
+            return made.returncode
+        extra += ["--model-spec", str(spec_path)]
     port_file = state_dir.parent / "port"
     port_file.unlink(missing_ok=True)
     server = _spawn(
@@ -84,7 +99,7 @@ def launch(
             str(port_file),
         ]
         + server_security
-        + (extra_server_args or []),
+        + extra,
         "",
         env,
         False,

@@ -116,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             "no --model-spec: the first client's Describe fixes the model, within the caps (lorm-spec writes "
             "the file that lets no client choose it)"
         )
+    else:
+        log.info(
+            "model fixed by --model-spec %s: %d LoRA layers, %d classes; every Describe must equal it",
+            args.model_spec,
+            len(fixed.layers),
+            fixed.num_classes,
+        )
     options = Options(
         quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir, model_spec=fixed
     )

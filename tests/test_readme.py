@@ -39,6 +39,8 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     assert "max_length 0: 16 tokens" in first[0] and "6 classes in 3 tasks of 2 classes each" in first[1], first
     assert "FAA (mean over tasks, paper)" in sim and "task 0 round 3 task Gram (statistics only" in sim
     assert "6 classes in 3 tasks of 2 classes each" in grpc and "FAA (mean over tasks, paper)" in grpc
+    assert "model fixed by --model-spec" in grpc  # lorm-launch wrote the spec: no client chooses the model
+    assert json.loads((tmp_path / "runs/own-text-grpc/spec.json").read_text())["num_classes"] == 6
     for run_dir in ("runs/own-text", "runs/own-text-grpc/results"):
         metrics = json.loads((tmp_path / run_dir / "metrics.json").read_text())
         assert metrics["config"]["dataset"] == "textfile" and metrics["config"]["backbone"] == "minilm"
