@@ -14,9 +14,10 @@ the federated setting). What they add lives in the loss on the clients
   (the ``reference`` estimator sums over samples: divided by the samples of all clients, as the
   paper's code does).
 
-Nothing else crosses the wire; the plans are larger (the anchor, and for EWC the Fisher, are
-one more copy of the backbone each) and their bytes are counted with the updates' in the
-benchmark tables.
+Nothing else crosses the wire. What clients send is FedAvg's (plus EWC's Fisher once per task),
+and that is what the benchmark's "sent per client" counts; the plans they receive are larger
+than FedAvg's by one copy of the backbone (the anchor), two for EWC (and the Fisher), from the
+second task on.
 """
 
 from __future__ import annotations
