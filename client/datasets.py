@@ -26,6 +26,12 @@ from client.images import ImageTransforms, image_size, image_transforms, is_imag
 from common.config import RunConfig
 from common.settings import DataSettings
 
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read as configured (a missing setting, a malformed file, classes that
+    do not fit): the command-line programs print its message, without a traceback."""
+
+
 HOLDOUT_SEED = 0  # fixed, not config.seed: the train/test split must not change with the run seed
 HOLDOUT_TEST_FRACTION = 0.2  # ImageNet-R, ImageNet-A and EuroSAT: 80/20 per class
 
@@ -42,9 +48,9 @@ class Splits:
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "image"):
-            raise ValueError(f"Splits.kind must be 'text' or 'image', got {self.kind!r}")
+            raise DatasetError(f"Splits.kind must be 'text' or 'image', got {self.kind!r}")
         if (self.kind == "image") != (self.transforms is not None):
-            raise ValueError("image splits need transforms, and text splits take none")
+            raise DatasetError("image splits need transforms, and text splits take none")
 
     @property
     def num_classes(self) -> int:
@@ -53,7 +59,9 @@ class Splits:
     def reordered(self, names: list[str]) -> "Splits":
         """The same samples with class ids renumbered so that class ``names[i]`` is id ``i``."""
         if sorted(names) != sorted(self.class_names):
-            raise ValueError(f"reordering needs the same class names, got {names[:5]}... for {self.class_names[:5]}...")
+            raise DatasetError(
+                f"reordering needs the same class names, got {names[:5]}... for {self.class_names[:5]}..."
+            )
         new_id = np.array([names.index(name) for name in self.class_names], dtype=np.int64)
         return dataclasses.replace(
             self, train_y=new_id[self.train_y], test_y=new_id[self.test_y], class_names=list(names)
@@ -63,7 +71,7 @@ class Splits:
         """The first ``num_classes`` classes, at most ``*_per_class`` samples of each (0: no cap)."""
         keep = num_classes or self.num_classes
         if keep > self.num_classes:
-            raise ValueError(f"asked for {keep} classes, the dataset has {self.num_classes}")
+            raise DatasetError(f"asked for {keep} classes, the dataset has {self.num_classes}")
 
         def pick(y: np.ndarray, cap: int) -> np.ndarray:
             idx = [np.flatnonzero(y == c)[: cap or None] for c in range(keep)]
@@ -119,7 +127,7 @@ def _resolve(config: RunConfig, key: str) -> Path:
     is there, else under ``data_dir(config)``. A path found nowhere is named with every place tried."""
     value = getattr(config.section(DataSettings), key)
     if not value:
-        raise ValueError(f"dataset {config.dataset!r} needs the setting data.{key} (--set data.{key}=...)")
+        raise DatasetError(f"dataset {config.dataset!r} needs the setting data.{key} (--set data.{key}=...)")
     path = Path(value).expanduser()
     if path.is_absolute() or path.exists():
         return path
@@ -137,7 +145,7 @@ def _class_index(names: list[str], where: str) -> dict[str, int]:
     index = {name: i for i, name in enumerate(names)}
     if len(index) != len(names):
         repeated = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"{where}: class names repeat: {repeated[:5]}")
+        raise DatasetError(f"{where}: class names repeat: {repeated[:5]}")
     return index
 
 
@@ -145,7 +153,7 @@ def _lookup(labels: Iterable[str], index: dict[str, int], where: str) -> np.ndar
     labels = list(labels)
     unknown = sorted({label for label in labels if label not in index}, key=str)
     if unknown:
-        raise ValueError(
+        raise DatasetError(
             f"{where}: unknown labels {unknown[:5]} (not among the {len(index)} classes, e.g. {list(index)[:5]})"
         )
     return np.array([index[label] for label in labels], dtype=np.int64)
@@ -282,7 +290,7 @@ def clinc150(config: RunConfig) -> Splits:
     elif config.class_order == "alphabetical":
         names = sorted({intent for _, intent in data["train"]})
     else:
-        raise ValueError(
+        raise DatasetError(
             f"CLINC150 takes class_order 'alphabetical' (the paper's) or 'domains', got {config.class_order!r}"
         )
     index = {name: i for i, name in enumerate(names)}
@@ -291,7 +299,7 @@ def clinc150(config: RunConfig) -> Splits:
         unknown = sorted({intent for _, intent in rows if intent not in index})
         if unknown:
             source = "domains.json" if config.class_order == "domains" else "the training split"
-            raise ValueError(f"CLINC150 {what}: intents not in {source}: {unknown[:5]}")
+            raise DatasetError(f"CLINC150 {what}: intents not in {source}: {unknown[:5]}")
         return [text for text, _ in rows], np.array([index[intent] for _, intent in rows], dtype=np.int64)
 
     train_x, train_y = split(data["train"], "train")
@@ -305,11 +313,11 @@ LABEL_NAMES = ("label", "intent", "category")  # the label's column (CSV) or key
 def _label_name(found: list[str], chosen: str, where: str) -> str:
     if chosen:
         if chosen not in found:
-            raise ValueError(f"{where}: the setting data.label_column = {chosen!r} is not among {found}")
+            raise DatasetError(f"{where}: the setting data.label_column = {chosen!r} is not among {found}")
         return chosen
     name = next((n for n in LABEL_NAMES if n in found), None)
     if name is None:
-        raise ValueError(
+        raise DatasetError(
             f"{where}: no label column: expected one of {list(LABEL_NAMES)} (or set data.label_column), got {found}"
         )
     return name
@@ -334,7 +342,7 @@ def _text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
             reader = csv.DictReader(f, dialect=dialect)
             fields = [str(n) for n in reader.fieldnames or ()]
             if "text" not in fields:
-                raise ValueError(f"{path}: a CSV file needs a text column, got {fields}")
+                raise DatasetError(f"{path}: a CSV file needs a text column, got {fields}")
             label = _label_name(fields, label_column, str(path))
             return [(row["text"], str(row[label])) for row in reader]
     if suffix in (".jsonl", ".ndjson"):
@@ -347,11 +355,11 @@ def _text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
                 label = _label_name(list(item), label_column, f"{path} line {number}")
                 rows.append((str(item["text"]), str(item[label])))
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise ValueError(
+                raise DatasetError(
                     f"{path} line {number}: expected a JSON object with text and label, got {line[:80]!r}"
                 ) from exc
         return rows
-    raise ValueError(f'{path}: expected a .csv (columns text,label) or .jsonl file ({{"text": .., "label": ..}})')
+    raise DatasetError(f'{path}: expected a .csv (columns text,label) or .jsonl file ({{"text": .., "label": ..}})')
 
 
 def textfile(config: RunConfig) -> Splits:
@@ -396,14 +404,14 @@ def cifar100(config: RunConfig) -> Splits:
         path = _need_file(folder / f"{split}.bin", f"the CIFAR-100 binary {split} records", hint)
         raw = np.fromfile(path, dtype=np.uint8)
         if raw.size == 0 or raw.size % 3074:
-            raise ValueError(
+            raise DatasetError(
                 f"{path}: {raw.size} bytes is not a whole number of 3074-byte records "
                 "(coarse label, fine label, 3072 pixel bytes)"
             )
         records = raw.reshape(-1, 3074)
         labels = records[:, 1].astype(np.int64)
         if labels.max() >= 100:
-            raise ValueError(
+            raise DatasetError(
                 f"{path}: unknown fine labels {sorted(set(labels[labels >= 100].tolist()))[:5]} (CIFAR-100 has 0..99)"
             )
         pixels = np.ascontiguousarray(records[:, 2:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
@@ -414,7 +422,7 @@ def cifar100(config: RunConfig) -> Splits:
     if names_file.is_file():
         names = [line.strip() for line in names_file.read_text().splitlines() if line.strip()]
         if len(names) != 100:
-            raise ValueError(f"{names_file}: expected 100 class names, one a line, got {len(names)}")
+            raise DatasetError(f"{names_file}: expected 100 class names, one a line, got {len(names)}")
     return _images(config, "cifar100", read("train"), read("test"), names)
 
 
@@ -515,7 +523,7 @@ def cub200(config: RunConfig) -> Splits:
     ids = list(images)
     missing = [i for i in ids if i not in labels or i not in is_train]
     if missing:
-        raise ValueError(f"{folder}: image ids {missing[:5]} have no class or no train/test flag")
+        raise DatasetError(f"{folder}: image ids {missing[:5]} have no class or no train/test flag")
     y = _lookup((labels[i] for i in ids), index, str(folder / "image_class_labels.txt"))
     train = np.array([is_train[i] == "1" for i in ids])
     paths = np.array([str(image_dir / images[i]) for i in ids], dtype=object)
@@ -562,19 +570,19 @@ DATASETS: dict[str, Callable[[RunConfig], Splits]] = {
 def load_dataset(config: RunConfig) -> Splits:
     """The configured dataset, cut to ``num_classes`` / ``*_per_class``; every class must have training samples."""
     if config.dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {config.dataset!r}; known: {sorted(DATASETS)}")
+        raise DatasetError(f"unknown dataset {config.dataset!r}; known: {sorted(DATASETS)}")
     splits = DATASETS[config.dataset](config)
     if config.class_order == "alphabetical" and splits.class_names != sorted(splits.class_names):
         splits = splits.reordered(sorted(splits.class_names))
     elif config.class_order == "domains" and config.dataset != "clinc150":
-        raise ValueError(
+        raise DatasetError(
             f"class_order 'domains' is CLINC150's; dataset {config.dataset!r} takes 'natural' or 'alphabetical'"
         )
     splits = splits.limited(config.num_classes, config.train_per_class, config.test_per_class)
     counts = np.bincount(splits.train_y, minlength=splits.num_classes)
     empty = [splits.class_names[c] for c in np.flatnonzero(counts == 0)]
     if empty:
-        raise ValueError(
+        raise DatasetError(
             f"dataset {config.dataset!r}: classes without training samples: {empty[:5]} "
             f"({len(empty)} of {splits.num_classes}); every class needs at least one"
         )

@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 
+from client.datasets import DatasetError
 from client.runtime import build_runtime
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
@@ -103,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     config, index = client.join(args.index)
     set_context(run=config.run_id)
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
-    runtime = build_runtime(config)
+    try:
+        runtime = build_runtime(config)
+    except (DatasetError, FileNotFoundError) as err:  # this client's data as configured: say what, and stop
+        log.error("cannot load this client's data: %s", err)
+        client.close()
+        return 2
     worker = runtime.worker(index, args.client_id)
     metrics.watch_device(runtime.device)
     client.describe(runtime.spec)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from client.datasets import DatasetError
 from client.runtime import build_runtime
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
@@ -194,9 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
-    result = run_inprocess(
-        config, log=lambda s: print(s, flush=True), results_dir=args.results_dir or None, progress=not args.no_progress
-    )
+    try:
+        result = run_inprocess(
+            config,
+            log=lambda s: print(s, flush=True),
+            results_dir=args.results_dir or None,
+            progress=not args.no_progress,
+        )
+    except (DatasetError, FileNotFoundError) as err:  # the data as configured: say what, not where in the code
+        print(f"lorm-sim: error: {err}", file=sys.stderr)
+        return 2
     print(format_summary(result.summary()))
     return 0
 

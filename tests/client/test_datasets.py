@@ -445,3 +445,15 @@ def test_max_length_zero_keeps_what_99_percent_of_the_training_samples_need(tmp_
     assert runtime.config.max_length == -(-p99 // 8) * 8 == 48  # 41 tokens at the 99th percentile, up to 48
     assert runtime.train.inputs["input_ids"].shape[1] == 48
     assert any("max_length 0: 48 tokens" in r.getMessage() for r in caplog.records)
+
+
+def test_lorm_sim_says_what_is_wrong_with_the_data_without_a_traceback(tmp_path, capsys):
+    from engine.simulation import main
+
+    assert main(["--preset", "text", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lorm-sim: error: dataset 'textfile' needs the setting data.train_file")
+    assert "Traceback" not in err
+    missing = str(tmp_path / "nowhere.csv")
+    assert main(["--preset", "text", "--no-progress", "--set", f"data.train_file={missing}"]) == 2
+    assert "nowhere.csv" in capsys.readouterr().err  # the file it looked for
