@@ -14,7 +14,6 @@ worker whose updates (or labels) are tampered with, as a poisoning client would.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
@@ -23,8 +22,7 @@ from torch import Tensor
 from client.worker import ClientWorker
 from common.messages import ClientUpdate, EvalReport, RoundPlan
 from common.tensors import update_tensors, with_tensors
-from server.robust import CHANGE, SECOND, change, plan_starts, tensor_role
-from common.declared import GRAM_FACTOR
+from server.robust import CHANGE, SECOND, plan_starts, scaled, tensor_role
 
 ATTACKS = ("scale-factors", "scale-grams", "flip-sign", "flip-labels")
 FACTOR_SCALE, GRAM_SCALE = 1e4, 1e6
@@ -39,11 +37,9 @@ def tamper(kind: str, update: ClientUpdate, plan: RoundPlan) -> ClientUpdate:
     for name, t in tensors.items():
         role = tensor_role(name, t)
         if role == CHANGE and kind in ("scale-factors", "flip-sign"):
-            moved = change(name, t, starts)
-            factor = FACTOR_SCALE if kind == "scale-factors" else -1.0
-            tensors[name] = (t.to(torch.float64) + (factor - 1.0) * moved).to(t.dtype)
+            tensors[name] = scaled(name, t, starts, FACTOR_SCALE if kind == "scale-factors" else -1.0)
         elif role == SECOND and kind == "scale-grams":
-            tensors[name] = t * (math.sqrt(GRAM_SCALE) if name.endswith(GRAM_FACTOR) else GRAM_SCALE)
+            tensors[name] = scaled(name, t, starts, GRAM_SCALE)
     return with_tensors(update, tensors)
 
 

@@ -107,6 +107,18 @@ def change(name: str, tensor: Tensor, starts: dict[str, Tensor]) -> Tensor:
     return t - start.to(tensor.dtype).to(torch.float64) if start is not None and start.shape == tensor.shape else t
 
 
+def scaled(name: str, tensor: Tensor, starts: dict[str, Tensor], factor: float) -> Tensor:
+    """``tensor`` with its :func:`measure` times ``|factor|``: a change scaled around its start, a
+    Gram factor by ``sqrt(factor)`` (so that its Gram is times ``factor``), anything else times ``factor``."""
+    role = tensor_role(name, tensor)
+    if role == CHANGE:
+        moved = change(name, tensor, starts)
+        return (tensor.to(torch.float64) - moved + moved * factor).to(tensor.dtype)  # start + factor (t - start)
+    if role == SECOND and name.endswith(GRAM_FACTOR):
+        return tensor * math.sqrt(factor)
+    return tensor * factor
+
+
 def measure(role: str, name: str, tensor: Tensor, starts: dict[str, Tensor], samples: int) -> float:
     """The scalar the bound applies to (see the module's docstring)."""
     t = tensor.to(torch.float64)
@@ -158,10 +170,11 @@ class Screen:
         self.total: dict[str, Tensor] = {}  # tensor name -> sum of the clients' unit changes (float64)
         self.medians: dict[str, float] = {}
 
-    def changes(self, update: ClientUpdate) -> dict[str, Tensor]:
-        """The update's change per trained tensor (float64), scaled to unit norm (zero changes left out)."""
+    def changes(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """An update's change per trained tensor (float64), scaled to unit norm (zero changes left out),
+        from its flattened ``tensors`` (``update_tensors``)."""
         moved = {}
-        for name, t in update_tensors(update).items():
+        for name, t in tensors.items():
             if tensor_role(name, t) == CHANGE:
                 d = change(name, t, self.starts)
                 norm = float(d.norm())
@@ -170,13 +183,14 @@ class Screen:
         return moved
 
     def observe(self, update: ClientUpdate) -> None:
-        for name, tensor in update_tensors(update).items():
+        tensors = update_tensors(update)
+        for name, tensor in tensors.items():
             role = tensor_role(name, tensor)
             if role != COUNT:
                 self.values.setdefault(name, {})[update.client_index] = measure(
                     role, name, tensor, self.starts, update.num_samples
                 )
-        for name, unit in self.changes(update).items():  # unit directions: however large, one client counts once
+        for name, unit in self.changes(tensors).items():  # unit directions: however large, one client counts once
             self.total[name] = self.total[name] + unit if name in self.total else unit
 
     def _median(self, name: str) -> float:
@@ -190,7 +204,7 @@ class Screen:
         verdict = Verdict(i)
         tensors = update_tensors(update)
         cosines = []
-        for name, unit in self.changes(update).items():
+        for name, unit in self.changes(tensors).items():
             rest = self.total[name] - unit  # the other clients' unit directions of this tensor, summed
             norm = float(rest.norm())
             if norm > 0.0:
@@ -231,15 +245,7 @@ class Screen:
             return update
         tensors = update_tensors(update)
         for name, scale in verdict.clipped.items():
-            t = tensors[name]
-            role = tensor_role(name, t)
-            if role == CHANGE:
-                moved = change(name, t, self.starts)
-                tensors[name] = (t.to(torch.float64) - moved + moved * scale).to(t.dtype)  # start + c (t - start)
-            elif role == SECOND and name.endswith(GRAM_FACTOR):
-                tensors[name] = t * math.sqrt(scale)
-            else:
-                tensors[name] = t * scale
+            tensors[name] = scaled(name, tensors[name], self.starts, scale)
         return with_tensors(update, tensors)
 
 
