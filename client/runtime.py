@@ -37,8 +37,11 @@ class ClientRuntime:
         return ClientWorker(self.config, client_index, client_id, self.model, self.train, self.test, self.device)
 
 
-def sample_data(splits: Splits, model: ClassifierModel, max_length: int | None = None) -> tuple[SampleData, SampleData]:
-    """Text: both splits tokenised once, up front. Images: decoded and transformed per batch."""
+def sample_data(
+    splits: Splits, model: ClassifierModel, max_length: int | None = None, lengths: list[int] | None = None
+) -> tuple[SampleData, SampleData]:
+    """Text: both splits tokenised once, up front. Images: decoded and transformed per batch.
+    ``lengths``: the training samples' token counts, when already counted."""
     takes_pixels = "pixel_values" in inspect.signature(model.backbone.forward).parameters
     if (splits.kind == "image") != takes_pixels:
         raise ValueError(
@@ -50,7 +53,7 @@ def sample_data(splits: Splits, model: ClassifierModel, max_length: int | None =
         t = splits.transforms
         return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
     if max_length:
-        warn_truncation(model, splits.train_x, max_length)
+        warn_truncation(model, splits.train_x, max_length, lengths)
     encode = model.backbone.encode
     return EncodedData(encode(splits.train_x), train_y), EncodedData(encode(splits.test_x), test_y)
 
@@ -58,15 +61,21 @@ def sample_data(splits: Splits, model: ClassifierModel, max_length: int | None =
 PROBE_LENGTH = 512  # tokens the probe tokenizer keeps while it counts (BERT's and T5's usual limit)
 
 
-def chosen_max_length(config: RunConfig, splits: Splits) -> int:
+def percentile_99(lengths: list[int]) -> int:
+    """The token count that 99 % of the samples do not exceed (rounded up)."""
+    return int(np.ceil(np.percentile(lengths, 99)))
+
+
+def chosen_max_length(config: RunConfig, splits: Splits) -> tuple[int, list[int] | None]:
     """``max_length=0``: the 99th percentile of the training samples' token counts, rounded up to a
-    multiple of 8 and capped by the model (every client counts the same split: the same number)."""
+    multiple of 8 and capped by the model (every client counts the same split: the same number);
+    and those counts (``None``: not a text model)."""
     backbone = build_backbone(dataclasses.replace(config, max_length=PROBE_LENGTH))
     lengths = backbone.token_lengths(splits.train_x)
     if not lengths:
-        return PROBE_LENGTH  # not a text model: nothing reads it
+        return PROBE_LENGTH, None  # not a text model: nothing reads it
     cap = backbone.max_tokens()
-    chosen = min(cap, max(8, -(-int(np.ceil(np.percentile(lengths, 99))) // 8) * 8))
+    chosen = min(cap, max(8, -(-percentile_99(lengths) // 8) * 8))
     log.info(
         "max_length 0: %d tokens (the training samples' 99th percentile, rounded up to a multiple of 8; "
         "the longest has %d, the model takes %d)",
@@ -74,17 +83,20 @@ def chosen_max_length(config: RunConfig, splits: Splits) -> int:
         max(lengths),
         cap,
     )
-    return chosen
+    return chosen, lengths
 
 
-def warn_truncation(model: ClassifierModel, texts: list[Any], max_length: int) -> float:
-    """Warn (once per client) when ``max_length`` cuts training samples; returns the share cut."""
-    lengths = model.backbone.token_lengths(texts)
+def warn_truncation(
+    model: ClassifierModel, texts: list[Any], max_length: int, lengths: list[int] | None = None
+) -> float:
+    """Warn (once per client) when ``max_length`` cuts training samples; returns the share cut.
+    ``lengths``: the samples' token counts, when already counted (else the model's tokenizer counts)."""
+    lengths = lengths or model.backbone.token_lengths(texts)
     if not lengths:
         return 0.0
     cut = sum(n > max_length for n in lengths) / len(lengths)
     if cut > 0:
-        p99, longest = int(np.ceil(np.percentile(lengths, 99))), max(lengths)
+        p99, longest = percentile_99(lengths), max(lengths)
         # A max_length above the current one that keeps 99 % whole, or every sample when 99 % already are.
         fits, kept = (p99, "99 %") if p99 > max_length else (longest, "all")
         log.warning(
@@ -123,8 +135,10 @@ def build_runtime(config: RunConfig) -> ClientRuntime:
         torch.set_num_threads(config.threads)
     warn_random_backbone(config)
     splits = load_dataset(config)
+    lengths = None
     if config.max_length == 0:
-        config = dataclasses.replace(config, max_length=chosen_max_length(config, splits))
+        chosen, lengths = chosen_max_length(config, splits)
+        config = dataclasses.replace(config, max_length=chosen)
     model = build_model(config, splits.num_classes)
-    train, test = sample_data(splits, model, config.max_length)
+    train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
     return ClientRuntime(config, model, train, test, resolve_device(config.device))
