@@ -60,6 +60,20 @@ class Client(Protocol):
     def on_batch(self) -> Callable[[int, int], None] | None: ...  # (batches done, of total): progress
 
 
+def step_update(client: Client, plan: RoundPlan, **fields: Any) -> ClientUpdate:
+    """This client's update of ``plan``'s step: its identity, the step, its shard's sample count, and ``fields``."""
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=client.client_id,
+        client_index=client.index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=int(client.shards[plan.task].numel()),
+        **fields,
+    )
+
+
 def step_seed(seed: int, client_index: int, task: int, round_: int, phase: Phase) -> int:
     """A 63-bit seed unique to one client's step."""
     state = np.random.SeedSequence([seed, client_index, task, round_, PHASE_CODE[phase]]).generate_state(2)
@@ -120,17 +134,7 @@ class ClientMethod:
         client.model.to(client.device)
         self.load(client, plan)
         loss = self.train(client, plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
-        return ClientUpdate(
-            run_id=plan.run_id,
-            client_id=client.client_id,
-            client_index=client.index,
-            task=plan.task,
-            round=plan.round,
-            phase=plan.phase,
-            num_samples=int(shard.numel()),
-            train_loss=loss,
-            **self.outputs(client, plan, shard, seed),
-        )
+        return step_update(client, plan, train_loss=loss, **self.outputs(client, plan, shard, seed))
 
     def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
         """Train :meth:`trainable` and the head with :meth:`loss`; returns the last epoch's mean loss."""

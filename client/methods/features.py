@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from client.features import feature_logits, feature_stats
-from client.methods.base import Client, ClientMethod, load_lora, set_view
+from client.methods.base import Client, ClientMethod, load_lora, set_view, step_update
 from client.methods.lora import LoRATrainer
 from common.messages import ClientUpdate, Mode, RoundPlan
 
@@ -34,16 +34,7 @@ class FeatureStatistics(ClientMethod):
         stats = feature_stats(
             client.model, client.train, shard, client.config, client.device, plan.class_range, gram=plan.head_gram
         )
-        return ClientUpdate(
-            run_id=plan.run_id,
-            client_id=client.client_id,
-            client_index=client.index,
-            task=plan.task,
-            round=plan.round,
-            phase=plan.phase,
-            num_samples=int(shard.numel()),
-            stats=stats,
-        )
+        return step_update(client, plan, stats=stats)
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
         return feature_logits(client.model, inputs, plan, client.config)

@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import RunConfig
 from common.messages import ClientUpdate
-from common.tensors import HEAD_GRAM, update_from_tensors, update_tensors
+from common.tensors import HEAD_GRAM, update_tensors, with_tensors
 from common.tls import Security
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -352,17 +352,7 @@ def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
         update.num_samples = rng.choice(INTS)
         update.train_loss = rng.choice(FLOATS)
     tensors[name] = t
-    return update_from_tensors(
-        tensors,
-        run_id=update.run_id,
-        client_id=update.client_id,
-        client_index=update.client_index,
-        task=update.task,
-        round=update.round,
-        phase=update.phase,
-        num_samples=update.num_samples,
-        train_loss=update.train_loss,
-    )
+    return with_tensors(update, tensors)
 
 
 def assert_plausible(update: ClientUpdate, reference: ClientUpdate, where: str) -> None:
