@@ -77,6 +77,12 @@ def _coerce(key: str, kind: Any, value: Any) -> Any:
     raise ValueError(f"setting {key} expects {_type_name(kind)}, got {type(value).__name__} {value!r}")
 
 
+def _finite_number(key: str, value: float, low: float, strict: bool = False) -> None:
+    """``ValueError`` naming ``key`` unless ``value`` is finite and ``>= low`` (``> low`` when ``strict``)."""
+    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        raise ValueError(f"setting {key} must be a finite number {'>' if strict else '>='} {low:g}, got {value}")
+
+
 def _positive_int(key: str, value: int, zero: str) -> None:
     if value < 0:
         raise ValueError(f"setting {key} must be a non-negative integer ({zero}), got {value}")
@@ -138,8 +144,7 @@ class RobustSettings(Settings):
     min_clients: int = setting(3, "screen only steps with at least this many updates (a median needs a few)")
 
     def __post_init__(self) -> None:
-        if not (self.kappa >= 1.0 and math.isfinite(self.kappa)):
-            raise ValueError(f"setting robust.kappa must be a finite number >= 1, got {self.kappa}")
+        _finite_number("robust.kappa", self.kappa, 1.0)
         if self.action not in ROBUST_ACTIONS:
             raise ValueError(f"setting robust.action must be one of {list(ROBUST_ACTIONS)}, got {self.action!r}")
         if not -1.0 <= self.min_cosine <= 1.0:
@@ -221,8 +226,7 @@ class EwcSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        if not (self.strength >= 0 and math.isfinite(self.strength)):
-            raise ValueError(f"setting ewc.strength must be a finite number >= 0, got {self.strength}")
+        _finite_number("ewc.strength", self.strength, 0.0)
         if not 0.0 <= self.decay <= 1.0:
             raise ValueError(f"setting ewc.decay must lie in [0, 1], got {self.decay}")
 
@@ -236,10 +240,8 @@ class LwfSettings(Settings):
     temperature: float = setting(2.0, "softmax temperature of teacher and student on the old classes")
 
     def __post_init__(self) -> None:
-        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
-            raise ValueError(f"setting lwf.alpha must be a finite number >= 0, got {self.alpha}")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"setting lwf.temperature must be a finite number > 0, got {self.temperature}")
+        _finite_number("lwf.alpha", self.alpha, 0.0)
+        _finite_number("lwf.temperature", self.temperature, 0.0, strict=True)
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
