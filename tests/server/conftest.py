@@ -52,6 +52,20 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
 
 
+def plan_update(plan: RoundPlan, index: int, num_samples: int, **fields) -> ClientUpdate:
+    """Client ``index``'s update (id ``c<index>``) of ``plan``'s step, with ``num_samples`` and ``fields``."""
+    return ClientUpdate(
+        run_id=plan.run_id,
+        client_id=f"c{index}",
+        client_index=index,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=num_samples,
+        **fields,
+    )
+
+
 def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: int, seed: int) -> ClientUpdate:
     """A correct update of any strategy's step, built from what its aggregator expects."""
     g = torch.Generator().manual_seed(seed)

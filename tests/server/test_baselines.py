@@ -9,6 +9,7 @@ from common.merge import decay_gram, regmean
 from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
+from conftest import plan_update
 
 SPEC = ModelSpec(
     layers={"l1": (3, 4), "l2": (2, 3)},
@@ -38,14 +39,10 @@ def gram(g, d, full):
 def fake_update(plan, index, *, seed, spec=SPEC):
     g = torch.Generator().manual_seed(seed)
     f = spec.feature_dim
-    update = ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=N[index],
+    update = plan_update(
+        plan,
+        index,
+        N[index],
         delta={name: torch.randn(*shape, generator=g) for name, shape in spec.params.items()},
         head_weight=torch.randn(spec.num_classes, f, generator=g, dtype=torch.float64),
         head_bias=torch.randn(spec.num_classes, generator=g, dtype=torch.float64),

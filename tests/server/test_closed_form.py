@@ -12,10 +12,11 @@ from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.merge import GramSum, gram_factor
-from common.messages import ClientUpdate, Phase
+from common.messages import Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
+from conftest import plan_update
 
 TINY = dict(
     num_clients=3,
@@ -162,14 +163,10 @@ def stats_update(plan, dim, index, seed):
         "holdout_class_count": one_hot[held].sum(0),
         "holdout_gram_factor": gram_factor(x[held]),
     }
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=12,
+    return plan_update(
+        plan,
+        index,
+        12,
         stats=stats,
     )
 

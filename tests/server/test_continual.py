@@ -15,6 +15,7 @@ from common.settings import EwcSettings
 from server.strategies import make_strategy
 
 from test_baselines import SPEC, N, fake_update
+from conftest import plan_update
 
 
 def config(method: str, **settings) -> RunConfig:
@@ -30,14 +31,10 @@ def config(method: str, **settings) -> RunConfig:
 
 def fisher_update(plan, index: int, value: float) -> ClientUpdate:
     shapes = dict(SPEC.params) | {"head.weight": (SPEC.num_classes, SPEC.feature_dim), "head.bias": (SPEC.num_classes,)}
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=N[index],
+    return plan_update(
+        plan,
+        index,
+        N[index],
         fisher={name: torch.full(shape, value, dtype=torch.float64) for name, shape in shapes.items()},
     )
 

@@ -17,7 +17,7 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
 
-from conftest import LORA_SPEC, unit_config
+from conftest import LORA_SPEC, plan_update, unit_config
 
 SPEC = LORA_SPEC
 
@@ -34,14 +34,10 @@ def update_for(plan: RoundPlan, index: int, seed: int = 0) -> ClientUpdate:
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
     x = torch.randn(12, 4, generator=g, dtype=torch.float64)
     head = plan.phase == Phase.TRAIN
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=10 + index,
+    return plan_update(
+        plan,
+        index,
+        10 + index,
         factors=factors,
         grams=grams,
         head_weight=torch.randn(6, 4, generator=g) if head else None,

@@ -15,7 +15,7 @@ from server.robust import Screen, screen_and_fold
 from server.strategies import make_strategy
 from tolerance import rel_tolerance
 
-from conftest import LORA_SPEC, unit_config
+from conftest import LORA_SPEC, plan_update, unit_config
 
 F64 = torch.float64
 CLIENTS = 7
@@ -46,14 +46,10 @@ def honest(plan: RoundPlan, index: int, noise: float = 0.2) -> ClientUpdate:
     x = torch.randn(n, LORA_SPEC.feature_dim, generator=g, dtype=F64)
     assert plan.head_weight is not None and plan.head_bias is not None
     shared_head = torch.randn(plan.head_weight.shape, generator=common)
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=n,
+    return plan_update(
+        plan,
+        index,
+        n,
         factors=factors,
         grams=grams,
         head_weight=plan.head_weight + 0.1 * shared_head + 0.02 * torch.randn(plan.head_weight.shape, generator=g),

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
-from common.messages import ClientUpdate, GramKind, Phase
+from common.messages import GramKind, Phase
 from server.strategies import UpdateRejected, make_strategy
 
-from conftest import LORA_SPEC, unit_config
+from conftest import LORA_SPEC, plan_update, unit_config
 
 SPEC = LORA_SPEC
 
@@ -23,14 +23,10 @@ def fake_update(plan, index, *, seed, factors=None):
         facts[name] = {f: torch.randn(*shapes[f], generator=g) for f in (factors or plan.train_factors)}
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
     x = torch.randn(20, SPEC.feature_dim, generator=g, dtype=torch.float64)
-    update = ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=10 + 5 * index,
+    update = plan_update(
+        plan,
+        index,
+        10 + 5 * index,
         factors=facts,
         grams=grams,
         head_weight=torch.randn(6, 4, generator=g),

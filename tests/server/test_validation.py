@@ -41,7 +41,7 @@ from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
 
 from common.tensors import with_tensors
-from conftest import valid_update
+from conftest import plan_update, valid_update
 
 F64 = torch.float64
 # Dense strategies need the backbone's parameters; RegMean needs <layer>.base.weight for every LoRA layer.
@@ -376,14 +376,10 @@ def test_eval_counts_are_checked(tmp_path):
 
 def update_of_plan(coord: Coordinator) -> ClientUpdate:
     plan = coord.step.plan
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id="c0",
-        client_index=0,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=N,
+    return plan_update(
+        plan,
+        0,
+        N,
     )
 
 
