@@ -54,28 +54,26 @@ def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[
             # The run cannot go on: a client's update is not even well-formed any more (e.g. NaN
             # factors once the merged model has been wrecked). That is the cell's outcome.
             metrics = {
-                "attack": attack,
-                "attacker": attacker if attack != "none" else None,
                 "config": json.loads(config.to_json()),
                 "faa": None,
                 "broken": f"after '{lines[-1] if lines else 'the start'}': an update was refused ({err})",
-                "wall_seconds": time.perf_counter() - start,
             }
-            (cell / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
-            return metrics
-    steps = [h["robust"] for h in result.history if h.get("robust", {}).get("screened")]
-    metrics = result.summary() | {
+        else:
+            steps = [h["robust"] for h in result.history if h.get("robust", {}).get("screened")]
+            metrics = result.summary() | {
+                "screened_steps": len(steps),
+                "refused": {"attacker": 0, "honest": 0},
+                "clipped": {"attacker": 0, "honest": 0},
+            }
+            for report in steps:
+                for what in ("refused", "clipped"):
+                    for i in report[what]:
+                        metrics[what]["attacker" if attack != "none" and i == attacker else "honest"] += 1
+    metrics |= {
         "attack": attack,
         "attacker": attacker if attack != "none" else None,
         "wall_seconds": time.perf_counter() - start,
-        "screened_steps": len(steps),
-        "refused": {"attacker": 0, "honest": 0},
-        "clipped": {"attacker": 0, "honest": 0},
     }
-    for report in steps:
-        for what in ("refused", "clipped"):
-            for i in report[what]:
-                metrics[what]["attacker" if attack != "none" and i == attacker else "honest"] += 1
     (cell / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
     return metrics
 

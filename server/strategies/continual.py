@@ -22,9 +22,10 @@ second task on.
 
 from __future__ import annotations
 
-from torch import Tensor
 import torch
+from torch import Tensor
 
+from common.config import RunConfig
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
@@ -36,7 +37,7 @@ from server.strategies.fedavg import FedAvg
 class Anchored(FedAvg):
     """FedAvg that also hands out the global weights of the previous task's end (``anchor``)."""
 
-    def __init__(self, config, spec: ModelSpec) -> None:
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         self.anchor: dict[str, Tensor] = {}  # empty during the first task: nothing to keep yet
 
@@ -78,7 +79,7 @@ class FisherAggregator(Aggregator):
 class EWC(Anchored):
     name = "ewc"
 
-    def __init__(self, config, spec: ModelSpec) -> None:
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         self.settings = config.section(EwcSettings)
         self.fisher: dict[str, Tensor] = {}
