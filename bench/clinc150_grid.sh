@@ -20,9 +20,9 @@ if [ "$preset" = cpu-clinc150-full ]; then
     report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ewc,lwf,joint,ncm,ridge,lorm-ridge"
 else
     lora="lorm,fedavg-lora,lorm-b-only,lorm-avg-tasks,lorm-seq,ncm,ridge,joint,lorm-ridge-first,lorm-ridge,lorm-ncm"
-    dense="regmean,ties,fedavg,fisheravg,ewc,lwf"
+    dense="regmean,ties,fedavg,fisheravg,ewc,lwf,l2p,coda-p"
     extra=(true)
-    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ewc,lwf,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
+    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ewc,lwf,l2p,coda-p,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
 fi
 mkdir -p "$out"
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.

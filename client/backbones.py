@@ -32,6 +32,16 @@ class Backbone(nn.Module):
     def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def prompted(self, prompt: Tensor, **inputs: Tensor) -> tuple[Tensor, Tensor]:
+        """Prompt tuning: ``prompt (batch, length, feature_dim)`` joins the embedded input tokens.
+
+        Returns the features ``(batch, feature_dim)`` of the prompted sequence, pooled as
+        :meth:`forward` pools, and the last states of the prompt's positions ``(batch, length,
+        feature_dim)``. Prompts carry no position embedding (the pretrained positions stay with
+        the tokens): being trained, a prompt absorbs any fixed offset one would add.
+        """
+        raise NotImplementedError(f"{type(self).__name__} takes no prompts")
+
     def max_tokens(self) -> int:
         """The most tokens a sample may have: the model's position table, else 512."""
         model = getattr(self, "encoder", None) or getattr(self, "t5", None)
@@ -85,8 +95,30 @@ class TextEncoder(Backbone):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         # input_ids, attention_mask: (batch, tokens)
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (batch, tokens, 1)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (batch, hidden)
+        return masked_mean(hidden, attention_mask)
+
+    def prompted(self, prompt: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        # The prompt goes first; the tokens keep their positions 0..n-1 (the prompt's position ids
+        # are 0 too, and absorbed), so the position table bounds the tokens only.
+        (batch, n), length = input_ids.shape, prompt.shape[1]
+        tokens = self.encoder.get_input_embeddings()(input_ids)  # (batch, n, hidden)
+        positions = torch.cat(
+            [torch.zeros(length, dtype=torch.long, device=input_ids.device), torch.arange(n, device=input_ids.device)]
+        ).expand(batch, -1)
+        mask = torch.cat([attention_mask.new_ones(batch, length), attention_mask], dim=1)
+        hidden = self.encoder(
+            inputs_embeds=torch.cat([prompt.to(tokens.dtype), tokens], dim=1),
+            attention_mask=mask,
+            position_ids=positions,
+            token_type_ids=torch.zeros_like(positions),
+        ).last_hidden_state  # (batch, length + n, hidden)
+        return masked_mean(hidden, mask), hidden[:, :length]
+
+
+def masked_mean(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """The mean of ``hidden (batch, tokens, d)`` over the tokens ``attention_mask (batch, tokens)`` keeps."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (batch, tokens, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (batch, d)
 
 
 class ViTBackbone(Backbone):
@@ -107,6 +139,14 @@ class ViTBackbone(Backbone):
         # pixel_values: (batch, 3, H, W) -> (batch, num_features)
         tokens = self.vit.forward_features(pixel_values)
         return self.vit.forward_head(tokens, pre_logits=True)
+
+    def prompted(self, prompt: Tensor, pixel_values: Tensor) -> tuple[Tensor, Tensor]:
+        # timm's forward_features with the prompt inserted after the class token (its prefix tokens)
+        vit, length = self.vit, prompt.shape[1]
+        x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(pixel_values))))
+        p = vit.num_prefix_tokens
+        x = vit.norm(vit.blocks(torch.cat([x[:, :p], prompt.to(x.dtype), x[:, p:]], dim=1)))
+        return vit.forward_head(x, pre_logits=True), x[:, p : p + length]
 
 
 class T5Features(Backbone):
@@ -133,6 +173,19 @@ class T5Features(Backbone):
         start = torch.full((input_ids.shape[0], 1), self.decoder_token, dtype=torch.long, device=input_ids.device)
         out = self.t5(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start)
         return out.last_hidden_state.mean(dim=1)  # (batch, d_model)
+
+    def prompted(self, prompt: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        # the prompt before the encoder's tokens (T5's positions are relative); its states: the encoder's
+        batch, length = input_ids.shape[0], prompt.shape[1]
+        tokens = self.t5.get_input_embeddings()(input_ids)
+        mask = torch.cat([attention_mask.new_ones(batch, length), attention_mask], dim=1)
+        start = torch.full((batch, 1), self.decoder_token, dtype=torch.long, device=input_ids.device)
+        out = self.t5(
+            inputs_embeds=torch.cat([prompt.to(tokens.dtype), tokens], dim=1),
+            attention_mask=mask,
+            decoder_input_ids=start,
+        )
+        return out.last_hidden_state.mean(dim=1), out.encoder_last_hidden_state[:, :length]
 
 
 def _tiny_bert(config: RunConfig) -> Backbone:

@@ -1,7 +1,7 @@
 """The tensors a step's update carries, declared once from the plan: what a client sends and a coordinator expects.
 
 :func:`declared_tensors` reads the plan's instructions (``mode``, ``train_factors``, ``gram``,
-``head_gram``, ``send_head``, ``send_fisher``, ``class_range``), the model's shapes
+``head_gram``, ``send_head``, ``send_fisher``, ``class_range``, ``prompt``, ``prompt_frozen``), the model's shapes
 (:class:`~common.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
 shape``. The coordinator validates every update against it (``Aggregator.expected``, then
 ``server.strategies.validate``), and a client checks its own update against it before
@@ -20,6 +20,7 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
+from common.prompts import trained_shapes
 from common.settings import NcmSettings, RidgeSettings
 from common.tensors import (
     DELTA,
@@ -48,6 +49,9 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
     shapes = factor_shapes(spec, config.rank, plan.train_factors)
     if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN:
         shapes |= delta_shapes(spec)
+    if plan.mode == Mode.PROMPT and plan.phase == Phase.TRAIN:  # the trained prompt components' change
+        pool = {name: tuple(t.shape) for name, t in plan.prompt.items()}
+        shapes |= {tensor_name(DELTA, name): shape for name, shape in trained_shapes(pool, plan.prompt_frozen).items()}
     if plan.gram != GramKind.NONE:
         shapes |= gram_shapes(spec, full=plan.gram == GramKind.FULL)
     if plan.send_head:

@@ -37,6 +37,7 @@ class Mode(str, Enum):
     LORA = "lora"  # LoRA factors (and the head) on W0 + s B A
     FULL = "full"  # every backbone weight: W0 + delta (the full fine-tuning baselines)
     FEATURES = "features"  # no training: statistics of the frozen features (closed-form heads)
+    PROMPT = "prompt"  # a prompt pool (and the head) on the frozen W0: L2P, CODA-Prompt
 
 
 class GramKind(str, Enum):
@@ -160,6 +161,10 @@ class RoundPlan:
     # (EWC's penalty centre, LwF's teacher), and EWC's accumulated diagonal Fisher there, per parameter
     anchor: dict[str, Tensor] = field(default_factory=dict)
     fisher: dict[str, Tensor] = field(default_factory=dict)
+    # prompt mode: the prompt pool by name (each of shape (components, ...)); its first prompt_frozen
+    # components are frozen (used, not trained, not sent), the rest are trained and sent as delta/<name>
+    prompt: dict[str, Tensor] = field(default_factory=dict)
+    prompt_frozen: int = 0
 
 
 @dataclass
@@ -179,7 +184,8 @@ class ClientUpdate:
     head_bias: Tensor | None = None
     head_gram: Tensor | None = None  # (feature_dim, feature_dim), float64
     train_loss: float = float("nan")  # mean training loss over the last local epoch
-    delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: trained minus received weights
+    # full mode: trained minus received weights; prompt mode: the same of the trained prompt components
+    delta: dict[str, Tensor] = field(default_factory=dict)
     fisher: dict[str, Tensor] = field(default_factory=dict)  # full mode: diagonal empirical Fisher
     stats: dict[str, Tensor] = field(default_factory=dict)  # features mode: feature statistics by name
 

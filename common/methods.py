@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.settings import (
+    CodaSettings,
     DataSettings,
     EwcSettings,
+    L2pSettings,
     LwfSettings,
     ModelSettings,
     NcmSettings,
@@ -35,6 +37,8 @@ LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
 EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
 LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
+L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
+CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
 
@@ -122,6 +126,20 @@ METHODS: dict[str, Method] = {
             LWF,
             "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
             LwfSettings,
+        ),
+        Method(
+            "l2p",
+            "server.strategies.prompts:L2P",
+            L2P,
+            "L2P: a prompt pool on the frozen backbone, top-k prompts by query-key matching, FedAvg",
+            L2pSettings,
+        ),
+        Method(
+            "coda-p",
+            "server.strategies.prompts:CodaPrompt",
+            CODA,
+            "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
+            CodaSettings,
         ),
     )
 }

@@ -83,6 +83,13 @@ def _finite_number(key: str, value: float, low: float, strict: bool = False) -> 
         raise ValueError(f"setting {key} must be a finite number {'>' if strict else '>='} {low:g}, got {value}")
 
 
+def _at_least_one(section: Settings, *keys: str) -> None:
+    """``ValueError`` naming the first of ``keys`` (integer settings of ``section``) that is below 1."""
+    for key in keys:
+        if getattr(section, key) < 1:
+            raise ValueError(f"setting {section.section}.{key} must be a positive integer, got {getattr(section, key)}")
+
+
 def _positive_int(key: str, value: int, zero: str) -> None:
     if value < 0:
         raise ValueError(f"setting {key} must be a non-negative integer ({zero}), got {value}")
@@ -242,6 +249,46 @@ class LwfSettings(Settings):
     def __post_init__(self) -> None:
         _finite_number("lwf.alpha", self.alpha, 0.0)
         _finite_number("lwf.temperature", self.temperature, 0.0, strict=True)
+
+
+@dataclass(frozen=True)
+class L2pSettings(Settings):
+    """Learning to prompt (``l2p``), federated: FedAvg of the prompt pool, its keys and the head."""
+
+    section: ClassVar[str] = "l2p"
+    pool: int = setting(10, "prompts in the pool (the paper's code: 10)")
+    length: int = setting(5, "tokens per prompt (the paper's code: 5)")
+    top_k: int = setting(5, "prompts chosen per sample by query-key matching, prepended together (5)")
+    pull: float = setting(
+        0.1, "weight of the surrogate matching loss sum_i (1 - cos(q, k_si)) (L2P's 0.1; the paper's code: none)"
+    )
+    features: str = setting(
+        "prompts",
+        "the head's input: 'prompts', the mean of the prompt positions' states (L2P's), or 'pooled', "
+        "the backbone's own pooling of the prompted sequence",
+    )
+
+    def __post_init__(self) -> None:
+        if self.features not in ("prompts", "pooled"):
+            raise ValueError(f"setting l2p.features must be 'prompts' or 'pooled', got {self.features!r}")
+        _at_least_one(self, "pool", "length", "top_k")
+        if self.top_k > self.pool:
+            raise ValueError(f"setting l2p.top_k ({self.top_k}) must not exceed l2p.pool ({self.pool})")
+        _finite_number("l2p.pull", self.pull, 0.0)
+
+
+@dataclass(frozen=True)
+class CodaSettings(Settings):
+    """CODA-Prompt (``coda-p``), federated: FedAvg of the current task's prompt components and the head."""
+
+    section: ClassVar[str] = "coda"
+    components: int = setting(100, "prompt components of all tasks, components // tasks per task (100)")
+    length: int = setting(8, "tokens per prompt (8)")
+    ortho: float = setting(0.0, "weight of the orthogonality penalty on components, keys, attention (0: CODA-P's)")
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "components", "length")
+        _finite_number("coda.ortho", self.ortho, 0.0)
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

@@ -51,6 +51,7 @@ from common.tensors import (
     PARTS,
     PLAN_HEAD,
     PLAN_KINDS,
+    PROMPT,
     UPDATE_FIELDS,
     UPDATE_HEAD,
     WireError,
@@ -347,7 +348,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         for layer, low_rank in factors.items():
             tensors[tensor_name(kind, layer, "B")] = low_rank.b
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
-    for kind, named in ((DELTA, plan.delta), (ANCHOR, plan.anchor), (FISHER, plan.fisher)):
+    for kind, named in ((DELTA, plan.delta), (ANCHOR, plan.anchor), (FISHER, plan.fisher), (PROMPT, plan.prompt)):
         for param, tensor in named.items():
             tensors[tensor_name(kind, param)] = tensor
     head = {HEAD_WEIGHT: plan.head_weight, HEAD_BIAS: plan.head_bias}
@@ -357,6 +358,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         mode=Mode(plan.mode).value,
         send_fisher=plan.send_fisher,
         train_extra=plan.train_extra,
+        prompt_frozen=plan.prompt_frozen,
         run_id=plan.run_id,
         phase=phase_to_proto(plan.phase),
         task=plan.task,
@@ -388,7 +390,9 @@ def plan_from_proto(
             raise WireError("wait", "a wait answer carries no tensors")
         return Wait(header.retry_after_s, header.wait_reason)
     _non_empty(run_id=header.run_id)
-    _non_negative(task=header.task, round=header.round, seen_classes=header.seen_classes)
+    _non_negative(
+        task=header.task, round=header.round, seen_classes=header.seen_classes, prompt_frozen=header.prompt_frozen
+    )
     train_factors = tuple(header.train_factors)
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
         raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
@@ -397,7 +401,7 @@ def plan_from_proto(
         raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
-    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}}
+    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}, PROMPT: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
         if kind in factors and layer is not None and part is not None:
@@ -434,6 +438,8 @@ def plan_from_proto(
         train_extra=header.train_extra,
         anchor=named[ANCHOR],
         fisher=named[FISHER],
+        prompt=named[PROMPT],
+        prompt_frozen=header.prompt_frozen,
     )
 
 

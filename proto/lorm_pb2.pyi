@@ -108,7 +108,7 @@ class PullRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., last_completed: _Optional[_Union[StepRef, _Mapping]] = ...) -> None: ...
 
 class PlanHeader(_message.Message):
-    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "train_factors", "lora_scale", "gram", "head_gram", "send_head", "seed", "tensors", "mode", "send_fisher", "train_extra")
+    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "train_factors", "lora_scale", "gram", "head_gram", "send_head", "seed", "tensors", "mode", "send_fisher", "train_extra", "prompt_frozen")
     WAIT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class PlanHeader(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     SEND_FISHER_FIELD_NUMBER: _ClassVar[int]
     TRAIN_EXTRA_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FROZEN_FIELD_NUMBER: _ClassVar[int]
     wait: bool
     retry_after_s: float
     wait_reason: str
@@ -149,7 +150,8 @@ class PlanHeader(_message.Message):
     mode: str
     send_fisher: bool
     train_extra: bool
-    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., train_factors: _Optional[_Iterable[str]] = ..., lora_scale: _Optional[float] = ..., gram: _Optional[_Union[GramKind, str]] = ..., head_gram: _Optional[bool] = ..., send_head: _Optional[bool] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., mode: _Optional[str] = ..., send_fisher: _Optional[bool] = ..., train_extra: _Optional[bool] = ...) -> None: ...
+    prompt_frozen: int
+    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., train_factors: _Optional[_Iterable[str]] = ..., lora_scale: _Optional[float] = ..., gram: _Optional[_Union[GramKind, str]] = ..., head_gram: _Optional[bool] = ..., send_head: _Optional[bool] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., mode: _Optional[str] = ..., send_fisher: _Optional[bool] = ..., train_extra: _Optional[bool] = ..., prompt_frozen: _Optional[int] = ...) -> None: ...
 
 class PlanChunk(_message.Message):
     __slots__ = ("header", "chunk")

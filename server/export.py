@@ -141,6 +141,23 @@ def export_dense_delta(path: str | os.PathLike, delta: dict[str, Tensor], spec: 
     return out
 
 
+PROMPTS_FILE = "prompts.safetensors"
+
+
+def export_prompts(out_dir: str | os.PathLike, prompts: dict[str, Tensor]) -> Path:
+    """L2P, CODA-P: ``prompts.safetensors``, the prompt pool by name (``common/prompts.py``), float32.
+
+    With ``head.safetensors`` and the unchanged backbone it is the whole trained model."""
+    tensors = {name: _float32(t) for name, t in prompts.items()}
+    bad = [name for name, t in tensors.items() if not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"prompt pool: non-finite values in {bad[:3]}")
+    path = Path(out_dir) / PROMPTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "prompts"}))
+    return path
+
+
 def write_metrics(out_dir: str | os.PathLike, summary: dict[str, Any]) -> Path:
     """Write ``summary`` as ``metrics.json`` (strict JSON: NaN and infinities become ``null``).
 

@@ -76,15 +76,20 @@ def fingerprint(method: str) -> dict[str, str]:
         delta = Path(out) / "delta.safetensors"
         # The tensors, not the file's bytes: safetensors' header order varies with Python's hash seed.
         dense = load_file(delta) if delta.is_file() else {}
+        prompts_file = Path(out) / "prompts.safetensors"
+        prompts = load_file(prompts_file) if prompts_file.is_file() else {}
     adapter = [_tensor(t) for name in sorted(result.adapter) for t in (result.adapter[name].b, result.adapter[name].a)]
     losses = [entry.get("loss") for entry in result.history]
-    return {
+    out = {
         "adapter": _digest(*adapter),
         "head": _digest(_tensor(result.head_weight), _tensor(result.head_bias)),
         "dense_delta": _digest(*(name.encode() + _tensor(dense[name]) for name in sorted(dense))),
         "counts": json.dumps([result.matrix.correct, result.matrix.total]),
         "losses": _digest(json.dumps(losses).encode()),
     }
+    if prompts:  # L2P, CODA-P: their prompt pool
+        out["prompts"] = _digest(*(name.encode() + _tensor(prompts[name]) for name in sorted(prompts)))
+    return out
 
 
 def main() -> int:

@@ -121,9 +121,14 @@ class ClientMethod:
         """What the update carries after training: :class:`ClientUpdate` fields by name."""
         return {}
 
+    def forward(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
+        """The logits ``(batch, num_classes)`` of a training batch (the model's, unless the method
+        feeds it more: L2P's and CODA-P's prompts)."""
+        return client.model(inputs)[0]
+
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
         """Scores ``(batch, num_classes)`` of the evaluated model (after :meth:`load` and :func:`set_view`)."""
-        return client.model(inputs)[0]
+        return self.forward(client, plan, inputs)
 
     # ----------------------------------------------------------------- the step
 
@@ -158,7 +163,7 @@ class ClientMethod:
                 inputs, labels = client.train.batch(
                     order[start : start + cfg.batch_size], client.device, train=True, generator=generator
                 )
-                logits = model(inputs)[0]  # (batch, num_classes)
+                logits = self.forward(client, plan, inputs)  # (batch, num_classes)
                 loss = self.loss(logits, labels, plan)
                 extra = self.regulariser(client, plan, inputs, logits)
                 if extra is not None:

@@ -134,6 +134,10 @@ class Strategy(ABC):
         """
         return None
 
+    def prompts(self) -> dict[str, Tensor]:
+        """The prompt pool of the model evaluated now, by name (L2P, CODA-P; empty for the others)."""
+        return {}
+
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
         """What the merge of ``plan``'s step chose, for the run's history (metrics.json) and log; JSON values."""
         return {}

@@ -14,10 +14,16 @@ from server.strategies.dense import DenseStrategy
 
 
 class FedAvgAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+    """Sample-weighted means of the updates' ``delta`` entries (``shapes``: every backbone parameter
+    unless given) and of their heads."""
+
+    def __init__(
+        self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, shapes: dict[str, tuple[int, ...]] | None = None
+    ) -> None:
         super().__init__(plan, declared)
         self.spec = spec
-        self.delta = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
+        shapes = spec.params if shapes is None else shapes
+        self.delta = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in shapes.items()}
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 

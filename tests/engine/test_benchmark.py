@@ -358,3 +358,6 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
         json.loads((root / "cifar100.json").read_text()),
     )
     assert (ewc.lr, ewc.fisher) == (1e-5, "reference")  # the paper's code's Fisher estimator
+    imagenet_a = json.loads((root / "imagenet-a.json").read_text())
+    l2p = bench.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
+    assert (l2p.lr, l2p.lora_lr, l2p.strategy) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr

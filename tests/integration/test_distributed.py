@@ -152,12 +152,8 @@ def test_robust_mode_over_grpc_identical_to_inprocess(cluster, tmp_path):
     assert adapter.keys() == expected.keys() and all(torch.equal(adapter[k], expected[k]) for k in expected)
 
 
-@pytest.mark.parametrize("method", ["ewc", "lwf"])
-def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
-    """Plans that carry the previous task's weights (and EWC's Fisher), and EWC's Fisher step, over the
-    wire: the same counts, head and dense delta as in-process."""
-    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
-    result = run_inprocess(config)
+def same_counts_and_head(cluster, config, result):
+    """Run ``config`` over gRPC; its accuracy counts and head must be ``result``'s (the in-process run)."""
     c = cluster(config.to_json())
     server, clients = start(c)
     assert server.wait() == 0 and all(p.wait() == 0 for p in clients)
@@ -165,6 +161,27 @@ def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
     assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
     head = load_file(str(c.run_dir / "results" / "head.safetensors"))
     assert torch.equal(head["weight"], result.head_weight.to(torch.float32))
+    return c, server, metrics
+
+
+@pytest.mark.parametrize("method", ["ewc", "lwf"])
+def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
+    """Plans that carry the previous task's weights (and EWC's Fisher), and EWC's Fisher step, over the
+    wire: the same counts, head and dense delta as in-process."""
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
+    c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config))
     phases = [h["phase"] for h in metrics["history"]]
     assert phases.count("task_gram") == (CONFIG.num_tasks if method == "ewc" else 0)  # EWC's Fisher steps
     assert ("task Fisher (statistics only" in "".join(server.lines)) == (method == "ewc")
+
+
+@pytest.mark.parametrize("method", ["l2p", "coda-p"])
+def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_path):
+    """Plans that carry a prompt pool (CODA-P's growing, its old components frozen) and updates that carry
+    the trained components' change, over the wire: the same counts, head and prompt pool as in-process."""
+    settings = {"l2p": {"pool": 4, "top_k": 2, "length": 2}} if method == "l2p" else {"coda": {"components": 4}}
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method, "settings": settings})
+    c, _, _ = same_counts_and_head(cluster, config, run_inprocess(config, results_dir=tmp_path))
+    prompts, expected = (load_file(str(d / "prompts.safetensors")) for d in (c.run_dir / "results", tmp_path))
+    assert prompts.keys() == expected.keys() and all(torch.equal(prompts[k], expected[k]) for k in expected)
+    assert all(t.shape[0] == 4 for t in prompts.values())  # L2P: its pool; CODA-P: 2 components per task, 2 tasks
