@@ -1,13 +1,15 @@
 """Frozen-feature statistics for closed-form heads (``plan.mode == Mode.FEATURES``).
 
 A client does no training in this mode. It runs the backbone in the plan's view
-(``W0 + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding
+(``W0 + delta + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding
 out) over the current task's shard and sends sums that add up over clients and tasks, so a
 head solved from them is the same for every split of the data:
 
 - ``class_sum: (C_t, F')``, the per-class feature sums, i.e. ``(X^T Y)^T`` with ``Y: (n, C_t)``
   one-hot over the current task's ``C_t`` classes ``[lo, hi)`` (the only ones its data has), and
   ``class_count: (C_t,)``;
+- CCVR (``class_moments``): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``, or of
+  ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
 - with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
   with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2); and,
   when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
@@ -33,7 +35,7 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import RoundPlan
-from common.declared import GRAM_FACTOR, HOLDOUT, closed_form_settings, holdout_every
+from common.declared import GRAM_FACTOR, HOLDOUT, class_moments, closed_form_settings, holdout_every
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -109,6 +111,12 @@ def feature_stats(
     x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
     labels = data.labels[shard]
     stats = sums(x, labels, classes, gram)
+    moments = class_moments(config)
+    if moments:  # CCVR: per-class sums of x x^T (or of x * x)
+        one_hot = torch.nn.functional.one_hot(labels - classes[0], classes[1] - classes[0]).to(torch.float64)
+        stats["class_moment"] = (
+            torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if moments == "full" else one_hot.T @ (x * x)
+        )
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0

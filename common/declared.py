@@ -12,7 +12,8 @@ Shapes (``C`` classes, ``F`` the head's input, ``r`` the rank): LoRA factors ``B
 ``A: (r, d_in)``; Grams ``(d_in,)`` or ``(d_in, d_in)``; head ``(C, F)``, ``(C,)``, its Gram
 ``(F, F)``; dense deltas and Fisher shaped like their parameters (Fisher also for the head, as
 ``head.weight``, ``head.bias``); feature statistics of the ``C_t`` classes of the task:
-``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``).
+``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``), CCVR's
+``class_moment: (C_t, F, F)`` or ``(C_t, F)``; prompt deltas shaped like the trained components.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
 from common.prompts import trained_shapes
-from common.settings import NcmSettings, RidgeSettings
+from common.settings import CcvrSettings, NcmSettings, RidgeSettings
 from common.tensors import (
     DELTA,
     FACTOR,
@@ -83,6 +84,13 @@ def closed_form_settings(config: RunConfig) -> NcmSettings:
     return config.section(own if own is not None and issubclass(own, NcmSettings) else NcmSettings)
 
 
+def class_moments(config: RunConfig) -> str:
+    """Which per-class second moments a features step sends: ``"full"`` (``class_moment: (C_t, F, F)``,
+    the sums of ``x x^T``), ``"diag"`` (``(C_t, F)``, of ``x * x``), or ``""`` (none: the closed-form heads)."""
+    own = method(config.strategy).settings
+    return config.section(CcvrSettings).covariance if own is CcvrSettings else ""
+
+
 def holdout_every(config: RunConfig) -> int:
     """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out (and NCM, which needs no lambda)."""
     settings = closed_form_settings(config)
@@ -95,6 +103,9 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
     lo, hi = plan.class_range
     width = closed_form_settings(config).rp_dim or spec.feature_dim  # F'
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
+    moments = class_moments(config)
+    if moments:  # CCVR's Gaussians
+        shapes["class_moment"] = (hi - lo, width, width) if moments == "full" else (hi - lo, width)
     if plan.head_gram:
         shapes["gram" + GRAM_FACTOR] = (UpTo(width), width)
         if holdout_every(config):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.settings import (
+    CcvrSettings,
     CodaSettings,
     DataSettings,
     EwcSettings,
@@ -41,6 +42,7 @@ L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen 
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
+DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-tuning steps, then features steps
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,13 @@ METHODS: dict[str, Method] = {
             LWF,
             "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
             LwfSettings,
+        ),
+        Method(
+            "ccvr",
+            "server.strategies.ccvr:CCVR",
+            DENSE_THEN_FEATURES,
+            "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
+            CcvrSettings,
         ),
         Method(
             "l2p",

@@ -291,6 +291,30 @@ class CodaSettings(Settings):
         _finite_number("coda.ortho", self.ortho, 0.0)
 
 
+@dataclass(frozen=True)
+class CcvrSettings(Settings):
+    """Classifier calibration with virtual representations (``ccvr``): FedAvg, then the head re-trained
+    at each task's end on features drawn from the merged per-class Gaussians."""
+
+    section: ClassVar[str] = "ccvr"
+    covariance: str = setting("full", "'full' per-class covariances (CCVR's), or 'diag' (the paper's code)")
+    samples: int = setting(256, "virtual features per class and epoch (the paper's code: 256)")
+    epochs: int = setting(5, "epochs of head training on virtual features (5)")
+    lr: float = setting(0.01, "SGD learning rate of that training, cosine-annealed over the epochs (0.01)")
+    momentum: float = setting(0.9, "SGD momentum (0.9)")
+    logit_norm: float = setting(
+        0.1, "temperature of the logits divided by their norm (the paper's code: 0.1); 0: plain cross-entropy"
+    )
+
+    def __post_init__(self) -> None:
+        if self.covariance not in ("full", "diag"):
+            raise ValueError(f"setting ccvr.covariance must be 'full' or 'diag', got {self.covariance!r}")
+        _at_least_one(self, "samples", "epochs")
+        _finite_number("ccvr.lr", self.lr, 0.0, strict=True)
+        _finite_number("ccvr.momentum", self.momentum, 0.0)
+        _finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
+
+
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {
     **{

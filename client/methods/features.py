@@ -4,7 +4,9 @@
 with ``plan.head_gram`` the Gram factor and the held-out statistics) of the current task's
 shard in the plan's view ``W0 + extra``, and evaluates the plan's head ``(C, F')`` on the
 mapped features. ``LoRAThenFeatures`` serves the LoRM + closed-form head methods, whose
-LoRA steps train as LoRM's and whose features steps and evaluations are feature statistics.
+LoRA steps train as LoRM's and whose features steps and evaluations are feature statistics;
+``DenseThenFeatures`` serves CCVR, which fine-tunes as FedAvg and sends its Gaussians' sums in
+a features step at each task's end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import Tensor
 
 from client.features import feature_logits, feature_stats
 from client.methods.base import Client, ClientMethod, load_lora, set_view, step_update
+from client.methods.dense import DenseTrainer
 from client.methods.lora import LoRATrainer
 from common.messages import ClientUpdate, Mode, RoundPlan
 
@@ -23,7 +26,9 @@ class FeatureStatistics(ClientMethod):
     mode = Mode.FEATURES
 
     def load(self, client: Client, plan: RoundPlan) -> None:
-        load_lora(client, plan)  # the backbone view only: the model's head has width F, the plan's F'
+        # the backbone view only (W0 + delta + extra; delta: CCVR's fine-tuned backbone): the model's
+        # head has width F, the plan's F'
+        load_lora(client, plan, delta=plan.delta or None)
 
     def update(self, client: Client, plan: RoundPlan) -> ClientUpdate:
         """The statistics of the shard (any phase: a features step trains nothing); ``train_loss`` is NaN."""
@@ -52,3 +57,9 @@ class LoRAThenFeatures(ClientMethod):
                 f"asks for {Mode(plan.mode).value!r}"
             )
         return self.halves[Mode(plan.mode)]
+
+
+class DenseThenFeatures(LoRAThenFeatures):
+    """Full fine-tuning plans as :class:`DenseTrainer`, features plans as :class:`FeatureStatistics` (CCVR)."""
+
+    halves = {Mode.FULL: DenseTrainer(), Mode.FEATURES: FeatureStatistics()}

@@ -164,15 +164,17 @@ def same_counts_and_head(cluster, config, result):
     return c, server, metrics
 
 
-@pytest.mark.parametrize("method", ["ewc", "lwf"])
+@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr"])
 def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
-    """Plans that carry the previous task's weights (and EWC's Fisher), and EWC's Fisher step, over the
-    wire: the same counts, head and dense delta as in-process."""
+    """Plans that carry the previous task's weights (and EWC's Fisher), EWC's Fisher step and CCVR's
+    features step at the fine-tuned weights, over the wire: the same counts and head as in-process
+    (CCVR's head: calibrated on the coordinator)."""
     config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
     c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config))
     phases = [h["phase"] for h in metrics["history"]]
     assert phases.count("task_gram") == (CONFIG.num_tasks if method == "ewc" else 0)  # EWC's Fisher steps
     assert ("task Fisher (statistics only" in "".join(server.lines)) == (method == "ewc")
+    assert phases.count("features") == (CONFIG.num_tasks if method == "ccvr" else 0)  # CCVR's statistics
 
 
 @pytest.mark.parametrize("method", ["l2p", "coda-p"])

@@ -49,6 +49,9 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
         "holdout_class_count": one_hot[held].sum(0),
         "holdout_gram_factor": gram_factor(x[held]),
     }
+    moment = shapes.get(tensor_name(STAT, "class_moment"))
+    if moment is not None:  # CCVR's per-class second moments, full or diagonal
+        out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if len(moment) == 3 else one_hot.T @ (x * x)
     return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
 
 
