@@ -22,7 +22,7 @@ from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
 from common.prompts import trained_shapes
-from common.settings import CcvrSettings, NcmSettings, RidgeSettings
+from common.settings import CcvrSettings, FedProtoSettings, NcmSettings, PiLoraSettings, RidgeSettings
 from common.tensors import (
     DELTA,
     FACTOR,
@@ -50,6 +50,11 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
     shapes = factor_shapes(spec, config.rank, plan.train_factors)
     if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN:
         shapes |= delta_shapes(spec)
+        if method(config.strategy).settings is FedProtoSettings:  # the task's class sums: its prototypes
+            shapes |= stat_shapes(class_sum_shapes(plan, spec))
+    if plan.mode == Mode.LORA and plan.phase == Phase.TRAIN and method(config.strategy).settings is PiLoraSettings:
+        prototype = {"prototype": class_sum_shapes(plan, spec)["class_sum"]}  # the client's trained ones
+        shapes |= stat_shapes(class_sum_shapes(plan, spec) | prototype)  # PILoRA
     if plan.mode == Mode.PROMPT and plan.phase == Phase.TRAIN:  # the trained prompt components' change
         pool = {name: tuple(t.shape) for name, t in plan.prompt.items()}
         shapes |= {tensor_name(DELTA, name): shape for name, shape in trained_shapes(pool, plan.prompt_frozen).items()}
@@ -62,6 +67,12 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
     if plan.mode == Mode.FULL and plan.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
         shapes |= fisher_shapes(spec, HEAD_FISHER)
     return shapes
+
+
+def class_sum_shapes(plan: RoundPlan, spec: ModelSpec) -> Shapes:
+    """The task's per-class feature sums ``(C_t, F)`` and counts ``(C_t,)`` (FedProto, PILoRA: their prototypes)."""
+    lo, hi = plan.class_range
+    return {"class_sum": (hi - lo, spec.feature_dim), "class_count": (hi - lo,)}
 
 
 def check_declared_shapes(got: dict[str, tuple[int, ...]], declared: Shapes, who: str) -> None:

@@ -165,6 +165,8 @@ class RoundPlan:
     # components are frozen (used, not trained, not sent), the rest are trained and sent as delta/<name>
     prompt: dict[str, Tensor] = field(default_factory=dict)
     prompt_frozen: int = 0
+    # FedProto: the global prototypes, "mean" (num_classes, feature_dim) and "count" (num_classes,) (0: none yet)
+    prototypes: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,10 +23,12 @@ from common.settings import (
     CodaSettings,
     DataSettings,
     EwcSettings,
+    FedProtoSettings,
     L2pSettings,
     LwfSettings,
     ModelSettings,
     NcmSettings,
+    PiLoraSettings,
     RidgeSettings,
     RobustSettings,
     Settings,
@@ -39,6 +41,8 @@ DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with
 EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
 LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
+FEDPROTO = "client.methods.prototypes:FedProtoTrainer"  # DENSE, pulled to the global prototypes; sends class sums
+PILORA = "client.methods.pilora:PiLoraTrainer"  # LoRA on the earlier tasks' modules, scored by trained prototypes
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -135,6 +139,20 @@ METHODS: dict[str, Method] = {
             DENSE_THEN_FEATURES,
             "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
             CcvrSettings,
+        ),
+        Method(
+            "fedproto",
+            "server.strategies.fedproto:FedProto",
+            FEDPROTO,
+            "FedProto: FedAvg, with each sample's features pulled to its class's global prototype",
+            FedProtoSettings,
+        ),
+        Method(
+            "pilora",
+            "server.strategies.pilora:PiLoRA",
+            PILORA,
+            "PILoRA: a LoRA module per task, classes scored by prototypes re-weighted across clients, FedAvg",
+            PiLoraSettings,
         ),
         Method(
             "l2p",

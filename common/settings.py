@@ -315,6 +315,41 @@ class CcvrSettings(Settings):
         _finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
 
 
+@dataclass(frozen=True)
+class FedProtoSettings(Settings):
+    """FedProto (``fedproto``): FedAvg, with clients pulled towards the global class prototypes."""
+
+    section: ClassVar[str] = "fedproto"
+    weight: float = setting(
+        0.1, "lambda of the prototype loss lambda * mean ||f(x) - p_y||^2 / F (the paper's code: ld_reg 0.1)"
+    )
+    classify: str = setting(
+        "head", "'head' (the ACE head, as the paper ran it) or 'prototype' (nearest global prototype, FedProto's)"
+    )
+
+    def __post_init__(self) -> None:
+        _finite_number("fedproto.weight", self.weight, 0.0)
+        if self.classify not in ("head", "prototype"):
+            raise ValueError(f"setting fedproto.classify must be 'head' or 'prototype', got {self.classify!r}")
+
+
+@dataclass(frozen=True)
+class PiLoraSettings(Settings):
+    """PILoRA (``pilora``): an incremental LoRA per task classified by learned class prototypes."""
+
+    section: ClassVar[str] = "pilora"
+    temperature: float = setting(1.0, "T of the distance-based cross-entropy over -||f(x) - p_c|| / (sqrt(F) T) (1)")
+    pl: float = setting(0.001, "weight of the prototype loss, the mean scaled distance to the own class's (0.001)")
+    ort: float = setting(0.5, "weight of the orthogonality loss sum |A_t A_old^T| over layers (0.5)")
+    soft_temp: float = setting(0.2, "factor of the normalised reciprocal distances in the re-weighting softmax (0.2)")
+    init: float = setting(0.1, "standard deviation of a new class prototype, drawn N(0, init^2) (0.1)")
+
+    def __post_init__(self) -> None:
+        _finite_number("pilora.temperature", self.temperature, 0.0, strict=True)
+        for key in ("pl", "ort", "soft_temp", "init"):
+            _finite_number(f"pilora.{key}", getattr(self, key), 0.0)
+
+
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {
     **{

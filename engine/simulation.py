@@ -158,7 +158,7 @@ def run_inprocess(
             result.head_bias,
             result.summary(),
             strategy.dense_delta(),
-            strategy.prompts(),
+            strategy.exports(),
         )
     return result
 

@@ -52,6 +52,7 @@ from common.tensors import (
     PLAN_HEAD,
     PLAN_KINDS,
     PROMPT,
+    PROTO,
     UPDATE_FIELDS,
     UPDATE_HEAD,
     WireError,
@@ -348,7 +349,8 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         for layer, low_rank in factors.items():
             tensors[tensor_name(kind, layer, "B")] = low_rank.b
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
-    for kind, named in ((DELTA, plan.delta), (ANCHOR, plan.anchor), (FISHER, plan.fisher), (PROMPT, plan.prompt)):
+    by_kind = {DELTA: plan.delta, ANCHOR: plan.anchor, FISHER: plan.fisher, PROMPT: plan.prompt, PROTO: plan.prototypes}
+    for kind, named in by_kind.items():
         for param, tensor in named.items():
             tensors[tensor_name(kind, param)] = tensor
     head = {HEAD_WEIGHT: plan.head_weight, HEAD_BIAS: plan.head_bias}
@@ -401,7 +403,7 @@ def plan_from_proto(
         raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
     factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
-    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}, PROMPT: {}}
+    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}, PROMPT: {}, PROTO: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
         if kind in factors and layer is not None and part is not None:
@@ -439,6 +441,7 @@ def plan_from_proto(
         anchor=named[ANCHOR],
         fisher=named[FISHER],
         prompt=named[PROMPT],
+        prototypes=named[PROTO],
         prompt_frozen=header.prompt_frozen,
     )
 

@@ -331,7 +331,7 @@ class Coordinator:
             self.strategy.head_b,
             self.summary(),
             self.strategy.dense_delta(),
-            self.strategy.prompts(),
+            self.strategy.exports(),
         )
         self.emit(
             f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "

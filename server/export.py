@@ -141,20 +141,17 @@ def export_dense_delta(path: str | os.PathLike, delta: dict[str, Tensor], spec: 
     return out
 
 
-PROMPTS_FILE = "prompts.safetensors"
-
-
-def export_prompts(out_dir: str | os.PathLike, prompts: dict[str, Tensor]) -> Path:
-    """L2P, CODA-P: ``prompts.safetensors``, the prompt pool by name (``common/prompts.py``), float32.
-
-    With ``head.safetensors`` and the unchanged backbone it is the whole trained model."""
-    tensors = {name: _float32(t) for name, t in prompts.items()}
+def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tensor]) -> Path:
+    """``<kind>.safetensors``: a method's own part of the model by name, float32 (``Strategy.exports``):
+    L2P's and CODA-P's prompt pool (``prompts``), FedProto's and PILoRA's class prototypes (``prototypes``).
+    With the head, the backbone delta or adapter, it is the whole trained model."""
+    tensors = {name: _float32(t) for name, t in named.items()}
     bad = [name for name, t in tensors.items() if not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"prompt pool: non-finite values in {bad[:3]}")
-    path = Path(out_dir) / PROMPTS_FILE
+        raise ValueError(f"{kind}: non-finite values in {bad[:3]}")
+    path = Path(out_dir) / f"{kind}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "prompts"}))
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": kind}))
     return path
 
 

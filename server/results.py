@@ -19,7 +19,7 @@ from torch import Tensor
 from common.config import RunConfig
 from common.messages import LowRank, ModelSpec
 from common.faults import fault_point
-from server.export import export_adapter, export_dense_delta, export_head, export_prompts, write_metrics
+from server.export import export_adapter, export_dense_delta, export_head, export_tensors, write_metrics
 from server.store import atomic_write_bytes
 
 
@@ -73,7 +73,7 @@ class RunReporter:
         head_b: Tensor,
         summary: dict,
         dense_delta: dict[str, Tensor] | None = None,
-        prompts: dict[str, Tensor] | None = None,
+        exports: dict[str, dict[str, Tensor]] | None = None,
     ) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
@@ -81,8 +81,8 @@ class RunReporter:
             export_dense_delta(self.dir / "delta.safetensors", dense_delta, spec)
         elif adapter:
             export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale)
-        if prompts:
-            export_prompts(self.dir, prompts)
+        for kind, named in (exports or {}).items():
+            export_tensors(self.dir, kind, named)
         fault_point("export")
         export_head(self.dir, head_w, head_b)
         write_metrics(self.dir, summary)

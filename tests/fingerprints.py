@@ -27,6 +27,7 @@ from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 
 FILE = Path(__file__).with_name("data") / "fingerprints.json"
+EXPORTS = ("prompts", "prototypes")
 TINY = dict(
     num_clients=2,
     num_tasks=2,
@@ -76,8 +77,12 @@ def fingerprint(method: str) -> dict[str, str]:
         delta = Path(out) / "delta.safetensors"
         # The tensors, not the file's bytes: safetensors' header order varies with Python's hash seed.
         dense = load_file(delta) if delta.is_file() else {}
-        prompts_file = Path(out) / "prompts.safetensors"
-        prompts = load_file(prompts_file) if prompts_file.is_file() else {}
+        # a method's own exports (Strategy.exports): L2P's and CODA-P's prompts, FedProto's and PILoRA's prototypes
+        exports = {
+            kind: load_file(Path(out) / f"{kind}.safetensors")
+            for kind in EXPORTS
+            if (Path(out) / f"{kind}.safetensors").is_file()
+        }
     adapter = [_tensor(t) for name in sorted(result.adapter) for t in (result.adapter[name].b, result.adapter[name].a)]
     losses = [entry.get("loss") for entry in result.history]
     out = {
@@ -87,8 +92,8 @@ def fingerprint(method: str) -> dict[str, str]:
         "counts": json.dumps([result.matrix.correct, result.matrix.total]),
         "losses": _digest(json.dumps(losses).encode()),
     }
-    if prompts:  # L2P, CODA-P: their prompt pool
-        out["prompts"] = _digest(*(name.encode() + _tensor(prompts[name]) for name in sorted(prompts)))
+    for kind, named in exports.items():
+        out[kind] = _digest(*(name.encode() + _tensor(named[name]) for name in sorted(named)))
     return out
 
 

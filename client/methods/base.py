@@ -101,8 +101,12 @@ class ClientMethod:
         load_head(client.model, plan)
 
     def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
-        """The backbone parameters trained at the LoRA learning rate (the head always trains, at ``lr``)."""
+        """The backbone parameters trained at the LoRA learning rate (``lora_lr``)."""
         return []
+
+    def head_params(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
+        """The parameters trained at ``lr``: the head's (PILoRA: its class prototypes)."""
+        return list(client.model.head.parameters())
 
     def loss(self, logits: Tensor, labels: Tensor, plan: RoundPlan) -> Tensor:
         """ACE: only the current task's classes compete; old heads get no gradient.
@@ -112,9 +116,11 @@ class ClientMethod:
         lo, hi = plan.class_range
         return F.cross_entropy(logits[:, lo:hi], labels - lo)
 
-    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
-        """A term added to :meth:`loss` for each training batch (EWC's penalty, LwF's distillation);
-        ``None``: nothing is added."""
+    def regulariser(
+        self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
+    ) -> Tensor | None:
+        """A term added to :meth:`loss` for each training batch (EWC's penalty, LwF's distillation,
+        FedProto's prototype distance; ``labels (batch,)``); ``None``: nothing is added."""
         return None
 
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
@@ -142,12 +148,13 @@ class ClientMethod:
         return step_update(client, plan, train_loss=loss, **self.outputs(client, plan, shard, seed))
 
     def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
-        """Train :meth:`trainable` and the head with :meth:`loss`; returns the last epoch's mean loss."""
+        """Train :meth:`trainable` and :meth:`head_params` with :meth:`loss`; returns the last epoch's mean loss."""
         cfg, model = client.config, client.model
         params = self.trainable(client, plan)
-        for p in params + list(model.head.parameters()):
+        head = self.head_params(client, plan)
+        for p in params + head:
             p.requires_grad_(True)
-        groups = [{"params": list(model.head.parameters()), "lr": cfg.lr}]
+        groups = [{"params": head, "lr": cfg.lr}]
         if params:
             groups.append({"params": params, "lr": cfg.lora_lr})
         optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
@@ -165,7 +172,7 @@ class ClientMethod:
                 )
                 logits = self.forward(client, plan, inputs)  # (batch, num_classes)
                 loss = self.loss(logits, labels, plan)
-                extra = self.regulariser(client, plan, inputs, logits)
+                extra = self.regulariser(client, plan, inputs, logits, labels)
                 if extra is not None:
                     loss = loss + extra
                 optimizer.zero_grad(set_to_none=True)

@@ -62,7 +62,9 @@ class EwcTrainer(DenseTrainer):
                 self.weights[name] = f.to(device=device, dtype=w0[name].dtype)
         self.strength = client.config.section(EwcSettings).strength
 
-    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+    def regulariser(
+        self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
+    ) -> Tensor | None:
         if not self.weights or self.strength == 0.0:
             return None
         return ewc_penalty(client.model.dense_params(), self.centre, self.weights, self.strength)
@@ -84,7 +86,9 @@ class LwfTrainer(DenseTrainer):
             self.teacher = teacher
         self.settings = client.config.section(LwfSettings)
 
-    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+    def regulariser(
+        self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
+    ) -> Tensor | None:
         if self.teacher is None or self.settings.alpha == 0.0:
             return None
         lo = plan.class_range[0]

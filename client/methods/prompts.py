@@ -128,7 +128,9 @@ class L2pTrainer(PromptTrainer):
         pooled, states = model.backbone.prompted(prompts.flatten(1, 2), **inputs)
         return model.head(states.mean(dim=1) if self.settings.features == "prompts" else pooled)
 
-    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+    def regulariser(
+        self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
+    ) -> Tensor | None:
         if self.settings.pull == 0.0 or self.cosines is None:
             return None
         return self.settings.pull * matching_loss(self.cosines)
@@ -148,7 +150,9 @@ class CodaTrainer(PromptTrainer):
         features, _ = model.backbone.prompted(prompt, **inputs)
         return model.head(features)
 
-    def regulariser(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor) -> Tensor | None:
+    def regulariser(
+        self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
+    ) -> Tensor | None:
         if self.ortho == 0.0:
             return None
         rows = [self.pool(CODA_KEYS), self.pool(CODA_ATTENTION), self.pool(CODA_PROMPTS).flatten(1)]

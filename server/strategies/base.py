@@ -134,8 +134,9 @@ class Strategy(ABC):
         """
         return None
 
-    def prompts(self) -> dict[str, Tensor]:
-        """The prompt pool of the model evaluated now, by name (L2P, CODA-P; empty for the others)."""
+    def exports(self) -> dict[str, dict[str, Tensor]]:
+        """What the model evaluated now has besides the head and backbone delta, exported as
+        ``<kind>.safetensors`` per kind (L2P's prompt pool, PILoRA's prototypes, ...; none by default)."""
         return {}
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:

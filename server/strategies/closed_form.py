@@ -135,6 +135,20 @@ class StatSums:
         return self.plain | {name: acc.value() for name, acc in self.grams.items()}
 
 
+def check_class_counts(update: ClientUpdate) -> None:
+    """``UpdateRejected`` unless the update's class counts sum to its ``num_samples`` and a class with
+    no samples has a zero sum (every method that sends ``class_count`` and ``class_sum``)."""
+    counts, class_sum = update.stats["class_count"], update.stats["class_sum"]
+    if float(counts.sum()) != update.num_samples:
+        raise UpdateRejected(
+            "stats[class_count]",
+            f"expected the counts of the task's classes to sum to num_samples={update.num_samples}; "
+            f"got {float(counts.sum())}",
+        )
+    if bool((class_sum[counts == 0] != 0).any()):
+        raise UpdateRejected("stats[class_sum]", "a class with no samples must have a zero sum")
+
+
 class FeatureStatsAggregator(Aggregator):
     """One features step: the clients' statistics, summed."""
 
@@ -144,14 +158,8 @@ class FeatureStatsAggregator(Aggregator):
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
-        stats, (lo, hi) = update.stats, self.plan.class_range
-        counts = stats["class_count"]
-        if float(counts.sum()) != update.num_samples:
-            raise UpdateRejected(
-                "stats[class_count]",
-                f"expected the counts of classes [{lo}, {hi}) to sum to "
-                f"num_samples={update.num_samples}; got {float(counts.sum())}",
-            )
+        stats, counts = update.stats, update.stats["class_count"]
+        check_class_counts(update)
         for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
             if bool((class_sum[count == 0] != 0).any()):

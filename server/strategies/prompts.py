@@ -79,8 +79,8 @@ class PromptStrategy(Strategy):
     def adapter(self) -> dict[str, LowRank]:
         return {}
 
-    def prompts(self) -> dict[str, Tensor]:
-        return self.pool
+    def exports(self) -> dict[str, dict[str, Tensor]]:
+        return {"prompts": self.pool}
 
 
 class L2P(PromptStrategy):

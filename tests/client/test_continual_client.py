@@ -49,10 +49,11 @@ def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher()
     w0 = model.pristine()
     centre = {n: w0[n] + plan.anchor[n] for n in plan.fisher}
     expected = ewc_penalty(model.dense_params(), centre, plan.fisher, strength=2.0)
-    got = half.regulariser(worker, plan, {}, torch.zeros(1))
+    no_labels = torch.zeros(1, dtype=torch.long)
+    got = half.regulariser(worker, plan, {}, torch.zeros(1), no_labels)
     assert got is not None and torch.allclose(got, expected) and got.item() > 0
     half.load(worker, dataclasses.replace(plan, fisher={}))
-    assert half.regulariser(worker, plan, {}, torch.zeros(1)) is None  # the first task: no penalty
+    assert half.regulariser(worker, plan, {}, torch.zeros(1), no_labels) is None  # the first task: no penalty
 
 
 def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_plans_head():
@@ -65,13 +66,13 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_plans_head()
     teacher.eval()
     lo = plan.class_range[0]
     assert lo > 0 and torch.equal(half.teacher.head.weight, plan.head_weight.to(half.teacher.head.weight.dtype))
-    inputs, _ = worker.train.batch(worker.shards[1][:4], worker.device)
+    inputs, labels = worker.train.batch(worker.shards[1][:4], worker.device)
     student = worker.model(inputs)[0]
     with torch.no_grad():
         target = teacher(inputs)[0][:, :lo]
-    got = half.regulariser(worker, plan, inputs, student)
+    got = half.regulariser(worker, plan, inputs, student, labels)
     assert got is not None and torch.allclose(got, 0.5 * distillation(student[:, :lo], target, 2.0))
     for name, p in half.teacher.dense_params().items():  # W0 + anchor, not the step's W0 + delta
         assert torch.equal(p, worker.model.pristine()[name] + plan.anchor[name])
     half.load(worker, dataclasses.replace(plan, anchor={}))
-    assert half.regulariser(worker, plan, inputs, student) is None
+    assert half.regulariser(worker, plan, inputs, student, labels) is None

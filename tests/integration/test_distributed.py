@@ -164,13 +164,17 @@ def same_counts_and_head(cluster, config, result):
     return c, server, metrics
 
 
-@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr"])
-def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method):
-    """Plans that carry the previous task's weights (and EWC's Fisher), EWC's Fisher step and CCVR's
-    features step at the fine-tuned weights, over the wire: the same counts and head as in-process
-    (CCVR's head: calibrated on the coordinator)."""
+@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr", "fedproto", "pilora"])
+def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, tmp_path):
+    """Plans that carry the previous task's weights (and EWC's Fisher), EWC's Fisher step, CCVR's features
+    step at the fine-tuned weights, FedProto's and PILoRA's prototypes (PILoRA's earlier modules as extra),
+    over the wire: the same counts, head and prototypes as in-process (CCVR's head: calibrated on the
+    coordinator)."""
     config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
-    c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config))
+    c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config, results_dir=tmp_path))
+    if method in ("fedproto", "pilora"):
+        got, want = (load_file(str(d / "prototypes.safetensors")) for d in (c.run_dir / "results", tmp_path))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     phases = [h["phase"] for h in metrics["history"]]
     assert phases.count("task_gram") == (CONFIG.num_tasks if method == "ewc" else 0)  # EWC's Fisher steps
     assert ("task Fisher (statistics only" in "".join(server.lines)) == (method == "ewc")

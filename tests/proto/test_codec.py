@@ -124,17 +124,20 @@ def test_plan_round_trip_is_byte_exact(dtype, shape):
     assert_same(got.head_bias, plan.head_bias)
 
 
-def test_a_plans_dense_delta_anchor_and_fisher_round_trip_by_name():
+@pytest.mark.parametrize("mode", [Mode.FULL, Mode.PROMPT])
+def test_a_plans_named_tensors_round_trip_by_name(mode):
+    """Dense delta, anchor, Fisher, prompt pool and prototypes (each plan kind of named tensors)."""
     g = torch.Generator().manual_seed(4)
     params = {"enc.emb.weight": (5, 3), "enc.norm.bias": (3,)}
-    named = {
-        kind: {n: torch.randn(s, generator=g) for n, s in params.items()} for kind in ("delta", "anchor", "fisher")
-    }
+    kinds = ("delta", "anchor", "fisher", "prototypes") if mode == Mode.FULL else ("prompt",)
+    named = {kind: {n: torch.randn(s, generator=g) for n, s in params.items()} for kind in kinds}
+    frozen = 2 if mode == Mode.PROMPT else 0
     plan = RoundPlan(
-        run_id="r", phase=Phase.TRAIN, task=1, round=0, class_range=(2, 4), seen_classes=4, mode=Mode.FULL, **named
+        run_id="r", phase=Phase.TRAIN, task=1, round=0, class_range=(2, 4), seen_classes=4, mode=mode, **named
     )
+    plan.prompt_frozen = frozen
     got = codec.plan_from_proto(codec.plan_to_proto(plan, chunk_bytes=11))
-    assert isinstance(got, RoundPlan)
+    assert isinstance(got, RoundPlan) and got.mode == mode and got.prompt_frozen == frozen
     for kind, tensors in named.items():
         mine = getattr(got, kind)
         assert mine.keys() == tensors.keys(), kind

@@ -49,6 +49,8 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
         "holdout_class_count": one_hot[held].sum(0),
         "holdout_gram_factor": gram_factor(x[held]),
     }
+    if tensor_name(STAT, "prototype") in shapes:  # PILoRA: the client's trained prototypes
+        out["prototype"] = torch.randn(hi - lo, dim, generator=g, dtype=F64)
     moment = shapes.get(tensor_name(STAT, "class_moment"))
     if moment is not None:  # CCVR's per-class second moments, full or diagonal
         out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if len(moment) == 3 else one_hot.T @ (x * x)

@@ -1,0 +1,80 @@
+"""FedProto (Tan et al. 2022), with FedAvg of the weights as the paper ran it.
+
+Clients fine-tune every backbone weight and the head with ACE plus FedProto's prototype loss
+(``client/methods/prototypes.py``), and send FedAvg's delta and head and, of the task's classes,
+their feature sums ``S_c`` and counts ``n_c`` at their trained weights. The coordinator merges
+the weights by FedAvg and sets the global prototype of each class of the round's task to
+``p_c = sum_i S_ic / sum_i n_ic``: the count-weighted mean of the clients' prototypes, from
+sums (memory ``(C, F)``, independent of the number of clients). Every plan carries the
+prototypes of all classes seen so far (``RoundPlan.prototypes``: ``mean``, ``count``; an old
+class keeps the prototype of its task's last round).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.declared import Shapes, class_sum_shapes
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from server.strategies.base import Aggregator
+from server.strategies.closed_form import StatSums, check_class_counts
+from server.strategies.fedavg import FedAvg, FedAvgAggregator
+
+
+class FedProtoAggregator(FedAvgAggregator):
+    """FedAvg's means, and the sums of the clients' class sums and counts."""
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared, spec)
+        self.sums = StatSums(class_sum_shapes(plan, spec))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_class_counts(update)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        super()._fold(update)
+        self.sums.fold(update.stats)
+
+
+class FedProto(FedAvg):
+    name = "fedproto"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.proto_mean = torch.zeros(spec.num_classes, spec.feature_dim, dtype=torch.float64)
+        self.proto_count = torch.zeros(spec.num_classes, dtype=torch.float64)
+
+    def prototypes(self) -> dict[str, Tensor]:
+        return {"mean": self.proto_mean.to(torch.float32), "count": self.proto_count.to(torch.float32)}
+
+    def exports(self) -> dict[str, dict[str, Tensor]]:
+        return {"prototypes": self.prototypes()}
+
+    def plan_options(self) -> dict:
+        return {"prototypes": self.prototypes()}
+
+    def eval_plan(self, task: int) -> RoundPlan:
+        plan = super().eval_plan(task)
+        plan.prototypes = self.prototypes()
+        return plan
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        return FedProtoAggregator(plan, self.declared(plan), self.spec)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        super().aggregate(plan, aggregator)
+        assert isinstance(aggregator, FedProtoAggregator)
+        sums, (lo, hi) = aggregator.sums.value(), plan.class_range
+        count = sums["class_count"]
+        mean = sums["class_sum"] / count.clamp_min(1.0)[:, None]
+        self.proto_mean = torch.cat([self.proto_mean[:lo], mean, self.proto_mean[hi:]])
+        self.proto_count = torch.cat([self.proto_count[:lo], count, self.proto_count[hi:]])
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return super().state_tensors() | {"proto/mean": self.proto_mean, "proto/count": self.proto_count}
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        self.proto_mean, self.proto_count = tensors["proto/mean"], tensors["proto/count"]
