@@ -67,6 +67,21 @@ class Splits:
             self, train_y=new_id[self.train_y], test_y=new_id[self.test_y], class_names=list(names)
         )
 
+    def validation(self, every: int) -> "Splits":
+        """Training samples only: the ``0th, kth, 2kth, ...`` training sample of each class (``k = every``, in
+        the split's order) become the test split, the others the training split; the test split is dropped."""
+        held = np.zeros(len(self.train_y), dtype=bool)
+        for c in range(self.num_classes):
+            held[np.flatnonzero(self.train_y == c)[::every]] = True
+        keep, out = np.flatnonzero(~held), np.flatnonzero(held)
+        return dataclasses.replace(
+            self,
+            train_x=[self.train_x[i] for i in keep],
+            train_y=self.train_y[keep],
+            test_x=[self.train_x[i] for i in out],
+            test_y=self.train_y[out],
+        )
+
     def limited(self, num_classes: int, train_per_class: int, test_per_class: int) -> "Splits":
         """The first ``num_classes`` classes, at most ``*_per_class`` samples of each (0: no cap)."""
         keep = num_classes or self.num_classes
@@ -579,6 +594,9 @@ def load_dataset(config: RunConfig) -> Splits:
             f"class_order 'domains' is CLINC150's; dataset {config.dataset!r} takes 'natural' or 'alphabetical'"
         )
     splits = splits.limited(config.num_classes, config.train_per_class, config.test_per_class)
+    every = config.section(DataSettings).validation
+    if every:  # tuning: held-out training samples stand in for the test split
+        splits = splits.validation(every)
     counts = np.bincount(splits.train_y, minlength=splits.num_classes)
     empty = [splits.class_names[c] for c in np.flatnonzero(counts == 0)]
     if empty:

@@ -113,9 +113,17 @@ class DataSettings(Settings):
     synthetic_classes: int = setting(12, "synthetic-text: number of classes")
     synthetic_train: int = setting(60, "synthetic-text: training samples per class")
     synthetic_test: int = setting(20, "synthetic-text: test samples per class")
+    validation: int = setting(
+        0,
+        "k > 0: tune without the test set: every k-th training sample of each class is evaluated instead "
+        "of the test split (which is not used), the others train; 0: the dataset's test split",
+    )
 
     def __post_init__(self) -> None:
         _positive_int("data.image_size", self.image_size, "0: the backbone's")
+        _positive_int("data.validation", self.validation, "0: the test split")
+        if self.validation == 1:
+            raise ValueError("setting data.validation=1 would hold out every training sample; use k >= 2 (or 0)")
         for key in ("synthetic_classes", "synthetic_train", "synthetic_test"):
             if getattr(self, key) < 1:
                 raise ValueError(f"setting data.{key} must be a positive integer, got {getattr(self, key)}")

@@ -457,3 +457,23 @@ def test_lorm_sim_says_what_is_wrong_with_the_data_without_a_traceback(tmp_path,
     missing = str(tmp_path / "nowhere.csv")
     assert main(["--preset", "text", "--no-progress", "--set", f"data.train_file={missing}"]) == 2
     assert "nowhere.csv" in capsys.readouterr().err  # the file it looked for
+
+
+def test_validation_holds_out_every_kth_training_sample_per_class_instead_of_the_test_split():
+    base = RunConfig(dataset="synthetic-text", settings={"data": {"synthetic_classes": 3, "synthetic_train": 10}})
+    full = load_dataset(base)
+    held = load_dataset(
+        RunConfig(
+            **{
+                **json.loads(base.to_json()),
+                "settings": {"data": {"synthetic_classes": 3, "synthetic_train": 10, "validation": 4}},
+            }
+        )
+    )
+    for c in range(3):
+        train_c = [x for x, y in zip(full.train_x, full.train_y) if y == c]
+        assert [x for x, y in zip(held.test_x, held.test_y) if y == c] == train_c[::4]  # 0th, 4th, 8th
+        assert [x for x, y in zip(held.train_x, held.train_y) if y == c] == [x for i, x in enumerate(train_c) if i % 4]
+    assert not set(held.test_x) & set(full.test_x) - set(full.train_x)  # no test sample is evaluated
+    with pytest.raises(ValueError, match="validation=1"):
+        RunConfig(settings={"data": {"validation": 1}})
