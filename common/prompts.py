@@ -30,12 +30,13 @@ def trained_shapes(prompt: dict[str, tuple[int, ...]], frozen: int) -> dict[str,
     return {name: (shape[0] - frozen, *shape[1:]) for name, shape in prompt.items()}
 
 
-def init_l2p(pool: int, length: int, width: int, seed: int) -> dict[str, Tensor]:
-    """L2P's pool at the start: prompts ``(pool, length, width)`` and keys ``(pool, width)``, ``U(-1, 1)``, float64."""
+def init_l2p(pool: int, length: int, width: int, seed: int, bound: float = 1.0) -> dict[str, Tensor]:
+    """L2P's pool at the start: prompts ``(pool, length, width)`` and keys ``(pool, width)``,
+    ``U(-bound, bound)`` (L2P's: 1), float64."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + 29)
     return {
-        L2P_PROMPTS: torch.empty(pool, length, width, dtype=torch.float64).uniform_(-1.0, 1.0, generator=gen),
-        L2P_KEYS: torch.empty(pool, width, dtype=torch.float64).uniform_(-1.0, 1.0, generator=gen),
+        L2P_PROMPTS: torch.empty(pool, length, width, dtype=torch.float64).uniform_(-bound, bound, generator=gen),
+        L2P_KEYS: torch.empty(pool, width, dtype=torch.float64).uniform_(-bound, bound, generator=gen),
     }
 
 

@@ -270,6 +270,9 @@ class L2pSettings(Settings):
     pull: float = setting(
         0.1, "weight of the surrogate matching loss sum_i (1 - cos(q, k_si)) (L2P's 0.1; the paper's code: none)"
     )
+    init: float = setting(
+        1.0, "prompts and keys start U(-init, init) (L2P's: 1; a prompt token's norm is then sqrt(F/3) init)"
+    )
     features: str = setting(
         "prompts",
         "the head's input: 'prompts', the mean of the prompt positions' states (L2P's), or 'pooled', "
@@ -283,6 +286,7 @@ class L2pSettings(Settings):
         if self.top_k > self.pool:
             raise ValueError(f"setting l2p.top_k ({self.top_k}) must not exceed l2p.pool ({self.pool})")
         _finite_number("l2p.pull", self.pull, 0.0)
+        _finite_number("l2p.init", self.init, 0.0, strict=True)
 
 
 @dataclass(frozen=True)

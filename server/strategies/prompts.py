@@ -89,7 +89,7 @@ class L2P(PromptStrategy):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         s = config.section(L2pSettings)
-        self.pool = init_l2p(s.pool, s.length, spec.feature_dim, config.seed)
+        self.pool = init_l2p(s.pool, s.length, spec.feature_dim, config.seed, s.init)
 
 
 class CodaPrompt(PromptStrategy):

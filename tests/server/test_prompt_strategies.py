@@ -49,7 +49,9 @@ def test_l2p_pool_is_uniform_and_handed_out_whole_every_task():
     strategy = make_strategy(config("l2p", pool=6, length=3), SPEC)
     pool = strategy.pool
     assert pool[L2P_PROMPTS].shape == (6, 3, SPEC.feature_dim) and pool[L2P_KEYS].shape == (6, SPEC.feature_dim)
-    assert all(t.min() >= -1 and t.max() <= 1 for t in pool.values())
+    assert all(t.min() >= -1 and t.max() <= 1 and t.abs().max() > 0.9 for t in pool.values())
+    small = make_strategy(config("l2p", pool=6, length=3, init=0.05), SPEC).pool  # l2p.init: the bound
+    assert all(t.abs().max() <= 0.05 and t.abs().max() > 0.04 for t in small.values())
     for task in (0, 1):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.TRAIN)
