@@ -14,15 +14,15 @@ bench=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 0
        --method-config bench/clinc150_methods.json --out "$out")
 if [ "$preset" = cpu-clinc150-full ]; then
     lora="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,ncm,ridge,lorm-ridge,joint"
-    dense="regmean,fisheravg,ties,ccvr,fedproto,pilora,ewc,lwf"
+    dense="regmean,fisheravg,ties,ccvr,fedproto,target,pilora,ewc,lwf"
     extra=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 1,2 --methods lorm --betas 0.5
            --method-config bench/clinc150_methods.json --out "$out")
-    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ccvr,fedproto,pilora,ewc,lwf,joint,ncm,ridge,lorm-ridge"
+    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ccvr,fedproto,target,pilora,ewc,lwf,joint,ncm,ridge,lorm-ridge"
 else
     lora="lorm,fedavg-lora,lorm-b-only,lorm-avg-tasks,lorm-seq,ncm,ridge,joint,lorm-ridge-first,lorm-ridge,lorm-ncm"
-    dense="regmean,ties,fedavg,fisheravg,ccvr,fedproto,ewc,lwf,l2p,coda-p,pilora"
+    dense="regmean,ties,fedavg,fisheravg,ccvr,fedproto,target,ewc,lwf,l2p,coda-p,pilora"
     extra=(true)
-    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ccvr,fedproto,ewc,lwf,l2p,coda-p,pilora,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
+    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ccvr,fedproto,target,ewc,lwf,l2p,coda-p,pilora,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
 fi
 mkdir -p "$out"
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.

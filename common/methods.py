@@ -32,6 +32,7 @@ from common.settings import (
     RidgeSettings,
     RobustSettings,
     Settings,
+    TargetSettings,
     TiesSettings,
 )
 
@@ -43,6 +44,7 @@ LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
 FEDPROTO = "client.methods.prototypes:FedProtoTrainer"  # DENSE, pulled to the global prototypes; sends class sums
 PILORA = "client.methods.pilora:PiLoraTrainer"  # LoRA on the earlier tasks' modules, scored by trained prototypes
+TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -153,6 +155,13 @@ METHODS: dict[str, Method] = {
             PILORA,
             "PILoRA: a LoRA module per task, classes scored by prototypes re-weighted across clients, FedAvg",
             PiLoraSettings,
+        ),
+        Method(
+            "target",
+            "server.strategies.continual:Target",
+            TARGET,
+            "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
+            TargetSettings,
         ),
         Method(
             "l2p",

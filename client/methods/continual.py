@@ -70,20 +70,26 @@ class EwcTrainer(DenseTrainer):
         return ewc_penalty(client.model.dense_params(), self.centre, self.weights, self.strength)
 
 
+def previous_model(client: Client, plan: RoundPlan) -> ClassifierModel | None:
+    """The global model at the previous task's end, ``W0 + plan.anchor`` with the plan's head (its old
+    rows are that model's: ACE never trains them), frozen, in eval mode; ``None`` in the first task.
+    Call after the step's model is loaded: its head is copied."""
+    if not plan.anchor or plan.class_range[0] == 0:
+        return None
+    teacher = copy.deepcopy(client.model)  # the step's model with the plan's head...
+    load_dense(teacher, plan.anchor)  # ...and the previous task's backbone
+    teacher.eval()  # no dropout: a fixed target
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
 class LwfTrainer(DenseTrainer):
     """:class:`DenseTrainer` with distillation on the old classes from the model ``W0 + plan.anchor``."""
 
     def load(self, client: Client, plan: RoundPlan) -> None:
         super().load(client, plan)
-        self.teacher: ClassifierModel | None = None
-        lo = plan.class_range[0]
-        if plan.anchor and lo > 0:
-            teacher = copy.deepcopy(client.model)  # the step's model with the plan's head...
-            load_dense(teacher, plan.anchor)  # ...and the previous task's backbone
-            teacher.eval()  # no dropout: a fixed target
-            for p in teacher.parameters():
-                p.requires_grad_(False)
-            self.teacher = teacher
+        self.teacher = previous_model(client, plan)
         self.settings = client.config.section(LwfSettings)
 
     def regulariser(

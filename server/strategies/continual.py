@@ -61,6 +61,13 @@ class LwF(Anchored):
     name = "lwf"
 
 
+class Target(Anchored):
+    """TARGET: its clients synthesise old-class inputs from the anchor model and distil on them
+    (``client/methods/target.py``); the coordinator merges as FedAvg and hands out the anchor."""
+
+    name = "target"
+
+
 class FisherAggregator(Aggregator):
     """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
 

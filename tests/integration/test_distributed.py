@@ -164,13 +164,16 @@ def same_counts_and_head(cluster, config, result):
     return c, server, metrics
 
 
-@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr", "fedproto", "pilora"])
+@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr", "fedproto", "pilora", "target"])
 def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, tmp_path):
     """Plans that carry the previous task's weights (and EWC's Fisher), EWC's Fisher step, CCVR's features
     step at the fine-tuned weights, FedProto's and PILoRA's prototypes (PILoRA's earlier modules as extra),
-    over the wire: the same counts, head and prototypes as in-process (CCVR's head: calibrated on the
-    coordinator)."""
-    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method})
+    TARGET's synthesis on every client process, over the wire: the same counts, head and prototypes as
+    in-process (CCVR's head: calibrated on the coordinator)."""
+    values = json.loads(CONFIG.to_json())
+    if method == "target":  # a short synthesis: each client process draws the same inputs
+        values["settings"] = values["settings"] | {"target": {"rounds": 3, "steps": 4, "warmup": 1, "student_steps": 2}}
+    config = RunConfig(**{**values, "run_id": method, "strategy": method})
     c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config, results_dir=tmp_path))
     if method in ("fedproto", "pilora"):
         got, want = (load_file(str(d / "prototypes.safetensors")) for d in (c.run_dir / "results", tmp_path))
