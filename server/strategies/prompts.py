@@ -26,7 +26,7 @@ from common.config import RunConfig
 from common.messages import LowRank, ModelSpec, Mode, Phase, RoundPlan
 from common.prompts import grow_coda, init_l2p, trained_shapes
 from common.settings import CodaSettings, L2pSettings
-from server.strategies.base import Aggregator, Strategy, published_tensor
+from server.strategies.base import Aggregator, Strategy
 from server.strategies.fedavg import FedAvgAggregator
 
 
@@ -53,7 +53,8 @@ class PromptStrategy(Strategy):
         return replace(super().eval_plan(task), mode=Mode.PROMPT, prompt=self.published_pool())
 
     def published_pool(self) -> dict[str, Tensor]:
-        return {name: t for name, t in ((n, published_tensor(p)) for n, p in self.pool.items()) if t is not None}
+        """The pool as plans carry it: float32 (``published_tensor``)."""
+        return {name: p.detach().to(torch.float32) for name, p in self.pool.items()}
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         pool = {name: tuple(t.shape) for name, t in plan.prompt.items()}
