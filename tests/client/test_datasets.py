@@ -27,7 +27,7 @@ def write_image(path: Path, seed: int, size: tuple[int, int] = (8, 8)) -> None:
 
 def config(tmp_path: Path, dataset: str, **changes) -> RunConfig:
     extra = {"image_size": 16, **changes.pop("extra", {})}
-    return RunConfig(dataset=dataset, data_dir=str(tmp_path), num_tasks=1, extra=extra, **changes)
+    return RunConfig(**{"dataset": dataset, "data_dir": str(tmp_path), "num_tasks": 1, "extra": extra, **changes})
 
 
 def image_folder(root: Path, classes: list[str], per_class: int) -> None:
@@ -477,3 +477,34 @@ def test_validation_holds_out_every_kth_training_sample_per_class_instead_of_the
     assert not set(held.test_x) & set(full.test_x) - set(full.train_x)  # no test sample is evaluated
     with pytest.raises(ValueError, match="validation=1"):
         RunConfig(settings={"data": {"validation": 1}})
+
+
+@pytest.mark.parametrize("method", ["l2p", "coda-p", "target", "pilora"])
+def test_the_vision_paths_of_the_new_competitors_train_end_to_end(tmp_path, method):
+    """Prompts after a ViT's class token, TARGET's image generator, PILoRA's prototypes on ViT features:
+    two tasks of tiny images, in-process."""
+    image_folder(tmp_path / "mine" / "train", ["a", "b", "c", "d"], per_class=4)
+    image_folder(tmp_path / "mine" / "test", ["a", "b", "c", "d"], per_class=2)
+    settings = {
+        "l2p": {"l2p": {"pool": 4, "top_k": 2, "length": 2}},
+        "coda-p": {"coda": {"components": 4, "length": 2}},
+        "target": {"target": {"rounds": 2, "steps": 2, "warmup": 1, "student_steps": 1, "batch": 4}},
+        "pilora": {},
+    }[method]
+    cfg = config(
+        tmp_path,
+        "imagefolder",
+        backbone="tiny-vit",
+        strategy=method,
+        num_tasks=2,
+        num_clients=2,
+        beta=1.0,
+        min_client_samples=2,
+        rounds_per_task=1,
+        local_epochs=1,
+        batch_size=4,
+        extra={"root": "mine"},
+        settings=settings,
+    )
+    result = run_inprocess(cfg)
+    assert len(result.matrix.accuracy()) == 2 and all(np.isfinite(h.get("loss", 0.0)) for h in result.history)
