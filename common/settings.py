@@ -374,7 +374,9 @@ class TargetSettings(Settings):
     steps: int = setting(80, "generator steps per synthesis round (80)")
     batch: int = setting(16, "synthetic inputs per synthesis round, and per training batch's distillation (16)")
     warmup: int = setting(20, "synthesis rounds before the adversarial term and the student's training (20)")
-    lr_generator: float = setting(0.002, "Adam learning rate of the generator (0.002; its meta-optimiser: x steps)")
+    lr_generator: float = setting(
+        0.002, "Adam learning rate of the generator (0.002; its meta-learned copy: steps times that)"
+    )
     lr_z: float = setting(0.01, "Adam learning rate of the latent codes (0.01)")
     ce: float = setting(0.5, "weight of the teacher's cross-entropy on the requested classes (oh: 0.5)")
     adv: float = setting(1.0, "weight of the adversarial term, the student's disagreement with the teacher (1)")

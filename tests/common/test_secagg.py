@@ -1,0 +1,105 @@
+"""Secure aggregation's primitives (issue 19, part): fixed point on Z_2^64, pairwise and own masks that
+cancel, Shamir shares, and unmasking with dropped clients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.secagg import (
+    FixedPoint,
+    SecAggError,
+    combine,
+    decode,
+    encode,
+    keypair,
+    masked,
+    pairwise,
+    share,
+    unmask,
+)
+
+CONTEXT = b"run|task 0|round 1|train"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 2**31 - 1))
+def test_decoded_sums_equal_the_float_sums_within_the_stated_bound(clients, seed):
+    fp = FixedPoint(frac_bits=24, bound=1e4)
+    fp.check(clients)
+    rng = np.random.default_rng(seed)
+    xs = rng.uniform(-fp.bound, fp.bound, size=(clients, 17))
+    total = np.zeros(17, dtype=np.uint64)
+    for x in xs:
+        total = total + encode(x, fp)
+    got = decode(total, fp, clients)
+    # grid rounding (stated bound) plus float64 rounding of the reference sum
+    tol = fp.error_bound(clients) + clients * fp.bound * np.finfo(np.float64).eps
+    assert np.abs(got - xs.sum(0)).max() <= tol
+
+
+def test_overflow_is_refused_not_wrapped():
+    fp = FixedPoint(frac_bits=24, bound=1.0)
+    with pytest.raises(SecAggError, match="exceeds the bound"):
+        encode(np.array([1.5]), fp)
+    with pytest.raises(SecAggError, match="not finite"):
+        encode(np.array([np.nan]), fp)
+    with pytest.raises(SecAggError, match="reaches 2\\^62"):
+        FixedPoint(frac_bits=40, bound=2.0**20).check(10)
+    big = np.array([2**61], dtype=np.int64).view(np.uint64)  # no honest sum of 3 values of |x| <= 1 gets here
+    with pytest.raises(SecAggError, match="beyond"):
+        decode(big, fp, 3)
+
+
+def clients(n: int):
+    keys = {i: keypair() for i in range(n)}
+    publics = {i: pub for i, (_, pub) in keys.items()}
+    seeds = {i: bytes([i + 1]) * 16 for i in range(n)}
+    return keys, publics, seeds
+
+
+def test_pairwise_masks_cancel_in_the_sum_and_hide_each_value():
+    keys, publics, _ = clients(4)
+    masks = [pairwise(i, keys[i][0], publics, 9, CONTEXT) for i in range(4)]
+    assert np.array_equal(sum(masks[1:], masks[0]), np.zeros(9, dtype=np.uint64))
+    assert all(np.count_nonzero(m) == 9 for m in masks)
+    other_step = pairwise(0, keys[0][0], publics, 9, CONTEXT + b"'")
+    assert not np.array_equal(other_step, masks[0])  # a mask is bound to its step
+
+
+def test_shamir_rebuilds_from_threshold_shares_only():
+    secret = bytes(range(32))
+    members = [3, 5, 8, 13, 21]
+    shares = share(secret, 3, members)
+    assert combine({c: shares[c] for c in (5, 13, 21)}, members, 3) == secret
+    assert combine({c: shares[c] for c in (3, 8, 13, 21)}, members, 3) == secret
+    assert combine({c: shares[c] for c in (3, 8)}, members, 2) != secret  # two shares of a 3-threshold
+    with pytest.raises(SecAggError, match="3 needed"):
+        combine({c: shares[c] for c in (3, 8)}, members, 3)
+
+
+def test_a_step_survives_dropped_clients_and_yields_the_survivors_sum():
+    n, threshold, count = 5, 3, 11
+    fp = FixedPoint(frac_bits=20, bound=100.0)
+    keys, publics, seeds = clients(n)
+    members = list(range(n))
+    key_shares = {i: share(keys[i][0], threshold, members) for i in members}
+    seed_shares = {i: share(seeds[i], threshold, members) for i in members}
+    rng = np.random.default_rng(0)
+    values = {i: rng.uniform(-50, 50, count) for i in members}
+    sent = {i: masked(encode(values[i], fp), i, keys[i][0], publics, seeds[i], CONTEXT) for i in members}
+    survivors, dropped = [0, 2, 3], [1, 4]  # 1 and 4 dropped after the keys were shared, before sending
+    total = np.zeros(count, dtype=np.uint64)
+    for i in survivors:
+        total = total + sent[i]
+        # one y_i hides x_i: it looks like uniform noise on the ring, not like an encoded value
+        assert (np.abs(sent[i].view(np.int64).astype(np.float64)) > 2.0**50).mean() > 0.9
+    # the survivors hand in shares: of each survivor's seed, of each dropped client's key
+    rebuilt_seeds = {i: combine({s: seed_shares[i][s] for s in survivors}, members, threshold) for i in survivors}
+    rebuilt_keys = {j: combine({s: key_shares[j][s] for s in survivors}, members, threshold) for j in dropped}
+    assert rebuilt_keys == {j: keys[j][0] for j in dropped}
+    sums = decode(unmask(total, survivors, rebuilt_keys, rebuilt_seeds, publics, CONTEXT), fp, len(survivors))
+    want = sum(values[i] for i in survivors)
+    assert np.abs(sums - want).max() <= fp.error_bound(len(survivors)) + 1e-9
