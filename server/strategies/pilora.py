@@ -131,11 +131,12 @@ class PiLoRA(Strategy):
         lo, hi = plan.class_range
         prototypes = torch.stack(aggregator.prototypes)  # (K, C_t, F)
         counts = torch.stack(aggregator.class_counts)  # (K, C_t)
+        sums = torch.stack(aggregator.class_sums)  # (K, C_t, F)
         merged = self.proto[lo:hi].clone()
         for c in range(hi - lo):
             holders = counts[:, c] > 0
             if bool(holders.any()):
-                means = torch.stack(aggregator.class_sums)[holders, c] / counts[holders, c, None]
+                means = sums[holders, c] / counts[holders, c, None]
                 merged[c] = reweight(prototypes[:, c], means, self.settings.soft_temp)
         self.proto = torch.cat([self.proto[:lo], merged, self.proto[hi:]])
 
