@@ -1,0 +1,71 @@
+"""(IA)^3 and VeRA merges (issue 20): the exact forms equal a generic least-squares solve; the appendix's
+formulas do not when the Grams are not diagonal, and agree with them when every client agrees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from common.adapter_merge import ia3_input, ia3_output, vera_b, vera_d
+
+F64 = torch.float64
+EPS = torch.finfo(F64).eps
+
+
+def oracle(delta: Callable[[torch.Tensor], torch.Tensor], vectors, xs) -> torch.Tensor:
+    """argmin_v sum_i ||dW(v) X_i - dW(v_i) X_i||^2 by least squares over the stacked residuals (dW linear)."""
+    p = vectors[0].numel()
+    columns = [torch.cat([(delta(e) @ x).flatten() for x in xs]) for e in torch.eye(p, dtype=F64)]
+    design = torch.stack(columns, dim=1)
+    target = torch.cat([(delta(v) @ x).flatten() for v, x in zip(vectors, xs)])
+    return torch.linalg.lstsq(design, target[:, None], driver="gelsd").solution[:, 0]
+
+
+def setting(seed: int, d_out=5, d_in=7, r=3, k=3, n=12):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(d_in, n, generator=g, dtype=F64) * torch.rand(d_in, 1, generator=g, dtype=F64) for _ in range(k)]
+    return g, xs, [x @ x.T for x in xs], d_out, d_in, r, k
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ia3_output_exact_equals_least_squares_and_the_appendix_differs(seed):
+    g, xs, grams, d_out, d_in, _, k = setting(seed)
+    w0 = torch.randn(d_out, d_in, generator=g, dtype=F64)
+    ls = [torch.randn(d_out, generator=g, dtype=F64) for _ in range(k)]
+    exact = ia3_output(ls, grams, w0)
+    assert torch.allclose(exact, oracle(lambda v: v[:, None] * w0, ls, xs), rtol=0, atol=1e6 * EPS)
+    assert (ia3_output(ls, grams, w0, form="appendix") - exact).abs().max() > 1e-3
+    same = [ls[0]] * k  # every client agrees: both forms give that vector
+    assert torch.allclose(ia3_output(same, grams, w0, form="appendix"), ls[0], atol=1e6 * EPS)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ia3_input_exact_equals_least_squares(seed):
+    g, xs, grams, d_out, d_in, _, k = setting(seed)
+    w = torch.randn(d_out, d_in, generator=g, dtype=F64)
+    ls = [torch.randn(d_in, generator=g, dtype=F64) for _ in range(k)]
+    assert torch.allclose(ia3_input(ls, grams, w), oracle(lambda v: w * v[None, :], ls, xs), rtol=0, atol=1e6 * EPS)
+    diag = [gr.diagonal() for gr in grams]  # a diagonal Gram is a Gram too
+    want = oracle(lambda v: w * v[None, :], ls, [torch.diag(d.sqrt()) for d in diag])
+    assert torch.allclose(ia3_input(ls, diag, w), want, rtol=0, atol=1e6 * EPS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vera_alternating_rounds_equal_least_squares_and_the_appendix_differs(seed):
+    g, xs, grams, d_out, d_in, r, k = setting(seed)
+    b = torch.randn(d_out, r, generator=g, dtype=F64)
+    a = torch.randn(r, d_in, generator=g, dtype=F64)
+    lb = torch.randn(d_out, generator=g, dtype=F64)
+    lds = [torch.randn(r, generator=g, dtype=F64) for _ in range(k)]
+    projected = [a @ gr @ a.T for gr in grams]  # what a client sends in an ld-round: r x r
+    exact_d = vera_d(lds, projected, b, lb)
+    assert torch.allclose(exact_d, oracle(lambda v: (lb[:, None] * b) @ (v[:, None] * a), lds, xs), atol=1e6 * EPS)
+    appendix_d = vera_d(lds, projected, b, lb, form="appendix", grams=grams, a=a)
+    assert (appendix_d - exact_d).abs().max() > 1e-3
+    ld = exact_d
+    lbs = [torch.randn(d_out, generator=g, dtype=F64) for _ in range(k)]
+    exact_b = vera_b(lbs, grams, b, a, ld)
+    assert torch.allclose(exact_b, oracle(lambda v: (v[:, None] * b) @ (ld[:, None] * a), lbs, xs), atol=1e6 * EPS)
+    assert (vera_b(lbs, grams, b, a, ld, form="appendix") - exact_b).abs().max() > 1e-3
