@@ -83,9 +83,10 @@ def extract(model: ClassifierModel, data: Batches, idx: Tensor, device: torch.de
     return torch.cat(out) if out else torch.zeros(0, model.head.in_features, dtype=torch.float64)
 
 
-def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dict[str, Tensor]:
+def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moments: str = "") -> dict[str, Tensor]:
     """``class_sum: (C_t, F') = (X^T Y)^T``, ``class_count: (C_t,)`` over the classes ``[lo, hi)``,
-    and optionally ``gram_factor`` with ``R^T R = X^T X``."""
+    optionally ``gram_factor`` with ``R^T R = X^T X``, and with ``moments`` (``class_moments``: "full" or
+    "diag") CCVR's ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``."""
     lo, hi = classes
     if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
         raise ValueError(
@@ -95,6 +96,8 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool) -> dic
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
         out["gram" + GRAM_FACTOR] = gram_factor(x)
+    if moments:
+        out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if moments == "full" else one_hot.T @ (x * x)
     return out
 
 
@@ -110,18 +113,20 @@ def feature_stats(
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
     x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
     labels = data.labels[shard]
-    stats = sums(x, labels, classes, gram)
-    moments = class_moments(config)
-    if moments:  # CCVR: per-class sums of x x^T (or of x * x)
-        one_hot = torch.nn.functional.one_hot(labels - classes[0], classes[1] - classes[0]).to(torch.float64)
-        stats["class_moment"] = (
-            torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if moments == "full" else one_hot.T @ (x * x)
-        )
+    stats = sums(x, labels, classes, gram, class_moments(config))
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
         stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram).items()}
     return stats
+
+
+def class_sums(
+    model: ClassifierModel, data: Batches, shard: Tensor, device: torch.device, classes: tuple[int, int]
+) -> dict[str, Tensor]:
+    """``class_sum`` and ``class_count`` of the model's features (as it is now, eval mode) over ``shard``:
+    what FedProto and PILoRA send after training, for their prototypes."""
+    return sums(extract(model, data, shard, device), data.labels[shard], classes, gram=False)
 
 
 def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.features import extract, sums
+from client.features import class_sums
 from client.methods.base import Client
 from client.methods.lora import LoRATrainer
 from common.messages import Phase, RoundPlan
@@ -89,8 +89,7 @@ class PiLoraTrainer(LoRATrainer):
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
         out = super().outputs(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:  # LoRATrainer.outputs has set the trained model's view W0 + extra + s B_t A_t
-            x = extract(client.model, client.train, shard, client.device)
-            stats = sums(x, client.train.labels[shard], plan.class_range, gram=False)
+            stats = class_sums(client.model, client.train, shard, client.device, plan.class_range)
             out["stats"] = stats | {"prototype": self.current.detach().cpu().to(torch.float64)}
         return out
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from client.features import extract, sums
+from client.features import class_sums
 from client.methods.base import Client
 from client.methods.dense import DenseTrainer
 from common.messages import Phase, RoundPlan
@@ -61,8 +61,7 @@ class FedProtoTrainer(DenseTrainer):
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
         out = super().outputs(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:
-            x = extract(client.model, client.train, shard, client.device)  # (n, F) at the trained weights
-            out["stats"] = sums(x, client.train.labels[shard], plan.class_range, gram=False)
+            out["stats"] = class_sums(client.model, client.train, shard, client.device, plan.class_range)
         return out
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
