@@ -229,22 +229,29 @@ def test_image_data_batches_and_reproducible_augmentation(tmp_path):
         assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left alone
 
 
-def test_images_train_end_to_end(tmp_path):
-    image_folder(tmp_path / "mine" / "train", ["a", "b", "c"], per_class=6)
-    image_folder(tmp_path / "mine" / "test", ["a", "b", "c"], per_class=2)
-    cfg = config(
+def tiny_vit_run(tmp_path: Path, classes: list[str], per_class: int, **changes) -> RunConfig:
+    """A small run of ``tiny-vit`` on an image folder of ``classes`` (``per_class`` training images, 2 test)."""
+    image_folder(tmp_path / "mine" / "train", classes, per_class=per_class)
+    image_folder(tmp_path / "mine" / "test", classes, per_class=2)
+    return config(
         tmp_path,
         "imagefolder",
-        backbone="tiny-vit",
-        num_clients=2,
-        beta=1.0,
-        min_client_samples=2,
-        rounds_per_task=1,
-        local_epochs=1,
-        batch_size=4,
-        extra={"root": "mine"},
+        **{
+            "backbone": "tiny-vit",
+            "num_clients": 2,
+            "beta": 1.0,
+            "min_client_samples": 2,
+            "rounds_per_task": 1,
+            "local_epochs": 1,
+            "batch_size": 4,
+            "extra": {"root": "mine"},
+            **changes,
+        },
     )
-    result = run_inprocess(cfg)
+
+
+def test_images_train_end_to_end(tmp_path):
+    result = run_inprocess(tiny_vit_run(tmp_path, ["a", "b", "c"], per_class=6))
     assert len(result.matrix.accuracy()) == 1 and np.isfinite(result.history[0]["loss"])
 
 
@@ -483,28 +490,12 @@ def test_validation_holds_out_every_kth_training_sample_per_class_instead_of_the
 def test_the_vision_paths_of_the_new_competitors_train_end_to_end(tmp_path, method):
     """Prompts after a ViT's class token, TARGET's image generator, PILoRA's prototypes on ViT features:
     two tasks of tiny images, in-process."""
-    image_folder(tmp_path / "mine" / "train", ["a", "b", "c", "d"], per_class=4)
-    image_folder(tmp_path / "mine" / "test", ["a", "b", "c", "d"], per_class=2)
     settings = {
         "l2p": {"l2p": {"pool": 4, "top_k": 2, "length": 2}},
         "coda-p": {"coda": {"components": 4, "length": 2}},
         "target": {"target": {"rounds": 2, "steps": 2, "warmup": 1, "student_steps": 1, "batch": 4}},
         "pilora": {},
     }[method]
-    cfg = config(
-        tmp_path,
-        "imagefolder",
-        backbone="tiny-vit",
-        strategy=method,
-        num_tasks=2,
-        num_clients=2,
-        beta=1.0,
-        min_client_samples=2,
-        rounds_per_task=1,
-        local_epochs=1,
-        batch_size=4,
-        extra={"root": "mine"},
-        settings=settings,
-    )
+    cfg = tiny_vit_run(tmp_path, ["a", "b", "c", "d"], per_class=4, strategy=method, num_tasks=2, settings=settings)
     result = run_inprocess(cfg)
     assert len(result.matrix.accuracy()) == 2 and all(np.isfinite(h.get("loss", 0.0)) for h in result.history)

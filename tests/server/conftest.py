@@ -18,7 +18,7 @@ from common.tensors import (
     STAT,
     parse_tensor_name,
     tensor_name,
-    update_from_tensors,
+    with_tensors,
 )
 
 F64 = torch.float64
@@ -87,14 +87,4 @@ def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: i
     stats = {n: s for n, s in expected.items() if n.startswith(STAT + "/")}
     if stats:
         tensors |= _stats(stats, plan, g)
-    return update_from_tensors(
-        tensors,
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=N,
-        train_loss=1.0,
-    )
+    return with_tensors(plan_update(plan, index, N, train_loss=1.0), tensors)
