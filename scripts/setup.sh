@@ -2,7 +2,9 @@
 # Create (or refresh) the project's virtual environment at .venv in the project root.
 # Idempotent: re-running only reinstalls when pyproject.toml changed.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The physical project root: a folder that links scripts/ (the README test's scratch folder) must not
+# become the root, or pip would install the project from there.
+root="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$root"
 py="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
