@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.transforms import InterpolationMode, v2
 
 from common.settings import DataSettings
 
@@ -24,7 +23,6 @@ IMAGE_SIZE = 224  # ViT-B/16 input side; the setting data.image_size overrides i
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # the in21k ViT's own normalisation
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-BICUBIC = InterpolationMode.BICUBIC
 
 Transform = Callable[[Image.Image], Tensor]  # PIL RGB image -> (3, size, size) float32
 
@@ -40,19 +38,30 @@ def image_size(data: DataSettings) -> int:
     return data.image_size or IMAGE_SIZE
 
 
+def _transforms():
+    """torchvision's ``transforms.v2`` and bicubic interpolation, imported on first use: importing
+    torchvision pulls in ``torch._dynamo`` (about 2 s per process), which a text run never needs."""
+    from torchvision.transforms import InterpolationMode, v2
+
+    return v2, InterpolationMode.BICUBIC
+
+
 def _finish(norm: tuple | None) -> list:
     """PIL -> float32 in [0, 1], then the dataset's normalisation (none: the identity)."""
+    v2, _ = _transforms()
     steps = [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True)]
     return steps + [v2.Normalize(*norm)] if norm else steps
 
 
 def _eval(size: int, norm: tuple | None) -> Transform:
     """Resize the short side to 256/224 of the output, bicubic, then a centre crop."""
+    v2, BICUBIC = _transforms()
     return v2.Compose([v2.Resize(round(size * 256 / 224), interpolation=BICUBIC), v2.CenterCrop(size), *_finish(norm)])
 
 
 def _square(size: int, norm: tuple | None, flip: bool) -> Transform:
     """Resize to ``size x size`` (no crop), optionally flip; Cars-196 and EuroSAT."""
+    v2, BICUBIC = _transforms()
     flips = [v2.RandomHorizontalFlip()] if flip else []
     return v2.Compose([v2.Resize((size, size), interpolation=BICUBIC), *flips, *_finish(norm)])
 
@@ -67,6 +76,7 @@ def image_transforms(name: str, size: int) -> ImageTransforms:
     std 1 (the identity). EuroSAT: no augmentation, no normalisation. Every pipeline first
     brings images to ``size x size``, since the ViT needs a fixed input size.
     """
+    v2, BICUBIC = _transforms()
     resize = round(size * 256 / 224)
     flip = v2.RandomHorizontalFlip()
     if name in ("cifar100", "imagenet-r", "imagefolder"):

@@ -152,10 +152,13 @@ def test_robust_mode_over_grpc_identical_to_inprocess(cluster, tmp_path):
     assert adapter.keys() == expected.keys() and all(torch.equal(adapter[k], expected[k]) for k in expected)
 
 
-def same_counts_and_head(cluster, config, result):
-    """Run ``config`` over gRPC; its accuracy counts and head must be ``result``'s (the in-process run)."""
+def same_counts_and_head(cluster, config, results_dir):
+    """Run ``config`` over gRPC; its accuracy counts and head must be those of the in-process run, which
+    writes its results into ``results_dir`` while the processes run (they spend their first seconds
+    importing; the test's two halves overlap)."""
     c = cluster(config.to_json())
     server, clients = start(c)
+    result = run_inprocess(config, results_dir=results_dir)
     assert server.wait() == 0 and all(p.wait() == 0 for p in clients)
     metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
     assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
@@ -174,7 +177,7 @@ def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, t
     if method == "target":  # a short synthesis: each client process draws the same inputs
         values["settings"] = values["settings"] | {"target": {"rounds": 3, "steps": 4, "warmup": 1, "student_steps": 2}}
     config = RunConfig(**{**values, "run_id": method, "strategy": method})
-    c, server, metrics = same_counts_and_head(cluster, config, run_inprocess(config, results_dir=tmp_path))
+    c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
     if method in ("fedproto", "pilora"):
         got, want = (load_file(str(d / "prototypes.safetensors")) for d in (c.run_dir / "results", tmp_path))
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
@@ -190,7 +193,7 @@ def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_pa
     the trained components' change, over the wire: the same counts, head and prompt pool as in-process."""
     settings = {"l2p": {"pool": 4, "top_k": 2, "length": 2}} if method == "l2p" else {"coda": {"components": 4}}
     config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method, "settings": settings})
-    c, _, _ = same_counts_and_head(cluster, config, run_inprocess(config, results_dir=tmp_path))
+    c, _, _ = same_counts_and_head(cluster, config, tmp_path)
     prompts, expected = (load_file(str(d / "prompts.safetensors")) for d in (c.run_dir / "results", tmp_path))
     assert prompts.keys() == expected.keys() and all(torch.equal(prompts[k], expected[k]) for k in expected)
     assert all(t.shape[0] == 4 for t in prompts.values())  # L2P: its pool; CODA-P: 2 components per task, 2 tasks
