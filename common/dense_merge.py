@@ -9,7 +9,7 @@ time into running sums whose size does not depend on how many clients were folde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ class FisherMeanAccumulator:
     ``sum_i F_i = 0`` (no client's loss depends on the entry) the quotient is undefined and the
     sample-weighted mean ``sum_i n_i x_i / sum_i n_i`` is used instead.
     """
+
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "fisher")  # running sums (common/sums.py)
+    PARTS: ClassVar[tuple[str, ...]] = ("fallback",)
 
     shape: tuple[int, ...]
     numerator: Tensor | None = None  # sum_i F_i * x_i

@@ -18,7 +18,7 @@ in the reference implementation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -135,6 +135,9 @@ def _add_gram(total: Tensor | None, g: Tensor) -> Tensor:
 class GramSum:
     """Running sum of Grams ``S = sum_i G_i`` (diagonal stays diagonal until a full one arrives)."""
 
+    SUMS: ClassVar[tuple[str, ...]] = ("total",)  # running sums (common/sums.py): secure aggregation adds these up
+    PARTS: ClassVar[tuple[str, ...]] = ()
+
     d_in: int
     total: Tensor | None = None
     count: int = 0
@@ -175,6 +178,9 @@ class RegMeanAccumulator:
     Minimises ``sum_i ||W X_i - W_i X_i||^2`` where ``G_i = X_i^T X_i``.
     """
 
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator",)
+    PARTS: ClassVar[tuple[str, ...]] = ("grams",)
+
     d_out: int
     d_in: int
     numerator: Tensor | None = None  # (d_out, d_in): sum_i W_i G_i
@@ -207,6 +213,9 @@ class LoraBAccumulator:
     Minimises ``sum_i ||(B - B_i) A X_i||^2``; ``B_i: (d_out, r)``, ``A: (r, d_in)``.
     Holds only ``(d_out, r)`` and ``(r, r)`` sums: an ``r x r`` solve at the end.
     """
+
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "projected")  # not ``a``: the shared A is no sum
+    PARTS: ClassVar[tuple[str, ...]] = ()
 
     a: Tensor  # (r, d_in), shared by every client this round
     d_out: int
@@ -241,6 +250,9 @@ class LoraAAccumulator:
 
     Minimises ``sum_i ||B (A - A_i) X_i||^2`` (independently of the shared ``B``).
     """
+
+    SUMS: ClassVar[tuple[str, ...]] = ()
+    PARTS: ClassVar[tuple[str, ...]] = ("inner",)
 
     r: int
     d_in: int
@@ -302,6 +314,9 @@ class TaskMergeAccumulator:
 @dataclass
 class WeightedMeanAccumulator:
     """``x = sum_i n_i x_i / sum_i n_i`` (e.g. the head bias weighted by sample counts)."""
+
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "weight")
+    PARTS: ClassVar[tuple[str, ...]] = ()
 
     shape: tuple[int, ...]
     numerator: Tensor | None = None

@@ -31,6 +31,7 @@ from common.settings import (
     PiLoraSettings,
     RidgeSettings,
     RobustSettings,
+    SecAggSettings,
     Settings,
     TargetSettings,
     TiesSettings,
@@ -186,6 +187,7 @@ SECTIONS: dict[str, type[Settings]] = {
     DataSettings.section: DataSettings,
     ModelSettings.section: ModelSettings,
     RobustSettings.section: RobustSettings,
+    SecAggSettings.section: SecAggSettings,
 } | {m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
 
 

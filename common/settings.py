@@ -7,7 +7,7 @@ the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON)
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
 Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`), ``robust``
-(:class:`RobustSettings`) and those the method registry
+(:class:`RobustSettings`), ``secagg`` (:class:`SecAggSettings`) and those the method registry
 (``common.methods``)
 names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.SECTIONS``).
 """
@@ -168,6 +168,23 @@ class RobustSettings(Settings):
             raise ValueError(f"setting robust.relative_cosine must lie in [0, 1), got {self.relative_cosine}")
         if self.min_clients < 3:
             raise ValueError(f"setting robust.min_clients must be at least 3, got {self.min_clients}")
+
+
+@dataclass(frozen=True)
+class SecAggSettings(Settings):
+    """Secure aggregation (``common/secagg*.py``, ``server/secure.py``): the coordinator learns only sums."""
+
+    section: ClassVar[str] = "secagg"
+    enabled: bool = setting(False, "clients send their merge terms masked; the coordinator unmasks only their sum")
+    threshold: int = setting(0, "clients that finishing a step for its sum to be unmasked (0: a majority, n // 2 + 1)")
+    bound: float = setting(2.0**30, "largest magnitude of a term a client may send (fixed point; larger is refused)")
+    frac_bits: int = setting(0, "fractional bits of the fixed point (0: the most that n x bound leaves under 2^62)")
+
+    def __post_init__(self) -> None:
+        _positive_int("secagg.threshold", self.threshold, "0: a majority")
+        _finite_number("secagg.bound", self.bound, 0.0, strict=True)
+        if not 0 <= self.frac_bits <= 52:
+            raise ValueError(f"setting secagg.frac_bits must lie in [0, 52] (0: chosen), got {self.frac_bits}")
 
 
 @dataclass(frozen=True)

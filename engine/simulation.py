@@ -25,9 +25,10 @@ from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
 from common.partition import describe_tasks
 from common.progress import Progress, kind_of
-from common.settings import RobustSettings
+from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
+from server.secure import require_secure, secagg_report, secagg_text, secure_step
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
@@ -75,7 +76,10 @@ def run_inprocess(
     reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
-    robust = config.section(RobustSettings)
+    robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
+    if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
+        require_secure(config, make_strategy(config, runtime.spec))
+        as_client = make_strategy(config, runtime.spec)  # builds a client's fresh aggregator of each step
     honest = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
     workers: list[Worker] = list(honest)
     if wrap is not None:
@@ -103,7 +107,12 @@ def run_inprocess(
             plan = strategy.configure(task, round_, phase)
             aggregator = strategy.aggregator(plan)
             screened: dict = {}
-            if robust.enabled:  # every update first, as the coordinator screens a closed step
+            secured: dict = {}
+            if secagg.enabled:  # the clients' terms masked; only their sum unmasked (server/secure.py)
+                updates = {i: handle(i, plan) for i in range(len(workers))}
+                session = secure_step(aggregator, as_client, updates, secagg, config.num_clients)
+                secured = secagg_report(session, config.num_clients)
+            elif robust.enabled:  # every update first, as the coordinator screens a closed step
                 updates = [handle(i, plan) for i in range(len(workers))]
                 for update in updates:
                     assert isinstance(update, ClientUpdate)
@@ -126,6 +135,8 @@ def run_inprocess(
             }
             if screened:
                 entry["robust"] = screened
+            if secured:
+                entry["secagg"] = secured
             history.append(entry)
             if reporter:
                 reporter.step(len(history) - 1, entry)
@@ -135,6 +146,7 @@ def run_inprocess(
                 + (f" {loss}" if loss else "")
                 + report_text(strategy.step_report(plan))
                 + (robust_text(screened) if screened else "")
+                + (secagg_text(secured) if secured else "")
             )
         plan = strategy.eval_plan(task)
         for i in range(len(workers)):

@@ -9,7 +9,7 @@ depend on how many clients fold into them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import math
 from abc import ABC, abstractmethod
@@ -26,7 +26,15 @@ from server.strategies.validate import UpdateRejected, check_scalars, check_tens
 
 
 class Aggregator(ABC):
-    """Folds the updates of one step; validates each before touching any running sum."""
+    """Folds the updates of one step; validates each before touching any running sum.
+
+    An aggregator whose state is running sums of per-client terms names its accumulators in
+    ``PARTS`` (``common/sums.py``); only such an aggregator supports secure aggregation, where
+    the coordinator loads the unmasked sum of the clients' terms instead of folding updates.
+    """
+
+    SUMS: ClassVar[tuple[str, ...]] = ("num_samples", "loss_sum", "loss_samples")
+    PARTS: ClassVar[tuple[str, ...]]  # not set here: each summable subclass names its own
 
     def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
         self.plan = plan

@@ -113,6 +113,9 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
 class StatSums:
     """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum`."""
 
+    SUMS = ("plain",)  # running sums (common/sums.py)
+    PARTS = ("grams",)
+
     def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
         self.shapes = shapes
         self.grams = {n: GramSum(s[0]) for n, s in shapes.items() if n.endswith("gram")}
@@ -151,6 +154,8 @@ def check_class_counts(update: ClientUpdate) -> None:
 
 class FeatureStatsAggregator(Aggregator):
     """One features step: the clients' statistics, summed."""
+
+    PARTS = ("sums",)  # its running sums (common/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
         super().__init__(plan, declared)

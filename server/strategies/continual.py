@@ -71,6 +71,8 @@ class Target(Anchored):
 class FisherAggregator(Aggregator):
     """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
 
+    PARTS = ("fisher",)  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
         super().__init__(plan, declared)
         self.summed = summed  # the estimator sums over samples (``reference``) rather than averaging

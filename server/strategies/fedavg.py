@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -16,6 +18,8 @@ from server.strategies.dense import DenseStrategy
 class FedAvgAggregator(Aggregator):
     """Sample-weighted means of the updates' ``delta`` entries (``shapes``: every backbone parameter
     unless given) and of their heads."""
+
+    PARTS: ClassVar[tuple[str, ...]] = ("delta", "head", "bias")  # running sums (common/sums.py)
 
     def __init__(
         self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, shapes: dict[str, tuple[int, ...]] | None = None

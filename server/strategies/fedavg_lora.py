@@ -17,6 +17,8 @@ from server.strategies.base import Aggregator, Strategy, factors_from_tensors, f
 
 
 class MeanAggregator(Aggregator):
+    PARTS = ("b", "a", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
         super().__init__(plan, declared)
         self.spec, self.rank = spec, rank

@@ -26,6 +26,8 @@ from server.strategies.fedavg import FedAvg, FedAvgAggregator
 class FedProtoAggregator(FedAvgAggregator):
     """FedAvg's means, and the sums of the clients' class sums and counts."""
 
+    PARTS = ("delta", "head", "bias", "sums")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared, spec)
         self.sums = StatSums(class_sum_shapes(plan, spec))

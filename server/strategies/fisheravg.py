@@ -20,6 +20,8 @@ from server.strategies.dense import DenseStrategy, head_delta
 
 
 class FisherAvgAggregator(Aggregator):
+    PARTS = ("delta", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)
         self.spec = spec

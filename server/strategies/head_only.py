@@ -17,6 +17,8 @@ from server.strategies.base import Aggregator, Strategy
 class HeadMeanAggregator(Aggregator):
     """The sample-weighted mean of the clients' heads: weight ``(C, F)``, bias ``(C,)``."""
 
+    PARTS = ("head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)
         self.spec = spec

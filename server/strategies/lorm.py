@@ -24,6 +24,8 @@ from server.strategies.base import Aggregator, Strategy, factors_from_tensors, f
 class LoRMRoundAggregator(Aggregator):
     """One training round: the active factor per layer, the head by RegMean, the bias by samples."""
 
+    PARTS = ("layers", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
         super().__init__(plan, declared)
         self.spec, self.config = spec, config
@@ -47,6 +49,8 @@ class LoRMRoundAggregator(Aggregator):
 
 class TaskGramAggregator(Aggregator):
     """End of task: the global Gram ``G^t = sum_i G_i^t`` per layer."""
+
+    PARTS = ("grams",)  # its running sums (common/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)

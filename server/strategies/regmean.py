@@ -30,6 +30,8 @@ def weight_param(layer: str) -> str:
 
 
 class RegMeanAggregator(Aggregator):
+    PARTS = ("layers", "others", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
         super().__init__(plan, declared)
         self.spec, self.config = spec, config

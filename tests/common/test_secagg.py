@@ -103,3 +103,57 @@ def test_a_step_survives_dropped_clients_and_yields_the_survivors_sum():
     sums = decode(unmask(total, survivors, rebuilt_keys, rebuilt_seeds, publics, CONTEXT), fp, len(survivors))
     want = sum(values[i] for i in survivors)
     assert np.abs(sums - want).max() <= fp.error_bound(len(survivors)) + 1e-9
+
+
+# ------------------------------------------------------------------------- the rounds
+
+
+def _rounds(n: int, t: int):
+    from common.secagg_rounds import ClientSession, ServerSession
+
+    clients = {i: ClientSession(i, t, CONTEXT) for i in range(n)}
+    server = ServerSession(expected=list(range(n)), threshold=t, context=CONTEXT, size=3)
+    for c in clients.values():
+        server.advertise(c.advertise())
+    roster = server.close_keys()
+    for i, c in clients.items():
+        server.share(i, c.share(roster))
+    return clients, server, server.close_shares()
+
+
+def test_a_client_refuses_unmask_requests_that_could_reveal_an_input():
+    """Fewer survivors than the threshold, a request that is no partition of the sharers (a client named
+    both survivor and dropped would give up both its secrets), a second request, a changed sealed share."""
+    clients, server, sharers = _rounds(4, 3)
+    for i in range(4):
+        clients[i].mask(np.arange(3, dtype=np.uint64), sharers)
+    with pytest.raises(SecAggError, match="fewer than the threshold"):
+        clients[0].reveal(server.inbox(0), [0, 1], [2, 3])
+    with pytest.raises(SecAggError, match="not a partition"):
+        clients[0].reveal(server.inbox(0), [0, 1, 2], [2, 3])
+    inbox = server.inbox(0)
+    inbox[1] = inbox[1][:-1] + bytes([inbox[1][-1] ^ 1])
+    with pytest.raises(SecAggError, match="do not authenticate"):
+        clients[0].reveal(inbox, [0, 1, 2], [3])
+    clients[1].reveal(server.inbox(1), [0, 1, 2], [3])
+    with pytest.raises(SecAggError, match="answered"):
+        clients[1].reveal(server.inbox(1), [0, 1, 2], [3])
+
+
+def test_the_rounds_give_the_survivors_sum_and_refuse_late_or_foreign_messages():
+    from common.secagg_rounds import Keys
+
+    clients, server, sharers = _rounds(5, 3)
+    xs = {i: np.array([i, 10 * i, 2**63 + i], dtype=np.uint64) for i in range(5)}
+    for i in (0, 2, 3):  # 1 and 4 drop after sharing
+        server.masked_input(i, clients[i].mask(xs[i], sharers))
+    server.masked_input(0, clients[0].mask(xs[0], sharers))  # a retry: added once
+    survivors, dropped = server.close_inputs()
+    assert (survivors, dropped) == ([0, 2, 3], [1, 4])
+    with pytest.raises(SecAggError, match="outside the input round"):
+        server.masked_input(1, clients[1].mask(xs[1], sharers))
+    for i in survivors:
+        server.reveal(i, clients[i].reveal(server.inbox(i), survivors, dropped))
+    assert np.array_equal(server.result(), xs[0] + xs[2] + xs[3])
+    with pytest.raises(SecAggError, match="after the roster was fixed"):
+        server.advertise(Keys(4, b"\x00" * 32, b"\x00" * 32))

@@ -1,0 +1,286 @@
+"""Secure aggregation's rounds: one client's side and the coordinator's side of one step.
+
+SecAgg (Bonawitz et al., CCS 2017) against an honest-but-curious coordinator, on the primitives of
+``common/secagg.py``. For the clients ``U0`` a step expects:
+
+0. **advertise**: client ``i`` sends two fresh X25519 public keys, ``c_i`` (its shares travel
+   encrypted under it) and ``s_i`` (its pairwise masks). The coordinator fixes the roster ``U1``
+   of those it heard from (at least ``t``).
+1. **share**: client ``i`` draws its own-mask seed ``b_i`` and Shamir-shares ``b_i`` and the private
+   key of ``s_i`` among ``U1`` (threshold ``t``); the shares for ``j`` are sealed with ChaCha20-Poly1305
+   under ``HKDF(DH(c_i, c_j))`` and relayed by the coordinator, which cannot read them. ``U2``: the
+   clients that shared.
+2. **masked input**: client ``i`` in ``U2`` sends ``y_i = x_i + PRG(b_i) + sum_{j>i} s_ij - sum_{j<i} s_ij``
+   (pairwise with ``U2``); the coordinator adds the ``y_i`` up as they arrive (one vector in memory,
+   however many clients). ``U3``: the clients whose input arrived.
+3. **unmask**: the coordinator names the survivors ``U3`` and the dropped ``U2 - U3``. Each survivor
+   answers with its shares of ``b_j`` for each survivor ``j`` and of ``s_j``'s private key for each
+   dropped ``j``; from ``t`` answers the coordinator rebuilds them and removes every mask: the sum
+   of the survivors' ``x_i`` and nothing else.
+
+A client refuses an unmask request that names fewer than ``t`` survivors, that is not a partition of
+``U2``, or that would reveal both secrets of one client. Keys, seeds and masks are fresh for every
+step and bound to the step's ``context``. Not covered (documented in docs/RELIABILITY.md): a
+coordinator that lies about the roster to different clients (SecAgg's signed variant), and
+clients that collude with the coordinator beyond ``t - 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from common.secagg import SecAggError, combine, keypair, masked, share, unmask
+
+
+def default_threshold(clients: int) -> int:
+    """``floor(n / 2) + 1``: a majority must finish (and no minority can unmask an individual)."""
+    return clients // 2 + 1
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What a client advertises: its share-encryption and mask-agreement public keys (32 bytes each)."""
+
+    index: int
+    cipher_public: bytes
+    mask_public: bytes
+
+
+def _box_key(private: bytes, peer_public: bytes, context: bytes) -> bytes:
+    secret = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"lorm-secagg-box|" + context).derive(secret)
+
+
+def _aad(context: bytes, sender: int, recipient: int) -> bytes:
+    return context + struct.pack(">II", sender, recipient)
+
+
+def seal(private: bytes, peer_public: bytes, sender: int, recipient: int, plaintext: bytes, context: bytes) -> bytes:
+    """``plaintext`` for ``recipient`` only: ChaCha20-Poly1305 under the pair's key; the nonce is the
+    sender's index (each pair's key is used once per direction and step)."""
+    nonce = struct.pack(">I", sender).rjust(12, b"\x00")
+    key = _box_key(private, peer_public, context)
+    return ChaCha20Poly1305(key).encrypt(nonce, plaintext, _aad(context, sender, recipient))
+
+
+def open_box(private: bytes, peer_public: bytes, sender: int, recipient: int, box: bytes, context: bytes) -> bytes:
+    """The plaintext of :func:`seal`; ``SecAggError`` if it was changed, or is not from ``sender`` to ``recipient``."""
+    nonce = struct.pack(">I", sender).rjust(12, b"\x00")
+    try:
+        return ChaCha20Poly1305(_box_key(private, peer_public, context)).decrypt(
+            nonce, box, _aad(context, sender, recipient)
+        )
+    except InvalidTag:
+        raise SecAggError(f"the shares client {sender} sent to client {recipient} do not authenticate") from None
+
+
+def public_of(private: bytes) -> bytes:
+    raw = serialization.Encoding.Raw
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+
+
+def _check_partition(survivors: list[int], dropped: list[int], sharers: list[int], threshold: int) -> None:
+    if set(survivors) & set(dropped) or sorted(set(survivors) | set(dropped)) != sorted(sharers):
+        raise SecAggError(
+            f"unmask request: survivors {sorted(survivors)} and dropped {sorted(dropped)} are not a partition of "
+            f"the clients that shared keys {sorted(sharers)}"
+        )
+    if len(survivors) < threshold:
+        raise SecAggError(f"unmask request: {len(survivors)} survivors, fewer than the threshold {threshold}")
+
+
+class ClientSession:
+    """Client ``index``'s side of one step's secure aggregation (fresh keys and seed)."""
+
+    def __init__(self, index: int, threshold: int, context: bytes) -> None:
+        self.index, self.threshold, self.context = index, threshold, context
+        self.cipher_private, cipher_public = keypair()
+        self.mask_private, mask_public = keypair()
+        self.seed = os.urandom(16)
+        self.keys = Keys(index, cipher_public, mask_public)
+        self.roster: dict[int, Keys] = {}
+        self.sharers: list[int] = []
+        self.own = b""  # this client's own shares of its secrets (set by share)
+        self.answered = False
+
+    def advertise(self) -> Keys:
+        return self.keys
+
+    def share(self, roster: dict[int, Keys]) -> dict[int, bytes]:
+        """Sealed shares of the seed and mask key for every other client of ``roster`` (``U1``)."""
+        if roster.get(self.index) != self.keys:
+            raise SecAggError(f"the roster does not hold client {self.index}'s advertised keys")
+        if len(roster) < self.threshold:
+            raise SecAggError(f"a roster of {len(roster)} clients, fewer than the threshold {self.threshold}")
+        self.roster = dict(roster)
+        clients = sorted(roster)
+        seeds, keys = share(self.seed, self.threshold, clients), share(self.mask_private, self.threshold, clients)
+        pieces = {j: seeds[j][0] + b"".join(keys[j]) for j in clients}  # 16 bytes of seed share, 32 of key share
+        self.own = pieces[self.index]  # its own shares: kept, never sent
+        return {
+            j: seal(self.cipher_private, roster[j].cipher_public, self.index, j, pieces[j], self.context)
+            for j in clients
+            if j != self.index
+        }
+
+    def mask(self, values: np.ndarray, sharers: list[int]) -> np.ndarray:
+        """``y_i``: the encoded ``values`` masked, pairwise with ``sharers`` (``U2``)."""
+        if self.index not in sharers or not set(sharers) <= set(self.roster) or len(sharers) < self.threshold:
+            raise SecAggError(
+                f"masking: the clients that shared ({sorted(sharers)}) must include client {self.index}, lie in "
+                f"the roster and number at least {self.threshold}"
+            )
+        self.sharers = sorted(sharers)
+        publics = {j: self.roster[j].mask_public for j in self.sharers}
+        return masked(values, self.index, self.mask_private, publics, self.seed, self.context)
+
+    def reveal(self, inbox: dict[int, bytes], survivors: list[int], dropped: list[int]) -> dict[int, bytes]:
+        """The shares the coordinator may have: of each survivor's seed and each dropped client's mask key.
+
+        ``inbox``: the sealed shares the other clients of ``U2`` sent this client. Answers once per step."""
+        if self.answered:
+            raise SecAggError(f"client {self.index} has answered this step's unmask request already")
+        _check_partition(survivors, dropped, self.sharers, self.threshold)
+        if self.index not in survivors:
+            raise SecAggError(f"unmask request names client {self.index} among the dropped")
+        plain = {self.index: self.own}
+        for j in self.sharers:
+            if j == self.index:
+                continue
+            if j not in inbox:
+                raise SecAggError(f"client {self.index} holds no shares from client {j}")
+            peer = self.roster[j].cipher_public
+            plain[j] = open_box(self.cipher_private, peer, j, self.index, inbox[j], self.context)
+        self.answered = True
+        return {j: plain[j][:16] for j in survivors} | {j: plain[j][16:] for j in dropped}
+
+
+@dataclass
+class ServerSession:
+    """The coordinator's side of one step: the roster, relayed sealed shares, the running masked sum.
+
+    It never holds an individual client's unmasked input: only the sum of masked inputs, and at the
+    end the seeds of survivors and keys of dropped clients, which remove masks from the sum only.
+    """
+
+    expected: list[int]
+    threshold: int
+    context: bytes
+    size: int  # ring elements per input
+    keys: dict[int, Keys] = field(default_factory=dict)
+    roster: dict[int, Keys] | None = None  # U1, fixed by close_keys
+    boxes: dict[int, dict[int, bytes]] = field(default_factory=dict)  # sender -> recipient -> sealed shares
+    sharers: list[int] | None = None  # U2
+    total: np.ndarray = field(init=False)
+    inputs: list[int] = field(default_factory=list)  # U3 so far
+    survivors: list[int] | None = None
+    revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)  # answerer -> owner -> share
+    received: dict[str, int] = field(default_factory=dict)  # round -> bytes the clients sent in it
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.threshold <= len(self.expected):
+            raise SecAggError(f"threshold {self.threshold} for {len(self.expected)} clients")
+        self.total = np.zeros(self.size, dtype=np.uint64)
+
+    def _count(self, round_: str, nbytes: int) -> None:
+        self.received[round_] = self.received.get(round_, 0) + nbytes
+
+    def _need(self, enough: int, what: str) -> None:
+        if enough < self.threshold:
+            raise SecAggError(f"{what}: {enough} clients, fewer than the threshold {self.threshold}: the step fails")
+
+    def advertise(self, keys: Keys) -> None:
+        if self.roster is not None:
+            raise SecAggError(f"client {keys.index} advertised keys after the roster was fixed")
+        if keys.index not in self.expected:
+            raise SecAggError(f"client {keys.index} is not one of this step's clients")
+        if keys.index in self.keys and self.keys[keys.index] != keys:
+            raise SecAggError(f"client {keys.index} advertised different keys twice")
+        self.keys[keys.index] = keys
+        self._count("advertise", len(keys.cipher_public) + len(keys.mask_public))
+
+    def close_keys(self) -> dict[int, Keys]:
+        """Fix ``U1``: the clients that advertised."""
+        if self.roster is None:
+            self._need(len(self.keys), "advertised keys")
+            self.roster = dict(sorted(self.keys.items()))
+        return self.roster
+
+    def share(self, sender: int, boxes: dict[int, bytes]) -> None:
+        if self.roster is None or sender not in self.roster or self.sharers is not None:
+            raise SecAggError(f"client {sender}'s shares arrived outside the share round or from outside the roster")
+        if sorted(boxes) != sorted(j for j in self.roster if j != sender):
+            raise SecAggError(f"client {sender} must send shares to each other client of the roster, once")
+        self.boxes[sender] = dict(boxes)
+        self._count("share", sum(len(b) for b in boxes.values()))
+
+    def close_shares(self) -> list[int]:
+        """Fix ``U2``: the clients that sent their shares."""
+        if self.sharers is None:
+            self._need(len(self.boxes), "shared keys")
+            self.sharers = sorted(self.boxes)
+        return self.sharers
+
+    def inbox(self, recipient: int) -> dict[int, bytes]:
+        """The sealed shares ``U2``'s clients sent ``recipient``."""
+        assert self.sharers is not None
+        return {i: self.boxes[i][recipient] for i in self.sharers if i != recipient}
+
+    def masked_input(self, sender: int, y: np.ndarray) -> None:
+        if self.sharers is None or sender not in self.sharers or self.survivors is not None:
+            raise SecAggError(f"client {sender}'s masked input arrived outside the input round or it did not share")
+        if sender in self.inputs:
+            return  # a retry of an input already added (idempotent)
+        y = np.asarray(y, dtype=np.uint64)
+        if y.shape != (self.size,):
+            raise SecAggError(f"client {sender}'s masked input has {y.size} elements, the step's sums {self.size}")
+        self.total = self.total + y
+        self.inputs.append(sender)
+        self._count("masked", y.nbytes)
+
+    def close_inputs(self) -> tuple[list[int], list[int]]:
+        """Fix ``U3``: ``(survivors, dropped)``; the unmask request every survivor receives."""
+        if self.survivors is None:
+            self._need(len(self.inputs), "masked inputs")
+            self.survivors = sorted(self.inputs)
+        assert self.sharers is not None
+        return self.survivors, sorted(set(self.sharers) - set(self.survivors))
+
+    def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
+        survivors, dropped = self.close_inputs()
+        if answerer not in survivors:
+            raise SecAggError(f"client {answerer} answered the unmask request but is not a survivor")
+        want = {j: 16 for j in survivors} | {j: 32 for j in dropped}
+        if {j: len(s) for j, s in shares.items()} != want:
+            raise SecAggError(f"client {answerer}'s unmask answer does not hold one share per client of the step")
+        self.revealed[answerer] = dict(shares)
+        self._count("unmask", sum(len(s) for s in shares.values()))
+
+    def ready(self) -> bool:
+        return len(self.revealed) >= self.threshold
+
+    def result(self) -> np.ndarray:
+        """The ring sum of the survivors' encoded inputs (masks removed)."""
+        survivors, dropped = self.close_inputs()
+        self._need(len(self.revealed), "unmask answers")
+        assert self.roster is not None and self.sharers is not None
+        answers = dict(sorted(self.revealed.items())[: self.threshold])
+        positions = sorted(self.roster)  # the x-coordinates each client's shares were made for
+        seeds = {j: combine({a: [s[j]] for a, s in answers.items()}, positions, self.threshold) for j in survivors}
+        keys: dict[int, bytes] = {}
+        for j in dropped:
+            key = combine({a: [s[j][:16], s[j][16:]] for a, s in answers.items()}, positions, self.threshold)
+            if public_of(key) != self.roster[j].mask_public:
+                raise SecAggError(f"the rebuilt mask key of dropped client {j} does not match its advertised key")
+            keys[j] = key
+        publics = {j: self.roster[j].mask_public for j in self.sharers}
+        return unmask(self.total, survivors, keys, seeds, publics, self.context)

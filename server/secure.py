@@ -1,0 +1,201 @@
+"""Secure aggregation of a step (issue 19): clients' merge terms masked, only their sum unmasked.
+
+A step's aggregator keeps running sums of per-client terms (``common/sums.py``). With secure
+aggregation on, each client folds its own update into a fresh aggregator of the same step (the
+coordinator's code, so a client masks exactly what the coordinator would have folded) after
+checking it as the coordinator would, reads the running sums, encodes them in fixed point
+(:func:`fixed_point`) and masks them (``common/secagg_rounds.py``). The coordinator adds the
+masked vectors, unmasks the sum of the survivors and loads it into its aggregator
+(:func:`load_sums`), then checks the sum (:func:`check_sums`): the merge runs unchanged.
+
+What changes for the method: a Gram travels full (a sum of QR factors is no factor of the sum),
+and the per-class sums of a features step span every class. Methods whose merge needs an
+individual update (TIES' sign election, PILoRA's per-client prototypes, the robust mode's
+screening) refuse (:func:`require_secure`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.messages import ClientUpdate, RoundPlan
+from common.secagg import FixedPoint, SecAggError, decode, encode
+from common.secagg_rounds import ClientSession, ServerSession, default_threshold
+from common.settings import RobustSettings, SecAggSettings
+from common.sums import load_running_sums, running_sums, summable
+from server.strategies.base import Aggregator, Strategy
+from server.strategies.validate import UpdateRejected
+
+DTYPE = torch.float64
+
+
+def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
+    """The encoding of a run of ``clients``: ``settings.bound``, and ``frac_bits`` or the most that
+    ``clients x bound x 2^f < 2^62`` allows (capped at 40; the decoded sum's error is at most
+    ``clients x 2^-(f+1)`` per entry)."""
+    f = settings.frac_bits or min(40, math.floor(62 - math.log2(clients * settings.bound) - 1e-9))
+    fp = FixedPoint(frac_bits=f, bound=settings.bound)
+    fp.check(clients)
+    return fp
+
+
+def threshold(settings: SecAggSettings, clients: int) -> int:
+    t = settings.threshold or default_threshold(clients)
+    if not 1 <= t <= clients:
+        raise SecAggError(f"secagg.threshold {t} for {clients} clients: it must lie in [1, {clients}]")
+    return t
+
+
+def context(plan: RoundPlan) -> bytes:
+    """What binds a step's keys and masks to it: run, task, round, phase."""
+    return f"{plan.run_id}|{plan.task}|{plan.round}|{plan.phase.value}".encode()
+
+
+def require_secure(config: RunConfig, strategy: Strategy) -> None:
+    """``SecAggError`` unless every step of ``strategy``'s first task merges sums only (checked on the
+    strategy before its run starts: its aggregators are built, nothing is folded)."""
+    if config.section(RobustSettings).enabled:
+        raise SecAggError(
+            "secure aggregation and the robust mode exclude each other: screening needs each client's update "
+            "(docs/RELIABILITY.md weighs the two)"
+        )
+    strategy.begin_task(0)
+    for phase, round_ in strategy.steps(0):
+        aggregator = strategy.aggregator(strategy.configure(0, round_, phase))
+        if not summable(aggregator):
+            raise SecAggError(
+                f"{config.strategy} cannot run with secure aggregation: its {phase.value} step merges individual "
+                f"updates ({type(aggregator).__name__} keeps more than sums), which the coordinator would no "
+                "longer see"
+            )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The names and shapes of a step's running sums, in the order they are flattened."""
+
+    entries: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @staticmethod
+    def of(sums: dict[str, Tensor]) -> Layout:
+        return Layout(tuple((name, tuple(t.shape)) for name, t in sorted(sums.items())))
+
+    @property
+    def size(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.entries)
+
+    def flatten(self, sums: dict[str, Tensor]) -> np.ndarray:
+        if Layout.of(sums) != self:
+            raise SecAggError("the terms do not have the step's layout of sums")
+        return np.concatenate([sums[name].detach().to(DTYPE).reshape(-1).numpy() for name, _ in self.entries])
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, Tensor]:
+        out, at = {}, 0
+        for name, shape in self.entries:
+            n = math.prod(shape)
+            out[name] = torch.from_numpy(np.ascontiguousarray(flat[at : at + n])).reshape(shape).to(DTYPE)
+            at += n
+        return out
+
+
+def client_terms(aggregator: Aggregator, update: ClientUpdate) -> dict[str, Tensor]:
+    """What a client masks: its update folded into a fresh aggregator of the step, as running sums.
+
+    The client checks its own update first (``UpdateRejected``), as the coordinator would have:
+    the coordinator sees only the sum."""
+    if aggregator.count:
+        raise ValueError("client_terms needs a fresh aggregator of the step")
+    aggregator.check(update)
+    aggregator.fold(update, checked=True)
+    return running_sums(aggregator)
+
+
+def load_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int) -> None:
+    """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them."""
+    load_running_sums(aggregator, sums, clients)
+    aggregator.payload_bytes = payload_bytes
+    check_sums(aggregator, sums, clients)
+
+
+def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int) -> None:
+    """The coordinator's check of an unmasked sum (it can no longer check one update): every entry
+    finite, summed Grams and Fishers and counts non-negative (a Gram's diagonal; a full Gram
+    symmetric positive semidefinite up to the fixed point's rounding), the sample count at least one
+    per client. ``UpdateRejected`` naming the sum."""
+    for name, t in sums.items():
+        if not torch.isfinite(t).all():
+            raise UpdateRejected(f"sum {name}", "not finite")
+        leaf = name.rsplit("/", 1)[-1]
+        gram = leaf in ("total", "projected")
+        if gram and t.dim() == 2:
+            scale = float(t.abs().max()) if t.numel() else 0.0
+            if not torch.allclose(t, t.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
+                raise UpdateRejected(f"sum {name}", "a summed Gram must be symmetric")
+            low = float(torch.linalg.eigvalsh(t).min()) if t.numel() else 0.0
+            if low < -1e-9 * max(scale, 1.0) * t.shape[0]:
+                raise UpdateRejected(f"sum {name}", f"a summed Gram must be positive semidefinite ({low:.3g})")
+        elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
+            if t.numel() and float(t.min()) < 0:
+                raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
+    if aggregator.num_samples < clients:
+        raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
+
+
+def secure_step(
+    aggregator: Aggregator,
+    as_client: Strategy,
+    updates: dict[int, ClientUpdate],
+    settings: SecAggSettings,
+    clients: int,
+    drop_after_sharing: tuple[int, ...] = (),
+) -> ServerSession:
+    """One step's secure aggregation among in-process clients: every round of the protocol, with the
+    clients ``drop_after_sharing`` vanishing after the share round (their masks are removed from the
+    sum). ``as_client``: the method as a client builds it from the run's configuration (no state),
+    whose ``aggregator(plan)`` is the fresh aggregator a client folds its update into.
+    Loads the survivors' sum into ``aggregator``; returns the coordinator's session (what it held)."""
+    plan = aggregator.plan
+    t, fp, ctx = threshold(settings, clients), fixed_point(settings, clients), context(plan)
+    terms = {i: client_terms(as_client.aggregator(plan), u) for i, u in sorted(updates.items())}
+    layout = Layout.of(next(iter(terms.values())))
+    sessions = {i: ClientSession(i, t, ctx) for i in terms}
+    server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size)
+    for s in sessions.values():
+        server.advertise(s.advertise())
+    roster = server.close_keys()
+    for i, s in sessions.items():
+        server.share(i, s.share(roster))
+    sharers = server.close_shares()
+    for i, s in sessions.items():
+        if i not in drop_after_sharing:
+            server.masked_input(i, s.mask(encode(layout.flatten(terms[i]), fp), sharers))
+    survivors, dropped = server.close_inputs()
+    for i in survivors:
+        server.reveal(i, sessions[i].reveal(server.inbox(i), survivors, dropped))
+    total = decode(server.result(), fp, len(survivors))
+    payload = 8 * layout.size * len(survivors)
+    load_sums(aggregator, layout.unflatten(total), len(survivors), payload)
+    return server
+
+
+def secagg_report(session: ServerSession, clients: int) -> dict:
+    """What a secure step's history entry records: who finished, and the bytes each round brought in."""
+    survivors, dropped = session.close_inputs()
+    return {
+        "survivors": len(survivors),
+        "dropped": dropped,
+        "threshold": session.threshold,
+        "bytes_received": dict(session.received),
+        "bytes_per_client": sum(session.received.values()) / clients,
+    }
+
+
+def secagg_text(report: dict) -> str:
+    dropped = f", dropped {report['dropped']}" if report["dropped"] else ""
+    return f" [secure sum of {report['survivors']} clients{dropped}, {report['bytes_per_client'] / 1e6:.2f} MB/client]"

@@ -1,0 +1,182 @@
+"""Secure aggregation of a step (issue 19): for every method whose merge needs sums only, the unmasked
+sums equal the plain sums within the fixed point's stated bound and the merge then gives what plain
+folding gives; with clients dropped after sharing, the sums are the survivors'; the coordinator's
+session never holds one client's unmasked terms; methods that need individual updates refuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.config import RunConfig
+from common.messages import ModelSpec
+from common.secagg import SecAggError, encode
+from common.settings import SecAggSettings
+from common.sums import running_sums, summable
+from server.secure import Layout, client_terms, context, fixed_point, require_secure, secure_step
+from server.strategies import STRATEGIES, UpdateRejected, make_strategy
+
+from conftest import valid_update
+
+F64 = torch.float64
+EPS = torch.finfo(F64).eps
+SPEC = ModelSpec(
+    layers={"l1": (3, 4), "l2": (2, 3)},
+    feature_dim=3,
+    num_classes=6,
+    params={"emb.weight": (5, 4), "l1.base.weight": (3, 4), "l1.base.bias": (3,), "l2.base.weight": (2, 3)},
+)
+SETTINGS = SecAggSettings(enabled=True)
+INDIVIDUAL = {"ties", "pilora"}  # their merges need each client's update
+
+
+def config(name: str, clients: int = 3, settings: dict | None = None) -> RunConfig:
+    ridge = {"ridge": {"lambdas": [0.1, 1.0, 10.0], "holdout": 4}} if "ridge" in name else {}
+    return RunConfig(
+        run_id="sec",
+        strategy=name,
+        num_clients=clients,
+        num_tasks=2,
+        rounds_per_task=1,
+        rank=2,
+        seed=1,
+        settings=ridge | (settings or {}),
+    )
+
+
+def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def steps(name: str, clients: int):
+    """Every step of both tasks: ``(plain strategy, secure strategy, plan, updates)``, the two strategies
+    brought to the step by the same plain merges."""
+    cfg = config(name, clients)
+    plain, secure = make_strategy(cfg, SPEC), make_strategy(cfg, SPEC)
+    for task in range(2):
+        plain.begin_task(task)
+        secure.begin_task(task)
+        for phase, round_ in plain.steps(task):
+            plan = plain.configure(task, round_, phase)
+            expected = plain.aggregator(plan).expected()
+            updates = {i: valid_update(plan, expected, i, seed=100 * task + 10 * round_ + i) for i in range(clients)}
+            yield cfg, plain, secure, plan, updates
+
+
+@pytest.mark.parametrize("name", sorted(set(STRATEGIES) - INDIVIDUAL))
+def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
+    """Per step: the coordinator's unmasked sums equal the plain aggregator's running sums within
+    ``clients x 2^-(f+1)`` (plus float64 rounding of the plain sums), and the merged state agrees."""
+    checked = 0
+    for cfg, plain, secure, plan, updates in steps(name, clients=3):
+        folded = plain.aggregator(plan)
+        for update in updates.values():
+            folded.fold(update)
+        got = secure.aggregator(plan)
+        fresh = make_strategy(cfg, SPEC)  # what a client builds: the method from its config, no state
+        secure_step(got, fresh, updates, SETTINGS, cfg.num_clients)
+        want, have = running_sums(folded), running_sums(got)
+        assert want.keys() == have.keys()
+        fp = fixed_point(SETTINGS, cfg.num_clients)
+        for key in want:
+            scale = float(want[key].abs().max()) if want[key].numel() else 0.0
+            bound = fp.error_bound(cfg.num_clients) + 4 * cfg.num_clients * scale * EPS
+            assert gap(want[key], have[key]) <= bound, key
+        assert got.count == folded.count == 3 and got.num_samples == folded.num_samples
+        plain.aggregate(plan, folded)
+        secure.aggregate(plan, got)
+        a, b = plain.state_tensors(), secure.state_tensors()
+        assert a.keys() == b.keys()
+        for key in a:  # the solves amplify the grid's rounding by their conditioning: a loose bound
+            assert torch.allclose(a[key].to(F64), b[key].to(F64), rtol=1e-6, atol=1e-6), (name, plan.phase, key)
+        checked += 1
+    assert checked >= 2
+
+
+def test_terms_are_what_the_coordinator_folds_and_lorm_sends_factor_sized_terms():
+    """A client's terms are the running sums of the step's aggregator after its update; LoRM's B-round
+    terms per layer are (d_out, r) and (r, r) sums, not B_i and a Gram."""
+    cfg, plain, _, plan, updates = next(steps("lorm", clients=3))
+    assert plan.train_factors == ("B",)
+    terms = client_terms(plain.aggregator(plan), updates[0])
+    folded = plain.aggregator(plan)
+    folded.fold(updates[0])
+    assert terms.keys() == running_sums(folded).keys()
+    assert all(torch.equal(terms[k], v) for k, v in running_sums(folded).items())
+    assert terms["layers/l1/numerator"].shape == (3, 2) and terms["layers/l1/projected"].shape == (2, 2)
+
+
+def test_a_client_checks_its_own_update_before_masking():
+    cfg, plain, _, plan, updates = next(steps("lorm", clients=3))
+    bad = updates[0]
+    bad.head_bias = torch.full_like(bad.head_bias, float("nan"))
+    with pytest.raises(UpdateRejected, match="head_bias"):
+        client_terms(plain.aggregator(plan), bad)
+
+
+@pytest.mark.parametrize("name", ["lorm", "ridge", "fedavg"])
+def test_clients_dropped_after_sharing_leave_the_survivors_sums(name):
+    """5 clients, threshold 3: two vanish after the share round; the step completes and its sums are
+    those of the three survivors folded plainly."""
+    for cfg, plain, secure, plan, updates in steps(name, clients=5):
+        got = secure.aggregator(plan)
+        fresh = make_strategy(cfg, SPEC)
+        server = secure_step(got, fresh, updates, SETTINGS, 5, drop_after_sharing=(1, 3))
+        assert server.close_inputs() == ([0, 2, 4], [1, 3])
+        survivors = plain.aggregator(plan)
+        for i in (0, 2, 4):
+            survivors.fold(updates[i])
+        want, have = running_sums(survivors), running_sums(got)
+        fp = fixed_point(SETTINGS, 5)
+        for key in want:
+            scale = float(want[key].abs().max()) if want[key].numel() else 0.0
+            assert gap(want[key], have[key]) <= fp.error_bound(3) + 20 * scale * EPS, key
+        assert got.count == 3
+        break  # the first step is enough per method
+
+
+def test_too_many_dropped_fails_the_step_with_a_reason():
+    cfg, plain, secure, plan, updates = next(steps("lorm", clients=5))
+    fresh = make_strategy(cfg, SPEC)
+    with pytest.raises(SecAggError, match="fewer than the threshold 3"):
+        secure_step(secure.aggregator(plan), fresh, updates, SETTINGS, 5, (0, 1, 2))
+
+
+def test_the_coordinators_session_holds_no_individual_term():
+    """Everything the coordinator's session stores (keys, sealed shares, the masked total, the revealed
+    shares) and the aggregator it loads: no array equals, and no byte string contains, one client's
+    encoded terms or any 8-byte word of them; the sealed shares do not contain the plain shares."""
+    cfg, plain, secure, plan, updates = next(steps("lorm", clients=4))
+    fresh = make_strategy(cfg, SPEC)
+    got = secure.aggregator(plan)
+    server = secure_step(got, fresh, updates, SETTINGS, 4, drop_after_sharing=(2,))
+    fp = fixed_point(SETTINGS, 4)
+    encoded = []
+    for u in updates.values():
+        terms = client_terms(fresh.aggregator(plan), u)
+        encoded.append(encode(Layout.of(terms).flatten(terms), fp))
+    stored: list[bytes] = [server.total.tobytes()]
+    stored += [k.cipher_public + k.mask_public for k in server.keys.values()]
+    stored += [box for boxes in server.boxes.values() for box in boxes.values()]
+    stored += [s for shares in server.revealed.values() for s in shares.values()]
+    blob = b"".join(stored)
+    for e in encoded:
+        assert not np.array_equal(server.total, e)
+        words = {e[k].tobytes() for k in range(e.size) if e[k] not in (0, 2**64 - 1)}  # skip words of 0 and -1
+        assert not any(w in blob for w in words)
+    assert summable(got)  # it holds sums only, and it is the survivors' sum
+    assert server.inputs == [0, 1, 3] and context(plan) == server.context
+
+
+@pytest.mark.parametrize("name", sorted(INDIVIDUAL))
+def test_methods_that_need_individual_updates_refuse(name):
+    cfg = config(name)
+    with pytest.raises(SecAggError, match=f"{name} cannot run with secure aggregation"):
+        require_secure(cfg, make_strategy(cfg, SPEC))
+
+
+def test_robust_mode_and_secure_aggregation_exclude_each_other():
+    cfg = config("lorm", settings={"robust": {"enabled": True}})
+    with pytest.raises(SecAggError, match="exclude each other"):
+        require_secure(cfg, make_strategy(cfg, SPEC))
