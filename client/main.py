@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import os
@@ -12,10 +13,12 @@ import time
 
 from client.datasets import DatasetError
 from client.runtime import build_runtime
+from client.secure import SecureRounds
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
 from common.progress import Progress
+from common.settings import SecAggSettings
 from common.logs import add_logging_arguments, set_context, setup_logging, plan_name, step_loss
 from common.messages import ClientUpdate, Phase, RoundPlan, Wait
 from common.tls import SecurityError, add_security_arguments, security_from_args
@@ -34,6 +37,10 @@ def _record(metrics: ClientMetrics, config, plan: RoundPlan, result, seconds: fl
         metrics.step_done(plan.phase.value, plan.task, plan.round, samples, seconds, result.train_loss)
     else:
         metrics.step_done(plan.phase.value, plan.task, plan.round, int(sum(result.total)), seconds)
+
+
+def push_as(client: CoordinatorClient, key: str, update: ClientUpdate) -> bool:
+    return client.push(update, key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         [], interactive=False if quiet else None, every_s=math.inf if args.no_progress else 30.0, emit=log.info
     )
     worker.on_batch = progress.batch
+    secure = config.section(SecAggSettings).enabled
+    skipped: tuple | None = None  # a secure step that went on without this client (it lost its keys)
     while True:
         answer = client.pull()
         if isinstance(answer, Wait):
@@ -136,7 +145,21 @@ def main(argv: list[str] | None = None) -> int:
             log.info("run %s is over", config.run_id)
             client.close()
             return 0
+        if (plan.task, plan.round, plan.phase) == skipped:
+            time.sleep(1.0)
+            continue
         set_context(task=plan.task, round=plan.round)
+        rounds = None
+        if secure and plan.phase != Phase.EVALUATE:
+            rounds = SecureRounds(client, config, runtime.spec, index, plan)
+            try:
+                rounds.begin()  # keys and sealed shares before training: the others need them to mask
+            except Rejected as err:
+                if err.code.name != "FAILED_PRECONDITION":
+                    raise
+                log.info("secure aggregation of this step goes on without this client (%s); waiting for the next", err)
+                skipped = (plan.task, plan.round, plan.phase)
+                continue
         start = time.perf_counter()
         progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
         try:
@@ -148,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if isinstance(result, ClientUpdate):
                 fault_point("client.push")
-                client.push(result, key)
+                if rounds is not None:
+                    summed = rounds.finish(result, functools.partial(push_as, client, key))
+                    log.info("secure aggregation: pushed masked terms; the coordinator unmasks the sum of %d", summed)
+                else:
+                    client.push(result, key)
                 loss = step_loss(plan.phase.value, result.train_loss)
                 log.info(
                     "task %d round %d %s: %d samples%s, %.1f s",

@@ -150,6 +150,18 @@ class CoordinatorClient:
         )
         return reply.duplicate
 
+    def secagg(self, plan: RoundPlan, index: int, stage: str, keys=None, shares=None) -> dict:
+        """One secure-aggregation call for ``plan``'s step (``proto.codec.SECAGG_STAGES``); the reply as a dict."""
+        request = codec.secagg_request_to_proto(
+            self.run_id, self.client_id, index, (plan.task, plan.round, plan.phase), stage, keys, shares
+        )
+        return self._call(
+            f"secure aggregation ({stage})",
+            lambda: codec.secagg_reply_from_proto(
+                self.stub.SecAgg(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)
+            ),
+        )
+
     def status(self) -> dict:
         s = self._call(
             "status", lambda: self.stub.Status(pb.StatusRequest(run_id=self.run_id), timeout=10, metadata=self.metadata)

@@ -190,6 +190,8 @@ class ClientUpdate:
     delta: dict[str, Tensor] = field(default_factory=dict)
     fisher: dict[str, Tensor] = field(default_factory=dict)  # full mode: diagonal empirical Fisher
     stats: dict[str, Tensor] = field(default_factory=dict)  # features mode: feature statistics by name
+    # secure aggregation: the step's running sums after this update, masked (server/secure.py), by sum name
+    masked: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass

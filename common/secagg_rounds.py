@@ -175,7 +175,7 @@ class ServerSession:
     expected: list[int]
     threshold: int
     context: bytes
-    size: int  # ring elements per input
+    size: int = 0  # ring elements per input (0: set by the first input)
     keys: dict[int, Keys] = field(default_factory=dict)
     roster: dict[int, Keys] | None = None  # U1, fixed by close_keys
     boxes: dict[int, dict[int, bytes]] = field(default_factory=dict)  # sender -> recipient -> sealed shares
@@ -241,6 +241,8 @@ class ServerSession:
         if sender in self.inputs:
             return  # a retry of an input already added (idempotent)
         y = np.asarray(y, dtype=np.uint64)
+        if not self.size:
+            self.size, self.total = y.size, np.zeros(y.size, dtype=np.uint64)
         if y.shape != (self.size,):
             raise SecAggError(f"client {sender}'s masked input has {y.size} elements, the step's sums {self.size}")
         self.total = self.total + y
@@ -284,3 +286,36 @@ class ServerSession:
             keys[j] = key
         publics = {j: self.roster[j].mask_public for j in self.sharers}
         return unmask(self.total, survivors, keys, seeds, publics, self.context)
+
+
+def session_state(session: ServerSession) -> dict:
+    """What the coordinator persists of a step's session (JSON; bytes as hex): everything but the
+    masked total, which it rebuilds from the staged masked inputs of the survivors."""
+    return {
+        "expected": session.expected,
+        "threshold": session.threshold,
+        "context": session.context.hex(),
+        "keys": {str(i): [k.cipher_public.hex(), k.mask_public.hex()] for i, k in session.keys.items()},
+        "roster": None if session.roster is None else sorted(session.roster),
+        "boxes": {str(i): {str(j): b.hex() for j, b in boxes.items()} for i, boxes in session.boxes.items()},
+        "sharers": session.sharers,
+        "survivors": session.survivors,  # U3 once fixed; the inputs are then added again on resume
+        "revealed": {str(i): {str(j): s.hex() for j, s in shares.items()} for i, shares in session.revealed.items()},
+        "received": session.received,
+    }
+
+
+def session_from_state(state: dict) -> ServerSession:
+    """Inverse of :func:`session_state`, before the inputs are added again (``inputs`` empty)."""
+    keys = {int(i): Keys(int(i), bytes.fromhex(c), bytes.fromhex(m)) for i, (c, m) in state["keys"].items()}
+    return ServerSession(
+        expected=list(state["expected"]),
+        threshold=int(state["threshold"]),
+        context=bytes.fromhex(state["context"]),
+        keys=keys,
+        roster=None if state["roster"] is None else {i: keys[i] for i in state["roster"]},
+        boxes={int(i): {int(j): bytes.fromhex(b) for j, b in bx.items()} for i, bx in state["boxes"].items()},
+        sharers=state["sharers"],
+        revealed={int(i): {int(j): bytes.fromhex(s) for j, s in sh.items()} for i, sh in state["revealed"].items()},
+        received=dict(state["received"]),
+    )

@@ -39,13 +39,21 @@ LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gra
 ANCHOR = "anchor"  # a plan's reference weights (W0 + anchor): EWC's penalty centre, LwF's teacher
 PROMPT = "prompt"  # a plan's prompt pool (L2P, CODA-Prompt), by name
 PROTO = "proto"  # a plan's global prototypes (FedProto): proto/mean, proto/count
+MASKED = "masked"  # secure aggregation: an update's running sums, fixed point and masked (int64 bits of Z_2^64)
 HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
 PARTS = ("B", "A")
 _FACTOR_KINDS = (LORA, EXTRA, FACTOR)
-_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT, ANCHOR, PROMPT, PROTO)  # "<kind>/<layer or parameter name>"
+_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT, ANCHOR, PROMPT, PROTO, MASKED)  # "<kind>/<layer or parameter name>"
 
 # What each message may carry: the one list the codec, the validation and the flattening below read.
-UPDATE_FIELDS = {FACTOR: "factors", GRAM: "grams", DELTA: "delta", FISHER: "fisher", STAT: "stats"}  # kind -> field
+UPDATE_FIELDS = {
+    FACTOR: "factors",
+    GRAM: "grams",
+    DELTA: "delta",
+    FISHER: "fisher",
+    STAT: "stats",
+    MASKED: "masked",
+}  # kind -> field
 UPDATE_HEAD = {HEAD_WEIGHT: "head_weight", HEAD_BIAS: "head_bias", HEAD_GRAM: "head_gram"}  # name -> field
 # shared factors, frozen extra, dense delta, anchor, Fisher, prompt pool, prototypes
 PLAN_KINDS = (LORA, EXTRA, DELTA, ANCHOR, FISHER, PROMPT, PROTO)
@@ -87,7 +95,8 @@ def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
     if kind in _FACTOR_KINDS and layer and part in PARTS:
         return kind, layer, part
     expected = (
-        "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat|anchor|prompt|proto/<name> or head/weight|bias|gram"
+        "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat|anchor|prompt|proto|masked/<name> "
+        "or head/weight|bias|gram"
     )
     raise WireError("tensors.name", f"expected {expected}, got {name!r}")
 

@@ -61,6 +61,7 @@ from common.tensors import (
     update_from_tensors,
     update_tensors,
 )
+from common.secagg_rounds import Keys
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
@@ -548,3 +549,82 @@ def eval_from_proto(message: pb.EvalReport) -> tuple[str, EvalReport]:
             raise WireError("correct", f"expected 0 <= correct <= total for task {j}, got {c} of {t}")
     report = EvalReport(message.run_id, message.client_id, message.client_index, message.task, correct, total)
     return message.idempotency_key, report
+
+
+# ------------------------------------------------------------------ secure aggregation
+
+SECAGG_STAGES = ("advertise", "roster", "share", "inbox", "unmask", "reveal")  # SecAggStage 1..6
+
+
+def secagg_request_to_proto(
+    run_id: str,
+    client_id: str,
+    client_index: int,
+    step: tuple[int, int, Phase],
+    stage: str,
+    keys: Keys | None = None,
+    shares: Mapping[int, bytes] | None = None,
+) -> pb.SecAggRequest:
+    task, round_, phase = step
+    return pb.SecAggRequest(
+        run_id=run_id,
+        client_id=client_id,
+        client_index=client_index,
+        step=pb.StepRef(task=task, round=round_, phase=phase_to_proto(phase)),
+        stage=pb.SecAggStage.Value(f"SECAGG_{stage.upper()}"),
+        keys=None if keys is None else _keys_to_proto(keys),
+        shares=[pb.SecAggShare(peer=j, data=d) for j, d in sorted((shares or {}).items())],
+    )
+
+
+def secagg_request_from_proto(msg: pb.SecAggRequest) -> dict[str, Any]:
+    """The request's fields as :meth:`server.coordinator.Coordinator.secagg` takes them."""
+    if not 1 <= msg.stage <= len(SECAGG_STAGES):
+        raise WireError("stage", f"expected a secure aggregation stage 1..{len(SECAGG_STAGES)}, got {msg.stage}")
+    _non_empty(run_id=msg.run_id, client_id=msg.client_id)
+    stage = SECAGG_STAGES[msg.stage - 1]
+    if stage == "advertise" and (len(msg.keys.cipher_public) != 32 or len(msg.keys.mask_public) != 32):
+        raise WireError("keys", "an advertise carries two 32-byte X25519 public keys")
+    return {
+        "client_id": msg.client_id,
+        "client_index": msg.client_index,
+        "run_id": msg.run_id,
+        "step_ref": (msg.step.task, msg.step.round, phase_from_proto(msg.step.phase, "step.phase")),
+        "stage": stage,
+        "keys": _keys_from_proto(msg.keys) if stage == "advertise" else None,
+        "shares": {s.peer: bytes(s.data) for s in msg.shares},
+    }
+
+
+def secagg_reply_to_proto(reply: Mapping[str, Any]) -> pb.SecAggReply:
+    return pb.SecAggReply(
+        ready=reply["ready"],
+        retry_after_s=reply.get("retry_after_s", 0.0),
+        message=reply.get("message", ""),
+        roster=[_keys_to_proto(k) for k in reply.get("roster", [])],
+        sharers=reply.get("sharers", []),
+        shares=[pb.SecAggShare(peer=j, data=d) for j, d in sorted(reply.get("shares", {}).items())],
+        survivors=reply.get("survivors", []),
+        dropped=reply.get("dropped", []),
+    )
+
+
+def secagg_reply_from_proto(msg: pb.SecAggReply) -> dict[str, Any]:
+    return {
+        "ready": msg.ready,
+        "retry_after_s": msg.retry_after_s,
+        "message": msg.message,
+        "roster": {k.index: _keys_from_proto(k) for k in msg.roster},
+        "sharers": list(msg.sharers),
+        "shares": {s.peer: bytes(s.data) for s in msg.shares},
+        "survivors": list(msg.survivors),
+        "dropped": list(msg.dropped),
+    }
+
+
+def _keys_to_proto(keys: Keys) -> pb.SecAggKeys:
+    return pb.SecAggKeys(index=keys.index, cipher_public=keys.cipher_public, mask_public=keys.mask_public)
+
+
+def _keys_from_proto(msg: pb.SecAggKeys) -> Keys:
+    return Keys(msg.index, bytes(msg.cipher_public), bytes(msg.mask_public))

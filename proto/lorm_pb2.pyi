@@ -22,6 +22,16 @@ class GramKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GRAM_KIND_NONE: _ClassVar[GramKind]
     GRAM_KIND_DIAG: _ClassVar[GramKind]
     GRAM_KIND_FULL: _ClassVar[GramKind]
+
+class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SECAGG_UNSPECIFIED: _ClassVar[SecAggStage]
+    SECAGG_ADVERTISE: _ClassVar[SecAggStage]
+    SECAGG_ROSTER: _ClassVar[SecAggStage]
+    SECAGG_SHARE: _ClassVar[SecAggStage]
+    SECAGG_INBOX: _ClassVar[SecAggStage]
+    SECAGG_UNMASK: _ClassVar[SecAggStage]
+    SECAGG_REVEAL: _ClassVar[SecAggStage]
 PHASE_UNSPECIFIED: Phase
 PHASE_TRAIN: Phase
 PHASE_TASK_GRAM: Phase
@@ -32,6 +42,13 @@ GRAM_KIND_UNSPECIFIED: GramKind
 GRAM_KIND_NONE: GramKind
 GRAM_KIND_DIAG: GramKind
 GRAM_KIND_FULL: GramKind
+SECAGG_UNSPECIFIED: SecAggStage
+SECAGG_ADVERTISE: SecAggStage
+SECAGG_ROSTER: SecAggStage
+SECAGG_SHARE: SecAggStage
+SECAGG_INBOX: SecAggStage
+SECAGG_UNMASK: SecAggStage
+SECAGG_REVEAL: SecAggStage
 
 class TensorHeader(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes", "crc32")
@@ -256,3 +273,59 @@ class RunStatus(_message.Message):
     clients_done: int
     metrics_json: str
     def __init__(self, run_id: _Optional[str] = ..., state: _Optional[str] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., clients_joined: _Optional[int] = ..., clients_done: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
+
+class SecAggKeys(_message.Message):
+    __slots__ = ("index", "cipher_public", "mask_public")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    cipher_public: bytes
+    mask_public: bytes
+    def __init__(self, index: _Optional[int] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ...) -> None: ...
+
+class SecAggShare(_message.Message):
+    __slots__ = ("peer", "data")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    peer: int
+    data: bytes
+    def __init__(self, peer: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SecAggRequest(_message.Message):
+    __slots__ = ("run_id", "client_id", "client_index", "step", "stage", "keys", "shares")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    client_id: str
+    client_index: int
+    step: StepRef
+    stage: SecAggStage
+    keys: SecAggKeys
+    shares: _containers.RepeatedCompositeFieldContainer[SecAggShare]
+    def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_index: _Optional[int] = ..., step: _Optional[_Union[StepRef, _Mapping]] = ..., stage: _Optional[_Union[SecAggStage, str]] = ..., keys: _Optional[_Union[SecAggKeys, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ...) -> None: ...
+
+class SecAggReply(_message.Message):
+    __slots__ = ("ready", "retry_after_s", "message", "roster", "sharers", "shares", "survivors", "dropped")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ROSTER_FIELD_NUMBER: _ClassVar[int]
+    SHARERS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    retry_after_s: float
+    message: str
+    roster: _containers.RepeatedCompositeFieldContainer[SecAggKeys]
+    sharers: _containers.RepeatedScalarFieldContainer[int]
+    shares: _containers.RepeatedCompositeFieldContainer[SecAggShare]
+    survivors: _containers.RepeatedScalarFieldContainer[int]
+    dropped: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ready: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., message: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[SecAggKeys, _Mapping]]] = ..., sharers: _Optional[_Iterable[int]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -65,6 +65,11 @@ class CoordinatorStub:
                 request_serializer=proto_dot_lorm__pb2.StatusRequest.SerializeToString,
                 response_deserializer=proto_dot_lorm__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.SecAgg = channel.unary_unary(
+                '/lorm.v1.Coordinator/SecAgg',
+                request_serializer=proto_dot_lorm__pb2.SecAggRequest.SerializeToString,
+                response_deserializer=proto_dot_lorm__pb2.SecAggReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -114,6 +119,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SecAgg(self, request, context):
+        """Secure aggregation's rounds of a step (settings secagg.*): keys, sealed shares, the unmask
+        request and its answer. The masked input itself travels by Push (tensors masked/<sum>).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +159,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=proto_dot_lorm__pb2.StatusRequest.FromString,
                     response_serializer=proto_dot_lorm__pb2.RunStatus.SerializeToString,
+            ),
+            'SecAgg': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecAgg,
+                    request_deserializer=proto_dot_lorm__pb2.SecAggRequest.FromString,
+                    response_serializer=proto_dot_lorm__pb2.SecAggReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +329,33 @@ class Coordinator:
             '/lorm.v1.Coordinator/Status',
             proto_dot_lorm__pb2.StatusRequest.SerializeToString,
             proto_dot_lorm__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecAgg(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lorm.v1.Coordinator/SecAgg',
+            proto_dot_lorm__pb2.SecAggRequest.SerializeToString,
+            proto_dot_lorm__pb2.SecAggReply.FromString,
             options,
             channel_credentials,
             insecure,

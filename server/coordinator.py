@@ -37,9 +37,12 @@ from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPla
 from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
 from common.progress import Progress, kind_of
-from common.settings import RobustSettings
+from common.secagg import SecAggError
+from common.secagg_rounds import Keys
+from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
+from server.secure import SecureStep, load_sums, require_secure, secagg_report, secagg_text
 from server.checks import (
     Options,
     Refused,
@@ -78,6 +81,7 @@ class StepState:
     next_fold: int = 0  # every client index below this has been folded (or skipped)
     submitted: set[int] = field(default_factory=set)
     reports: dict[int, EvalReport] = field(default_factory=dict)
+    secure: SecureStep | None = None  # secure aggregation's rounds of this step (secagg.enabled)
 
     @property
     def key(self) -> str:
@@ -103,6 +107,7 @@ class Coordinator:
         self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.config = config
         self.robust = config.section(RobustSettings)
+        self.secagg_settings = config.section(SecAggSettings)
         self.progress: Progress | None = None
         self.clients: dict[str, int] = {}  # client id -> client index
         self.spec: ModelSpec | None = None
@@ -208,6 +213,10 @@ class Coordinator:
             aggregator = self.strategy.aggregator(plan)
         self.pointer = (task, index)
         self.step = StepState(task, index, phase, round_, plan, aggregator, time.monotonic())
+        if self.secagg_settings.enabled and phase != Phase.EVALUATE:
+            self.step.secure = SecureStep(
+                self.secagg_settings, self.config.num_clients, plan, self.store.load_secagg(self.step.key)
+            )
 
     def _refold_staged(self) -> None:
         step = self.step
@@ -220,6 +229,9 @@ class Coordinator:
                     meta["run_id"], meta["client_id"], index, meta["task"], meta["correct"], meta["total"]
                 )
             step.submitted.add(index)
+        sec = step.secure
+        if sec is not None and sec.resumed_survivors is not None:  # the inputs had closed: add them again
+            sec.close_inputs(self.store.load_update(step.key, i) for i in sec.resumed_survivors)
         self._fold_ready()
         self._maybe_finish()
 
@@ -227,8 +239,8 @@ class Coordinator:
         """Fold staged updates in index order while the next index is available."""
         step = self.step
         assert step is not None
-        if step.aggregator is None or self.robust.enabled:  # robust: screened and folded when the step closes
-            return
+        if step.aggregator is None or self.robust.enabled or step.secure is not None:
+            return  # robust: screened and folded when the step closes; secure: only the unmasked sum is loaded
         while step.next_fold < self.config.num_clients and step.next_fold in step.submitted:
             i = step.next_fold
             update = fresh if fresh is not None and fresh.client_index == i else self.store.load_update(step.key, i)
@@ -249,6 +261,9 @@ class Coordinator:
     def _maybe_finish(self) -> None:
         step = self.step
         if step is None or self.state != State.RUNNING:
+            return
+        if step.secure is not None:
+            self._secure_advance()
             return
         everyone = len(step.submitted) == self.config.num_clients
         if not everyone and not self._deadline_passed():
@@ -281,7 +296,17 @@ class Coordinator:
         else:
             assert step.aggregator is not None
             screened: dict[str, Any] = {}
-            if self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
+            if step.secure is not None:  # the survivors' sum of terms, unmasked: no update was ever seen alone
+                sums, survivors = step.secure.unmasked()
+                assert step.secure.layout is not None
+                try:
+                    load_sums(step.aggregator, sums, survivors, 8 * step.secure.layout.size * survivors)
+                except UpdateRejected as err:
+                    raise SecAggError(
+                        f"the unmasked sum of task {step.task} step {step.index} is refused: {err}"
+                    ) from err
+                entry["secagg"] = secagg_report(step.secure.session, self.config.num_clients)
+            elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
                 load = functools.partial(self.store.load_update, step.key)
                 screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)
             else:  # fold whatever is staged but was held back by a missing (skipped) lower index
@@ -304,6 +329,7 @@ class Coordinator:
                 f"task {step.task} round {step.round} {plan_name(step.plan)} merged "
                 f"({len(step.submitted)} clients{', ' + loss if loss else ''}){report_text(report)}"
                 + (robust_text(screened) if screened else "")
+                + (secagg_text(entry["secagg"]) if "secagg" in entry else "")
                 + eta
             )
         self.history.append(entry)
@@ -395,6 +421,8 @@ class Coordinator:
 
     def _strategy_for(self, spec: ModelSpec, what: str) -> Strategy:
         try:  # before anything is assigned: a spec no strategy can be built for changes nothing
+            if self.secagg_settings.enabled:  # a method whose merge needs individual updates refuses here
+                require_secure(self.config, make_strategy(self.config, spec))
             return make_strategy(self.config, spec)
         except (ValueError, RuntimeError) as err:
             raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
@@ -438,6 +466,8 @@ class Coordinator:
                     self.options.retry_after_s,
                     f"waiting for {self.config.num_clients - len(step.submitted)} other clients",
                 )
+            if step.secure is not None and not step.secure.may_join(index):
+                return Wait(self.options.retry_after_s, "this step's secure aggregation went on without this client")
             return step.plan
 
     def _check_step(
@@ -477,6 +507,12 @@ class Coordinator:
                 raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
             if client_index in step.submitted:
                 return True
+            if step.secure is not None:
+                if declared is not None and any(
+                    not name.startswith("masked/") or dtype != "int64" for name, (dtype, _) in declared.items()
+                ):
+                    raise Refused("INVALID_ARGUMENT", "a secure step's update carries masked int64 sums only")
+                return False
             if declared is not None:
                 try:
                     check_declared(declared, step.aggregator.expected(), declared_bytes)
@@ -495,6 +531,8 @@ class Coordinator:
             if update.client_index in step.submitted:
                 return False
             assert step.aggregator is not None
+            if step.secure is not None:
+                return self._submit_masked(step, update, idempotency_key)
             try:
                 tensors = update_tensors(update)  # once: validated and staged in this form
                 step.aggregator.check(
@@ -508,6 +546,116 @@ class Coordinator:
             self._fold_ready(update)
             self._maybe_finish()
             return True
+
+    def _submit_masked(self, step: StepState, update: ClientUpdate, idempotency_key: str) -> bool:
+        """A secure step's masked input: checked for form only (its values say nothing), staged; the
+        inputs close when every client that shared has sent one (or late, with the threshold)."""
+        sec = step.secure
+        assert sec is not None
+        try:
+            fixed = sec.check_masked(update)
+        except UpdateRejected as err:
+            raise Refused(
+                "FAILED_PRECONDITION" if err.field == "masked" and "closed" in str(err) else "INVALID_ARGUMENT",
+                str(err),
+            ) from err
+        self.store.stage_update(step.key, update, idempotency_key)
+        if fixed:
+            self.store.save_secagg(step.key, sec.state())
+        fault_point("push.staged")
+        step.submitted.add(update.client_index)
+        self._secure_advance()
+        return True
+
+    def _secure_advance(self) -> None:
+        """Close whatever secure round is complete (or late, with the threshold), persist the session,
+        and finish the step once the threshold of unmask answers is in."""
+        step = self.step
+        assert step is not None and step.secure is not None
+        sec, s, n = step.secure, step.secure.session, self.config.num_clients
+        t = s.threshold
+        late = self.options.round_deadline_s > 0 and time.monotonic() - step.started > self.options.round_deadline_s
+        where = f"task {step.task} step {step.index} secure aggregation"
+        changed = False
+        if s.roster is None and (len(s.keys) == n or (late and len(s.keys) >= t)):
+            s.close_keys()
+            changed = True
+            self.emit(f"{where}: roster of {len(s.keys)} clients (threshold {t})")
+        if (
+            s.roster is not None
+            and s.sharers is None
+            and (len(s.boxes) == len(s.roster) or (late and len(s.boxes) >= t))
+        ):
+            s.close_shares()
+            changed = True
+        if s.sharers is not None and s.survivors is None:
+            arrived = sorted(step.submitted & set(s.sharers))
+            if len(arrived) == len(s.sharers) or (late and len(arrived) >= t):
+                sec.close_inputs(self.store.load_update(step.key, i) for i in arrived)
+                changed = True
+                dropped = sorted(set(s.sharers) - set(arrived))
+                self.emit(
+                    f"{where}: masked inputs of {len(arrived)} clients" + (f", dropped {dropped}" if dropped else "")
+                )
+        if changed:
+            self.store.save_secagg(step.key, sec.state())
+        if s.survivors is not None and s.ready():
+            self._finish_step()
+
+    def secagg(
+        self,
+        client_id: str,
+        client_index: int,
+        run_id: str,
+        step_ref: tuple[int, int, Phase],
+        stage: str,
+        keys: Keys | None = None,
+        shares: dict[int, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, reveal). Returns
+        ``{"ready": False, "message": ...}`` while what is asked for is not fixed yet, else what it holds."""
+        with self.lock:
+            step = self._check_step(client_id, client_index, run_id, *step_ref)
+            if step.secure is None:
+                raise Refused("FAILED_PRECONDITION", "the open step has no secure aggregation")
+            sec, s = step.secure, step.secure.session
+            self._secure_advance()
+            if self.step is not step:  # the call above finished the step
+                raise Refused("FAILED_PRECONDITION", "the step is over")
+            wait = {"ready": False, "retry_after_s": self.options.retry_after_s}
+            try:
+                if stage == "advertise":
+                    assert keys is not None
+                    s.advertise(keys)
+                    self.store.save_secagg(step.key, sec.state())
+                elif stage == "share":
+                    s.share(client_index, shares or {})
+                    self.store.save_secagg(step.key, sec.state())
+                elif stage == "reveal":
+                    s.reveal(client_index, shares or {})
+                    self.store.save_secagg(step.key, sec.state())
+                    fault_point("secagg.revealed")
+                elif stage == "roster":
+                    if s.roster is None:
+                        return wait | {"message": f"{len(s.keys)}/{self.config.num_clients} clients advertised keys"}
+                    return {"ready": True, "roster": list(s.roster.values())}
+                elif stage == "inbox":
+                    if s.sharers is None:
+                        return wait | {"message": f"{len(s.boxes)}/{len(s.roster or {})} clients shared keys"}
+                    if client_index not in s.sharers:
+                        raise SecAggError("the share round closed without this client")
+                    return {"ready": True, "sharers": s.sharers, "shares": s.inbox(client_index)}
+                elif stage == "unmask":
+                    if s.survivors is None:
+                        return wait | {"message": "waiting for the masked inputs"}
+                    survivors, dropped = s.close_inputs()
+                    return {"ready": True, "survivors": survivors, "dropped": dropped}
+                else:
+                    raise Refused("INVALID_ARGUMENT", f"unknown secure aggregation stage {stage!r}")
+            except SecAggError as err:
+                raise Refused("FAILED_PRECONDITION", str(err)) from err
+            self._secure_advance()
+            return {"ready": True}
 
     def report_eval(self, report: EvalReport, idempotency_key: str) -> bool:
         with self.lock:
@@ -542,7 +690,11 @@ class Coordinator:
             return True
 
     def _tick(self) -> None:
-        if self.state == State.RUNNING and self.step is not None and self._deadline_passed():
+        if self.state != State.RUNNING or self.step is None:
+            return
+        if self.step.secure is not None:
+            self._secure_advance()
+        elif self._deadline_passed():
             self._maybe_finish()
 
     def all_clients_released(self) -> bool:

@@ -16,8 +16,10 @@ screening) refuse (:func:`require_secure`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -26,9 +28,10 @@ from torch import Tensor
 from common.config import RunConfig
 from common.messages import ClientUpdate, RoundPlan
 from common.secagg import FixedPoint, SecAggError, decode, encode
-from common.secagg_rounds import ClientSession, ServerSession, default_threshold
+from common.secagg_rounds import ClientSession, ServerSession, default_threshold, session_from_state, session_state
 from common.settings import RobustSettings, SecAggSettings
 from common.sums import load_running_sums, running_sums, summable
+from common.tensors import MASKED, update_tensors, with_tensors
 from server.strategies.base import Aggregator, Strategy
 from server.strategies.validate import UpdateRejected
 
@@ -94,6 +97,21 @@ class Layout:
         if Layout.of(sums) != self:
             raise SecAggError("the terms do not have the step's layout of sums")
         return np.concatenate([sums[name].detach().to(DTYPE).reshape(-1).numpy() for name, _ in self.entries])
+
+    def flatten_ring(self, masked: dict[str, Tensor]) -> np.ndarray:
+        """Masked int64 tensors by sum name -> one ring vector (uint64), in the layout's order."""
+        if Layout.of(masked) != self:
+            raise SecAggError("the masked sums do not have the step's layout")
+        return np.concatenate([masked[name].reshape(-1).numpy().view(np.uint64) for name, _ in self.entries])
+
+    def unflatten_ring(self, ring: np.ndarray) -> dict[str, Tensor]:
+        """Inverse of :meth:`flatten_ring`: int64 tensors holding the ring elements' bits."""
+        out, at = {}, 0
+        for name, shape in self.entries:
+            n = math.prod(shape)
+            out[name] = torch.from_numpy(np.ascontiguousarray(ring[at : at + n]).view(np.int64)).reshape(shape)
+            at += n
+        return out
 
     def unflatten(self, flat: np.ndarray) -> dict[str, Tensor]:
         out, at = {}, 0
@@ -199,3 +217,84 @@ def secagg_report(session: ServerSession, clients: int) -> dict:
 def secagg_text(report: dict) -> str:
     dropped = f", dropped {report['dropped']}" if report["dropped"] else ""
     return f" [secure sum of {report['survivors']} clients{dropped}, {report['bytes_per_client'] / 1e6:.2f} MB/client]"
+
+
+# ----------------------------------------------------------------------------- the coordinator's step
+
+
+class SecureStep:
+    """The coordinator's secure aggregation of one step over the wire: the session of its rounds,
+    the fixed point, and the layout of the masked sums (set by the first masked input staged).
+
+    Rounds close when every client they wait for has answered, or once ``late`` (the step's
+    deadline has passed) with at least the threshold; then the masked inputs of the survivors are
+    added (from the coordinator's staging, one vector in memory) and, with ``threshold`` unmask
+    answers, the sum is unmasked and loaded into the step's aggregator."""
+
+    def __init__(self, settings: SecAggSettings, clients: int, plan: RoundPlan, state: dict | None = None) -> None:
+        self.clients = clients
+        self.fp = fixed_point(settings, clients)
+        if state is None:
+            self.session = ServerSession(list(range(clients)), threshold(settings, clients), context(plan))
+            self.layout: Layout | None = None
+        else:  # resumed: the survivors' staged inputs are added again (resume_inputs) before anything else
+            self.session = session_from_state(state["session"])
+            self.layout = None if state["layout"] is None else Layout(tuple((n, tuple(s)) for n, s in state["layout"]))
+        self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
+
+    def state(self) -> dict:
+        layout = None if self.layout is None else [[n, list(s)] for n, s in self.layout.entries]
+        return {"session": session_state(self.session), "layout": layout}
+
+    def may_join(self, index: int) -> bool:
+        """Whether client ``index`` can still take part: before the roster is fixed, or in every round fixed so far."""
+        s = self.session
+        return (s.roster is None or index in s.roster) and (s.sharers is None or index in s.sharers)
+
+    def check_masked(self, update: ClientUpdate) -> bool:
+        """``UpdateRejected`` unless ``update`` carries masked sums only, int64, in the step's layout;
+        ``True`` if it fixed the layout (the first masked input)."""
+        s = self.session
+        if s.sharers is None or update.client_index not in s.sharers or s.survivors is not None:
+            raise UpdateRejected("masked", "an input from a client that shared no keys, or after the inputs closed")
+        tensors = update_tensors(update)
+        if not tensors or any(not name.startswith(MASKED + "/") for name in tensors):
+            raise UpdateRejected("masked", "a secure step's update carries masked sums only (masked/<sum>)")
+        if any(t.dtype != torch.int64 for t in tensors.values()):
+            raise UpdateRejected("masked", "masked sums travel as int64 (the bits of Z_2^64)")
+        layout = Layout.of({name.split("/", 1)[1]: t for name, t in tensors.items()})
+        if self.layout is None:
+            self.layout = layout
+            return True
+        if layout != self.layout:
+            raise UpdateRejected("masked", "the masked sums' names or shapes differ from the step's other inputs")
+        return False
+
+    def add_input(self, update: ClientUpdate) -> None:
+        assert self.layout is not None
+        vector = self.layout.flatten_ring({name: t for name, t in update.masked.items()})
+        self.session.masked_input(update.client_index, vector)
+
+    def close_inputs(self, inputs: Iterable[ClientUpdate]) -> None:
+        """Add the masked ``inputs`` (the survivors', from staging, one at a time) and fix ``U3``."""
+        for update in inputs:
+            self.add_input(update)
+        self.session.close_inputs()
+
+    def unmasked(self) -> tuple[dict[str, Tensor], int]:
+        """The survivors' sum of terms (decoded) and how many survivors."""
+        assert self.layout is not None
+        survivors, _ = self.session.close_inputs()
+        total = decode(self.session.result(), self.fp, len(survivors))
+        return self.layout.unflatten(total), len(survivors)
+
+
+def masked_update(
+    update: ClientUpdate, terms: dict[str, Tensor], session: ClientSession, sharers: list[int], fp: FixedPoint
+) -> ClientUpdate:
+    """What a client pushes in a secure step: ``update``'s scalar fields without its sample count or
+    loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors."""
+    layout = Layout.of(terms)
+    ring = session.mask(encode(layout.flatten(terms), fp), sharers)
+    tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}
+    return with_tensors(dataclasses.replace(update, num_samples=0, train_loss=float("nan")), tensors)

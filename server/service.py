@@ -142,6 +142,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             _abort(context, err)
         return pb.Ack(accepted=True, duplicate=not accepted)
 
+    def SecAgg(self, request: pb.SecAggRequest, context: grpc.ServicerContext) -> pb.SecAggReply:
+        self.auth.authorize(context, request.client_id)
+        try:
+            reply = self.coordinator.secagg(**codec.secagg_request_from_proto(request))
+        except (Refused, ValueError) as err:
+            _abort(context, err)
+        return codec.secagg_reply_to_proto(reply)
+
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         import json
 

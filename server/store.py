@@ -6,7 +6,8 @@ Layout of ``root``:
 - ``gen-NNNNNN/meta.json`` and ``gen-NNNNNN/strategy.safetensors`` — the run's state after a
   step: step pointer, clients, metrics, and the strategy's tensors;
 - ``staging/<step>/<index>.safetensors`` + ``<index>.json`` — every accepted submission of the
-  current step, written (and fsync'd) before the client is acknowledged.
+  current step, written (and fsync'd) before the client is acknowledged; ``secagg.json``: the
+  step's secure-aggregation session, when it has one.
 
 A generation directory is complete before ``CURRENT`` names it, so a crash at any point
 leaves either the old or the new generation in force; submissions of the step in progress
@@ -171,6 +172,16 @@ class Store:
             num_samples=meta["num_samples"],
             train_loss=float(meta["train_loss"]),
         )
+
+    def save_secagg(self, key: str, state: dict) -> None:
+        """Persist step ``key``'s secure-aggregation session (keys, sealed shares, rosters, unmask answers)."""
+        folder = self._staging(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "secagg.json", state)
+
+    def load_secagg(self, key: str) -> dict | None:
+        path = self._staging(key) / "secagg.json"
+        return json.loads(path.read_text()) if path.exists() else None
 
     def stage_eval(self, key: str, index: int, report: dict) -> None:
         atomic_write_json(self._staging(key) / f"{index}.json", report)

@@ -1,0 +1,66 @@
+"""A client's secure-aggregation rounds of one step over the wire (settings ``secagg.*``, issue 19).
+
+Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
+sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
+check the update and fold it into a fresh aggregator of the step as the coordinator would
+(``server/secure.py``), push the terms masked, wait for the unmask request and answer it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from client.transport import CoordinatorClient
+from common.config import RunConfig
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.secagg_rounds import ClientSession
+from common.settings import SecAggSettings
+
+log = logging.getLogger("lorm.client")
+
+
+class SecureRounds:
+    """Client ``index``'s side of ``plan``'s step; the method is rebuilt from the run's configuration."""
+
+    def __init__(
+        self, client: CoordinatorClient, config: RunConfig, spec: ModelSpec, index: int, plan: RoundPlan
+    ) -> None:
+        from server.secure import context, fixed_point, threshold  # the coordinator's own encoding and sums
+        from server.strategies import make_strategy
+
+        settings = config.section(SecAggSettings)
+        self.client, self.index, self.plan = client, index, plan
+        self.fp = fixed_point(settings, config.num_clients)
+        self.session = ClientSession(index, threshold(settings, config.num_clients), context(plan))
+        self.as_client = make_strategy(config, spec)
+
+    def _until_ready(self, stage: str) -> dict:
+        """Ask ``stage`` until the coordinator has fixed it (it answers not-ready meanwhile)."""
+        while True:
+            reply = self.client.secagg(self.plan, self.index, stage)
+            if reply["ready"]:
+                return reply
+            time.sleep(max(reply["retry_after_s"], 0.05))
+
+    def begin(self) -> None:
+        self.client.secagg(self.plan, self.index, "advertise", keys=self.session.advertise())
+        roster = self._until_ready("roster")["roster"]
+        self.client.secagg(self.plan, self.index, "share", shares=self.session.share(roster))
+
+    def finish(self, update: ClientUpdate, push: Callable[[ClientUpdate], object]) -> int:
+        """Mask and push ``update``'s terms with ``push``, then answer the unmask request; returns how
+        many clients' sum the coordinator unmasks."""
+        from server.secure import client_terms, masked_update
+
+        inbox = self._until_ready("inbox")
+        terms = client_terms(self.as_client.aggregator(self.plan), update)  # UpdateRejected: not sent
+        push(masked_update(update, terms, self.session, inbox["sharers"], self.fp))
+        request = self._until_ready("unmask")
+        if self.index not in request["survivors"]:
+            log.info("the coordinator closed the inputs without this client's; it does not answer")
+            return len(request["survivors"])
+        answer = self.session.reveal(inbox["shares"], request["survivors"], request["dropped"])
+        self.client.secagg(self.plan, self.index, "reveal", shares=answer)
+        return len(request["survivors"])
