@@ -16,7 +16,9 @@ Points, in protocol order (coordinator unless noted):
 - ``commit.current``    CURRENT names the new generation; older ones and staging not dropped;
 - ``eval.staged``       an evaluation report is staged, not yet acknowledged;
 - ``export``            the final adapter is written, the head and metrics not yet;
-- ``client.push``       (client) a step's result is computed, not yet pushed.
+- ``secagg.revealed``   a secure step's unmask answer is persisted, not yet acknowledged;
+- ``client.push``       (client) a step's result is computed, not yet pushed (in a secure step:
+  after its keys and sealed shares went out, before its masked input).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ POINTS = (
     "commit.current",
     "eval.staged",
     "export",
+    "secagg.revealed",
     "client.push",
 )
 

@@ -111,7 +111,7 @@ def run_inprocess(
             if secagg.enabled:  # the clients' terms masked; only their sum unmasked (server/secure.py)
                 updates = {i: handle(i, plan) for i in range(len(workers))}
                 session = secure_step(aggregator, as_client, updates, secagg, config.num_clients)
-                secured = secagg_report(session, config.num_clients)
+                secured = secagg_report(session, config.num_clients, aggregator)
             elif robust.enabled:  # every update first, as the coordinator screens a closed step
                 updates = [handle(i, plan) for i in range(len(workers))]
                 for update in updates:

@@ -305,7 +305,7 @@ class Coordinator:
                     raise SecAggError(
                         f"the unmasked sum of task {step.task} step {step.index} is refused: {err}"
                     ) from err
-                entry["secagg"] = secagg_report(step.secure.session, self.config.num_clients)
+                entry["secagg"] = secagg_report(step.secure.session, self.config.num_clients, step.aggregator)
             elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
                 load = functools.partial(self.store.load_update, step.key)
                 screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)

@@ -202,11 +202,13 @@ def secure_step(
     return server
 
 
-def secagg_report(session: ServerSession, clients: int) -> dict:
-    """What a secure step's history entry records: who finished, and the bytes each round brought in."""
+def secagg_report(session: ServerSession, clients: int, aggregator: Aggregator) -> dict:
+    """What a secure step's history entry records: who finished, the samples their unmasked sum
+    counts, and the bytes each round brought in."""
     survivors, dropped = session.close_inputs()
     return {
         "survivors": len(survivors),
+        "samples": aggregator.num_samples,
         "dropped": dropped,
         "threshold": session.threshold,
         "bytes_received": dict(session.received),

@@ -7,11 +7,19 @@ sums; the coordinator's state directory and log never hold one client's unmasked
 from __future__ import annotations
 
 import json
+import time
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from client.runtime import build_runtime
 from common.config import RunConfig
+from common.messages import Phase
+from common.secagg import encode
+from common.settings import SecAggSettings
+from server.secure import Layout, client_terms, fixed_point
+from server.strategies import make_strategy
 
 from test_distributed import CONFIG, same_counts_and_head
 
@@ -32,3 +40,65 @@ def test_secure_run_over_grpc_is_identical_to_the_secure_run_in_process(cluster,
     steps = [h for h in metrics["history"] if h["phase"] != "evaluate"]
     assert steps and all(h["secagg"]["survivors"] == 3 for h in steps)
     assert "secure sum of 3 clients" in "".join(server.lines)
+
+
+def test_clients_killed_after_sharing_leave_the_survivors_sum(cluster):
+    """5 clients, threshold 3: clients 1 and 3 are killed in the first step after their keys and shares
+    went out, before their masked input. Past the deadline the coordinator closes the inputs with the
+    three survivors, unmasks with their answers, and the run finishes on them. The unmasked sum counts
+    exactly the survivors' samples (an exact integer sum over the wire)."""
+    config = secure_config(num_clients=5, num_tasks=1)
+    c = cluster(config.to_json())
+    server = c.server("--round-deadline", "4", "--quorum", "3")
+    server.wait_for("serving on")
+    kill = {"LORM_FAULT": "client.push:1"}
+    clients = [c.client(i, env=kill if i in (1, 3) else None) for i in range(5)]
+    assert server.wait() == 0
+    assert [p.wait() for p in clients] == [0, -9, 0, -9, 0]
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    first = metrics["history"][0]["secagg"]
+    assert first["survivors"] == 3 and first["dropped"] == [1, 3]
+    runtime = build_runtime(config)
+    shard = {i: int(runtime.worker(i, f"client-{i}").shards[0].numel()) for i in range(5)}
+    assert first["samples"] == shard[0] + shard[2] + shard[4] < sum(shard.values())
+    assert "masked inputs of 3 clients, dropped [1, 3]" in "".join(server.lines)
+
+
+def _words(values: np.ndarray) -> set[bytes]:
+    """Every 8-byte word of ``values`` except 0 and -1 (too common to mean anything)."""
+    flat = values.reshape(-1).view(np.uint64)
+    return {w.tobytes() for w in flat if w not in (0, 2**64 - 1)}
+
+
+def test_the_coordinators_state_and_log_hold_no_individual_term(cluster):
+    """The coordinator is stopped right after the first unmask answer of the first step is persisted:
+    every byte under its state directory (staged masked inputs, the session) and its log holds no
+    8-byte word of any client's terms of that step, neither fixed point nor float64."""
+    config = secure_config(strategy="lorm", num_tasks=1, rounds_per_task=1)
+    c = cluster(config.to_json())
+    server = c.server(env={"LORM_FAULT": "secagg.revealed:1:stop"})
+    server.wait_for("serving on")
+    clients = [c.client(i) for i in range(3)]
+    deadline = time.monotonic() + 120
+    while not server.stopped() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.stopped()
+    stored = b"".join(p.read_bytes() for p in sorted((c.run_dir / "state").rglob("*")) if p.is_file())
+    assert list((c.run_dir / "state").rglob("secagg.json")) and list((c.run_dir / "state").rglob("*.safetensors"))
+    server.resume()
+    assert server.wait() == 0 and all(p.wait() == 0 for p in clients)
+    stored += "".join(server.lines).encode()
+    runtime = build_runtime(config)
+    strategy = make_strategy(config, runtime.spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.TRAIN)
+    fp = fixed_point(SecAggSettings(enabled=True), 3)
+    checked = 0
+    for i in range(3):
+        update = runtime.worker(i, f"client-{i}").handle(plan)
+        terms = client_terms(strategy.aggregator(plan), update)
+        flat = Layout.of(terms).flatten(terms)
+        for words in (_words(encode(flat, fp)), _words(flat)):
+            assert words and not any(w in stored for w in words), i
+            checked += len(words)
+    assert checked > 100
