@@ -1,8 +1,8 @@
 """Secure aggregation's primitives (SecAgg, Bonawitz et al. 2017): the coordinator learns only sums.
 
-Every value a client would send is encoded in fixed point on the ring ``Z_2^64`` (:func:`encode`)
+Every value a client would send is encoded in fixed point on the ring ``Z_2^128`` (:func:`encode`)
 and masked before it leaves the client (:func:`masked`): ``y_i = x_i + b_i + sum_{j>i} s_ij -
-sum_{j<i} s_ij (mod 2^64)``. ``s_ij = PRG(KDF(DH(sk_i, pk_j), context))`` is a pairwise mask that
+sum_{j<i} s_ij (mod 2^128)``. ``s_ij = PRG(KDF(DH(sk_i, pk_j), context))`` is a pairwise mask that
 clients ``i`` and ``j`` both derive from an X25519 key agreement and that cancels in the sum;
 ``b_i = PRG(seed_i)`` is the client's own mask, which keeps ``y_i`` hidden even when a pairwise
 partner's key is reconstructed. Each client Shamir-shares its seed and its X25519 private key
@@ -13,14 +13,18 @@ sum of the survivors' values. No share of both secrets of one client is ever req
 
 Primitives come from well-kept libraries only: X25519, HKDF-SHA256 and ChaCha20 (the PRG) from
 ``cryptography``, Shamir's scheme over GF(2^128) from ``pycryptodome`` (16-byte secrets: a 32-byte
-key travels as two). Ring arithmetic is numpy ``uint64``, whose addition wraps modulo ``2^64`` by
-definition.
+key travels as two). A ring element is two ``uint64`` limbs (low, high; an array of shape
+``(n, 2)``), added with carry (:func:`ring_add`); numpy's ``uint64`` addition wraps modulo ``2^64``
+by definition.
 
-Precision (:class:`FixedPoint`): a value ``x`` with ``|x| <= bound`` encodes as ``round(x 2^f)``;
-the decoded sum of ``n`` values differs from their float sum by at most ``n 2^-(f+1)`` plus float64
-rounding. :meth:`FixedPoint.check` refuses a ``(bound, f, n)`` whose sums could reach ``2^62``
-(headroom to spare under ``2^63``), every client refuses a value over ``bound`` before masking, and
-:func:`decode` refuses a sum beyond ``n * bound``: overflow is detected, not wrapped.
+Precision (:class:`FixedPoint`): a value ``x`` with ``|x| <= bound`` encodes as ``round(x 2^f)``,
+``f = 64`` by default: the grid ``2^-64`` lies below float64's own rounding for any value over
+``2^-11``, so an unmasked sum equals the exact sum of the clients' float64 terms to float64's
+precision (the plain merge's float additions round at that level too). The decoded sum of ``n``
+values differs from their exact sum by at most ``n 2^-(f+1)`` plus one float64 rounding.
+:meth:`FixedPoint.check` refuses a ``(bound, f, n)`` whose sums could reach ``2^126`` (headroom
+under ``2^127``), every client refuses a value over ``bound`` before masking, and :func:`decode`
+refuses a sum beyond ``n * bound``: overflow is detected, not wrapped.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-RING_BITS = 64
-HEADROOM_BITS = 62  # honest sums stay below 2^62 in magnitude: anything beyond is an overflow
+RING_BITS = 128
+HEADROOM_BITS = 126  # honest sums stay below 2^126 in magnitude: anything beyond is an overflow
+TWO64 = 2.0**64
 
 
 class SecAggError(ValueError):
@@ -47,13 +52,13 @@ class SecAggError(ValueError):
 class FixedPoint:
     """Fixed-point encoding of reals in ``[-bound, bound]`` with ``frac_bits`` fractional bits."""
 
-    frac_bits: int = 24
-    bound: float = 2.0**20
+    frac_bits: int = 64
+    bound: float = 2.0**40
 
     def check(self, clients: int) -> None:
-        """``SecAggError`` unless ``clients`` values of at most ``bound`` sum below ``2^62`` once encoded."""
-        if not (0 <= self.frac_bits <= 52 and self.bound > 0 and math.isfinite(self.bound)):
-            raise SecAggError(f"fixed point: expected 0 <= frac_bits <= 52 and a finite bound > 0, got {self}")
+        """``SecAggError`` unless ``clients`` values of at most ``bound`` sum below ``2^126`` once encoded."""
+        if not (0 <= self.frac_bits <= 96 and self.bound > 0 and math.isfinite(self.bound)):
+            raise SecAggError(f"fixed point: expected 0 <= frac_bits <= 96 and a finite bound > 0, got {self}")
         if clients * self.bound * 2.0**self.frac_bits >= 2.0**HEADROOM_BITS:
             raise SecAggError(
                 f"fixed point: {clients} clients x bound {self.bound:g} x 2^{self.frac_bits} reaches "
@@ -65,29 +70,70 @@ class FixedPoint:
         return clients * 2.0 ** -(self.frac_bits + 1)
 
 
+def ring_zeros(count: int) -> np.ndarray:
+    return np.zeros((count, 2), dtype=np.uint64)
+
+
+def ring_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a + b (mod 2^128)`` limb by limb, the low limb's carry into the high one."""
+    low = a[:, 0] + b[:, 0]
+    carry = (low < a[:, 0]).astype(np.uint64)
+    return np.stack([low, a[:, 1] + b[:, 1] + carry], axis=1)
+
+
+def ring_neg(a: np.ndarray) -> np.ndarray:
+    """``-a (mod 2^128)``: the complement plus one."""
+    return ring_add(~a, np.stack([np.ones(len(a), np.uint64), np.zeros(len(a), np.uint64)], axis=1))
+
+
+def ring_sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return ring_add(a, ring_neg(b))
+
+
 def encode(x: np.ndarray, fp: FixedPoint) -> np.ndarray:
-    """``round(x 2^f)`` as ring elements (``uint64``, two's complement); ``SecAggError`` if ``|x| > bound``
-    or not finite."""
-    x = np.asarray(x, dtype=np.float64)
+    """``round(x 2^f)`` as ring elements (two's complement, ``(n, 2)`` limbs); ``SecAggError`` if
+    ``|x| > bound`` or not finite. Exact: ``x 2^f`` is a float64 whose integer part splits into limbs
+    without rounding."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
     if not np.isfinite(x).all():
         raise SecAggError("fixed point: a value to aggregate is not finite")
     if x.size and float(np.abs(x).max()) > fp.bound:
         raise SecAggError(
-            f"fixed point: a value of magnitude {float(np.abs(x).max()):g} exceeds the bound {fp.bound:g}"
+            f"fixed point: a value of magnitude {float(np.abs(x).max()):g} exceeds the bound {fp.bound:g} "
+            "(setting secagg.bound)"
         )
-    return np.rint(x * 2.0**fp.frac_bits).astype(np.int64).view(np.uint64)
+    return _signed(np.rint(x * 2.0**fp.frac_bits))
+
+
+def _signed(v: np.ndarray) -> np.ndarray:
+    """Integer-valued floats as ring elements: the magnitude split into limbs (exact: below 2^64 it is
+    the low limb itself, above it its ulp is a multiple of 2^11), negated in the ring where negative."""
+    m = np.abs(v)
+    high = np.floor(m / TWO64)
+    out = np.stack([(m - high * TWO64).astype(np.uint64), high.astype(np.uint64)], axis=1)
+    negative = v < 0
+    out[negative] = ring_neg(out[negative])
+    return out
+
+
+def _real(total: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_signed` (one float64 rounding): the magnitude of each two's-complement element, signed."""
+    negative = total[:, 1] >= np.uint64(2**63)
+    m = total.copy()
+    m[negative] = ring_neg(m[negative])
+    value = m[:, 1].astype(np.float64) * TWO64 + m[:, 0].astype(np.float64)
+    return np.where(negative, -value, value)
 
 
 def decode(total: np.ndarray, fp: FixedPoint, clients: int) -> np.ndarray:
     """The real sum of ``clients`` encoded values from their ring sum; ``SecAggError`` beyond ``clients * bound``."""
-    signed = np.asarray(total, dtype=np.uint64).view(np.int64)
-    limit = clients * fp.bound * 2.0**fp.frac_bits
-    if signed.size and float(np.abs(signed.astype(np.float64)).max()) > limit:
+    real = _real(np.asarray(total, dtype=np.uint64).reshape(-1, 2))
+    if real.size and float(np.abs(real).max()) > clients * fp.bound * 2.0**fp.frac_bits:
         raise SecAggError(
             f"fixed point: an unmasked sum lies beyond {clients} x bound {fp.bound:g}: an overflow or a "
             "value outside the bound; the step's sum is refused"
         )
-    return signed.astype(np.float64) / 2.0**fp.frac_bits
+    return real / 2.0**fp.frac_bits
 
 
 # ------------------------------------------------------------------------- keys and masks
@@ -111,11 +157,12 @@ def agree(private: bytes, peer_public: bytes, context: bytes) -> bytes:
 
 
 def prg(seed: bytes, count: int) -> np.ndarray:
-    """``count`` pseudo-random ring elements: the ChaCha20 key stream of ``seed`` (32 bytes), nonce zero."""
+    """``count`` pseudo-random ring elements (``(count, 2)`` limbs): the ChaCha20 key stream of ``seed``
+    (32 bytes), nonce zero."""
     if len(seed) != 32:
         raise SecAggError(f"prg: expected a 32-byte seed, got {len(seed)} bytes")
     encryptor = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None).encryptor()
-    return np.frombuffer(encryptor.update(b"\x00" * (8 * count)), dtype="<u8").astype(np.uint64)
+    return np.frombuffer(encryptor.update(b"\x00" * (16 * count)), dtype="<u8").astype(np.uint64).reshape(count, 2)
 
 
 def self_seed_key(seed16: bytes, context: bytes) -> bytes:
@@ -125,12 +172,12 @@ def self_seed_key(seed16: bytes, context: bytes) -> bytes:
 
 def pairwise(index: int, private: bytes, publics: dict[int, bytes], count: int, context: bytes) -> np.ndarray:
     """Client ``index``'s pairwise masks: ``sum_{j>i} s_ij - sum_{j<i} s_ij`` over the other clients of ``publics``."""
-    out = np.zeros(count, dtype=np.uint64)
+    out = ring_zeros(count)
     for j, public in sorted(publics.items()):
         if j == index:
             continue
         stream = prg(agree(private, public, context), count)
-        out = out + stream if j > index else out - stream
+        out = ring_add(out, stream) if j > index else ring_sub(out, stream)
     return out
 
 
@@ -138,9 +185,9 @@ def masked(
     values: np.ndarray, index: int, private: bytes, publics: dict[int, bytes], seed16: bytes, context: bytes
 ) -> np.ndarray:
     """What client ``index`` sends: its encoded ``values`` plus its own and its pairwise masks (mod 2^64)."""
-    values = np.asarray(values, dtype=np.uint64)
-    own = prg(self_seed_key(seed16, context), values.size)
-    return values + own + pairwise(index, private, publics, values.size, context)
+    values = np.asarray(values, dtype=np.uint64).reshape(-1, 2)
+    own = prg(self_seed_key(seed16, context), len(values))
+    return ring_add(ring_add(values, own), pairwise(index, private, publics, len(values), context))
 
 
 # ------------------------------------------------------------------------- Shamir
@@ -184,11 +231,11 @@ def unmask(
 
     Removes each survivor's own mask (its rebuilt seed) and, for each dropped client ``j`` (its rebuilt
     private key), the pairwise masks between ``j`` and the survivors, which no longer cancel."""
-    out = np.asarray(total, dtype=np.uint64).copy()
+    out = np.asarray(total, dtype=np.uint64).reshape(-1, 2).copy()
     for i in survivors:
-        out = out - prg(self_seed_key(survivor_seeds[i], context), out.size)
+        out = ring_sub(out, prg(self_seed_key(survivor_seeds[i], context), len(out)))
     for j, private in dropped_private.items():
         for i in survivors:
-            stream = prg(agree(private, publics[i], context), out.size)  # = s_ij, seen from j's side
-            out = out - stream if j > i else out + stream  # survivor i added +s_ij for j > i, -s_ij for j < i
+            stream = prg(agree(private, publics[i], context), len(out))  # = s_ij, seen from j's side
+            out = ring_sub(out, stream) if j > i else ring_add(out, stream)  # i added +s_ij for j > i, -s_ij for j < i
     return out

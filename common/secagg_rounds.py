@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from common.secagg import SecAggError, combine, keypair, masked, share, unmask
+from common.secagg import SecAggError, combine, keypair, masked, ring_add, ring_zeros, share, unmask
 
 
 def default_threshold(clients: int) -> int:
@@ -189,7 +189,7 @@ class ServerSession:
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= len(self.expected):
             raise SecAggError(f"threshold {self.threshold} for {len(self.expected)} clients")
-        self.total = np.zeros(self.size, dtype=np.uint64)
+        self.total = ring_zeros(self.size)
 
     def _count(self, round_: str, nbytes: int) -> None:
         self.received[round_] = self.received.get(round_, 0) + nbytes
@@ -241,11 +241,11 @@ class ServerSession:
         if sender in self.inputs:
             return  # a retry of an input already added (idempotent)
         y = np.asarray(y, dtype=np.uint64)
-        if not self.size:
-            self.size, self.total = y.size, np.zeros(y.size, dtype=np.uint64)
-        if y.shape != (self.size,):
-            raise SecAggError(f"client {sender}'s masked input has {y.size} elements, the step's sums {self.size}")
-        self.total = self.total + y
+        if not self.size and y.ndim == 2:
+            self.size, self.total = len(y), ring_zeros(len(y))
+        if y.shape != (self.size, 2):
+            raise SecAggError(f"client {sender}'s masked input has shape {y.shape}, the step's sums ({self.size}, 2)")
+        self.total = ring_add(self.total, y)
         self.inputs.append(sender)
         self._count("masked", y.nbytes)
 

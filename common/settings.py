@@ -177,14 +177,14 @@ class SecAggSettings(Settings):
     section: ClassVar[str] = "secagg"
     enabled: bool = setting(False, "clients send their merge terms masked; the coordinator unmasks only their sum")
     threshold: int = setting(0, "clients that finishing a step for its sum to be unmasked (0: a majority, n // 2 + 1)")
-    bound: float = setting(2.0**30, "largest magnitude of a term a client may send (fixed point; larger is refused)")
-    frac_bits: int = setting(0, "fractional bits of the fixed point (0: the most that n x bound leaves under 2^62)")
+    bound: float = setting(2.0**40, "largest magnitude of a term a client may send (fixed point; larger is refused)")
+    frac_bits: int = setting(0, "fractional bits of the fixed point (0: the most n x bound leaves under 2^126, <= 64)")
 
     def __post_init__(self) -> None:
         _positive_int("secagg.threshold", self.threshold, "0: a majority")
         _finite_number("secagg.bound", self.bound, 0.0, strict=True)
-        if not 0 <= self.frac_bits <= 52:
-            raise ValueError(f"setting secagg.frac_bits must lie in [0, 52] (0: chosen), got {self.frac_bits}")
+        if not 0 <= self.frac_bits <= 96:
+            raise ValueError(f"setting secagg.frac_bits must lie in [0, 96] (0: chosen), got {self.frac_bits}")
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,7 @@ class Coordinator:
                 sums, survivors = step.secure.unmasked()
                 assert step.secure.layout is not None
                 try:
-                    load_sums(step.aggregator, sums, survivors, 8 * step.secure.layout.size * survivors)
+                    load_sums(step.aggregator, sums, survivors, 16 * step.secure.layout.size * survivors)
                 except UpdateRejected as err:
                     raise SecAggError(
                         f"the unmasked sum of task {step.task} step {step.index} is refused: {err}"

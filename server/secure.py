@@ -40,9 +40,9 @@ DTYPE = torch.float64
 
 def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
     """The encoding of a run of ``clients``: ``settings.bound``, and ``frac_bits`` or the most that
-    ``clients x bound x 2^f < 2^62`` allows (capped at 40; the decoded sum's error is at most
-    ``clients x 2^-(f+1)`` per entry)."""
-    f = settings.frac_bits or min(40, math.floor(62 - math.log2(clients * settings.bound) - 1e-9))
+    ``clients x bound x 2^f < 2^126`` allows, capped at 64 (the decoded sum's error is at most
+    ``clients x 2^-(f+1)`` per entry: below float64's rounding of any value over ``2^-11``)."""
+    f = settings.frac_bits or min(64, math.floor(126 - math.log2(clients * settings.bound) - 1e-9))
     fp = FixedPoint(frac_bits=f, bound=settings.bound)
     fp.check(clients)
     return fp
@@ -98,18 +98,26 @@ class Layout:
             raise SecAggError("the terms do not have the step's layout of sums")
         return np.concatenate([sums[name].detach().to(DTYPE).reshape(-1).numpy() for name, _ in self.entries])
 
+    @staticmethod
+    def of_masked(masked: dict[str, Tensor]) -> Layout:
+        """The layout of masked sums: each a tensor of the sum's shape plus a last axis of the two limbs."""
+        if any(t.dim() == 0 or t.shape[-1] != 2 for t in masked.values()):
+            raise SecAggError("a masked sum carries two 64-bit limbs per entry (a last axis of 2)")
+        return Layout(tuple((name, tuple(t.shape[:-1])) for name, t in sorted(masked.items())))
+
     def flatten_ring(self, masked: dict[str, Tensor]) -> np.ndarray:
-        """Masked int64 tensors by sum name -> one ring vector (uint64), in the layout's order."""
-        if Layout.of(masked) != self:
+        """Masked int64 tensors by sum name -> one ring vector (``(size, 2)`` uint64 limbs), in the layout's order."""
+        if Layout.of_masked(masked) != self:
             raise SecAggError("the masked sums do not have the step's layout")
-        return np.concatenate([masked[name].reshape(-1).numpy().view(np.uint64) for name, _ in self.entries])
+        return np.concatenate([masked[name].reshape(-1, 2).numpy().view(np.uint64) for name, _ in self.entries])
 
     def unflatten_ring(self, ring: np.ndarray) -> dict[str, Tensor]:
-        """Inverse of :meth:`flatten_ring`: int64 tensors holding the ring elements' bits."""
+        """Inverse of :meth:`flatten_ring`: int64 tensors holding the ring elements' limbs."""
         out, at = {}, 0
         for name, shape in self.entries:
             n = math.prod(shape)
-            out[name] = torch.from_numpy(np.ascontiguousarray(ring[at : at + n]).view(np.int64)).reshape(shape)
+            limbs = np.ascontiguousarray(ring[at : at + n]).view(np.int64)
+            out[name] = torch.from_numpy(limbs).reshape(*shape, 2)
             at += n
         return out
 
@@ -197,7 +205,7 @@ def secure_step(
     for i in survivors:
         server.reveal(i, sessions[i].reveal(server.inbox(i), survivors, dropped))
     total = decode(server.result(), fp, len(survivors))
-    payload = 8 * layout.size * len(survivors)
+    payload = 16 * layout.size * len(survivors)
     load_sums(aggregator, layout.unflatten(total), len(survivors), payload)
     return server
 
@@ -264,7 +272,10 @@ class SecureStep:
             raise UpdateRejected("masked", "a secure step's update carries masked sums only (masked/<sum>)")
         if any(t.dtype != torch.int64 for t in tensors.values()):
             raise UpdateRejected("masked", "masked sums travel as int64 (the bits of Z_2^64)")
-        layout = Layout.of({name.split("/", 1)[1]: t for name, t in tensors.items()})
+        try:
+            layout = Layout.of_masked({name.split("/", 1)[1]: t for name, t in tensors.items()})
+        except SecAggError as err:
+            raise UpdateRejected("masked", str(err)) from None
         if self.layout is None:
             self.layout = layout
             return True

@@ -88,8 +88,8 @@ def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
         secure.aggregate(plan, got)
         a, b = plain.state_tensors(), secure.state_tensors()
         assert a.keys() == b.keys()
-        for key in a:  # the solves amplify the grid's rounding by their conditioning: a loose bound
-            assert torch.allclose(a[key].to(F64), b[key].to(F64), rtol=1e-6, atol=1e-6), (name, plan.phase, key)
+        for key in a:  # float64 rounding, amplified by the solves' conditioning
+            assert torch.allclose(a[key].to(F64), b[key].to(F64), rtol=1e-9, atol=1e-12), (name, plan.phase, key)
         checked += 1
     assert checked >= 2
 
@@ -163,7 +163,7 @@ def test_the_coordinators_session_holds_no_individual_term():
     blob = b"".join(stored)
     for e in encoded:
         assert not np.array_equal(server.total, e)
-        words = {e[k].tobytes() for k in range(e.size) if e[k] not in (0, 2**64 - 1)}  # skip words of 0 and -1
+        words = {w.tobytes() for w in e.reshape(-1) if w not in (0, 2**64 - 1)}  # skip words of 0 and -1
         assert not any(w in blob for w in words)
     assert summable(got)  # it holds sums only, and it is the survivors' sum
     assert server.inputs == [0, 1, 3] and context(plan) == server.context
