@@ -25,6 +25,7 @@ from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
 from common.partition import describe_tasks
 from common.progress import Progress, kind_of
+from common.secagg import SecAggError
 from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             results_dir=args.results_dir or None,
             progress=not args.no_progress,
         )
-    except (DatasetError, FileNotFoundError) as err:  # the data as configured: say what, not where in the code
+    except (DatasetError, FileNotFoundError, SecAggError) as err:  # say what, not where in the code
         print(f"lorm-sim: error: {err}", file=sys.stderr)
         return 2
     print(format_summary(result.summary()))
