@@ -9,8 +9,9 @@ accumulator that folds one term at a time and holds memory independent of how ma
 folded. The list functions are defined through the accumulators, so both give identical
 results for the same inputs in the same order.
 
-Solves never form an explicit inverse. Input columns whose total Gram is zero (dead inputs)
-give zero columns in the result, as a pseudo-inverse would; a full Gram that is singular on
+Solves never form an explicit inverse. Input columns whose total Gram is zero, or below
+``d * eps`` of the largest diagonal entry (dead inputs), give zero columns in the result, as a
+pseudo-inverse would; a full Gram that is singular on
 its support falls back to the pseudo-inverse, ``M pinv(S)``: the minimum-norm minimiser, as
 in the reference implementation.
 """
@@ -57,17 +58,18 @@ def gram_times(m: Tensor, g: Tensor) -> Tensor:
 def right_solve(m: Tensor, s: Tensor) -> Tensor:
     """Least-squares ``X`` with ``X @ S = M``, ``M: (p, d)``, ``S`` symmetric PSD (full or diagonal).
 
-    Columns where ``S`` has a zero diagonal (dead inputs) give zeros. A full ``S`` that is
-    positive definite on the remaining support is solved by Cholesky; one that is singular
-    there (rank-deficient inputs) by the pseudo-inverse: ``M pinv(S)``, the minimum-norm solution.
+    Columns where ``S``'s diagonal is zero or below ``d * eps`` of its largest entry (dead inputs)
+    give zeros. A full ``S`` that is positive definite on the remaining support is solved by
+    Cholesky; one that is singular there (rank-deficient inputs) by the pseudo-inverse:
+    ``M pinv(S)``, the minimum-norm solution.
     """
     m, s = _f64(m), _f64(s)
     if s.dim() == 1:
-        alive = s > 0
+        alive = _alive(s)
         safe = torch.where(alive, s, torch.ones_like(s))
         return torch.where(alive, m / safe, torch.zeros_like(m))
     diag = torch.diagonal(s)
-    alive = diag > 0
+    alive = _alive(diag)
     out = torch.zeros_like(m)
     if not bool(alive.any()):
         return out
@@ -76,6 +78,17 @@ def right_solve(m: Tensor, s: Tensor) -> Tensor:
     m_sub = m.index_select(1, idx)
     out[:, idx] = _spd_right_solve(m_sub, s_sub)
     return out
+
+
+def _alive(diag: Tensor) -> Tensor:
+    """Inputs whose Gram diagonal is above ``d * eps`` of the largest: the rest are dead. An input whose
+    energy is 10^-62 of another's (a feature that is 10^-31 on every sample, as some of MiniLM's pooled
+    features are) carries nothing float64 can resolve; kept, its Jacobi scale of 10^31 turned rounding
+    noise into head entries of 10^30, and whether such an input survived depended on summation order
+    (secure aggregation's fixed point rounds it to zero)."""
+    if diag.numel() == 0:
+        return diag > 0
+    return diag > diag.shape[0] * torch.finfo(DTYPE).eps * diag.max().clamp_min(0.0)
 
 
 def _spd_right_solve(m: Tensor, s: Tensor) -> Tensor:
