@@ -79,6 +79,40 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
             )
 
 
+TRIL = "@tril"  # a summed Gram sent as its lower triangle (row by row), the only half the solves read
+
+
+def pack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``sums`` with every square summed Gram (a ``GramSum``'s ``total``) as its lower triangle, under
+    ``name@tril``: half the bytes, and exactly what Cholesky and ``eigh`` read of the plain sum."""
+    out = {}
+    for name, t in sums.items():
+        if name.endswith("/total") and t.dim() == 2 and t.shape[0] == t.shape[1]:
+            rows, cols = torch.tril_indices(t.shape[0], t.shape[0])
+            out[name + TRIL] = t[rows, cols]
+        else:
+            out[name] = t
+    return out
+
+
+def unpack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of :func:`pack`: each lower triangle back to its symmetric matrix."""
+    out = {}
+    for name, t in sums.items():
+        if not name.endswith(TRIL):
+            out[name] = t
+            continue
+        d = int(round((math.sqrt(8 * t.numel() + 1) - 1) / 2))
+        if d * (d + 1) // 2 != t.numel():
+            raise SecAggError(f"{name}: {t.numel()} entries are no lower triangle")
+        rows, cols = torch.tril_indices(d, d)
+        full = torch.zeros(d, d, dtype=t.dtype)
+        full[rows, cols] = t
+        full[cols, rows] = t
+        out[name.removesuffix(TRIL)] = full
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     """The names and shapes of a step's running sums, in the order they are flattened."""
@@ -188,7 +222,7 @@ def secure_step(
     Loads the survivors' sum into ``aggregator``; returns the coordinator's session (what it held)."""
     plan = aggregator.plan
     t, fp, ctx = threshold(settings, clients), fixed_point(settings, clients), context(plan)
-    terms = {i: client_terms(as_client.aggregator(plan), u) for i, u in sorted(updates.items())}
+    terms = {i: pack(client_terms(as_client.aggregator(plan), u)) for i, u in sorted(updates.items())}
     layout = Layout.of(next(iter(terms.values())))
     sessions = {i: ClientSession(i, t, ctx) for i in terms}
     server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size)
@@ -206,7 +240,7 @@ def secure_step(
         server.reveal(i, sessions[i].reveal(server.inbox(i), survivors, dropped))
     total = decode(server.result(), fp, len(survivors))
     payload = 16 * layout.size * len(survivors)
-    load_sums(aggregator, layout.unflatten(total), len(survivors), payload)
+    load_sums(aggregator, unpack(layout.unflatten(total)), len(survivors), payload)
     return server
 
 
@@ -299,7 +333,7 @@ class SecureStep:
         assert self.layout is not None
         survivors, _ = self.session.close_inputs()
         total = decode(self.session.result(), self.fp, len(survivors))
-        return self.layout.unflatten(total), len(survivors)
+        return unpack(self.layout.unflatten(total)), len(survivors)
 
 
 def masked_update(
@@ -307,6 +341,7 @@ def masked_update(
 ) -> ClientUpdate:
     """What a client pushes in a secure step: ``update``'s scalar fields without its sample count or
     loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors."""
+    terms = pack(terms)
     layout = Layout.of(terms)
     ring = session.mask(encode(layout.flatten(terms), fp), sharers)
     tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}

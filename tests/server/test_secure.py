@@ -14,7 +14,7 @@ from common.messages import ModelSpec
 from common.secagg import SecAggError, encode
 from common.settings import SecAggSettings
 from common.sums import running_sums, summable
-from server.secure import Layout, client_terms, context, fixed_point, require_secure, secure_step
+from server.secure import Layout, client_terms, context, fixed_point, pack, require_secure, secure_step, unpack
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 
 from conftest import valid_update
@@ -180,3 +180,20 @@ def test_robust_mode_and_secure_aggregation_exclude_each_other():
     cfg = config("lorm", settings={"robust": {"enabled": True}})
     with pytest.raises(SecAggError, match="exclude each other"):
         require_secure(cfg, make_strategy(cfg, SPEC))
+
+
+def test_square_grams_travel_as_their_lower_triangle():
+    """``pack`` sends a summed Gram's lower triangle (what Cholesky and eigh read), ``unpack`` restores
+    the symmetric matrix exactly; other sums pass unchanged."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 5, generator=g, dtype=F64)
+    gram = torch.tril(x.T @ x) + torch.tril(x.T @ x, -1).T  # exactly symmetric
+    sums = {"head/grams/total": gram, "head/numerator": torch.randn(3, 5, generator=g, dtype=F64)}
+    sums["layers/l1/projected"] = torch.eye(2, dtype=F64)
+    packed = pack(sums)
+    assert set(packed) == {"head/grams/total@tril", "head/numerator", "layers/l1/projected"}
+    assert packed["head/grams/total@tril"].numel() == 15
+    back = unpack(packed)
+    assert back.keys() == sums.keys() and all(torch.equal(back[k], sums[k]) for k in sums)
+    with pytest.raises(SecAggError, match="no lower triangle"):
+        unpack({"g/total@tril": torch.zeros(7, dtype=F64)})
