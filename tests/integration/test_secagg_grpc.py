@@ -33,7 +33,8 @@ def secure_config(**kw) -> RunConfig:
 
 
 def test_secure_run_over_grpc_is_identical_to_the_secure_run_in_process(cluster, tmp_path):
-    c, server, metrics = same_counts_and_head(cluster, secure_config(strategy="lorm"), tmp_path)
+    config = secure_config(strategy="lorm", num_tasks=1)  # a B-round, an A-round, the task Gram
+    c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
     name = "adapter/adapter_model.safetensors"
     got, want = load_file(str(c.run_dir / "results" / name)), load_file(str(tmp_path / name))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
@@ -47,7 +48,7 @@ def test_clients_killed_after_sharing_leave_the_survivors_sum(cluster):
     went out, before their masked input. Past the deadline the coordinator closes the inputs with the
     three survivors, unmasks with their answers, and the run finishes on them. The unmasked sum counts
     exactly the survivors' samples (an exact integer sum over the wire)."""
-    config = secure_config(num_clients=5, num_tasks=1)
+    config = secure_config(num_clients=5, num_tasks=1, rounds_per_task=1)
     c = cluster(config.to_json())
     server = c.server("--round-deadline", "4", "--quorum", "3")
     server.wait_for("serving on")
