@@ -41,7 +41,8 @@ from common.tensors import (
     update_nbytes,
     with_tensors,
 )
-from server.secure import Layout, client_terms, context, fixed_point, load_sums, pack, threshold, unpack
+from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from server.secure import load_sums
 from server.strategies import make_strategy
 
 KEYS = 64  # two X25519 public keys

@@ -3,7 +3,7 @@
 Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
 check the update and fold it into a fresh aggregator of the step as the coordinator would
-(``server/secure.py``), push the terms masked, wait for the unmask request and answer it.
+(``common/secure_terms.py``), push the terms masked, wait for the unmask request and answer it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from client.transport import CoordinatorClient
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.secagg_rounds import ClientSession
+from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
 
 log = logging.getLogger("lorm.client")
@@ -27,7 +28,8 @@ class SecureRounds:
     def __init__(
         self, client: CoordinatorClient, config: RunConfig, spec: ModelSpec, index: int, plan: RoundPlan
     ) -> None:
-        from server.secure import context, fixed_point, threshold  # the coordinator's own encoding and sums
+        # The one import of the coordinator's code on the client side: the step's aggregator, whose folding
+        # defines the terms (what the coordinator would have folded is what the client masks).
         from server.strategies import make_strategy
 
         settings = config.section(SecAggSettings)
@@ -52,8 +54,6 @@ class SecureRounds:
     def finish(self, update: ClientUpdate, push: Callable[[ClientUpdate], object]) -> int:
         """Mask and push ``update``'s terms with ``push``, then answer the unmask request; returns how
         many clients' sum the coordinator unmasks."""
-        from server.secure import client_terms, masked_update
-
         inbox = self._until_ready("inbox")
         terms = client_terms(self.as_client.aggregator(self.plan), update)  # UpdateRejected: not sent
         push(masked_update(update, terms, self.session, inbox["sharers"], self.fp))

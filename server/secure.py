@@ -16,48 +16,23 @@ screening) refuse (:func:`require_secure`).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass
 from typing import Iterable
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from common.config import RunConfig
 from common.messages import ClientUpdate, RoundPlan
-from common.secagg import FixedPoint, SecAggError, decode, encode
-from common.secagg_rounds import ClientSession, ServerSession, default_threshold, session_from_state, session_state
+from common.secagg import SecAggError, decode, encode
+from common.secagg_rounds import ClientSession, ServerSession, session_from_state, session_state
 from common.settings import RobustSettings, SecAggSettings
-from common.sums import load_running_sums, running_sums, summable
-from common.tensors import MASKED, update_tensors, with_tensors
+from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.sums import load_running_sums, summable
+from common.tensors import MASKED, update_tensors
 from server.strategies.base import Aggregator, Strategy
 from server.strategies.validate import UpdateRejected
 
 DTYPE = torch.float64
-
-
-def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
-    """The encoding of a run of ``clients``: ``settings.bound``, and ``frac_bits`` or the most that
-    ``clients x bound x 2^f < 2^126`` allows, capped at 64 (the decoded sum's error is at most
-    ``clients x 2^-(f+1)`` per entry: below float64's rounding of any value over ``2^-11``)."""
-    f = settings.frac_bits or min(64, math.floor(126 - math.log2(clients * settings.bound) - 1e-9))
-    fp = FixedPoint(frac_bits=f, bound=settings.bound)
-    fp.check(clients)
-    return fp
-
-
-def threshold(settings: SecAggSettings, clients: int) -> int:
-    t = settings.threshold or default_threshold(clients)
-    if not 1 <= t <= clients:
-        raise SecAggError(f"secagg.threshold {t} for {clients} clients: it must lie in [1, {clients}]")
-    return t
-
-
-def context(plan: RoundPlan) -> bytes:
-    """What binds a step's keys and masks to it: run, task, round, phase."""
-    return f"{plan.run_id}|{plan.task}|{plan.round}|{plan.phase.value}".encode()
 
 
 def require_secure(config: RunConfig, strategy: Strategy) -> None:
@@ -77,103 +52,6 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
                 f"updates ({type(aggregator).__name__} keeps more than sums), which the coordinator would no "
                 "longer see"
             )
-
-
-TRIL = "@tril"  # a summed Gram sent as its lower triangle (row by row), the only half the solves read
-
-
-def pack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``sums`` with every square summed Gram (a ``GramSum``'s ``total``) as its lower triangle, under
-    ``name@tril``: half the bytes, and exactly what Cholesky and ``eigh`` read of the plain sum."""
-    out = {}
-    for name, t in sums.items():
-        if name.endswith("/total") and t.dim() == 2 and t.shape[0] == t.shape[1]:
-            rows, cols = torch.tril_indices(t.shape[0], t.shape[0])
-            out[name + TRIL] = t[rows, cols]
-        else:
-            out[name] = t
-    return out
-
-
-def unpack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`pack`: each lower triangle back to its symmetric matrix."""
-    out = {}
-    for name, t in sums.items():
-        if not name.endswith(TRIL):
-            out[name] = t
-            continue
-        d = int(round((math.sqrt(8 * t.numel() + 1) - 1) / 2))
-        if d * (d + 1) // 2 != t.numel():
-            raise SecAggError(f"{name}: {t.numel()} entries are no lower triangle")
-        rows, cols = torch.tril_indices(d, d)
-        full = torch.zeros(d, d, dtype=t.dtype)
-        full[rows, cols] = t
-        full[cols, rows] = t
-        out[name.removesuffix(TRIL)] = full
-    return out
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The names and shapes of a step's running sums, in the order they are flattened."""
-
-    entries: tuple[tuple[str, tuple[int, ...]], ...]
-
-    @staticmethod
-    def of(sums: dict[str, Tensor]) -> Layout:
-        return Layout(tuple((name, tuple(t.shape)) for name, t in sorted(sums.items())))
-
-    @property
-    def size(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.entries)
-
-    def flatten(self, sums: dict[str, Tensor]) -> np.ndarray:
-        if Layout.of(sums) != self:
-            raise SecAggError("the terms do not have the step's layout of sums")
-        return np.concatenate([sums[name].detach().to(DTYPE).reshape(-1).numpy() for name, _ in self.entries])
-
-    @staticmethod
-    def of_masked(masked: dict[str, Tensor]) -> Layout:
-        """The layout of masked sums: each a tensor of the sum's shape plus a last axis of the two limbs."""
-        if any(t.dim() == 0 or t.shape[-1] != 2 for t in masked.values()):
-            raise SecAggError("a masked sum carries two 64-bit limbs per entry (a last axis of 2)")
-        return Layout(tuple((name, tuple(t.shape[:-1])) for name, t in sorted(masked.items())))
-
-    def flatten_ring(self, masked: dict[str, Tensor]) -> np.ndarray:
-        """Masked int64 tensors by sum name -> one ring vector (``(size, 2)`` uint64 limbs), in the layout's order."""
-        if Layout.of_masked(masked) != self:
-            raise SecAggError("the masked sums do not have the step's layout")
-        return np.concatenate([masked[name].reshape(-1, 2).numpy().view(np.uint64) for name, _ in self.entries])
-
-    def unflatten_ring(self, ring: np.ndarray) -> dict[str, Tensor]:
-        """Inverse of :meth:`flatten_ring`: int64 tensors holding the ring elements' limbs."""
-        out, at = {}, 0
-        for name, shape in self.entries:
-            n = math.prod(shape)
-            limbs = np.ascontiguousarray(ring[at : at + n]).view(np.int64)
-            out[name] = torch.from_numpy(limbs).reshape(*shape, 2)
-            at += n
-        return out
-
-    def unflatten(self, flat: np.ndarray) -> dict[str, Tensor]:
-        out, at = {}, 0
-        for name, shape in self.entries:
-            n = math.prod(shape)
-            out[name] = torch.from_numpy(np.ascontiguousarray(flat[at : at + n])).reshape(shape).to(DTYPE)
-            at += n
-        return out
-
-
-def client_terms(aggregator: Aggregator, update: ClientUpdate) -> dict[str, Tensor]:
-    """What a client masks: its update folded into a fresh aggregator of the step, as running sums.
-
-    The client checks its own update first (``UpdateRejected``), as the coordinator would have:
-    the coordinator sees only the sum."""
-    if aggregator.count:
-        raise ValueError("client_terms needs a fresh aggregator of the step")
-    aggregator.check(update)
-    aggregator.fold(update, checked=True)
-    return running_sums(aggregator)
 
 
 def load_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int) -> None:
@@ -334,15 +212,3 @@ class SecureStep:
         survivors, _ = self.session.close_inputs()
         total = decode(self.session.result(), self.fp, len(survivors))
         return unpack(self.layout.unflatten(total)), len(survivors)
-
-
-def masked_update(
-    update: ClientUpdate, terms: dict[str, Tensor], session: ClientSession, sharers: list[int], fp: FixedPoint
-) -> ClientUpdate:
-    """What a client pushes in a secure step: ``update``'s scalar fields without its sample count or
-    loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors."""
-    terms = pack(terms)
-    layout = Layout.of(terms)
-    ring = session.mask(encode(layout.flatten(terms), fp), sharers)
-    tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}
-    return with_tensors(dataclasses.replace(update, num_samples=0, train_loss=float("nan")), tensors)

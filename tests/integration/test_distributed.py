@@ -167,7 +167,18 @@ def same_counts_and_head(cluster, config, results_dir):
     return c, server, metrics
 
 
-@pytest.mark.parametrize("method", ["ewc", "lwf", "ccvr", "fedproto", "pilora", "target"])
+# The default suite keeps one method per kind of plan and update (EWC: anchor and Fisher step; CCVR:
+# features step; FedProto: prototypes; L2P: prompt pool); the ones whose wire fields those already
+# cover run with -m slow (LwF: anchor; PILoRA: prototypes and extra; TARGET: anchor, synthesis per
+# process; CODA-P: a growing pool). Each costs ~20 s of CI's 15 minutes.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["ewc", pytest.param("lwf", marks=SLOW), "ccvr", "fedproto", pytest.param("pilora", marks=SLOW)]
+    + [pytest.param("target", marks=SLOW)],
+)
 def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, tmp_path):
     """Plans that carry the previous task's weights (and EWC's Fisher), EWC's Fisher step, CCVR's features
     step at the fine-tuned weights, FedProto's and PILoRA's prototypes (PILoRA's earlier modules as extra),
@@ -187,7 +198,7 @@ def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, t
     assert phases.count("features") == (CONFIG.num_tasks if method == "ccvr" else 0)  # CCVR's statistics
 
 
-@pytest.mark.parametrize("method", ["l2p", "coda-p"])
+@pytest.mark.parametrize("method", ["l2p", pytest.param("coda-p", marks=SLOW)])
 def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_path):
     """Plans that carry a prompt pool (CODA-P's growing, its old components frozen) and updates that carry
     the trained components' change, over the wire: the same counts, head and prompt pool as in-process."""

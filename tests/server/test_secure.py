@@ -14,7 +14,8 @@ from common.messages import ModelSpec
 from common.secagg import SecAggError, encode
 from common.settings import SecAggSettings
 from common.sums import running_sums, summable
-from server.secure import Layout, client_terms, context, fixed_point, pack, require_secure, secure_step, unpack
+from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
+from server.secure import require_secure, secure_step
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 
 from conftest import valid_update
