@@ -143,8 +143,7 @@ def client_terms(aggregator: Any, update: ClientUpdate) -> dict[str, Tensor]:
     the coordinator sees only the sum."""
     if aggregator.count:
         raise ValueError("client_terms needs a fresh aggregator of the step")
-    aggregator.check(update)
-    aggregator.fold(update, checked=True)
+    aggregator.fold(update)  # checked first, as the coordinator checks
     return running_sums(aggregator)
 
 

@@ -552,14 +552,14 @@ class Coordinator:
         inputs close when every client that shared has sent one (or late, with the threshold)."""
         sec = step.secure
         assert sec is not None
+        tensors = update_tensors(update)  # once: checked and staged in this form
         try:
-            fixed = sec.check_masked(update)
+            fixed = sec.check_masked(update.client_index, tensors)
+        except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys
+            raise Refused("FAILED_PRECONDITION", str(err)) from err
         except UpdateRejected as err:
-            raise Refused(
-                "FAILED_PRECONDITION" if err.field == "masked" and "closed" in str(err) else "INVALID_ARGUMENT",
-                str(err),
-            ) from err
-        self.store.stage_update(step.key, update, idempotency_key)
+            raise Refused("INVALID_ARGUMENT", str(err)) from err
+        self.store.stage_update(step.key, update, idempotency_key, tensors)
         if fixed:
             self.store.save_secagg(step.key, sec.state())
         fault_point("push.staged")

@@ -28,7 +28,7 @@ from common.secagg_rounds import ClientSession, ServerSession, session_from_stat
 from common.settings import RobustSettings, SecAggSettings
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
 from common.sums import load_running_sums, summable
-from common.tensors import MASKED, update_tensors
+from common.tensors import MASKED
 from server.strategies.base import Aggregator, Strategy
 from server.strategies.validate import UpdateRejected
 
@@ -173,17 +173,17 @@ class SecureStep:
         s = self.session
         return (s.roster is None or index in s.roster) and (s.sharers is None or index in s.sharers)
 
-    def check_masked(self, update: ClientUpdate) -> bool:
-        """``UpdateRejected`` unless ``update`` carries masked sums only, int64, in the step's layout;
-        ``True`` if it fixed the layout (the first masked input)."""
+    def check_masked(self, index: int, tensors: dict[str, Tensor]) -> bool:
+        """Client ``index``'s masked input, as its update's named tensors: ``SecAggError`` unless it is
+        the client's turn, ``UpdateRejected`` unless it carries masked sums only, int64 limb pairs, in
+        the step's layout; ``True`` if it fixed the layout (the first masked input)."""
         s = self.session
-        if s.sharers is None or update.client_index not in s.sharers or s.survivors is not None:
-            raise UpdateRejected("masked", "an input from a client that shared no keys, or after the inputs closed")
-        tensors = update_tensors(update)
+        if s.sharers is None or index not in s.sharers or s.survivors is not None:
+            raise SecAggError("an input from a client that shared no keys, or after the inputs closed")
         if not tensors or any(not name.startswith(MASKED + "/") for name in tensors):
             raise UpdateRejected("masked", "a secure step's update carries masked sums only (masked/<sum>)")
         if any(t.dtype != torch.int64 for t in tensors.values()):
-            raise UpdateRejected("masked", "masked sums travel as int64 (the bits of Z_2^64)")
+            raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
         try:
             layout = Layout.of_masked({name.split("/", 1)[1]: t for name, t in tensors.items()})
         except SecAggError as err:
@@ -197,7 +197,7 @@ class SecureStep:
 
     def add_input(self, update: ClientUpdate) -> None:
         assert self.layout is not None
-        vector = self.layout.flatten_ring({name: t for name, t in update.masked.items()})
+        vector = self.layout.flatten_ring(update.masked)
         self.session.masked_input(update.client_index, vector)
 
     def close_inputs(self, inputs: Iterable[ClientUpdate]) -> None:
