@@ -18,7 +18,10 @@ from torch import Tensor, nn
 from common.config import RunConfig
 from common.lora import apply_lora, lora_layers, LoRALinear
 from common.messages import ModelSpec
-from common.settings import DataSettings, ModelSettings
+from common.methods import method
+from common.ia3 import SIDE, apply_ia3
+from common.settings import DataSettings, Ia3Settings, ModelSettings, VeraSettings
+from common.vera import apply_vera
 
 
 class Backbone(nn.Module):
@@ -384,6 +387,13 @@ def model_spec(model: ClassifierModel) -> ModelSpec:
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:
+    """The run's model: its backbone, the method's adapter layers (``common.methods.Method.adapter``), a head."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.model_seed)
-        return ClassifierModel(build_backbone(config), num_classes, config.rank, config.lora_scale)
+        model = ClassifierModel(build_backbone(config), num_classes, config.rank, config.lora_scale)
+    adapter = method(config.strategy).adapter
+    if adapter == "vera":
+        apply_vera(model.backbone, config.section(VeraSettings).rank, config.seed)
+    elif adapter == "ia3":
+        apply_ia3(model.backbone, SIDE[config.section(Ia3Settings).side])
+    return model

@@ -23,11 +23,13 @@ minimisers unless the Grams make every element agree (e.g. all clients equal); t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from common.merge import gram_times, right_solve
+from common.merge import RegMeanAccumulator, gram_times, right_solve
 
 F64 = torch.float64
 
@@ -110,3 +112,171 @@ def vera_b(
         return _appendix([lb.to(F64)[:, None] * b for lb in lbs], projected, b)
     n = b @ scaled_a  # (d_out, d_in)
     return _weighted_mean(lbs, [(gram_times(n, g) * n).sum(1) for g in grams])
+
+
+# ----------------------------------------------------------------------------- running sums
+#
+# The same merges as running sums over clients (``common/sums.py``), for the coordinator: each client
+# sends its trained vector and a statistic of its Gram computed on its side (:func:`vera_statistic`),
+# never the Gram itself, and the coordinator's memory does not grow with the number of clients.
+
+
+def _vector(v: Tensor, size: int, what: str) -> Tensor:
+    if tuple(v.shape) != (size,):
+        raise ValueError(f"{what}: expected shape ({size},), got {tuple(v.shape)}")
+    return v.to(F64)
+
+
+@dataclass
+class VectorMeanAccumulator:
+    """Per coordinate ``v = sum_i w_i o v_i / sum_i w_i`` (coordinates no client weighs give 0): VeRA's
+    ``lb`` with ``w_i = c_i``, (IA)^3 on the output with ``w_i = e_i``."""
+
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "weight")
+    PARTS: ClassVar[tuple[str, ...]] = ()
+
+    size: int
+    numerator: Tensor | None = None  # (size,): sum_i w_i o v_i
+    weight: Tensor | None = None  # (size,): sum_i w_i
+    count: int = 0
+
+    def fold(self, v: Tensor, w: Tensor) -> None:
+        v, w = _vector(v, self.size, "vector"), _vector(w, self.size, "vector weight")
+        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+            raise ValueError("vector weight: expected finite non-negative entries")
+        self.numerator = w * v if self.numerator is None else self.numerator + w * v
+        self.weight = w.clone() if self.weight is None else self.weight + w
+        self.count += 1
+
+    def result(self) -> Tensor:
+        if self.numerator is None or self.weight is None:
+            raise ValueError("VectorMeanAccumulator: nothing folded yet")
+        return right_solve(self.numerator[None, :], self.weight)[0]
+
+
+@dataclass
+class QuadraticAccumulator:
+    """``v = (sum_i H_i)^-1 sum_i H_i v_i`` with ``H_i = K o P_i``: ``K (r, r)`` shared by every client
+    (VeRA's ``M^T M``), ``P_i`` a client's statistic (``A G_i A^T``)."""
+
+    SUMS: ClassVar[tuple[str, ...]] = ("rhs", "total")
+    PARTS: ClassVar[tuple[str, ...]] = ()
+
+    shared: Tensor  # K: (r, r)
+    rhs: Tensor | None = None  # (r,): sum_i H_i v_i
+    total: Tensor | None = None  # (r, r): sum_i H_i
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.shared = self.shared.to(F64).clone()
+
+    def fold(self, v: Tensor, p: Tensor) -> None:
+        r = self.shared.shape[0]
+        v = _vector(v, r, "vector")
+        if tuple(p.shape) != (r, r):
+            raise ValueError(f"quadratic statistic: expected shape ({r}, {r}), got {tuple(p.shape)}")
+        h = self.shared * p.to(F64)
+        self.rhs = h @ v if self.rhs is None else self.rhs + h @ v
+        self.total = h if self.total is None else self.total + h
+        self.count += 1
+
+    def result(self) -> Tensor:
+        if self.rhs is None or self.total is None:
+            raise ValueError("QuadraticAccumulator: nothing folded yet")
+        return right_solve(self.rhs[None, :], self.total)[0]
+
+
+@dataclass
+class AppendixAccumulator:
+    """The appendix's rule as running sums: RegMean of the dense ``diag(v_i) F`` with the clients' Grams
+    ``G_i`` (of ``F``'s input), divided element-wise by ``F`` and averaged along its rows."""
+
+    SUMS: ClassVar[tuple[str, ...]] = ()
+    PARTS: ClassVar[tuple[str, ...]] = ("inner",)
+
+    frozen: Tensor  # F: (size, width)
+    inner: RegMeanAccumulator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frozen = self.frozen.to(F64).clone()
+        self.inner = RegMeanAccumulator(*self.frozen.shape)
+
+    @property
+    def count(self) -> int:
+        return self.inner.count
+
+    def fold(self, v: Tensor, g: Tensor) -> None:
+        self.inner.fold(_vector(v, self.frozen.shape[0], "vector")[:, None] * self.frozen, g)
+
+    def result(self) -> Tensor:
+        return (self.inner.result() / self.frozen).mean(dim=1)
+
+
+def vera_statistic(side: str, form: str, gram: Tensor, b: Tensor, a: Tensor, lb: Tensor, ld: Tensor) -> Tensor:
+    """What a client sends of its Gram ``G_i`` (decayed as the run's backbone gamma says) for a VeRA round
+    that trained ``side``, with the shared vectors ``lb``, ``ld`` and the frozen ``B``, ``A``:
+
+    - ``"B"`` (``lb``), exact: ``c_i = diag(N G_i N^T)``, ``N = B diag(ld) A``: ``(d_out,)``;
+    - ``"A"`` (``ld``), exact: ``A G_i A^T``: ``(r, r)``;
+    - ``"B"``, appendix: ``A' G_i A'^T`` with ``A' = diag(ld) A``: ``(r, r)``;
+    - ``"A"``, appendix: ``G_i`` itself, as LoRM's A round sends it.
+    """
+    b, a, lb, ld = b.to(F64), a.to(F64), lb.to(F64), ld.to(F64)
+    if side == "A":
+        return gram.to(F64) if form == "appendix" else gram_times(a, gram) @ a.T
+    scaled_a = ld[:, None] * a
+    if form == "appendix":
+        return gram_times(scaled_a, gram) @ scaled_a.T
+    n = b @ scaled_a
+    return (gram_times(n, gram) * n).sum(1)
+
+
+def vera_accumulator(
+    side: str, form: str, b: Tensor, a: Tensor, lb: Tensor, ld: Tensor
+) -> VectorMeanAccumulator | QuadraticAccumulator | AppendixAccumulator:
+    """The running sums of one layer's VeRA round that trains ``side``, given the shared vectors."""
+    if form == "appendix":
+        return AppendixAccumulator(b if side == "B" else a)
+    if side == "B":
+        return VectorMeanAccumulator(b.shape[0])
+    m = lb.to(F64)[:, None] * b.to(F64)
+    return QuadraticAccumulator(m.T @ m)
+
+
+def ia3_statistic(side: str, form: str, gram: Tensor, w0: Tensor) -> Tensor:
+    """What a client sends of its Gram ``G_i`` (decayed as the run's backbone gamma says) for an (IA)^3
+    layer of frozen weight ``W0`` trained on ``side``: the weights of its exact merge, or the Gram itself.
+
+    - ``"B"`` (output), exact: ``e_i = diag(W0 G_i W0^T)``: ``(d_out,)``;
+    - ``"B"``, appendix: the Gram ``(d_in,)`` (diagonal only: the rule then needs no ``W0``);
+    - ``"A"`` (input), exact: ``H_i = (W0^T W0) o G_i``: ``(d_in,)`` for a diagonal Gram, else ``(d_in, d_in)``.
+    """
+    w0 = w0.to(F64)
+    if side == "B":
+        if form == "appendix":
+            if gram.dim() != 1:
+                raise ValueError("the appendix's (IA)^3 rule needs diagonal Grams (gamma_backbone = 0)")
+            return gram.to(F64)
+        return (gram_times(w0, gram) * w0).sum(1)
+    if gram.dim() == 1:
+        return (w0 * w0).sum(0) * gram.to(F64)
+    return (w0.T @ w0) * gram.to(F64)
+
+
+def ia3_accumulator(
+    side: str, form: str, d_out: int, d_in: int, full: bool
+) -> VectorMeanAccumulator | QuadraticAccumulator | AppendixAccumulator:
+    """The running sums of one (IA)^3 layer's merge, from what :func:`ia3_statistic` sends; also the task
+    merge, each task's vector weighted by its clients' summed statistics."""
+    if side == "B":
+        if form == "appendix":  # the rule's division by W0 cancels its product with W0: F = ones
+            return AppendixAccumulator(torch.ones(d_out, d_in, dtype=F64))
+        return VectorMeanAccumulator(d_out)
+    return QuadraticAccumulator(torch.ones(d_in, d_in, dtype=F64)) if full else VectorMeanAccumulator(d_in)
+
+
+def ia3_statistic_shape(side: str, form: str, d_out: int, d_in: int, full: bool) -> tuple[int, ...]:
+    """The shape :func:`ia3_statistic` gives."""
+    if side == "B":
+        return (d_in,) if form == "appendix" else (d_out,)
+    return (d_in, d_in) if full else (d_in,)

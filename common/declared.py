@@ -22,7 +22,17 @@ from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
 from common.prompts import trained_shapes
-from common.settings import CcvrSettings, FedProtoSettings, NcmSettings, PiLoraSettings, RidgeSettings
+from common.adapter_merge import ia3_statistic_shape
+from common.ia3 import SIDE
+from common.settings import (
+    CcvrSettings,
+    FedProtoSettings,
+    Ia3Settings,
+    NcmSettings,
+    PiLoraSettings,
+    RidgeSettings,
+    VeraSettings,
+)
 from common.tensors import (
     DELTA,
     FACTOR,
@@ -47,6 +57,14 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
     """Every tensor an update of ``plan`` carries: wire name -> shape."""
     if plan.mode == Mode.FEATURES:
         return stat_shapes(feature_stat_shapes(plan, spec, config))
+    adapter = method(config.strategy).adapter
+    if adapter in ("vera", "ia3"):
+        own = (
+            vera_shapes(plan, spec, config.section(VeraSettings))
+            if adapter == "vera"
+            else ia3_shapes(plan, spec, config)
+        )
+        return own | (head_shapes(spec) if plan.send_head else {}) | (head_gram_shape(spec) if plan.head_gram else {})
     shapes = factor_shapes(spec, config.rank, plan.train_factors)
     if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN:
         shapes |= delta_shapes(spec)
@@ -134,6 +152,39 @@ def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]
         for name, (d_out, d_in) in spec.layers.items()
         for p in parts
     }
+
+
+def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Shapes:
+    """VeRA's step (``common/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
+    (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.adapter_merge.vera_statistic``:
+    exact ``(d_out,)`` or ``(r, r)``; appendix ``(r, r)`` or the Gram); a task's Gram step: the Grams."""
+    full, r = plan.gram == GramKind.FULL, settings.rank
+    if plan.phase != Phase.TRAIN:
+        return gram_shapes(spec, full) if plan.gram != GramKind.NONE else {}
+    shapes: Shapes = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        for side in plan.train_factors:
+            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (r,)
+            if settings.form == "appendix" and side == "A":
+                shapes[tensor_name(GRAM, name)] = (d_in, d_in) if full else (d_in,)
+            else:
+                shapes[tensor_name(GRAM, name)] = (d_out,) if side == "B" and settings.form == "exact" else (r, r)
+    return shapes
+
+
+def ia3_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """(IA)^3's step (``common/ia3.py``): a training round's trained vector per layer (``(d_out,)`` on the
+    output, ``(d_in,)`` on the input), and in every step its Gram statistic
+    (``common.adapter_merge.ia3_statistic``)."""
+    settings = config.section(Ia3Settings)
+    side, full = SIDE[settings.side], plan.gram == GramKind.FULL
+    shapes: Shapes = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        if plan.phase == Phase.TRAIN:
+            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (d_in,)
+        if plan.gram != GramKind.NONE:
+            shapes[tensor_name(GRAM, name)] = ia3_statistic_shape(side, settings.form, d_out, d_in, full)
+    return shapes
 
 
 def gram_shapes(spec: ModelSpec, full: bool) -> Shapes:

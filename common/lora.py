@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -163,6 +163,17 @@ def apply_lora(model: nn.Module, targets: str | Sequence[str], rank: int, scale:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoRALinear(getattr(parent, child), rank, scale))
+    return names
+
+
+def replace_lora_layers(model: nn.Module, make: Callable[[str, LoRALinear], LoRALinear]) -> list[str]:
+    """Replace every :class:`LoRALinear` of ``model`` by ``make(name, layer)`` (another adapter on the same
+    frozen linear layer: VeRA, (IA)^3); returns the layers' names in module order."""
+    names = list(lora_layers(model))
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(name, getattr(parent, child)))
     return names
 
 

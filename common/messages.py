@@ -167,6 +167,9 @@ class RoundPlan:
     prompt_frozen: int = 0
     # FedProto: the global prototypes, "mean" (num_classes, feature_dim) and "count" (num_classes,) (0: none yet)
     prototypes: dict[str, Tensor] = field(default_factory=dict)
+    # adapter vectors per layer: VeRA's shared {"B": lb (d_out,), "A": ld (r,)} (common/vera.py); (IA)^3's
+    # trained side's ("B": output, "A": input) and "E", the frozen earlier tasks' one (common/ia3.py)
+    vectors: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
 @dataclass

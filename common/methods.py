@@ -24,6 +24,7 @@ from common.settings import (
     DataSettings,
     EwcSettings,
     FedProtoSettings,
+    Ia3Settings,
     L2pSettings,
     LwfSettings,
     ModelSettings,
@@ -35,6 +36,7 @@ from common.settings import (
     Settings,
     TargetSettings,
     TiesSettings,
+    VeraSettings,
 )
 
 # The client halves (client/methods/): one per way of training.
@@ -46,6 +48,8 @@ L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen 
 FEDPROTO = "client.methods.prototypes:FedProtoTrainer"  # DENSE, pulled to the global prototypes; sends class sums
 PILORA = "client.methods.pilora:PiLoraTrainer"  # LoRA on the earlier tasks' modules, scored by trained prototypes
 TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
+IA3 = "client.methods.ia3:IA3Trainer"  # the (IA)^3 vector + head with ACE, then its merge statistic
+VERA = "client.methods.vera:VeRATrainer"  # VeRA's vectors lb or ld + head with ACE, then their merge statistics
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -61,6 +65,8 @@ class Method:
     client: str  # "client.methods.<module>:<ClientMethod subclass>"
     help: str
     settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
+    # the layers on the target modules: "lora" (common/lora.py), "vera" (common/vera.py) or "ia3" (common/ia3.py)
+    adapter: str = "lora"
 
 
 METHODS: dict[str, Method] = {
@@ -84,6 +90,22 @@ METHODS: dict[str, Method] = {
             "server.strategies.lorm:LoRMSequential",
             LORA,
             "variant: each task's LoRA a residual on the earlier tasks'",
+        ),
+        Method(
+            "lorm-vera",
+            "server.strategies.vera:LoRMVeRA",
+            VERA,
+            "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
+            VeraSettings,
+            adapter="vera",
+        ),
+        Method(
+            "lorm-ia3",
+            "server.strategies.ia3:LoRMIA3",
+            IA3,
+            "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
+            Ia3Settings,
+            adapter="ia3",
         ),
         Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
         Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),

@@ -39,10 +39,12 @@ LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gra
 ANCHOR = "anchor"  # a plan's reference weights (W0 + anchor): EWC's penalty centre, LwF's teacher
 PROMPT = "prompt"  # a plan's prompt pool (L2P, CODA-Prompt), by name
 PROTO = "proto"  # a plan's global prototypes (FedProto): proto/mean, proto/count
+VECTOR = "vector"  # a plan's adapter vectors per layer: VeRA's vector/<layer>/B (lb) and /A (ld); (IA)^3's and /E
 MASKED = "masked"  # secure aggregation: an update's running sums, fixed point and masked (int64 bits of Z_2^64)
 HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
 PARTS = ("B", "A")
-_FACTOR_KINDS = (LORA, EXTRA, FACTOR)
+VECTOR_PARTS = PARTS + ("E",)  # a plan's adapter vectors: each side's trained one, and "E" the frozen extra
+_FACTOR_KINDS = (LORA, EXTRA, FACTOR, VECTOR)
 _NAMED_KINDS = (GRAM, DELTA, FISHER, STAT, ANCHOR, PROMPT, PROTO, MASKED)  # "<kind>/<layer or parameter name>"
 
 # What each message may carry: the one list the codec, the validation and the flattening below read.
@@ -55,8 +57,8 @@ UPDATE_FIELDS = {
     MASKED: "masked",
 }  # kind -> field
 UPDATE_HEAD = {HEAD_WEIGHT: "head_weight", HEAD_BIAS: "head_bias", HEAD_GRAM: "head_gram"}  # name -> field
-# shared factors, frozen extra, dense delta, anchor, Fisher, prompt pool, prototypes
-PLAN_KINDS = (LORA, EXTRA, DELTA, ANCHOR, FISHER, PROMPT, PROTO)
+# shared factors, frozen extra, dense delta, anchor, Fisher, prompt pool, prototypes, adapter vectors
+PLAN_KINDS = (LORA, EXTRA, DELTA, ANCHOR, FISHER, PROMPT, PROTO, VECTOR)
 PLAN_HEAD = (HEAD_WEIGHT, HEAD_BIAS)
 
 
@@ -79,7 +81,7 @@ def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
         raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
     if kind in _NAMED_KINDS and part is None:
         return f"{kind}/{layer}"
-    if kind in _FACTOR_KINDS and part in PARTS:
+    if kind in _FACTOR_KINDS and part in (VECTOR_PARTS if kind == VECTOR else PARTS):
         return f"{kind}/{layer}/{part}"
     raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
 
@@ -92,10 +94,10 @@ def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
     if kind in _NAMED_KINDS and rest:
         return kind, rest, None
     layer, _, part = rest.rpartition("/")
-    if kind in _FACTOR_KINDS and layer and part in PARTS:
+    if kind in _FACTOR_KINDS and layer and part in (VECTOR_PARTS if kind == VECTOR else PARTS):
         return kind, layer, part
     expected = (
-        "lora|extra|factor/<layer>/B|A, gram|delta|fisher|stat|anchor|prompt|proto|masked/<name> "
+        "lora|extra|factor/<layer>/B|A, vector/<layer>/B|A|E, gram|delta|fisher|stat|anchor|prompt|proto|masked/<name> "
         "or head/weight|bias|gram"
     )
     raise WireError("tensors.name", f"expected {expected}, got {name!r}")

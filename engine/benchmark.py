@@ -54,6 +54,15 @@ def known_methods() -> list[str]:
     return sorted(STRATEGIES) + [JOINT]
 
 
+def strategy_of(label: str) -> str:
+    """The method a grid label names: ``NAME``, or ``NAME@VARIANT`` (the same method with the overrides the
+    method config gives under the whole label, e.g. ``lorm-vera@appendix``); ``ValueError`` if unknown."""
+    name, _, variant = label.partition("@")
+    if name not in known_methods() or ("@" in label and not variant):
+        raise ValueError(f"unknown method {label!r}; known: {known_methods()} (a variant: NAME@VARIANT)")
+    return name
+
+
 @dataclass(frozen=True)
 class Cell:
     method: str
@@ -83,8 +92,10 @@ def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
             f"--method-config {path}: expected a JSON object {{method: {{key: value}}}}, got {type(values).__name__}"
         )
     for method, overrides in values.items():
-        if method not in known_methods():
-            raise ValueError(f"--method-config {path}: unknown method {method!r}; known: {known_methods()}")
+        try:
+            strategy_of(method)
+        except ValueError as err:
+            raise ValueError(f"--method-config {path}: {err}") from None
         if not isinstance(overrides, dict):
             raise ValueError(f"--method-config {path}: {method}: expected an object, got {overrides!r}")
         for key, value in overrides.items():
@@ -117,7 +128,8 @@ def cell_config(
     for key, per_beta in overrides.items():
         if key.startswith("beta=") and math.isclose(_beta_of(key, "method config"), beta):
             values = merged(values, per_beta)
-    values.update(strategy=method, beta=beta, seed=seed, run_id=f"{base.run_id}-{method}-b{beta}-s{seed}")
+    run_id = f"{base.run_id}-{method.replace('@', '-')}-b{beta}-s{seed}"
+    values.update(strategy=strategy_of(method), beta=beta, seed=seed, run_id=run_id)
     if method == JOINT:
         # One client holds everything, one task has every class; beta then splits nothing, so
         # it is pinned and the joint cells of all betas share one configuration.
@@ -375,7 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         "write the paper's kind of table (results.md, results.csv, plots).",
     )
     add_config_arguments(parser)
-    parser.add_argument("--methods", default="lorm", help=f"comma list of methods: {', '.join(known_methods())}")
+    parser.add_argument(
+        "--methods",
+        default="lorm",
+        help=f"comma list of methods (NAME or NAME@VARIANT, its overrides in --method-config): "
+        f"{', '.join(known_methods())}",
+    )
     parser.add_argument("--betas", default="", help="comma list of Dirichlet betas (default: the config's beta)")
     parser.add_argument("--seeds", default="", help="comma list of seeds (default: the config's seed)")
     parser.add_argument(
@@ -415,9 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         methods = _csv(args.methods, str, "--methods")
-        unknown = [m for m in methods if m not in known_methods()]
-        if unknown:
-            raise ValueError(f"--methods: unknown method(s) {unknown}; known: {known_methods()}")
+        for m in methods:
+            strategy_of(m)
         base = config_from_args(args)
         betas = _csv(args.betas, float, "--betas") if args.betas else [base.beta]
         seeds = _csv(args.seeds, int, "--seeds") if args.seeds else [base.seed]

@@ -53,6 +53,7 @@ from common.tensors import (
     PLAN_KINDS,
     PROMPT,
     PROTO,
+    VECTOR,
     UPDATE_FIELDS,
     UPDATE_HEAD,
     WireError,
@@ -350,6 +351,9 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         for layer, low_rank in factors.items():
             tensors[tensor_name(kind, layer, "B")] = low_rank.b
             tensors[tensor_name(kind, layer, "A")] = low_rank.a
+    for layer, parts in plan.vectors.items():
+        for part, tensor in parts.items():
+            tensors[tensor_name(VECTOR, layer, part)] = tensor
     by_kind = {DELTA: plan.delta, ANCHOR: plan.anchor, FISHER: plan.fisher, PROMPT: plan.prompt, PROTO: plan.prototypes}
     for kind, named in by_kind.items():
         for param, tensor in named.items():
@@ -403,7 +407,7 @@ def plan_from_proto(
     if header.mode not in {m.value for m in Mode}:
         raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
-    factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}}
+    factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}, VECTOR: {}}
     named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}, PROMPT: {}, PROTO: {}}
     for name, tensor in tensors.items():
         kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
@@ -412,8 +416,8 @@ def plan_from_proto(
         elif kind in named and layer is not None:
             named[kind][layer] = tensor
     low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
-    for kind, layers in factors.items():
-        for layer, parts in layers.items():
+    for kind in (LORA, EXTRA):
+        for layer, parts in factors[kind].items():
             if set(parts) != set(PARTS):
                 message = f"{kind} layer {layer!r} needs both B and A, got {sorted(parts)}"
                 raise WireError("tensors.name", message)
@@ -443,6 +447,7 @@ def plan_from_proto(
         fisher=named[FISHER],
         prompt=named[PROMPT],
         prototypes=named[PROTO],
+        vectors=factors[VECTOR],
         prompt_frozen=header.prompt_frozen,
     )
 

@@ -27,7 +27,7 @@ from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 
 FILE = Path(__file__).with_name("data") / "fingerprints.json"
-EXPORTS = ("prompts", "prototypes")
+EXPORTS = ("prompts", "prototypes", "ia3")
 TINY = dict(
     num_clients=2,
     num_tasks=2,
@@ -81,7 +81,8 @@ def fingerprint(method: str) -> dict[str, str]:
         delta = Path(out) / "delta.safetensors"
         # The tensors, not the file's bytes: safetensors' header order varies with Python's hash seed.
         dense = load_file(delta) if delta.is_file() else {}
-        # a method's own exports (Strategy.exports): L2P's and CODA-P's prompts, FedProto's and PILoRA's prototypes
+        # a method's own exports (Strategy.exports): L2P's and CODA-P's prompts, FedProto's and PILoRA's
+        # prototypes, (IA)^3's vectors
         exports = {
             kind: load_file(Path(out) / f"{kind}.safetensors")
             for kind in EXPORTS
@@ -104,10 +105,20 @@ def fingerprint(method: str) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", action="store_true", help=f"write {FILE}")
+    parser.add_argument(
+        "--add-new",
+        action="store_true",
+        help=f"record only the methods {FILE.name} lacks (a new method), keeping every recorded one as it is",
+    )
     args = parser.parse_args()
-    prints = {method: fingerprint(method) for method in sorted(STRATEGIES)}
+    recorded = json.loads(FILE.read_text()) if args.add_new else {"methods": {}}
+    if args.add_new and recorded["machine"] != machine_signature():
+        parser.error(f"{FILE.name} was recorded on {recorded['machine']}; this is {machine_signature()}")
+    prints = recorded["methods"] | {
+        method: fingerprint(method) for method in sorted(STRATEGIES) if method not in recorded["methods"]
+    }
     text = json.dumps({"machine": machine_signature(), "methods": prints}, indent=1, sort_keys=True) + "\n"
-    if args.record:
+    if args.record or args.add_new:
         FILE.write_text(text)
         print(f"wrote {FILE}")
     else:

@@ -21,30 +21,45 @@ from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, R
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
 
 
-class LoRMRoundAggregator(Aggregator):
-    """One training round: the active factor per layer, the head by RegMean, the bias by samples."""
+class RoundAggregator(Aggregator):
+    """A training round of a LoRM-style method: the trained part of every layer (``layers``, one accumulator
+    each, fed the update's trained tensor and its Gram statistic), the head by RegMean, the bias by samples."""
 
     PARTS = ("layers", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
 
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig, layers: dict) -> None:
         super().__init__(plan, declared)
         self.spec, self.config = spec, config
         (self.active,) = plan.train_factors
-        if self.active == "B":
-            self.layers: dict[str, LoraBAccumulator | LoraAAccumulator] = {
-                name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()
-            }
-        else:
-            self.layers = {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
+        self.layers = layers
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
+    def statistic(self, gram: Tensor) -> Tensor:
+        """What a layer's accumulator takes of the update's ``gram/<layer>``: as sent (by default)."""
+        return gram
+
     def _fold(self, update: ClientUpdate) -> None:
-        gamma = self.config.gamma_backbone
         for name, acc in self.layers.items():
-            acc.fold(update.factors[name][self.active], decay_gram(update.grams[name], gamma))
+            acc.fold(update.factors[name][self.active], self.statistic(update.grams[name]))
         self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
         self.bias.fold(present(update.head_bias), update.num_samples)
+
+
+class LoRMRoundAggregator(RoundAggregator):
+    """One LoRM round: the active factor per layer (B with the shared A, or A), from the clients' Grams."""
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
+        (active,) = plan.train_factors
+        layers: dict[str, LoraBAccumulator | LoraAAccumulator] = (
+            {name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
+            if active == "B"
+            else {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
+        )
+        super().__init__(plan, declared, spec, config, layers)
+
+    def statistic(self, gram: Tensor) -> Tensor:
+        return decay_gram(gram, self.config.gamma_backbone)
 
 
 class TaskGramAggregator(Aggregator):

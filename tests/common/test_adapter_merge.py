@@ -8,7 +8,16 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from common.adapter_merge import ia3_input, ia3_output, vera_b, vera_d
+from common.adapter_merge import (
+    VectorMeanAccumulator,
+    ia3_input,
+    ia3_output,
+    vera_accumulator,
+    vera_b,
+    vera_d,
+    vera_statistic,
+)
+from common.sums import running_sums, summable
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps
@@ -69,3 +78,51 @@ def test_vera_alternating_rounds_equal_least_squares_and_the_appendix_differs(se
     exact_b = vera_b(lbs, grams, b, a, ld)
     assert torch.allclose(exact_b, oracle(lambda v: (v[:, None] * b) @ (ld[:, None] * a), lbs, xs), atol=1e6 * EPS)
     assert (vera_b(lbs, grams, b, a, ld, form="appendix") - exact_b).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("form", ["exact", "appendix"])
+@pytest.mark.parametrize("side", ["B", "A"])
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_vera_running_sums_equal_the_merges_from_what_clients_send(side, form, diagonal):
+    """The coordinator's accumulators, fed each client's vector and its Gram statistic (computed on the
+    client's side), give the list-form merges above, which equal least squares: the dense Gram never
+    travels, and the sums declare themselves for secure aggregation."""
+    g, _, grams, d_out, d_in, r, k = setting(3)
+    grams = [gr.diagonal().clone() for gr in grams] if diagonal else grams
+    b = torch.randn(d_out, r, generator=g, dtype=F64)
+    a = torch.randn(r, d_in, generator=g, dtype=F64)
+    lb, ld = torch.randn(d_out, generator=g, dtype=F64), torch.randn(r, generator=g, dtype=F64)
+    trained = [torch.randn(d_out if side == "B" else r, generator=g, dtype=F64) for _ in range(k)]
+    acc = vera_accumulator(side, form, b, a, lb, ld)
+    sent = [vera_statistic(side, form, gr, b, a, lb, ld) for gr in grams]
+    gram_shape = tuple(grams[0].shape)
+    expected = {("B", "exact"): (d_out,), ("A", "exact"): (r, r), ("B", "appendix"): (r, r)}.get(
+        (side, form), gram_shape
+    )
+    assert all(tuple(s.shape) == expected for s in sent)  # only the appendix's ld rule needs the Gram itself
+    for v, s in zip(trained, sent):
+        acc.fold(v, s)
+    if side == "B":
+        want = vera_b(trained, grams, b, a, ld, form=form)
+    else:
+        want = vera_d(
+            trained,
+            [a @ torch.diag(gr) @ a.T if gr.dim() == 1 else a @ gr @ a.T for gr in grams],
+            b,
+            lb,
+            form=form,
+            grams=grams,
+            a=a,
+        )
+    assert torch.allclose(acc.result(), want, rtol=1e6 * EPS, atol=1e6 * EPS)
+    assert summable(acc) and running_sums(acc)
+
+
+def test_vector_mean_refuses_negative_weights_and_wrong_shapes():
+    acc = VectorMeanAccumulator(3)
+    with pytest.raises(ValueError, match="non-negative"):
+        acc.fold(torch.ones(3), torch.tensor([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        acc.fold(torch.ones(4), torch.ones(4))
+    with pytest.raises(ValueError, match="nothing folded"):
+        acc.result()

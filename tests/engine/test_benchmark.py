@@ -208,7 +208,7 @@ def test_an_unknown_method_is_a_clear_error(tmp_path, capsys):
         bench.main(TINY + ["--methods", "lorm,fedprox", "--out", str(tmp_path / "g")])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown method(s) ['fedprox']" in err and "'lorm'" in err and "'joint'" in err
+    assert "unknown method 'fedprox'" in err and "'lorm'" in err and "'joint'" in err
     assert not (tmp_path / "g").exists()
 
 
@@ -226,6 +226,21 @@ def test_a_bad_method_config_is_a_clear_error(tmp_path, capsys, method_config, m
     with pytest.raises(SystemExit):
         bench.main(TINY + ["--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")])
     assert message in capsys.readouterr().err
+
+
+def test_a_variant_is_its_method_with_the_overrides_under_its_label():
+    base = RunConfig.from_dict(preset("tiny"))
+    overrides = {"lorm-vera@appendix": {"settings": {"vera": {"form": "appendix"}}}, "lorm-vera": {"lr": 0.02}}
+    variant = bench.cell_config(base, "lorm-vera@appendix", 0.5, 0, overrides)
+    plain = bench.cell_config(base, "lorm-vera", 0.5, 0, overrides)
+    assert variant.strategy == plain.strategy == "lorm-vera"
+    assert variant.settings["vera"] == {"form": "appendix"} and "vera" not in plain.settings
+    assert (variant.lr, plain.lr) == (base.lr, 0.02)  # a variant takes only its own overrides
+    assert "@" not in variant.run_id
+    assert bench.Cell("lorm-vera@appendix", 0.5, 0, variant).dir(Path("g")).parts[2] == "lorm-vera@appendix"
+    for bad in ("nosuch@x", "lorm@"):
+        with pytest.raises(ValueError, match="unknown method"):
+            bench.strategy_of(bad)
 
 
 def test_overrides_apply_base_then_method_then_beta():

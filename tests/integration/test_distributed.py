@@ -208,3 +208,25 @@ def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_pa
     prompts, expected = (load_file(str(d / "prompts.safetensors")) for d in (c.run_dir / "results", tmp_path))
     assert prompts.keys() == expected.keys() and all(torch.equal(prompts[k], expected[k]) for k in expected)
     assert all(t.shape[0] == 4 for t in prompts.values())  # L2P: its pool; CODA-P: 2 components per task, 2 tasks
+
+
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("lorm-vera", {"vera": {"rank": 4}}),
+        pytest.param("lorm-vera", {"vera": {"rank": 4, "form": "appendix"}}, marks=SLOW),
+        ("lorm-ia3", {}),
+        pytest.param("lorm-ia3", {"ia3": {"side": "input"}}, marks=SLOW),
+    ],
+)
+def test_adapter_methods_over_grpc_identical_to_inprocess(cluster, method, settings, tmp_path):
+    """Plans that carry adapter vectors (VeRA's shared lb, ld; (IA)^3's and its frozen "E"), updates that
+    carry one trained vector per layer and its Gram statistic (never a dense Gram; VeRA's frozen matrices
+    rebuilt from the seed by every process), over the wire: the same counts, head and exported model
+    (VeRA's task merge of low-rank products as an adapter, (IA)^3's merged vectors) as in-process."""
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method, "settings": settings})
+    c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
+    exported = "ia3.safetensors" if method == "lorm-ia3" else "adapter/adapter_model.safetensors"
+    got, want = (load_file(str(d / exported)) for d in (c.run_dir / "results", tmp_path))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert [h["phase"] for h in metrics["history"]].count("task_gram") == CONFIG.num_tasks  # LoRM's task merge

@@ -1,0 +1,114 @@
+"""LoRM with VeRA modules (issue 20; ``../shared/SPEC.md`` §5): LoRM's rounds and task merge, VeRA's vectors.
+
+Each layer's update is ``diag(lb) B diag(ld) A`` with frozen seeded ``B, A`` (``common/vera.py``).
+Rounds alternate the trained vector as LoRM alternates its factors: ``lb`` (side ``"B"``) with
+``ld`` shared, then ``ld`` (side ``"A"``) with ``lb`` shared. Each round merges in closed form
+(``common.adapter_merge``): exactly (least squares, ``vera.form=exact``) or by the paper's appendix
+formulas (``vera.form=appendix``). Clients send their vector and a statistic of their Gram (``c_i``
+or ``A G_i A^T``), never a dense Gram. A finished task's delta is the low-rank product
+``(diag(lb) B diag(ld)) A``, so the task-level RegMean, the Gram views and the export are LoRM's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from common.adapter_merge import vera_accumulator
+from common.config import RunConfig
+from common.declared import Shapes
+from common.messages import LowRank, ModelSpec, Phase, RoundPlan
+from common.settings import VeraSettings
+from common.vera import SIDES, frozen_matrices, product
+from server.strategies.base import Aggregator
+from server.strategies.lorm import LoRM, RoundAggregator
+
+F64 = torch.float64
+
+
+class VeRARoundAggregator(RoundAggregator):
+    """One VeRA round: the trained vector per layer, from the clients' Gram statistics (already decayed)."""
+
+    def __init__(
+        self,
+        plan: RoundPlan,
+        declared: Shapes,
+        spec: ModelSpec,
+        config: RunConfig,
+        frozen: dict[str, tuple[Tensor, Tensor]],
+    ) -> None:
+        (active,) = plan.train_factors
+        form = config.section(VeraSettings).form
+        # the shared vectors as published: the ones the clients trained against and computed with
+        layers = {
+            name: vera_accumulator(active, form, *frozen[name], plan.vectors[name]["B"], plan.vectors[name]["A"])
+            for name in spec.layers
+        }
+        super().__init__(plan, declared, spec, config, layers)
+
+
+class LoRMVeRA(LoRM):
+    name = "lorm-vera"
+
+    def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
+        super().__init__(config, spec)
+        self.settings = config.section(VeraSettings)
+        r = self.settings.rank
+        self.frozen: dict[str, tuple[Tensor, Tensor]] = {}  # B (d_out, r), A (r, d_in) per layer, float64
+        for name, (d_out, d_in) in spec.layers.items():
+            b, a = frozen_matrices(config.seed, name, d_out, d_in, r)
+            self.frozen[name] = (b.to(F64), a.to(F64))
+        self.vectors: dict[str, dict[str, Tensor]] = {}  # the current task's lb ("B") and ld ("A"), float64
+
+    def begin_task(self, task: int) -> None:
+        """Fresh vectors for every task: ``lb = 0``, ``ld = d_init`` (VeRA's initialisation)."""
+        r = self.settings.rank
+        self._set_vectors(
+            {
+                name: {"B": torch.zeros(d_out, dtype=F64), "A": torch.full((r,), self.settings.d_init, dtype=F64)}
+                for name, (d_out, _) in self.spec.layers.items()
+            }
+        )
+
+    def _set_vectors(self, vectors: dict[str, dict[str, Tensor]]) -> None:
+        """The vectors, and LoRM's ``shared`` factors as their low-rank product (what a task stores)."""
+        self.vectors = vectors
+        self.shared = {name: LowRank(*product(v["B"], v["A"], *self.frozen[name])) for name, v in vectors.items()}
+
+    def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
+        plan = super().configure(task, round_, phase)
+        plan.lora = {}  # the current delta travels as its vectors; the frozen B, A are rebuilt by clients
+        plan.vectors = {name: {s: v[s].to(torch.float32) for s in SIDES} for name, v in self.vectors.items()}
+        return plan
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        if plan.phase == Phase.TRAIN:
+            return VeRARoundAggregator(plan, self.declared(plan), self.spec, self.config, self.frozen)
+        return super().aggregator(plan)
+
+    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
+        if isinstance(aggregator, VeRARoundAggregator):
+            side = aggregator.active
+            # The other side: the published one, which the clients trained against and the merge used.
+            self._set_vectors(
+                {
+                    name: {s: v.to(F64) for s, v in plan.vectors[name].items()} | {side: acc.result()}
+                    for name, acc in aggregator.layers.items()
+                }
+            )
+            self.head_w = aggregator.head.result()
+            self.head_b = aggregator.bias.result()
+            return
+        super().aggregate(plan, aggregator)
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return super().state_tensors() | {
+            f"vectors/{name}/{side}": t for name, v in self.vectors.items() for side, t in v.items()
+        }
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        if f"vectors/{next(iter(self.spec.layers))}/B" in tensors:
+            self._set_vectors(
+                {name: {side: tensors[f"vectors/{name}/{side}"] for side in SIDES} for name in self.spec.layers}
+            )
