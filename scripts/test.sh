@@ -9,4 +9,5 @@ echo "[test] ruff check (lint), ruff format --check, mypy"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -m "not slow" -q "$@"
+# --durations: every run names its slowest tests, so that CI's time budget is watched where it is spent
+exec .venv/bin/python -m pytest -m "not slow" -q --durations=25 "$@"
