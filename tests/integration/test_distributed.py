@@ -213,7 +213,9 @@ def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_pa
 @pytest.mark.parametrize(
     "method, settings",
     [
-        ("lorm-vera", {"vera": {"rank": 4}}),
+        # (IA)^3 carries every wire field of the two (vector/<layer>/B and /E, an export); VeRA's /B and /A,
+        # and its task merge of products, run with -m slow to keep CI's time
+        pytest.param("lorm-vera", {"vera": {"rank": 4}}, marks=SLOW),
         pytest.param("lorm-vera", {"vera": {"rank": 4, "form": "appendix"}}, marks=SLOW),
         ("lorm-ia3", {}),
         pytest.param("lorm-ia3", {"ia3": {"side": "input"}}, marks=SLOW),
