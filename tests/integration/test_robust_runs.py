@@ -92,6 +92,7 @@ def test_the_guard_undoes_most_of_a_gram_attack():
     assert guarded > attacked + 0.5 * (clean - attacked), (clean, attacked, guarded)
 
 
+@pytest.mark.slow  # an experiment (the poisoning table's runs); the guard's screening is tested above
 def test_lorm_poison_writes_its_table(tmp_path, monkeypatch):
     """The benchmark's command on the tiny preset: every cell's metrics and the table."""
     out = tmp_path / "poison"
