@@ -45,6 +45,12 @@ class Backbone(nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} takes no prompts")
 
+    def layer_states(self, layers: Sequence[int], pool: str, **inputs: Tensor) -> Tensor:
+        """The hidden states ``layers`` (0: the embeddings, 1..L: the blocks' outputs, negative: from the
+        end), each pooled to one vector, ``(batch, len(layers), feature_dim)``: ``pool`` "mean" over the
+        tokens the input keeps (not padding), "first": the first token ([CLS], ViT's class token)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-layer features (ncm/ridge setting layers)")
+
     def max_tokens(self) -> int:
         """The most tokens a sample may have: the model's position table, else 512."""
         model = getattr(self, "encoder", None) or getattr(self, "t5", None)
@@ -100,6 +106,10 @@ class TextEncoder(Backbone):
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return masked_mean(hidden, attention_mask)
 
+    def layer_states(self, layers: Sequence[int], pool: str, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return pool_states(out.hidden_states, layers, pool, attention_mask)
+
     def prompted(self, prompt: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         # The prompt goes first; the tokens keep their positions 0..n-1 (the prompt's position ids
         # are 0 too, and absorbed), so the position table bounds the tokens only.
@@ -116,6 +126,23 @@ class TextEncoder(Backbone):
             token_type_ids=torch.zeros_like(positions),
         ).last_hidden_state  # (batch, length + n, hidden)
         return masked_mean(hidden, mask), hidden[:, :length]
+
+
+def pool_states(
+    states: Sequence[Tensor], layers: Sequence[int], pool: str, attention_mask: Tensor | None = None, skip: int = 0
+) -> Tensor:
+    """``states``: the hidden states ``(batch, tokens, d)`` of the embeddings and every block; the chosen
+    ``layers``, each pooled, ``(batch, len(layers), d)``. "mean": over the tokens ``attention_mask``
+    keeps (all without a mask; from token ``skip`` on: ViT's patches, not its class token); "first":
+    token 0."""
+    if not all(-len(states) <= i < len(states) for i in layers):
+        raise ValueError(f"setting layers {list(layers)}: this backbone has hidden states 0..{len(states) - 1}")
+    picked = [states[i] for i in layers]
+    if pool == "first":
+        return torch.stack([h[:, 0] for h in picked], 1)
+    if attention_mask is None:
+        return torch.stack([h[:, skip:].mean(1) for h in picked], 1)
+    return torch.stack([masked_mean(h, attention_mask) for h in picked], 1)
 
 
 def masked_mean(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -142,6 +169,15 @@ class ViTBackbone(Backbone):
         # pixel_values: (batch, 3, H, W) -> (batch, num_features)
         tokens = self.vit.forward_features(pixel_values)
         return self.vit.forward_head(tokens, pre_logits=True)
+
+    def layer_states(self, layers: Sequence[int], pool: str, pixel_values: Tensor) -> Tensor:
+        # timm's forward_features, keeping the tokens after the embedding and after every block
+        vit = self.vit
+        x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(pixel_values))))
+        states = [x]
+        for block in vit.blocks:
+            states.append(block(states[-1]))
+        return pool_states(states, layers, pool, skip=vit.num_prefix_tokens)
 
     def prompted(self, prompt: Tensor, pixel_values: Tensor) -> tuple[Tensor, Tensor]:
         # timm's forward_features with the prompt inserted after the class token (its prefix tokens)
@@ -176,6 +212,11 @@ class T5Features(Backbone):
         start = torch.full((input_ids.shape[0], 1), self.decoder_token, dtype=torch.long, device=input_ids.device)
         out = self.t5(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start)
         return out.last_hidden_state.mean(dim=1)  # (batch, d_model)
+
+    def layer_states(self, layers: Sequence[int], pool: str, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        # the encoder's hidden states (the decoder sees one token: its states pool to themselves)
+        out = self.t5.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return pool_states(out.hidden_states, layers, pool, attention_mask)
 
     def prompted(self, prompt: Tensor, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         # the prompt before the encoder's tokens (T5's positions are relative); its states: the encoder's

@@ -17,7 +17,9 @@ head solved from them is the same for every split of the data:
   ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
   clients' held-out samples the same set for every Dirichlet split.
 
-``X: (n, F')`` are the backbone features ``(n, F)``, or with the setting ``rp_dim = F' > 0``
+``X: (n, F')`` are the backbone features ``(n, F)`` (with the setting ``layers``: the pooled hidden
+states of those layers side by side, ``F = len(layers) d``, each optionally normalised per sample,
+:func:`backbone_features`), or with the setting ``rp_dim = F' > 0``
 the random features ``max(0, X P^T)`` with ``P: (F', F)``, ``N(0, 1)`` entries seeded by
 ``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
 are float64.
@@ -35,6 +37,7 @@ from client.backbones import ClassifierModel
 from common.config import RunConfig
 from common.merge import gram_factor
 from common.messages import RoundPlan
+from common.settings import NcmSettings
 from common.declared import GRAM_FACTOR, HOLDOUT, class_moments, closed_form_settings, holdout_every
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
@@ -51,6 +54,19 @@ class Batches(Protocol):
 def rp_dim(config: RunConfig) -> int:
     """``F'`` of the random projection, 0 for none."""
     return closed_form_settings(config).rp_dim
+
+
+def backbone_features(model: ClassifierModel, inputs: dict[str, Tensor], settings: NcmSettings | None) -> Tensor:
+    """The head's features before the projection, ``(batch, F)``: the backbone's own (no ``settings``, or
+    ``layers`` empty), or its pooled hidden states ``layers`` side by side, each scaled to mean 0 and
+    deviation 1 over its dimensions with ``norm=layer``."""
+    if settings is None or not settings.layers:
+        _, features = model(inputs)
+        return features
+    states = model.backbone.layer_states(settings.layers, settings.pool, **inputs)  # (batch, layers, d)
+    if settings.norm == "layer":
+        states = torch.nn.functional.layer_norm(states, states.shape[-1:], eps=torch.finfo(states.dtype).eps)
+    return states.flatten(1)
 
 
 @lru_cache(maxsize=4)
@@ -72,15 +88,18 @@ def feature_map(features: Tensor, projection: Tensor | None) -> Tensor:
 
 
 @torch.no_grad()
-def extract(model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device) -> Tensor:
-    """Backbone features ``(n, F)`` of the samples ``idx``, in the model's current view, float64."""
+def extract(
+    model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device, settings: NcmSettings | None = None
+) -> Tensor:
+    """The head's features ``(n, F)`` of the samples ``idx`` (:func:`backbone_features`), in the model's
+    current view, float64."""
     model.eval()
     out = []
     for start in range(0, idx.numel(), FEATURE_BATCH):
         inputs, _ = data.batch(idx[start : start + FEATURE_BATCH], device)
-        _, features = model(inputs)  # (batch, F)
-        out.append(features.to(torch.float64).cpu())
-    return torch.cat(out) if out else torch.zeros(0, model.head.in_features, dtype=torch.float64)
+        out.append(backbone_features(model, inputs, settings).to(torch.float64).cpu())  # (batch, F)
+    width = settings.feature_width(model.head.in_features) if settings else model.head.in_features
+    return torch.cat(out) if out else torch.zeros(0, width, dtype=torch.float64)
 
 
 def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moments: str = "") -> dict[str, Tensor]:
@@ -111,7 +130,8 @@ def feature_stats(
     gram: bool,
 ) -> dict[str, Tensor]:
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
-    x = feature_map(extract(model, data, shard, device), random_projection(config, model.head.in_features))
+    features = extract(model, data, shard, device, closed_form_settings(config))  # (n, F)
+    x = feature_map(features, random_projection(config, features.shape[1]))
     labels = data.labels[shard]
     stats = sums(x, labels, classes, gram, class_moments(config))
     k = holdout_every(config)
@@ -131,7 +151,7 @@ def class_sums(
 
 def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
-    _, features = model(inputs)  # (batch, F)
+    features = backbone_features(model, inputs, closed_form_settings(config))  # (batch, F)
     x = feature_map(features, random_projection(config, features.shape[1]))  # (batch, F')
     assert plan.head_weight is not None and plan.head_bias is not None
     logits = x @ plan.head_weight.to(torch.float64).T + plan.head_bias.to(torch.float64)

@@ -130,7 +130,7 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
     """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
     with ``plan.head_gram`` the Gram's factor, and (ridge, ``holdout > 0``) the held-out samples' alike."""
     lo, hi = plan.class_range
-    width = closed_form_settings(config).rp_dim or spec.feature_dim  # F'
+    width = closed_form_settings(config).head_width(spec.feature_dim)  # F'
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
     moments = class_moments(config)
     if moments:  # CCVR's Gaussians

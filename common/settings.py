@@ -187,15 +187,51 @@ class SecAggSettings(Settings):
             raise ValueError(f"setting secagg.frac_bits must lie in [0, 96] (0: chosen), got {self.frac_bits}")
 
 
+POOLS = ("mean", "first")
+NORMS = ("none", "layer")
+
+
 @dataclass(frozen=True)
 class NcmSettings(Settings):
     """Cosine nearest class mean (``ncm``, ``lorm-ncm``): the feature map of the closed-form head."""
 
     section: ClassVar[str] = "ncm"
     rp_dim: int = setting(0, "width F' of the random projection + ReLU before the head (0: none, F' = F)")
+    layers: tuple[int, ...] = setting(
+        (),
+        "hidden states pooled and concatenated as the head's features, indexed as the backbone's hidden "
+        "states (0: the embeddings, 1..L: the blocks, -1: the last); empty: the backbone's own features",
+    )
+    pool: str = setting(
+        "mean", "with layers: pool each hidden state by its 'mean' over the tokens kept, or 'first' token"
+    )
+    norm: str = setting(
+        "none",
+        "with layers: 'layer' scales each pooled vector to mean 0 and deviation 1 over its dimensions "
+        "(per sample: no statistics, exact under any split); 'none' leaves them",
+    )
 
     def __post_init__(self) -> None:
         _positive_int(f"{self.section}.rp_dim", self.rp_dim, "0: no projection")
+        if self.pool not in POOLS:
+            raise ValueError(f"setting {self.section}.pool must be one of {list(POOLS)}, got {self.pool!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"setting {self.section}.norm must be one of {list(NORMS)}, got {self.norm!r}")
+        if len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"setting {self.section}.layers names a layer twice: {list(self.layers)}")
+        if not self.layers and (self.pool, self.norm) != ("mean", "none"):
+            raise ValueError(
+                f"settings {self.section}.pool and {self.section}.norm apply to the pooled hidden states of "
+                f"{self.section}.layers, which is empty (the backbone's own features)"
+            )
+
+    def feature_width(self, hidden: int) -> int:
+        """``F``: the head's features before the projection, for hidden states of width ``hidden``."""
+        return hidden * len(self.layers) if self.layers else hidden
+
+    def head_width(self, hidden: int) -> int:
+        """``F'``: the head's input width."""
+        return self.rp_dim or self.feature_width(hidden)
 
 
 DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 6))  # a decade grid; F'=5000 costs one Cholesky each

@@ -203,7 +203,7 @@ class ClosedFormHead(Strategy):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         self.settings = config.section(self.settings_class)  # client/features.py reads the same
-        self.dim = self.settings.rp_dim or spec.feature_dim  # the head's input width F'
+        self.dim = self.settings.head_width(spec.feature_dim)  # the head's input width F'
         self.head_w = torch.zeros(spec.num_classes, self.dim, dtype=DTYPE)
         self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
         self.totals = StatSums(self.stat_shapes())

