@@ -573,25 +573,27 @@ class Coordinator:
         step = self.step
         assert step is not None and step.secure is not None
         sec, s, n = step.secure, step.secure.session, self.config.num_clients
-        t = s.threshold
-        late = self.options.round_deadline_s > 0 and time.monotonic() - step.started > self.options.round_deadline_s
+        t, deadline = s.threshold, self.options.round_deadline_s
         where = f"task {step.task} step {step.index} secure aggregation"
         changed = False
-        if s.roster is None and (len(s.keys) == n or (late and len(s.keys) >= t)):
+        if s.roster is None and (len(s.keys) == n or (sec.late(deadline) and len(s.keys) >= t)):
             s.close_keys()
+            sec.round_closed()
             changed = True
             self.emit(f"{where}: roster of {len(s.keys)} clients (threshold {t})")
         if (
             s.roster is not None
             and s.sharers is None
-            and (len(s.boxes) == len(s.roster) or (late and len(s.boxes) >= t))
+            and (len(s.boxes) == len(s.roster) or (sec.late(deadline) and len(s.boxes) >= t))
         ):
             s.close_shares()
+            sec.round_closed()
             changed = True
         if s.sharers is not None and s.survivors is None:
             arrived = sorted(step.submitted & set(s.sharers))
-            if len(arrived) == len(s.sharers) or (late and len(arrived) >= t):
+            if len(arrived) == len(s.sharers) or (sec.late(deadline) and len(arrived) >= t):
                 sec.close_inputs(self.store.load_update(step.key, i) for i in arrived)
+                sec.round_closed()
                 changed = True
                 dropped = sorted(set(s.sharers) - set(arrived))
                 self.emit(

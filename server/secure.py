@@ -16,6 +16,7 @@ screening) refuse (:func:`require_secure`).
 
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import torch
@@ -148,10 +149,14 @@ class SecureStep:
     """The coordinator's secure aggregation of one step over the wire: the session of its rounds,
     the fixed point, and the layout of the masked sums (set by the first masked input staged).
 
-    Rounds close when every client they wait for has answered, or once ``late`` (the step's
-    deadline has passed) with at least the threshold; then the masked inputs of the survivors are
-    added (from the coordinator's staging, one vector in memory) and, with ``threshold`` unmask
-    answers, the sum is unmasked and loaded into the step's aggregator."""
+    Rounds close when every client they wait for has answered, or once ``late`` (the deadline has
+    passed since the round opened: the step's start for the keys, the previous round's close for
+    the others) with at least the threshold; then the masked inputs of the survivors are added (from
+    the coordinator's staging, one vector in memory) and, with ``threshold`` unmask answers, the sum
+    is unmasked and loaded into the step's aggregator. Each round gets the whole deadline: one
+    measured from the step's start would close the share round at the threshold as soon as it
+    opened late, and leave out clients that are alive, and sharers that die before their input
+    would then leave fewer than the threshold for ever."""
 
     def __init__(self, settings: SecAggSettings, clients: int, plan: RoundPlan, state: dict | None = None) -> None:
         self.clients = clients
@@ -163,6 +168,15 @@ class SecureStep:
             self.session = session_from_state(state["session"])
             self.layout = None if state["layout"] is None else Layout(tuple((n, tuple(s)) for n, s in state["layout"]))
         self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
+        self.opened = time.monotonic()  # when the open round began (resumed: the resume)
+
+    def late(self, deadline_s: float) -> bool:
+        """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
+        return deadline_s > 0 and time.monotonic() - self.opened > deadline_s
+
+    def round_closed(self) -> None:
+        """The next round opens now, with the whole deadline before it."""
+        self.opened = time.monotonic()
 
     def state(self) -> dict:
         layout = None if self.layout is None else [[n, list(s)] for n, s in self.layout.entries]

@@ -50,7 +50,7 @@ def test_clients_killed_after_sharing_leave_the_survivors_sum(cluster):
     exactly the survivors' samples (an exact integer sum over the wire)."""
     config = secure_config(num_clients=5, num_tasks=1, rounds_per_task=1)
     c = cluster(config.to_json())
-    server = c.server("--round-deadline", "2", "--quorum", "3")
+    server = c.server("--round-deadline", "5", "--quorum", "3")
     server.wait_for("serving on")
     kill = {"LORM_FAULT": "client.push:1"}
     clients = [c.client(i, env=kill if i in (1, 3) else None) for i in range(5)]

@@ -216,3 +216,43 @@ def test_an_accepted_update_is_flattened_once(tmp_path, monkeypatch):
     calls.clear()
     assert coord.submit(update_for(plan, 0), "k0") is True
     assert calls == [0]
+
+
+def test_each_secure_round_gets_the_whole_deadline(tmp_path):
+    """A secure step's rounds each wait the deadline from when they opened. Had the share round been
+    late from the step's start, it would close at the threshold as soon as three clients shared and
+    leave out two that are alive; if the sharers then died before their input, the step would wait
+    for ever with fewer than the threshold."""
+    from common.secagg_rounds import ClientSession
+    from common.secure_terms import context, threshold
+    from common.settings import SecAggSettings
+
+    n = 5
+    cfg = {"num_clients": n, "num_tasks": 1, "settings": {"secagg": {"enabled": True}}}
+    coord = Coordinator(config(**cfg), tmp_path / "state", Options(quorum=3, round_deadline_s=2.0))
+    for i in range(n):
+        assert coord.join(f"c{i}", i) == i
+        coord.describe(f"c{i}", SPEC)
+    plan = coord.pull("c0")
+    assert isinstance(plan, RoundPlan)
+    ref = (plan.task, plan.round, plan.phase)
+    t = threshold(SecAggSettings(enabled=True), n)
+    sessions = [ClientSession(i, t, context(plan)) for i in range(n)]
+
+    def call(i: int, stage: str, **kw) -> dict:
+        return coord.secagg(f"c{i}", i, plan.run_id, ref, stage, **kw)
+
+    time.sleep(1.2)
+    for i in range(n):
+        call(i, "advertise", keys=sessions[i].advertise())
+    roster = call(0, "roster")["roster"]
+    assert len(roster) == n
+    time.sleep(1.2)  # the step began 2.4 s ago, past the deadline; the share round 1.2 s ago
+    for i in range(3):
+        call(i, "share", shares=sessions[i].share({k.index: k for k in roster}))
+    coord.tick()
+    assert not call(0, "inbox")["ready"]  # the share round opened now: it waits for the other two
+    for i in (3, 4):
+        call(i, "share", shares=sessions[i].share({k.index: k for k in roster}))
+    assert call(0, "inbox")["sharers"] == list(range(n))
+    assert not call(0, "unmask")["ready"]  # no masked input yet, and the inputs round is not late
