@@ -10,7 +10,12 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             ``sum x``, ``sum x^2``: sums clients add up); ``ln``: each sample's vector of each layer
             to mean 0 and deviation 1 over its dimensions (no statistics); ``raw``: neither
   rp        width F' of the random projection + ReLU, ``max(0, z P^T)``, P with N(0, 1) entries
-            seeded (0: none, the head sees z itself)
+            seeded (0: none, the head sees z itself); ``rpinf``: the limit of infinite width, the
+            ridge in its dual form on the arc-cosine kernel of Cho and Saul (order 1),
+            ``k(x, y) = |x||y| (sin t + (pi - t) cos t) / 2pi``, ``t`` the angle between x and y,
+            which ``max(0, z P^T)`` averages to: the ceiling of widening the projection (its
+            lambda is per unit of width: width F' wants about F' times it). A diagnostic: the
+            dual form needs every sample in one place, which no federated client sends
 
 The head is ridge regression on one-hot targets, ``W = S (G + lam I)^-1`` with the Gram G and the
 class sums S of the training features: exact under any split of the data over clients, so a frozen
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -41,7 +47,8 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SPLITS = ("train", "val", "test")
-LAMBDAS = tuple(10.0**k for k in range(-1, 7))  # 0.1 .. 1e6; the best decade is then halved once
+LAMBDAS = tuple(10.0**k for k in range(-1, 9))  # 0.1 .. 1e8; the best decade is then halved once
+KERNEL_LAMBDAS = tuple(10.0**k for k in range(-5, 4))  # per unit of width
 DTYPE = torch.float64
 
 
@@ -50,7 +57,7 @@ class Recipe:
     layers: tuple[int, ...]
     pool: str
     norm: str
-    rp: int
+    rp: float  # math.inf: the arc-cosine kernel
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
@@ -58,10 +65,12 @@ class Recipe:
         layers, pool, norm, rp = text.split(":")
         if pool not in ("mean", "cls") or norm not in ("std", "ln", "raw") or not rp.startswith("rp"):
             raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls:std|ln|raw:rpN")
-        return cls(tuple(int(c) for c in layers), pool, norm, int(rp[2:]))
+        width = math.inf if rp == "rpinf" else int(rp[2:])
+        return cls(tuple(int(c) for c in layers), pool, norm, width)
 
     def __str__(self) -> str:
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{self.rp}"
+        width = "inf" if math.isinf(self.rp) else str(int(self.rp))
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{width}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -126,7 +135,8 @@ class FeatureMap:
             var = (x_fit.pow(2).sum(0) / n - self.mu.pow(2)).clamp_min(0)
             self.sigma = var.sqrt().clamp_min(torch.finfo(DTYPE).eps)
         gen = torch.Generator().manual_seed(seed)
-        self.p = torch.randn(recipe.rp, x_fit.shape[1], generator=gen, dtype=DTYPE) if recipe.rp else None
+        width = 0 if math.isinf(recipe.rp) else int(recipe.rp)  # the kernel applies no projection here
+        self.p = torch.randn(width, x_fit.shape[1], generator=gen, dtype=DTYPE) if width else None
 
     def __call__(self, x: Tensor) -> Tensor:
         z = (x - self.mu) / self.sigma if self.mu is not None else x
@@ -153,16 +163,76 @@ def accuracy(head: Tensor, phi: Tensor, labels: Tensor) -> float:
     return 100.0 * float(((phi @ head.T).argmax(1) == labels).to(DTYPE).mean())
 
 
-def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int) -> dict:
+def arccos_kernel(a: Tensor, b: Tensor) -> Tensor:
+    """``E_p[max(0, p.a) max(0, p.b)]`` for ``p ~ N(0, I)``: ``(len(a), len(b))``."""
+    na, nb = a.norm(dim=1), b.norm(dim=1)
+    cos = ((a @ b.T) / (na[:, None] * nb[None, :]).clamp_min(torch.finfo(DTYPE).tiny)).clamp(-1.0, 1.0)
+    t = torch.arccos(cos)
+    return na[:, None] * nb[None, :] * (torch.sin(t) + (torch.pi - t) * cos) / (2 * torch.pi)
+
+
+def _dual(k: Tensor, targets: Tensor, lam: float) -> Tensor:
+    factor = torch.linalg.cholesky(k + lam * torch.eye(k.shape[0], dtype=DTYPE))
+    return torch.cholesky_solve(targets, factor)
+
+
+def _kernel_lambda(zf: Tensor, fit_y: Tensor, zs: Tensor, sel_y: Tensor, classes: int) -> tuple[float, dict]:
+    """The kernel lambda whose fit on ``zf`` errs least on ``zs``, and every tried one's (error, accuracy)."""
+    kff, ksf = arccos_kernel(zf, zf), arccos_kernel(zs, zf)
+    yf = torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)
+    ys = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
+    scores: dict[float, tuple[float, float]] = {}
+
+    def score(lams) -> float:
+        for lam in lams:
+            if lam not in scores:
+                pred = ksf @ _dual(kff, yf, lam)
+                right = (pred.argmax(1) == sel_y).to(DTYPE).mean()
+                scores[lam] = (float((pred - ys).pow(2).sum()), 100.0 * float(right))
+        return min(lams, key=lambda lam: scores[lam][0])
+
+    lam = score(KERNEL_LAMBDAS)
+    return score((lam / 10**0.5, lam, lam * 10**0.5)), scores
+
+
+def evaluate_kernel(recipe: Recipe, x: dict, y: dict, fit: tuple, sel: tuple, classes: int) -> dict:
+    """The ridge of infinite width: ``K_t (K + lam I)^-1 Y`` on the standardised (or not) features."""
+    t0 = time.perf_counter()
+    (fit_x, fit_y), (sel_x, sel_y) = fit, sel
+    fmap = FeatureMap(fit_x, recipe, 0)
+    lam, scores = _kernel_lambda(fmap(fit_x), fit_y, fmap(sel_x), sel_y, classes)
+    fmap = FeatureMap(x["train"], recipe, 0)
+    z = fmap(x["train"])
+    alpha = _dual(arccos_kernel(z, z), torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), lam)
+    test = (arccos_kernel(fmap(x["test"]), z) @ alpha).argmax(1)
+    return {
+        "recipe": str(recipe),
+        "lambda": lam,
+        "select_acc": scores[lam][1],
+        "best_select_acc": max(acc for _, acc in scores.values()),
+        "test": 100.0 * float((test == y["test"]).to(DTYPE).mean()),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, fit_splits: str = "train") -> dict:
     t0 = time.perf_counter()
     classes = int(labels["train"].max()) + 1
     x = {s: features(feats[s], recipe) for s in SPLITS}
     y = {s: torch.from_numpy(labels[s]) for s in SPLITS}
+    if fit_splits == "train+val":  # CLINC150's val split is training data too: fit on both
+        x["train"], y["train"] = torch.cat([x["train"], x["val"]]), torch.cat([y["train"], y["val"]])
     if select == "holdout":  # the system's rule: global training index i % 5 == 0 held out
         held = torch.arange(len(y["train"])) % 5 == 0
         fit_x, fit_y, sel_x, sel_y = x["train"][~held], y["train"][~held], x["train"][held], y["train"][held]
     else:  # CLINC150's val split chooses
+        if fit_splits != "train":
+            raise ValueError("--select val needs --fit train (the val split cannot both fit and choose)")
         fit_x, fit_y, sel_x, sel_y = x["train"], y["train"], x["val"], y["val"]
+    if math.isinf(recipe.rp):
+        return {"select": select, "fit": fit_splits} | evaluate_kernel(
+            recipe, x, y, (fit_x, fit_y), (sel_x, sel_y), classes
+        )
     fmap = FeatureMap(fit_x, recipe, seed)
     gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
     sel_phi = fmap(sel_x)
@@ -184,6 +254,7 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int) 
     return {
         "recipe": str(recipe),
         "select": select,
+        "fit": fit_splits,
         "lambda": lam,
         "select_acc": scores[lam][1],
         "best_select_acc": max(acc for _, acc in scores.values()),
@@ -196,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=["6:mean:raw:rp5000", "456:mean:std:rp10000"])
     parser.add_argument("--select", choices=("holdout", "val"), default="holdout")
+    parser.add_argument(
+        "--fit", choices=("train", "train+val"), default="train", help="the splits the head is fitted on"
+    )
     parser.add_argument(
         "--data-dir",
         default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
@@ -212,14 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     feats = cached_features(data, Path(args.cache), args.max_length)
     labels = {s: data[s][1] for s in SPLITS}
     if not args.json:
-        print(f"{'recipe':28s} {'select':8s} {'lambda':>9s} {'sel acc':>7s} {'best':>6s} {'test':>6s} {'s':>5s}")
+        head_line = f"{'recipe':28s} {'select':8s} {'fit':9s} {'lambda':>9s} {'sel acc':>7s} {'best':>6s}"
+        print(f"{head_line} {'test':>6s} {'s':>5s}")
     for recipe in recipes:
-        r = evaluate(recipe, feats, labels, args.select, args.seed)
+        r = evaluate(recipe, feats, labels, args.select, args.seed, args.fit)
         if args.json:
             print(json.dumps(r), flush=True)
         else:
             print(
-                f"{r['recipe']:28s} {r['select']:8s} {r['lambda']:9.3g} {r['select_acc']:7.2f} "
+                f"{r['recipe']:28s} {r['select']:8s} {r['fit']:9s} {r['lambda']:9.3g} {r['select_acc']:7.2f} "
                 f"{r['best_select_acc']:6.2f} {r['test']:6.2f} {r['seconds']:5.0f}",
                 flush=True,
             )
