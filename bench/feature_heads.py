@@ -5,12 +5,13 @@ Every utterance's hidden states are pooled once per layer (the embeddings are la
 blocks 1..6), mean over the attention mask and the first token, and cached. A recipe then picks:
 
   layers    which layers' pooled vectors are concatenated (e.g. ``456``)
-  pool      ``mean`` or ``cls``
+  pool      ``mean``, ``cls`` or ``both`` (each layer's mean and first token side by side)
   norm      ``std``: standardise each dimension by the fitting samples' mean and deviation (from
             ``sum x``, ``sum x^2``: sums clients add up); ``ln``: each sample's vector of each layer
             to mean 0 and deviation 1 over its dimensions (no statistics); ``raw``: neither
   rp        width F' of the random projection + ReLU, ``max(0, z P^T)``, P with N(0, 1) entries
-            seeded (0: none, the head sees z itself); ``rpinf``: the limit of infinite width, the
+            seeded (0: none, the head sees z itself); ``rpoN``: P's rows orthogonal in blocks of F,
+            with Gaussian lengths; ``rpinf``: the limit of infinite width, the
             ridge in its dual form on the arc-cosine kernel of Cho and Saul (order 1),
             ``k(x, y) = |x||y| (sin t + (pi - t) cos t) / 2pi``, ``t`` the angle between x and y,
             which ``max(0, z P^T)`` averages to: the ceiling of widening the projection (its
@@ -48,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SPLITS = ("train", "val", "test")
 LAMBDAS = tuple(10.0**k for k in range(-1, 9))  # 0.1 .. 1e8; the best decade is then halved once
-KERNEL_LAMBDAS = tuple(10.0**k for k in range(-5, 4))  # per unit of width
+KERNEL_LAMBDAS = tuple(10.0**k for k in range(-9, 4))  # per unit of width
 DTYPE = torch.float64
 
 
@@ -58,19 +59,21 @@ class Recipe:
     pool: str
     norm: str
     rp: float  # math.inf: the arc-cosine kernel
+    orthogonal: bool = False  # rpoN: orthogonal random features
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
         """``456:mean:std:rp10000`` (``rp0`` for no projection)."""
         layers, pool, norm, rp = text.split(":")
-        if pool not in ("mean", "cls") or norm not in ("std", "ln", "raw") or not rp.startswith("rp"):
-            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls:std|ln|raw:rpN")
-        width = math.inf if rp == "rpinf" else int(rp[2:])
-        return cls(tuple(int(c) for c in layers), pool, norm, width)
+        if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or not rp.startswith("rp"):
+            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpinf")
+        orthogonal = rp.startswith("rpo")
+        width = math.inf if rp == "rpinf" else int(rp[3:] if orthogonal else rp[2:])
+        return cls(tuple(int(c) for c in layers), pool, norm, width, orthogonal)
 
     def __str__(self) -> str:
         width = "inf" if math.isinf(self.rp) else str(int(self.rp))
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{width}"
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{'o' if self.orthogonal else ''}{width}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -119,10 +122,23 @@ def cached_features(data: dict, cache: Path, max_length: int) -> dict[str, dict[
 
 def features(states: dict[str, np.ndarray], recipe: Recipe) -> Tensor:
     """``(n, F)``: the recipe's layers' pooled vectors side by side, float64 (``ln``: each normalised)."""
-    x = torch.from_numpy(states[recipe.pool][:, list(recipe.layers)]).to(DTYPE)  # (n, layers, d)
+    pools = ("mean", "cls") if recipe.pool == "both" else (recipe.pool,)
+    x = torch.cat([torch.from_numpy(states[p][:, list(recipe.layers)]) for p in pools], 1).to(DTYPE)  # (n, ., d)
     if recipe.norm == "ln":
         x = (x - x.mean(2, keepdim=True)) / x.std(2, correction=0, keepdim=True).clamp_min(torch.finfo(DTYPE).eps)
     return x.reshape(x.shape[0], -1)
+
+
+def orthogonal_rows(rows: int, dim: int, gen: torch.Generator) -> Tensor:
+    """``(rows, dim)``: blocks of ``dim`` orthogonal directions, each row's length drawn as a Gaussian
+    vector's (chi, ``dim`` degrees): every row is distributed as N(0, I), rows of a block are orthogonal
+    (Yu et al. 2016, orthogonal random features: a lower-variance estimate of the same kernel)."""
+    blocks = []
+    for start in range(0, rows, dim):
+        q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=DTYPE))
+        lengths = torch.randn(dim, dim, generator=gen, dtype=DTYPE).norm(dim=1)
+        blocks.append((lengths[:, None] * q.T)[: rows - start])
+    return torch.cat(blocks)
 
 
 class FeatureMap:
@@ -137,6 +153,8 @@ class FeatureMap:
         gen = torch.Generator().manual_seed(seed)
         width = 0 if math.isinf(recipe.rp) else int(recipe.rp)  # the kernel applies no projection here
         self.p = torch.randn(width, x_fit.shape[1], generator=gen, dtype=DTYPE) if width else None
+        if self.p is not None and recipe.orthogonal:
+            self.p = orthogonal_rows(width, x_fit.shape[1], gen)
 
     def __call__(self, x: Tensor) -> Tensor:
         z = (x - self.mu) / self.sigma if self.mu is not None else x
