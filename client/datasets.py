@@ -291,7 +291,8 @@ def clinc150(config: RunConfig) -> Splits:
     sorted name, as the paper's code does (``sorted(set(labels))``), so each of the 5 tasks of 30
     classes mixes many domains; ``domains`` takes the domains of ``domains.json`` in file order,
     15 intents each, so each task is two whole domains (a harder split). Out-of-scope samples are
-    not used.
+    not used. With the setting ``data.train_val`` the ``val`` split (20 per intent) follows the
+    ``train`` split (100 per intent) in the training set.
     """
     root = data_dir(config) / "clinc150"
     full, domains = root / "data_full.json", root / "domains.json"
@@ -317,7 +318,8 @@ def clinc150(config: RunConfig) -> Splits:
             raise DatasetError(f"CLINC150 {what}: intents not in {source}: {unknown[:5]}")
         return [text for text, _ in rows], np.array([index[intent] for _, intent in rows], dtype=np.int64)
 
-    train_x, train_y = split(data["train"], "train")
+    train_rows = data["train"] + data["val"] if config.section(DataSettings).train_val else data["train"]
+    train_x, train_y = split(train_rows, "train")
     test_x, test_y = split(data["test"], "test")
     return Splits(train_x, train_y, test_x, test_y, names)
 
@@ -586,6 +588,8 @@ def load_dataset(config: RunConfig) -> Splits:
     """The configured dataset, cut to ``num_classes`` / ``*_per_class``; every class must have training samples."""
     if config.dataset not in DATASETS:
         raise DatasetError(f"unknown dataset {config.dataset!r}; known: {sorted(DATASETS)}")
+    if config.section(DataSettings).train_val and config.dataset != "clinc150":
+        raise DatasetError(f"setting data.train_val is CLINC150's (its val split); dataset {config.dataset!r} has none")
     splits = DATASETS[config.dataset](config)
     if config.class_order == "alphabetical" and splits.class_names != sorted(splits.class_names):
         splits = splits.reordered(sorted(splits.class_names))

@@ -118,6 +118,11 @@ class DataSettings(Settings):
         "k > 0: tune without the test set: every k-th training sample of each class is evaluated instead "
         "of the test split (which is not used), the others train; 0: the dataset's test split",
     )
+    train_val: bool = setting(
+        False,
+        "clinc150: its val split (20 utterances per intent) trains too, after the train split: it is "
+        "training data, never test; false: the train split alone (the paper's protocol)",
+    )
 
     def __post_init__(self) -> None:
         _positive_int("data.image_size", self.image_size, "0: the backbone's")

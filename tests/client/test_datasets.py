@@ -323,6 +323,22 @@ def test_clinc150_default_order_is_alphabetical_as_the_papers_code():
 
 
 @needs_clinc150
+def test_clinc150_val_split_joins_the_training_set_on_request(tmp_path):
+    data = json.loads((SHARED_DATA / "clinc150" / "data_full.json").read_text())
+    base = RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5)
+    plain = load_dataset(base)
+    both = load_dataset(RunConfig(**{**json.loads(base.to_json()), "settings": {"data": {"train_val": True}}}))
+    assert len(plain.train_x) == 15000 and len(both.train_x) == 15000 + len(data["val"]) == 18000
+    assert both.train_x[:15000] == plain.train_x and both.train_x[15000:] == [t for t, _ in data["val"]]
+    assert np.bincount(both.train_y, minlength=150).tolist() == [120] * 150
+    assert both.test_x == plain.test_x and both.test_y.tolist() == plain.test_y.tolist()
+    (tmp_path / "train.csv").write_text("text,label\nhi,a\nbye,b\n")
+    files = {"data": {"train_file": "train.csv", "test_file": "train.csv", "train_val": True}}
+    with pytest.raises(ValueError, match="data.train_val is CLINC150's"):
+        load_dataset(config(tmp_path, "textfile", settings=files))
+
+
+@needs_clinc150
 def test_clinc150_domain_order_is_a_named_option():
     domains = json.loads((SHARED_DATA / "clinc150" / "domains.json").read_text())
     splits = load_dataset(RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5, class_order="domains"))
