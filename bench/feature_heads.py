@@ -40,12 +40,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.backbones import pool_states  # noqa: E402
+from client.features import normalise_layers  # noqa: E402
+from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
 SPLITS = ("train", "val", "test")
 LAMBDAS = tuple(10.0**k for k in range(-1, 9))  # 0.1 .. 1e8; the best decade is then halved once
@@ -98,10 +103,10 @@ def pooled_states(texts: list[str], max_length: int, batch: int = 128) -> dict[s
         enc = tokenizer(
             texts[start : start + batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
         )
-        hidden = torch.stack(model(**enc, output_hidden_states=True).hidden_states, 1)  # (b, 7, T, d)
-        mask = enc["attention_mask"][:, None, :, None].to(hidden.dtype)  # (b, 1, T, 1)
-        means.append(((hidden * mask).sum(2) / mask.sum(2)).numpy())
-        firsts.append(hidden[:, :, 0].numpy())
+        hidden = model(**enc, output_hidden_states=True).hidden_states  # 7 x (b, T, d)
+        every = range(len(hidden))
+        means.append(pool_states(hidden, every, "mean", enc["attention_mask"]).numpy())  # as the system pools
+        firsts.append(pool_states(hidden, every, "first").numpy())
     return {"mean": np.concatenate(means), "cls": np.concatenate(firsts)}
 
 
@@ -125,7 +130,7 @@ def features(states: dict[str, np.ndarray], recipe: Recipe) -> Tensor:
     pools = ("mean", "cls") if recipe.pool == "both" else (recipe.pool,)
     x = torch.cat([torch.from_numpy(states[p][:, list(recipe.layers)]) for p in pools], 1).to(DTYPE)  # (n, ., d)
     if recipe.norm == "ln":
-        x = (x - x.mean(2, keepdim=True)) / x.std(2, correction=0, keepdim=True).clamp_min(torch.finfo(DTYPE).eps)
+        x = normalise_layers(x)  # the system's ncm/ridge norm=layer
     return x.reshape(x.shape[0], -1)
 
 
@@ -151,30 +156,36 @@ class FeatureMap:
             var = (x_fit.pow(2).sum(0) / n - self.mu.pow(2)).clamp_min(0)
             self.sigma = var.sqrt().clamp_min(torch.finfo(DTYPE).eps)
         gen = torch.Generator().manual_seed(seed)
-        width = 0 if math.isinf(recipe.rp) else int(recipe.rp)  # the kernel applies no projection here
-        self.p = torch.randn(width, x_fit.shape[1], generator=gen, dtype=DTYPE) if width else None
-        if self.p is not None and recipe.orthogonal:
-            self.p = orthogonal_rows(width, x_fit.shape[1], gen)
+        width, dim = (0 if math.isinf(recipe.rp) else int(recipe.rp)), x_fit.shape[1]  # the kernel: no projection
+        self.p: Tensor | None = None
+        if width:
+            draw = orthogonal_rows if recipe.orthogonal else lambda r, d, g: torch.randn(r, d, generator=g, dtype=DTYPE)
+            self.p = draw(width, dim, gen)
 
     def __call__(self, x: Tensor) -> Tensor:
         z = (x - self.mu) / self.sigma if self.mu is not None else x
         return torch.relu(z @ self.p.T) if self.p is not None else z
 
 
-def sums(phi: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, int]:
-    """Gram ``(F', F')``, class sums ``(C, F')`` and the number of samples."""
+def sums(phi: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Gram ``(F', F')``, class sums ``(C, F')`` and class counts ``(C,)``."""
     one_hot = torch.nn.functional.one_hot(labels, classes).to(DTYPE)
-    return phi.T @ phi, one_hot.T @ phi, phi.shape[0]
+    return phi.T @ phi, one_hot.T @ phi, one_hot.sum(0)
 
 
-def head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
-    """``S (G + lam I)^-1`` by a Cholesky factor (a third of an eigendecomposition's work at F' = 10,000)."""
-    factor = torch.linalg.cholesky(gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype))
-    return torch.cholesky_solve(class_sum.T, factor).T
+def search(grid: tuple[float, ...], score: Callable[[float], tuple[float, float]]) -> tuple[float, dict]:
+    """The lambda of least ``score(lam)[0]`` (squared error) over ``grid``, then half a decade each side of
+    it; and every tried lambda's ``(error, accuracy)``."""
+    scores: dict[float, tuple[float, float]] = {}
 
+    def best(lams: tuple[float, ...]) -> float:
+        for lam in lams:
+            if lam not in scores:
+                scores[lam] = score(lam)
+        return min(lams, key=lambda lam: scores[lam][0])
 
-def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, n: int) -> float:
-    return float(((head @ gram) * head).sum() - 2 * (head * class_sum).sum() + n)
+    lam = best(grid)
+    return best((lam / 10**0.5, lam, lam * 10**0.5)), scores
 
 
 def accuracy(head: Tensor, phi: Tensor, labels: Tensor) -> float:
@@ -199,18 +210,12 @@ def _kernel_lambda(zf: Tensor, fit_y: Tensor, zs: Tensor, sel_y: Tensor, classes
     kff, ksf = arccos_kernel(zf, zf), arccos_kernel(zs, zf)
     yf = torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)
     ys = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
-    scores: dict[float, tuple[float, float]] = {}
 
-    def score(lams) -> float:
-        for lam in lams:
-            if lam not in scores:
-                pred = ksf @ _dual(kff, yf, lam)
-                right = (pred.argmax(1) == sel_y).to(DTYPE).mean()
-                scores[lam] = (float((pred - ys).pow(2).sum()), 100.0 * float(right))
-        return min(lams, key=lambda lam: scores[lam][0])
+    def score(lam: float) -> tuple[float, float]:
+        pred = ksf @ _dual(kff, yf, lam)
+        return float((pred - ys).pow(2).sum()), 100.0 * float((pred.argmax(1) == sel_y).to(DTYPE).mean())
 
-    lam = score(KERNEL_LAMBDAS)
-    return score((lam / 10**0.5, lam, lam * 10**0.5)), scores
+    return search(KERNEL_LAMBDAS, score)
 
 
 def evaluate_kernel(recipe: Recipe, x: dict, y: dict, fit: tuple, sel: tuple, classes: int) -> dict:
@@ -255,20 +260,15 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
     gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
     sel_phi = fmap(sel_x)
     sel_sums = sums(sel_phi, sel_y, classes)
-    scores: dict[float, tuple[float, float]] = {}  # lam -> (squared error, accuracy) on the selection samples
 
-    def score(lams) -> float:
-        for lam in lams:
-            if lam not in scores:
-                h = head(gram, class_sum, lam)
-                scores[lam] = (squared_error(h, *sel_sums), accuracy(h, sel_phi, sel_y))
-        return min(lams, key=lambda lam: scores[lam][0])
+    def score(lam: float) -> tuple[float, float]:  # squared error and accuracy on the selection samples
+        h = ridge_head(gram, class_sum, lam)  # the system's solve
+        return squared_error(h, *sel_sums), accuracy(h, sel_phi, sel_y)
 
-    lam = score(LAMBDAS)
-    lam = score((lam / 10**0.5, lam, lam * 10**0.5))
+    lam, scores = search(LAMBDAS, score)
     # The final head: every training sample (the held-out ones too), its own standardisation.
     fmap = FeatureMap(x["train"], recipe, seed)
-    final = head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam)
+    final = ridge_head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam)
     return {
         "recipe": str(recipe),
         "select": select,

@@ -64,9 +64,12 @@ def backbone_features(model: ClassifierModel, inputs: dict[str, Tensor], setting
         _, features = model(inputs)
         return features
     states = model.backbone.layer_states(settings.layers, settings.pool, **inputs)  # (batch, layers, d)
-    if settings.norm == "layer":
-        states = torch.nn.functional.layer_norm(states, states.shape[-1:], eps=torch.finfo(states.dtype).eps)
-    return states.flatten(1)
+    return (normalise_layers(states) if settings.norm == "layer" else states).flatten(1)
+
+
+def normalise_layers(states: Tensor) -> Tensor:
+    """``norm=layer``: each pooled vector ``states[..., :]`` to mean 0 and deviation 1 over its dimensions."""
+    return torch.nn.functional.layer_norm(states, states.shape[-1:], eps=torch.finfo(states.dtype).eps)
 
 
 @lru_cache(maxsize=4)

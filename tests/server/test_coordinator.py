@@ -11,6 +11,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from common.secagg_rounds import ClientSession
+from common.secure_terms import context, threshold
+from common.settings import SecAggSettings
 from common.tls import Security
 from common.messages import Wait
 from server.checks import Options, Refused
@@ -223,10 +226,6 @@ def test_each_secure_round_gets_the_whole_deadline(tmp_path):
     late from the step's start, it would close at the threshold as soon as three clients shared and
     leave out two that are alive; if the sharers then died before their input, the step would wait
     for ever with fewer than the threshold."""
-    from common.secagg_rounds import ClientSession
-    from common.secure_terms import context, threshold
-    from common.settings import SecAggSettings
-
     n = 5
     cfg = {"num_clients": n, "num_tasks": 1, "settings": {"secagg": {"enabled": True}}}
     coord = Coordinator(config(**cfg), tmp_path / "state", Options(quorum=3, round_deadline_s=2.0))
