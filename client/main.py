@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker.on_batch = progress.batch
     secure = config.section(SecAggSettings).enabled
-    skipped: tuple | None = None  # a secure step that went on without this client (it lost its keys)
+    skipped: tuple | None = None  # a secure session (step, attempt) that went on without this client (it lost its keys)
+    kept: tuple | None = None  # (step, result) of a secure step: kept, not recomputed, if its session restarts
     while True:
         answer = client.pull()
         if isinstance(answer, Wait):
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             log.info("run %s is over", config.run_id)
             client.close()
             return 0
-        if (plan.task, plan.round, plan.phase) == skipped:
+        step = (plan.task, plan.round, plan.phase)
+        if (*step, plan.secure_attempt) == skipped:
             time.sleep(1.0)
             continue
         set_context(task=plan.task, round=plan.round)
@@ -155,18 +157,25 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 rounds.begin()  # keys and sealed shares before training: the others need them to mask
             except Rejected as err:
+                if err.code.name == "ABORTED":
+                    log.info("secure aggregation of this step restarted (%s); joining its new session", err)
+                    continue
                 if err.code.name != "FAILED_PRECONDITION":
                     raise
                 log.info("secure aggregation of this step goes on without this client (%s); waiting for the next", err)
-                skipped = (plan.task, plan.round, plan.phase)
+                skipped = (*step, plan.secure_attempt)
                 continue
         start = time.perf_counter()
-        progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
-        try:
-            result = worker.handle(plan)
-        finally:
-            progress.end()
-        _record(metrics, config, plan, result, time.perf_counter() - start)
+        if kept is not None and kept[0] == step:
+            result = kept[1]  # computed before the step's secure session restarted: the same plan, the same result
+        else:
+            progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
+            try:
+                result = worker.handle(plan)
+            finally:
+                progress.end()
+            _record(metrics, config, plan, result, time.perf_counter() - start)
+            kept = (step, result) if rounds is not None else None
         key = idempotency_key(config.run_id, plan, index)
         try:
             if isinstance(result, ClientUpdate):
@@ -191,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                 acc = [100.0 * c / t if t else float("nan") for c, t in zip(result.correct, result.total)]
                 log.info("task %d evaluated on my test share: %s", plan.task, " ".join(f"{a:.1f}" for a in acc))
         except Rejected as err:
+            if err.code.name == "ABORTED":  # the step's secure session restarted: mask the kept result anew
+                log.info("secure aggregation of this step restarted (%s); joining its new session", err)
+                continue
             # A stale step (closed at its deadline without us): drop it and pull the next one.
             if err.code.name != "FAILED_PRECONDITION":
                 raise

@@ -151,9 +151,11 @@ class CoordinatorClient:
         return reply.duplicate
 
     def secagg(self, plan: RoundPlan, index: int, stage: str, keys=None, shares=None) -> dict:
-        """One secure-aggregation call for ``plan``'s step (``proto.codec.SECAGG_STAGES``); the reply as a dict."""
+        """One secure-aggregation call for ``plan``'s step and secure session (``proto.codec.SECAGG_STAGES``);
+        the reply as a dict. ``Rejected`` ``ABORTED``: the step's secure aggregation restarted."""
+        step = (plan.task, plan.round, plan.phase)
         request = codec.secagg_request_to_proto(
-            self.run_id, self.client_id, index, (plan.task, plan.round, plan.phase), stage, keys, shares
+            self.run_id, self.client_id, index, step, stage, keys, shares, plan.secure_attempt
         )
         return self._call(
             f"secure aggregation ({stage})",

@@ -17,6 +17,7 @@ Points, in protocol order (coordinator unless noted):
 - ``eval.staged``       an evaluation report is staged, not yet acknowledged;
 - ``export``            the final adapter is written, the head and metrics not yet;
 - ``secagg.revealed``   a secure step's unmask answer is persisted, not yet acknowledged;
+- ``secagg.restarted``  a secure step's fresh session is persisted, the abandoned masked inputs not dropped;
 - ``client.push``       (client) a step's result is computed, not yet pushed (in a secure step:
   after its keys and sealed shares went out, before its masked input).
 """
@@ -42,6 +43,7 @@ POINTS = (
     "eval.staged",
     "export",
     "secagg.revealed",
+    "secagg.restarted",
     "client.push",
 )
 

@@ -165,6 +165,9 @@ class RoundPlan:
     # components are frozen (used, not trained, not sent), the rest are trained and sent as delta/<name>
     prompt: dict[str, Tensor] = field(default_factory=dict)
     prompt_frozen: int = 0
+    # secure aggregation: which session of the step's (0; the coordinator starts a fresh one, 1, 2, ..., when
+    # fewer than the threshold of a round's clients answered and enough others ask to take part)
+    secure_attempt: int = 0
     # FedProto: the global prototypes, "mean" (num_classes, feature_dim) and "count" (num_classes,) (0: none yet)
     prototypes: dict[str, Tensor] = field(default_factory=dict)
     # adapter vectors per layer: VeRA's shared {"B": lb (d_out,), "A": ld (r,)} (common/vera.py); (IA)^3's

@@ -47,8 +47,10 @@ def threshold(settings: SecAggSettings, clients: int) -> int:
 
 
 def context(plan: RoundPlan) -> bytes:
-    """What binds a step's keys and masks to it: run, task, round, phase."""
-    return f"{plan.run_id}|{plan.task}|{plan.round}|{plan.phase.value}".encode()
+    """What binds a step's keys and masks to it: run, task, round, phase, and the step's secure session
+    after a restart (``plan.secure_attempt``; the first session's context names none)."""
+    attempt = f"|attempt {plan.secure_attempt}" if plan.secure_attempt else ""
+    return f"{plan.run_id}|{plan.task}|{plan.round}|{plan.phase.value}{attempt}".encode()
 
 
 TRIL = "@tril"  # a summed Gram sent as its lower triangle (row by row), the only half the solves read

@@ -366,6 +366,7 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         send_fisher=plan.send_fisher,
         train_extra=plan.train_extra,
         prompt_frozen=plan.prompt_frozen,
+        secure_attempt=plan.secure_attempt,
         run_id=plan.run_id,
         phase=phase_to_proto(plan.phase),
         task=plan.task,
@@ -398,7 +399,11 @@ def plan_from_proto(
         return Wait(header.retry_after_s, header.wait_reason)
     _non_empty(run_id=header.run_id)
     _non_negative(
-        task=header.task, round=header.round, seen_classes=header.seen_classes, prompt_frozen=header.prompt_frozen
+        task=header.task,
+        round=header.round,
+        seen_classes=header.seen_classes,
+        prompt_frozen=header.prompt_frozen,
+        secure_attempt=header.secure_attempt,
     )
     train_factors = tuple(header.train_factors)
     if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
@@ -449,6 +454,7 @@ def plan_from_proto(
         prototypes=named[PROTO],
         vectors=factors[VECTOR],
         prompt_frozen=header.prompt_frozen,
+        secure_attempt=header.secure_attempt,
     )
 
 
@@ -569,6 +575,7 @@ def secagg_request_to_proto(
     stage: str,
     keys: Keys | None = None,
     shares: Mapping[int, bytes] | None = None,
+    attempt: int = 0,
 ) -> pb.SecAggRequest:
     task, round_, phase = step
     return pb.SecAggRequest(
@@ -579,6 +586,7 @@ def secagg_request_to_proto(
         stage=pb.SecAggStage.Value(f"SECAGG_{stage.upper()}"),
         keys=None if keys is None else _keys_to_proto(keys),
         shares=[pb.SecAggShare(peer=j, data=d) for j, d in sorted((shares or {}).items())],
+        attempt=attempt,
     )
 
 
@@ -598,7 +606,13 @@ def secagg_request_from_proto(msg: pb.SecAggRequest) -> dict[str, Any]:
         "stage": stage,
         "keys": _keys_from_proto(msg.keys) if stage == "advertise" else None,
         "shares": {s.peer: bytes(s.data) for s in msg.shares},
+        "attempt": _checked_attempt(msg.attempt),
     }
+
+
+def _checked_attempt(attempt: int) -> int:
+    _non_negative(attempt=attempt)
+    return attempt
 
 
 def secagg_reply_to_proto(reply: Mapping[str, Any]) -> pb.SecAggReply:

@@ -125,7 +125,7 @@ class PullRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., last_completed: _Optional[_Union[StepRef, _Mapping]] = ...) -> None: ...
 
 class PlanHeader(_message.Message):
-    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "train_factors", "lora_scale", "gram", "head_gram", "send_head", "seed", "tensors", "mode", "send_fisher", "train_extra", "prompt_frozen")
+    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "train_factors", "lora_scale", "gram", "head_gram", "send_head", "seed", "tensors", "mode", "send_fisher", "train_extra", "prompt_frozen", "secure_attempt")
     WAIT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class PlanHeader(_message.Message):
     SEND_FISHER_FIELD_NUMBER: _ClassVar[int]
     TRAIN_EXTRA_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FROZEN_FIELD_NUMBER: _ClassVar[int]
+    SECURE_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     wait: bool
     retry_after_s: float
     wait_reason: str
@@ -168,7 +169,8 @@ class PlanHeader(_message.Message):
     send_fisher: bool
     train_extra: bool
     prompt_frozen: int
-    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., train_factors: _Optional[_Iterable[str]] = ..., lora_scale: _Optional[float] = ..., gram: _Optional[_Union[GramKind, str]] = ..., head_gram: _Optional[bool] = ..., send_head: _Optional[bool] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., mode: _Optional[str] = ..., send_fisher: _Optional[bool] = ..., train_extra: _Optional[bool] = ..., prompt_frozen: _Optional[int] = ...) -> None: ...
+    secure_attempt: int
+    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., train_factors: _Optional[_Iterable[str]] = ..., lora_scale: _Optional[float] = ..., gram: _Optional[_Union[GramKind, str]] = ..., head_gram: _Optional[bool] = ..., send_head: _Optional[bool] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., mode: _Optional[str] = ..., send_fisher: _Optional[bool] = ..., train_extra: _Optional[bool] = ..., prompt_frozen: _Optional[int] = ..., secure_attempt: _Optional[int] = ...) -> None: ...
 
 class PlanChunk(_message.Message):
     __slots__ = ("header", "chunk")
@@ -293,7 +295,7 @@ class SecAggShare(_message.Message):
     def __init__(self, peer: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SecAggRequest(_message.Message):
-    __slots__ = ("run_id", "client_id", "client_index", "step", "stage", "keys", "shares")
+    __slots__ = ("run_id", "client_id", "client_index", "step", "stage", "keys", "shares", "attempt")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +303,7 @@ class SecAggRequest(_message.Message):
     STAGE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     client_id: str
     client_index: int
@@ -308,7 +311,8 @@ class SecAggRequest(_message.Message):
     stage: SecAggStage
     keys: SecAggKeys
     shares: _containers.RepeatedCompositeFieldContainer[SecAggShare]
-    def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_index: _Optional[int] = ..., step: _Optional[_Union[StepRef, _Mapping]] = ..., stage: _Optional[_Union[SecAggStage, str]] = ..., keys: _Optional[_Union[SecAggKeys, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_index: _Optional[int] = ..., step: _Optional[_Union[StepRef, _Mapping]] = ..., stage: _Optional[_Union[SecAggStage, str]] = ..., keys: _Optional[_Union[SecAggKeys, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class SecAggReply(_message.Message):
     __slots__ = ("ready", "retry_after_s", "message", "roster", "sharers", "shares", "survivors", "dropped")

@@ -230,6 +230,10 @@ class Coordinator:
                 )
             step.submitted.add(index)
         sec = step.secure
+        if sec is not None and sec.session.sharers is None and step.submitted:
+            # masked inputs before the share round closed are an abandoned session's (restart): never read
+            self.store.drop_updates(step.key)
+            step.submitted.clear()
         if sec is not None and sec.resumed_survivors is not None:  # the inputs had closed: add them again
             sec.close_inputs(self.store.load_update(step.key, i) for i in sec.resumed_survivors)
         self._fold_ready()
@@ -305,7 +309,10 @@ class Coordinator:
                     raise SecAggError(
                         f"the unmasked sum of task {step.task} step {step.index} is refused: {err}"
                     ) from err
-                entry["secagg"] = secagg_report(step.secure.session, self.config.num_clients, step.aggregator)
+                sec = step.secure
+                entry["secagg"] = secagg_report(
+                    sec.session, self.config.num_clients, step.aggregator, sec.attempt, sec.earlier
+                )
             elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
                 load = functools.partial(self.store.load_update, step.key)
                 screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)
@@ -466,8 +473,11 @@ class Coordinator:
                     self.options.retry_after_s,
                     f"waiting for {self.config.num_clients - len(step.submitted)} other clients",
                 )
-            if step.secure is not None and not step.secure.may_join(index):
-                return Wait(self.options.retry_after_s, "this step's secure aggregation went on without this client")
+            if step.secure is not None:
+                if not step.secure.may_join(index):
+                    why = "this step's secure aggregation went on without this client"
+                    return Wait(self.options.retry_after_s, why)
+                return step.secure.plan_for_clients()
             return step.plan
 
     def _check_step(
@@ -575,6 +585,18 @@ class Coordinator:
         sec, s, n = step.secure, step.secure.session, self.config.num_clients
         t, deadline = s.threshold, self.options.round_deadline_s
         where = f"task {step.task} step {step.index} secure aggregation"
+        if sec.stuck(deadline, step.submitted):
+            waiting = sorted(sec.knocking)
+            sec.restart()  # persisted before the abandoned inputs go: a crash between leaves them unread
+            self.store.save_secagg(step.key, sec.state())
+            self.store.drop_updates(step.key)
+            step.submitted.clear()
+            fault_point("secagg.restarted")
+            self.emit(
+                f"{where}: fewer than the threshold {t} answered in time and clients {waiting} ask to take part:"
+                f" restarted with fresh keys (attempt {sec.attempt})"
+            )
+            s = sec.session
         changed = False
         if s.roster is None and (len(s.keys) == n or (sec.late(deadline) and len(s.keys) >= t)):
             s.close_keys()
@@ -613,17 +635,25 @@ class Coordinator:
         stage: str,
         keys: Keys | None = None,
         shares: dict[int, bytes] | None = None,
+        attempt: int = 0,
     ) -> dict[str, Any]:
-        """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, reveal). Returns
-        ``{"ready": False, "message": ...}`` while what is asked for is not fixed yet, else what it holds."""
+        """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, reveal) in the
+        step's session ``attempt`` (the plan's ``secure_attempt``). Returns ``{"ready": False, "message":
+        ...}`` while what is asked for is not fixed yet, else what it holds; refuses with ``ABORTED`` a
+        call of another session than the open one (the step restarted: pull the plan again)."""
         with self.lock:
             step = self._check_step(client_id, client_index, run_id, *step_ref)
             if step.secure is None:
                 raise Refused("FAILED_PRECONDITION", "the open step has no secure aggregation")
-            sec, s = step.secure, step.secure.session
             self._secure_advance()
             if self.step is not step:  # the call above finished the step
                 raise Refused("FAILED_PRECONDITION", "the step is over")
+            sec = step.secure
+            if attempt != sec.attempt:
+                raise Refused(
+                    "ABORTED", f"this step's secure aggregation restarted (attempt {sec.attempt}, not {attempt})"
+                )
+            s = sec.session
             wait = {"ready": False, "retry_after_s": self.options.retry_after_s}
             try:
                 if stage == "advertise":
@@ -655,6 +685,7 @@ class Coordinator:
                 else:
                     raise Refused("INVALID_ARGUMENT", f"unknown secure aggregation stage {stage!r}")
             except SecAggError as err:
+                sec.knocking.add(client_index)  # alive, but no longer able to take part in this session
                 raise Refused("FAILED_PRECONDITION", str(err)) from err
             self._secure_advance()
             return {"ready": True}

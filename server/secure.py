@@ -16,6 +16,7 @@ screening) refuse (:func:`require_secure`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterable
 
@@ -123,17 +124,24 @@ def secure_step(
     return server
 
 
-def secagg_report(session: ServerSession, clients: int, aggregator: Aggregator) -> dict:
+def secagg_report(
+    session: ServerSession, clients: int, aggregator: Aggregator, attempt: int = 0, earlier: dict | None = None
+) -> dict:
     """What a secure step's history entry records: who finished, the samples their unmasked sum
-    counts, and the bytes each round brought in."""
+    counts, the bytes each round brought in (``earlier``: those of the step's abandoned sessions,
+    added), and which session finished (``attempt``: 0 unless the step was restarted)."""
     survivors, dropped = session.close_inputs()
+    received = dict(session.received)
+    for round_, nbytes in (earlier or {}).items():
+        received[round_] = received.get(round_, 0) + nbytes
     return {
         "survivors": len(survivors),
         "samples": aggregator.num_samples,
         "dropped": dropped,
         "threshold": session.threshold,
-        "bytes_received": dict(session.received),
-        "bytes_per_client": sum(session.received.values()) / clients,
+        "attempt": attempt,
+        "bytes_received": received,
+        "bytes_per_client": sum(received.values()) / clients,
     }
 
 
@@ -156,19 +164,59 @@ class SecureStep:
     is unmasked and loaded into the step's aggregator. Each round gets the whole deadline: one
     measured from the step's start would close the share round at the threshold as soon as it
     opened late, and leave out clients that are alive, and sharers that die before their input
-    would then leave fewer than the threshold for ever."""
+    would then leave fewer than the threshold for ever.
+
+    A round past the deadline with fewer than the threshold of answers cannot close; if enough of the
+    clients it no longer admits ask to take part (a client that restarted has lost its keys and masks),
+    :meth:`stuck` says so and the coordinator :meth:`restart` s the step's secure aggregation: a fresh
+    session (attempt 1, 2, ...; keys, masks and context all new) open to every client, the abandoned
+    session's masked inputs discarded unread. Without enough such clients the step waits: fewer than
+    the threshold can never be unmasked."""
 
     def __init__(self, settings: SecAggSettings, clients: int, plan: RoundPlan, state: dict | None = None) -> None:
         self.clients = clients
         self.fp = fixed_point(settings, clients)
+        self.t = threshold(settings, clients)
+        self.plan = plan
         if state is None:
-            self.session = ServerSession(list(range(clients)), threshold(settings, clients), context(plan))
+            self.attempt = 0
+            self.earlier: dict[str, int] = {}  # bytes received in the step's abandoned sessions, per round
+            self.session = ServerSession(list(range(clients)), self.t, context(plan))
             self.layout: Layout | None = None
         else:  # resumed: the survivors' staged inputs are added again (resume_inputs) before anything else
+            self.attempt, self.earlier = state.get("attempt", 0), dict(state.get("earlier", {}))
             self.session = session_from_state(state["session"])
             self.layout = None if state["layout"] is None else Layout(tuple((n, tuple(s)) for n, s in state["layout"]))
         self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
         self.opened = time.monotonic()  # when the open round began (resumed: the resume)
+        self.knocking: set[int] = set()  # clients refused a place in this session since it began (alive, keyless)
+
+    def plan_for_clients(self) -> RoundPlan:
+        """The step's plan as clients pull it: naming the session they take part in."""
+        return dataclasses.replace(self.plan, secure_attempt=self.attempt) if self.attempt else self.plan
+
+    def stuck(self, deadline_s: float, arrived: Iterable[int]) -> bool:
+        """Whether the open round is past ``deadline_s`` with fewer than the threshold of answers, and
+        those with the clients knocking reach it (``arrived``: the inputs round's masked inputs staged)."""
+        s = self.session
+        if not self.late(deadline_s) or s.roster is None or (s.survivors is not None and s.ready()):
+            return False
+        if s.sharers is None:
+            answered = set(s.boxes)
+        elif s.survivors is None:
+            answered = set(arrived) & set(s.sharers)
+        else:
+            answered = set(s.revealed)
+        return len(answered) < self.t <= len(answered | self.knocking)
+
+    def restart(self) -> None:
+        """A fresh session for the step (the next attempt): every client may take part again."""
+        for round_, nbytes in self.session.received.items():
+            self.earlier[round_] = self.earlier.get(round_, 0) + nbytes
+        self.attempt += 1
+        self.session = ServerSession(list(range(self.clients)), self.t, context(self.plan_for_clients()))
+        self.layout, self.resumed_survivors, self.knocking = None, None, set()
+        self.round_closed()
 
     def late(self, deadline_s: float) -> bool:
         """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
@@ -180,12 +228,21 @@ class SecureStep:
 
     def state(self) -> dict:
         layout = None if self.layout is None else [[n, list(s)] for n, s in self.layout.entries]
-        return {"session": session_state(self.session), "layout": layout}
+        return {
+            "session": session_state(self.session),
+            "layout": layout,
+            "attempt": self.attempt,
+            "earlier": self.earlier,
+        }
 
     def may_join(self, index: int) -> bool:
-        """Whether client ``index`` can still take part: before the roster is fixed, or in every round fixed so far."""
+        """Whether client ``index`` can still take part: before the roster is fixed, or in every round
+        fixed so far. A client refused is remembered as knocking (alive, and asking to take part)."""
         s = self.session
-        return (s.roster is None or index in s.roster) and (s.sharers is None or index in s.sharers)
+        if (s.roster is None or index in s.roster) and (s.sharers is None or index in s.sharers):
+            return True
+        self.knocking.add(index)
+        return False
 
     def check_masked(self, index: int, tensors: dict[str, Tensor]) -> bool:
         """Client ``index``'s masked input, as its update's named tensors: ``SecAggError`` unless it is

@@ -173,6 +173,14 @@ class Store:
             train_loss=float(meta["train_loss"]),
         )
 
+    def drop_updates(self, key: str) -> None:
+        """Delete step ``key``'s staged updates (a restarted secure session's abandoned masked inputs);
+        each one's meta first, so that none is ever half there."""
+        folder = self._staging(key)
+        for index in self.staged_indices(key):
+            (folder / f"{index}.json").unlink()
+            (folder / f"{index}.safetensors").unlink(missing_ok=True)
+
     def save_secagg(self, key: str, state: dict) -> None:
         """Persist step ``key``'s secure-aggregation session (keys, sealed shares, rosters, unmask answers)."""
         folder = self._staging(key)

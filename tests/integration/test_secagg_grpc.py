@@ -105,3 +105,29 @@ def test_the_coordinators_state_and_log_hold_no_individual_term(cluster):
             assert words and not any(w in stored for w in words), i
             checked += len(words)
     assert checked > 100
+
+
+def test_a_secure_step_below_the_threshold_restarts_when_a_client_comes_back(cluster):
+    """5 clients, threshold 3: clients 1, 2 and 3 are killed after their keys and shares went out, so
+    only two masked inputs can ever arrive. Client 2 is started again: it has lost its keys, cannot
+    take part in that session, and asks to. The coordinator restarts the step's secure aggregation
+    with fresh keys (attempt 1); clients 0 and 4 mask the result they kept, client 2 trains, and the
+    sum of exactly those three is unmasked; the run finishes on them."""
+    config = secure_config(num_clients=5, num_tasks=1, rounds_per_task=1)
+    c = cluster(config.to_json())
+    # 8 s: every client must be in the first roster, or it is never killed (killed at its push)
+    server = c.server("--round-deadline", "8", "--quorum", "3")
+    server.wait_for("serving on")
+    kill = {"LORM_FAULT": "client.push:1"}
+    clients = [c.client(i, env=kill if i in (1, 2, 3) else None) for i in range(5)]
+    assert [clients[i].wait() for i in (1, 2, 3)] == [-9, -9, -9]
+    again = c.client(2)
+    assert server.wait() == 0
+    assert [clients[i].wait() for i in (0, 4)] == [0, 0] and again.wait() == 0
+    log = "".join(server.lines)
+    assert "ask to take part: restarted with fresh keys (attempt 1)" in log
+    first = json.loads((c.run_dir / "results" / "metrics.json").read_text())["history"][0]["secagg"]
+    assert first["attempt"] == 1 and first["survivors"] == 3 and first["dropped"] == []
+    runtime = build_runtime(config)
+    shard = {i: int(runtime.worker(i, f"client-{i}").shards[0].numel()) for i in range(5)}
+    assert first["samples"] == shard[0] + shard[2] + shard[4]

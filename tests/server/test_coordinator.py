@@ -12,13 +12,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.secagg_rounds import ClientSession
-from common.secure_terms import context, threshold
+from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
 from common.tls import Security
 from common.messages import Wait
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
+from server.strategies import make_strategy
 
 from conftest import LORA_SPEC, plan_update, unit_config
 
@@ -255,3 +256,85 @@ def test_each_secure_round_gets_the_whole_deadline(tmp_path):
         call(i, "share", shares=sessions[i].share({k.index: k for k in roster}))
     assert call(0, "inbox")["sharers"] == list(range(n))
     assert not call(0, "unmask")["ready"]  # no masked input yet, and the inputs round is not late
+
+
+def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that_ask(tmp_path):
+    """5 clients, threshold 3, deadline 1 s. All five share keys; clients 0 and 1 send their masked
+    inputs, 2, 3 and 4 die. Past the deadline the inputs cannot close (2 < 3) and the step waits. When
+    client 2 comes back without its keys (its advertise is refused), two answers and one client asking
+    reach the threshold: the coordinator starts a fresh session (attempt 1), refuses the old one's calls
+    with ABORTED, drops the abandoned masked inputs unread, and finishes on clients 0, 1 and 2."""
+    n, t = 5, 3
+    run = config(num_clients=n, num_tasks=1, settings={"secagg": {"enabled": True}})
+    coord = Coordinator(run, tmp_path / "state", Options(quorum=3, round_deadline_s=1.0))
+    for i in range(n):
+        assert coord.join(f"c{i}", i) == i
+        coord.describe(f"c{i}", SPEC)
+    plan = coord.pull("c0")
+    assert isinstance(plan, RoundPlan) and plan.secure_attempt == 0 and t == threshold(SecAggSettings(True), n)
+    ref, fp, strategy = (
+        (plan.task, plan.round, plan.phase),
+        fixed_point(SecAggSettings(True), n),
+        make_strategy(run, SPEC),
+    )
+
+    def call(i: int, stage: str, attempt: int = 0, **kw) -> dict:
+        return coord.secagg(f"c{i}", i, plan.run_id, ref, stage, attempt=attempt, **kw)
+
+    def session_of(members: list[int], step: RoundPlan) -> tuple[dict[int, ClientSession], list[int]]:
+        """``members`` advertise and share in ``step``'s session (the roster as fixed); the sharers."""
+        sessions = {i: ClientSession(i, t, context(step)) for i in members}
+        for i in members:
+            call(i, "advertise", step.secure_attempt, keys=sessions[i].advertise())
+        roster = {k.index: k for k in call(members[0], "roster", step.secure_attempt)["roster"]}
+        for i in members:
+            call(i, "share", step.secure_attempt, shares=sessions[i].share(roster))
+        return sessions, call(members[0], "inbox", step.secure_attempt)["sharers"]
+
+    def push(i: int, step: RoundPlan, session: ClientSession, sharers: list[int]) -> None:
+        u = update_for(step, i)
+        assert coord.submit(masked_update(u, client_terms(strategy.aggregator(step), u), session, sharers, fp), f"k{i}")
+
+    sessions, sharers = session_of(list(range(n)), plan)
+    assert sharers == list(range(n))
+    for i in (0, 1):
+        push(i, plan, sessions[i], sharers)
+    time.sleep(1.2)
+    coord.tick()
+    step = coord.step
+    assert step is not None and step.secure is not None and step.secure.attempt == 0  # nobody asks: it waits
+    assert isinstance(coord.pull("c2"), RoundPlan)  # client 2, restarted: a sharer, so it is sent the plan
+    with pytest.raises(Refused) as refused:
+        call(2, "advertise", keys=ClientSession(2, t, context(plan)).advertise())
+    assert refused.value.code == "FAILED_PRECONDITION"  # the roster is fixed: it cannot take part again
+    coord.tick()
+    assert step.secure.attempt == 1 and coord.store.staged_indices(step.key) == [] and not step.submitted
+    # Killed at the restart (fault point secagg.restarted: the fresh session persisted, an abandoned input
+    # still staged), the coordinator resumes in the fresh session and drops that input unread.
+    u = update_for(plan, 0)
+    stale = masked_update(u, client_terms(strategy.aggregator(plan), u), sessions[0], sharers, fp)
+    coord.store.stage_update(step.key, stale, "k0")
+    coord = Coordinator(run, tmp_path / "state", Options(quorum=3, round_deadline_s=1.0))
+    step = coord.step
+    assert step is not None and step.secure is not None and step.secure.attempt == 1
+    assert coord.store.staged_indices(step.key) == [] and not step.submitted
+    with pytest.raises(Refused) as refused:
+        call(0, "unmask")  # client 0 still waits in the abandoned session
+    assert refused.value.code == "ABORTED"
+    fresh = coord.pull("c0")
+    assert isinstance(fresh, RoundPlan) and fresh.secure_attempt == 1 and context(fresh) != context(plan)
+    with pytest.raises(Refused):  # the abandoned session's keys are no roster's any more
+        push(1, plan, sessions[1], sharers)
+    time.sleep(1.2)  # 3 and 4 stay dead: the fresh keys round closes with three past the deadline
+    new, sharers = session_of([0, 1, 2], fresh)
+    assert sharers == [0, 1, 2]
+    for i in new:
+        push(i, fresh, new[i], sharers)
+    request = call(0, "unmask", 1)
+    assert request["survivors"] == [0, 1, 2] and request["dropped"] == []
+    for i in new:
+        inbox = call(i, "inbox", 1)["shares"]
+        call(i, "reveal", 1, shares=new[i].reveal(inbox, request["survivors"], request["dropped"]))
+    entry = coord.history[0]["secagg"]
+    assert entry["attempt"] == 1 and entry["survivors"] == 3 and entry["samples"] == 10 + 11 + 12
+    assert entry["bytes_received"]["masked"] > 0 and coord.step is not step  # the step finished
