@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from pathlib import Path
 
-import procs
 import pytest
+from procs import ProjectProc as Proc
 
 from server.certs import create_dev_pki
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Proc(procs.Proc):
-    """A child process of the project, run from its root with its modules importable."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        super().__init__(
-            name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}, ROOT
-        )
 
 
 def free_port() -> int:

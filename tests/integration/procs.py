@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Proc:
@@ -64,3 +67,12 @@ class Proc:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+class ProjectProc(Proc):
+    """A child process of the project, run from its root with its modules importable."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        super().__init__(
+            name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}, ROOT
+        )

@@ -7,7 +7,7 @@ import sys
 
 from common.config import RunConfig
 from common.messages import ModelSpec
-from conftest import Proc
+from procs import ProjectProc as Proc
 
 CONFIG = RunConfig(
     run_id="spec",

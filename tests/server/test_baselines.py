@@ -9,7 +9,7 @@ from common.merge import decay_gram, regmean
 from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
-from conftest import plan_update
+from unit_helpers import plan_update
 
 SPEC = ModelSpec(
     layers={"l1": (3, 4), "l2": (2, 3)},

@@ -15,7 +15,7 @@ from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features
 
 from test_baselines import SPEC as BASELINES_SPEC
-from conftest import plan_update
+from unit_helpers import plan_update
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

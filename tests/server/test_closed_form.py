@@ -17,7 +17,7 @@ from common.messages import Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
-from conftest import plan_update
+from unit_helpers import plan_update
 from tolerance import assert_close_to_dtype
 
 TINY = dict(

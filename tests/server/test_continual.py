@@ -15,7 +15,7 @@ from common.settings import EwcSettings
 from server.strategies import make_strategy
 
 from test_baselines import SPEC, N, fake_update
-from conftest import plan_update
+from unit_helpers import plan_update
 
 
 def config(method: str, **settings) -> RunConfig:

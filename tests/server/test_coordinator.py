@@ -21,7 +21,7 @@ from server.coordinator import Coordinator
 from server.service import create_server
 from server.strategies import make_strategy
 
-from conftest import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, plan_update, unit_config
 
 SPEC = LORA_SPEC
 

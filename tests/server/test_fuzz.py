@@ -39,7 +39,7 @@ from proto import lorm_pb2_grpc as pb_grpc
 from server.coordinator import Coordinator
 from server.service import create_server
 
-from conftest import LORA_SPEC, valid_update
+from unit_helpers import LORA_SPEC, valid_update
 
 SPEC = LORA_SPEC
 CASES = 300  # per RPC, at most

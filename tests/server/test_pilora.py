@@ -17,7 +17,7 @@ from server.strategies import make_strategy
 from server.strategies.pilora import reweight
 
 from test_baselines import SPEC as BASELINES_SPEC
-from conftest import plan_update
+from unit_helpers import plan_update
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

@@ -15,7 +15,7 @@ from common.tensors import DELTA, tensor_name
 from server.strategies import make_strategy
 
 from test_baselines import SPEC as BASELINES_SPEC
-from conftest import plan_update
+from unit_helpers import plan_update
 
 EPS = torch.finfo(torch.float64).eps
 SPEC = dataclasses.replace(BASELINES_SPEC, feature_dim=8)  # room for 6 orthonormal keys

@@ -18,7 +18,7 @@ from common.secure_terms import Layout, client_terms, context, fixed_point, pack
 from server.secure import require_secure, secure_step
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 
-from conftest import valid_update
+from unit_helpers import valid_update
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

@@ -7,7 +7,7 @@ from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, re
 from common.messages import GramKind, Phase
 from server.strategies import UpdateRejected, make_strategy
 
-from conftest import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, plan_update, unit_config
 
 SPEC = LORA_SPEC
 

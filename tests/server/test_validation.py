@@ -41,7 +41,7 @@ from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
 
 from common.tensors import with_tensors
-from conftest import plan_update, valid_update
+from unit_helpers import plan_update, valid_update
 
 F64 = torch.float64
 # Dense strategies need the backbone's parameters; RegMean needs <layer>.base.weight for every LoRA layer.
