@@ -16,7 +16,12 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             ``k(x, y) = |x||y| (sin t + (pi - t) cos t) / 2pi``, ``t`` the angle between x and y,
             which ``max(0, z P^T)`` averages to: the ceiling of widening the projection (its
             lambda is per unit of width: width F' wants about F' times it). A diagnostic: the
-            dual form needs every sample in one place, which no federated client sends
+            dual form needs every sample in one place, which no federated client sends;
+            ``rffNgG``: random Fourier features ``sqrt(2/F') cos(z W^T sqrt(2G/F) + b)`` (Rahimi and
+            Recht), W with N(0, 1) entries, b uniform on [0, 2 pi), F the width of z, whose
+            products average to the Gaussian kernel ``exp(-G |x - y|^2 / F)`` (for ``ln`` features
+            ``|x|^2 = F``, so G is a bandwidth relative to the features' own scale); ``rbfinf``:
+            that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed)
 
 The head is ridge regression on one-hot targets, ``W = S (G + lam I)^-1`` with the Gram G and the
 class sums S of the training features: exact under any split of the data over clients, so a frozen
@@ -36,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -63,22 +69,41 @@ class Recipe:
     layers: tuple[int, ...]
     pool: str
     norm: str
-    rp: float  # math.inf: the arc-cosine kernel
+    rp: float  # math.inf: the kernel itself
     orthogonal: bool = False  # rpoN: orthogonal random features
+    kernel: str = "arccos"  # rp, rpo: ReLU features; rff, rbf: the Gaussian kernel
+    gamma: float | None = None  # the Gaussian kernel's bandwidth G (None: chosen with lambda)
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
-        """``456:mean:std:rp10000`` (``rp0`` for no projection)."""
+        """``456:mean:std:rp10000`` (``rp0`` for no projection), ``3456:mean:ln:rff10000g2``, ``...:rbfinf``."""
         layers, pool, norm, rp = text.split(":")
-        if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or not rp.startswith("rp"):
-            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpinf")
-        orthogonal = rp.startswith("rpo")
-        width = math.inf if rp == "rpinf" else int(rp[3:] if orthogonal else rp[2:])
-        return cls(tuple(int(c) for c in layers), pool, norm, width, orthogonal)
+        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?", rp)
+        if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or form is None:
+            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]")
+        kind, width_text, gamma_text = form.groups()
+        gaussian = kind in ("rff", "rbf")
+        valid = {
+            "rp": gamma_text is None,
+            "rpo": gamma_text is None and width_text != "inf",
+            "rff": gamma_text is not None and width_text != "inf",
+            "rbf": width_text == "inf",
+        }
+        if not valid[kind]:
+            raise ValueError(f"recipe {text!r}: want rpN, rpinf, rpoN, rffNgG or rbfinf[gG]")
+        width = math.inf if width_text == "inf" else int(width_text)
+        gamma = None if gamma_text is None else float(gamma_text)
+        kernel = "rbf" if gaussian else "arccos"
+        return cls(tuple(int(c) for c in layers), pool, norm, width, kind == "rpo", kernel, gamma)
 
     def __str__(self) -> str:
         width = "inf" if math.isinf(self.rp) else str(int(self.rp))
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:rp{'o' if self.orthogonal else ''}{width}"
+        if self.kernel == "rbf":
+            kind = "rbf" if math.isinf(self.rp) else "rff"
+            bandwidth = "" if self.gamma is None else f"g{self.gamma:g}"
+        else:
+            kind, bandwidth = ("rpo" if self.orthogonal else "rp"), ""
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -158,13 +183,22 @@ class FeatureMap:
         gen = torch.Generator().manual_seed(seed)
         width, dim = (0 if math.isinf(recipe.rp) else int(recipe.rp)), x_fit.shape[1]  # the kernel: no projection
         self.p: Tensor | None = None
+        self.phase: Tensor | None = None  # random Fourier features: cos(z P^T + b)
         if width:
             draw = orthogonal_rows if recipe.orthogonal else lambda r, d, g: torch.randn(r, d, generator=g, dtype=DTYPE)
             self.p = draw(width, dim, gen)
+            if recipe.kernel == "rbf":
+                assert recipe.gamma is not None
+                self.p *= math.sqrt(2.0 * recipe.gamma / dim)
+                self.phase = 2 * torch.pi * torch.rand(width, generator=gen, dtype=DTYPE)
 
     def __call__(self, x: Tensor) -> Tensor:
         z = (x - self.mu) / self.sigma if self.mu is not None else x
-        return torch.relu(z @ self.p.T) if self.p is not None else z
+        if self.p is None:
+            return z
+        if self.phase is not None:
+            return math.sqrt(2.0 / self.p.shape[0]) * torch.cos(z @ self.p.T + self.phase)
+        return torch.relu(z @ self.p.T)
 
 
 def sums(phi: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -200,36 +234,62 @@ def arccos_kernel(a: Tensor, b: Tensor) -> Tensor:
     return na[:, None] * nb[None, :] * (torch.sin(t) + (torch.pi - t) * cos) / (2 * torch.pi)
 
 
+def gaussian_kernel(a: Tensor, b: Tensor, gamma: float) -> Tensor:
+    """``exp(-gamma |a - b|^2 / F)``, F the features' width: what rffNgG's products average to."""
+    squared = (a.pow(2).sum(1)[:, None] + b.pow(2).sum(1)[None, :] - 2 * a @ b.T).clamp_min(0)
+    return torch.exp(-gamma * squared / a.shape[1])
+
+
+GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the Gaussian kernel's bandwidths tried when the recipe names none
+
+
+def kernel_of(recipe: Recipe, gamma: float | None) -> Callable[[Tensor, Tensor], Tensor]:
+    if recipe.kernel == "rbf":
+        assert gamma is not None
+        return lambda a, b: gaussian_kernel(a, b, gamma)
+    return arccos_kernel
+
+
 def _dual(k: Tensor, targets: Tensor, lam: float) -> Tensor:
     factor = torch.linalg.cholesky(k + lam * torch.eye(k.shape[0], dtype=DTYPE))
     return torch.cholesky_solve(targets, factor)
 
 
-def _kernel_lambda(zf: Tensor, fit_y: Tensor, zs: Tensor, sel_y: Tensor, classes: int) -> tuple[float, dict]:
-    """The kernel lambda whose fit on ``zf`` errs least on ``zs``, and every tried one's (error, accuracy)."""
-    kff, ksf = arccos_kernel(zf, zf), arccos_kernel(zs, zf)
-    yf = torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)
+def _kernel_lambda(
+    kernel: Callable[[Tensor, Tensor], Tensor], zf: Tensor, fit_y: Tensor, zs: Tensor, sel_y: Tensor, classes: int
+) -> tuple[float, dict]:
+    """The kernel lambda whose fit on ``zf`` errs least on ``zs``, and every tried one's (error, accuracy).
+    One eigendecomposition ``K = V diag(e) V^T`` serves every lambda: the held-out predictions are
+    ``K_sf V diag(1 / (e + lam)) V^T Y``."""
+    e, v = torch.linalg.eigh(kernel(zf, zf))
+    left = kernel(zs, zf) @ v  # (n_sel, n_fit)
+    right = v.T @ torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)  # (n_fit, C)
     ys = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
 
     def score(lam: float) -> tuple[float, float]:
-        pred = ksf @ _dual(kff, yf, lam)
+        pred = left @ (right / (e.clamp_min(0) + lam)[:, None])
         return float((pred - ys).pow(2).sum()), 100.0 * float((pred.argmax(1) == sel_y).to(DTYPE).mean())
 
     return search(KERNEL_LAMBDAS, score)
 
 
 def evaluate_kernel(recipe: Recipe, x: dict, y: dict, fit: tuple, sel: tuple, classes: int) -> dict:
-    """The ridge of infinite width: ``K_t (K + lam I)^-1 Y`` on the standardised (or not) features."""
+    """The ridge of infinite width: ``K_t (K + lam I)^-1 Y`` on the standardised (or not) features; for
+    the Gaussian kernel without a named bandwidth, the (bandwidth, lambda) of least held-out error."""
     t0 = time.perf_counter()
     (fit_x, fit_y), (sel_x, sel_y) = fit, sel
     fmap = FeatureMap(fit_x, recipe, 0)
-    lam, scores = _kernel_lambda(fmap(fit_x), fit_y, fmap(sel_x), sel_y, classes)
+    gammas: tuple[float | None, ...] = (recipe.gamma,) if recipe.kernel != "rbf" or recipe.gamma else GAMMAS
+    tried = {g: _kernel_lambda(kernel_of(recipe, g), fmap(fit_x), fit_y, fmap(sel_x), sel_y, classes) for g in gammas}
+    gamma = min(tried, key=lambda g: tried[g][1][tried[g][0]][0])
+    lam, scores = tried[gamma]
+    kernel = kernel_of(recipe, gamma)
     fmap = FeatureMap(x["train"], recipe, 0)
     z = fmap(x["train"])
-    alpha = _dual(arccos_kernel(z, z), torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), lam)
-    test = (arccos_kernel(fmap(x["test"]), z) @ alpha).argmax(1)
+    alpha = _dual(kernel(z, z), torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), lam)
+    test = (kernel(fmap(x["test"]), z) @ alpha).argmax(1)
     return {
-        "recipe": str(recipe),
+        "recipe": str(recipe) + ("" if gamma is None or recipe.gamma else f" (g{gamma:g})"),
         "lambda": lam,
         "select_acc": scores[lam][1],
         "best_select_acc": max(acc for _, acc in scores.values()),
