@@ -28,8 +28,6 @@ from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import ClientUpdate
 from common.presets import preset
-from common.secagg import decode, encode
-from common.secagg_rounds import ClientSession, ServerSession
 from common.settings import SecAggSettings
 from common.tensors import (
     FACTOR,
@@ -41,8 +39,7 @@ from common.tensors import (
     update_nbytes,
     with_tensors,
 )
-from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
-from server.secure import load_sums
+from server.secure import Timings, secure_step
 from server.strategies import make_strategy
 
 KEYS = 64  # two X25519 public keys
@@ -84,50 +81,14 @@ def measure(config: RunConfig, spec, clients: int, dropped_share: float) -> list
         strategy.aggregate(plan, plain)
         off_server = time.perf_counter() - start
         off_bytes = statistics.mean(update_nbytes(u) for u in updates)
-        # on: every round
-        t, fp, ctx = threshold(settings, clients), fixed_point(settings, clients), context(plan)
-        client_s = [0.0] * clients
-        sessions, terms = [], []
-        for i, u in enumerate(updates):
-            start = time.perf_counter()
-            terms.append(pack(client_terms(strategy.aggregator(plan), u)))
-            sessions.append(ClientSession(i, t, ctx))
-            client_s[i] += time.perf_counter() - start
-        layout = Layout.of(terms[0])
-        server = ServerSession(list(range(clients)), t, ctx)
-        for s in sessions:
-            server.advertise(s.advertise())
-        roster = server.close_keys()
-        for i, s in enumerate(sessions):
-            start = time.perf_counter()
-            boxes = s.share(roster)
-            client_s[i] += time.perf_counter() - start
-            server.share(i, boxes)
-        sharers = server.close_shares()
-        gone = set(range(clients - int(round(dropped_share * clients)), clients))  # drop after sharing
-        server_s = 0.0
-        for i, s in enumerate(sessions):
-            if i in gone:
-                continue
-            start = time.perf_counter()
-            y = s.mask(encode(layout.flatten(terms[i]), fp), sharers)
-            client_s[i] += time.perf_counter() - start
-            start = time.perf_counter()
-            server.masked_input(i, y)
-            server_s += time.perf_counter() - start
+        # on: every round, as the in-process engine runs them (the last clients drop after sharing)
+        gone = tuple(range(clients - int(round(dropped_share * clients)), clients))
+        secure, clock = strategy.aggregator(plan), Timings()
+        server = secure_step(secure, strategy, dict(enumerate(updates)), settings, clients, gone, clock)
         survivors, dropped = server.close_inputs()
-        for i in survivors:
-            inbox = server.inbox(i)
-            start = time.perf_counter()
-            answer = sessions[i].reveal(inbox, survivors, dropped)
-            client_s[i] += time.perf_counter() - start
-            server.reveal(i, answer)
         start = time.perf_counter()
-        sums = unpack(layout.unflatten(decode(server.result(), fp, len(survivors))))
-        secure = strategy.aggregator(plan)
-        load_sums(secure, sums, len(survivors), 16 * layout.size * len(survivors))
         strategy.aggregate(plan, secure)
-        server_s += time.perf_counter() - start
+        server_s = clock.server + time.perf_counter() - start
         sent = sum(server.received.values()) / clients
         box = len(next(iter(server.boxes[0].values())))
         received = ENTRY * clients + box * (clients - 1) + 4 * (clients + len(dropped))  # roster, inbox, request
@@ -139,10 +100,10 @@ def measure(config: RunConfig, spec, clients: int, dropped_share: float) -> list
                 "off_bytes": off_bytes,
                 "on_sent": sent,
                 "on_received": received,
-                "masked": 16 * layout.size,
+                "masked": 16 * server.size,
                 "keys_and_shares": KEYS + box * (clients - 1),
                 "off_server_s": off_server,
-                "on_client_s": statistics.mean(client_s[i] for i in survivors),
+                "on_client_s": statistics.mean(clock.client[i] for i in survivors),
                 "on_server_s": server_s,
             }
         )

@@ -15,7 +15,7 @@ from common.secagg import SecAggError, encode
 from common.settings import SecAggSettings
 from common.sums import running_sums, summable
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
-from server.secure import require_secure, secure_step
+from server.secure import Timings, require_secure, secure_step
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 
 from unit_helpers import valid_update
@@ -123,8 +123,10 @@ def test_clients_dropped_after_sharing_leave_the_survivors_sums(name):
     for cfg, plain, secure, plan, updates in steps(name, clients=5):
         got = secure.aggregator(plan)
         fresh = make_strategy(cfg, SPEC)
-        server = secure_step(got, fresh, updates, SETTINGS, 5, drop_after_sharing=(1, 3))
+        clock = Timings()
+        server = secure_step(got, fresh, updates, SETTINGS, 5, drop_after_sharing=(1, 3), timings=clock)
         assert server.close_inputs() == ([0, 2, 4], [1, 3])
+        assert sorted(clock.client) == [0, 1, 2, 3, 4] and min(clock.client.values()) > 0 and clock.server > 0
         survivors = plain.aggregator(plan)
         for i in (0, 2, 4):
             survivors.fold(updates[i])
