@@ -25,8 +25,8 @@ from common.ia3 import SIDE
 from common.merge import GramSum
 from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import Ia3Settings
-from server.strategies.base import Aggregator, Strategy
-from server.strategies.lorm import RoundAggregator
+from server.strategies.base import Aggregator
+from server.strategies.lorm import RoundAggregator, TaskGramStrategy
 
 F64 = torch.float64
 
@@ -55,7 +55,7 @@ class IA3TaskAggregator(Aggregator):
             acc.fold(update.grams[name])
 
 
-class LoRMIA3(Strategy):
+class LoRMIA3(TaskGramStrategy):
     name = "lorm-ia3"
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
@@ -72,13 +72,6 @@ class LoRMIA3(Strategy):
         self.task_vectors: list[dict[str, Tensor]] = []  # l^t of every finished task
         self.task_stats: list[dict[str, Tensor]] = []  # its statistic summed over clients
         self.merged: dict[str, Tensor] = {}  # the task merge: the evaluated model's vectors
-
-    @property
-    def gram_kind(self) -> GramKind:
-        return GramKind.DIAG if self.config.gamma_backbone == 0.0 else GramKind.FULL
-
-    def steps(self, task: int) -> list[tuple[Phase, int]]:
-        return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]
 
     def begin_task(self, task: int) -> None:
         self.current = {name: torch.zeros(size, dtype=F64) for name, size in self.sizes.items()}

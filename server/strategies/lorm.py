@@ -77,7 +77,19 @@ class TaskGramAggregator(Aggregator):
             acc.fold(update.grams[name])
 
 
-class LoRM(Strategy):
+class TaskGramStrategy(Strategy):
+    """A method whose tasks end, after their rounds, with a task Gram step (the statistics its merge
+    across tasks weighs by): Grams of the layers' inputs diagonal with ``gamma_backbone = 0``, else full."""
+
+    @property
+    def gram_kind(self) -> GramKind:
+        return GramKind.DIAG if self.config.gamma_backbone == 0.0 else GramKind.FULL
+
+    def steps(self, task: int) -> list[tuple[Phase, int]]:
+        return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]
+
+
+class LoRM(TaskGramStrategy):
     name = "lorm"
     trains_on_previous = False  # clients train on W0 + s B A (docs/METHOD.md §3 step 3); True: on W0 + extra + s B A
 
@@ -88,13 +100,6 @@ class LoRM(Strategy):
         self.task_grams: list[dict[str, Tensor]] = []  # G^t = sum_i G_i^t of every finished task
         self.task_merge = {name: TaskMergeAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
         self.merged: dict[str, LowRank] = {}  # B_cat, A_cat of the task merge
-
-    @property
-    def gram_kind(self) -> GramKind:
-        return GramKind.DIAG if self.config.gamma_backbone == 0.0 else GramKind.FULL
-
-    def steps(self, task: int) -> list[tuple[Phase, int]]:
-        return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]
 
     def begin_task(self, task: int) -> None:
         """Fresh factors for every task: ``B = 0`` and a seeded random ``A``."""
