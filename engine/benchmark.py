@@ -3,7 +3,8 @@
 Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
 
     metrics.json  the run's summary (accuracy matrix, FAA, forgetting, history, config) plus
-                  method, beta, seed, mode, wall_seconds, bytes_per_client, command, machine
+                  method, beta, seed, mode, wall_seconds, bytes_per_client, command, machine, and
+                  code (the commit of the code that ran it, and whether its tree had changes)
     log.txt       the run's output;  error.txt  why the last attempt failed (if it did)
     run/          the run's own results directory (adapter, head, plot, TensorBoard), and in
                   distributed mode its config.json and the coordinator's state
@@ -31,6 +32,7 @@ import platform
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -340,6 +342,25 @@ def run_grid(
 # ---------------------------------------------------------------------- command line
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_version(root: Path = ROOT) -> dict | None:
+    """``{"commit": ..., "changed": bool}`` of the git checkout the code runs from (``changed``: its
+    tracked files differ from the commit), or ``None`` outside a checkout or without git."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        changed = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "changed": changed}
+
+
 def machine_info() -> dict:
     """Cores, CPU model, GPU (or none), Python and torch versions of this machine."""
     import torch
@@ -451,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         out,
         args.mode,
         args.timeout,
-        {"command": command, "machine": machine},
+        {"command": command, "machine": machine, "code": code_version()},
         say=lambda line: print(line, flush=True),
     )
     write_report(out, command, machine)

@@ -114,6 +114,7 @@ def test_grid_runs_every_cell_with_its_configuration(grid):
         assert (m["beta"], m["mode"]) == (0.5, "inprocess") and f"seed{m['seed']}" == d.name
         assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in m["history"]) > 0
         assert m["wall_seconds"] > 0 and m["config"]["seed"] == m["seed"]
+        assert m["code"] == bench.code_version()  # the commit that ran it (None outside a git checkout)
         assert (d / "run" / "results" / "metrics.json").exists() and (d / "log.txt").exists()
         if m["method"] == "joint":
             # The upper bound: LoRM, one client with all data, one task with all classes.
