@@ -109,17 +109,22 @@ def test_the_coordinators_state_and_log_hold_no_individual_term(cluster):
 
 def test_a_secure_step_below_the_threshold_restarts_when_a_client_comes_back(cluster):
     """5 clients, threshold 3: clients 1, 2 and 3 are killed after their keys and shares went out, so
-    only two masked inputs can ever arrive. Client 2 is started again: it has lost its keys, cannot
+    at most two masked inputs can ever arrive. Client 2 is started again: it has lost its keys, cannot
     take part in that session, and asks to. The coordinator restarts the step's secure aggregation
-    with fresh keys (attempt 1); clients 0 and 4 mask the result they kept, client 2 trains, and the
-    sum of exactly those three is unmasked; the run finishes on them."""
+    with fresh keys (attempt 1); clients 0 and 4 mask the result they kept (or train, had they been
+    late for the first roster), client 2 trains, and the sum of exactly those three is unmasked; the
+    run finishes on them."""
     config = secure_config(num_clients=5, num_tasks=1, rounds_per_task=1)
     c = cluster(config.to_json())
-    # 8 s: every client must be in the first roster, or it is never killed (killed at its push)
-    server = c.server("--round-deadline", "8", "--quorum", "3")
+    server = c.server("--round-deadline", "5", "--quorum", "3")
     server.wait_for("serving on")
+    # The clients to be killed (at their first push) are ready before the step opens, so they are in its
+    # roster whatever the load; clients 0 and 4 start after them (if late for the roster, they ask too).
     kill = {"LORM_FAULT": "client.push:1"}
-    clients = [c.client(i, env=kill if i in (1, 2, 3) else None) for i in range(5)]
+    clients = {i: c.client(i, env=kill) for i in (1, 2, 3)}
+    for i in (1, 2, 3):
+        clients[i].wait_for("model: ")
+    clients |= {i: c.client(i) for i in (0, 4)}
     assert [clients[i].wait() for i in (1, 2, 3)] == [-9, -9, -9]
     again = c.client(2)
     assert server.wait() == 0
