@@ -232,8 +232,7 @@ class Coordinator:
         sec = step.secure
         if sec is not None and sec.session.sharers is None and step.submitted:
             # masked inputs before the share round closed are an abandoned session's (restart): never read
-            self.store.drop_updates(step.key)
-            step.submitted.clear()
+            self._drop_inputs(step)
         if sec is not None and sec.resumed_survivors is not None:  # the inputs had closed: add them again
             sec.close_inputs(self.store.load_update(step.key, i) for i in sec.resumed_survivors)
         self._fold_ready()
@@ -577,6 +576,11 @@ class Coordinator:
         self._secure_advance()
         return True
 
+    def _drop_inputs(self, step: StepState) -> None:
+        """Forget ``step``'s staged masked inputs (an abandoned secure session's), on disk and in memory."""
+        self.store.drop_updates(step.key)
+        step.submitted.clear()
+
     def _secure_advance(self) -> None:
         """Close whatever secure round is complete (or late, with the threshold), persist the session,
         and finish the step once the threshold of unmask answers is in."""
@@ -589,9 +593,8 @@ class Coordinator:
             waiting = sorted(sec.knocking)
             sec.restart()  # persisted before the abandoned inputs go: a crash between leaves them unread
             self.store.save_secagg(step.key, sec.state())
-            self.store.drop_updates(step.key)
-            step.submitted.clear()
-            fault_point("secagg.restarted")
+            fault_point("secagg.restarted")  # the fresh session on disk, the abandoned inputs still staged
+            self._drop_inputs(step)
             self.emit(
                 f"{where}: fewer than the threshold {t} answered in time and clients {waiting} ask to take part:"
                 f" restarted with fresh keys (attempt {sec.attempt})"

@@ -163,6 +163,11 @@ def secure_step(
     return server
 
 
+def added_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Bytes per round of ``a`` and ``b`` together."""
+    return {k: a.get(k, 0) + b.get(k, 0) for k in a | b}
+
+
 def secagg_report(
     session: ServerSession, clients: int, aggregator: Aggregator, attempt: int = 0, earlier: dict | None = None
 ) -> dict:
@@ -170,9 +175,7 @@ def secagg_report(
     counts, the bytes each round brought in (``earlier``: those of the step's abandoned sessions,
     added), and which session finished (``attempt``: 0 unless the step was restarted)."""
     survivors, dropped = session.close_inputs()
-    received = dict(session.received)
-    for round_, nbytes in (earlier or {}).items():
-        received[round_] = received.get(round_, 0) + nbytes
+    received = added_counts(session.received, earlier or {})
     return {
         "survivors": len(survivors),
         "samples": aggregator.num_samples,
@@ -250,8 +253,7 @@ class SecureStep:
 
     def restart(self) -> None:
         """A fresh session for the step (the next attempt): every client may take part again."""
-        for round_, nbytes in self.session.received.items():
-            self.earlier[round_] = self.earlier.get(round_, 0) + nbytes
+        self.earlier = added_counts(self.earlier, self.session.received)
         self.attempt += 1
         self.session = ServerSession(list(range(self.clients)), self.t, context(self.plan_for_clients()))
         self.layout, self.resumed_survivors, self.knocking = None, None, set()
