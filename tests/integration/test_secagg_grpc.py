@@ -50,7 +50,10 @@ def test_clients_killed_after_sharing_leave_the_survivors_sum(cluster):
     exactly the survivors' samples (an exact integer sum over the wire)."""
     config = secure_config(num_clients=5, num_tasks=1, rounds_per_task=1)
     c = cluster(config.to_json())
-    server = c.server("--round-deadline", "5", "--quorum", "3")
+    # Every client must be in the step's roster, which closes at the deadline with the threshold: 15 s
+    # covers five processes starting on a loaded machine (with 5 s, a late client could be left out, and
+    # the step, two of its three sharers killed, would restart instead).
+    server = c.server("--round-deadline", "15", "--quorum", "3")
     server.wait_for("serving on")
     kill = {"LORM_FAULT": "client.push:1"}
     clients = [c.client(i, env=kill if i in (1, 3) else None) for i in range(5)]
@@ -62,6 +65,7 @@ def test_clients_killed_after_sharing_leave_the_survivors_sum(cluster):
     runtime = build_runtime(config)
     shard = {i: int(runtime.worker(i, f"client-{i}").shards[0].numel()) for i in range(5)}
     assert first["samples"] == shard[0] + shard[2] + shard[4] < sum(shard.values())
+    assert "roster of 5 clients" in "".join(server.lines)
     assert "masked inputs of 3 clients, dropped [1, 3]" in "".join(server.lines)
 
 
