@@ -7,10 +7,14 @@ Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
                   code (the commit of the code that ran it, and whether its tree had changes)
     log.txt       the run's output;  error.txt  why the last attempt failed (if it did)
     run/          the run's own results directory (adapter, head, plot, TensorBoard), and in
-                  distributed mode its config.json and the coordinator's state
+                  distributed mode its config.json and the coordinator's state; in-process,
+                  ``run/state`` while the cell runs (the run committed after every step)
 
-A cell whose ``metrics.json`` exists is done: a second invocation skips it (resume). A failed
-cell leaves ``error.txt`` and the grid goes on. Cells run one after another.
+A cell whose ``metrics.json`` exists is done: a second invocation skips it (resume). An
+in-process cell cut short (killed, failed, timed out) goes on from its last committed step when
+the grid runs it again, if its configuration is unchanged (else it starts over); the result is
+the uninterrupted run's. A failed cell leaves ``error.txt`` and the grid goes on. Cells run one
+after another.
 
 After the grid (or with ``--report-only``) ``<out>/results.md`` and ``results.csv`` hold one
 row per (dataset, method, beta) over every finished cell, beside the paper's FAA where the paper
@@ -44,7 +48,7 @@ from typing import Any, Callable
 from common.config import RunConfig, add_config_arguments, config_from_args, merged
 from server.export import write_metrics
 from server.launch import launch
-from engine.simulation import run_inprocess
+from engine.simulation import run_inprocess, saved_config
 from engine.benchmark_report import JOINT, _duration, _pct, write_report
 from server.strategies import STRATEGIES
 
@@ -198,16 +202,22 @@ class _LogSink:
 
 
 def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
-    """The run's summary; its results directory is ``cell_dir/run/results``."""
+    """The run's summary; its results directory is ``cell_dir/run/results``, its state (committed after
+    every step, so that a cell cut short goes on from there) ``cell_dir/run/state`` until it is done."""
     sink = _LogSink(cell_dir / "log.txt")
+    state = cell_dir / "run" / "state"
     try:
         with _alarm(timeout_s):
             result = run_inprocess(
-                config, log=lambda line: sink.write(line + "\n"), results_dir=cell_dir / "run" / "results"
+                config,
+                log=lambda line: sink.write(line + "\n"),
+                results_dir=cell_dir / "run" / "results",
+                state_dir=state,
             )
-        return result.summary()
     finally:
         sink.close()
+    shutil.rmtree(state, ignore_errors=True)  # done: the results hold the model; the state is its copy
+    return result.summary()
 
 
 def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
@@ -240,12 +250,25 @@ RUNNERS: dict[str, Callable[[RunConfig, Path, float], dict]] = {
 }
 
 
+def resumable(cell: Cell, cell_dir: Path, mode: str) -> bool:
+    """Whether ``cell`` was cut short in process with the configuration it has now, so it can go on."""
+    if mode != "inprocess":
+        return False
+    try:
+        saved = saved_config(cell_dir / "run" / "state")
+    except (OSError, ValueError, KeyError):  # a state that cannot be read is started over
+        return False
+    return saved == cell.config
+
+
 def run_cell(cell: Cell, out: Path, mode: str, timeout_s: float, extra: dict) -> dict:
-    """Run ``cell`` from scratch and leave its ``metrics.json``; raises if the run fails."""
+    """Run ``cell`` (on from its last committed step if it was cut short, else from scratch) and leave its
+    ``metrics.json``; raises if the run fails."""
     cell_dir = cell.dir(out)
-    shutil.rmtree(cell_dir / "run", ignore_errors=True)
+    if not resumable(cell, cell_dir, mode):
+        shutil.rmtree(cell_dir / "run", ignore_errors=True)
+        (cell_dir / "log.txt").unlink(missing_ok=True)
     cell_dir.mkdir(parents=True, exist_ok=True)
-    (cell_dir / "log.txt").unlink(missing_ok=True)
     start = time.perf_counter()
     summary = RUNNERS[mode](cell.config, cell_dir, timeout_s)
     wall = time.perf_counter() - start
@@ -317,7 +340,8 @@ def run_grid(
         if ran_seconds:
             left = sum(1 for c in cells[i - 1 :] if not (c.dir(out) / "metrics.json").exists())
             eta = f", about {_duration(left * sum(ran_seconds) / len(ran_seconds))} left for {left} cells"
-        say(f"{tag}: running ({mode}){eta}")
+        going_on = resumable(cell, cell.dir(out), mode)
+        say(f"{tag}: {'going on from its last committed step' if going_on else 'running'} ({mode}){eta}")
         try:
             metrics = run_cell(cell, out, mode, timeout_s, extra)
         except Exception as err:

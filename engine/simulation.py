@@ -3,6 +3,12 @@
 It runs exactly the strategy (merge) code of the coordinator and the worker (training) code
 of the clients, passing the same messages by reference. Clients run one after another in
 index order, and their updates are folded in that order.
+
+With a state directory, the run is committed after every step as the coordinator commits it
+(``server.store.Store``: the step pointer, accuracy matrix, history and the strategy's tensors),
+and a run started again on the same directory goes on from the last committed step. Clients keep
+nothing between steps (each step's training is seeded by its plan), so the resumed run is the
+uninterrupted one, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
 from server.secure import require_secure, secagg_report, secagg_text, secure_step
+from server.store import Store
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
@@ -48,8 +55,9 @@ class RunResult:
     adapter: dict[str, LowRank]  # merged backbone delta (B_cat, A_cat) per layer, float64
     head_weight: object
     head_bias: object
-    seconds: float
+    seconds: float  # of computing, summed over the resumed parts (not the time between them)
     history: list[dict] = field(default_factory=list)  # one entry per step
+    resumes: int = 0  # how often the run went on from a state directory
 
     def summary(self) -> dict:
         return {
@@ -57,7 +65,16 @@ class RunResult:
             "seconds": self.seconds,
             "history": self.history,
             **self.matrix.summary(),
+            **({"resumes": self.resumes} if self.resumes else {}),
         }
+
+
+def saved_config(state_dir: str | Path) -> RunConfig | None:
+    """The configuration of the run committed in ``state_dir``, or ``None`` if it holds none."""
+    if not (Path(state_dir) / "CURRENT").exists():
+        return None
+    saved = Store(state_dir).latest()
+    return None if saved is None else RunConfig.from_dict(saved[0]["config"])
 
 
 def run_inprocess(
@@ -66,17 +83,27 @@ def run_inprocess(
     results_dir: str | Path | None = None,
     wrap: Callable[[int, ClientWorker], Worker] | None = None,
     progress: bool = False,
+    state_dir: str | Path | None = None,
 ) -> RunResult:
     """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator.
 
     ``wrap(i, worker)``: what stands in for client ``i`` (e.g. a hostile client of
     ``engine.attacks``); by default the worker itself. ``progress``: show which client step runs,
-    its batches and the run's ETA on stderr (``common.progress``).
+    its batches and the run's ETA on stderr (``common.progress``). ``state_dir``: commit the run
+    after every step, and go on from the last commit found there (a run of another configuration
+    there is an error: use a fresh directory).
     """
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
+    store = Store(state_dir) if state_dir is not None else None
+    saved = store.latest() if store is not None else None
+    if saved is not None and RunConfig.from_dict(saved[0]["config"]) != config:
+        raise ValueError(
+            f"state directory {state_dir} holds run {saved[0]['config'].get('run_id')!r} with a different "
+            "configuration; use a fresh state directory or the same configuration"
+        )
     robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
     if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
         require_secure(config, make_strategy(config, runtime.spec))
@@ -101,10 +128,47 @@ def run_inprocess(
 
     matrix = AccuracyMatrix()
     history: list[dict] = []
-    log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
-    for task in range(len(strategy.tasks)):
-        strategy.begin_task(task)
-        for phase, round_ in strategy.steps(task):
+    # Where the run stands: the next step (task, index), index len(steps) being the evaluation.
+    first, before_s, resumes = (0, 0), 0.0, 0
+    if saved is not None:
+        meta, tensors = saved
+        strategy.load_state_tensors(tensors)
+        matrix = AccuracyMatrix(meta["matrix"]["correct"], meta["matrix"]["total"])
+        history = meta["history"]
+        first, before_s, resumes = (
+            (int(meta["pointer"][0]), int(meta["pointer"][1])),
+            meta["seconds"],
+            meta["resumes"] + 1,
+        )
+        if reporter:
+            reporter.replay(history)
+        if shown is not None:  # the committed steps' client steps are done
+            steps_done = sum(len(strategy.steps(t)) + 1 for t in range(first[0])) + first[1]
+            shown.done = steps_done * config.num_clients
+        log(f"resumed from {state_dir}: task {first[0]} step {first[1]} ({len(history)} steps committed)")
+
+    def commit(task: int, index: int) -> None:
+        if store is not None:
+            meta = {
+                "config": json.loads(config.to_json()),
+                "pointer": [task, index],
+                "matrix": {"correct": matrix.correct, "total": matrix.total},
+                "history": history,
+                "seconds": before_s + time.perf_counter() - start,
+                "resumes": resumes,
+            }
+            store.commit(meta, strategy.state_tensors())
+
+    if saved is None:
+        log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
+        commit(0, 0)
+    for task in range(first[0], len(strategy.tasks)):
+        steps = strategy.steps(task)
+        begin = first[1] if task == first[0] else 0
+        if begin == 0:
+            strategy.begin_task(task)
+        for index in range(begin, len(steps)):
+            phase, round_ = steps[index]
             plan = strategy.configure(task, round_, phase)
             aggregator = strategy.aggregator(plan)
             screened: dict = {}
@@ -149,6 +213,7 @@ def run_inprocess(
                 + (robust_text(screened) if screened else "")
                 + (secagg_text(secured) if secured else "")
             )
+            commit(task, index + 1)
         plan = strategy.eval_plan(task)
         for i in range(len(workers)):
             report = handle(i, plan)
@@ -159,8 +224,16 @@ def run_inprocess(
         if reporter:
             reporter.step(len(history) - 1, history[-1])
         log(f"task {task} evaluated: " + " ".join(f"{a:.2f}" for a in acc))
+        commit(task + 1, 0)
     result = RunResult(
-        config, matrix, strategy.adapter(), strategy.head_w, strategy.head_b, time.perf_counter() - start, history
+        config,
+        matrix,
+        strategy.adapter(),
+        strategy.head_w,
+        strategy.head_b,
+        before_s + time.perf_counter() - start,
+        history,
+        resumes,
     )
     if reporter:
         reporter.finish(
@@ -185,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser)
     add_logging_arguments(parser)
     parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
+    parser.add_argument(
+        "--state-dir",
+        default="",
+        help="commit the run here after every step; run the same command again to go on from the last "
+        "committed step (bit-identical to an uninterrupted run)",
+    )
     parser.add_argument(
         "--describe",
         metavar="METHOD",
@@ -215,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda s: print(s, flush=True),
             results_dir=args.results_dir or None,
             progress=not args.no_progress,
+            state_dir=args.state_dir or None,
         )
     except (DatasetError, FileNotFoundError, SecAggError) as err:  # say what, not where in the code
         print(f"lorm-sim: error: {err}", file=sys.stderr)

@@ -56,7 +56,7 @@ def forbid_runs(monkeypatch) -> None:
 def fake_run(fail_seeds=(), sleep_s=0.0, calls=None):
     """Stands in for ``run_inprocess``: a fixed two-task result (FAA 50, forgetting 20) per config."""
 
-    def run(config: RunConfig, log=None, results_dir=None):
+    def run(config: RunConfig, log=None, results_dir=None, state_dir=None):
         if calls is not None:
             calls.append(config)
         time.sleep(sleep_s)

@@ -1,0 +1,123 @@
+"""The in-process engine cut short and run again on its state directory: the uninterrupted run, bit for bit.
+
+A run is stopped by an exception that stands for SIGKILL (a ``BaseException``: nothing catches it)
+raised inside a client's step, so the step in progress is lost and only what was committed before
+it survives; then the same call on the same state directory finishes the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.config import RunConfig
+from engine.benchmark import Cell, run_cell
+from engine.simulation import run_inprocess, saved_config
+
+from test_engine import TINY
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs."""
+
+
+def killed_after(calls: int):
+    """A ``wrap`` for the engine whose clients together handle ``calls`` plans, then the process dies."""
+    count = [0]
+
+    class Dies:
+        def __init__(self, worker) -> None:
+            self.worker = worker
+
+        def handle(self, plan):
+            count[0] += 1
+            if count[0] > calls:
+                raise Killed()
+            return self.worker.handle(plan)
+
+    return lambda i, worker: Dies(worker)
+
+
+def config(strategy: str, **kw) -> RunConfig:
+    return RunConfig(**{**TINY, "strategy": strategy, "num_tasks": 2, "rounds_per_task": 2, "local_epochs": 1, **kw})
+
+
+def same_run(a, b) -> None:
+    assert a.matrix.correct == b.matrix.correct and a.matrix.total == b.matrix.total
+    # losses, bytes and merge choices of every step (a float64 prints exactly: repr round-trips)
+    assert json.dumps(a.history, sort_keys=True) == json.dumps(b.history, sort_keys=True)
+    assert set(a.adapter) == set(b.adapter)
+    for name in a.adapter:
+        assert torch.equal(a.adapter[name].b, b.adapter[name].b) and torch.equal(a.adapter[name].a, b.adapter[name].a)
+    assert torch.equal(a.head_weight, b.head_weight) and torch.equal(a.head_bias, b.head_bias)
+
+
+# Each method's state is of another kind: LoRM's low-rank factors and task Grams, FedAvg's dense delta,
+# EWC's anchor and merged Fisher, CCVR's class statistics from a features step, L2P's prompt pool.
+# 3 clients, so a step is 3 calls; a task is 2 training steps (then a task Gram, Fisher or features step
+# for lorm, ewc, ccvr) and an evaluation. The kill lands inside a training step (lorm 7: task 0's third
+# step; fedavg 4: its second), an evaluation (ewc 10, l2p 8), or the second task's first step right
+# after the first task's last commit (lorm 12, ccvr 13).
+@pytest.mark.parametrize(
+    "strategy, calls",
+    [("lorm", 7), ("lorm", 12), ("fedavg", 4), ("ewc", 10), ("ccvr", 13), ("l2p", 8)],
+)
+def test_a_run_cut_short_goes_on_to_the_uninterrupted_result(tmp_path, strategy, calls):
+    cfg = config(strategy)
+    straight = run_inprocess(cfg, results_dir=tmp_path / "straight")
+    with pytest.raises(Killed):
+        run_inprocess(cfg, state_dir=tmp_path / "state", wrap=killed_after(calls))
+    lines: list[str] = []
+    resumed = run_inprocess(cfg, log=lines.append, results_dir=tmp_path / "resumed", state_dir=tmp_path / "state")
+    assert lines[0].startswith(f"resumed from {tmp_path / 'state'}: task ")
+    assert resumed.resumes == 1 and resumed.summary()["resumes"] == 1 and "resumes" not in straight.summary()
+    same_run(straight, resumed)
+    for name in ("head.safetensors", "adapter/adapter_model.safetensors"):
+        if (tmp_path / "straight" / name).exists():
+            got, want = load_file(str(tmp_path / "resumed" / name)), load_file(str(tmp_path / "straight" / name))
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    # a finished run's state, run again, gives the result again without training
+    again = run_inprocess(cfg, state_dir=tmp_path / "state", wrap=killed_after(0))
+    same_run(straight, again)
+
+
+def test_a_state_directory_of_another_configuration_is_refused(tmp_path):
+    cfg = config("lorm", num_tasks=1)
+    with pytest.raises(Killed):
+        run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(4))
+    assert saved_config(tmp_path) == cfg
+    other = config("lorm", num_tasks=1, seed=cfg.seed + 1)
+    with pytest.raises(ValueError, match="different configuration"):
+        run_inprocess(other, state_dir=tmp_path)
+
+
+def test_a_grid_cell_cut_short_goes_on_and_leaves_no_state(tmp_path, monkeypatch):
+    """``lorm-bench``'s cell runner: a cut-short in-process cell goes on where it stopped when its
+    configuration is unchanged, starts over when it changed, and drops its state once done."""
+    import engine.simulation
+
+    cfg = config("lorm", num_tasks=1)
+    cell = Cell("lorm", 0.5, cfg.seed, cfg)
+    cell_dir = cell.dir(tmp_path)
+    real = engine.simulation.run_inprocess
+    monkeypatch.setattr("engine.benchmark.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    with pytest.raises(Killed):
+        run_cell(cell, tmp_path, "inprocess", 0.0, {})
+    assert saved_config(cell_dir / "run" / "state") == cfg
+    monkeypatch.setattr("engine.benchmark.run_inprocess", real)
+    metrics = run_cell(cell, tmp_path, "inprocess", 0.0, {})
+    assert metrics["resumes"] == 1 and not (cell_dir / "run" / "state").exists()
+    assert "resumed from" in (cell_dir / "log.txt").read_text()
+    straight = run_inprocess(cfg)
+    assert metrics["correct"] == straight.matrix.correct
+    # cut short again, then the cell's configuration changes: it starts over, and says nothing of resuming
+    monkeypatch.setattr("engine.benchmark.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    (cell_dir / "metrics.json").unlink()
+    with pytest.raises(Killed):
+        run_cell(cell, tmp_path, "inprocess", 0.0, {})
+    monkeypatch.setattr("engine.benchmark.run_inprocess", real)
+    changed = Cell("lorm", 0.5, cfg.seed, config("lorm", num_tasks=1, lr=cfg.lr * 2))
+    metrics = run_cell(changed, tmp_path, "inprocess", 0.0, {})
+    assert "resumes" not in metrics and "resumed from" not in (cell_dir / "log.txt").read_text()
