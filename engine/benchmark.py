@@ -10,10 +10,11 @@ Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
                   distributed mode its config.json and the coordinator's state; in-process,
                   ``run/state`` while the cell runs (the run committed after every step)
 
-A cell whose ``metrics.json`` exists is done: a second invocation skips it (resume). An
-in-process cell cut short (killed, failed, timed out) goes on from its last committed step when
-the grid runs it again, if its configuration is unchanged (else it starts over); the result is
-the uninterrupted run's. A failed cell leaves ``error.txt`` and the grid goes on. Cells run one
+A cell whose ``metrics.json`` exists is done: a second invocation skips it (resume). A cell cut
+short (killed, failed, timed out) goes on from its last committed step when the grid runs it
+again, if its configuration is unchanged (else it starts over): in process from the engine's
+state, distributed from the coordinator's (with fresh client processes); the result is the
+uninterrupted run's. A failed cell leaves ``error.txt`` and the grid goes on. Cells run one
 after another.
 
 After the grid (or with ``--report-only``) ``<out>/results.md`` and ``results.csv`` hold one
@@ -223,7 +224,7 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
 def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
     """A coordinator and ``num_clients`` client processes (``lorm-launch``); the coordinator's summary."""
     run_dir = cell_dir / "run"
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # a cell cut short: the coordinator resumes from run/state
     config_path = run_dir / "config.json"
     config_path.write_text(config.to_json())
     sink = _LogSink(cell_dir / "log.txt")
@@ -251,9 +252,8 @@ RUNNERS: dict[str, Callable[[RunConfig, Path, float], dict]] = {
 
 
 def resumable(cell: Cell, cell_dir: Path, mode: str) -> bool:
-    """Whether ``cell`` was cut short in process with the configuration it has now, so it can go on."""
-    if mode != "inprocess":
-        return False
+    """Whether ``cell`` was cut short with the configuration it has now, so it can go on: its state
+    (``run/state``, the in-process engine's or, distributed, the coordinator's) holds that run."""
     try:
         saved = saved_config(cell_dir / "run" / "state")
     except (OSError, ValueError, KeyError):  # a state that cannot be read is started over

@@ -335,13 +335,19 @@ def test_the_paper_column_comes_from_the_paper_table(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_distributed_cell_gives_the_inprocess_result(tmp_path):
+def test_a_distributed_cell_gives_the_inprocess_result(tmp_path, monkeypatch):
+    """The first attempt's coordinator is killed after its second merge, before committing it; the grid
+    run again goes on from the coordinator's state with fresh clients, to the in-process result."""
     out = tmp_path / "g"
-    rc, printed = bench_main(
-        TINY + ["--methods", "lorm", "--seeds", "3", "--mode", "distributed", "--out", str(out), "--timeout", "300"]
-    )
-    assert rc == 0, printed
+    args = TINY + ["--methods", "lorm", "--seeds", "3", "--mode", "distributed", "--out", str(out), "--timeout", "300"]
+    monkeypatch.setenv("LORM_FAULT", "merge.aggregated:2")  # read by the processes the cell starts
+    rc, printed = bench_main(args)
+    assert rc == 1 and "lorm beta=0.5 seed=3: FAILED" in printed, printed
+    monkeypatch.delenv("LORM_FAULT")
+    rc, printed = bench_main(args)
+    assert rc == 0 and "going on from its last committed step (distributed)" in printed, printed
     cell = out / "cells/lorm/beta0.5/seed3"
+    assert "resumed run" in (cell / "log.txt").read_text()
     m = json.loads((cell / "metrics.json").read_text())
     assert m["mode"] == "distributed" and (cell / "run/state").is_dir() and (cell / "run/results/adapter").is_dir()
     reference = run_inprocess(RunConfig.from_dict(m["config"]))
