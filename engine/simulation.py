@@ -71,10 +71,10 @@ class RunResult:
 
 def saved_config(state_dir: str | Path) -> RunConfig | None:
     """The configuration of the run committed in ``state_dir``, or ``None`` if it holds none."""
-    if not (Path(state_dir) / "CURRENT").exists():
+    if not Path(state_dir).is_dir():
         return None
-    saved = Store(state_dir).latest()
-    return None if saved is None else RunConfig.from_dict(saved[0]["config"])
+    meta = Store(state_dir).latest_meta()
+    return None if meta is None else RunConfig.from_dict(meta["config"])
 
 
 def run_inprocess(
@@ -98,12 +98,7 @@ def run_inprocess(
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     store = Store(state_dir) if state_dir is not None else None
-    saved = store.latest() if store is not None else None
-    if saved is not None and RunConfig.from_dict(saved[0]["config"]) != config:
-        raise ValueError(
-            f"state directory {state_dir} holds run {saved[0]['config'].get('run_id')!r} with a different "
-            "configuration; use a fresh state directory or the same configuration"
-        )
+    saved = store.latest_of(config) if store is not None else None
     robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
     if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
         require_secure(config, make_strategy(config, runtime.spec))
@@ -159,9 +154,8 @@ def run_inprocess(
             }
             store.commit(meta, strategy.state_tensors())
 
-    if saved is None:
+    if saved is None:  # nothing committed before the first step: a run cut short in it starts afresh
         log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
-        commit(0, 0)
     for task in range(first[0], len(strategy.tasks)):
         steps = strategy.steps(task)
         begin = first[1] if task == first[0] else 0

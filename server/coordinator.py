@@ -158,17 +158,11 @@ class Coordinator:
             raise
 
     def _resume(self) -> None:
-        saved = self.store.latest()
+        saved = self.store.latest_of(self.config)
         if saved is None:
             self._commit()
             return
         meta, tensors = saved
-        stored = RunConfig.from_dict(meta["config"])
-        if stored != self.config:
-            raise ValueError(
-                f"state directory {self.store.root} holds run {stored.run_id!r} with a different "
-                "configuration; use a fresh --state-dir or the same configuration"
-            )
         self.clients = {k: int(v) for k, v in meta["clients"].items()}
         self.spec = ModelSpec.from_json(meta["spec"]) if meta["spec"] else None
         self.state = State(meta["state"])

@@ -26,6 +26,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
 from common.tensors import update_from_tensors, update_tensors
@@ -88,16 +89,34 @@ class Store:
 
     # ------------------------------------------------------------------ generations
 
+    def _current(self) -> Path | None:
+        current = self.root / "CURRENT"
+        return self.root / current.read_text().strip() if current.exists() else None
+
+    def latest_meta(self) -> dict | None:
+        """The newest complete generation's ``meta.json`` alone (no tensors read), or ``None``."""
+        gen = self._current()
+        return None if gen is None else json.loads((gen / "meta.json").read_text())
+
     def latest(self) -> tuple[dict, dict[str, Tensor]] | None:
         """The newest complete generation ``(meta, strategy tensors)``, or ``None`` for a new run."""
-        current = self.root / "CURRENT"
-        if not current.exists():
+        gen = self._current()
+        if gen is None:
             return None
-        gen = self.root / current.read_text().strip()
         meta = json.loads((gen / "meta.json").read_text())
         tensors_path = gen / "strategy.safetensors"
         tensors = load_file(str(tensors_path)) if tensors_path.exists() else {}
         return meta, tensors
+
+    def latest_of(self, config: RunConfig) -> tuple[dict, dict[str, Tensor]] | None:
+        """:meth:`latest`, for the run of ``config``: a run of another configuration here is refused."""
+        saved = self.latest()
+        if saved is not None and RunConfig.from_dict(saved[0]["config"]) != config:
+            raise ValueError(
+                f"state directory {self.root} holds run {saved[0]['config'].get('run_id')!r} with a different "
+                "configuration; use a fresh --state-dir or the same configuration"
+            )
+        return saved
 
     def commit(self, meta: dict, tensors: dict[str, Tensor]) -> None:
         """Write a new generation and make it current; then drop older generations."""
