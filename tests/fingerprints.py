@@ -2,9 +2,14 @@
 
 A fingerprint is the sha256 of every tensor a run ends with (merged adapter, head, dense delta)
 and of its accuracy counts and per-step losses. ``python tests/fingerprints.py --record`` writes
-``tests/data/fingerprints.json``, with the signature of the machine that computed them: float
-kernels differ between CPUs in their last bits, so only a machine of the same signature can
-compare bit for bit (``tests/integration/test_fingerprints.py``).
+``tests/data/fingerprints.json``, with the signature of the machine that computed them.
+
+Float kernels differ between CPUs in their last bits: torch, MKL and oneDNN each dispatch on the
+instruction set. So the script always computes under :data:`PINNED`, which holds all three to
+their AVX2 kernels on one thread (it re-executes itself under them when started without): then an
+AVX-512 machine computes the same bits as an AVX2 one (measured: every method of the AVX2
+recording, on an AVX-512 AMD EPYC). ``tests/integration/test_fingerprints.py`` runs it so and
+compares where the signature (torch, CPU model, the pinned capability) is the recording's.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -27,6 +33,15 @@ from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 
 FILE = Path(__file__).with_name("data") / "fingerprints.json"
+# The float kernels every recording and comparison uses. MKL_CBWR=AVX2 was tried as well: it changes the
+# bits (a code path of its own), so the recordings are made without it.
+PINNED = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 EXPORTS = ("prompts", "prototypes", "ia3")
 TINY = dict(
     num_clients=2,
@@ -102,9 +117,17 @@ def fingerprint(method: str) -> dict[str, str]:
     return out
 
 
+def pinned() -> bool:
+    """Whether this process runs under :data:`PINNED` (set before torch was imported)."""
+    return all(os.environ.get(k) == v for k, v in PINNED.items())
+
+
 def main() -> int:
+    if not pinned():  # the kernels are chosen when torch loads: start again with them pinned
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], os.environ | PINNED)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", action="store_true", help=f"write {FILE}")
+    parser.add_argument("--out", type=Path, help="write the fingerprints (and machine) as JSON to this file")
     parser.add_argument(
         "--add-new",
         action="store_true",
@@ -121,7 +144,9 @@ def main() -> int:
     if args.record or args.add_new:
         FILE.write_text(text)
         print(f"wrote {FILE}")
-    else:
+    if args.out is not None:
+        args.out.write_text(text)
+    if not (args.record or args.add_new or args.out is not None):
         print(text)
     return 0
 

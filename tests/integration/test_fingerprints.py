@@ -1,31 +1,51 @@
 """No behaviour change: every method's tiny run ends bit-identical to its recorded fingerprint.
 
 The fingerprints (``tests/data/fingerprints.json``) were recorded before the refactors they guard;
-a change that alters any merge, training step or evaluation of any method fails here. They
-are compared only on a machine of the recording's signature (torch version, CPU model, kernel
-capability): other CPUs' float kernels differ in their last bits.
+a change that alters any merge, training step or evaluation of any method fails here. They are
+computed in a child process whose float kernels are pinned to AVX2 (``fingerprints.PINNED``), so
+that any CPU of the recording's model with AVX2 or more computes the same bits; they are compared
+only where the child's signature (torch version, CPU model, pinned capability) is the recording's.
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from fingerprints import FILE, fingerprint, machine_signature
+from fingerprints import FILE, pinned
 from server.strategies import STRATEGIES
 
 RECORDED = json.loads(FILE.read_text())
+SCRIPT = FILE.parents[1] / "fingerprints.py"
+
+
+@pytest.fixture(scope="module")
+def computed(tmp_path_factory):
+    """Every method's fingerprint and the machine's signature, from one pinned child process."""
+    out = tmp_path_factory.mktemp("fingerprints") / "fingerprints.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 def test_every_method_has_a_fingerprint():
     assert sorted(RECORDED["methods"]) == sorted(STRATEGIES)
 
 
+def test_the_script_pins_the_kernels_of_its_child(computed):
+    # started without PINNED (as here), the script re-executes itself under it: on an AVX-512 CPU its
+    # torch then reports AVX2, not AVX512
+    assert not pinned()
+    assert computed["machine"]["capability"] != "AVX512"
+
+
 @pytest.mark.parametrize("method", sorted(RECORDED["methods"]))
-def test_a_tiny_run_is_bit_identical_to_its_fingerprint(method):
-    if machine_signature() != RECORDED["machine"]:
+def test_a_tiny_run_is_bit_identical_to_its_fingerprint(method, computed):
+    if computed["machine"] != RECORDED["machine"]:
         pytest.skip(
-            f"fingerprints were recorded on {RECORDED['machine']}, this is {machine_signature()}: "
-            "bitwise comparison needs the same float kernels (re-record with python tests/fingerprints.py "
+            f"fingerprints were recorded on {RECORDED['machine']}, this is {computed['machine']} with its kernels "
+            "pinned: bitwise comparison needs the same float kernels (re-record with python tests/fingerprints.py "
             "--record at the commit before a refactor)"
         )
-    assert fingerprint(method) == RECORDED["methods"][method]
+    assert computed["methods"][method] == RECORDED["methods"][method]
