@@ -417,7 +417,7 @@ def _csv(text: str, cast: Callable[[str], Any], what: str) -> list:
         try:
             value = cast(item)
         except ValueError:
-            raise ValueError(f"{what}: expected a comma-separated list of {cast.__name__}, got {item!r}") from None
+            raise ValueError(f"{what}: expected a list of {cast.__name__}, got {item!r}") from None
         if value not in values:
             values.append(value)
     if not values:
@@ -432,14 +432,20 @@ def build_parser() -> argparse.ArgumentParser:
         "write the paper's kind of table (results.md, results.csv, plots).",
     )
     add_config_arguments(parser)
+    # Lists: comma-separated, space-separated, or both (--betas 1.0,0.5 0.2).
     parser.add_argument(
         "--methods",
-        default="lorm",
-        help=f"comma list of methods (NAME or NAME@VARIANT, its overrides in --method-config): "
+        nargs="+",
+        default=["lorm"],
+        help=f"methods, comma- or space-separated (NAME or NAME@VARIANT, its overrides in --method-config): "
         f"{', '.join(known_methods())}",
     )
-    parser.add_argument("--betas", default="", help="comma list of Dirichlet betas (default: the config's beta)")
-    parser.add_argument("--seeds", default="", help="comma list of seeds (default: the config's seed)")
+    parser.add_argument(
+        "--betas", nargs="+", default=[], help="Dirichlet betas, comma- or space-separated (default: the config's beta)"
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", default=[], help="seeds, comma- or space-separated (default: the config's seed)"
+    )
     parser.add_argument(
         "--mode",
         choices=sorted(RUNNERS),
@@ -476,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out / 'results.md'}, {out / 'results.csv'}", flush=True)
         return 0
     try:
-        methods = _csv(args.methods, str, "--methods")
+        methods = _csv(",".join(args.methods), str, "--methods")
         for m in methods:
             strategy_of(m)
         base = config_from_args(args)
-        betas = _csv(args.betas, float, "--betas") if args.betas else [base.beta]
-        seeds = _csv(args.seeds, int, "--seeds") if args.seeds else [base.seed]
+        betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
+        seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]
         cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
     except (ValueError, OSError) as err:
         parser.error(str(err))

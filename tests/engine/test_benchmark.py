@@ -283,6 +283,18 @@ def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
     assert "CellTimeout" in (tmp_path / "g/cells/lorm/beta0.5/seed42/error.txt").read_text()
 
 
+def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    argv = ["--methods", "lorm", "fedavg-lora,lorm", "--betas", "1.0,0.5", "0.2", "--seeds", "1", "2"]
+    rc, printed = bench_main(TINY + argv + ["--out", str(tmp_path / "g")])
+    assert rc == 0, printed
+    assert "12 cells (2 methods x 3 betas x 2 seeds)" in printed
+    assert sorted((c.strategy, c.beta, c.seed) for c in calls) == sorted(
+        (m, b, s) for m in ("lorm", "fedavg-lora") for b in (1.0, 0.5, 0.2) for s in (1, 2)
+    )
+
+
 def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
