@@ -2,9 +2,11 @@
 # The CLINC150 benchmark table, in-process, as two streams of cells side by side (one thread each),
 # then one table over every cell. Resumable: finished cells are skipped.
 # Usage: bash bench/clinc150_grid.sh [OUT_DIR] [PRESET]
-#   PRESET cpu-clinc150-quick (default): every method x beta 1.0 / 0.5 / 0.2 (about 5 h of cells).
-#   PRESET cpu-clinc150-full: the full training set, the methods of the full-data table, and lorm at
-#   seeds 1 and 2 as well at beta 0.5 (tens of hours of cells on 2 cores: let it resume).
+#   PRESET cpu-clinc150-quick (default): every method and variant x beta 1.0 / 0.5 / 0.2 (about a day of
+#   cells on 2 cores: let it resume).
+#   PRESET cpu-clinc150-full: the full training set: the full-data table's methods at each beta (issue 13)
+#   and lorm at seeds 1 and 2 as well at beta 0.5, then the competitors of issues 17 and 18 at beta 0.5
+#   only (tens of hours of cells on 2 cores: let it resume).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/clinc150-quick}"
@@ -12,23 +14,27 @@ preset="${2:-cpu-clinc150-quick}"
 export LORM_DATA_DIR="${LORM_DATA_DIR:-../shared/datasets}"
 bench=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 0
        --method-config bench/clinc150_methods.json --out "$out")
+competitors="ccvr,fedproto,pilora,ewc,ewc@reference,lwf,lwf@tuned,l2p,l2p@tuned,coda-p,target"
 if [ "$preset" = cpu-clinc150-full ]; then
     lora="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,ncm,ridge,lorm-ridge,joint"
-    dense="regmean,fisheravg,ties,ccvr,fedproto,target,pilora,ewc,lwf"
-    extra=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 1,2 --methods lorm --betas 0.5
-           --method-config bench/clinc150_methods.json --out "$out")
-    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ccvr,fedproto,target,pilora,ewc,lwf,joint,ncm,ridge,lorm-ridge"
+    dense="regmean,fisheravg,ties"
+    extra=true
+    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,$competitors,joint,ncm,ridge,lorm-ridge"
 else
     lora="lorm,fedavg-lora,lorm-b-only,lorm-avg-tasks,lorm-seq,ncm,ridge,joint,lorm-ridge-first,lorm-ridge,lorm-ncm"
-    dense="regmean,ties,fedavg,fisheravg,ccvr,fedproto,target,ewc,lwf,l2p,coda-p,pilora"
-    extra=(true)
-    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ccvr,fedproto,target,ewc,lwf,l2p,coda-p,pilora,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
+    dense="regmean,ties,fedavg,fisheravg,$competitors"
+    extra=false
+    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,$competitors,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
 fi
 mkdir -p "$out"
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.
 # joint (one client, one task: beta splits nothing) runs once; its other betas reuse the finished cell.
 ( for b in 0.5 1.0 0.2; do "${bench[@]}" --methods "$lora" --betas "$b" || true; done
-  "${extra[@]}" || true ) > "$out/stream-lora.log" 2>&1 &
+  if $extra; then  # lorm's other seeds, then the competitors (issues 17, 18: full data at beta 0.5 only)
+      .venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 1,2 --methods lorm --betas 0.5 \
+          --method-config bench/clinc150_methods.json --out "$out" || true
+      "${bench[@]}" --methods "$competitors" --betas 0.5 || true
+  fi ) > "$out/stream-lora.log" 2>&1 &
 ( for b in 0.5 1.0 0.2; do "${bench[@]}" --methods "$dense" --betas "$b" || true; done ) > "$out/stream-dense.log" 2>&1 &
 wait
 "${bench[@]}" --methods "$report" --betas 1.0,0.5,0.2 --report-only
