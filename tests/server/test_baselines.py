@@ -139,9 +139,13 @@ def test_regmean_equals_regmean_of_absolute_weights(gamma):
     torch.testing.assert_close(strategy.head_b, wmean([u.head_bias for u in ups]), rtol=0, atol=1e-14)
 
 
-def test_fisheravg_by_hand_with_zero_fisher_fallback():
-    strategy = start("fisheravg")
+@pytest.mark.parametrize("estimator", ["sampled", "reference"])
+def test_fisheravg_by_hand_with_zero_fisher_fallback(estimator):
+    # Clients of 10 and 15 samples. An estimator that averages over samples (sampled) is weighted by the
+    # samples, n_i F_i (the shard's Fisher); the reference estimator sums already and counts as it is.
+    strategy = start("fisheravg", fisher=estimator)
     old, w_g, b_g = dict(strategy.delta), strategy.head_w.clone(), strategy.head_b.clone()
+    weights = (10.0, 15.0) if estimator == "sampled" else (1.0, 1.0)
 
     def known(plan, index, *, seed):
         u = fake_update(plan, index, seed=seed)
@@ -150,15 +154,18 @@ def test_fisheravg_by_hand_with_zero_fisher_fallback():
         return u
 
     _, ups = one_round(strategy, seeds=(0, 1), make=known)
-    # (1*1 + 3*3) / 4; only client 1 has Fisher; no Fisher at all: (10*3 + 15*5) / 25
+    # sampled: (10*1*1 + 15*3*3) / (10*1 + 15*3); reference: (1*1 + 3*3) / 4; only client 1 has Fisher;
+    # no Fisher at all: (10*3 + 15*5) / 25
+    first = 145 / 55 if estimator == "sampled" else 2.5
     torch.testing.assert_close(
         strategy.delta["norm.weight"].double() - old["norm.weight"].double(),
-        torch.tensor([2.5, 4.0, 4.2], dtype=torch.float64),
+        torch.tensor([first, 4.0, 4.2], dtype=torch.float64),
         rtol=0,
         atol=1e-6,
     )
 
     def by_hand(xs, fs):
+        fs = [w * f for w, f in zip(weights, fs)]
         total = fs[0] + fs[1]
         fallback = (10 * xs[0] + 15 * xs[1]) / 25
         return torch.where(total > 0, (fs[0] * xs[0] + fs[1] * xs[1]) / torch.where(total > 0, total, 1.0), fallback)
