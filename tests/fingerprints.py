@@ -33,7 +33,9 @@ from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 
 FILE = Path(__file__).with_name("data") / "fingerprints.json"
-# The float kernels every recording and comparison uses. MKL_CBWR=AVX2 was tried as well: it changes the
+# The float kernels every recording and comparison uses. Measured on an AVX-512 AMD EPYC against the AVX2
+# recording: torch's and MKL's pins alone differ, torch's and oneDNN's match all 25 methods (MKL kept its
+# AVX2 path there unpinned; its pin is for CPUs where MKL would take AVX-512). MKL_CBWR=AVX2 changes the
 # bits (a code path of its own), so the recordings are made without it.
 PINNED = {
     "ATEN_CPU_CAPABILITY": "avx2",
