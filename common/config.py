@@ -33,6 +33,9 @@ FISHER_ESTIMATORS = {
     "reference": "per sample, the true label's squared gradient weighted by p(y|x) (the paper's public code)",
     "batch": "mini-batch gradients of the loss, sum_b |b| g_b^2 (cheap; the empirical Fisher of batches)",
 }
+# The estimators whose client Fisher is a sum over the shard's samples (the paper's code); the others are
+# means. EWC's merge divides a sum by the samples, FisherAvg's multiplies a mean by them.
+FISHER_SUMMED = frozenset({"reference"})
 
 
 @dataclass

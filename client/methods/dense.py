@@ -16,6 +16,7 @@ from torch import Tensor
 
 from client.methods.base import Client, ClientMethod, head_tensors, load_head, load_lora, set_view
 from client.methods.lora import gram_pass
+from common.config import FISHER_SUMMED
 from common.messages import Mode, Phase, RoundPlan
 
 
@@ -132,5 +133,5 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
     flush()
     for p in tensors:
         p.requires_grad_(False)
-    scale = 1.0 if estimator == "reference" else 1.0 / max(shard.numel(), 1)
+    scale = 1.0 if estimator in FISHER_SUMMED else 1.0 / max(shard.numel(), 1)
     return {n: f * scale for n, f in out.items()}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.config import RunConfig
+from common.config import FISHER_SUMMED, RunConfig
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
@@ -108,7 +108,7 @@ class EWC(Anchored):
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         if plan.phase == Phase.TASK_GRAM:
-            return FisherAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher == "reference")
+            return FisherAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
         return super().aggregator(plan)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:

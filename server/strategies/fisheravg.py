@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from common.config import FISHER_SUMMED
 from common.declared import HEAD_FISHER, Shapes
 from common.dense_merge import FisherMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -59,7 +60,7 @@ class FisherAvg(DenseStrategy):
         return {"send_fisher": True}
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FisherAvgAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher == "reference")
+        return FisherAvgAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None
