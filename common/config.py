@@ -201,8 +201,8 @@ def merged(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """``values`` with the dotted ``key`` set to ``value`` (merged when both are objects).
+def key_path(key: str) -> list[str]:
+    """The path of a ``--set`` key in a configuration's values.
 
     ``a.b.c`` names key ``c`` of object ``b`` of field ``a``; in a dotted key, a first part that
     is no :class:`RunConfig` field is a settings section: ``ridge.rp_dim`` is ``settings.ridge.rp_dim``.
@@ -212,6 +212,12 @@ def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
         parts = ["settings", *parts]
     if not all(parts):
         raise ValueError(f"--set expects KEY or dotted KEY.PART=VALUE, got key {key!r}")
+    return parts
+
+
+def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """``values`` with the dotted ``key`` (:func:`key_path`) set to ``value`` (merged when both are objects)."""
+    parts = key_path(key)
     change: Any = value
     for part in reversed(parts):
         change = {part: change}

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from common.config import RunConfig, add_config_arguments, config_from_args, merged
+from common.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
 from server.export import write_metrics
 from server.launch import launch
 from engine.simulation import run_inprocess, saved_config
@@ -148,6 +148,33 @@ def plan_grid(
     base: RunConfig, methods: list[str], betas: list[float], seeds: list[int], method_config: dict[str, dict[str, Any]]
 ) -> list[Cell]:
     return [Cell(m, b, s, cell_config(base, m, b, s, method_config)) for m in methods for b in betas for s in seeds]
+
+
+def overridden_sets(base: RunConfig, cells: list[Cell], sets: list[str]) -> list[str]:
+    """One line per cell where the method config sets a ``--set`` key to another value (it takes
+    precedence: ``--set`` is the grid's base, the method config each method's own), so that a
+    command-line value the grid does not use is never silent."""
+    values = json.loads(base.to_json())
+    lines = []
+    for key in dict.fromkeys(item.partition("=")[0] for item in sets):
+        path = key_path(key)
+        if path[0] in GRID_KEYS:
+            continue
+        wanted = _at(values, path)
+        for cell in cells:
+            got = _at(json.loads(cell.config.to_json()), path)
+            if got != wanted and cell.method != JOINT:
+                lines.append(
+                    f"--set {key}={json.dumps(wanted)} is overridden by --method-config for {cell.method} at "
+                    f"beta {cell.beta:g}, seed {cell.seed}: {key}={json.dumps(got)}"
+                )
+    return lines
+
+
+def _at(values: Any, path: list[str]) -> Any:
+    for part in path:
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
 
 
 # ---------------------------------------------------------------------- running one cell
@@ -491,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
     except (ValueError, OSError) as err:
         parser.error(str(err))
+    for line in overridden_sets(base, cells, args.set):
+        print(f"lorm-bench: {line}", file=sys.stderr, flush=True)
     print(
         f"lorm-bench: {len(cells)} cells ({len(methods)} methods x {len(betas)} betas x {len(seeds)} seeds), "
         f"{args.mode}, dataset {base.dataset}, into {out}",

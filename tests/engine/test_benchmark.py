@@ -257,6 +257,28 @@ def test_overrides_apply_base_then_method_then_beta():
     assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
 
 
+def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch, capsys):
+    # --set is the grid's base and the method config each method's own: where the two disagree the
+    # cell runs the method config's value, and lorm-bench says so for that cell alone
+    calls = []
+    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    (tmp_path / "m.json").write_text(json.dumps({"lorm": {"beta=0.2": {"gamma_head": 0.1}}}))
+    argv = ["--methods", "lorm,fedavg-lora", "--betas", "0.5,0.2", "--set", "gamma_head=0.3", "--set", "lr=0.05"]
+    rc = bench.main(TINY + argv + ["--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")])
+    assert rc == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "overridden" in line]
+    assert warned == [
+        "lorm-bench: --set gamma_head=0.3 is overridden by --method-config for lorm at beta 0.2, seed 42: "
+        "gamma_head=0.1"
+    ]
+    assert sorted((c.strategy, c.beta, c.gamma_head) for c in calls) == [
+        ("fedavg-lora", 0.2, 0.3),
+        ("fedavg-lora", 0.5, 0.3),
+        ("lorm", 0.2, 0.1),
+        ("lorm", 0.5, 0.3),
+    ]
+
+
 def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, monkeypatch):
     out = tmp_path / "g"
     argv = TINY + ["--methods", "lorm", "--seeds", "1,2,3", "--out", str(out)]
