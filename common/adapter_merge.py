@@ -157,12 +157,14 @@ class VectorMeanAccumulator:
 @dataclass
 class QuadraticAccumulator:
     """``v = (sum_i H_i)^-1 sum_i H_i v_i`` with ``H_i = K o P_i``: ``K (r, r)`` shared by every client
-    (VeRA's ``M^T M``), ``P_i`` a client's statistic (``A G_i A^T``)."""
+    (VeRA's ``M^T M``), ``P_i`` a client's statistic (``A G_i A^T``), or its diagonal Gram ``G_i`` where
+    ``A`` (``frozen``) is given: then ``P_i`` is formed here (:func:`vera_quadratic`)."""
 
     SUMS: ClassVar[tuple[str, ...]] = ("rhs", "total")
     PARTS: ClassVar[tuple[str, ...]] = ()
 
     shared: Tensor  # K: (r, r)
+    frozen: Tensor | None = None  # A: (r, d_in), to form A G_i A^T from a diagonal G_i
     rhs: Tensor | None = None  # (r,): sum_i H_i v_i
     total: Tensor | None = None  # (r, r): sum_i H_i
     count: int = 0
@@ -173,8 +175,11 @@ class QuadraticAccumulator:
     def fold(self, v: Tensor, p: Tensor) -> None:
         r = self.shared.shape[0]
         v = _vector(v, r, "vector")
+        if p.dim() == 1 and self.frozen is not None and p.shape[0] == self.frozen.shape[1]:
+            p = vera_quadratic(self.frozen, p)
         if tuple(p.shape) != (r, r):
-            raise ValueError(f"quadratic statistic: expected shape ({r}, {r}), got {tuple(p.shape)}")
+            diagonal = f" or a diagonal Gram ({self.frozen.shape[1]},)" if self.frozen is not None else ""
+            raise ValueError(f"quadratic statistic: expected shape ({r}, {r}){diagonal}, got {tuple(p.shape)}")
         h = self.shared * p.to(F64)
         self.rhs = h @ v if self.rhs is None else self.rhs + h @ v
         self.total = h if self.total is None else self.total + h
@@ -217,18 +222,34 @@ def vera_statistic(side: str, form: str, gram: Tensor, b: Tensor, a: Tensor, lb:
     that trained ``side``, with the shared vectors ``lb``, ``ld`` and the frozen ``B``, ``A``:
 
     - ``"B"`` (``lb``), exact: ``c_i = diag(N G_i N^T)``, ``N = B diag(ld) A``: ``(d_out,)``;
-    - ``"A"`` (``ld``), exact: ``A G_i A^T``: ``(r, r)``;
+    - ``"A"`` (``ld``), exact: ``A G_i A^T``: ``(r, r)``, or the diagonal Gram itself where it is smaller
+      (:func:`vera_sends_diagonal`; the coordinator forms ``A G_i A^T`` with the same ``A``:
+      :func:`vera_quadratic`);
     - ``"B"``, appendix: ``A' G_i A'^T`` with ``A' = diag(ld) A``: ``(r, r)``;
     - ``"A"``, appendix: ``G_i`` itself, as LoRM's A round sends it.
     """
     b, a, lb, ld = b.to(F64), a.to(F64), lb.to(F64), ld.to(F64)
     if side == "A":
-        return gram.to(F64) if form == "appendix" else gram_times(a, gram) @ a.T
+        if form == "appendix" or vera_sends_diagonal(form, gram.dim() == 2, a.shape[0], a.shape[1]):
+            return gram.to(F64)
+        return vera_quadratic(a, gram)
     scaled_a = ld[:, None] * a
     if form == "appendix":
         return gram_times(scaled_a, gram) @ scaled_a.T
     n = b @ scaled_a
     return (gram_times(n, gram) * n).sum(1)
+
+
+def vera_sends_diagonal(form: str, full: bool, rank: int, d_in: int) -> bool:
+    """Whether an exact VeRA ``ld`` round sends the client's diagonal Gram ``(d_in,)`` rather than
+    ``A G_i A^T`` ``(r, r)``: where the Gram is diagonal and has fewer entries."""
+    return form == "exact" and not full and d_in < rank * rank
+
+
+def vera_quadratic(a: Tensor, gram: Tensor) -> Tensor:
+    """``A G_i A^T`` ``(r, r)``, float64: the ``ld`` round's statistic, on whichever side forms it."""
+    a = a.to(F64)
+    return gram_times(a, gram) @ a.T
 
 
 def vera_accumulator(
@@ -240,7 +261,7 @@ def vera_accumulator(
     if side == "B":
         return VectorMeanAccumulator(b.shape[0])
     m = lb.to(F64)[:, None] * b.to(F64)
-    return QuadraticAccumulator(m.T @ m)
+    return QuadraticAccumulator(m.T @ m, a.to(F64))
 
 
 def ia3_statistic(side: str, form: str, gram: Tensor, w0: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from common.config import RunConfig
 from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
 from common.methods import method
 from common.prompts import trained_shapes
-from common.adapter_merge import ia3_statistic_shape
+from common.adapter_merge import ia3_statistic_shape, vera_sends_diagonal
 from common.ia3 import SIDE
 from common.settings import (
     CcvrSettings,
@@ -157,7 +157,8 @@ def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]
 def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Shapes:
     """VeRA's step (``common/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
     (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.adapter_merge.vera_statistic``:
-    exact ``(d_out,)`` or ``(r, r)``; appendix ``(r, r)`` or the Gram); a task's Gram step: the Grams."""
+    exact ``(d_out,)``, ``(r, r)`` or the diagonal Gram; appendix ``(r, r)`` or the Gram); a task's Gram
+    step: the Grams."""
     full, r = plan.gram == GramKind.FULL, settings.rank
     if plan.phase != Phase.TRAIN:
         return gram_shapes(spec, full) if plan.gram != GramKind.NONE else {}
@@ -165,8 +166,10 @@ def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Sha
     for name, (d_out, d_in) in spec.layers.items():
         for side in plan.train_factors:
             shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (r,)
-            if settings.form == "appendix" and side == "A":
+            if side == "A" and settings.form == "appendix":
                 shapes[tensor_name(GRAM, name)] = (d_in, d_in) if full else (d_in,)
+            elif side == "A" and vera_sends_diagonal(settings.form, full, r, d_in):
+                shapes[tensor_name(GRAM, name)] = (d_in,)
             else:
                 shapes[tensor_name(GRAM, name)] = (d_out,) if side == "B" and settings.form == "exact" else (r, r)
     return shapes

@@ -96,10 +96,11 @@ def test_vera_running_sums_equal_the_merges_from_what_clients_send(side, form, d
     acc = vera_accumulator(side, form, b, a, lb, ld)
     sent = [vera_statistic(side, form, gr, b, a, lb, ld) for gr in grams]
     gram_shape = tuple(grams[0].shape)
-    expected = {("B", "exact"): (d_out,), ("A", "exact"): (r, r), ("B", "appendix"): (r, r)}.get(
+    a_exact = (d_in,) if diagonal and d_in < r * r else (r, r)  # the smaller of the diagonal Gram and A G A^T
+    expected = {("B", "exact"): (d_out,), ("A", "exact"): a_exact, ("B", "appendix"): (r, r)}.get(
         (side, form), gram_shape
     )
-    assert all(tuple(s.shape) == expected for s in sent)  # only the appendix's ld rule needs the Gram itself
+    assert all(tuple(s.shape) == expected for s in sent)  # never a dense Gram but the appendix's ld rule
     for v, s in zip(trained, sent):
         acc.fold(v, s)
     if side == "B":

@@ -47,6 +47,17 @@ def test_a_lorm_round_declares_its_factor_grams_head_and_head_gram():
     }
 
 
+@pytest.mark.parametrize("gram, l2", [(GramKind.DIAG, (3,)), (GramKind.FULL, (2, 2))])
+def test_a_vera_ld_round_declares_the_smaller_of_the_diagonal_gram_and_a_g_a_t(gram, l2):
+    # rank 2: A G A^T has 4 entries; l1's diagonal Gram has 4 too (not fewer: A G A^T), l2's 3 (sent
+    # as it is, where diagonal: a full Gram never travels)
+    config = RunConfig(strategy="lorm-vera", settings={"vera": {"rank": 2}})
+
+    got = declared_tensors(plan(mode=Mode.LORA, train_factors=("A",), gram=gram, send_head=False), SPEC, config)
+
+    assert got == {"factor/l1/A": (2,), "factor/l2/A": (2,), "gram/l1": (2, 2), "gram/l2": l2}
+
+
 def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
     got = declared_tensors(plan(mode=Mode.FULL, send_fisher=True), SPEC, RunConfig(strategy="fisheravg"))
 

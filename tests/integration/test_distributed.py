@@ -217,8 +217,9 @@ def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_pa
     "method, settings",
     [
         # (IA)^3 carries every wire field of the two (vector/<layer>/B and /E, an export); VeRA's /B and /A,
-        # and its task merge of products, run with -m slow to keep CI's time
-        pytest.param("lorm-vera", {"vera": {"rank": 4}}, marks=SLOW),
+        # and its task merge of products, run with -m slow to keep CI's time. Rank 8: the ld round's
+        # statistic is the diagonal Gram on the 32-wide inputs (32 < 8^2), A G A^T on the 64-wide ones
+        pytest.param("lorm-vera", {"vera": {"rank": 8}}, marks=SLOW),
         pytest.param("lorm-vera", {"vera": {"rank": 4, "form": "appendix"}}, marks=SLOW),
         ("lorm-ia3", {}),
         pytest.param("lorm-ia3", {"ia3": {"side": "input"}}, marks=SLOW),
