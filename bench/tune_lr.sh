@@ -2,12 +2,14 @@
 # Hyperparameters chosen without the test set: one method's cells at each candidate, evaluated on
 # held-out training samples (data.validation: every 5th training sample of each class is evaluated
 # instead of the test split), then the candidates by validation FAA, best first.
-# A candidate is LR:LR_LORA (head lr, backbone lr), optionally followed by the method's settings,
-# :section.key=value[,section.key=value...] (values are JSON: numbers, true/false, or bare words).
+# A candidate is LR:LR_LORA (head lr, backbone lr), optionally followed by the method's settings or run
+# configuration keys, :section.key=value[,key=value...] (values are JSON: numbers, true/false, or bare
+# words; a key without a dot is a run configuration field, e.g. gamma_head=0.5).
 # Resumable: finished cells are skipped.
 # Usage: bash bench/tune_lr.sh OUT METHOD "CANDIDATE ..." [BETA] [PRESET] [SEED]
 #   e.g. bash bench/tune_lr.sh runs/tune lwf "1e-2:1e-5 1e-2:1e-4 1e-2:1e-3" 0.5 cpu-clinc150-quick
 #        bash bench/tune_lr.sh runs/tune l2p "1e-2:3e-2 1e-2:3e-2:l2p.features=pooled,l2p.init=0.1"
+#        bash bench/tune_lr.sh runs/tune lorm "1e-2:0:gamma_head=0.1 1e-2:0:gamma_head=0.5" 0.2
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="$1"; method="$2"; candidates="$3"; beta="${4:-0.5}"; preset="${5:-cpu-clinc150-quick}"; seed="${6:-42}"
@@ -24,12 +26,16 @@ settings: dict = {}
 for item in (rest[0].split(",") if rest else []):
     key, sep, value = item.partition("=")
     section, dot, name = key.partition(".")
-    if not (sep and dot and section and name):
-        sys.exit(f"tune_lr.sh: {item!r} in {candidate!r} is not section.key=value")
+    if not (sep and section and (name or not dot)):
+        sys.exit(f"tune_lr.sh: {item!r} in {candidate!r} is not key=value or section.key=value")
     try:
-        settings.setdefault(section, {})[name] = json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError:
-        settings.setdefault(section, {})[name] = value  # a bare word, e.g. pooled
+        parsed = value  # a bare word, e.g. pooled
+    if dot:
+        settings.setdefault(section, {})[name] = parsed
+    else:  # a run configuration field (lorm-bench rejects an unknown one)
+        entry[key] = parsed
 if settings:
     entry["settings"] = settings
 folder = out / re.sub(r"[^A-Za-z0-9.=+-]+", "-", f"{method}-lr{lr}-{lr_lora}" + (f"-{rest[0]}" if rest else ""))
@@ -51,7 +57,8 @@ for m in sorted(out.glob(f"{method}-lr*/cells/{method}/beta*/seed*/metrics.json"
     config = metrics["config"]
     assert config["settings"]["data"]["validation"] == 5, m  # evaluated on held-out training samples
     entry = json.loads((m.parents[4] / "method.json").read_text())[method]
-    tuned = ", ".join(f"{s}.{k} {v}" for s, kv in entry.get("settings", {}).items() for k, v in kv.items())
+    fields = [f"{k} {v}" for k, v in entry.items() if k not in ("lr", "lr_lora", "settings")]
+    tuned = ", ".join(fields + [f"{s}.{k} {v}" for s, kv in entry.get("settings", {}).items() for k, v in kv.items()])
     rows.append((metrics["faa"], config["lr"], config["lr_lora"], tuned, metrics["forgetting"], metrics["beta"]))
 print(f"{method}: validation FAA (held-out training samples), best first")
 for faa, lr, lr_lora, tuned, forgetting, beta in sorted(rows, key=lambda r: -r[0]):
