@@ -155,15 +155,16 @@ def overridden_sets(base: RunConfig, cells: list[Cell], sets: list[str]) -> list
     precedence: ``--set`` is the grid's base, the method config each method's own), so that a
     command-line value the grid does not use is never silent."""
     values = json.loads(base.to_json())
+    per_cell = [(cell, json.loads(cell.config.to_json())) for cell in cells if cell.method != JOINT]
     lines = []
     for key in dict.fromkeys(item.partition("=")[0] for item in sets):
         path = key_path(key)
         if path[0] in GRID_KEYS:
             continue
         wanted = _at(values, path)
-        for cell in cells:
-            got = _at(json.loads(cell.config.to_json()), path)
-            if got != wanted and cell.method != JOINT:
+        for cell, cell_values in per_cell:
+            got = _at(cell_values, path)
+            if got != wanted:
                 lines.append(
                     f"--set {key}={json.dumps(wanted)} is overridden by --method-config for {cell.method} at "
                     f"beta {cell.beta:g}, seed {cell.seed}: {key}={json.dumps(got)}"
