@@ -411,7 +411,12 @@ class PiLoraSettings(Settings):
     temperature: float = setting(1.0, "T of the distance-based cross-entropy over -||f(x) - p_c|| / (sqrt(F) T) (1)")
     pl: float = setting(0.001, "weight of the prototype loss, the mean scaled distance to the own class's (0.001)")
     ort: float = setting(0.5, "weight of the orthogonality loss sum |A_t A_old^T| over layers (0.5)")
-    soft_temp: float = setting(0.2, "factor of the normalised reciprocal distances in the re-weighting softmax (0.2)")
+    soft_temp: float = setting(
+        5.0,
+        "factor of the min-max-normalised reciprocal distances in the re-weighting softmax: 5, PILoRA's "
+        "(its code divides by a temperature of 0.2); 0.2 is the LoRM paper's code (it multiplies by 0.2: "
+        "clients weighted nearly alike)",
+    )
     init: float = setting(0.1, "standard deviation of a new class prototype, drawn N(0, init^2) (0.1)")
 
     def __post_init__(self) -> None:

@@ -7,7 +7,10 @@ are merged by FedAvg (sample-weighted means). Classification is by class prototy
 (``client/methods/pilora.py``), which the clients train with the LoRA; the coordinator merges
 each class's prototypes by PILoRA's heterogeneity-aware re-weighting (:func:`reweight`): a
 client's prototype weighs more the closer it lies to the class means of the clients that hold
-the class.
+the class. With PILoRA's factor (``soft_temp`` 5: its code's softmax of the normalised reciprocal
+distances divided by 0.2) the holders' prototypes dominate; the LoRM paper's code multiplies by 0.2
+instead, which weighs every client nearly alike, so the prototypes of clients that never saw a class
+(moved only as that class's negatives) average in at full weight.
 
 The re-weighting needs every client's prototypes and class means at once: the aggregator keeps
 them, ``K (2 C_t F + C_t)`` numbers for ``K`` clients (the one merge here whose coordinator

@@ -417,3 +417,9 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     imagenet_a = json.loads((root / "imagenet-a.json").read_text())
     l2p = bench.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
     assert (l2p.lr, l2p.lora_lr, l2p.strategy) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr
+    from common.settings import PiLoraSettings
+
+    pilora = bench.cell_config(base, "pilora", 0.05, 0, grid)
+    assert (pilora.lr, pilora.lora_lr) == (2e-2, 1e-4)
+    # the paper's code's re-weighting (a factor 0.2, where PILoRA's own divides by 0.2: the default 5)
+    assert pilora.section(PiLoraSettings).soft_temp == 0.2 != PiLoraSettings().soft_temp

@@ -12,6 +12,7 @@ from client.methods.pilora import orthogonality, scaled_distance
 from common.config import RunConfig
 from common.declared import declared_tensors
 from common.messages import Phase
+from common.settings import PiLoraSettings
 from common.tensors import STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight
@@ -34,6 +35,22 @@ def test_reweight_by_hand_favours_the_prototype_nearest_the_class_means():
     assert got.norm() < prototypes[1:].norm(dim=1).mean()  # pulled towards the nearest
     same = reweight(torch.ones(3, 2, dtype=F64), means, soft_temp=2.0)  # equal distances: a plain mean
     assert torch.allclose(same, torch.ones(2, dtype=F64))
+
+
+def test_the_default_factor_is_pilora_s_and_lets_the_holders_prototypes_dominate():
+    """PILoRA's code weighs clients by softmax(minmax(1/d) / 0.2); the LoRM paper's code multiplies by 0.2,
+    which weighs all ten clients nearly alike. Two clients hold the class (their prototypes on its mean),
+    eight never saw it (prototypes 10 to 17 away)."""
+    assert PiLoraSettings().soft_temp == 1 / 0.2
+    prototypes = torch.zeros(10, 2, dtype=F64)
+    prototypes[2:, 0] = 10.0 + torch.arange(8, dtype=F64)
+    means = torch.zeros(2, 2, dtype=F64)
+    holders = torch.softmax(torch.tensor([1.0, 1.0] + [0.0] * 8, dtype=F64) * 5.0, dim=0)[:2].sum()
+    assert holders > 0.97  # each non-holder's normalised reciprocal is below 1e-10: 0 within float64
+    merged = reweight(prototypes, means, PiLoraSettings().soft_temp)
+    assert torch.allclose(merged, (1 - holders) * prototypes[2:].mean(0), rtol=1e-6)
+    assert merged.norm() < 0.5  # within 0.5 of the class mean
+    assert reweight(prototypes, means, 0.2).norm() > 10.0  # the paper's code: mostly the non-holders' mean
 
 
 def test_orthogonality_by_hand_and_its_gradient_reduces_the_overlap():
