@@ -133,6 +133,12 @@ class LowRank:
     a: Tensor
 
 
+# The keys of a distilling method's (LwF, TARGET) ``RoundPlan.anchor`` that hold the previous task's global
+# head (weight, bias): the teacher's own, fixed for the task. The plan's head moves during the task (the
+# distillation trains the old classes' rows), so the teacher cannot take it. Backbone names never hold "/".
+ANCHOR_HEAD = ("head/weight", "head/bias")
+
+
 @dataclass
 class RoundPlan:
     """Everything a client needs for one step of the run (what it pulls)."""
@@ -158,7 +164,8 @@ class RoundPlan:
     send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
     train_extra: bool = False  # train in the view W0 + extra + s B A (default: W0 + s B A, extra for Gram passes only)
     # full mode, continual-learning baselines: the global weights W0 + anchor at the previous task's end
-    # (EWC's penalty centre, LwF's teacher), and EWC's accumulated diagonal Fisher there, per parameter
+    # (EWC's penalty centre, LwF's and TARGET's teacher), and EWC's accumulated diagonal Fisher there, per
+    # parameter; a teacher's anchor also holds that model's head, under ANCHOR_HEAD
     anchor: dict[str, Tensor] = field(default_factory=dict)
     fisher: dict[str, Tensor] = field(default_factory=dict)
     # prompt mode: the prompt pool by name (each of shape (components, ...)); its first prompt_frozen

@@ -9,8 +9,9 @@ term to each batch's loss, from what the plan hands out:
   diagonal Fisher of the shard at the merged weights (``client.methods.dense.fisher``).
 - **LwF** (Li & Hoiem 2017): ``alpha * CE(softmax(t / T), softmax(s / T))`` over the old classes
   ``[0, lo)``, where ``t`` are the logits of the previous task's global model
-  (``W0 + plan.anchor``, with the plan's head: its old rows are the teacher's, as ACE never
-  trains them) and ``s`` the model's being trained (empty ``anchor``, first task: no term).
+  (``W0 + plan.anchor`` with that model's head, which the anchor carries: the plan's head moves
+  during the task, as the distillation trains its old rows) and ``s`` the model's being trained
+  (empty ``anchor``, first task: no term).
   The paper's public code slices both models' logits to the *current* task's classes before
   distilling (``lwf.py``: the teacher's ``[cur_offset : cur_offset + cpt]``, then ``[:, :cur_offset
   + cpt]`` of that), so it distils the old model's outputs on the new classes; this follows the
@@ -29,7 +30,7 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from client.methods.base import Client, load_dense
 from client.methods.dense import DenseTrainer
-from common.messages import RoundPlan
+from common.messages import ANCHOR_HEAD, RoundPlan
 from common.settings import EwcSettings, LwfSettings
 
 
@@ -71,13 +72,18 @@ class EwcTrainer(DenseTrainer):
 
 
 def previous_model(client: Client, plan: RoundPlan) -> ClassifierModel | None:
-    """The global model at the previous task's end, ``W0 + plan.anchor`` with the plan's head (its old
-    rows are that model's: ACE never trains them), frozen, in eval mode; ``None`` in the first task.
-    Call after the step's model is loaded: its head is copied."""
+    """The global model at the previous task's end, ``W0 + plan.anchor`` with that model's head (the
+    anchor's ``ANCHOR_HEAD`` entries), frozen, in eval mode; ``None`` in the first task."""
     if not plan.anchor or plan.class_range[0] == 0:
         return None
-    teacher = copy.deepcopy(client.model)  # the step's model with the plan's head...
-    load_dense(teacher, plan.anchor)  # ...and the previous task's backbone
+    missing = [key for key in ANCHOR_HEAD if key not in plan.anchor]
+    if missing:
+        raise ValueError(f"the plan's anchor has no {missing}: a teacher needs the previous task's head")
+    teacher = copy.deepcopy(client.model)
+    load_dense(teacher, plan.anchor)  # the previous task's backbone...
+    with torch.no_grad():  # ...and its head
+        for p, key in zip((teacher.head.weight, teacher.head.bias), ANCHOR_HEAD):
+            p.copy_(plan.anchor[key].to(device=p.device, dtype=p.dtype))
     teacher.eval()  # no dropout: a fixed target
     for p in teacher.parameters():
         p.requires_grad_(False)

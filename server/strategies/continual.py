@@ -6,7 +6,9 @@ the federated setting). What they add lives in the loss on the clients
 (``client/methods/continual.py``); the coordinator hands out what that loss needs:
 
 - ``anchor``: the global weights at the previous task's end, ``W0 + anchor``, per backbone
-  parameter (float32). EWC's penalty is centred there; LwF's teacher is that model.
+  parameter (float32). EWC's penalty is centred there; LwF's and TARGET's teacher is that model,
+  with that model's head (``ANCHOR_HEAD`` entries of the anchor, :class:`Distilled`): the plan's
+  head is the current one, whose old rows the distillation moves.
 - EWC only: ``fisher``, the diagonal Fisher accumulated over the tasks so far (float32),
   ``F <- decay F + F_t``. ``F_t`` comes from one more step at each task's end (``TASK_GRAM``,
   ``send_fisher``): each client computes the diagonal Fisher of its shard at the task's merged
@@ -28,7 +30,7 @@ from torch import Tensor
 from common.config import FISHER_SUMMED, RunConfig
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import ANCHOR_HEAD, ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
 from common.settings import EwcSettings
 from server.strategies.base import Aggregator
 from server.strategies.fedavg import FedAvg
@@ -57,11 +59,34 @@ class Anchored(FedAvg):
         self.anchor = {name: tensors[f"anchor/{name}"] for name in self.spec.params if f"anchor/{name}" in tensors}
 
 
-class LwF(Anchored):
+class Distilled(Anchored):
+    """Anchored, whose anchor also holds the global head at the previous task's end (``ANCHOR_HEAD``):
+    the clients' teacher, fixed for the task. The current head cannot serve: the distillation trains
+    its old classes' rows, so a teacher built from it would follow the student round by round."""
+
+    def begin_task(self, task: int) -> None:
+        super().begin_task(task)
+        if task > 0:
+            self.anchor |= dict(zip(ANCHOR_HEAD, (self.head_w.clone(), self.head_b.clone())))
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        super().load_state_tensors(tensors)
+        if not self.anchor:  # the first task: no teacher
+            return
+        names = [f"anchor/{key}" for key in ANCHOR_HEAD]
+        if not all(name in tensors for name in names):
+            raise ValueError(
+                f"strategy {self.name!r}: this run's state has the previous task's backbone but not its head "
+                "(saved before the teacher kept its own head); start the run again"
+            )
+        self.anchor |= {key: tensors[name] for key, name in zip(ANCHOR_HEAD, names)}
+
+
+class LwF(Distilled):
     name = "lwf"
 
 
-class Target(Anchored):
+class Target(Distilled):
     """TARGET: its clients synthesise old-class inputs from the anchor model and distil on them
     (``client/methods/target.py``); the coordinator merges as FedAvg and hands out the anchor."""
 

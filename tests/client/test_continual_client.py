@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 import torch
 
 from client.methods.base import load_dense
 from client.methods.continual import EwcTrainer, LwfTrainer, distillation, ewc_penalty
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import Phase
+from common.messages import ANCHOR_HEAD, Phase
 from server.strategies import make_strategy
 
 BASE = dict(
@@ -37,7 +38,14 @@ def second_task_plan(method: str):
     params = runtime.spec.params
     anchor = {name: 0.01 * torch.randn(shape, generator=gen) for name, shape in params.items()}
     fisher = {name: torch.rand(shape, generator=gen) for name, shape in params.items()}
+    if method != "ewc":  # a teacher's anchor holds the previous task's head, not the plan's (moving) one
+        anchor |= {key: 0.1 * torch.randn(t.shape, generator=gen) for key, t in zip(ANCHOR_HEAD, plan_head(plan))}
     return runtime, dataclasses.replace(plan, anchor=anchor, fisher=fisher if method == "ewc" else {})
+
+
+def plan_head(plan):
+    assert plan.head_weight is not None and plan.head_bias is not None
+    return plan.head_weight, plan.head_bias
 
 
 def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher():
@@ -56,16 +64,21 @@ def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher()
     assert half.regulariser(worker, plan, {}, torch.zeros(1), no_labels) is None  # the first task: no penalty
 
 
-def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_plans_head():
+def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head():
     runtime, plan = second_task_plan("lwf")
     worker = runtime.worker(0, "c0")
     half = LwfTrainer()
     half.load(worker, plan)
     teacher = copy.deepcopy(worker.model)
     load_dense(teacher, plan.anchor)
+    with torch.no_grad():
+        teacher.head.weight.copy_(plan.anchor[ANCHOR_HEAD[0]])
+        teacher.head.bias.copy_(plan.anchor[ANCHOR_HEAD[1]])
     teacher.eval()
     lo = plan.class_range[0]
-    assert lo > 0 and torch.equal(half.teacher.head.weight, plan.head_weight.to(half.teacher.head.weight.dtype))
+    assert lo > 0 and torch.equal(half.teacher.head.weight, plan.anchor[ANCHOR_HEAD[0]])
+    assert torch.equal(half.teacher.head.bias, plan.anchor[ANCHOR_HEAD[1]])
+    assert not torch.equal(half.teacher.head.weight, plan.head_weight)  # not the plan's: it moves in the task
     inputs, labels = worker.train.batch(worker.shards[1][:4], worker.device)
     student = worker.model(inputs)[0]
     with torch.no_grad():
@@ -76,3 +89,6 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_plans_head()
         assert torch.equal(p, worker.model.pristine()[name] + plan.anchor[name])
     half.load(worker, dataclasses.replace(plan, anchor={}))
     assert half.regulariser(worker, plan, inputs, student, labels) is None
+    headless = {k: v for k, v in plan.anchor.items() if k not in ANCHOR_HEAD}
+    with pytest.raises(ValueError, match="previous task's head"):
+        half.load(worker, dataclasses.replace(plan, anchor=headless))

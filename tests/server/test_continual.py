@@ -10,7 +10,7 @@ import torch
 
 from client.methods.continual import distillation, ewc_penalty
 from common.config import RunConfig
-from common.messages import ClientUpdate, Mode, Phase
+from common.messages import ANCHOR_HEAD, ClientUpdate, Mode, Phase
 from common.settings import EwcSettings
 from server.strategies import make_strategy
 
@@ -95,13 +95,27 @@ def test_anchor_and_fisher_survive_a_restart():
     assert all(torch.equal(a.anchor[n], b.anchor[n]) and torch.equal(a.fisher[n], b.fisher[n]) for n in SPEC.params)
 
 
-def test_lwf_hands_out_the_previous_tasks_weights_and_no_fisher():
-    strategy = make_strategy(config("lwf"), SPEC)
+@pytest.mark.parametrize("method", ["lwf", "target"])
+def test_a_teachers_anchor_is_the_previous_tasks_weights_and_head_fixed_through_the_task(method):
+    strategy = make_strategy(config(method), SPEC)
     plans = run_task(strategy, 0)
     assert [p.phase for p in plans] == [Phase.TRAIN, Phase.TRAIN] and not plans[0].anchor
     end = dict(strategy.delta)
+    head = (strategy.head_w.clone(), strategy.head_b.clone())
     plans = run_task(strategy, 1)
-    assert all(torch.equal(plans[1].anchor[n], end[n]) for n in SPEC.params) and not plans[1].fisher
+    assert set(plans[1].anchor) == set(SPEC.params) | set(ANCHOR_HEAD) and not plans[1].fisher
+    assert all(torch.equal(plans[1].anchor[n], end[n]) for n in SPEC.params)
+    # the head moved in task 1's first round (its old rows too: the clients' updates change every row);
+    # the teacher's head in the second round's plan is still task 0's
+    assert not torch.equal(plans[1].head_weight[:2], plans[0].head_weight[:2])
+    for key, value in zip(ANCHOR_HEAD, head):
+        assert torch.equal(plans[0].anchor[key], value) and torch.equal(plans[1].anchor[key], value)
+    again = make_strategy(config(method), SPEC)  # and it survives a restart
+    again.load_state_tensors(strategy.state_tensors())
+    assert all(torch.equal(again.anchor[k], strategy.anchor[k]) for k in strategy.anchor)
+    old = {k: v for k, v in strategy.state_tensors().items() if k not in {f"anchor/{a}" for a in ANCHOR_HEAD}}
+    with pytest.raises(ValueError, match="start the run again"):  # a state saved before the head was kept
+        make_strategy(config(method), SPEC).load_state_tensors(old)
 
 
 def test_ewc_penalty_value_and_gradient_by_hand():
