@@ -56,7 +56,8 @@ class Anchored(FedAvg):
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         super().load_state_tensors(tensors)
-        self.anchor = {name: tensors[f"anchor/{name}"] for name in self.spec.params if f"anchor/{name}" in tensors}
+        prefix = "anchor/"
+        self.anchor = {name.removeprefix(prefix): t for name, t in tensors.items() if name.startswith(prefix)}
 
 
 class Distilled(Anchored):
@@ -71,15 +72,11 @@ class Distilled(Anchored):
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         super().load_state_tensors(tensors)
-        if not self.anchor:  # the first task: no teacher
-            return
-        names = [f"anchor/{key}" for key in ANCHOR_HEAD]
-        if not all(name in tensors for name in names):
+        if self.anchor and not all(key in self.anchor for key in ANCHOR_HEAD):  # the first task has no teacher
             raise ValueError(
                 f"strategy {self.name!r}: this run's state has the previous task's backbone but not its head "
                 "(saved before the teacher kept its own head); start the run again"
             )
-        self.anchor |= {key: tensors[name] for key, name in zip(ANCHOR_HEAD, names)}
 
 
 class LwF(Distilled):
