@@ -22,6 +22,9 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             products average to the Gaussian kernel ``exp(-G |x - y|^2 / F)`` (for ``ln`` features
             ``|x|^2 = F``, so G is a bandwidth relative to the features' own scale); ``rbfinf``:
             that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed)
+  xK        (after a finite width, e.g. ``rp10000x4``) an ensemble of K heads, each on its own
+            projection (seeds seed .. seed + K - 1), whose outputs are averaged: each member is an
+            exact federated head (K times the bytes of one), lambda shared and chosen on the average
 
 The head is ridge regression on one-hot targets, ``W = S (G + lam I)^-1`` with the Gram G and the
 class sums S of the training features: exact under any split of the data over clients, so a frozen
@@ -73,15 +76,19 @@ class Recipe:
     orthogonal: bool = False  # rpoN: orthogonal random features
     kernel: str = "arccos"  # rp, rpo: ReLU features; rff, rbf: the Gaussian kernel
     gamma: float | None = None  # the Gaussian kernel's bandwidth G (None: chosen with lambda)
+    members: int = 1  # xK: an ensemble of K heads on independent projections, outputs averaged
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
         """``456:mean:std:rp10000`` (``rp0`` for no projection), ``3456:mean:ln:rff10000g2``, ``...:rbfinf``."""
         layers, pool, norm, rp = text.split(":")
-        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?", rp)
+        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?", rp)
         if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or form is None:
             raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]")
-        kind, width_text, gamma_text = form.groups()
+        kind, width_text, gamma_text, members_text = form.groups()
+        members = 1 if members_text is None else int(members_text)
+        if members < 1 or (members > 1 and width_text in ("inf", "0")):
+            raise ValueError(f"recipe {text!r}: xK wants K >= 1 and a finite projection (rpNxK, rpoNxK, rffNgGxK)")
         gaussian = kind in ("rff", "rbf")
         valid = {
             "rp": gamma_text is None,
@@ -94,7 +101,7 @@ class Recipe:
         width = math.inf if width_text == "inf" else int(width_text)
         gamma = None if gamma_text is None else float(gamma_text)
         kernel = "rbf" if gaussian else "arccos"
-        return cls(tuple(int(c) for c in layers), pool, norm, width, kind == "rpo", kernel, gamma)
+        return cls(tuple(int(c) for c in layers), pool, norm, width, kind == "rpo", kernel, gamma, members)
 
     def __str__(self) -> str:
         width = "inf" if math.isinf(self.rp) else str(int(self.rp))
@@ -103,7 +110,8 @@ class Recipe:
             bandwidth = "" if self.gamma is None else f"g{self.gamma:g}"
         else:
             kind, bandwidth = ("rpo" if self.orthogonal else "rp"), ""
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}"
+        ensemble = f"x{self.members}" if self.members > 1 else ""
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}{ensemble}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -223,7 +231,11 @@ def search(grid: tuple[float, ...], score: Callable[[float], tuple[float, float]
 
 
 def accuracy(head: Tensor, phi: Tensor, labels: Tensor) -> float:
-    return 100.0 * float(((phi @ head.T).argmax(1) == labels).to(DTYPE).mean())
+    return _acc(phi @ head.T, labels)
+
+
+def _acc(outputs: Tensor, labels: Tensor) -> float:
+    return 100.0 * float((outputs.argmax(1) == labels).to(DTYPE).mean())
 
 
 def arccos_kernel(a: Tensor, b: Tensor) -> Tensor:
@@ -316,19 +328,27 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
         return {"select": select, "fit": fit_splits} | evaluate_kernel(
             recipe, x, y, (fit_x, fit_y), (sel_x, sel_y), classes
         )
-    fmap = FeatureMap(fit_x, recipe, seed)
-    gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
-    sel_phi = fmap(sel_x)
-    sel_sums = sums(sel_phi, sel_y, classes)
+    seeds = range(seed, seed + recipe.members)
+    fmaps = [FeatureMap(fit_x, recipe, s) for s in seeds]
+    fits = [sums(f(fit_x), fit_y, classes)[:2] for f in fmaps]
+    sel_phis = [f(sel_x) for f in fmaps]
+    sel_target = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
 
     def score(lam: float) -> tuple[float, float]:  # squared error and accuracy on the selection samples
-        h = ridge_head(gram, class_sum, lam)  # the system's solve
-        return squared_error(h, *sel_sums), accuracy(h, sel_phi, sel_y)
+        heads = [ridge_head(g, s, lam) for g, s in fits]  # the system's solve
+        out = torch.stack([phi @ h.T for phi, h in zip(sel_phis, heads)]).mean(0)
+        if len(heads) == 1:  # one head: the system's own error, from the selection samples' sums
+            return squared_error(heads[0], *sums(sel_phis[0], sel_y, classes)), _acc(out, sel_y)
+        return float((out - sel_target).pow(2).sum()), _acc(out, sel_y)
 
     lam, scores = search(LAMBDAS, score)
-    # The final head: every training sample (the held-out ones too), its own standardisation.
-    fmap = FeatureMap(x["train"], recipe, seed)
-    final = ridge_head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam)
+    fits.clear()  # free the fitting Grams (K of F' x F') before the final ones
+    sel_phis.clear()
+    # The final heads: every training sample (the held-out ones too), their own standardisation.
+    test_out = torch.zeros(len(y["test"]), classes, dtype=DTYPE)
+    for s in seeds:
+        fmap = FeatureMap(x["train"], recipe, s)
+        test_out += fmap(x["test"]) @ ridge_head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam).T
     return {
         "recipe": str(recipe),
         "select": select,
@@ -336,7 +356,7 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
         "lambda": lam,
         "select_acc": scores[lam][1],
         "best_select_acc": max(acc for _, acc in scores.values()),
-        "test": accuracy(final, fmap(x["test"]), y["test"]),
+        "test": _acc(test_out, y["test"]),
         "seconds": time.perf_counter() - t0,
     }
 

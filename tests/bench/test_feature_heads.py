@@ -26,10 +26,19 @@ def fh():
 
 
 def test_recipes_parse_and_print_back(fh):
-    for text in ("456:mean:std:rp10000", "3456:mean:ln:rpinf", "456:mean:ln:rpo10000", "3:cls:ln:rff500g2"):
+    texts = (
+        "456:mean:std:rp10000",
+        "3456:mean:ln:rpinf",
+        "456:mean:ln:rpo10000",
+        "3:cls:ln:rff500g2",
+        "3:mean:ln:rp50x4",
+    )
+    for text in texts:
         assert str(fh.Recipe.parse(text)) == text
     assert fh.Recipe.parse("3456:mean:ln:rbfinf").gamma is None  # chosen with lambda
-    for bad in ("3:mean:ln:rff100", "3:mean:ln:rbf100", "3:mean:ln:rpoinf", "3:mean:ln:rp10g2", "3:max:ln:rp5"):
+    assert fh.Recipe.parse("3:mean:ln:rp50x1") == fh.Recipe.parse("3:mean:ln:rp50")
+    bad_recipes = ("3:mean:ln:rff100", "3:mean:ln:rbf100", "3:mean:ln:rpoinf", "3:mean:ln:rp10g2", "3:max:ln:rp5")
+    for bad in (*bad_recipes, "3:mean:ln:rpinfx2", "3:mean:ln:rp0x2", "3:mean:ln:rp10x0"):
         with pytest.raises(ValueError):
             fh.Recipe.parse(bad)
 
@@ -65,3 +74,27 @@ def test_the_eigen_search_predicts_as_the_direct_solve(fh):
         want = (pred - torch.nn.functional.one_hot(ys, 4).to(fh.DTYPE)).pow(2).sum()
         cond = float((e.max() + each) / (e.clamp_min(0).min() + each))
         assert_close_to_dtype(torch.tensor(scores[each][0], dtype=fh.DTYPE), want, fh.DTYPE, terms=60, cond=cond)
+
+
+def test_an_ensemble_averages_its_members_outputs(fh):
+    """``rpNxK``: K heads on the projections of seeds seed..seed+K-1, at the chosen lambda, outputs averaged;
+    the test accuracy printed is that average's."""
+    g = torch.Generator().manual_seed(2)
+    centres = 0.7 * torch.randn(3, 2, 5, generator=g)  # 3 classes, 2 layers, 5 dims
+    feats, labels = {}, {}
+    for split, n in (("train", 60), ("val", 15), ("test", 30)):
+        y = torch.arange(n) % 3
+        feats[split] = {"mean": (centres[y] + torch.randn(n, 2, 5, generator=g)).numpy()}
+        labels[split] = y.numpy()
+    recipe = fh.Recipe.parse("01:mean:raw:rp40x3")
+    got = fh.evaluate(recipe, feats, labels, "holdout", 7)
+    x = {s: fh.features(feats[s], recipe) for s in ("train", "test")}
+    y = {s: torch.from_numpy(labels[s]) for s in ("train", "test")}
+    outs = []
+    for seed in (7, 8, 9):
+        fmap = fh.FeatureMap(x["train"], recipe, seed)
+        head = fh.ridge_head(*fh.sums(fmap(x["train"]), y["train"], 3)[:2], got["lambda"])
+        outs.append(fmap(x["test"]) @ head.T)
+    members = [fh._acc(o, y["test"]) for o in outs]
+    assert got["test"] == fh._acc(sum(outs) / 3, y["test"])
+    assert got["test"] not in members  # the data are hard enough that the average differs from each member
