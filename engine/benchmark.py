@@ -3,7 +3,8 @@
 Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
 
     metrics.json  the run's summary (accuracy matrix, FAA, forgetting, history, config) plus
-                  method, beta, seed, mode, wall_seconds, bytes_per_client, command, machine, and
+                  method, beta, seed, mode, wall_seconds (of this invocation; the tables take a resumed
+                  in-process cell's summed ``seconds``), bytes_per_client, command, machine, and
                   code (the commit of the code that ran it, and whether its tree had changes)
     log.txt       the run's output;  error.txt  why the last attempt failed (if it did)
     run/          the run's own results directory (adapter, head, plot, TensorBoard), and in
@@ -50,7 +51,7 @@ from common.config import RunConfig, add_config_arguments, config_from_args, key
 from server.export import write_metrics
 from server.launch import launch
 from engine.simulation import run_inprocess, saved_config
-from engine.benchmark_report import JOINT, _duration, _pct, write_report
+from engine.benchmark_report import JOINT, _duration, _pct, cell_seconds, write_report
 from server.strategies import STRATEGIES
 
 # Keys the grid itself sets in every cell; a method configuration may not.
@@ -381,12 +382,12 @@ def run_grid(
                 f"see {cell.dir(out) / 'error.txt'}"
             )
             continue
-        ran_seconds.append(metrics["wall_seconds"])
+        ran_seconds.append(cell_seconds(metrics))
         done.append((cell.name, metrics))
         say(
             f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
             f"forgetting {_pct(metrics['forgetting'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent per client, "
-            f"{_duration(metrics['wall_seconds'])}"
+            f"{_duration(cell_seconds(metrics))}"
         )
     return failed
 

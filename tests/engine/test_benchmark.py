@@ -368,6 +368,23 @@ def test_the_paper_column_comes_from_the_paper_table(tmp_path):
     assert "| clinc150 | lorm | 0.5 | 82.00 ± 2.00 | 82.58 | 83.00 | 5.00 | 2.500 | 2.0 min | 3 |" in md
 
 
+def test_a_resumed_cell_counts_the_time_of_every_part(tmp_path):
+    """A cell that went on from a committed step: its wall time is the last part's; the table takes the
+    engine's summed computing time (``seconds``) instead. 600 s (resumed, 60 s last part) and 120 s -> 6.0 min."""
+    for seed, extra in ((0, {"resumes": 1, "seconds": 600.0, "wall_seconds": 60.0}), (1, {"wall_seconds": 120.0})):
+        cell = tmp_path / f"cells/lorm/beta0.5/seed{seed}"
+        cell.mkdir(parents=True)
+        metrics = {"method": "lorm", "beta": 0.5, "seed": seed, "mode": "inprocess", "config": {"dataset": "x"}}
+        metrics |= {"accuracy": [[90.0]], "faa": 90.0, "faa_weighted": 90.0, "forgetting": 0.0, "history": []}
+        (cell / "metrics.json").write_text(json.dumps(metrics | {"bytes_per_client": 1e6, "seconds": 110.0} | extra))
+    rc, _ = bench_main(["--out", str(tmp_path), "--report-only"])
+    assert rc == 0 and float(read_csv(tmp_path / "results.csv")["lorm"]["wall_seconds_mean"]) == 360.0
+    assert (
+        "| x | lorm | 0.5 | 90.00 ± 0.00 | - | 90.00 | 0.00 | 1.000 | 6.0 min | 2 |"
+        in (tmp_path / "results.md").read_text()
+    )
+
+
 @pytest.mark.slow
 def test_a_distributed_cell_gives_the_inprocess_result(tmp_path, monkeypatch):
     """The first attempt's coordinator is killed after its second merge, before committing it; the grid
