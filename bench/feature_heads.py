@@ -329,21 +329,33 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
             recipe, x, y, (fit_x, fit_y), (sel_x, sel_y), classes
         )
     seeds = range(seed, seed + recipe.members)
-    fmaps = [FeatureMap(fit_x, recipe, s) for s in seeds]
-    fits = [sums(f(fit_x), fit_y, classes)[:2] for f in fmaps]
-    sel_phis = [f(sel_x) for f in fmaps]
     sel_target = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
 
-    def score(lam: float) -> tuple[float, float]:  # squared error and accuracy on the selection samples
-        heads = [ridge_head(g, s, lam) for g, s in fits]  # the system's solve
-        out = torch.stack([phi @ h.T for phi, h in zip(sel_phis, heads)]).mean(0)
-        if len(heads) == 1:  # one head: the system's own error, from the selection samples' sums
-            return squared_error(heads[0], *sums(sel_phis[0], sel_y, classes)), _acc(out, sel_y)
-        return float((out - sel_target).pow(2).sum()), _acc(out, sel_y)
+    def score_all(lams: tuple[float, ...]) -> dict[float, tuple[float, float]]:
+        """Squared error and accuracy on the selection samples at each lambda, one member's Gram at a time
+        (memory of one F' x F' Gram whatever K)."""
+        outs = {lam: torch.zeros(len(sel_y), classes, dtype=DTYPE) for lam in lams}
+        errors: dict[float, float] = {}
+        for s in seeds:
+            fmap = FeatureMap(fit_x, recipe, s)
+            gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
+            sel_phi = fmap(sel_x)
+            sel_sums = sums(sel_phi, sel_y, classes) if recipe.members == 1 else None
+            for lam in lams:
+                head = ridge_head(gram, class_sum, lam)  # the system's solve
+                outs[lam] += sel_phi @ head.T
+                if sel_sums is not None:  # one head: the system's own error, from the selection samples' sums
+                    errors[lam] = squared_error(head, *sel_sums)
+            del gram, class_sum, sel_phi
+        for lam, out in outs.items():
+            out /= recipe.members
+            errors.setdefault(lam, float((out - sel_target).pow(2).sum()))
+        return {lam: (errors[lam], _acc(outs[lam], sel_y)) for lam in lams}
 
-    lam, scores = search(LAMBDAS, score)
-    fits.clear()  # free the fitting Grams (K of F' x F') before the final ones
-    sel_phis.clear()
+    scores = score_all(LAMBDAS)  # the decades, then half a decade each side of the best (as search())
+    lam = min(LAMBDAS, key=lambda each: scores[each][0])
+    scores |= score_all((lam / 10**0.5, lam * 10**0.5))
+    lam = min((lam / 10**0.5, lam, lam * 10**0.5), key=lambda each: scores[each][0])
     # The final heads: every training sample (the held-out ones too), their own standardisation.
     test_out = torch.zeros(len(y["test"]), classes, dtype=DTYPE)
     for s in seeds:
