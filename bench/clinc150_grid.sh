@@ -17,14 +17,14 @@ bench=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 0
 competitors="ccvr,fedproto,pilora,ewc,ewc@reference,lwf,lwf@tuned,l2p,l2p@tuned,coda-p,target"
 if [ "$preset" = cpu-clinc150-full ]; then
     lora="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,ncm,ridge,lorm-ridge,joint"
-    dense="regmean,fisheravg,ties"
+    dense="regmean,fisheravg,ties,ties@tuned"
     extra=true
-    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,$competitors,joint,ncm,ridge,lorm-ridge"
+    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ties@tuned,$competitors,joint,ncm,ridge,lorm-ridge"
 else
     lora="lorm,fedavg-lora,lorm-b-only,lorm-avg-tasks,lorm-seq,ncm,ridge,joint,lorm-ridge-first,lorm-ridge,lorm-ncm"
-    dense="regmean,ties,fedavg,fisheravg,$competitors"
+    dense="regmean,ties,ties@tuned,fedavg,fisheravg,$competitors"
     extra=false
-    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,$competitors,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
+    report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ties@tuned,$competitors,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
 fi
 mkdir -p "$out"
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.
