@@ -24,7 +24,10 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed)
   xK        (after a finite width, e.g. ``rp10000x4``) an ensemble of K heads, each on its own
             projection (seeds seed .. seed + K - 1), whose outputs are averaged: each member is an
-            exact federated head (K times the bytes of one), lambda shared and chosen on the average
+            exact federated head (K times the bytes of one), lambda shared and chosen on the average;
+            also reported: the lambda of least summed *members'* errors and its test accuracy
+            (``lambda_members``, ``test_members``), the rule a coordinator holding only the Gram's
+            diagonal blocks can apply
 
 The head is ridge regression on one-hot targets, ``W = S (G + lam I)^-1`` with the Gram G and the
 class sums S of the training features: exact under any split of the data over clients, so a frozen
@@ -331,36 +334,47 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
     seeds = range(seed, seed + recipe.members)
     sel_target = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
 
+    member_errors: dict[float, float] = {}  # the members' own squared errors, summed
+
     def score_all(lams: tuple[float, ...]) -> dict[float, tuple[float, float]]:
-        """Squared error and accuracy on the selection samples at each lambda, one member's Gram at a time
-        (memory of one F' x F' Gram whatever K)."""
+        """Squared error and accuracy of the average on the selection samples at each lambda, one member's Gram
+        at a time (memory of one F' x F' Gram whatever K); the members' summed errors into ``member_errors``."""
         outs = {lam: torch.zeros(len(sel_y), classes, dtype=DTYPE) for lam in lams}
-        errors: dict[float, float] = {}
         for s in seeds:
             fmap = FeatureMap(fit_x, recipe, s)
             gram, class_sum, _ = sums(fmap(fit_x), fit_y, classes)
             sel_phi = fmap(sel_x)
-            sel_sums = sums(sel_phi, sel_y, classes) if recipe.members == 1 else None
+            sel_sums = sums(sel_phi, sel_y, classes)
             for lam in lams:
                 head = ridge_head(gram, class_sum, lam)  # the system's solve
                 outs[lam] += sel_phi @ head.T
-                if sel_sums is not None:  # one head: the system's own error, from the selection samples' sums
-                    errors[lam] = squared_error(head, *sel_sums)
+                # the system's own error, from the selection samples' sums
+                member_errors[lam] = member_errors.get(lam, 0.0) + squared_error(head, *sel_sums)
             del gram, class_sum, sel_phi
-        for lam, out in outs.items():
+        for out in outs.values():
             out /= recipe.members
-            errors.setdefault(lam, float((out - sel_target).pow(2).sum()))
-        return {lam: (errors[lam], _acc(outs[lam], sel_y)) for lam in lams}
+        return {lam: (float((outs[lam] - sel_target).pow(2).sum()), _acc(outs[lam], sel_y)) for lam in lams}
 
-    scores = score_all(LAMBDAS)  # the decades, then half a decade each side of the best (as search())
-    lam = min(LAMBDAS, key=lambda each: scores[each][0])
-    scores |= score_all((lam / 10**0.5, lam * 10**0.5))
-    lam = min((lam / 10**0.5, lam, lam * 10**0.5), key=lambda each: scores[each][0])
+    def refine(errors: Callable[[float], float]) -> float:
+        """The decade of least error, then half a decade each side of it (as search())."""
+        lam = min(LAMBDAS, key=errors)
+        halves = tuple(each for each in (lam / 10**0.5, lam * 10**0.5) if each not in scores)
+        if halves:
+            scores.update(score_all(halves))
+        return min((lam / 10**0.5, lam, lam * 10**0.5), key=errors)
+
+    scores = score_all(LAMBDAS)
+    lam = refine(lambda each: scores[each][0])
+    lam_members = refine(member_errors.__getitem__)
     # The final heads: every training sample (the held-out ones too), their own standardisation.
-    test_out = torch.zeros(len(y["test"]), classes, dtype=DTYPE)
+    test_out = {each: torch.zeros(len(y["test"]), classes, dtype=DTYPE) for each in {lam, lam_members}}
     for s in seeds:
         fmap = FeatureMap(x["train"], recipe, s)
-        test_out += fmap(x["test"]) @ ridge_head(*sums(fmap(x["train"]), y["train"], classes)[:2], lam).T
+        gram, class_sum, _ = sums(fmap(x["train"]), y["train"], classes)
+        test_phi = fmap(x["test"])
+        for each, out in test_out.items():
+            out += test_phi @ ridge_head(gram, class_sum, each).T
+        del gram, class_sum, test_phi
     return {
         "recipe": str(recipe),
         "select": select,
@@ -368,7 +382,10 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
         "lambda": lam,
         "select_acc": scores[lam][1],
         "best_select_acc": max(acc for _, acc in scores.values()),
-        "test": _acc(test_out, y["test"]),
+        "test": _acc(test_out[lam], y["test"]),
+        "lambda_members": lam_members,
+        "select_acc_members": scores[lam_members][1],
+        "test_members": _acc(test_out[lam_members], y["test"]),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -408,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['best_select_acc']:6.2f} {r['test']:6.2f} {r['seconds']:5.0f}",
                 flush=True,
             )
+            if "lambda_members" in r and r["lambda_members"] != r["lambda"]:
+                print(
+                    f"{'  members rule':28s} {'':8s} {'':9s} {r['lambda_members']:9.3g} "
+                    f"{r['select_acc_members']:7.2f} {'':6s} {r['test_members']:6.2f}",
+                    flush=True,
+                )
     return 0
 
 

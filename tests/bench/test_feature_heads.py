@@ -76,16 +76,22 @@ def test_the_eigen_search_predicts_as_the_direct_solve(fh):
         assert_close_to_dtype(torch.tensor(scores[each][0], dtype=fh.DTYPE), want, fh.DTYPE, terms=60, cond=cond)
 
 
+def _three_classes(seed: int, spread: float, shape: tuple[int, int], sizes: tuple[int, int, int]):
+    """Pooled "mean" states ``(n, layers, dims)`` of three Gaussian classes for train, val and test, and labels."""
+    g = torch.Generator().manual_seed(seed)
+    centres = spread * torch.randn(3, *shape, generator=g)
+    feats, labels = {}, {}
+    for split, n in zip(("train", "val", "test"), sizes, strict=True):
+        y = torch.arange(n) % 3
+        feats[split] = {"mean": (centres[y] + torch.randn(n, *shape, generator=g)).numpy()}
+        labels[split] = y.numpy()
+    return feats, labels
+
+
 def test_an_ensemble_averages_its_members_outputs(fh):
     """``rpNxK``: K heads on the projections of seeds seed..seed+K-1, at the chosen lambda, outputs averaged;
     the test accuracy printed is that average's."""
-    g = torch.Generator().manual_seed(2)
-    centres = 0.7 * torch.randn(3, 2, 5, generator=g)  # 3 classes, 2 layers, 5 dims
-    feats, labels = {}, {}
-    for split, n in (("train", 60), ("val", 15), ("test", 30)):
-        y = torch.arange(n) % 3
-        feats[split] = {"mean": (centres[y] + torch.randn(n, 2, 5, generator=g)).numpy()}
-        labels[split] = y.numpy()
+    feats, labels = _three_classes(2, 0.7, (2, 5), (60, 15, 30))  # 2 layers, 5 dims
     recipe = fh.Recipe.parse("01:mean:raw:rp40x3")
     got = fh.evaluate(recipe, feats, labels, "holdout", 7)
     x = {s: fh.features(feats[s], recipe) for s in ("train", "test")}
@@ -98,3 +104,34 @@ def test_an_ensemble_averages_its_members_outputs(fh):
     members = [fh._acc(o, y["test"]) for o in outs]
     assert got["test"] == fh._acc(sum(outs) / 3, y["test"])
     assert got["test"] not in members  # the data are hard enough that the average differs from each member
+
+
+def test_the_members_rule_minimises_the_members_summed_errors(fh):
+    """``lambda_members``: the lambda (decades, then half a decade each side) of least sum over members of
+    each member's own held-out squared error, computed here from its outputs; ``test_members`` is the
+    average's test accuracy at that lambda."""
+    feats, labels = _three_classes(5, 0.6, (1, 4), (50, 10, 40))
+    recipe = fh.Recipe.parse("0:mean:raw:rp60x3")
+    got = fh.evaluate(recipe, feats, labels, "holdout", 4)
+    x = {s: fh.features(feats[s], recipe) for s in ("train", "test")}
+    y = {s: torch.from_numpy(labels[s]) for s in ("train", "test")}
+    held = torch.arange(len(y["train"])) % 5 == 0
+    maps = [fh.FeatureMap(x["train"][~held], recipe, seed) for seed in (4, 5, 6)]
+
+    def members_error(lam):
+        total = 0.0
+        for fmap in maps:
+            head = fh.ridge_head(*fh.sums(fmap(x["train"][~held]), y["train"][~held], 3)[:2], lam)
+            target = torch.nn.functional.one_hot(y["train"][held], 3).to(fh.DTYPE)
+            total += float((fmap(x["train"][held]) @ head.T - target).pow(2).sum())
+        return total
+
+    decade = min(fh.LAMBDAS, key=members_error)
+    want = min((decade / 10**0.5, decade, decade * 10**0.5), key=members_error)
+    assert got["lambda_members"] == want
+    assert got["lambda"] != want  # the average's rule chooses otherwise here: the test tells them apart
+    outs = []
+    for seed in (4, 5, 6):
+        fmap = fh.FeatureMap(x["train"], recipe, seed)
+        outs.append(fmap(x["test"]) @ fh.ridge_head(*fh.sums(fmap(x["train"]), y["train"], 3)[:2], want).T)
+    assert got["test_members"] == fh._acc(sum(outs) / 3, y["test"])
