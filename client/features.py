@@ -11,7 +11,9 @@ head solved from them is the same for every split of the data:
 - CCVR (``class_moments``): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``, or of
   ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
 - with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
-  with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2); and,
+  with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2; with the setting
+  ``ridge.blocks = K``, ``(K, min(n, F'/K), F'/K)``, the factors of the Gram's K diagonal blocks, all an
+  ensemble of K ridge heads on the K projections needs); and,
   when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
   held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
   ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
@@ -35,10 +37,10 @@ from torch import Tensor
 
 from client.backbones import ClassifierModel
 from common.config import RunConfig
-from common.merge import gram_factor
+from common.merge import block_gram_factor, gram_factor
 from common.messages import RoundPlan
 from common.settings import NcmSettings
-from common.declared import GRAM_FACTOR, HOLDOUT, class_moments, closed_form_settings, holdout_every
+from common.declared import GRAM_FACTOR, HOLDOUT, class_moments, closed_form_settings, gram_blocks, holdout_every
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -52,8 +54,9 @@ class Batches(Protocol):
 
 
 def rp_dim(config: RunConfig) -> int:
-    """``F'`` of the random projection, 0 for none."""
-    return closed_form_settings(config).rp_dim
+    """``F'`` of the random projection, 0 for none; with ``ridge.blocks = K`` the ``K`` members' projections of
+    ``rp_dim`` rows each, side by side (the rows of one ``P``, ``K rp_dim`` in all)."""
+    return closed_form_settings(config).rp_dim * gram_blocks(config)
 
 
 def backbone_features(model: ClassifierModel, inputs: dict[str, Tensor], settings: NcmSettings | None) -> Tensor:
@@ -105,10 +108,13 @@ def extract(
     return torch.cat(out) if out else torch.zeros(0, width, dtype=torch.float64)
 
 
-def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moments: str = "") -> dict[str, Tensor]:
+def sums(
+    x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moments: str = "", blocks: int = 1
+) -> dict[str, Tensor]:
     """``class_sum: (C_t, F') = (X^T Y)^T``, ``class_count: (C_t,)`` over the classes ``[lo, hi)``,
-    optionally ``gram_factor`` with ``R^T R = X^T X``, and with ``moments`` (``class_moments``: "full" or
-    "diag") CCVR's ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``."""
+    optionally ``gram_factor`` with ``R^T R = X^T X`` (``blocks = K > 1``: the factors ``(K, m, F'/K)`` of the
+    Gram's ``K`` diagonal blocks only), and with ``moments`` (``class_moments``: "full" or "diag") CCVR's
+    ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``."""
     lo, hi = classes
     if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
         raise ValueError(
@@ -117,7 +123,7 @@ def sums(x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moment
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
     out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
     if gram:
-        out["gram" + GRAM_FACTOR] = gram_factor(x)
+        out["gram" + GRAM_FACTOR] = gram_factor(x) if blocks == 1 else block_gram_factor(x, blocks)
     if moments:
         out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if moments == "full" else one_hot.T @ (x * x)
     return out
@@ -136,11 +142,12 @@ def feature_stats(
     features = extract(model, data, shard, device, closed_form_settings(config))  # (n, F)
     x = feature_map(features, random_projection(config, features.shape[1]))
     labels = data.labels[shard]
-    stats = sums(x, labels, classes, gram, class_moments(config))
+    blocks = gram_blocks(config)
+    stats = sums(x, labels, classes, gram, class_moments(config), blocks)
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
-        stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram).items()}
+        stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram, blocks=blocks).items()}
     return stats
 
 

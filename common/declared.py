@@ -12,7 +12,8 @@ Shapes (``C`` classes, ``F`` the head's input, ``r`` the rank): LoRA factors ``B
 ``A: (r, d_in)``; Grams ``(d_in,)`` or ``(d_in, d_in)``; head ``(C, F)``, ``(C,)``, its Gram
 ``(F, F)``; dense deltas and Fisher shaped like their parameters (Fisher also for the head, as
 ``head.weight``, ``head.bias``); feature statistics of the ``C_t`` classes of the task:
-``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``), CCVR's
+``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``; ``(K, <= F'/K,
+F'/K)`` with ``ridge.blocks = K``), CCVR's
 ``class_moment: (C_t, F, F)`` or ``(C_t, F)``; prompt deltas shaped like the trained components.
 """
 
@@ -126,17 +127,32 @@ def holdout_every(config: RunConfig) -> int:
     return settings.holdout if isinstance(settings, RidgeSettings) else 0
 
 
+def gram_blocks(config: RunConfig) -> int:
+    """``K`` of ``ridge.blocks``: the Gram's diagonal blocks a features step sends (1: the whole Gram)."""
+    settings = closed_form_settings(config)
+    return settings.blocks if isinstance(settings, RidgeSettings) else 1
+
+
+def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
+    """The Gram factor of ``width`` features: ``(<= F', F')``; with ``K = blocks > 1`` one factor per diagonal
+    block of width ``F' / K``, ``(K, <= F'/K, F'/K)``."""
+    if blocks == 1:
+        return (UpTo(width), width)
+    return (blocks, UpTo(width // blocks), width // blocks)
+
+
 def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
-    with ``plan.head_gram`` the Gram's factor, and (ridge, ``holdout > 0``) the held-out samples' alike."""
+    with ``plan.head_gram`` the Gram's factor (with ``ridge.blocks``, its diagonal blocks'), and (ridge,
+    ``holdout > 0``) the held-out samples' alike."""
     lo, hi = plan.class_range
-    width = closed_form_settings(config).head_width(spec.feature_dim)  # F'
+    width = closed_form_settings(config).head_width(spec.feature_dim)  # F' (K members' side by side)
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
     moments = class_moments(config)
     if moments:  # CCVR's Gaussians
         shapes["class_moment"] = (hi - lo, width, width) if moments == "full" else (hi - lo, width)
     if plan.head_gram:
-        shapes["gram" + GRAM_FACTOR] = (UpTo(width), width)
+        shapes["gram" + GRAM_FACTOR] = gram_factor_shape(width, gram_blocks(config))
         if holdout_every(config):
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
     return shapes

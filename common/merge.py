@@ -171,6 +171,50 @@ class GramSum:
         return self.total
 
 
+@dataclass
+class BlockGramSum:
+    """Running sum of the ``K`` diagonal blocks ``(K, d, d)`` of Grams of ``K d`` features (``ridge.blocks``):
+    the rest of the Gram is never formed. A :class:`GramSum` per block, in one tensor."""
+
+    SUMS: ClassVar[tuple[str, ...]] = ("total",)  # as GramSum's: secure aggregation adds these up
+    PARTS: ClassVar[tuple[str, ...]] = ()
+
+    blocks: int
+    d_in: int
+    total: Tensor | None = None
+    count: int = 0
+
+    def fold(self, g: Tensor) -> None:
+        """Add the blocks ``g: (K, d, d)``."""
+        if tuple(g.shape) != (self.blocks, self.d_in, self.d_in):
+            raise ValueError(
+                f"gram blocks: expected shape ({self.blocks}, {self.d_in}, {self.d_in}), got {tuple(g.shape)}"
+            )
+        self.total = _f64(g).clone() if self.total is None else self.total + _f64(g)
+        self.count += 1
+
+    def fold_factor(self, r: Tensor) -> None:
+        """Fold the blocks ``R_k^T R_k`` of the factors ``R: (K, m, d)`` (:func:`block_gram_factor`)."""
+        if r.dim() != 3 or r.shape[0] != self.blocks or r.shape[2] != self.d_in:
+            want = f"({self.blocks}, *, {self.d_in})"
+            raise ValueError(f"gram block factors: expected shape {want}, got {tuple(r.shape)}")
+        r = _f64(r)
+        self.fold(r.transpose(1, 2) @ r)
+
+    def value(self) -> Tensor:
+        if self.total is None:
+            raise ValueError("BlockGramSum: nothing folded yet")
+        return self.total
+
+
+def block_gram_factor(x: Tensor, blocks: int) -> Tensor:
+    """``(K, min(n, d), d)``: :func:`gram_factor` of each of the ``K = blocks`` column blocks of width ``d``
+    of ``X: (n, K d)``, i.e. the factors of the Gram's diagonal blocks ``X_k^T X_k``."""
+    if x.shape[1] % blocks:
+        raise ValueError(f"{x.shape[1]} features do not split into {blocks} blocks of equal width")
+    return torch.stack([gram_factor(part) for part in x.chunk(blocks, dim=1)])
+
+
 def gram_factor(x: Tensor) -> Tensor:
     """``R: (min(n, d), d)``, float64, with ``R^T R = X^T X`` for ``X: (n, d)``: QR's triangular factor.
 

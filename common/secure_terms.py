@@ -57,32 +57,35 @@ TRIL = "@tril"  # a summed Gram sent as its lower triangle (row by row), the onl
 
 
 def pack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``sums`` with every square summed Gram (a ``GramSum``'s ``total``) as its lower triangle, under
-    ``name@tril``: half the bytes, and exactly what Cholesky and ``eigh`` read of the plain sum."""
+    """``sums`` with every square summed Gram (a ``GramSum``'s ``total``; a ``BlockGramSum``'s ``(K, d, d)``:
+    each block) as its lower triangle, under ``name@tril``: half the bytes, and exactly what Cholesky and
+    ``eigh`` read of the plain sum."""
     out = {}
     for name, t in sums.items():
-        if name.endswith("/total") and t.dim() == 2 and t.shape[0] == t.shape[1]:
-            rows, cols = torch.tril_indices(t.shape[0], t.shape[0])
-            out[name + TRIL] = t[rows, cols]
+        if name.endswith("/total") and t.dim() in (2, 3) and t.shape[-2] == t.shape[-1]:
+            rows, cols = torch.tril_indices(t.shape[-1], t.shape[-1])
+            out[name + TRIL] = t[..., rows, cols]  # (d(d+1)/2,) or (K, d(d+1)/2)
         else:
             out[name] = t
     return out
 
 
 def unpack(sums: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`pack`: each lower triangle back to its symmetric matrix."""
+    """Inverse of :func:`pack`: each lower triangle (or each block's, ``(K, d(d+1)/2)``) back to its symmetric
+    matrix."""
     out = {}
     for name, t in sums.items():
         if not name.endswith(TRIL):
             out[name] = t
             continue
-        d = int(round((math.sqrt(8 * t.numel() + 1) - 1) / 2))
-        if d * (d + 1) // 2 != t.numel():
-            raise SecAggError(f"{name}: {t.numel()} entries are no lower triangle")
+        entries = t.shape[-1] if t.dim() else 0
+        d = int(round((math.sqrt(8 * entries + 1) - 1) / 2))
+        if t.dim() not in (1, 2) or d * (d + 1) // 2 != entries:
+            raise SecAggError(f"{name}: shape {tuple(t.shape)} is no lower triangle, nor a stack of them")
         rows, cols = torch.tril_indices(d, d)
-        full = torch.zeros(d, d, dtype=t.dtype)
-        full[rows, cols] = t
-        full[cols, rows] = t
+        full = torch.zeros(*t.shape[:-1], d, d, dtype=t.dtype)
+        full[..., rows, cols] = t
+        full[..., cols, rows] = t
         out[name.removesuffix(TRIL)] = full
     return out
 

@@ -254,9 +254,22 @@ class RidgeSettings(NcmSettings):
         "hold out training samples with global index i % holdout == 0 to choose lambda "
         "(0: none; then fixed_lambda is needed)",
     )
+    blocks: int = setting(
+        1,
+        "K: an ensemble of K ridge heads, each on its own rp_dim-wide random projection, outputs averaged; "
+        "clients send and the coordinator keeps only the K diagonal rp_dim x rp_dim blocks of the Gram "
+        "(needs rp_dim; lambda is shared, chosen by the members' summed held-out errors)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.blocks < 1:
+            raise ValueError(f"setting ridge.blocks must be a positive integer (1: one head), got {self.blocks}")
+        if self.blocks > 1 and not self.rp_dim:
+            raise ValueError(
+                f"setting ridge.blocks = {self.blocks} needs ridge.rp_dim > 0: each member of the ensemble is a "
+                "ridge head on its own random projection"
+            )
         if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
             raise ValueError(
                 f"setting ridge.fixed_lambda must be a positive number (0: choose it), got {self.fixed_lambda}"
@@ -269,6 +282,10 @@ class RidgeSettings(NcmSettings):
                 f"(got {self.holdout}) and positive ridge.lambdas (got {list(self.lambdas)}), "
                 "or a fixed ridge.fixed_lambda > 0"
             )
+
+    def head_width(self, hidden: int) -> int:
+        """``K F'``: the K members' projections side by side."""
+        return self.rp_dim * self.blocks if self.rp_dim else self.feature_width(hidden)
 
 
 @dataclass(frozen=True)

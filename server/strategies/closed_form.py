@@ -25,6 +25,14 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   training samples (global training index ``i % k == 0``, ``k = ridge.holdout``, default 5)
   of the head fitted on the rest; the squared error comes from the held-out sums
   alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
+- ``ridge`` with ``ridge.blocks = K > 1``: an ensemble of ``K`` ridge heads, member ``k`` on the
+  ``k``-th ``rp_dim`` columns of the projection (its own random projection), scores averaged:
+  ``W = [W_1 .. W_K] / K``, ``W_k = S_k (G_k + lam I)^-1`` with ``G_k`` the ``k``-th diagonal block of
+  the Gram, the only part of it that clients send (``(K, min(n, d), d)`` factors, ``d = rp_dim``) and
+  the coordinator keeps (``K d^2`` numbers instead of ``K^2 d^2``); ``K`` solves of width ``d``
+  instead of one of ``K d``. It is the ridge of the ``K d`` features with the Gram's off-diagonal
+  blocks dropped. ``lam`` is shared and minimises the members' held-out squared errors summed (the
+  average's own error would need the held-out Gram's off-diagonal blocks).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
-from common.merge import GramSum, right_solve
+from common.merge import BlockGramSum, GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
@@ -58,9 +66,17 @@ def ncm_head(class_sum: Tensor, class_count: Tensor) -> Tensor:
 
 
 def ridge_head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
-    """``W = S (G + lam I)^-1``: ``(C, F')`` for ``G: (F', F')``, ``S: (C, F')``, ``lam > 0``."""
+    """``W = S (G + lam I)^-1``: ``(C, F')`` for ``G: (F', F')``, ``S: (C, F')``, ``lam > 0``.
+
+    ``G: (K, d, d)``, the diagonal blocks of a Gram of ``F' = K d`` features (``ridge.blocks``): the ensemble's
+    head ``[W_1 .. W_K] / K`` with ``W_k = S_k (G_k + lam I)^-1`` on the columns ``S_k`` of block ``k``, whose
+    scores are the average of the ``K`` members' scores.
+    """
     if not lam > 0:
         raise ValueError(f"ridge lambda must be positive, got {lam}")
+    if gram.dim() == 3:
+        members = [ridge_head(g, part, lam) for g, part in zip(gram, class_sum.chunk(gram.shape[0], 1), strict=True)]
+        return torch.cat(members, 1) / gram.shape[0]
     regularised = gram.to(DTYPE) + lam * torch.eye(gram.shape[0], dtype=DTYPE)
     return right_solve(class_sum, regularised)
 
@@ -68,8 +84,14 @@ def ridge_head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
 def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) -> float:
     """``sum_i |W x_i - y_i|^2 = tr(W G W^T) - 2 tr(W S^T) + n`` over samples with sums ``G, S, n``.
 
-    ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples.
+    ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples. With the blocks
+    ``G: (K, d, d)`` (:func:`ridge_head`'s ensemble ``[W_1 .. W_K] / K``): the members' errors summed,
+    ``sum_k sum_i |W_k x_ik - y_i|^2``, which needs no Gram entry outside the blocks.
     """
+    if gram.dim() == 3:
+        blocks = gram.shape[0]
+        parts = zip(head.chunk(blocks, 1), gram, class_sum.chunk(blocks, 1), strict=True)
+        return sum(squared_error(blocks * w, g, part, count) for w, g, part in parts)
     head = head.to(DTYPE)
     return float(
         ((head @ gram.to(DTYPE)) * head).sum() - 2.0 * (head * class_sum.to(DTYPE)).sum() + count.to(DTYPE).sum()
@@ -111,14 +133,19 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
 
 
 class StatSums:
-    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum`."""
+    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum`, or their
+    diagonal blocks ``(K, d, d)`` in :class:`BlockGramSum`."""
 
     SUMS = ("plain",)  # running sums (common/sums.py)
     PARTS = ("grams",)
 
     def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
         self.shapes = shapes
-        self.grams = {n: GramSum(s[0]) for n, s in shapes.items() if n.endswith("gram")}
+        self.grams: dict[str, GramSum | BlockGramSum] = {
+            n: GramSum(s[0]) if len(s) == 2 else BlockGramSum(s[0], s[1])
+            for n, s in shapes.items()
+            if n.endswith("gram")
+        }
         self.plain = {n: torch.zeros(s, dtype=DTYPE) for n, s in shapes.items() if not n.endswith("gram")}
         self.count = 0
 
@@ -172,12 +199,12 @@ class FeatureStatsAggregator(Aggregator):
             factor = stats.get(prefix + "gram" + FACTOR)
             if factor is not None:
                 samples = int(count.sum())
-                if factor.shape[0] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
+                if factor.shape[-2] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
                     raise UpdateRejected(
                         f"stats[{prefix}gram{FACTOR}]",
                         f"expected at most min(samples, width) = "
-                        f"{min(samples, factor.shape[1])} rows, got "
-                        f"{factor.shape[0]}",
+                        f"{min(samples, factor.shape[-1])} rows, got "
+                        f"{factor.shape[-2]}",
                     )
                 check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, factor)
         if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
@@ -268,12 +295,14 @@ class RidgeHead(ClosedFormHead):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         ridge = config.section(RidgeSettings)  # checked there: a fixed lambda, or a grid and a hold-out rule
         self.fixed_lambda, self.holdout, self.grid = ridge.fixed_lambda, ridge.holdout, ridge.lambdas
+        self.blocks = ridge.blocks  # K members, each on rp_dim of the F' = K rp_dim features
         super().__init__(config, spec)
         self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = super().stat_shapes() | {"gram": (self.dim, self.dim)}
+        d = self.dim // self.blocks
+        shapes = super().stat_shapes() | {"gram": (self.dim, self.dim) if self.blocks == 1 else (self.blocks, d, d)}
         if self.holdout:
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
         return shapes

@@ -89,6 +89,16 @@ def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the
     assert isinstance(got["stat/gram_factor"][0], UpTo) and not isinstance(got["stat/gram_factor"][1], UpTo)
 
 
+def test_a_ridge_blocks_step_declares_one_factor_per_diagonal_block_up_to_its_width():
+    config = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3}})
+
+    got = declared_tensors(plan(mode=Mode.FEATURES, head_gram=True, send_head=False), SPEC, config)
+
+    assert got["stat/class_sum"] == (2, 12)  # the three members' projections side by side
+    assert got["stat/gram_factor"] == got["stat/holdout_gram_factor"] == (3, 4, 4)
+    assert [isinstance(dim, UpTo) for dim in got["stat/gram_factor"]] == [False, True, False]
+
+
 def test_the_check_names_missing_unexpected_and_misshapen_tensors():
     declared = {"head/weight": (6, 5), "head/bias": (6,), "stat/gram_factor": (UpTo(9), 9)}
     check_declared_shapes({"head/weight": (6, 5), "head/bias": (6,), "stat/gram_factor": (4, 9)}, declared, "x")

@@ -62,7 +62,7 @@ def test_legacy_extra_keys_move_into_their_sections():
         (
             ["ridge.rpdim=5"],
             r"unknown setting ridge\.rpdim; ridge has "
-            r"\['fixed_lambda', 'holdout', 'lambdas', 'layers', 'norm', 'pool', 'rp_dim'\]",
+            r"\['blocks', 'fixed_lambda', 'holdout', 'lambdas', 'layers', 'norm', 'pool', 'rp_dim'\]",
         ),
         (
             ["nosuch.key=5"],
@@ -76,6 +76,8 @@ def test_legacy_extra_keys_move_into_their_sections():
         (['ridge.lambdas=[1, "x"]'], r"setting ridge\.lambdas\[1\] expects float, got str 'x'"),
         (['extra={"rp_dimm": 3}'], r"unknown extra key 'rp_dimm'"),
         (["ties.density=0"], r"setting ties\.density should lie in \(0, 1\], got 0\.0"),
+        (["ridge.blocks=0", "ridge.rp_dim=8"], r"setting ridge\.blocks must be a positive integer \(1: one head\)"),
+        (["ridge.blocks=2"], r"setting ridge\.blocks = 2 needs ridge\.rp_dim > 0"),
     ],
 )
 def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
@@ -85,6 +87,11 @@ def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
 
 def test_a_float_setting_takes_an_integer():
     assert RunConfig(settings={"ties": {"scale": 1}}).section(TiesSettings).scale == 1.0
+
+
+def test_ridge_blocks_widen_the_head_to_the_members_projections_side_by_side():
+    assert RidgeSettings(rp_dim=50, blocks=4).head_width(384) == 200
+    assert RidgeSettings(rp_dim=50).head_width(384) == 50 and RidgeSettings().head_width(384) == 384
 
 
 def test_ncm_and_ridge_read_their_own_rp_dim():

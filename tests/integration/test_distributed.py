@@ -109,16 +109,15 @@ def test_coordinator_killed_between_rounds_resumes(cluster, reference):
     assert_same_as_reference(c, reference)
 
 
-def test_ridge_over_grpc_identical_to_inprocess(cluster):
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_ridge_over_grpc_identical_to_inprocess(cluster, blocks):
     """A closed-form head over the wire: each client sends its task's class sums and its Gram as a
-    factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes."""
+    factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes;
+    with ``ridge.blocks = 2``, the factors of the Gram's two 32-wide diagonal blocks (an ensemble of two)."""
+    base = json.loads(CONFIG.to_json())
+    ridge = {"rp_dim": 64 // blocks, "blocks": blocks, "lambdas": [0.1, 1.0, 10.0]}
     config = RunConfig(
-        **{
-            **json.loads(CONFIG.to_json()),
-            "run_id": "ridge",
-            "strategy": "ridge",
-            "extra": {**CONFIG.extra, "rp_dim": 64, "ridge_lambdas": [0.1, 1.0, 10.0]},
-        }
+        **{**base, "run_id": "ridge", "strategy": "ridge", "settings": base["settings"] | {"ridge": ridge}}
     )
     result = run_inprocess(config)
     c = cluster(config.to_json())

@@ -12,7 +12,7 @@ from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.declared import closed_form_settings
-from common.merge import GramSum, gram_factor
+from common.merge import BlockGramSum, GramSum, block_gram_factor, gram_factor
 from common.messages import Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
@@ -39,6 +39,8 @@ VARIANTS = {
         {"settings": {"ridge": {"layers": [0, -1], "pool": "first", "norm": "layer", "rp_dim": 80}}},
     ),
     "ncm-layers": ("ncm", {"settings": {"ncm": {"layers": [1, 2]}}}),
+    # an ensemble of three ridge heads, each on its own 32-wide projection, scores averaged
+    "ridge-blocks": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3}}}),
 }
 GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
@@ -84,6 +86,16 @@ def centralised_ridge(x, y, lam, num_classes):
     return torch.linalg.solve(x.T @ x + lam * torch.eye(x.shape[1], dtype=torch.float64), x.T @ one_hot).T
 
 
+def blocks_of(strategy) -> int:
+    return closed_form_settings(strategy.config).blocks
+
+
+def worst_condition(gram, lam) -> float:
+    """The largest condition number of ``G + lam I`` over the Gram (or its diagonal blocks)."""
+    blocks = gram if gram.dim() == 3 else gram[None]
+    return max(float(torch.linalg.cond(g + lam * torch.eye(g.shape[0], dtype=torch.float64))) for g in blocks)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_federated_head_equals_centralised_on_the_union(variant):
     name, extra = VARIANTS[variant]
@@ -96,19 +108,22 @@ def test_federated_head_equals_centralised_on_the_union(variant):
         want = means / means.norm(dim=1, keepdim=True)
         torch.testing.assert_close(strategy.head_w, want, rtol=1e-12, atol=1e-12)
         return
-    # lambda: least squared error on the held-out rows (global index % 5 == 0) of the head fit on the others
-    held = idx % 5 == 0
+    # lambda: least squared error on the held-out rows (global index % 5 == 0) of the head fit on the others;
+    # with ridge.blocks = K, K heads on the K column blocks of x (their own projections), their errors summed
+    held, k = idx % 5 == 0, blocks_of(strategy)
+    target = torch.nn.functional.one_hot(y[held], c).double()
     errors = []
     for lam in GRID:
-        w = centralised_ridge(x[~held], y[~held], lam, c)
-        target = torch.nn.functional.one_hot(y[held], c).double()
-        errors.append(float(((x[held] @ w.T - target) ** 2).sum()))
+        members = [(part, centralised_ridge(part[~held], y[~held], lam, c)) for part in x.chunk(k, 1)]
+        errors.append(sum(float(((part[held] @ w.T - target) ** 2).sum()) for part, w in members))
     lam = GRID[min(range(len(GRID)), key=errors.__getitem__)]
     assert strategy.lam == lam
     torch.testing.assert_close(torch.tensor(strategy.errors), torch.tensor(errors), rtol=1e-9, atol=1e-9)
+    # the ensemble's head: the members' heads side by side over K, so its scores are their scores' average
+    want = torch.cat([centralised_ridge(part, y, lam, c) for part in x.chunk(k, 1)], 1) / k
     # the two solves differ by float64 summation order, amplified by the condition number of G + lam I
-    cond = float(torch.linalg.cond(x.T @ x + lam * torch.eye(x.shape[1], dtype=torch.float64)))
-    assert_close_to_dtype(strategy.head_w, centralised_ridge(x, y, lam, c), torch.float64, terms=len(x), cond=cond)
+    cond = worst_condition(torch.stack([part.T @ part for part in x.chunk(k, 1)]), lam)
+    assert_close_to_dtype(strategy.head_w, want, torch.float64, terms=len(x), cond=cond)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -122,8 +137,7 @@ def test_identical_across_betas(variant, monkeypatch):
     assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
     cond = 1.0
     if name == "ridge":
-        gram = made[0].totals.value()["gram"]
-        cond = float(torch.linalg.cond(gram + made[0].lam * torch.eye(gram.shape[0], dtype=torch.float64)))
+        cond = worst_condition(made[0].totals.value()["gram"], made[0].lam)
     terms = TINY["extra"]["synthetic_train"] * made[0].spec.num_classes  # the training rows summed
     assert_close_to_dtype(runs[0].head_weight, runs[1].head_weight, torch.float64, terms=terms, cond=cond)
     assert runs[0].adapter == {} and [h["phase"] for h in runs[0].history] == ["features", "evaluate"] * 2
@@ -174,18 +188,40 @@ def test_gram_factor_is_the_gram_in_min_n_d_rows(n, d):
     assert torch.allclose(total.value(), x.T @ x + x[: n // 2].T @ x[: n // 2], rtol=0, atol=1e-12 * scale)
 
 
-def stats_update(plan, dim, index, seed):
+@pytest.mark.parametrize("n", [2, 7, 30])
+def test_block_factors_carry_the_grams_diagonal_blocks_only(n):
+    """``ridge.blocks``: K factors of ``min(n, d)`` rows, one per column block of ``X: (n, K d)``; folded, the
+    K diagonal blocks ``X_k^T X_k`` and nothing of the off-diagonal ones."""
+    k, d = 3, 6
+    x = torch.randn(n, k * d, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    r = block_gram_factor(x, k)
+    assert r.shape == (k, min(n, d), d)
+    total = BlockGramSum(k, d)
+    total.fold_factor(r)
+    total.fold_factor(block_gram_factor(x[:1], k))
+    want = torch.stack(
+        [x[:, b].T @ x[:, b] + x[:1, b].T @ x[:1, b] for b in (slice(i * d, (i + 1) * d) for i in range(k))]
+    )
+    assert_close_to_dtype(total.value(), want, torch.float64, terms=n + 1, cond=1.0)
+    with pytest.raises(ValueError, match="do not split into 4 blocks"):
+        block_gram_factor(x, 4)
+    with pytest.raises(ValueError, match=r"expected shape \(3, \*, 6\)"):
+        total.fold_factor(gram_factor(x))  # the whole Gram's factor is not the blocks'
+
+
+def stats_update(plan, dim, index, seed, blocks=1):
     gen = torch.Generator().manual_seed(seed)
     lo, hi = plan.class_range
     y = torch.randint(lo, hi, (12,), generator=gen)
     x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
     one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()  # the task's classes only
-    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
+    factor = gram_factor if blocks == 1 else lambda rows: block_gram_factor(rows, blocks)
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": factor(x)}
     held = torch.arange(12) % 4 == 0
     stats |= {
         "holdout_class_sum": one_hot[held].T @ x[held],
         "holdout_class_count": one_hot[held].sum(0),
-        "holdout_gram_factor": gram_factor(x[held]),
+        "holdout_gram_factor": factor(x[held]),
     }
     return plan_update(
         plan,
@@ -200,15 +236,16 @@ def fold_task(strategy, task, seed):
     plan = strategy.configure(task, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
     for i in range(2):
-        agg.fold(stats_update(plan, strategy.dim, i, seed + i))
+        agg.fold(stats_update(plan, strategy.dim, i, seed + i, blocks_of(strategy)))
     strategy.aggregate(plan, agg)
 
 
-def test_restart_from_state_gives_the_same_heads():
+@pytest.mark.parametrize("settings", [{}, {"ridge": {"rp_dim": 4, "blocks": 2}}], ids=["one", "blocks"])
+def test_restart_from_state_gives_the_same_heads(settings):
     from common.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    config = RunConfig(strategy="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)})
+    config = RunConfig(strategy="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)}, settings=settings)
     straight = make_strategy(config, spec)
     fold_task(straight, 0, 10)
     restarted = make_strategy(config, spec)
@@ -247,6 +284,30 @@ def test_rejected_statistics(break_it, field):
     with pytest.raises(UpdateRejected) as err:
         strategy.aggregator(plan).fold(update)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda s: s.update(gram_factor=gram_factor(torch.ones(12, 8, dtype=torch.float64))),  # the whole Gram's
+        lambda s: s.update(holdout_gram_factor=torch.ones(2, 4, 4, dtype=torch.float64)),  # 4 rows, 3 samples
+        lambda s: s.update(gram_factor=s["gram_factor"][:, :, :2]),  # blocks of width 2, not 4
+    ],
+    ids=["whole-gram", "rows-over-samples", "narrow-blocks"],
+)
+def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
+    from common.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
+    config = RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": {"rp_dim": 4, "blocks": 2}})
+    strategy = make_strategy(config, spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
+    strategy.aggregator(plan).fold(stats_update(plan, 8, 0, 0, blocks=2))  # as sent: accepted
+    update = stats_update(plan, 8, 1, 0, blocks=2)
+    break_it(update.stats)
+    with pytest.raises(UpdateRejected, match="gram_factor"):
+        strategy.aggregator(plan).fold(update)
 
 
 def test_features_step_travels_over_the_wire():

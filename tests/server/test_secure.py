@@ -33,10 +33,13 @@ INDIVIDUAL = {"ties", "pilora"}  # their merges need each client's update
 
 
 def config(name: str, clients: int = 3, settings: dict | None = None) -> RunConfig:
+    """``name``: a method, or ``ridge-blocks`` (ridge, an ensemble of two heads on 4-wide projections)."""
     ridge = {"ridge": {"lambdas": [0.1, 1.0, 10.0], "holdout": 4}} if "ridge" in name else {}
+    if name == "ridge-blocks":
+        ridge["ridge"] |= {"rp_dim": 4, "blocks": 2}
     return RunConfig(
         run_id="sec",
-        strategy=name,
+        strategy=name.removesuffix("-blocks"),
         num_clients=clients,
         num_tasks=2,
         rounds_per_task=1,
@@ -65,7 +68,7 @@ def steps(name: str, clients: int):
             yield cfg, plain, secure, plan, updates
 
 
-@pytest.mark.parametrize("name", sorted(set(STRATEGIES) - INDIVIDUAL))
+@pytest.mark.parametrize("name", [*sorted(set(STRATEGIES) - INDIVIDUAL), "ridge-blocks"])
 def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
     """Per step: the coordinator's unmasked sums equal the plain aggregator's running sums within
     ``clients x 2^-(f+1)`` (plus float64 rounding of the plain sums), and the merged state agrees."""
@@ -200,3 +203,15 @@ def test_square_grams_travel_as_their_lower_triangle():
     assert back.keys() == sums.keys() and all(torch.equal(back[k], sums[k]) for k in sums)
     with pytest.raises(SecAggError, match="no lower triangle"):
         unpack({"g/total@tril": torch.zeros(7, dtype=F64)})
+
+
+def test_a_block_grams_blocks_travel_as_their_lower_triangles():
+    """``ridge.blocks``: the summed diagonal blocks ``(K, d, d)`` as ``(K, d(d+1)/2)`` lower triangles, exactly."""
+    x = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(4), dtype=F64)
+    blocks = x.transpose(1, 2) @ x
+    blocks = torch.tril(blocks) + torch.tril(blocks, -1).transpose(1, 2)  # exactly symmetric
+    packed = pack({"sums/grams/gram/total": blocks})
+    assert packed["sums/grams/gram/total@tril"].shape == (3, 10)
+    assert torch.equal(unpack(packed)["sums/grams/gram/total"], blocks)
+    with pytest.raises(SecAggError, match="no lower triangle"):
+        unpack({"g/total@tril": torch.zeros(3, 7, dtype=F64)})

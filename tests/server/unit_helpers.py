@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from common.config import RunConfig
-from common.merge import gram_factor
+from common.merge import block_gram_factor, gram_factor
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.tensors import (
     DELTA,
@@ -41,13 +41,16 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     x = torch.randn(N, dim, generator=g, dtype=F64)
     one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).to(F64)  # the task's classes only
     held = torch.arange(N) % 4 == 0
+    factor_shape = shapes.get(tensor_name(STAT, "gram_factor"), ())
+    blocks = factor_shape[0] if len(factor_shape) == 3 else 1  # ridge.blocks: the diagonal blocks' factors
+    factor = gram_factor if blocks == 1 else lambda rows: block_gram_factor(rows, blocks)
     out = {
         "class_sum": one_hot.T @ x,
         "class_count": one_hot.sum(0),
-        "gram_factor": gram_factor(x),
+        "gram_factor": factor(x),
         "holdout_class_sum": one_hot[held].T @ x[held],
         "holdout_class_count": one_hot[held].sum(0),
-        "holdout_gram_factor": gram_factor(x[held]),
+        "holdout_gram_factor": factor(x[held]),
     }
     if tensor_name(STAT, "prototype") in shapes:  # PILoRA: the client's trained prototypes
         out["prototype"] = torch.randn(hi - lo, dim, generator=g, dtype=F64)
