@@ -69,10 +69,31 @@ def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_bytes(path, json.dumps(value, indent=1, sort_keys=True).encode())
 
 
+def own_storage(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The tensors as safetensors writes them: each contiguous and alone in its storage. The strategy's
+    tensors may share storage (a task's factors are the round's), or be views of a larger one: those are
+    cloned; a tensor that already owns its storage whole is written as it is (a closed-form head's summed
+    Grams are gigabytes, which a clone per commit would double)."""
+    out: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        t = t.detach().cpu()
+        storage = t.untyped_storage()
+        whole = (
+            t.is_contiguous()
+            and t.data_ptr() == storage.data_ptr()
+            and t.numel() * t.element_size() == storage.nbytes()
+        )
+        if not whole or storage.data_ptr() in seen or t.numel() == 0:
+            t = t.clone().contiguous()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
 def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    # Clones: the strategy's tensors may share storage (a task's factors are the round's).
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp))
+    save_file(own_storage(tensors), str(tmp))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -84,14 +84,8 @@ def ridge_head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
 def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) -> float:
     """``sum_i |W x_i - y_i|^2 = tr(W G W^T) - 2 tr(W S^T) + n`` over samples with sums ``G, S, n``.
 
-    ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples. With the blocks
-    ``G: (K, d, d)`` (:func:`ridge_head`'s ensemble ``[W_1 .. W_K] / K``): the members' errors summed,
-    ``sum_k sum_i |W_k x_ik - y_i|^2``, which needs no Gram entry outside the blocks.
+    ``W: (C, F')``; ``y_i`` one-hot, so ``sum_i |y_i|^2`` is the number of samples.
     """
-    if gram.dim() == 3:
-        blocks = gram.shape[0]
-        parts = zip(head.chunk(blocks, 1), gram, class_sum.chunk(blocks, 1), strict=True)
-        return sum(squared_error(blocks * w, g, part, count) for w, g, part in parts)
     head = head.to(DTYPE)
     return float(
         ((head @ gram.to(DTYPE)) * head).sum() - 2.0 * (head * class_sum.to(DTYPE)).sum() + count.to(DTYPE).sum()
@@ -104,12 +98,40 @@ def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[flo
     ``sums``: ``gram``, ``class_sum`` over all samples and ``holdout_*`` over the held-out ones.
     Returns ``lam`` and the held-out squared error of every grid value (the first minimum wins).
     """
-    gram_fit = sums["gram"] - sums[HOLDOUT + "gram"]
-    sum_fit = sums["class_sum"] - sums[HOLDOUT + "class_sum"]
-    held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
-    errors = [squared_error(ridge_head(gram_fit, sum_fit, lam), *held) for lam in grid]
+    errors = heldout_errors(sums, grid)
     best = min(range(len(grid)), key=errors.__getitem__)
     return grid[best], errors
+
+
+def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[float]:
+    """Per value of ``grid``, the held-out samples' squared error of the head fitted on the others.
+
+    With the Gram's blocks ``(K, d, d)`` (:func:`ridge_head`'s ensemble): the ``K`` members' errors summed,
+    ``sum_k sum_i |W_k x_ik - y_i|^2``, one block at a time (no Gram entry outside the blocks, and the
+    memory of one block's fitting Gram); the ensemble's own error would need the off-diagonal blocks.
+    """
+    gram = sums["gram"]
+    if gram.dim() == 3:
+        k = gram.shape[0]
+        members = [heldout_errors(_block(sums, i, k), grid) for i in range(k)]
+        return [sum(member) for member in zip(*members, strict=True)]
+    gram_fit = gram - sums[HOLDOUT + "gram"]
+    sum_fit = sums["class_sum"] - sums[HOLDOUT + "class_sum"]
+    held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
+    return [squared_error(ridge_head(gram_fit, sum_fit, lam), *held) for lam in grid]
+
+
+def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
+    """Member ``i`` of ``k``'s sums: its Gram blocks, its columns of the class sums, the counts."""
+    out = {}
+    for name, t in sums.items():
+        if name.endswith("gram"):
+            out[name] = t[i]
+        elif name.endswith("class_sum"):
+            out[name] = t.chunk(k, 1)[i]
+        else:
+            out[name] = t
+    return out
 
 
 def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Tensor) -> None:
