@@ -186,6 +186,21 @@ class StatSums:
     def value(self) -> dict[str, Tensor]:
         return self.plain | {name: acc.value() for name, acc in self.grams.items()}
 
+    def absorb(self, other: StatSums) -> None:
+        """``fold(other.value())``, then empty ``other``'s Grams: a Gram this holds none of yet is taken over,
+        not copied (a step's Grams are gigabytes at ``F' = 10,000``, 6.4 GB with ``ridge.blocks = 4`` and the
+        held-out ones: held once, not twice). The same sums, bit for bit, as ``fold``."""
+        for name, acc in self.grams.items():
+            theirs = other.grams[name]
+            if acc.total is None:
+                acc.total, acc.count = theirs.value(), acc.count + 1
+            else:
+                acc.fold(theirs.value())
+            theirs.total = None
+        for name, total in self.plain.items():
+            total += other.plain[name]
+        self.count += 1
+
 
 def check_class_counts(update: ClientUpdate) -> None:
     """``UpdateRejected`` unless the update's class counts sum to its ``num_samples`` and a class with
@@ -275,7 +290,7 @@ class ClosedFormHead(Strategy):
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)
-        self.totals.fold(aggregator.sums.value())
+        self.totals.absorb(aggregator.sums)  # the step's Grams become the totals' (nothing reads them after)
         self.head_w = self.solve(self.totals.value())
 
     @abstractmethod

@@ -16,7 +16,7 @@ from common.merge import BlockGramSum, GramSum, block_gram_factor, gram_factor
 from common.messages import Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
-from server.strategies.closed_form import ncm_head, ridge_head, squared_error
+from server.strategies.closed_form import StatSums, ncm_head, ridge_head, squared_error
 from unit_helpers import plan_update
 from tolerance import assert_close_to_dtype
 
@@ -207,6 +207,31 @@ def test_block_factors_carry_the_grams_diagonal_blocks_only(n):
         block_gram_factor(x, 4)
     with pytest.raises(ValueError, match=r"expected shape \(3, \*, 6\)"):
         total.fold_factor(gram_factor(x))  # the whole Gram's factor is not the blocks'
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (2, 3, 3)], ids=["gram", "blocks"])
+def test_absorbing_a_steps_sums_equals_folding_them_and_empties_the_step(shape):
+    """The totals take a step's sums as ``fold`` would, to the bit, the first time by taking its Gram over."""
+    g = torch.Generator().manual_seed(5)
+    shapes = {"class_sum": (4, 6), "gram": shape}
+
+    def step():
+        sums = StatSums(shapes)
+        x = torch.randn(5, 6, generator=g, dtype=torch.float64)
+        factor = gram_factor(x) if len(shape) == 2 else block_gram_factor(x, 2)
+        sums.fold({"class_sum": torch.randn(4, 6, generator=g, dtype=torch.float64), "gram_factor": factor})
+        return sums
+
+    steps = [step(), step()]
+    folded, absorbed = StatSums(shapes), StatSums(shapes)
+    for each in steps:
+        folded.fold(each.value())
+    taken = steps[0].grams["gram"].value()
+    for each in steps:
+        absorbed.absorb(each)
+    assert absorbed.grams["gram"].total is taken or len(shape) == 2  # blocks: summed in place into the first step's
+    assert all(torch.equal(absorbed.value()[k], v) for k, v in folded.value().items())
+    assert absorbed.count == folded.count == 2 and all(each.grams["gram"].total is None for each in steps)
 
 
 def stats_update(plan, dim, index, seed, blocks=1):
