@@ -16,8 +16,9 @@ head solved from them is the same for every split of the data:
   ensemble of K ridge heads on the K projections needs); and,
   when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
   held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
-  ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor``. A global rule makes the union of the
-  clients' held-out samples the same set for every Dirichlet split.
+  ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor`` (with ``ridge.lambda_rule =
+  'average'`` the whole width's factor ``(min(n_held, F'), F')``, not the blocks'). A global rule makes the union
+  of the clients' held-out samples the same set for every Dirichlet split.
 
 ``X: (n, F')`` are the backbone features ``(n, F)`` (with the setting ``layers``: the pooled hidden
 states of those layers side by side, ``F = len(layers) d``, each optionally normalised per sample,
@@ -40,7 +41,15 @@ from common.config import RunConfig
 from common.merge import block_gram_factor, gram_factor
 from common.messages import RoundPlan
 from common.settings import NcmSettings
-from common.declared import GRAM_FACTOR, HOLDOUT, class_moments, closed_form_settings, gram_blocks, holdout_every
+from common.declared import (
+    GRAM_FACTOR,
+    HOLDOUT,
+    class_moments,
+    closed_form_settings,
+    gram_blocks,
+    holdout_blocks,
+    holdout_every,
+)
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -147,7 +156,8 @@ def feature_stats(
     k = holdout_every(config)
     if gram and k:
         held = shard % k == 0
-        stats |= {HOLDOUT + name: t for name, t in sums(x[held], labels[held], classes, gram, blocks=blocks).items()}
+        held_stats = sums(x[held], labels[held], classes, gram, blocks=holdout_blocks(config))
+        stats |= {HOLDOUT + name: t for name, t in held_stats.items()}
     return stats
 
 

@@ -133,6 +133,13 @@ def gram_blocks(config: RunConfig) -> int:
     return settings.blocks if isinstance(settings, RidgeSettings) else 1
 
 
+def holdout_blocks(config: RunConfig) -> int:
+    """The blocks of the held-out samples' Gram factor: :func:`gram_blocks`, or 1 (the whole width) when
+    ``ridge.lambda_rule = 'average'`` needs the held-out Gram's off-diagonal blocks too."""
+    settings = closed_form_settings(config)
+    return 1 if isinstance(settings, RidgeSettings) and settings.average_rule else gram_blocks(config)
+
+
 def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
     """The Gram factor of ``width`` features: ``(<= F', F')``; with ``K = blocks > 1`` one factor per diagonal
     block of width ``F' / K``, ``(K, <= F'/K, F'/K)``."""
@@ -144,7 +151,7 @@ def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
 def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
     with ``plan.head_gram`` the Gram's factor (with ``ridge.blocks``, its diagonal blocks'), and (ridge,
-    ``holdout > 0``) the held-out samples' alike."""
+    ``holdout > 0``) the held-out samples' alike (with ``ridge.lambda_rule = 'average'``, their whole Gram's)."""
     lo, hi = plan.class_range
     width = closed_form_settings(config).head_width(spec.feature_dim)  # F' (K members' side by side)
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
@@ -155,6 +162,7 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
         shapes["gram" + GRAM_FACTOR] = gram_factor_shape(width, gram_blocks(config))
         if holdout_every(config):
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
+            shapes[HOLDOUT + "gram" + GRAM_FACTOR] = gram_factor_shape(width, holdout_blocks(config))
     return shapes
 
 

@@ -215,6 +215,36 @@ class BlockGramSum:
         return self.total
 
 
+@dataclass
+class GramRows:
+    """A Gram ``X^T X`` of ``d_in`` features kept whole as a factor ``R: (m, d_in)``, ``R^T R`` the Gram: the
+    folded factors stacked, reduced by a QR to ``d_in`` rows whenever they outnumber the columns, so
+    ``m <= min(n, d_in)`` for ``n`` samples (not a function of the number of clients). What an ensemble's own
+    held-out error needs (``ridge.lambda_rule = 'average'``): the off-diagonal blocks too, in ``m d_in``
+    numbers instead of ``d_in^2``. A stack, not a sum of per-client terms: no ``SUMS``, so no secure
+    aggregation (``common/sums.py``)."""
+
+    d_in: int
+    total: Tensor | None = None
+    count: int = 0
+
+    def fold(self, g: Tensor) -> None:
+        raise ValueError("GramRows keeps the Gram as its factor: fold_factor(R), not the Gram itself")
+
+    def fold_factor(self, r: Tensor) -> None:
+        """Stack the factor ``R: (k, d_in)`` (:func:`gram_factor`) under the rows so far."""
+        _check_matrix(r, (None, self.d_in), "gram factor")
+        rows = _f64(r).clone() if self.total is None else torch.cat([self.total, _f64(r)])
+        self.total = torch.linalg.qr(rows, mode="r").R if rows.shape[0] > self.d_in else rows
+        self.count += 1
+
+    def value(self) -> Tensor:
+        """The factor ``R: (m, d_in)``."""
+        if self.total is None:
+            raise ValueError("GramRows: nothing folded yet")
+        return self.total
+
+
 def block_gram_factor(x: Tensor, blocks: int) -> Tensor:
     """``(K, min(n, d), d)``: :func:`gram_factor` of each of the ``K = blocks`` column blocks of width ``d``
     of ``X: (n, K d)``, i.e. the factors of the Gram's diagonal blocks ``X_k^T X_k``."""

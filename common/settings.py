@@ -193,6 +193,7 @@ class SecAggSettings(Settings):
 
 
 POOLS = ("mean", "first")
+LAMBDA_RULES = ("members", "average")
 NORMS = ("none", "layer")
 
 
@@ -258,13 +259,22 @@ class RidgeSettings(NcmSettings):
         1,
         "K: an ensemble of K ridge heads, each on its own rp_dim-wide random projection, outputs averaged; "
         "clients send and the coordinator keeps only the K diagonal rp_dim x rp_dim blocks of the Gram "
-        "(needs rp_dim; lambda is shared, chosen by the members' summed held-out errors)",
+        "(needs rp_dim; lambda is shared, chosen by lambda_rule)",
+    )
+    lambda_rule: str = setting(
+        "members",
+        "with blocks > 1, the held-out error that chooses lambda: 'members' (the K members' errors summed, from "
+        "the held-out Gram's diagonal blocks) or 'average' (the ensemble's own, averaged scores: clients send "
+        "the held-out samples' whole-width Gram factor, the same bytes when a client holds out at most rp_dim "
+        "samples; not with secure aggregation); with blocks = 1 the two are the same",
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.blocks < 1:
             raise ValueError(f"setting ridge.blocks must be a positive integer (1: one head), got {self.blocks}")
+        if self.lambda_rule not in LAMBDA_RULES:
+            raise ValueError(f"setting ridge.lambda_rule must be one of {list(LAMBDA_RULES)}, got {self.lambda_rule!r}")
         if self.blocks > 1 and not self.rp_dim:
             raise ValueError(
                 f"setting ridge.blocks = {self.blocks} needs ridge.rp_dim > 0: each member of the ensemble is a "
@@ -286,6 +296,11 @@ class RidgeSettings(NcmSettings):
     def head_width(self, hidden: int) -> int:
         """``K F'``: the K members' projections side by side."""
         return self.rp_dim * self.blocks if self.rp_dim else self.feature_width(hidden)
+
+    @property
+    def average_rule(self) -> bool:
+        """Lambda by the ensemble's own held-out error (``lambda_rule = 'average'`` with ``blocks > 1``)."""
+        return self.blocks > 1 and self.lambda_rule == "average"
 
 
 @dataclass(frozen=True)

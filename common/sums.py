@@ -25,8 +25,23 @@ DTYPE = torch.float64
 
 
 def summable(obj: Any) -> bool:
-    """Whether ``obj`` declares its running sums (``SUMS``/``PARTS``)."""
-    return hasattr(type(obj), "SUMS") and hasattr(type(obj), "PARTS")
+    """Whether ``obj`` and every part of it declare their running sums (``SUMS``/``PARTS``)."""
+    return not_summable(obj) is None
+
+
+def not_summable(obj: Any, path: str = "") -> str | None:
+    """The first of ``obj`` and its parts that does not declare its running sums, as ``path (type)``; ``None``
+    when all do."""
+    if not (hasattr(type(obj), "SUMS") and hasattr(type(obj), "PARTS")):
+        return f"{path.rstrip('/') or 'itself'} ({type(obj).__name__})"
+    for name in type(obj).PARTS:
+        part = getattr(obj, name)
+        items = part.items() if isinstance(part, dict) else [("", part)]
+        for key, p in items:
+            found = not_summable(p, f"{path}{name}" + (f"/{key}" if key else "") + "/")
+            if found is not None:
+                return found
+    return None
 
 
 def _require(obj: Any) -> None:

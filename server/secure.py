@@ -31,7 +31,7 @@ from common.secagg import SecAggError, decode, encode
 from common.secagg_rounds import ClientSession, ServerSession, session_from_state, session_state
 from common.settings import RobustSettings, SecAggSettings
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
-from common.sums import load_running_sums, summable
+from common.sums import load_running_sums, not_summable
 from common.tensors import MASKED
 from server.strategies.base import Aggregator, Strategy
 from server.strategies.validate import UpdateRejected
@@ -50,11 +50,12 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
     strategy.begin_task(0)
     for phase, round_ in strategy.steps(0):
         aggregator = strategy.aggregator(strategy.configure(0, round_, phase))
-        if not summable(aggregator):
+        part = not_summable(aggregator)
+        if part is not None:
             raise SecAggError(
                 f"{config.strategy} cannot run with secure aggregation: its {phase.value} step merges individual "
-                f"updates ({type(aggregator).__name__} keeps more than sums), which the coordinator would no "
-                "longer see"
+                f"updates ({type(aggregator).__name__}: {part} keeps more than sums), which the "
+                "coordinator would no longer see"
             )
 
 

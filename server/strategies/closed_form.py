@@ -31,8 +31,11 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   the Gram, the only part of it that clients send (``(K, min(n, d), d)`` factors, ``d = rp_dim``) and
   the coordinator keeps (``K d^2`` numbers instead of ``K^2 d^2``); ``K`` solves of width ``d``
   instead of one of ``K d``. It is the ridge of the ``K d`` features with the Gram's off-diagonal
-  blocks dropped. ``lam`` is shared and minimises the members' held-out squared errors summed (the
-  average's own error would need the held-out Gram's off-diagonal blocks).
+  blocks dropped. ``lam`` is shared and minimises, by ``ridge.lambda_rule``, the members' held-out
+  squared errors summed (``members``, from the held-out Gram's diagonal blocks), or the ensemble's own
+  (``average``: ``sum_i |W x_i - y_i|^2`` with the averaged head ``W``; clients then send the held-out
+  samples' whole-width factor, kept stacked as :class:`~common.merge.GramRows`, ``min(n_held, K d)``
+  rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
-from common.merge import BlockGramSum, GramSum, right_solve
+from common.merge import BlockGramSum, GramRows, GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
@@ -111,6 +114,8 @@ def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[flo
     memory of one block's fitting Gram); the ensemble's own error would need the off-diagonal blocks.
     """
     gram = sums["gram"]
+    if HOLDOUT + "gram" + FACTOR in sums:
+        return ensemble_heldout_errors(sums, grid)
     if gram.dim() == 3:
         k = gram.shape[0]
         members = [heldout_errors(_block(sums, i, k), grid) for i in range(k)]
@@ -119,6 +124,32 @@ def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[flo
     sum_fit = sums["class_sum"] - sums[HOLDOUT + "class_sum"]
     held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
     return [squared_error(ridge_head(gram_fit, sum_fit, lam), *held) for lam in grid]
+
+
+def ensemble_heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[float]:
+    """Per value of ``grid``, the held-out squared error of the ensemble itself (``ridge.lambda_rule =
+    'average'``): ``|R W^T|^2 - 2 tr(W S_v^T) + n_v`` with ``W = [W_1 .. W_K] / K`` fitted without the held-out
+    samples, ``R: (m, K d)`` their Gram's factor (``holdout_gram_factor``), ``S_v``, ``n_v`` their sums.
+
+    One member at a time: its fitting Gram ``G_k - R_k^T R_k`` (``R_k`` the ``k``-th ``d`` columns of ``R``), then
+    per value its head's share ``R_k W_k^T / K`` of the scores ``(m, C)`` and of the cross term.
+    """
+    gram, rows = sums["gram"], sums[HOLDOUT + "gram" + FACTOR].to(DTYPE)
+    k, d = gram.shape[0], gram.shape[1]
+    held_sum = sums[HOLDOUT + "class_sum"].to(DTYPE)
+    fit_sum = sums["class_sum"].to(DTYPE) - held_sum
+    scores = [torch.zeros(rows.shape[0], fit_sum.shape[0], dtype=DTYPE) for _ in grid]  # R W^T per value
+    cross = [0.0 for _ in grid]  # tr(W S_v^T) per value
+    for i in range(k):
+        cols = slice(i * d, (i + 1) * d)
+        part = rows[:, cols]
+        gram_fit = gram[i].to(DTYPE) - part.T @ part
+        for j, lam in enumerate(grid):
+            head = ridge_head(gram_fit, fit_sum[:, cols], lam) / k  # (C, d): member i's share of W
+            scores[j] += part @ head.T
+            cross[j] += float((head * held_sum[:, cols]).sum())
+    n = float(sums[HOLDOUT + "class_count"].to(DTYPE).sum())
+    return [float(s.pow(2).sum()) - 2.0 * c + n for s, c in zip(scores, cross, strict=True)]
 
 
 def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
@@ -155,16 +186,17 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
 
 
 class StatSums:
-    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum`, or their
-    diagonal blocks ``(K, d, d)`` in :class:`BlockGramSum`."""
+    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum` (shape
+    ``(F', F')``), their diagonal blocks in :class:`BlockGramSum` (``(K, d, d)``), or their factor's rows in
+    :class:`GramRows` (``(F',)``: :meth:`value` gives it as ``name + FACTOR``)."""
 
     SUMS = ("plain",)  # running sums (common/sums.py)
     PARTS = ("grams",)
 
     def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
         self.shapes = shapes
-        self.grams: dict[str, GramSum | BlockGramSum] = {
-            n: GramSum(s[0]) if len(s) == 2 else BlockGramSum(s[0], s[1])
+        self.grams: dict[str, GramSum | BlockGramSum | GramRows] = {
+            n: GramRows(s[0]) if len(s) == 1 else GramSum(s[0]) if len(s) == 2 else BlockGramSum(s[0], s[1])
             for n, s in shapes.items()
             if n.endswith("gram")
         }
@@ -184,7 +216,8 @@ class StatSums:
         self.count += 1
 
     def value(self) -> dict[str, Tensor]:
-        return self.plain | {name: acc.value() for name, acc in self.grams.items()}
+        grams = {name + (FACTOR if isinstance(acc, GramRows) else ""): acc.value() for name, acc in self.grams.items()}
+        return self.plain | grams
 
     def absorb(self, other: StatSums) -> None:
         """``fold(other.value())``, then empty ``other``'s Grams: a Gram this holds none of yet is taken over,
@@ -194,6 +227,8 @@ class StatSums:
             theirs = other.grams[name]
             if acc.total is None:
                 acc.total, acc.count = theirs.value(), acc.count + 1
+            elif isinstance(acc, GramRows):
+                acc.fold_factor(theirs.value())
             else:
                 acc.fold(theirs.value())
             theirs.total = None
@@ -314,7 +349,7 @@ class ClosedFormHead(Strategy):
         super().load_state_tensors(tensors)
         if "stats/class_count" in tensors:
             self.totals = StatSums(self.stat_shapes())
-            self.totals.fold({name: tensors[f"stats/{name}"] for name in self.totals.shapes})
+            self.totals.fold({k.removeprefix("stats/"): t for k, t in tensors.items() if k.startswith("stats/")})
 
 
 class NearestClassMean(ClosedFormHead):
@@ -333,6 +368,7 @@ class RidgeHead(ClosedFormHead):
         ridge = config.section(RidgeSettings)  # checked there: a fixed lambda, or a grid and a hold-out rule
         self.fixed_lambda, self.holdout, self.grid = ridge.fixed_lambda, ridge.holdout, ridge.lambdas
         self.blocks = ridge.blocks  # K members, each on rp_dim of the F' = K rp_dim features
+        self.average_rule = ridge.average_rule  # lambda by the ensemble's own held-out error
         super().__init__(config, spec)
         self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve
@@ -342,6 +378,8 @@ class RidgeHead(ClosedFormHead):
         shapes = super().stat_shapes() | {"gram": (self.dim, self.dim) if self.blocks == 1 else (self.blocks, d, d)}
         if self.holdout:
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
+            if self.average_rule:  # the held-out Gram whole, as its factor's rows
+                shapes[HOLDOUT + "gram"] = (self.dim,)
         return shapes
 
     def state_tensors(self) -> dict[str, Tensor]:

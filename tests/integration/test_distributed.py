@@ -109,13 +109,14 @@ def test_coordinator_killed_between_rounds_resumes(cluster, reference):
     assert_same_as_reference(c, reference)
 
 
-@pytest.mark.parametrize("blocks", [1, 2])
-def test_ridge_over_grpc_identical_to_inprocess(cluster, blocks):
+@pytest.mark.parametrize("blocks, rule", [(1, "members"), (2, "members"), (2, "average")])
+def test_ridge_over_grpc_identical_to_inprocess(cluster, blocks, rule):
     """A closed-form head over the wire: each client sends its task's class sums and its Gram as a
     factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes;
-    with ``ridge.blocks = 2``, the factors of the Gram's two 32-wide diagonal blocks (an ensemble of two)."""
+    with ``ridge.blocks = 2``, the factors of the Gram's two 32-wide diagonal blocks (an ensemble of two),
+    and with ``lambda_rule = 'average'`` the held-out samples' whole-width factor, kept stacked."""
     base = json.loads(CONFIG.to_json())
-    ridge = {"rp_dim": 64 // blocks, "blocks": blocks, "lambdas": [0.1, 1.0, 10.0]}
+    ridge = {"rp_dim": 64 // blocks, "blocks": blocks, "lambdas": [0.1, 1.0, 10.0], "lambda_rule": rule}
     config = RunConfig(
         **{**base, "run_id": "ridge", "strategy": "ridge", "settings": base["settings"] | {"ridge": ridge}}
     )

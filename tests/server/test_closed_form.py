@@ -41,6 +41,8 @@ VARIANTS = {
     "ncm-layers": ("ncm", {"settings": {"ncm": {"layers": [1, 2]}}}),
     # an ensemble of three ridge heads, each on its own 32-wide projection, scores averaged
     "ridge-blocks": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3}}}),
+    # the same, lambda by the ensemble's own held-out error (clients send the held-out Gram whole, as a factor)
+    "ridge-blocks-average": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3, "lambda_rule": "average"}}}),
 }
 GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
@@ -109,13 +111,18 @@ def test_federated_head_equals_centralised_on_the_union(variant):
         torch.testing.assert_close(strategy.head_w, want, rtol=1e-12, atol=1e-12)
         return
     # lambda: least squared error on the held-out rows (global index % 5 == 0) of the head fit on the others;
-    # with ridge.blocks = K, K heads on the K column blocks of x (their own projections), their errors summed
+    # with ridge.blocks = K, K heads on the K column blocks of x (their own projections), their errors summed,
+    # or (lambda_rule average) the error of their averaged scores
     held, k = idx % 5 == 0, blocks_of(strategy)
     target = torch.nn.functional.one_hot(y[held], c).double()
     errors = []
     for lam in GRID:
         members = [(part, centralised_ridge(part[~held], y[~held], lam, c)) for part in x.chunk(k, 1)]
-        errors.append(sum(float(((part[held] @ w.T - target) ** 2).sum()) for part, w in members))
+        if variant.endswith("average"):
+            average = sum(part[held] @ w.T for part, w in members) / k
+            errors.append(float(((average - target) ** 2).sum()))
+        else:
+            errors.append(sum(float(((part[held] @ w.T - target) ** 2).sum()) for part, w in members))
     lam = GRID[min(range(len(GRID)), key=errors.__getitem__)]
     assert strategy.lam == lam
     torch.testing.assert_close(torch.tensor(strategy.errors), torch.tensor(errors), rtol=1e-9, atol=1e-9)
@@ -234,19 +241,23 @@ def test_absorbing_a_steps_sums_equals_folding_them_and_empties_the_step(shape):
     assert absorbed.count == folded.count == 2 and all(each.grams["gram"].total is None for each in steps)
 
 
-def stats_update(plan, dim, index, seed, blocks=1):
+def stats_update(plan, dim, index, seed, blocks=1, held_blocks=None):
+    """A features step's update of 12 random rows (every 4th held out); the Gram factors of ``blocks`` blocks,
+    the held-out one's of ``held_blocks`` (default: ``blocks``)."""
     gen = torch.Generator().manual_seed(seed)
     lo, hi = plan.class_range
     y = torch.randint(lo, hi, (12,), generator=gen)
     x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
     one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()  # the task's classes only
-    factor = gram_factor if blocks == 1 else lambda rows: block_gram_factor(rows, blocks)
+    def factor(rows, k=blocks):
+        return gram_factor(rows) if k == 1 else block_gram_factor(rows, k)
+
     stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": factor(x)}
     held = torch.arange(12) % 4 == 0
     stats |= {
         "holdout_class_sum": one_hot[held].T @ x[held],
         "holdout_class_count": one_hot[held].sum(0),
-        "holdout_gram_factor": factor(x[held]),
+        "holdout_gram_factor": factor(x[held], blocks if held_blocks is None else held_blocks),
     }
     return plan_update(
         plan,
@@ -261,11 +272,16 @@ def fold_task(strategy, task, seed):
     plan = strategy.configure(task, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
     for i in range(2):
-        agg.fold(stats_update(plan, strategy.dim, i, seed + i, blocks_of(strategy)))
+        k = blocks_of(strategy)
+        agg.fold(stats_update(plan, strategy.dim, i, seed + i, k, 1 if strategy.average_rule else k))
     strategy.aggregate(plan, agg)
 
 
-@pytest.mark.parametrize("settings", [{}, {"ridge": {"rp_dim": 4, "blocks": 2}}], ids=["one", "blocks"])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"ridge": {"rp_dim": 4, "blocks": 2}}, {"ridge": {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}}],
+    ids=["one", "blocks", "blocks-average"],
+)
 def test_restart_from_state_gives_the_same_heads(settings):
     from common.messages import ModelSpec
 
@@ -333,6 +349,54 @@ def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
     break_it(update.stats)
     with pytest.raises(UpdateRejected, match="gram_factor"):
         strategy.aggregator(plan).fold(update)
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda s: s.update(holdout_gram_factor=block_gram_factor(s["holdout_gram_factor"], 2)),  # the blocks' only
+        lambda s: s.update(holdout_gram_factor=torch.ones(4, 8, dtype=torch.float64)),  # 4 rows, 3 samples
+    ],
+    ids=["blocks-only", "rows-over-samples"],
+)
+def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
+    """``ridge.lambda_rule = 'average'``: the held-out samples' factor spans all ``K d`` columns, the training
+    Gram's factors stay the diagonal blocks'; the coordinator keeps the held-out rows stacked."""
+    from common.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
+    ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}
+    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
+    agg = strategy.aggregator(plan)
+    sent = [stats_update(plan, 8, i, i, blocks=2, held_blocks=1) for i in range(2)]
+    for update in sent:
+        agg.fold(update)  # as sent: accepted
+    held = agg.sums.value()["holdout_gram_factor"]  # the two clients' 3 held-out rows each, stacked
+    want = sum(u.stats["holdout_gram_factor"].T @ u.stats["holdout_gram_factor"] for u in sent)
+    assert held.shape == (6, 8) and torch.allclose(held.T @ held, want, rtol=0, atol=1e-12)
+    update = stats_update(plan, 8, 2, 2, blocks=2, held_blocks=1)
+    break_it(update.stats)
+    with pytest.raises(UpdateRejected, match="holdout_gram_factor"):
+        strategy.aggregator(plan).fold(update)
+
+
+@pytest.mark.parametrize("n", [3, 8, 11])
+def test_gram_rows_stack_factors_and_stay_within_the_width(n):
+    """``GramRows``: the folded factors' Gram, whole, in at most ``d_in`` rows however many are folded."""
+    from common.merge import GramRows
+
+    gen = torch.Generator().manual_seed(n)
+    parts = [torch.randn(n, 5, generator=gen, dtype=torch.float64) for _ in range(4)]
+    rows = GramRows(5)
+    for part in parts:
+        rows.fold_factor(gram_factor(part))
+    x = torch.cat(parts)
+    assert rows.value().shape == (min(4 * n, 5), 5) and rows.count == 4
+    assert torch.allclose(rows.value().T @ rows.value(), x.T @ x, rtol=0, atol=1e-12 * float((x * x).sum()))
+    with pytest.raises(ValueError, match="fold_factor"):
+        rows.fold(x.T @ x)
 
 
 def test_features_step_travels_over_the_wire():

@@ -182,6 +182,16 @@ def test_methods_that_need_individual_updates_refuse(name):
         require_secure(cfg, make_strategy(cfg, SPEC))
 
 
+def test_the_ensembles_average_rule_refuses():
+    """``ridge.lambda_rule = 'average'`` keeps the held-out samples' factors stacked (``GramRows``), not summed."""
+    blocks = {"lambdas": [0.1, 1.0, 10.0], "holdout": 4, "rp_dim": 4, "blocks": 2}
+    cfg = config("ridge-blocks", settings={"ridge": blocks | {"lambda_rule": "average"}})
+    with pytest.raises(SecAggError, match=r"ridge cannot run .* sums/grams/holdout_gram \(GramRows\) keeps more"):
+        require_secure(cfg, make_strategy(cfg, SPEC))
+    members = config("ridge-blocks")
+    require_secure(members, make_strategy(members, SPEC))  # the members' rule: sums only
+
+
 def test_robust_mode_and_secure_aggregation_exclude_each_other():
     cfg = config("lorm", settings={"robust": {"enabled": True}})
     with pytest.raises(SecAggError, match="exclude each other"):
