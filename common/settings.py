@@ -520,6 +520,11 @@ class TargetSettings(Settings):
     adv: float = setting(1.0, "weight of the adversarial term, the student's disagreement with the teacher (1)")
     student_steps: int = setting(50, "the student's distillation steps per synthesis round after the warm-up (50)")
     student_temperature: float = setting(20.0, "temperature of the student's distillation (20)")
+    student_lr: float = setting(
+        0.002,
+        "SGD learning rate of the student's distillation, momentum 0.9, weight decay 1e-4, constant (0.002, "
+        "the paper's code's; TARGET's own code: 0.2, cosine-annealed)",
+    )
     tokens: int = setting(16, "text: synthetic token embeddings per input (16)")
     latent: int = setting(256, "dimension of the generator's latent code (256)")
 
@@ -529,7 +534,7 @@ class TargetSettings(Settings):
             raise ValueError("settings target.warmup and target.student_steps must be non-negative")
         for key in ("kd_alpha", "ce", "adv"):
             _finite_number(f"target.{key}", getattr(self, key), 0.0)
-        for key in ("kd_temperature", "lr_generator", "lr_z", "student_temperature"):
+        for key in ("kd_temperature", "lr_generator", "lr_z", "student_temperature", "student_lr"):
             _finite_number(f"target.{key}", getattr(self, key), 0.0, strict=True)
 
 

@@ -129,7 +129,7 @@ def synthesize(
         p.requires_grad_(True)
     student.eval()  # no dropout in the student's forward passes
     meta = torch.optim.Adam(generator.parameters(), lr=s.lr_generator * s.steps, betas=(0.5, 0.999))
-    student_opt = torch.optim.SGD(student.parameters(), lr=0.002, momentum=0.9, weight_decay=1e-4)
+    student_opt = torch.optim.SGD(student.parameters(), lr=s.student_lr, momentum=0.9, weight_decay=1e-4)
     pool: list[Tensor] = []
     requested: list[Tensor] = []
     for round_ in range(s.rounds):

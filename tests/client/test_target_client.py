@@ -47,3 +47,14 @@ def test_synthetic_images_for_a_vit_and_the_adversarial_student():
     assert accuracy >= 0.6  # chance: 0.25 (one generator step gives 0.25 here)
     again, _ = synthesize(model, 4, settings, seed=5, device=CPU)
     assert torch.equal(x, again)  # seeded: every client synthesises the same inputs
+
+
+def test_the_students_rate_steers_the_adversarial_synthesis():
+    """``target.student_lr`` trains the student whose disagreement the generator seeks after the warm-up: a
+    different rate, different inputs once the student has trained (the third round of 8 inputs here: the
+    second meets a fresh student); the rounds before are the same."""
+    model = teacher("tiny-bert")
+    base = dict(rounds=3, steps=5, warmup=1, batch=8, tokens=4, latent=16, student_steps=3)
+    x, _ = synthesize(model, 4, TargetSettings(**base), seed=7, device=CPU)
+    fast, _ = synthesize(model, 4, TargetSettings(**base, student_lr=0.5), seed=7, device=CPU)
+    assert torch.equal(x[:16], fast[:16]) and not torch.equal(x[16:], fast[16:])

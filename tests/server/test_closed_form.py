@@ -249,6 +249,7 @@ def stats_update(plan, dim, index, seed, blocks=1, held_blocks=None):
     y = torch.randint(lo, hi, (12,), generator=gen)
     x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
     one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()  # the task's classes only
+
     def factor(rows, k=blocks):
         return gram_factor(rows) if k == 1 else block_gram_factor(rows, k)
 
