@@ -22,6 +22,8 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             products average to the Gaussian kernel ``exp(-G |x - y|^2 / F)`` (for ``ln`` features
             ``|x|^2 = F``, so G is a bandwidth relative to the features' own scale); ``rbfinf``:
             that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed)
+  -ACT      (last, after a finite ``rpN``/``rpoN``, e.g. ``rp5000-tanh``) the projection's activation instead of
+            ReLU: ``gelu``, ``tanh`` or ``none`` (the system's ``ridge.activation``)
   xK        (after a finite width, e.g. ``rp10000x4``) an ensemble of K heads, each on its own
             projection (seeds seed .. seed + K - 1), whose outputs are averaged: each member is an
             exact federated head (K times the bytes of one), lambda shared and chosen on the average;
@@ -61,7 +63,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.backbones import pool_states  # noqa: E402
-from client.features import normalise_layers  # noqa: E402
+from client.features import ACTIVATIONS, normalise_layers  # noqa: E402
 from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
 SPLITS = ("train", "val", "test")
@@ -80,15 +82,20 @@ class Recipe:
     kernel: str = "arccos"  # rp, rpo: ReLU features; rff, rbf: the Gaussian kernel
     gamma: float | None = None  # the Gaussian kernel's bandwidth G (None: chosen with lambda)
     members: int = 1  # xK: an ensemble of K heads on independent projections, outputs averaged
+    activation: str = "relu"  # -ACT after a finite rpN / rpoN: the system's ridge.activation
 
     @classmethod
     def parse(cls, text: str) -> Recipe:
         """``456:mean:std:rp10000`` (``rp0`` for no projection), ``3456:mean:ln:rff10000g2``, ``...:rbfinf``."""
         layers, pool, norm, rp = text.split(":")
-        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?", rp)
+        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?(?:-(\w+))?", rp)
         if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or form is None:
             raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]")
-        kind, width_text, gamma_text, members_text = form.groups()
+        kind, width_text, gamma_text, members_text, activation = form.groups()
+        if activation is not None and (kind not in ("rp", "rpo") or width_text in ("inf", "0")):
+            raise ValueError(f"recipe {text!r}: -ACT follows a finite random projection (rpN-ACT, rpoN-ACT)")
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"recipe {text!r}: the activation is one of {sorted(ACTIVATIONS)}")
         members = 1 if members_text is None else int(members_text)
         if members < 1 or (members > 1 and width_text in ("inf", "0")):
             raise ValueError(f"recipe {text!r}: xK wants K >= 1 and a finite projection (rpNxK, rpoNxK, rffNgGxK)")
@@ -104,7 +111,17 @@ class Recipe:
         width = math.inf if width_text == "inf" else int(width_text)
         gamma = None if gamma_text is None else float(gamma_text)
         kernel = "rbf" if gaussian else "arccos"
-        return cls(tuple(int(c) for c in layers), pool, norm, width, kind == "rpo", kernel, gamma, members)
+        return cls(
+            tuple(int(c) for c in layers),
+            pool,
+            norm,
+            width,
+            kind == "rpo",
+            kernel,
+            gamma,
+            members,
+            activation or "relu",
+        )
 
     def __str__(self) -> str:
         width = "inf" if math.isinf(self.rp) else str(int(self.rp))
@@ -114,7 +131,8 @@ class Recipe:
         else:
             kind, bandwidth = ("rpo" if self.orthogonal else "rp"), ""
         ensemble = f"x{self.members}" if self.members > 1 else ""
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}{ensemble}"
+        act = "" if self.activation == "relu" else f"-{self.activation}"
+        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}{ensemble}{act}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -183,7 +201,8 @@ def orthogonal_rows(rows: int, dim: int, gen: torch.Generator) -> Tensor:
 
 
 class FeatureMap:
-    """z = (x - mu) / sigma from the fitting samples' sums (or z = x), then max(0, z P^T) (or z)."""
+    """z = (x - mu) / sigma from the fitting samples' sums (or z = x), then f(z P^T) (f ReLU unless the recipe names
+    another activation), cos(z P^T + b) for random Fourier features, or z."""
 
     def __init__(self, x_fit: Tensor, recipe: Recipe, seed: int) -> None:
         n = x_fit.shape[0]
@@ -195,6 +214,7 @@ class FeatureMap:
         width, dim = (0 if math.isinf(recipe.rp) else int(recipe.rp)), x_fit.shape[1]  # the kernel: no projection
         self.p: Tensor | None = None
         self.phase: Tensor | None = None  # random Fourier features: cos(z P^T + b)
+        self.activation = ACTIVATIONS[recipe.activation]
         if width:
             draw = orthogonal_rows if recipe.orthogonal else lambda r, d, g: torch.randn(r, d, generator=g, dtype=DTYPE)
             self.p = draw(width, dim, gen)
@@ -209,7 +229,7 @@ class FeatureMap:
             return z
         if self.phase is not None:
             return math.sqrt(2.0 / self.p.shape[0]) * torch.cos(z @ self.p.T + self.phase)
-        return torch.relu(z @ self.p.T)
+        return self.activation(z @ self.p.T)
 
 
 def sums(phi: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, Tensor]:

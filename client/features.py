@@ -23,7 +23,8 @@ head solved from them is the same for every split of the data:
 ``X: (n, F')`` are the backbone features ``(n, F)`` (with the setting ``layers``: the pooled hidden
 states of those layers side by side, ``F = len(layers) d``, each optionally normalised per sample,
 :func:`backbone_features`), or with the setting ``rp_dim = F' > 0``
-the random features ``max(0, X P^T)`` with ``P: (F', F)``, ``N(0, 1)`` entries seeded by
+the random features ``f(X P^T)`` (``f`` the setting ``activation``, ``max(0, .)`` by default) with
+``P: (F', F)``, ``N(0, 1)`` entries seeded by
 ``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
 are float64.
 """
@@ -31,7 +32,7 @@ are float64.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -96,10 +97,19 @@ def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
     return _projection(config.seed, dim, d_in) if dim else None
 
 
-def feature_map(features: Tensor, projection: Tensor | None) -> Tensor:
-    """``(n, F)`` backbone features -> ``(n, F')`` float64: ``max(0, X P^T)``, or ``X`` itself."""
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "tanh": torch.tanh,
+    "none": lambda z: z,
+}
+
+
+def feature_map(features: Tensor, projection: Tensor | None, activation: str = "relu") -> Tensor:
+    """``(n, F)`` backbone features -> ``(n, F')`` float64: ``f(X P^T)`` with ``f`` the setting ``activation``
+    (``max(0, .)`` by default), or ``X`` itself without a projection."""
     x = features.detach().to(torch.float64).cpu()
-    return x if projection is None else torch.relu(x @ projection.T)
+    return x if projection is None else ACTIVATIONS[activation](x @ projection.T)
 
 
 @torch.no_grad()
@@ -148,8 +158,9 @@ def feature_stats(
     gram: bool,
 ) -> dict[str, Tensor]:
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
-    features = extract(model, data, shard, device, closed_form_settings(config))  # (n, F)
-    x = feature_map(features, random_projection(config, features.shape[1]))
+    settings = closed_form_settings(config)
+    features = extract(model, data, shard, device, settings)  # (n, F)
+    x = feature_map(features, random_projection(config, features.shape[1]), settings.activation)
     labels = data.labels[shard]
     blocks = gram_blocks(config)
     stats = sums(x, labels, classes, gram, class_moments(config), blocks)
@@ -171,8 +182,9 @@ def class_sums(
 
 def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
-    features = backbone_features(model, inputs, closed_form_settings(config))  # (batch, F)
-    x = feature_map(features, random_projection(config, features.shape[1]))  # (batch, F')
+    settings = closed_form_settings(config)
+    features = backbone_features(model, inputs, settings)  # (batch, F)
+    x = feature_map(features, random_projection(config, features.shape[1]), settings.activation)  # (batch, F')
     assert plan.head_weight is not None and plan.head_bias is not None
     logits = x @ plan.head_weight.to(torch.float64).T + plan.head_bias.to(torch.float64)
     return logits.to(features.device)

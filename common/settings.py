@@ -195,6 +195,7 @@ class SecAggSettings(Settings):
 POOLS = ("mean", "first")
 LAMBDA_RULES = ("members", "average")
 NORMS = ("none", "layer")
+ACTIVATIONS = ("relu", "gelu", "tanh", "none")
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,12 @@ class NcmSettings(Settings):
     """Cosine nearest class mean (``ncm``, ``lorm-ncm``): the feature map of the closed-form head."""
 
     section: ClassVar[str] = "ncm"
-    rp_dim: int = setting(0, "width F' of the random projection + ReLU before the head (0: none, F' = F)")
+    rp_dim: int = setting(0, "width F' of the random projection + activation before the head (0: none, F' = F)")
+    activation: str = setting(
+        "relu",
+        "with rp_dim: the function of each projected feature, 'relu' max(0, z) (the arc-cosine kernel's random "
+        "features), 'gelu', 'tanh', or 'none' (a linear projection)",
+    )
     layers: tuple[int, ...] = setting(
         (),
         "hidden states pooled and concatenated as the head's features, indexed as the backbone's hidden "
@@ -223,6 +229,15 @@ class NcmSettings(Settings):
             raise ValueError(f"setting {self.section}.pool must be one of {list(POOLS)}, got {self.pool!r}")
         if self.norm not in NORMS:
             raise ValueError(f"setting {self.section}.norm must be one of {list(NORMS)}, got {self.norm!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"setting {self.section}.activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if self.activation != "relu" and not self.rp_dim:
+            raise ValueError(
+                f"setting {self.section}.activation applies to the random projection: "
+                f"it needs {self.section}.rp_dim > 0"
+            )
         if len(set(self.layers)) != len(self.layers):
             raise ValueError(f"setting {self.section}.layers names a layer twice: {list(self.layers)}")
         if not self.layers and (self.pool, self.norm) != ("mean", "none"):

@@ -32,12 +32,16 @@ def test_recipes_parse_and_print_back(fh):
         "456:mean:ln:rpo10000",
         "3:cls:ln:rff500g2",
         "3:mean:ln:rp50x4",
+        "3:mean:ln:rp50x4-tanh",
+        "3:mean:ln:rpo50-none",
     )
     for text in texts:
         assert str(fh.Recipe.parse(text)) == text
     assert fh.Recipe.parse("3456:mean:ln:rbfinf").gamma is None  # chosen with lambda
     assert fh.Recipe.parse("3:mean:ln:rp50x1") == fh.Recipe.parse("3:mean:ln:rp50")
     bad_recipes = ("3:mean:ln:rff100", "3:mean:ln:rbf100", "3:mean:ln:rpoinf", "3:mean:ln:rp10g2", "3:max:ln:rp5")
+    assert fh.Recipe.parse("3:mean:ln:rp50-gelu").activation == "gelu"
+    bad_recipes += ("3:mean:ln:rpinf-tanh", "3:mean:ln:rff100g2-tanh", "3:mean:ln:rp50-sigmoid")
     for bad in (*bad_recipes, "3:mean:ln:rpinfx2", "3:mean:ln:rp0x2", "3:mean:ln:rp10x0"):
         with pytest.raises(ValueError):
             fh.Recipe.parse(bad)
@@ -135,3 +139,11 @@ def test_the_members_rule_minimises_the_members_summed_errors(fh):
         fmap = fh.FeatureMap(x["train"], recipe, seed)
         outs.append(fmap(x["test"]) @ fh.ridge_head(*fh.sums(fmap(x["train"]), y["train"], 3)[:2], want).T)
     assert got["test_members"] == fh._acc(sum(outs) / 3, y["test"])
+
+
+def test_a_recipes_activation_is_applied_to_the_same_projection(fh):
+    """``rpN-ACT``: the same seeded projection, then the named function (``none``: the projection itself)."""
+    x = torch.randn(30, 8, generator=torch.Generator().manual_seed(2), dtype=fh.DTYPE)
+    mapped = {act: fh.FeatureMap(x, fh.Recipe.parse(f"0:mean:raw:rp20{act}"), 5)(x) for act in ("", "-tanh", "-none")}
+    torch.testing.assert_close(mapped[""], mapped["-none"].clamp_min(0), rtol=0, atol=0)
+    torch.testing.assert_close(mapped["-tanh"], torch.tanh(mapped["-none"]), rtol=0, atol=0)

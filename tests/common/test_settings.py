@@ -62,7 +62,8 @@ def test_legacy_extra_keys_move_into_their_sections():
         (
             ["ridge.rpdim=5"],
             r"unknown setting ridge\.rpdim; ridge has "
-            r"\['blocks', 'fixed_lambda', 'holdout', 'lambda_rule', 'lambdas', 'layers', 'norm', 'pool', 'rp_dim'\]",
+            r"\['activation', 'blocks', 'fixed_lambda', 'holdout', 'lambda_rule', 'lambdas', 'layers', 'norm', 'pool', "
+            r"'rp_dim'\]",
         ),
         (
             ["nosuch.key=5"],
@@ -78,6 +79,14 @@ def test_legacy_extra_keys_move_into_their_sections():
         (["ties.density=0"], r"setting ties\.density should lie in \(0, 1\], got 0\.0"),
         (["ridge.blocks=0", "ridge.rp_dim=8"], r"setting ridge\.blocks must be a positive integer \(1: one head\)"),
         (["ridge.blocks=2"], r"setting ridge\.blocks = 2 needs ridge\.rp_dim > 0"),
+        (
+            ["ridge.activation=sigmoid", "ridge.rp_dim=8"],
+            r"ridge\.activation must be one of \['relu', 'gelu', 'tanh', ",
+        ),
+        (
+            ["ncm.activation=tanh"],
+            r"setting ncm\.activation applies to the random projection: it needs ncm\.rp_dim > 0",
+        ),
         (["ridge.lambda_rule=mean"], r"setting ridge\.lambda_rule must be one of \['members', 'average'\]"),
     ],
 )

@@ -33,6 +33,7 @@ VARIANTS = {
     "ncm": ("ncm", {}),
     "ridge": ("ridge", {}),
     "ridge-rp": ("ridge", {"rp_dim": 96}),
+    "ridge-rp-tanh": ("ridge", {"settings": {"ridge": {"rp_dim": 96, "activation": "tanh"}}}),
     # the embeddings' and the last block's first token, each layer-normalised, side by side, projected
     "ridge-layers": (
         "ridge",
@@ -71,7 +72,11 @@ def federated(config: RunConfig):
         idx = torch.cat([w.shards[task] for w in workers])
         x = torch.cat(
             [
-                feature_map(extract(runtime.model, runtime.train, w.shards[task], runtime.device, settings), projection)
+                feature_map(
+                    extract(runtime.model, runtime.train, w.shards[task], runtime.device, settings),
+                    projection,
+                    settings.activation,
+                )
                 for w in workers
             ]
         )
@@ -437,3 +442,18 @@ def test_the_chosen_lambda_and_every_candidates_error_are_in_the_history_and_the
     assert [h.get("ridge_lambda") for h in summary["history"] if h["phase"] == "features"] == [
         s["ridge_lambda"] for s in steps
     ]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "none"])
+def test_the_projections_activation(activation):
+    """``f(X P^T)`` with ``f`` the setting: each activation is its function, elementwise, of the projection."""
+    from client.features import feature_map
+
+    gen = torch.Generator().manual_seed(4)
+    x, p = torch.randn(7, 5, generator=gen), torch.randn(9, 5, generator=gen, dtype=torch.float64)
+    z = x.double() @ p.T
+    want = {"relu": z.clamp_min(0), "gelu": 0.5 * z * (1 + torch.erf(z / 2**0.5)), "tanh": torch.tanh(z), "none": z}
+    got = feature_map(x, p, activation)
+    assert got.dtype == torch.float64 and got.shape == (7, 9)
+    torch.testing.assert_close(got, want[activation], rtol=1e-12, atol=1e-12)
+    assert torch.equal(feature_map(x, None, activation), x.double())  # no projection, no activation
