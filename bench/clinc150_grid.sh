@@ -14,7 +14,7 @@ preset="${2:-cpu-clinc150-quick}"
 export LORM_DATA_DIR="${LORM_DATA_DIR:-../shared/datasets}"
 bench=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 0
        --method-config bench/clinc150_methods.json --out "$out")
-competitors="ccvr,fedproto,pilora,ewc,ewc@reference,lwf,lwf@tuned,l2p,l2p@tuned,coda-p,coda-p@tuned,target"
+competitors="ccvr,fedproto,pilora,ewc,ewc@reference,ewc@tuned,lwf,lwf@tuned,l2p,l2p@tuned,coda-p,coda-p@tuned,target"
 if [ "$preset" = cpu-clinc150-full ]; then
     lora="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,ncm,ridge,lorm-ridge,joint"
     dense="regmean,fisheravg,ties,ties@tuned"
