@@ -138,9 +138,10 @@ def cell_config(
             values = merged(values, per_beta)
     run_id = f"{base.run_id}-{method.replace('@', '-')}-b{beta}-s{seed}"
     values.update(strategy=strategy_of(method), beta=beta, seed=seed, run_id=run_id)
-    if method == JOINT:
+    if strategy_of(method) == JOINT:
         # One client holds everything, one task has every class; beta then splits nothing, so
-        # it is pinned and the joint cells of all betas share one configuration.
+        # it is pinned and the joint cells of all betas share one configuration (a variant,
+        # joint@VARIANT, is the same upper bound with its own overrides, e.g. a learning rate).
         values.update(strategy="lorm", num_clients=1, num_tasks=1, task_sizes=[], beta=1.0)
     return RunConfig.from_dict(values)
 
@@ -156,7 +157,7 @@ def overridden_sets(base: RunConfig, cells: list[Cell], sets: list[str]) -> list
     precedence: ``--set`` is the grid's base, the method config each method's own), so that a
     command-line value the grid does not use is never silent."""
     values = json.loads(base.to_json())
-    per_cell = [(cell, json.loads(cell.config.to_json())) for cell in cells if cell.method != JOINT]
+    per_cell = [(cell, json.loads(cell.config.to_json())) for cell in cells if strategy_of(cell.method) != JOINT]
     lines = []
     for key in dict.fromkeys(item.partition("=")[0] for item in sets):
         path = key_path(key)

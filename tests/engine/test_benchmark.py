@@ -244,6 +244,19 @@ def test_a_variant_is_its_method_with_the_overrides_under_its_label():
             bench.strategy_of(bad)
 
 
+def test_a_joint_variant_is_the_upper_bound_with_its_own_overrides():
+    """``joint@VARIANT``: one client, one task of every class, beta pinned, and the variant's overrides (the
+    full-data joint needs its own learning rate)."""
+    base = RunConfig.from_dict(preset("tiny"))
+    overrides = {"joint@slow": {"lr": 1e-3}}
+    cells = [bench.cell_config(base, "joint@slow", beta, 0, overrides) for beta in (1.0, 0.2)]
+    assert cells[0].to_json() != base.to_json() and cells[0].lr == 1e-3
+    for cell in cells:
+        assert (cell.strategy, cell.num_clients, cell.num_tasks, cell.beta) == ("lorm", 1, 1, 1.0)
+    assert json.loads(cells[0].to_json()) == json.loads(cells[1].to_json()) | {"run_id": cells[0].run_id}
+    assert bench.cell_config(base, "joint", 0.5, 0, overrides).lr == base.lr
+
+
 def test_overrides_apply_base_then_method_then_beta():
     base = RunConfig.from_dict({**preset("tiny"), "lr": 0.01})
     overrides = {"lorm": {"lr": 0.02, "extra": {"synthetic_test": 5}, "beta=0.5": {"lr": 0.03}}}
