@@ -32,6 +32,7 @@ from common.settings import (
     NcmSettings,
     PiLoraSettings,
     RidgeSettings,
+    SecAggSettings,
     VeraSettings,
 )
 from common.tensors import (
@@ -133,11 +134,17 @@ def gram_blocks(config: RunConfig) -> int:
     return settings.blocks if isinstance(settings, RidgeSettings) else 1
 
 
-def holdout_blocks(config: RunConfig) -> int:
-    """The blocks of the held-out samples' Gram factor: :func:`gram_blocks`, or 1 (the whole width) when
-    ``ridge.lambda_rule = 'average'`` needs the held-out Gram's off-diagonal blocks too."""
+def average_rule(config: RunConfig) -> bool:
+    """Whether ridge chooses lambda by the ensemble's own held-out error (``RidgeSettings.average_rule``)."""
     settings = closed_form_settings(config)
-    return 1 if isinstance(settings, RidgeSettings) and settings.average_rule else gram_blocks(config)
+    secure = config.section(SecAggSettings).enabled
+    return isinstance(settings, RidgeSettings) and settings.average_rule(secure)
+
+
+def holdout_blocks(config: RunConfig) -> int:
+    """The blocks of the held-out samples' Gram factor: :func:`gram_blocks`, or 1 (the whole width) when the
+    ensemble's own held-out error (:func:`average_rule`) needs the held-out Gram's off-diagonal blocks too."""
+    return 1 if average_rule(config) else gram_blocks(config)
 
 
 def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
@@ -151,7 +158,7 @@ def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
 def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
     with ``plan.head_gram`` the Gram's factor (with ``ridge.blocks``, its diagonal blocks'), and (ridge,
-    ``holdout > 0``) the held-out samples' alike (with ``ridge.lambda_rule = 'average'``, their whole Gram's)."""
+    ``holdout > 0``) the held-out samples' alike (with :func:`average_rule`, their whole Gram's)."""
     lo, hi = plan.class_range
     width = closed_form_settings(config).head_width(spec.feature_dim)  # F' (K members' side by side)
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}

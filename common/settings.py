@@ -193,7 +193,7 @@ class SecAggSettings(Settings):
 
 
 POOLS = ("mean", "first")
-LAMBDA_RULES = ("members", "average")
+LAMBDA_RULES = ("auto", "members", "average")
 NORMS = ("none", "layer")
 ACTIVATIONS = ("relu", "gelu", "tanh", "none")
 
@@ -277,11 +277,12 @@ class RidgeSettings(NcmSettings):
         "(needs rp_dim; lambda is shared, chosen by lambda_rule)",
     )
     lambda_rule: str = setting(
-        "members",
-        "with blocks > 1, the held-out error that chooses lambda: 'members' (the K members' errors summed, from "
-        "the held-out Gram's diagonal blocks) or 'average' (the ensemble's own, averaged scores: clients send "
-        "the held-out samples' whole-width Gram factor, the same bytes when a client holds out at most rp_dim "
-        "samples; not with secure aggregation); with blocks = 1 the two are the same",
+        "auto",
+        "with blocks > 1, the held-out error that chooses lambda: 'average' (the ensemble's own, averaged "
+        "scores: clients send the held-out samples' whole-width Gram factor, the same bytes when a client holds "
+        "out at most rp_dim samples; not with secure aggregation), 'members' (the K members' errors summed, from "
+        "the held-out Gram's diagonal blocks), or 'auto' (average, members with secure aggregation); with "
+        "blocks = 1 all are the same",
     )
 
     def __post_init__(self) -> None:
@@ -312,10 +313,10 @@ class RidgeSettings(NcmSettings):
         """``K F'``: the K members' projections side by side."""
         return self.rp_dim * self.blocks if self.rp_dim else self.feature_width(hidden)
 
-    @property
-    def average_rule(self) -> bool:
-        """Lambda by the ensemble's own held-out error (``lambda_rule = 'average'`` with ``blocks > 1``)."""
-        return self.blocks > 1 and self.lambda_rule == "average"
+    def average_rule(self, secure: bool) -> bool:
+        """Lambda by the ensemble's own held-out error: ``blocks > 1`` and ``lambda_rule`` 'average', or 'auto'
+        without secure aggregation (``secure``), which can add up only the members' Gram blocks."""
+        return self.blocks > 1 and (self.lambda_rule == "average" or (self.lambda_rule == "auto" and not secure))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   instead of one of ``K d``. It is the ridge of the ``K d`` features with the Gram's off-diagonal
   blocks dropped. ``lam`` is shared and minimises, by ``ridge.lambda_rule``, the members' held-out
   squared errors summed (``members``, from the held-out Gram's diagonal blocks), or the ensemble's own
-  (``average``: ``sum_i |W x_i - y_i|^2`` with the averaged head ``W``; clients then send the held-out
+  (``average``, and ``auto`` without secure aggregation: ``sum_i |W x_i - y_i|^2`` with the averaged head
+  ``W``; clients then send the held-out
   samples' whole-width factor, kept stacked as :class:`~common.merge.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 """
@@ -49,10 +50,10 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes  # clients send a Gram as R: R^T R = G
+from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes, average_rule  # clients send a Gram as R: R^T R = G
 from common.merge import BlockGramSum, GramRows, GramSum, right_solve
 from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
-from common.settings import NcmSettings, RidgeSettings
+from common.settings import NcmSettings, RidgeSettings, SecAggSettings
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 
 DTYPE = torch.float64
@@ -368,7 +369,12 @@ class RidgeHead(ClosedFormHead):
         ridge = config.section(RidgeSettings)  # checked there: a fixed lambda, or a grid and a hold-out rule
         self.fixed_lambda, self.holdout, self.grid = ridge.fixed_lambda, ridge.holdout, ridge.lambdas
         self.blocks = ridge.blocks  # K members, each on rp_dim of the F' = K rp_dim features
-        self.average_rule = ridge.average_rule  # lambda by the ensemble's own held-out error
+        if ridge.blocks > 1 and ridge.lambda_rule == "average" and config.section(SecAggSettings).enabled:
+            raise ValueError(
+                "setting ridge.lambda_rule = 'average' needs the held-out samples' Gram whole, which secure "
+                "aggregation cannot add up: use 'members' or 'auto' (the members' rule under secure aggregation)"
+            )
+        self.average_rule = average_rule(config)  # lambda by the ensemble's own held-out error
         super().__init__(config, spec)
         self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve

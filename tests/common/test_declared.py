@@ -90,13 +90,20 @@ def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the
 
 
 def test_a_ridge_blocks_step_declares_one_factor_per_diagonal_block_up_to_its_width():
-    config = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3}})
-
-    got = declared_tensors(plan(mode=Mode.FEATURES, head_gram=True, send_head=False), SPEC, config)
-
+    """The training Gram as its K diagonal blocks' factors; the held-out one likewise under the members' rule
+    (and ``auto`` with secure aggregation), whole under the average's (``auto`` without)."""
+    step = plan(mode=Mode.FEATURES, head_gram=True, send_head=False)
+    members = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3, "lambda_rule": "members"}})
+    got = declared_tensors(step, SPEC, members)
     assert got["stat/class_sum"] == (2, 12)  # the three members' projections side by side
     assert got["stat/gram_factor"] == got["stat/holdout_gram_factor"] == (3, 4, 4)
     assert [isinstance(dim, UpTo) for dim in got["stat/gram_factor"]] == [False, True, False]
+    auto = {"ridge": {"rp_dim": 4, "blocks": 3}}
+    secure = declared_tensors(step, SPEC, RunConfig(strategy="ridge", settings=auto | {"secagg": {"enabled": True}}))
+    assert secure["stat/holdout_gram_factor"] == (3, 4, 4)
+    average = declared_tensors(step, SPEC, RunConfig(strategy="ridge", settings=auto))
+    assert average["stat/gram_factor"] == (3, 4, 4) and average["stat/holdout_gram_factor"] == (12, 12)
+    assert isinstance(average["stat/holdout_gram_factor"][0], UpTo)
 
 
 def test_the_check_names_missing_unexpected_and_misshapen_tensors():

@@ -87,7 +87,7 @@ def test_legacy_extra_keys_move_into_their_sections():
             ["ncm.activation=tanh"],
             r"setting ncm\.activation applies to the random projection: it needs ncm\.rp_dim > 0",
         ),
-        (["ridge.lambda_rule=mean"], r"setting ridge\.lambda_rule must be one of \['members', 'average'\]"),
+        (["ridge.lambda_rule=mean"], r"setting ridge\.lambda_rule must be one of \['auto', 'members', 'average'\]"),
     ],
 )
 def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):

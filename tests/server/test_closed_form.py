@@ -41,7 +41,7 @@ VARIANTS = {
     ),
     "ncm-layers": ("ncm", {"settings": {"ncm": {"layers": [1, 2]}}}),
     # an ensemble of three ridge heads, each on its own 32-wide projection, scores averaged
-    "ridge-blocks": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3}}}),
+    "ridge-blocks": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3, "lambda_rule": "members"}}}),
     # the same, lambda by the ensemble's own held-out error (clients send the held-out Gram whole, as a factor)
     "ridge-blocks-average": ("ridge", {"settings": {"ridge": {"rp_dim": 32, "blocks": 3, "lambda_rule": "average"}}}),
 }
@@ -285,7 +285,11 @@ def fold_task(strategy, task, seed):
 
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"ridge": {"rp_dim": 4, "blocks": 2}}, {"ridge": {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}}],
+    [
+        {},
+        {"ridge": {"rp_dim": 4, "blocks": 2, "lambda_rule": "members"}},
+        {"ridge": {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}},
+    ],
     ids=["one", "blocks", "blocks-average"],
 )
 def test_restart_from_state_gives_the_same_heads(settings):
@@ -346,8 +350,8 @@ def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
     from common.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    config = RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": {"rp_dim": 4, "blocks": 2}})
-    strategy = make_strategy(config, spec)
+    ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "members"}
+    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     strategy.aggregator(plan).fold(stats_update(plan, 8, 0, 0, blocks=2))  # as sent: accepted

@@ -33,10 +33,12 @@ INDIVIDUAL = {"ties", "pilora"}  # their merges need each client's update
 
 
 def config(name: str, clients: int = 3, settings: dict | None = None) -> RunConfig:
-    """``name``: a method, or ``ridge-blocks`` (ridge, an ensemble of two heads on 4-wide projections)."""
-    ridge = {"ridge": {"lambdas": [0.1, 1.0, 10.0], "holdout": 4}} if "ridge" in name else {}
+    """``name``: a method, or ``ridge-blocks`` (ridge, an ensemble of two heads on 4-wide projections; with
+    secure aggregation in its configuration, so that its ``auto`` lambda rule is the members')."""
+    ridge: dict = {"ridge": {"lambdas": [0.1, 1.0, 10.0], "holdout": 4}} if "ridge" in name else {}
     if name == "ridge-blocks":
         ridge["ridge"] |= {"rp_dim": 4, "blocks": 2}
+        ridge["secagg"] = {"enabled": True}
     return RunConfig(
         run_id="sec",
         strategy=name.removesuffix("-blocks"),
@@ -183,13 +185,19 @@ def test_methods_that_need_individual_updates_refuse(name):
 
 
 def test_the_ensembles_average_rule_refuses():
-    """``ridge.lambda_rule = 'average'`` keeps the held-out samples' factors stacked (``GramRows``), not summed."""
+    """``ridge.lambda_rule = 'average'`` keeps the held-out samples' factors stacked (``GramRows``), not summed:
+    refused by name with secure aggregation configured, and by the check of sums-only steps otherwise; ``auto``
+    takes the members' rule under secure aggregation and the average's without it."""
     blocks = {"lambdas": [0.1, 1.0, 10.0], "holdout": 4, "rp_dim": 4, "blocks": 2}
-    cfg = config("ridge-blocks", settings={"ridge": blocks | {"lambda_rule": "average"}})
+    with pytest.raises(ValueError, match="lambda_rule = 'average' needs the held-out samples' Gram whole"):
+        make_strategy(config("ridge-blocks", settings={"ridge": blocks | {"lambda_rule": "average"}}), SPEC)
+    plain = config("ridge-blocks", settings={"ridge": blocks | {"lambda_rule": "average"}, "secagg": {}})
     with pytest.raises(SecAggError, match=r"ridge cannot run .* sums/grams/holdout_gram \(GramRows\) keeps more"):
-        require_secure(cfg, make_strategy(cfg, SPEC))
-    members = config("ridge-blocks")
-    require_secure(members, make_strategy(members, SPEC))  # the members' rule: sums only
+        require_secure(plain, make_strategy(plain, SPEC))
+    auto = config("ridge-blocks")  # secure aggregation configured
+    assert not make_strategy(auto, SPEC).average_rule
+    require_secure(auto, make_strategy(auto, SPEC))  # the members' rule: sums only
+    assert make_strategy(config("ridge-blocks", settings={"ridge": blocks, "secagg": {}}), SPEC).average_rule
 
 
 def test_robust_mode_and_secure_aggregation_exclude_each_other():
