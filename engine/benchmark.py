@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -232,9 +233,33 @@ class _LogSink:
                 self._file = None
 
 
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident memory afresh (Linux: ``VmHWM``, reset by writing 5 to
+    ``/proc/self/clear_refs``); False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since the last :func:`reset_peak_rss` (``VmHWM``), or None."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
 def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
     """The run's summary; its results directory is ``cell_dir/run/results``, its state (committed after
-    every step, so that a cell cut short goes on from there) ``cell_dir/run/state`` until it is done."""
+    every step, so that a cell cut short goes on from there) ``cell_dir/run/state`` until it is done. With
+    ``peak_rss_bytes``: the most memory the run held at once, coordinator and clients together in this process
+    (measured, not sampled; a resumed cell's last part; None where the system cannot tell)."""
+    measured = reset_peak_rss()
     sink = _LogSink(cell_dir / "log.txt")
     state = cell_dir / "run" / "state"
     try:
@@ -248,7 +273,7 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
     finally:
         sink.close()
     shutil.rmtree(state, ignore_errors=True)  # done: the results hold the model; the state is its copy
-    return result.summary()
+    return result.summary() | {"peak_rss_bytes": peak_rss_bytes() if measured else None}
 
 
 def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
