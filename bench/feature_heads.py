@@ -63,7 +63,8 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.backbones import pool_states  # noqa: E402
-from client.features import ACTIVATIONS, normalise_layers  # noqa: E402
+from client.features import ACTIVATION_FUNCTIONS, normalise_layers  # noqa: E402
+from common.settings import ACTIVATIONS  # noqa: E402
 from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
 SPLITS = ("train", "val", "test")
@@ -95,7 +96,7 @@ class Recipe:
         if activation is not None and (kind not in ("rp", "rpo") or width_text in ("inf", "0")):
             raise ValueError(f"recipe {text!r}: -ACT follows a finite random projection (rpN-ACT, rpoN-ACT)")
         if activation is not None and activation not in ACTIVATIONS:
-            raise ValueError(f"recipe {text!r}: the activation is one of {sorted(ACTIVATIONS)}")
+            raise ValueError(f"recipe {text!r}: the activation is one of {list(ACTIVATIONS)}")
         members = 1 if members_text is None else int(members_text)
         if members < 1 or (members > 1 and width_text in ("inf", "0")):
             raise ValueError(f"recipe {text!r}: xK wants K >= 1 and a finite projection (rpNxK, rpoNxK, rffNgGxK)")
@@ -214,7 +215,7 @@ class FeatureMap:
         width, dim = (0 if math.isinf(recipe.rp) else int(recipe.rp)), x_fit.shape[1]  # the kernel: no projection
         self.p: Tensor | None = None
         self.phase: Tensor | None = None  # random Fourier features: cos(z P^T + b)
-        self.activation = ACTIVATIONS[recipe.activation]
+        self.activation = ACTIVATION_FUNCTIONS[recipe.activation]
         if width:
             draw = orthogonal_rows if recipe.orthogonal else lambda r, d, g: torch.randn(r, d, generator=g, dtype=DTYPE)
             self.p = draw(width, dim, gen)

@@ -97,7 +97,8 @@ def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
     return _projection(config.seed, dim, d_in) if dim else None
 
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+# The function of each setting ``activation`` (its names: ``common.settings.ACTIVATIONS``).
+ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,
     "tanh": torch.tanh,
@@ -109,7 +110,7 @@ def feature_map(features: Tensor, projection: Tensor | None, activation: str = "
     """``(n, F)`` backbone features -> ``(n, F')`` float64: ``f(X P^T)`` with ``f`` the setting ``activation``
     (``max(0, .)`` by default), or ``X`` itself without a projection."""
     x = features.detach().to(torch.float64).cpu()
-    return x if projection is None else ACTIVATIONS[activation](x @ projection.T)
+    return x if projection is None else ACTIVATION_FUNCTIONS[activation](x @ projection.T)
 
 
 @torch.no_grad()

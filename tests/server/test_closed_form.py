@@ -12,7 +12,8 @@ from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.declared import closed_form_settings
-from common.merge import BlockGramSum, GramSum, block_gram_factor, gram_factor
+from common.settings import ACTIVATIONS
+from common.merge import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
 from common.messages import Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
@@ -385,7 +386,8 @@ def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
         agg.fold(update)  # as sent: accepted
     held = agg.sums.value()["holdout_gram_factor"]  # the two clients' 3 held-out rows each, stacked
     want = sum(u.stats["holdout_gram_factor"].T @ u.stats["holdout_gram_factor"] for u in sent)
-    assert held.shape == (6, 8) and torch.allclose(held.T @ held, want, rtol=0, atol=1e-12)
+    assert held.shape == (6, 8)
+    assert_close_to_dtype(held.T @ held, want, torch.float64, terms=6)
     update = stats_update(plan, 8, 2, 2, blocks=2, held_blocks=1)
     break_it(update.stats)
     with pytest.raises(UpdateRejected, match="holdout_gram_factor"):
@@ -395,8 +397,6 @@ def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
 @pytest.mark.parametrize("n", [3, 8, 11])
 def test_gram_rows_stack_factors_and_stay_within_the_width(n):
     """``GramRows``: the folded factors' Gram, whole, in at most ``d_in`` rows however many are folded."""
-    from common.merge import GramRows
-
     gen = torch.Generator().manual_seed(n)
     parts = [torch.randn(n, 5, generator=gen, dtype=torch.float64) for _ in range(4)]
     rows = GramRows(5)
@@ -404,7 +404,7 @@ def test_gram_rows_stack_factors_and_stay_within_the_width(n):
         rows.fold_factor(gram_factor(part))
     x = torch.cat(parts)
     assert rows.value().shape == (min(4 * n, 5), 5) and rows.count == 4
-    assert torch.allclose(rows.value().T @ rows.value(), x.T @ x, rtol=0, atol=1e-12 * float((x * x).sum()))
+    assert_close_to_dtype(rows.value().T @ rows.value(), x.T @ x, torch.float64, terms=len(x))
     with pytest.raises(ValueError, match="fold_factor"):
         rows.fold(x.T @ x)
 
@@ -448,16 +448,14 @@ def test_the_chosen_lambda_and_every_candidates_error_are_in_the_history_and_the
     ]
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "none"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)  # every name the setting accepts has its function
 def test_the_projections_activation(activation):
     """``f(X P^T)`` with ``f`` the setting: each activation is its function, elementwise, of the projection."""
-    from client.features import feature_map
-
     gen = torch.Generator().manual_seed(4)
     x, p = torch.randn(7, 5, generator=gen), torch.randn(9, 5, generator=gen, dtype=torch.float64)
     z = x.double() @ p.T
     want = {"relu": z.clamp_min(0), "gelu": 0.5 * z * (1 + torch.erf(z / 2**0.5)), "tanh": torch.tanh(z), "none": z}
     got = feature_map(x, p, activation)
     assert got.dtype == torch.float64 and got.shape == (7, 9)
-    torch.testing.assert_close(got, want[activation], rtol=1e-12, atol=1e-12)
+    assert_close_to_dtype(got, want[activation], torch.float64, terms=5)  # the same product; f's rounding
     assert torch.equal(feature_map(x, None, activation), x.double())  # no projection, no activation
