@@ -338,29 +338,42 @@ def markdown(rows: list[Row], cells: list[dict], failed: list[tuple[str, str]], 
     lines += [f"- Grid command: `{c}`" for c in commands]
     if command not in commands:
         lines.append(f"- Report written by: `{command}`")
-    lines += [f"- Machine: {m}" for m in machines or [_machine_line(machine)]]
+    # Cells from several machines: number the machines and name each row's, so that a wall time is
+    # read against the machine that spent it.
+    numbered = len(machines) > 1
+    if numbered:
+        lines += [f"- Machine {i}: {m}" for i, m in enumerate(machines, 1)]
+    else:
+        lines += [f"- Machine: {m}" for m in machines or [_machine_line(machine)]]
     lines += [f"- Mode: {modes}. Finished cells: {len(cells)}; failed: {len(failed)}.", ""]
     lines += _pivot(rows)
     lines += [
         "| dataset | method | beta | FAA (%) | paper FAA (%) | FAA weighted (%) | forgetting (%) "
-        "| sent per client (MB) | wall time | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| sent per client (MB) | wall time | seeds |" + (" machine |" if numbered else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if numbered else ""),
     ]
+    groups = _groups(cells)
     for r in rows:
         faa = _faa_text(r)
         paper = "-" if r.paper_faa is None else f"{r.paper_faa:.2f}"
-        lines.append(
+        line = (
             f"| {r.dataset} | {r.method} | {r.beta} | {faa} | {paper} | {r.faa_weighted_mean:.2f} "
             f"| {r.forgetting_mean:.2f} | {r.bytes_per_client_mean / 1e6:.3f} "
             f"| {_duration(r.wall_seconds_mean)} | {r.seeds} |"
         )
+        if numbered:
+            group = groups[(r.dataset, r.method, r.beta)]
+            mine = _distinct([_machine_line(c["machine"]) for c in group if "machine" in c])
+            line += " " + (", ".join(str(machines.index(m) + 1) for m in mine) or "-") + " |"
+        lines.append(line)
     lines += [
         "",
         "FAA: the paper's final average accuracy, the mean over tasks of the accuracy on each after the "
         "last task; mean ± sample standard deviation over seeds. FAA weighted: accuracy over all test samples "
         "after the last task (the reference code's figure). Forgetting: mean over earlier tasks of the best "
         "accuracy minus the final one. Sent per client: tensor payload bytes one client uploads over the "
-        "whole run (1 MB = 10^6 bytes). Wall time: mean per run. `joint`: LoRM with one client holding all "
+        "whole run (1 MB = 10^6 bytes). Wall time: mean per run (where the cells come from several machines, "
+        "the column machine numbers the ones its cells ran on). `joint`: LoRM with one client holding all "
         "data and one task with all classes (the upper bound).",
     ]
     if failed:

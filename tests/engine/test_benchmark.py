@@ -468,3 +468,29 @@ def test_an_inprocess_cell_records_its_own_peak_memory(tmp_path):
     peak = json.loads((tmp_path / "cells/lorm/beta0.5/seed1/metrics.json").read_text())["peak_rss_bytes"]
     assert rc == 0 and held is not None and held > 1_200_000_000
     assert 50_000_000 < peak < held - 600_000_000  # a tiny model's run: some tens or hundreds of MB
+
+
+def test_cells_from_several_machines_name_each_rows_machine(tmp_path):
+    """A table merged from a CPU host's and a GPU host's cells numbers the machines and names, per row,
+    the ones its cells ran on (a wall time means nothing without its machine); one machine: no column."""
+    cpu = {"system": "Linux x86_64", "cpu": "AMD EPYC", "cores": 2, "usable_cores": 2, "gpu": "none"}
+    gpu = cpu | {"cpu": "Intel Xeon", "cores": 16, "usable_cores": 16, "gpu": "NVIDIA H100 80GB HBM3"}
+    versions = {"python": "3.12.3", "torch": "2.11.0"}
+    for method, seed, machine in (("lorm", 0, cpu), ("lorm", 1, gpu), ("regmean", 0, gpu)):
+        cell = tmp_path / f"cells/{method}/beta0.5/seed{seed}"
+        cell.mkdir(parents=True)
+        metrics = {"method": method, "beta": 0.5, "seed": seed, "mode": "inprocess", "config": {"dataset": "x"}}
+        metrics |= {"accuracy": [[90.0]], "faa": 90.0, "faa_weighted": 90.0, "forgetting": 0.0, "history": []}
+        metrics |= {"bytes_per_client": 1e6, "wall_seconds": 60.0, "machine": machine | versions}
+        (cell / "metrics.json").write_text(json.dumps(metrics))
+    rc, _ = bench_main(["--out", str(tmp_path), "--report-only"])
+    md = (tmp_path / "results.md").read_text()
+    assert rc == 0 and "- Machine 1: Linux x86_64, AMD EPYC, 2 CPU cores (2 usable), GPU: none" in md
+    assert "- Machine 2: Linux x86_64, Intel Xeon, 16 CPU cores (16 usable), GPU: NVIDIA H100 80GB HBM3" in md
+    assert "| x | lorm | 0.5 | 90.00 ± 0.00 | - | 90.00 | 0.00 | 1.000 | 60.0 s | 2 | 1, 2 |" in md
+    assert "| x | regmean | 0.5 | 90.00 | - | 90.00 | 0.00 | 1.000 | 60.0 s | 1 | 2 |" in md
+    (tmp_path / "cells/lorm/beta0.5/seed0/metrics.json").unlink()
+    rc, _ = bench_main(["--out", str(tmp_path), "--report-only"])
+    md = (tmp_path / "results.md").read_text()
+    assert rc == 0 and "- Machine: Linux x86_64, Intel Xeon" in md and " machine |" not in md
+    assert "| x | regmean | 0.5 | 90.00 | - | 90.00 | 0.00 | 1.000 | 60.0 s | 1 |\n" in md
