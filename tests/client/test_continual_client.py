@@ -51,15 +51,17 @@ def plan_head(plan):
 def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher():
     runtime, plan = second_task_plan("ewc")
     worker = runtime.worker(0, "c0")
+    worker.model.to(worker.device)  # as a step does before loading its plan (a GPU when there is one)
     half = EwcTrainer()
     half.load(worker, plan)
     model = worker.model
     w0 = model.pristine()
-    centre = {n: w0[n] + plan.anchor[n] for n in plan.fisher}
-    expected = ewc_penalty(model.dense_params(), centre, plan.fisher, strength=2.0)
+    centre = {n: w0[n].cpu() + plan.anchor[n] for n in plan.fisher}
+    params = {n: p.detach().cpu() for n, p in model.dense_params().items()}
+    expected = ewc_penalty(params, centre, plan.fisher, strength=2.0)
     no_labels = torch.zeros(1, dtype=torch.long)
     got = half.regulariser(worker, plan, {}, torch.zeros(1), no_labels)
-    assert got is not None and torch.allclose(got, expected) and got.item() > 0
+    assert got is not None and torch.allclose(got.cpu(), expected) and got.item() > 0
     half.load(worker, dataclasses.replace(plan, fisher={}))
     assert half.regulariser(worker, plan, {}, torch.zeros(1), no_labels) is None  # the first task: no penalty
 
@@ -67,6 +69,7 @@ def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher()
 def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head():
     runtime, plan = second_task_plan("lwf")
     worker = runtime.worker(0, "c0")
+    worker.model.to(worker.device)  # as a step does before loading its plan (a GPU when there is one)
     half = LwfTrainer()
     half.load(worker, plan)
     teacher = copy.deepcopy(worker.model)
@@ -76,9 +79,9 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head
         teacher.head.bias.copy_(plan.anchor[ANCHOR_HEAD[1]])
     teacher.eval()
     lo = plan.class_range[0]
-    assert lo > 0 and torch.equal(half.teacher.head.weight, plan.anchor[ANCHOR_HEAD[0]])
-    assert torch.equal(half.teacher.head.bias, plan.anchor[ANCHOR_HEAD[1]])
-    assert not torch.equal(half.teacher.head.weight, plan.head_weight)  # not the plan's: it moves in the task
+    assert lo > 0 and torch.equal(half.teacher.head.weight.cpu(), plan.anchor[ANCHOR_HEAD[0]])
+    assert torch.equal(half.teacher.head.bias.cpu(), plan.anchor[ANCHOR_HEAD[1]])
+    assert not torch.equal(half.teacher.head.weight.cpu(), plan.head_weight)  # not the plan's: it moves in the task
     inputs, labels = worker.train.batch(worker.shards[1][:4], worker.device)
     student = worker.model(inputs)[0]
     with torch.no_grad():
@@ -86,7 +89,7 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head
     got = half.regulariser(worker, plan, inputs, student, labels)
     assert got is not None and torch.allclose(got, 0.5 * distillation(student[:, :lo], target, 2.0))
     for name, p in half.teacher.dense_params().items():  # W0 + anchor, not the step's W0 + delta
-        assert torch.equal(p, worker.model.pristine()[name] + plan.anchor[name])
+        assert torch.equal(p.cpu(), worker.model.pristine()[name].cpu() + plan.anchor[name])
     half.load(worker, dataclasses.replace(plan, anchor={}))
     assert half.regulariser(worker, plan, inputs, student, labels) is None
     headless = {k: v for k, v in plan.anchor.items() if k not in ANCHOR_HEAD}

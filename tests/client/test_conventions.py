@@ -43,7 +43,7 @@ def head_fisher_by_hand(worker, plan, weigh) -> tuple[torch.Tensor, torch.Tensor
     """
     lo, hi = plan.class_range
     shard = worker.shards[plan.task]
-    inputs, labels = worker.train.batch(shard, torch.device("cpu"))
+    inputs, labels = worker.train.batch(shard, worker.device)  # where the step left the model
     worker.model.eval()
     with torch.no_grad():
         logits, feats = worker.model(inputs)
@@ -53,7 +53,7 @@ def head_fisher_by_hand(worker, plan, weigh) -> tuple[torch.Tensor, torch.Tensor
     b = torch.zeros_like(worker.model.head.bias, dtype=torch.float64)
     w[lo:hi] = c.T @ feats.double() ** 2
     b[lo:hi] = c.sum(0)
-    return w, b
+    return w.cpu(), b.cpu()  # the update's tensors are on the CPU, as the wire carries them
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

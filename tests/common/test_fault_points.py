@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from procenv import project_pythonpath
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 from common.faults import after_items, fault_point
@@ -27,7 +29,7 @@ def run(fault: str | None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", SCRIPT],
         cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONPATH": project_pythonpath()},
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,5 +75,5 @@ class ProjectProc(Proc):
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         super().__init__(
-            name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}, ROOT
+            name, cmd, {**os.environ, "PYTHONPATH": project_pythonpath(), "PYTHONUNBUFFERED": "1", **(env or {})}, ROOT
         )

@@ -29,6 +29,7 @@ from server.main import build_parser
 from engine.simulation import run_inprocess
 
 import netns
+from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -104,7 +105,7 @@ def reference(deployment, tmp_path_factory):
 
 
 def env_for(service: ComposeService) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **service.env}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": project_pythonpath(), **service.env}
 
 
 def start(lab: netns.Lab, spec: dict, root: Path, client_env: dict[int, dict[str, str]] | None = None):

@@ -21,6 +21,7 @@ from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
 import netns
+from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -57,7 +58,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def spawn(name: str, cmd: list[str]) -> netns.Proc:
-    return netns.Proc(name, cmd, {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}, ROOT)
+    return netns.Proc(name, cmd, {**os.environ, "PYTHONPATH": project_pythonpath(), "PYTHONUNBUFFERED": "1"}, ROOT)
 
 
 def refuse_two_submissions(port: int) -> None:

@@ -23,6 +23,7 @@ from server.certs import create_dev_pki
 from server.coordinator import Coordinator
 from server.launch import launch
 from server.service import SERVICE_NAME, create_server
+from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=6)
@@ -261,7 +262,7 @@ def spawn(module: str, *args: str) -> subprocess.Popen:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONPATH": project_pythonpath(), "PYTHONUNBUFFERED": "1"},
     )
 
 
