@@ -494,3 +494,16 @@ def test_cells_from_several_machines_name_each_rows_machine(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert rc == 0 and "- Machine: Linux x86_64, Intel Xeon" in md and " machine |" not in md
     assert "| x | regmean | 0.5 | 90.00 | - | 90.00 | 0.00 | 1.000 | 60.0 s | 1 |\n" in md
+
+
+def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
+    """bench/clinc150_methods.json, which the grid scripts run for hours: every label names a known method and
+    every override a known key, at each of the table's betas, so a typo fails here and not mid-grid."""
+    method_config = bench.load_method_config(str(bench.ROOT / "bench" / "clinc150_methods.json"))
+    assert "lorm" in method_config and any("@" in label for label in method_config)
+    for preset_name in ("cpu-clinc150-quick", "cpu-clinc150-full"):
+        base = RunConfig.from_dict(preset(preset_name))
+        for label in method_config:
+            for beta in (1.0, 0.5, 0.2):
+                cell = bench.cell_config(base, label, beta, 0, method_config)
+                assert cell.strategy == ("lorm" if label.startswith("joint") else bench.strategy_of(label))
