@@ -16,7 +16,9 @@ short (killed, failed, timed out) goes on from its last committed step when the 
 again, if its configuration is unchanged (else it starts over): in process from the engine's
 state, distributed from the coordinator's (with fresh client processes); the result is the
 uninterrupted run's. A failed cell leaves ``error.txt`` and the grid goes on. Cells run one
-after another.
+after another, or with ``--jobs N`` up to N at a time, each in its own ``lorm-bench`` child process
+(its output in the cell's ``bench.log``; a GPU host or many cores: give each cell one thread), the
+same cells and results as one after another.
 
 After the grid (or with ``--report-only``) ``<out>/results.md`` and ``results.csv`` hold one
 row per (dataset, method, beta) over every finished cell, beside the paper's FAA where the paper
@@ -357,18 +359,81 @@ def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
     return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
 
 
+def finished_runs(out: Path) -> list[tuple[str, dict]]:
+    """(name, metrics) of every cell in the folder that ran (not one reused from a twin), to reuse for an
+    identical configuration (e.g. joint at every beta): this grid's, and any from an earlier call with
+    other methods or betas."""
+    done = [
+        (str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
+        for path in sorted((out / "cells").glob("*/*/*/metrics.json"))
+    ]
+    return [(name, m) for name, m in done if "config" in m and "reused_from" not in m]
+
+
+def run_children(
+    cells: list[Cell],
+    out: Path,
+    mode: str,
+    jobs: int,
+    child_argv: Callable[[Cell], list[str]],
+    say: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+) -> list[str]:
+    """``--jobs``: every unfinished cell without a finished (or already started) twin, up to ``jobs`` at a
+    time, each in its own ``lorm-bench`` child process given ``child_argv(cell)``, its output in the cell's
+    ``bench.log``; returns the names of the cells whose child failed. The twins are left to
+    :func:`run_grid`, which reuses them."""
+    seen = [_comparable(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode]
+    todo: list[Cell] = []
+    for cell in cells:
+        want = _comparable(json.loads(cell.config.to_json()))
+        if not (cell.dir(out) / "metrics.json").exists() and want not in seen:
+            seen.append(want)
+            todo.append(cell)
+    say(f"lorm-bench: {len(todo)} cells to run, up to {jobs} at a time, each in its own process")
+    running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
+    failed: list[str] = []
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                cell = todo.pop(0)
+                cell.dir(out).mkdir(parents=True, exist_ok=True)
+                log = open(cell.dir(out) / "bench.log", "a")
+                cmd = [sys.executable, "-m", "engine.benchmark", *child_argv(cell)]
+                running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)] = (
+                    cell,
+                    log,
+                )
+                say(f"{cell.name}: started ({len(running)} running, {len(todo)} waiting)")
+            time.sleep(poll_s)
+            for proc in [p for p in running if p.poll() is not None]:
+                cell, log = running.pop(proc)
+                log.close()
+                path = cell.dir(out) / "metrics.json"
+                if proc.returncode == 0 and path.exists():
+                    metrics = json.loads(path.read_text())
+                    say(
+                        f"{cell.name}: FAA {_pct(metrics['faa'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent "
+                        f"per client, {_duration(cell_seconds(metrics))}"
+                    )
+                else:
+                    failed.append(cell.name)
+                    why = cell.dir(out) / ("error.txt" if (cell.dir(out) / "error.txt").exists() else "bench.log")
+                    say(f"{cell.name}: FAILED (exit {proc.returncode}); see {why}")
+    finally:  # interrupted: no child outlives the grid (each cell goes on from its last step next time)
+        for proc, (_, log) in running.items():
+            proc.kill()
+            proc.wait()
+            log.close()
+    return failed
+
+
 def run_grid(
     cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: dict, say: Callable[[str], None] = print
 ) -> list[str]:
     """Run every unfinished cell in order; returns the names of the cells that failed."""
     failed: list[str] = []
-    # Finished cells, to reuse for an identical configuration (e.g. joint at every beta): this
-    # grid's and any other finished cell in the folder, from an earlier call with other methods or betas.
-    done: list[tuple[str, dict]] = [
-        (str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
-        for path in sorted((out / "cells").glob("*/*/*/metrics.json"))
-    ]
-    done = [(name, m) for name, m in done if "config" in m and "reused_from" not in m]
+    done = finished_runs(out)
     ran_seconds: list[float] = []
     for i, cell in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {cell.method} beta={cell.beta} seed={cell.seed}"
@@ -511,7 +576,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method-config", default="", help='JSON {method: {key: value, "beta=<b>": {key: value}}}')
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds one cell may take (0: no limit)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots from the cells")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="cells at a time, each in its own process (default 1: one after another, in this process); "
+        "set threads=1 per cell (--set threads=1) so that N cells use N cores",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="leave the tables and plots alone (what --jobs gives its children)"
+    )
     return parser
+
+
+def child_argv(args: argparse.Namespace, cell: Cell) -> list[str]:
+    """The command line of a ``--jobs`` child: this grid's configuration, for ``cell`` alone, no report."""
+    argv = ["--preset", args.preset] if args.preset else []
+    argv += ["--config", args.config] if args.config else []
+    for item in args.set:
+        argv += ["--set", item]
+    argv += ["--method-config", args.method_config] if args.method_config else []
+    argv += ["--mode", args.mode, "--timeout", str(args.timeout), "--out", args.out, "--no-report"]
+    return argv + ["--methods", cell.method, "--betas", str(cell.beta), "--seeds", str(cell.seed)]
 
 
 def _command_line(argv: list[str] | None) -> str:
@@ -544,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
         seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]
         cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except (ValueError, OSError) as err:
         parser.error(str(err))
     for line in overridden_sets(base, cells, args.set):
@@ -554,14 +642,19 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     start = time.perf_counter()
-    failed = run_grid(
-        cells,
-        out,
-        args.mode,
-        args.timeout,
-        {"command": command, "machine": machine, "code": code_version()},
-        say=lambda line: print(line, flush=True),
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    failed: list[str] = []
+    if args.jobs > 1:
+        failed = run_children(cells, out, args.mode, args.jobs, lambda cell: child_argv(args, cell), say=say)
+        cells = [cell for cell in cells if cell.name not in failed]  # not again in this process
+    failed += run_grid(
+        cells, out, args.mode, args.timeout, {"command": command, "machine": machine, "code": code_version()}, say=say
     )
+    if args.no_report:
+        return 1 if failed else 0
     write_report(out, command, machine)
     print(
         f"lorm-bench: grid done in {_duration(time.perf_counter() - start)}; wrote {out / 'results.md'}, "

@@ -507,3 +507,50 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
             for beta in (1.0, 0.5, 0.2):
                 cell = bench.cell_config(base, label, beta, 0, method_config)
                 assert cell.strategy == ("lorm" if label.startswith("joint") else bench.strategy_of(label))
+
+
+def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(grid, tmp_path):
+    """``--jobs 3``: each cell in its own lorm-bench child (its output in bench.log), the same metrics as one
+    after another in one process (the module's grid, seed 1); joint's twin at another beta is reused, not run."""
+    out = tmp_path / "jobs"
+    argv = TINY + ["--methods", "lorm,joint", "--betas", "0.5,1.0", "--seeds", "1", "--out", str(out), "--jobs", "3"]
+    rc, printed = bench_main(argv + ["--method-config", grid.argv[grid.argv.index("--method-config") + 1]])
+    assert rc == 0 and "3 cells to run, up to 3 at a time" in printed, printed
+    ran = ["lorm/beta0.5/seed1", "lorm/beta1.0/seed1", "joint/beta0.5/seed1"]
+    assert all((out / "cells" / name / "bench.log").exists() for name in ran)
+    reused = json.loads((out / "cells/joint/beta1.0/seed1/metrics.json").read_text())
+    assert reused["reused_from"] == "joint/beta0.5/seed1" and not (out / "cells/joint/beta1.0/seed1/bench.log").exists()
+    for name in ("lorm/beta0.5/seed1", "joint/beta0.5/seed1"):
+        mine = json.loads((out / "cells" / name / "metrics.json").read_text())
+        theirs = json.loads((grid.out / "cells" / name / "metrics.json").read_text())
+        assert (mine["accuracy"], mine["faa"], mine["bytes_per_client"]) == (
+            theirs["accuracy"],
+            theirs["faa"],
+            theirs["bytes_per_client"],
+        )
+    assert "| lorm |" in (out / "results.md").read_text()
+
+
+def test_a_failed_child_is_named_and_the_others_finish(tmp_path):
+    """A child that exits non-zero is reported failed with where to look; the grid goes on with the rest."""
+    base = RunConfig.from_dict(preset("tiny"))
+    cells = bench.plan_grid(base, ["lorm"], [0.5, 1.0], [0], {})
+    said: list[str] = []
+
+    def argv(cell):  # the second cell's child is given a beta it refuses
+        beta = "not-a-number" if cell.beta == 1.0 else str(cell.beta)
+        return ["--preset", "tiny", "--set", "num_tasks=1", "--set", "rounds_per_task=1", "--out", str(tmp_path)] + [
+            "--no-report",
+            "--methods",
+            "lorm",
+            "--betas",
+            beta,
+            "--seeds",
+            "0",
+        ]
+
+    failed = bench.run_children(cells, tmp_path, "inprocess", 2, argv, say=said.append, poll_s=0.1)
+    assert failed == ["lorm/beta1.0/seed0"]
+    assert (tmp_path / "cells/lorm/beta0.5/seed0/metrics.json").exists()
+    assert any(line.startswith("lorm/beta1.0/seed0: FAILED (exit 2); see") and "bench.log" in line for line in said)
+    assert "expected a list of float" in (tmp_path / "cells/lorm/beta1.0/seed0/bench.log").read_text()
