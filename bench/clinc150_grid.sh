@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CLINC150 benchmark table, in-process, as two streams of cells side by side (one thread each),
 # then one table over every cell. Resumable: finished cells are skipped.
-# Usage: bash bench/clinc150_grid.sh [OUT_DIR] [PRESET]
+# Usage: bash bench/clinc150_grid.sh [OUT_DIR] [PRESET] [JOBS]
+#   JOBS (default 2): cells at a time. 2 runs the two streams below; more (a GPU host, many cores) runs
+#   the same cells through lorm-bench --jobs JOBS, each cell in its own process with one thread.
 #   PRESET cpu-clinc150-quick (default): every method and variant x beta 1.0 / 0.5 / 0.2 (about a day of
 #   cells on 2 cores: let it resume).
 #   PRESET cpu-clinc150-full: the full training set: the full-data table's methods at each beta (issue 13)
@@ -11,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/clinc150-quick}"
 preset="${2:-cpu-clinc150-quick}"
+jobs="${3:-2}"
 export LORM_DATA_DIR="${LORM_DATA_DIR:-../shared/datasets}"
 bench=(.venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 0
        --method-config bench/clinc150_methods.json --out "$out")
@@ -28,6 +31,17 @@ else
     report="lorm,lorm-b-only,lorm-avg-tasks,lorm-seq,fedavg-lora,fedavg,regmean,fisheravg,ties,ties@tuned,$competitors,joint,ncm,ridge,lorm-ridge-first,lorm-ridge,lorm-ncm"
 fi
 mkdir -p "$out"
+if [ "$jobs" -gt 2 ]; then
+    # One table's cells, JOBS at a time (joint runs once: its other betas reuse it), then lorm's other seeds
+    # and the competitors on the full data; --set threads=1: one core per cell.
+    "${bench[@]}" --jobs "$jobs" --set threads=1 --methods "$lora,$dense" --betas 0.5,1.0,0.2 || true
+    if $extra; then
+        .venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 1,2 --methods lorm --betas 0.5 \
+            --method-config bench/clinc150_methods.json --out "$out" --jobs "$jobs" --set threads=1 || true
+        "${bench[@]}" --jobs "$jobs" --set threads=1 --methods "$competitors" --betas 0.5 || true
+    fi
+    exec "${bench[@]}" --methods "$report" --betas 1.0,0.5,0.2 --report-only
+fi
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.
 # joint (one client, one task: beta splits nothing) runs once; its other betas reuse the finished cell.
 ( for b in 0.5 1.0 0.2; do "${bench[@]}" --methods "$lora" --betas "$b" || true; done
