@@ -393,6 +393,7 @@ def run_children(
     say(f"lorm-bench: {len(todo)} cells to run, up to {jobs} at a time, each in its own process")
     running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
     failed: list[str] = []
+    stop = _terminate_as_exit()
     try:
         while todo or running:
             while todo and len(running) < jobs:
@@ -400,11 +401,9 @@ def run_children(
                 cell.dir(out).mkdir(parents=True, exist_ok=True)
                 log = open(cell.dir(out) / "bench.log", "a")
                 cmd = [sys.executable, "-m", "engine.benchmark", *child_argv(cell)]
-                running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)] = (
-                    cell,
-                    log,
-                )
-                say(f"{cell.name}: started ({len(running)} running, {len(todo)} waiting)")
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                running[proc] = (cell, log)
+                say(f"{cell.name}: started (process {proc.pid}; {len(running)} running, {len(todo)} waiting)")
             time.sleep(poll_s)
             for proc in [p for p in running if p.poll() is not None]:
                 cell, log = running.pop(proc)
@@ -420,12 +419,26 @@ def run_children(
                     failed.append(cell.name)
                     why = cell.dir(out) / ("error.txt" if (cell.dir(out) / "error.txt").exists() else "bench.log")
                     say(f"{cell.name}: FAILED (exit {proc.returncode}); see {why}")
-    finally:  # interrupted: no child outlives the grid (each cell goes on from its last step next time)
+    finally:  # interrupted (Ctrl-C, SIGTERM): no child outlives the grid (each goes on from its last step next time)
         for proc, (_, log) in running.items():
             proc.kill()
             proc.wait()
             log.close()
+        stop()
     return failed
+
+
+def _terminate_as_exit() -> Callable[[], None]:
+    """Until the returned function is called, SIGTERM raises ``SystemExit`` (so ``finally`` blocks run and
+    the children are stopped) instead of ending the process on the spot; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def exit_on(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def run_grid(

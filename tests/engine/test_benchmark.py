@@ -6,6 +6,11 @@ import contextlib
 import csv
 import io
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +23,7 @@ import engine.benchmark_report as report
 from common.config import RunConfig
 from common.presets import preset
 from engine.simulation import run_inprocess
+from procenv import project_pythonpath
 
 TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1", "--set", "local_epochs=1"]
 METHODS = ["lorm", "fedavg-lora", "joint"]
@@ -554,3 +560,34 @@ def test_a_failed_child_is_named_and_the_others_finish(tmp_path):
     assert (tmp_path / "cells/lorm/beta0.5/seed0/metrics.json").exists()
     assert any(line.startswith("lorm/beta1.0/seed0: FAILED (exit 2); see") and "bench.log" in line for line in said)
     assert "expected a list of float" in (tmp_path / "cells/lorm/beta1.0/seed0/bench.log").read_text()
+
+
+def test_a_terminated_jobs_grid_stops_its_children(tmp_path):
+    """SIGTERM to a ``--jobs`` grid: it stops every child before it exits (none left running on the GPU)."""
+    argv = ["--preset", "tiny", "--set", "rounds_per_task=200", "--methods", "lorm", "--betas", "0.5,1.0"]
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "engine.benchmark", *argv, "--out", str(tmp_path), "--jobs", "2"],
+        cwd=bench.ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": project_pythonpath()},
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = parent.stdout.readline()
+            if not line:
+                break
+            pids += [int(pid) for pid in re.findall(r"started \(process (\d+);", line)]
+        assert len(pids) == 2, "the children did not start"
+        time.sleep(1.0)
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        parent.kill()
+        parent.wait()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
