@@ -381,15 +381,23 @@ def run_children(
 ) -> list[str]:
     """``--jobs``: every unfinished cell without a finished (or already started) twin, up to ``jobs`` at a
     time, each in its own ``lorm-bench`` child process given ``child_argv(cell)``, its output in the cell's
-    ``bench.log``; returns the names of the cells whose child failed. The twins are left to
-    :func:`run_grid`, which reuses them."""
+    ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
+    twins are left to :func:`run_grid`, which reuses them."""
     seen = [_comparable(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode]
     todo: list[Cell] = []
+    twins: dict[str, list[str]] = {}  # a started cell's name -> its unfinished twins' names
     for cell in cells:
         want = _comparable(json.loads(cell.config.to_json()))
-        if not (cell.dir(out) / "metrics.json").exists() and want not in seen:
+        if (cell.dir(out) / "metrics.json").exists():
+            continue
+        if want not in seen:
             seen.append(want)
             todo.append(cell)
+            twins[cell.name] = []
+        else:
+            first = next((c for c in todo if _comparable(json.loads(c.config.to_json())) == want), None)
+            if first is not None:
+                twins[first.name].append(cell.name)
     say(f"lorm-bench: {len(todo)} cells to run, up to {jobs} at a time, each in its own process")
     running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
     failed: list[str] = []
@@ -416,7 +424,7 @@ def run_children(
                         f"per client, {_duration(cell_seconds(metrics))}"
                     )
                 else:
-                    failed.append(cell.name)
+                    failed += [cell.name, *twins[cell.name]]
                     why = cell.dir(out) / ("error.txt" if (cell.dir(out) / "error.txt").exists() else "bench.log")
                     say(f"{cell.name}: FAILED (exit {proc.returncode}); see {why}")
     finally:  # interrupted (Ctrl-C, SIGTERM): no child outlives the grid (each goes on from its last step next time)

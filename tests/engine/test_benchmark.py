@@ -537,27 +537,29 @@ def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(gr
     assert "| lorm |" in (out / "results.md").read_text()
 
 
-def test_a_failed_child_is_named_and_the_others_finish(tmp_path):
-    """A child that exits non-zero is reported failed with where to look; the grid goes on with the rest."""
+def test_a_failed_child_is_named_with_its_twins_and_the_others_finish(tmp_path):
+    """A child that exits non-zero is reported failed with where to look, and so is its twin (joint at another
+    beta: it would have reused that run), which no process starts; the grid goes on with the rest."""
     base = RunConfig.from_dict(preset("tiny"))
-    cells = bench.plan_grid(base, ["lorm"], [0.5, 1.0], [0], {})
+    cells = bench.plan_grid(base, ["lorm", "joint"], [0.5, 1.0], [0], {})
     said: list[str] = []
 
-    def argv(cell):  # the second cell's child is given a beta it refuses
-        beta = "not-a-number" if cell.beta == 1.0 else str(cell.beta)
+    def argv(cell):  # lorm at beta 1.0 and joint are given a beta they refuse
+        bad = cell.method == "joint" or cell.beta == 1.0
         return ["--preset", "tiny", "--set", "num_tasks=1", "--set", "rounds_per_task=1", "--out", str(tmp_path)] + [
             "--no-report",
             "--methods",
-            "lorm",
+            cell.method,
             "--betas",
-            beta,
+            "not-a-number" if bad else str(cell.beta),
             "--seeds",
             "0",
         ]
 
     failed = bench.run_children(cells, tmp_path, "inprocess", 2, argv, say=said.append, poll_s=0.1)
-    assert failed == ["lorm/beta1.0/seed0"]
+    assert sorted(failed) == ["joint/beta0.5/seed0", "joint/beta1.0/seed0", "lorm/beta1.0/seed0"]
     assert (tmp_path / "cells/lorm/beta0.5/seed0/metrics.json").exists()
+    assert sum(" started (process " in line for line in said) == 3  # joint's twin is never started
     assert any(line.startswith("lorm/beta1.0/seed0: FAILED (exit 2); see") and "bench.log" in line for line in said)
     assert "expected a list of float" in (tmp_path / "cells/lorm/beta1.0/seed0/bench.log").read_text()
 
