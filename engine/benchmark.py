@@ -5,7 +5,8 @@ Every cell runs into ``<out>/cells/<method>/beta<b>/seed<s>/``::
     metrics.json  the run's summary (accuracy matrix, FAA, forgetting, history, config) plus
                   method, beta, seed, mode, wall_seconds (of this invocation; the tables take a resumed
                   in-process cell's summed ``seconds``), bytes_per_client, command, machine, and
-                  code (the commit of the code that ran it, and whether its tree had changes)
+                  code (the commit of the code that ran it, and whether its tree had changes); in
+                  process also peak_rss_bytes and device (where the clients trained: cpu, cuda)
     log.txt       the run's output;  error.txt  why the last attempt failed (if it did)
     run/          the run's own results directory (adapter, head, plot, TensorBoard), and in
                   distributed mode its config.json and the coordinator's state; in-process,
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from client.worker import resolve_device
 from common.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
 from server.export import write_metrics
 from server.launch import launch
@@ -260,7 +262,8 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
     """The run's summary; its results directory is ``cell_dir/run/results``, its state (committed after
     every step, so that a cell cut short goes on from there) ``cell_dir/run/state`` until it is done. With
     ``peak_rss_bytes``: the most memory the run held at once, coordinator and clients together in this process
-    (measured, not sampled; a resumed cell's last part; None where the system cannot tell)."""
+    (measured, not sampled; a resumed cell's last part; None where the system cannot tell), and ``device``:
+    where its clients trained (``config.device`` resolved, e.g. ``auto`` -> ``cuda`` on a GPU host)."""
     measured = reset_peak_rss()
     sink = _LogSink(cell_dir / "log.txt")
     state = cell_dir / "run" / "state"
@@ -275,7 +278,8 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
     finally:
         sink.close()
     shutil.rmtree(state, ignore_errors=True)  # done: the results hold the model; the state is its copy
-    return result.summary() | {"peak_rss_bytes": peak_rss_bytes() if measured else None}
+    device = str(resolve_device(config.device))
+    return result.summary() | {"peak_rss_bytes": peak_rss_bytes() if measured else None, "device": device}
 
 
 def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:

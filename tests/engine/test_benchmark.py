@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 import engine.benchmark as bench
 import engine.benchmark_report as report
@@ -121,6 +122,7 @@ def test_grid_runs_every_cell_with_its_configuration(grid):
         assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in m["history"]) > 0
         assert m["wall_seconds"] > 0 and m["config"]["seed"] == m["seed"]
         assert m["code"] == bench.code_version()  # the commit that ran it (None outside a git checkout)
+        assert m["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # where its clients trained
         assert (d / "run" / "results" / "metrics.json").exists() and (d / "log.txt").exists()
         if m["method"] == "joint":
             # The upper bound: LoRM, one client with all data, one task with all classes.
