@@ -21,6 +21,7 @@ import torch
 
 import engine.benchmark as bench
 import engine.benchmark_report as report
+import engine.cells as runner
 from common.config import RunConfig
 from common.presets import preset
 from engine.simulation import run_inprocess
@@ -57,7 +58,7 @@ def forbid_runs(monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("no cell should run")
 
-    monkeypatch.setattr(bench, "run_inprocess", fail)
+    monkeypatch.setattr(runner, "run_inprocess", fail)
 
 
 def fake_run(fail_seeds=(), sleep_s=0.0, calls=None):
@@ -188,7 +189,7 @@ def test_a_deleted_cell_and_only_it_runs_again(grid, monkeypatch):
     (target / "metrics.json").unlink()
     calls = []
     monkeypatch.setattr(
-        bench, "run_inprocess", lambda config, **kw: calls.append(config) or run_inprocess(config, **kw)
+        runner, "run_inprocess", lambda config, **kw: calls.append(config) or run_inprocess(config, **kw)
     )
     rc, printed = bench_main(grid.argv)
     assert rc == 0, printed
@@ -282,7 +283,7 @@ def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch,
     # --set is the grid's base and the method config each method's own: where the two disagree the
     # cell runs the method config's value, and lorm-bench says so for that cell alone
     calls = []
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
     (tmp_path / "m.json").write_text(json.dumps({"lorm": {"beta=0.2": {"gamma_head": 0.1}}}))
     argv = ["--methods", "lorm,fedavg-lora", "--betas", "0.5,0.2", "--set", "gamma_head=0.3", "--set", "lr=0.05"]
     rc = bench.main(TINY + argv + ["--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")])
@@ -303,7 +304,7 @@ def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch,
 def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, monkeypatch):
     out = tmp_path / "g"
     argv = TINY + ["--methods", "lorm", "--seeds", "1,2,3", "--out", str(out)]
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(fail_seeds={2}))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(fail_seeds={2}))
     rc, printed = bench_main(argv)
     assert rc == 1 and "[2/3] lorm beta=0.5 seed=2: FAILED (RuntimeError: boom for seed 2)" in printed
     failed = out / "cells/lorm/beta0.5/seed2"
@@ -312,14 +313,14 @@ def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, 
     assert "`lorm/beta0.5/seed2`: RuntimeError: boom for seed 2" in (out / "results.md").read_text()
     assert read_csv(out / "results.csv")["lorm"]["seeds"] == "2"
     calls = []
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
     rc, printed = bench_main(argv)
     assert rc == 0 and [c.seed for c in calls] == [2]
     assert not (failed / "error.txt").exists() and "Failed cells" not in (out / "results.md").read_text()
 
 
 def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(sleep_s=5))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(sleep_s=5))
     start = time.perf_counter()
     rc, printed = bench_main(TINY + ["--out", str(tmp_path / "g"), "--timeout", "0.3"])
     assert rc == 1 and time.perf_counter() - start < 4
@@ -328,7 +329,7 @@ def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
 
 def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
     argv = ["--methods", "lorm", "fedavg-lora,lorm", "--betas", "1.0,0.5", "0.2", "--seeds", "1", "2"]
     rc, printed = bench_main(TINY + argv + ["--out", str(tmp_path / "g")])
     assert rc == 0, printed
@@ -340,7 +341,7 @@ def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
 
 def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
     out = tmp_path / "g"
     rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "1.0,0.5", "--seeds", "1", "--out", str(out)])
     assert rc == 0 and len(calls) == 1
@@ -466,11 +467,11 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
 def test_an_inprocess_cell_records_its_own_peak_memory(tmp_path):
     """``peak_rss_bytes``: the cell's peak resident memory, not the process's: 1.2 GB held and freed before the
     cell does not count (the peak is reset first)."""
-    if not bench.reset_peak_rss():
+    if not runner.reset_peak_rss():
         pytest.skip("this system cannot reset a process's peak resident memory")
     ballast = bytearray(1_200_000_000)
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page, so that it is resident
-    held = bench.peak_rss_bytes()
+    held = runner.peak_rss_bytes()
     del ballast
     rc, _ = bench_main(TINY + ["--methods", "lorm", "--seeds", "1", "--betas", "0.5", "--out", str(tmp_path)])
     peak = json.loads((tmp_path / "cells/lorm/beta0.5/seed1/metrics.json").read_text())["peak_rss_bytes"]
@@ -558,7 +559,7 @@ def test_a_failed_child_is_named_with_its_twins_and_the_others_finish(tmp_path):
             "0",
         ]
 
-    failed = bench.run_children(cells, tmp_path, "inprocess", 2, argv, say=said.append, poll_s=0.1)
+    failed = runner.run_children(cells, tmp_path, "inprocess", 2, argv, say=said.append, poll_s=0.1)
     assert sorted(failed) == ["joint/beta0.5/seed0", "joint/beta1.0/seed0", "lorm/beta1.0/seed0"]
     assert (tmp_path / "cells/lorm/beta0.5/seed0/metrics.json").exists()
     assert sum(" started (process " in line for line in said) == 3  # joint's twin is never started

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.config import RunConfig
-from engine.benchmark import Cell, run_cell
+from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
 
 from test_engine import TINY
@@ -102,22 +102,22 @@ def test_a_grid_cell_cut_short_goes_on_and_leaves_no_state(tmp_path, monkeypatch
     cell = Cell("lorm", 0.5, cfg.seed, cfg)
     cell_dir = cell.dir(tmp_path)
     real = engine.simulation.run_inprocess
-    monkeypatch.setattr("engine.benchmark.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    monkeypatch.setattr("engine.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
     with pytest.raises(Killed):
         run_cell(cell, tmp_path, "inprocess", 0.0, {})
     assert saved_config(cell_dir / "run" / "state") == cfg
-    monkeypatch.setattr("engine.benchmark.run_inprocess", real)
+    monkeypatch.setattr("engine.cells.run_inprocess", real)
     metrics = run_cell(cell, tmp_path, "inprocess", 0.0, {})
     assert metrics["resumes"] == 1 and not (cell_dir / "run" / "state").exists()
     assert "resumed from" in (cell_dir / "log.txt").read_text()
     straight = run_inprocess(cfg)
     assert metrics["correct"] == straight.matrix.correct
     # cut short again, then the cell's configuration changes: it starts over, and says nothing of resuming
-    monkeypatch.setattr("engine.benchmark.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    monkeypatch.setattr("engine.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
     (cell_dir / "metrics.json").unlink()
     with pytest.raises(Killed):
         run_cell(cell, tmp_path, "inprocess", 0.0, {})
-    monkeypatch.setattr("engine.benchmark.run_inprocess", real)
+    monkeypatch.setattr("engine.cells.run_inprocess", real)
     changed = Cell("lorm", 0.5, cfg.seed, config("lorm", num_tasks=1, lr=cfg.lr * 2))
     metrics = run_cell(changed, tmp_path, "inprocess", 0.0, {})
     assert "resumes" not in metrics and "resumed from" not in (cell_dir / "log.txt").read_text()

@@ -1,0 +1,365 @@
+"""Running a grid's cells: one cell in process or distributed (resumable, timed, its memory measured),
+the grid one cell after another (:func:`run_grid`), or several at a time in child processes
+(:func:`run_children`, ``lorm-bench --jobs``). ``engine/benchmark.py`` plans the grid and is the
+command line; the folder layout of a cell is described there."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from client.worker import resolve_device
+from common.config import RunConfig
+from server.export import write_metrics
+from server.launch import launch
+from engine.simulation import run_inprocess, saved_config
+from engine.benchmark_report import _duration, _pct, cell_seconds
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    beta: float
+    seed: int
+    config: RunConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/beta{self.beta}/seed{self.seed}"
+
+    def dir(self, out: Path) -> Path:
+        return out / "cells" / self.method / f"beta{self.beta}" / f"seed{self.seed}"
+
+
+# ---------------------------------------------------------------------- running one cell
+
+
+class CellTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float):
+    """Raise :class:`CellTimeout` in the main thread after ``seconds`` (0: never)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise CellTimeout(f"the run did not finish within {seconds:.0f} s (--timeout)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _LogSink:
+    """A text sink for a cell's log that drops writes once closed: ``launch``'s output pump
+    threads may still be draining a pipe when the run has returned."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a", buffering=1)  # line-buffered: a running cell shows its progress
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._file is not None:
+                self._file.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident memory afresh (Linux: ``VmHWM``, reset by writing 5 to
+    ``/proc/self/clear_refs``); False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since the last :func:`reset_peak_rss` (``VmHWM``), or None."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
+    """The run's summary; its results directory is ``cell_dir/run/results``, its state (committed after
+    every step, so that a cell cut short goes on from there) ``cell_dir/run/state`` until it is done. With
+    ``peak_rss_bytes``: the most memory the run held at once, coordinator and clients together in this process
+    (measured, not sampled; a resumed cell's last part; None where the system cannot tell), and ``device``:
+    where its clients trained (``config.device`` resolved, e.g. ``auto`` -> ``cuda`` on a GPU host)."""
+    measured = reset_peak_rss()
+    sink = _LogSink(cell_dir / "log.txt")
+    state = cell_dir / "run" / "state"
+    try:
+        with _alarm(timeout_s):
+            result = run_inprocess(
+                config,
+                log=lambda line: sink.write(line + "\n"),
+                results_dir=cell_dir / "run" / "results",
+                state_dir=state,
+            )
+    finally:
+        sink.close()
+    shutil.rmtree(state, ignore_errors=True)  # done: the results hold the model; the state is its copy
+    device = str(resolve_device(config.device))
+    return result.summary() | {"peak_rss_bytes": peak_rss_bytes() if measured else None, "device": device}
+
+
+def run_distributed_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> dict:
+    """A coordinator and ``num_clients`` client processes (``lorm-launch``); the coordinator's summary."""
+    run_dir = cell_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)  # a cell cut short: the coordinator resumes from run/state
+    config_path = run_dir / "config.json"
+    config_path.write_text(config.to_json())
+    sink = _LogSink(cell_dir / "log.txt")
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            rc = launch(
+                config_path,
+                config.num_clients,
+                run_dir / "state",
+                run_dir / "results",
+                timeout_s if timeout_s > 0 else 10 * 365 * 86400.0,
+            )
+    finally:
+        sink.close()
+    if rc != 0:
+        tail = "".join((cell_dir / "log.txt").read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"lorm-launch exited with {rc}; last lines of {cell_dir / 'log.txt'}:\n{tail}")
+    return json.loads((run_dir / "results" / "metrics.json").read_text())
+
+
+RUNNERS: dict[str, Callable[[RunConfig, Path, float], dict]] = {
+    "inprocess": run_inprocess_cell,
+    "distributed": run_distributed_cell,
+}
+
+
+def resumable(cell: Cell, cell_dir: Path, mode: str) -> bool:
+    """Whether ``cell`` was cut short with the configuration it has now, so it can go on: its state
+    (``run/state``, the in-process engine's or, distributed, the coordinator's) holds that run."""
+    try:
+        saved = saved_config(cell_dir / "run" / "state")
+    except (OSError, ValueError, KeyError):  # a state that cannot be read is started over
+        return False
+    return saved == cell.config
+
+
+def run_cell(cell: Cell, out: Path, mode: str, timeout_s: float, extra: dict) -> dict:
+    """Run ``cell`` (on from its last committed step if it was cut short, else from scratch) and leave its
+    ``metrics.json``; raises if the run fails."""
+    cell_dir = cell.dir(out)
+    if not resumable(cell, cell_dir, mode):
+        shutil.rmtree(cell_dir / "run", ignore_errors=True)
+        (cell_dir / "log.txt").unlink(missing_ok=True)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    summary = RUNNERS[mode](cell.config, cell_dir, timeout_s)
+    wall = time.perf_counter() - start
+    metrics = {
+        **summary,
+        "method": cell.method,
+        "beta": cell.beta,
+        "seed": cell.seed,
+        "mode": mode,
+        "wall_seconds": wall,
+        "bytes_per_client": total_bytes(summary["history"]),
+        **extra,
+    }
+    write_metrics(cell_dir, metrics)
+    (cell_dir / "error.txt").unlink(missing_ok=True)
+    return metrics
+
+
+def total_bytes(history: list[dict]) -> float:
+    """Tensor payload bytes one client sent over the whole run (the sum of every step's mean)."""
+    return float(sum(entry.get("bytes_per_client") or 0 for entry in history))
+
+
+def _comparable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "run_id"}
+
+
+def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
+    want = _comparable(json.loads(planned.to_json()))
+    have = _comparable(stored)
+    return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+
+
+def finished_runs(out: Path) -> list[tuple[str, dict]]:
+    """(name, metrics) of every cell in the folder that ran (not one reused from a twin), to reuse for an
+    identical configuration (e.g. joint at every beta): this grid's, and any from an earlier call with
+    other methods or betas."""
+    done = [
+        (str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
+        for path in sorted((out / "cells").glob("*/*/*/metrics.json"))
+    ]
+    return [(name, m) for name, m in done if "config" in m and "reused_from" not in m]
+
+
+def run_children(
+    cells: list[Cell],
+    out: Path,
+    mode: str,
+    jobs: int,
+    child_argv: Callable[[Cell], list[str]],
+    say: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+) -> list[str]:
+    """``--jobs``: every unfinished cell without a finished (or already started) twin, up to ``jobs`` at a
+    time, each in its own ``lorm-bench`` child process given ``child_argv(cell)``, its output in the cell's
+    ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
+    twins are left to :func:`run_grid`, which reuses them."""
+    seen = [_comparable(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode]
+    todo: list[Cell] = []
+    twins: dict[str, list[str]] = {}  # a started cell's name -> its unfinished twins' names
+    for cell in cells:
+        want = _comparable(json.loads(cell.config.to_json()))
+        if (cell.dir(out) / "metrics.json").exists():
+            continue
+        if want not in seen:
+            seen.append(want)
+            todo.append(cell)
+            twins[cell.name] = []
+        else:
+            first = next((c for c in todo if _comparable(json.loads(c.config.to_json())) == want), None)
+            if first is not None:
+                twins[first.name].append(cell.name)
+    say(f"lorm-bench: {len(todo)} cells to run, up to {jobs} at a time, each in its own process")
+    running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
+    failed: list[str] = []
+    stop = _terminate_as_exit()
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                cell = todo.pop(0)
+                cell.dir(out).mkdir(parents=True, exist_ok=True)
+                log = open(cell.dir(out) / "bench.log", "a")
+                cmd = [sys.executable, "-m", "engine.benchmark", *child_argv(cell)]
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                running[proc] = (cell, log)
+                say(f"{cell.name}: started (process {proc.pid}; {len(running)} running, {len(todo)} waiting)")
+            time.sleep(poll_s)
+            for proc in [p for p in running if p.poll() is not None]:
+                cell, log = running.pop(proc)
+                log.close()
+                path = cell.dir(out) / "metrics.json"
+                if proc.returncode == 0 and path.exists():
+                    metrics = json.loads(path.read_text())
+                    say(
+                        f"{cell.name}: FAA {_pct(metrics['faa'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent "
+                        f"per client, {_duration(cell_seconds(metrics))}"
+                    )
+                else:
+                    failed += [cell.name, *twins[cell.name]]
+                    why = cell.dir(out) / ("error.txt" if (cell.dir(out) / "error.txt").exists() else "bench.log")
+                    say(f"{cell.name}: FAILED (exit {proc.returncode}); see {why}")
+    finally:  # interrupted (Ctrl-C, SIGTERM): no child outlives the grid (each goes on from its last step next time)
+        for proc, (_, log) in running.items():
+            proc.kill()
+            proc.wait()
+            log.close()
+        stop()
+    return failed
+
+
+def _terminate_as_exit() -> Callable[[], None]:
+    """Until the returned function is called, SIGTERM raises ``SystemExit`` (so ``finally`` blocks run and
+    the children are stopped) instead of ending the process on the spot; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def exit_on(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def run_grid(
+    cells: list[Cell], out: Path, mode: str, timeout_s: float, extra: dict, say: Callable[[str], None] = print
+) -> list[str]:
+    """Run every unfinished cell in order; returns the names of the cells that failed."""
+    failed: list[str] = []
+    done = finished_runs(out)
+    ran_seconds: list[float] = []
+    for i, cell in enumerate(cells, 1):
+        tag = f"[{i}/{len(cells)}] {cell.method} beta={cell.beta} seed={cell.seed}"
+        path = cell.dir(out) / "metrics.json"
+        if path.exists():
+            metrics = json.loads(path.read_text())
+            changed = _config_changes(metrics.get("config", {}), cell.config)
+            note = (
+                f"; WARNING: it ran with other values of {changed} than this grid would use "
+                f"(delete its metrics.json to rerun it)"
+                if changed
+                else ""
+            )
+            say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
+            continue
+        want = _comparable(json.loads(cell.config.to_json()))
+        twin = next(((name, m) for name, m in done if _comparable(m["config"]) == want and m.get("mode") == mode), None)
+        if twin is not None:
+            metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
+            write_metrics(cell.dir(out), metrics)
+            say(f"{tag}: same run as {twin[0]}, reused (FAA {_pct(metrics.get('faa'))})")
+            continue
+        eta = ""
+        if ran_seconds:
+            left = sum(1 for c in cells[i - 1 :] if not (c.dir(out) / "metrics.json").exists())
+            eta = f", about {_duration(left * sum(ran_seconds) / len(ran_seconds))} left for {left} cells"
+        going_on = resumable(cell, cell.dir(out), mode)
+        say(f"{tag}: {'going on from its last committed step' if going_on else 'running'} ({mode}){eta}")
+        try:
+            metrics = run_cell(cell, out, mode, timeout_s, extra)
+        except Exception as err:
+            cell.dir(out).mkdir(parents=True, exist_ok=True)
+            (cell.dir(out) / "error.txt").write_text(traceback.format_exc())
+            failed.append(cell.name)
+            say(
+                f"{tag}: FAILED ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                f"see {cell.dir(out) / 'error.txt'}"
+            )
+            continue
+        ran_seconds.append(cell_seconds(metrics))
+        done.append((cell.name, metrics))
+        say(
+            f"{tag}: FAA {_pct(metrics['faa'])} (sample-weighted {_pct(metrics['faa_weighted'])}), "
+            f"forgetting {_pct(metrics['forgetting'])}, {metrics['bytes_per_client'] / 1e6:.3f} MB sent per client, "
+            f"{_duration(cell_seconds(metrics))}"
+        )
+    return failed
