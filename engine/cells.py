@@ -29,6 +29,9 @@ from engine.benchmark_report import _duration, _pct, cell_seconds
 
 @dataclass(frozen=True)
 class Cell:
+    """One cell of a grid: a method (``NAME`` or ``NAME@VARIANT``) at one beta and seed, and the run
+    configuration planned for it; its folder is ``<out>/cells/<method>/beta<b>/seed<s>``."""
+
     method: str
     beta: float
     seed: int
@@ -46,7 +49,7 @@ class Cell:
 
 
 class CellTimeout(Exception):
-    pass
+    """A cell ran past ``--timeout``."""
 
 
 @contextlib.contextmanager
