@@ -247,21 +247,24 @@ def run_children(
     time, each in its own ``lorm-bench`` child process given ``child_argv(cell)``, its output in the cell's
     ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
     twins are left to :func:`run_grid`, which reuses them."""
-    seen = [_comparable(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode]
+
+    def key(config: dict) -> str:  # a configuration, run_id aside, as one comparable string
+        return json.dumps(_comparable(config), sort_keys=True)
+
+    finished = {key(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode}
+    started: dict[str, str] = {}  # a configuration -> the name of the cell started for it
     todo: list[Cell] = []
     twins: dict[str, list[str]] = {}  # a started cell's name -> its unfinished twins' names
     for cell in cells:
-        want = _comparable(json.loads(cell.config.to_json()))
-        if (cell.dir(out) / "metrics.json").exists():
+        want = key(json.loads(cell.config.to_json()))
+        if (cell.dir(out) / "metrics.json").exists() or want in finished:
             continue
-        if want not in seen:
-            seen.append(want)
+        if want in started:
+            twins[started[want]].append(cell.name)
+        else:
+            started[want] = cell.name
             todo.append(cell)
             twins[cell.name] = []
-        else:
-            first = next((c for c in todo if _comparable(json.loads(c.config.to_json())) == want), None)
-            if first is not None:
-                twins[first.name].append(cell.name)
     say(f"lorm-bench: {len(todo)} cells to run, up to {jobs} at a time, each in its own process")
     running: dict[subprocess.Popen, tuple[Cell, Any]] = {}
     failed: list[str] = []
