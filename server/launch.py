@@ -33,6 +33,16 @@ def _pump(prefix: str, stream, sink) -> None:
         sink.flush()
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_pythonpath() -> str:
+    """A child's ``PYTHONPATH``: this checkout's root first, then this process's own ``PYTHONPATH``, if
+    any (the packages of an environment that installs them there; no empty entry when it is unset)."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([str(ROOT), inherited]) if inherited else str(ROOT)
+
+
 def _spawn(cmd: list[str], prefix: str, env: dict, quiet: bool) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     sink = open(os.devnull, "w") if quiet else sys.stdout
@@ -63,10 +73,9 @@ def launch(
     extra_server_args: list[str] | None = None,
     insecure: bool = False,
 ) -> int:
-    root = Path(__file__).resolve().parent.parent
     env = {
         **{k: v for k, v in os.environ.items() if k not in ENV.values()},  # the flags below say it all
-        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "PYTHONPATH": project_pythonpath(),
         "PYTHONUNBUFFERED": "1",
     }
     server_security, client_security = _security_args(state_dir.parent, num_clients, insecure)
