@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +130,33 @@ def warn_random_backbone(config: RunConfig) -> bool:
     return True
 
 
+# cuBLAS needs a fixed workspace for reproducible sums (CUDA's "Results reproducibility" notes);
+# PyTorch refuses cuBLAS calls under deterministic algorithms without one of these two values.
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+def use_deterministic(enabled: bool) -> None:
+    """With ``enabled``: PyTorch's deterministic kernels only (``torch.use_deterministic_algorithms``, so
+    an op that has none raises naming itself instead of summing in a run-dependent order), cuDNN's
+    deterministic algorithms without autotuning, and cuBLAS's fixed workspace (set here unless the
+    environment chose one of the reproducible values; it must be in place before the process's first
+    cuBLAS call, which the client's first step on the GPU is). On the CPU a run at a fixed thread count
+    repeats bit for bit either way; this makes a GPU run do so, and an in-process GPU run match the same
+    run over gRPC. Without ``enabled``: nothing changes (PyTorch's defaults stay)."""
+    if not enabled:
+        return
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_DETERMINISTIC:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def build_runtime(config: RunConfig) -> ClientRuntime:
     """Load the dataset, build the model (seeded), and prepare both splits' samples."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    use_deterministic(config.deterministic)
     warn_random_backbone(config)
     splits = load_dataset(config)
     lengths = None

@@ -81,6 +81,8 @@ class RunConfig:
     # --- execution
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     threads: int = 0  # torch intra-op threads per process (0 -> torch's default)
+    deterministic: bool = False  # clients use deterministic kernels only (client.runtime.use_deterministic):
+    #                              a GPU run then repeats bit for bit; slower, and an op without one fails by name
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # typed settings set by section -> key
     #   (common/settings.py: "data" and each method's, e.g. {"ridge": {"rp_dim": 5000}}; --set ridge.rp_dim=5000)
     extra: dict[str, Any] = field(default_factory=dict)  # earlier versions' untyped settings: each key moves into

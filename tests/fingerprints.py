@@ -91,8 +91,10 @@ def _tensor(t: torch.Tensor) -> bytes:
 TINY_SETTINGS = {"target": {"target": {"rounds": 3, "steps": 4, "warmup": 1, "student_steps": 2}}}
 
 
-def fingerprint(method: str) -> dict[str, str]:
-    config = RunConfig(run_id=f"fp-{method}", strategy=method, settings=TINY_SETTINGS.get(method, {}), **TINY)
+def fingerprint(method: str, **changes) -> dict[str, str]:
+    """The fingerprint of ``method``'s tiny run (with ``changes`` to its configuration, if any)."""
+    values = {**TINY, "settings": TINY_SETTINGS.get(method, {}), **changes}
+    config = RunConfig(run_id=f"fp-{method}", strategy=method, **values)
     with tempfile.TemporaryDirectory() as out:
         result = run_inprocess(config, results_dir=out)
         delta = Path(out) / "delta.safetensors"

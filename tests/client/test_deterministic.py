@@ -1,0 +1,69 @@
+"""``deterministic``: a client's deterministic kernels (what makes a GPU run repeat bit for bit)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from client.runtime import CUBLAS_DETERMINISTIC, use_deterministic
+from common.methods import METHODS
+from fingerprints import fingerprint
+
+
+@pytest.fixture
+def torch_defaults(monkeypatch):
+    """Whatever a test switches on is process-wide: put PyTorch's switches and the variable back."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cudnn = torch.backends.cudnn
+    saved = torch.are_deterministic_algorithms_enabled(), cudnn.deterministic, cudnn.benchmark
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    cudnn.deterministic, cudnn.benchmark = saved[1:]
+
+
+def test_on_it_switches_every_deterministic_kernel_and_the_cublas_workspace(torch_defaults):
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = True
+
+    use_deterministic(True)
+
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_a_reproducible_workspace_already_chosen_is_kept_and_any_other_replaced(torch_defaults, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    use_deterministic(True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")  # not one of cuBLAS's reproducible settings
+    use_deterministic(True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in CUBLAS_DETERMINISTIC
+
+
+def test_off_it_leaves_pytorch_as_it_was(torch_defaults):
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = True
+
+    use_deterministic(False)
+
+    assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_under_deterministic_kernels_with_the_same_bits(method, torch_defaults):
+    """No step of any method uses a kernel PyTorch has no deterministic form of (it would raise), and
+    on the CPU, deterministic already at a fixed thread count, the setting changes no bit of a run: its
+    fingerprint (every tensor it ends with, its counts and losses) is the plain run's."""
+    torch.use_deterministic_algorithms(False)
+    plain = fingerprint(method)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+    determined = fingerprint(method, deterministic=True)
+
+    assert torch.are_deterministic_algorithms_enabled()  # the run switched it on
+    assert determined == plain
