@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from common.settings import LEGACY_EXTRA, Settings
 
@@ -36,6 +37,21 @@ FISHER_ESTIMATORS = {
 # The estimators whose client Fisher is a sum over the shard's samples (the paper's code); the others are
 # means. EWC's merge divides a sum by the samples, FisherAvg's multiplies a mean by them.
 FISHER_SUMMED = frozenset({"reference"})
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# What a value of each kind of RunConfig field (its annotation) must be; settings sections check their own
+# (common/settings.py). A float field takes an integer too.
+FIELD_KINDS: dict[str, Callable[[Any], bool]] = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": _integer,
+    "float": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "list[int]": lambda v: isinstance(v, list) and all(_integer(x) for x in v),
+}
 
 
 @dataclass
@@ -89,7 +105,9 @@ class RunConfig:
     #   its section of ``settings`` (common.settings.LEGACY_EXTRA), over what ``settings`` has; left empty
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = self._check_types()
+        if problems:  # the checks below compare values: a value of the wrong kind would break them
+            raise ValueError("invalid run configuration: " + "; ".join(problems))
         if self.num_clients < 1:
             problems.append(f"num_clients must be >= 1, got {self.num_clients}")
         if self.num_tasks < 0:
@@ -119,6 +137,15 @@ class RunConfig:
         problems += self._check_settings()
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
+
+    def _check_types(self) -> list[str]:
+        """Each value of the field's kind (a JSON file or ``--set`` can hold any), named when it is not."""
+        problems = []
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), str(f.type)
+            if kind in FIELD_KINDS and not FIELD_KINDS[kind](value):
+                problems.append(f"{f.name} expects {kind}, got {type(value).__name__} {value!r}")
+        return problems
 
     def _check_settings(self) -> list[str]:
         """Move legacy ``extra`` keys into ``settings``, then parse every section (the problems found)."""

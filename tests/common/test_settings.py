@@ -88,6 +88,14 @@ def test_legacy_extra_keys_move_into_their_sections():
             r"setting ncm\.activation applies to the random projection: it needs ncm\.rp_dim > 0",
         ),
         (["ridge.lambda_rule=mean"], r"setting ridge\.lambda_rule must be one of \['auto', 'members', 'average'\]"),
+        # the run configuration's own fields, whatever a JSON file or --set holds
+        (["train_dropout=yes"], r"train_dropout expects bool, got str 'yes'"),
+        (["deterministic=1"], r"deterministic expects bool, got int 1"),
+        (["num_clients=abc"], r"num_clients expects int, got str 'abc'"),
+        (["rank=1.5"], r"rank expects int, got float 1\.5"),
+        (["lr=true"], r"lr expects float, got bool True"),
+        (["dataset=7"], r"dataset expects str, got int 7"),
+        (['task_sizes=[30, "x"]'], r"task_sizes expects list\[int\], got list \[30, 'x'\]"),
     ],
 )
 def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
@@ -97,6 +105,7 @@ def test_unknown_settings_and_wrong_types_are_refused_by_name(argv, message):
 
 def test_a_float_setting_takes_an_integer():
     assert RunConfig(settings={"ties": {"scale": 1}}).section(TiesSettings).scale == 1.0
+    assert RunConfig(lr=1, beta=2).lr == 1  # and a float field of the run configuration
 
 
 def test_ridge_blocks_widen_the_head_to_the_members_projections_side_by_side():
