@@ -6,6 +6,7 @@ command line; the folder layout of a cell is described there."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import signal
@@ -213,8 +214,18 @@ def total_bytes(history: list[dict]) -> float:
     return float(sum(entry.get("bytes_per_client") or 0 for entry in history))
 
 
+# Every RunConfig field's default value, as a configuration's JSON holds it.
+FIELD_DEFAULTS = {
+    f.name: json.loads(json.dumps(f.default if f.default_factory is dataclasses.MISSING else f.default_factory()))
+    for f in dataclasses.fields(RunConfig)
+}
+
+
 def _comparable(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k != "run_id"}
+    """A cell's configuration as cells are compared (a changed grid, a twin): every field of today's
+    RunConfig, one that a cell's stored configuration predates at its default (a field is added with
+    the behaviour that was there before it), without the run's name."""
+    return {k: v for k, v in ({**FIELD_DEFAULTS, **config}).items() if k != "run_id"}
 
 
 def _config_changes(stored: dict, planned: RunConfig) -> list[str]:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -596,3 +597,23 @@ def test_a_terminated_jobs_grid_stops_its_children(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_cell_from_before_a_configuration_field_existed_is_the_same_configuration(grid, tmp_path, monkeypatch):
+    """A field added to RunConfig since a cell ran (its stored configuration lacks it) counts at its default:
+    the cell is skipped without a warning, and it is still a twin that a cell at another beta reuses."""
+    out = tmp_path / "grid"
+    shutil.copytree(grid.out, out)
+    for path in (out / "cells").glob("*/*/*/metrics.json"):
+        metrics = json.loads(path.read_text())
+        del metrics["config"]["deterministic"]  # a field this grid's cells predate
+        path.write_text(json.dumps(metrics))
+    argv = [str(out) if arg == str(grid.out) else arg for arg in grid.argv]
+    forbid_runs(monkeypatch)
+
+    rc, printed = bench_main(argv)
+    assert rc == 0 and printed.count("finished before, skipped") == 6 and "WARNING" not in printed, printed
+
+    beta = argv.index("--betas") + 1
+    rc, printed = bench_main(argv[:beta] + ["1.0"] + argv[beta + 1 :] + ["--methods", "joint"])
+    assert rc == 0 and printed.count("same run as joint/beta0.5/seed") == 2, printed
