@@ -21,9 +21,10 @@ competitors="ccvr,fedproto,pilora,ewc,ewc@reference,ewc@tuned,lwf,lwf@tuned,l2p,
 if [ "$preset" = cpu-clinc150-full ]; then
     # joint@tuned: the full-data joint diverges at the preset's lr 1e-2 (one client, 938 steps a round)
     lora="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,ncm,ridge,lorm-ridge,joint@tuned"
-    dense="regmean,fisheravg,ties,ties@tuned"
+    # fedavg: the base that ewc, lwf, ccvr, fedproto and target add to
+    dense="regmean,fisheravg,ties,ties@tuned,fedavg"
     extra=true
-    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,regmean,fisheravg,ties,ties@tuned,$competitors,joint@tuned,ncm,ridge,lorm-ridge"
+    report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,fedavg,regmean,fisheravg,ties,ties@tuned,$competitors,joint@tuned,ncm,ridge,lorm-ridge"
 else
     lora="lorm,fedavg-lora,lorm-b-only,lorm-avg-tasks,lorm-seq,ncm,ridge,joint,lorm-ridge-first,lorm-ridge,lorm-ncm"
     dense="regmean,ties,ties@tuned,fedavg,fisheravg,$competitors"
