@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from server.launch import project_pythonpath
-
-ROOT = Path(__file__).resolve().parents[1]
+from server.launch import ROOT, project_pythonpath
 
 __all__ = ["ROOT", "project_pythonpath"]
