@@ -6,6 +6,8 @@ import dataclasses
 import inspect
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +152,29 @@ def use_deterministic(enabled: bool) -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+
+
+@contextmanager
+def process_settings_kept() -> Iterator[None]:
+    """Put back on exit what :func:`build_runtime` sets for the whole process: torch's intra-op thread
+    count, its deterministic-kernel switches (:func:`use_deterministic`) and ``CUBLAS_WORKSPACE_CONFIG``.
+    A client process builds one runtime and keeps them; an in-process run wraps itself in this, so that
+    a run's ``threads`` or ``deterministic`` does not carry into the next run of the same process (a
+    grid runs its cells one after another in one)."""
+    cudnn = torch.backends.cudnn
+    threads, kernels = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn_state, workspace = (cudnn.deterministic, cudnn.benchmark), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(kernels, warn_only=warn_only)
+        cudnn.deterministic, cudnn.benchmark = cudnn_state
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
 
 
 def build_runtime(config: RunConfig) -> ClientRuntime:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from client.datasets import DatasetError
-from client.runtime import build_runtime
+from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.logs import add_logging_arguments, report_text, setup_logging, plan_name, step_loss
@@ -91,8 +91,21 @@ def run_inprocess(
     ``engine.attacks``); by default the worker itself. ``progress``: show which client step runs,
     its batches and the run's ETA on stderr (``common.progress``). ``state_dir``: commit the run
     after every step, and go on from the last commit found there (a run of another configuration
-    there is an error: use a fresh directory).
+    there is an error: use a fresh directory). The process's torch settings that the run changes
+    (threads, deterministic kernels) are put back when it returns.
     """
+    with process_settings_kept():
+        return _run(config, log, results_dir, wrap, progress, state_dir)
+
+
+def _run(
+    config: RunConfig,
+    log: Log,
+    results_dir: str | Path | None,
+    wrap: Callable[[int, ClientWorker], Worker] | None,
+    progress: bool,
+    state_dir: str | Path | None,
+) -> RunResult:
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
     runtime = build_runtime(config)

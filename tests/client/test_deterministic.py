@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from client.runtime import CUBLAS_DETERMINISTIC, use_deterministic
+from common.config import RunConfig
 from common.methods import METHODS
-from fingerprints import fingerprint
+from engine.simulation import run_inprocess
+from fingerprints import TINY, fingerprint
 
 
 @pytest.fixture
@@ -65,5 +67,31 @@ def test_every_method_runs_under_deterministic_kernels_with_the_same_bits(method
 
     determined = fingerprint(method, deterministic=True)
 
-    assert torch.are_deterministic_algorithms_enabled()  # the run switched it on
     assert determined == plain
+    assert not torch.are_deterministic_algorithms_enabled()  # put back when the run returned
+
+
+def test_an_inprocess_run_has_its_settings_while_it_runs_and_puts_the_process_back_after(torch_defaults):
+    """A grid runs its cells one after another in one process: a cell's ``deterministic`` or ``threads``
+    must not carry into the next cell."""
+    torch.use_deterministic_algorithms(False)
+    threads = torch.get_num_threads()
+    other = 2 if threads == 1 else 1
+    seen: list[tuple[bool, int, str | None]] = []
+
+    class Spy:
+        def __init__(self, worker):
+            self.worker = worker
+
+        def handle(self, plan):
+            state = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+            seen.append((*state, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+            return self.worker.handle(plan)
+
+    config = RunConfig(**{**TINY, "threads": other}, strategy="lorm", deterministic=True)
+    run_inprocess(config, wrap=lambda i, worker: Spy(worker))
+
+    assert seen and set(seen) == {(True, other, CUBLAS_DETERMINISTIC[0])}
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.get_num_threads() == threads
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
