@@ -94,6 +94,9 @@ class RunConfig:
     #                             the whole split to its longest utterance and counts every row)
     train_dropout: bool = True  # the backbone's dropout during local training (the reference trains in train mode)
     fisher: str = "sampled"  # the diagonal Fisher estimator of FisherAvg and EWC, one of FISHER_ESTIMATORS
+    fisher_batch: int = 1  # samples per backward pass of the per-sample estimators (sampled, expected,
+    #                        reference): >1 rebuilds each sample's gradient from the layers' rows
+    #                        (client/persample.py; equal up to float rounding, fewer, larger kernels)
     # --- execution
     device: str = "auto"  # "auto" -> cuda when available, else cpu
     threads: int = 0  # torch intra-op threads per process (0 -> torch's default)
@@ -132,6 +135,8 @@ class RunConfig:
             self.class_order = DEFAULT_CLASS_ORDER.get(self.dataset, "natural")
         if self.class_order not in CLASS_ORDERS:
             problems.append(f"class_order must be one of {sorted(CLASS_ORDERS)}, got {self.class_order!r}")
+        if self.fisher_batch < 1:
+            problems.append(f"fisher_batch must be >= 1, got {self.fisher_batch}")
         if self.fisher not in FISHER_ESTIMATORS:
             problems.append(f"fisher must be one of {sorted(FISHER_ESTIMATORS)}, got {self.fisher!r}")
         problems += self._check_settings()

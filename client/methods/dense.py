@@ -8,6 +8,7 @@ plan asks for (``plan.gram``, ``plan.head_gram``: RegMean), as LoRA methods reco
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from client.methods.base import Client, ClientMethod, head_tensors, load_head, load_lora, set_view
 from client.methods.lora import gram_pass
+from client.persample import PerSampleSquares
 from common.config import FISHER_SUMMED
 from common.messages import Mode, Phase, RoundPlan
 
@@ -105,18 +107,31 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
             if g is not None:
                 chunk[name].addcmul_(g.detach(), g.detach(), value=weight)
         pending += 1
-        if pending == FLUSH_EVERY:
+        if pending >= FLUSH_EVERY:
             flush()
 
     estimator = client.config.fisher
     generator = torch.Generator().manual_seed(seed ^ 0xF15E)
     model.eval()
-    size = client.config.batch_size if estimator == "batch" else 1
+    size = client.config.batch_size if estimator == "batch" else client.config.fisher_batch
+    # fisher_batch > 1: one forward and backward pass for that many samples, each sample's gradient
+    # rebuilt from the layers' rows (client/persample.py)
+    squares = PerSampleSquares(model, params, chunk) if estimator != "batch" and size > 1 else None
     total = -(-shard.numel() // size)
     for start in range(0, shard.numel(), size):
         if client.on_batch is not None:
             client.on_batch(start // size + 1, total)
         inputs, labels = client.train.batch(shard[start : start + size], client.device)
+        if squares is not None:
+            with squares.recording(labels.numel()):
+                logits = model(inputs)[0]
+            log_p = F.log_softmax(logits[:, lo:hi], dim=1)  # (size, task classes)
+            for scalar, weights, retain in per_sample_terms(estimator, log_p, labels - lo, generator):
+                squares.add(scalar, weights, retain)
+            pending += labels.numel()
+            if pending >= FLUSH_EVERY:
+                flush()
+            continue
         log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
         if estimator == "batch":
             add(F.nll_loss(log_p, labels - lo), float(labels.numel()))
@@ -135,3 +150,23 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
         p.requires_grad_(False)
     scale = 1.0 if estimator in FISHER_SUMMED else 1.0 / max(shard.numel(), 1)
     return {n: f * scale for n, f in out.items()}
+
+
+def per_sample_terms(
+    estimator: str, log_p: Tensor, y: Tensor, generator: torch.Generator
+) -> Iterator[tuple[Tensor, Tensor, bool]]:
+    """The scalars ``sum_b log p(y_b | x_b)`` of a batch's forward pass ``log_p (batch, classes)``, each
+    with its per-sample weights and whether another follows: :func:`fisher`'s per-sample estimators,
+    the labels drawn from ``generator`` in the order a sample at a time draws them."""
+    rows = torch.arange(log_p.shape[0], device=log_p.device)
+    probs = log_p.detach().exp()
+    if estimator == "sampled":
+        drawn = [int(torch.multinomial(p.cpu(), 1, generator=generator)) for p in probs]
+        yield log_p[rows, torch.tensor(drawn, device=log_p.device)].sum(), torch.ones_like(probs[:, 0]), False
+    elif estimator == "reference":
+        picked = log_p[rows, y]
+        yield picked.sum(), picked.detach().exp(), False
+    else:  # expected
+        classes = log_p.shape[1]
+        for c in range(classes):
+            yield log_p[:, c].sum(), probs[:, c], c + 1 < classes
