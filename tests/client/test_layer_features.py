@@ -7,6 +7,7 @@ from client.backbones import build_model, masked_mean
 from client.features import backbone_features
 from common.config import RunConfig
 from common.settings import NcmSettings, RidgeSettings
+from tolerance import assert_close_to_dtype
 
 TEXTS = ["set an alarm for six", "what is my balance", "play some jazz please now", "hi"]
 
@@ -39,7 +40,8 @@ def test_layers_are_pooled_over_kept_tokens_or_by_the_first_token():
     torch.testing.assert_close(got, torch.cat([masked_mean(states[0], mask), masked_mean(states[2], mask)], 1))
     # padding does not move the mean: the short sentence's features are those of it alone
     alone = backbone_features(model, model.backbone.encode(TEXTS[3:]), NcmSettings(layers=(0, 2)))
-    torch.testing.assert_close(got[3:], alone, rtol=1e-5, atol=1e-6)
+    # the padded batch's kernels round otherwise: sums of the hidden width, through two blocks
+    assert_close_to_dtype(got[3:], alone, torch.float32, terms=2 * 4 * 64)
     first = backbone_features(model, inputs, NcmSettings(layers=(1,), pool="first"))
     torch.testing.assert_close(first, states[1][:, 0])
 

@@ -17,6 +17,7 @@ from common.config import RunConfig
 from common.messages import LowRank, ModelSpec
 from client.backbones import build_backbone, build_model, model_spec
 from server.export import export_adapter, export_head, write_metrics
+from tolerance import assert_close_to_dtype
 
 K = 4  # adapter rank: two tasks of rank 2
 
@@ -70,7 +71,9 @@ def text_inputs():
 
 
 def close(got, want):
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # float32 through tiny two-block encoders whose weights were merged (one rounding each) or reloaded:
+    # a few rounded sums of the hidden width per block, a few blocks deep
+    assert_close_to_dtype(got, want, torch.float32, terms=2 * 4 * 64)
 
 
 @pytest.fixture(scope="module")
