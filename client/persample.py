@@ -14,7 +14,8 @@ pooling leaves padding out), as for these layers it is exactly:
 
 Equal to the per-sample loop up to float rounding (the order of the sums differs), which
 ``tests/client/test_persample.py`` checks on every parameter. A layer of another kind that owns a
-parameter, or one used twice in a forward pass, is refused by name.
+parameter, one that shares a weight with another layer (tied embeddings), or one used twice in a
+forward pass, is refused by name.
 """
 
 from __future__ import annotations
@@ -45,16 +46,20 @@ class PerSampleSquares:
             own = {a: names[id(p)] for a, p in module.named_parameters(recurse=False) if id(p) in names}
             if not own:
                 continue
+            if not isinstance(module, LAYERS) or _unsupported_embedding(module) or found & set(own.values()):
+                refused.append(f"{path or 'the model'} ({type(module).__name__})")  # or a weight shared
             found |= set(own.values())
-            if not isinstance(module, LAYERS) or _unsupported_embedding(module):
-                refused.append(f"{path or 'the model'} ({type(module).__name__})")
             self.layers.append((module, own))
         missing = sorted(set(params) - found)
         if refused or missing:
             raise ValueError(
                 "per-sample gradients from a batch (fisher_batch > 1) cover the parameters of nn.Linear, "
                 "nn.LayerNorm and plain nn.Embedding layers; "
-                + (f"these layers own others: {', '.join(refused)}" if refused else f"not in the model: {missing}")
+                + (
+                    f"these own parameters of another kind of layer or share a weight: {', '.join(refused)}"
+                    if refused
+                    else f"not in the model: {missing}"
+                )
                 + "; use fisher_batch=1 (a backward pass per sample)"
             )
         self.into = into

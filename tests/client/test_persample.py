@@ -118,7 +118,16 @@ class Scaled(nn.Module):
 def test_a_parameter_outside_the_covered_layers_is_refused_by_name():
     model = nn.Sequential(Scaled())
     params = dict(model.named_parameters())
-    with pytest.raises(ValueError, match=r"these layers own others: 0 \(Scaled\).*fisher_batch=1"):
+    with pytest.raises(ValueError, match=r"another kind of layer or share a weight: 0 \(Scaled\).*fisher_batch=1"):
+        PerSampleSquares(model, params, {n: torch.zeros_like(p) for n, p in params.items()})
+
+
+def test_a_weight_two_layers_share_is_refused():
+    embed, out = nn.Embedding(5, 3), nn.Linear(3, 5, bias=False)
+    out.weight = embed.weight  # tied, as a language model's input and output embeddings
+    model = nn.Sequential(embed, out)
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match=r"share a weight: 1 \(Linear\); use"):
         PerSampleSquares(model, params, {n: torch.zeros_like(p) for n, p in params.items()})
 
 
