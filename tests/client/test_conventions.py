@@ -6,33 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import Phase
-from server.strategies import make_strategy
-
-TINY = dict(
-    num_clients=2,
-    num_tasks=2,
-    rounds_per_task=1,
-    local_epochs=1,
-    rank=2,
-    lr=3e-2,
-    lr_lora=1e-2,
-    threads=1,
-    seed=3,
-    extra={"synthetic_classes": 6, "synthetic_train": 8, "synthetic_test": 4},
-)
-
-
-def first_update(config: RunConfig, task: int = 0):
-    """Client 0's update of ``task``'s first training round, and its worker (holding the trained model)."""
-    runtime = build_runtime(config)
-    strategy = make_strategy(config, runtime.spec)
-    strategy.begin_task(task)
-    plan = strategy.configure(task, 0, Phase.TRAIN)
-    worker = runtime.worker(0, "c0")
-    return worker.update(plan), worker, plan
+from first_round import TINY, first_update
 
 
 def head_fisher_by_hand(worker, plan, weigh) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,10 +9,8 @@ from torch import nn
 
 from client.backbones import ClassifierModel, build_backbone
 from client.persample import PerSampleSquares
-from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import Phase
-from server.strategies import make_strategy
+from first_round import TINY, first_update
 
 EPS = torch.finfo(torch.float32).eps
 TEXTS = [
@@ -140,29 +138,14 @@ def test_a_layer_used_twice_in_one_pass_is_refused():
             layer(layer(torch.randn(2, 3)))
 
 
-SYNTHETIC = dict(
-    strategy="fisheravg",
-    num_clients=2,
-    num_tasks=2,
-    rounds_per_task=1,
-    local_epochs=1,
-    threads=1,
-    seed=3,
-    extra={"synthetic_classes": 6, "synthetic_train": 12, "synthetic_test": 4},
-)
-
-
 @pytest.mark.parametrize("estimator", ["sampled", "expected", "reference"])
 def test_fisheravg_sends_the_same_fisher_a_sample_at_a_time_or_in_batches(estimator):
     """The client's Fisher, every estimator, with fisher_batch 1 and 5 (a batch size that leaves a
     remainder): the same labels drawn, the same weights, the same sums up to rounding."""
     fishers = []
     for size in (1, 5):
-        config = RunConfig(fisher=estimator, fisher_batch=size, **SYNTHETIC)
-        runtime = build_runtime(config)
-        strategy = make_strategy(config, runtime.spec)
-        strategy.begin_task(0)
-        update = runtime.worker(0, "c0").update(strategy.configure(0, 0, Phase.TRAIN))
+        update, worker, _ = first_update(RunConfig(strategy="fisheravg", fisher=estimator, fisher_batch=size, **TINY))
+        assert worker.shards[0].numel() % 5  # the last pass is a part batch
         fishers.append(update.fisher)
     one, many = fishers
     assert one.keys() == many.keys() and len(one) > 20
