@@ -1,5 +1,6 @@
 """What a per-sample Fisher costs: a backward pass per sample (fisher_batch=1; its time split into the
-forward and backward pass and the float32 in-place sum of the squares), against one batched pass per
+forward and backward pass and the float32 in-place sum of the squares, beside the float64 sum it
+replaced), against one batched pass per
 ``--batch`` samples with each sample's gradient rebuilt from the layers' rows (client/persample.py).
 Both give the same Fisher up to rounding (printed: the largest relative difference of any tensor).
 
@@ -47,18 +48,24 @@ def main() -> None:
     labels = torch.arange(args.samples) % 30
 
     loop = {n: torch.zeros_like(p) for n, p in params.items()}
-    timing = {"forward and backward": 0.0, "float32 in place": 0.0}
+    wide = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in params.items()}  # the old accumulation
+    timing = {"forward and backward": 0.0, "float64 sum (the old accumulation)": 0.0, "float32 in place": 0.0}
     for i in range(args.samples):
         start = time.perf_counter()
         one = {k: v[i : i + 1, : int(lengths[i])] for k, v in inputs.items()}
         log_p = F.log_softmax(model(one)[0][:, :30], 1)
         grads = torch.autograd.grad(log_p[0, labels[i]], list(params.values()), allow_unused=True)
         mid = time.perf_counter()
+        for acc, g in zip(wide.values(), grads):
+            if g is not None:
+                acc += g.detach().double() ** 2
+        end = time.perf_counter()
         for acc, g in zip(loop.values(), grads):
             if g is not None:
                 acc.addcmul_(g, g)
         timing["forward and backward"] += mid - start
-        timing["float32 in place"] += time.perf_counter() - mid
+        timing["float64 sum (the old accumulation)"] += end - mid
+        timing["float32 in place"] += time.perf_counter() - end
 
     batched = {n: torch.zeros_like(p) for n, p in params.items()}
     squares = PerSampleSquares(model, params, batched)
@@ -81,10 +88,11 @@ def main() -> None:
         print(f"  {what}: {1000 * seconds / args.samples:.1f} ms per sample")
     per_sample = timing["forward and backward"] + timing["float32 in place"]
     print(f"  speed-up of the batched pass: {per_sample / timing[f'batched, {args.batch} a pass']:.2f}x")
+    largest = max(float(t.abs().max()) for t in loop.values())
     worst = max(
         float((batched[n] - loop[n]).abs().max() / loop[n].abs().max())
         for n in params
-        if float(loop[n].abs().max()) > 1e-12 * max(float(t.abs().max()) for t in loop.values())
+        if float(loop[n].abs().max()) > 1e-12 * largest
     )
     print(f"  largest relative difference of a tensor: {worst:.1e}")
 
