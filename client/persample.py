@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-LAYERS = (nn.Linear, nn.LayerNorm, nn.Embedding)
+Squares = Callable[[nn.Module, dict[str, str], Tensor, Tensor, dict[str, Tensor]], None]
 
 
 class PerSampleSquares:
@@ -40,16 +40,18 @@ class PerSampleSquares:
 
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], into: dict[str, Tensor]) -> None:
         names = {id(p): n for n, p in params.items()}
-        self.layers: list[tuple[nn.Module, dict[str, str]]] = []
+        self.layers: dict[nn.Module, tuple[dict[str, str], Squares]] = {}  # layer -> its params' names, rule
         refused, found = [], set()
         for path, module in model.named_modules():
             own = {a: names[id(p)] for a, p in module.named_parameters(recurse=False) if id(p) in names}
             if not own:
                 continue
-            if not isinstance(module, LAYERS) or _unsupported_embedding(module) or found & set(own.values()):
-                refused.append(f"{path or 'the model'} ({type(module).__name__})")  # or a weight shared
+            rule = squares_of(module)
+            if rule is None or found & set(own.values()):  # another kind of layer, or a weight shared
+                refused.append(f"{path or 'the model'} ({type(module).__name__})")
+            else:
+                self.layers[module] = own, rule
             found |= set(own.values())
-            self.layers.append((module, own))
         missing = sorted(set(params) - found)
         if refused or missing:
             raise ValueError(
@@ -70,7 +72,7 @@ class PerSampleSquares:
     def recording(self, batch: int) -> Iterator[None]:
         """Keep every layer's input and output of the forward pass run inside, for ``batch`` samples."""
         self.batch, self.seen = batch, []
-        handles = [module.register_forward_hook(self._keep) for module, _ in self.layers]
+        handles = [module.register_forward_hook(self._keep) for module in self.layers]
         try:
             yield
         finally:
@@ -81,34 +83,31 @@ class PerSampleSquares:
             raise ValueError("a layer ran twice in one forward pass: its per-sample gradient is not its rows' sum")
 
     def _keep(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
-        x = args[0]
-        if output.shape[0] != self.batch:  # shared over the batch (BERT's position ids, (1, tokens))
+        x, shared = args[0], output.shape[0] != self.batch
+        if shared:  # one output for the whole batch (BERT's position ids, (1, tokens))
             if output.shape[0] != 1:
                 raise ValueError(f"{type(module).__name__} output {tuple(output.shape)} is not per sample")
             output = output.expand(self.batch, *output.shape[1:])  # each sample's own gradient of it
             x = x.expand(self.batch, *x.shape[1:])
-            self.seen.append((module, x, output))
-            return output
         self.seen.append((module, x, output))
-        return None
+        return output if shared else None
 
     def add(self, scalar: Tensor, weights: Tensor, retain: bool = False) -> None:
         """Add ``sum_b weights[b] * (d s_b / d theta)^2`` for ``scalar = sum_b s_b`` (``weights >= 0``)."""
         outputs = [out for _, _, out in self.seen]
         grads = torch.autograd.grad(scalar, outputs, retain_graph=retain, allow_unused=True)
         root = weights.detach().to(outputs[0].dtype).sqrt()
-        own = dict(self.layers)
         for (module, x, _), d in zip(self.seen, grads):
             if d is None:
                 continue
             d = d.detach() * root.view(-1, *([1] * (d.dim() - 1)))  # sqrt(w_b) g_b, squared: w_b g_b^2
-            squares_of(module)(module, own[module], x.detach(), d, self.into)
+            own, rule = self.layers[module]
+            rule(module, own, x.detach(), d, self.into)
 
 
-def _unsupported_embedding(module: nn.Module) -> bool:
-    return isinstance(module, nn.Embedding) and (
-        module.max_norm is not None or module.scale_grad_by_freq or module.sparse
-    )
+def _add_squares(acc: Tensor, per_sample: Tensor) -> None:
+    """``acc += sum_b per_sample[b]^2``, ``per_sample (batch, *acc.shape)``."""
+    acc.add_(per_sample.square().sum(0))
 
 
 def _tokens(t: Tensor) -> Tensor:
@@ -129,7 +128,7 @@ def _linear(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: 
                 torch.mm(rows[b], x[b], out=g)
                 acc.addcmul_(g, g)
     if "bias" in own:
-        into[own["bias"]].add_(d.sum(1).square().sum(0))
+        _add_squares(into[own["bias"]], d.sum(1))
 
 
 def _layer_norm(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
@@ -138,9 +137,9 @@ def _layer_norm(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, in
     xhat = F.layer_norm(x.to(d.dtype), shape, eps=module.eps)  # without its own weight and bias
     flat = (d.shape[0], -1, *shape)  # (batch, tokens, *normalized)
     if "weight" in own:
-        into[own["weight"]].add_((d * xhat).reshape(flat).sum(1).square().sum(0))
+        _add_squares(into[own["weight"]], (d * xhat).reshape(flat).sum(1))
     if "bias" in own:
-        into[own["bias"]].add_(d.reshape(flat).sum(1).square().sum(0))
+        _add_squares(into[own["bias"]], d.reshape(flat).sum(1))
 
 
 def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
@@ -156,9 +155,14 @@ def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, i
     into[own["weight"]].index_add_(0, keys % rows, per_sample.square_())
 
 
-def squares_of(module: nn.Module) -> Callable[[nn.Module, dict[str, str], Tensor, Tensor, dict[str, Tensor]], None]:
+def squares_of(module: nn.Module) -> Squares | None:
+    """The rule that adds ``module``'s per-sample squares, or ``None`` for a layer it does not cover (an
+    embedding whose gradient PyTorch rescales, renormalises or makes sparse among them)."""
     if isinstance(module, nn.Linear):
         return _linear
     if isinstance(module, nn.LayerNorm):
         return _layer_norm
-    return _embedding
+    if isinstance(module, nn.Embedding):
+        plain = module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
+        return _embedding if plain else None
+    return None
