@@ -8,6 +8,7 @@ plan asks for (``plan.gram``, ``plan.head_gram``: RegMean), as LoRA methods reco
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,15 +101,18 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
                 c.zero_()
             pending = 0
 
-    def add(scalar: Tensor, weight: float, retain: bool = False) -> None:
+    def counted(terms: int) -> None:
         nonlocal pending
+        pending += terms
+        if pending >= FLUSH_EVERY:
+            flush()
+
+    def add(scalar: Tensor, weight: float, retain: bool = False) -> None:
         grads = torch.autograd.grad(scalar, tensors, allow_unused=True, retain_graph=retain)
         for name, g in zip(names, grads):
             if g is not None:
                 chunk[name].addcmul_(g.detach(), g.detach(), value=weight)
-        pending += 1
-        if pending >= FLUSH_EVERY:
-            flush()
+        counted(1)
 
     estimator = client.config.fisher
     generator = torch.Generator().manual_seed(seed ^ 0xF15E)
@@ -122,18 +126,14 @@ def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[st
         if client.on_batch is not None:
             client.on_batch(start // size + 1, total)
         inputs, labels = client.train.batch(shard[start : start + size], client.device)
+        with squares.recording(labels.numel()) if squares is not None else contextlib.nullcontext():
+            logits = model(inputs)[0]
+        log_p = F.log_softmax(logits[:, lo:hi], dim=1)  # (size, task classes)
         if squares is not None:
-            with squares.recording(labels.numel()):
-                logits = model(inputs)[0]
-            log_p = F.log_softmax(logits[:, lo:hi], dim=1)  # (size, task classes)
             for scalar, weights, retain in per_sample_terms(estimator, log_p, labels - lo, generator):
                 squares.add(scalar, weights, retain)
-            pending += labels.numel()
-            if pending >= FLUSH_EVERY:
-                flush()
-            continue
-        log_p = F.log_softmax(model(inputs)[0][:, lo:hi], dim=1)  # (size, task classes)
-        if estimator == "batch":
+            counted(labels.numel())
+        elif estimator == "batch":
             add(F.nll_loss(log_p, labels - lo), float(labels.numel()))
         elif estimator == "reference":
             y = int(labels[0]) - lo
