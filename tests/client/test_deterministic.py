@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from client.runtime import CUBLAS_DETERMINISTIC, use_deterministic
+from client.runtime import CUBLAS_DETERMINISTIC, process_settings_kept, use_deterministic
 from common.config import RunConfig
 from common.methods import METHODS
 from engine.simulation import run_inprocess
@@ -18,11 +18,8 @@ from fingerprints import TINY, fingerprint
 def torch_defaults(monkeypatch):
     """Whatever a test switches on is process-wide: put PyTorch's switches and the variable back."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    cudnn = torch.backends.cudnn
-    saved = torch.are_deterministic_algorithms_enabled(), cudnn.deterministic, cudnn.benchmark
-    yield
-    torch.use_deterministic_algorithms(saved[0])
-    cudnn.deterministic, cudnn.benchmark = saved[1:]
+    with process_settings_kept():
+        yield
 
 
 def test_on_it_switches_every_deterministic_kernel_and_the_cublas_workspace(torch_defaults):
