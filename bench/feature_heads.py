@@ -21,7 +21,11 @@ blocks 1..6), mean over the attention mask and the first token, and cached. A re
             Recht), W with N(0, 1) entries, b uniform on [0, 2 pi), F the width of z, whose
             products average to the Gaussian kernel ``exp(-G |x - y|^2 / F)`` (for ``ln`` features
             ``|x|^2 = F``, so G is a bandwidth relative to the features' own scale); ``rbfinf``:
-            that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed)
+            that kernel itself in the dual form, G chosen with lambda (``rbfinfgG``: G fixed);
+            ``rpsinf``: the sum over the recipe's layers of each layer's own arc-cosine kernel (the limit
+            of one projection per layer, their ReLU features side by side, instead of one projection of
+            the layers concatenated); ``rpdinf``: the arc-cosine kernel composed with itself (the limit of
+            two random ReLU layers, ``max(0, max(0, z P^T) Q^T)``, both infinitely wide)
   -ACT      (last, after a finite ``rpN``/``rpoN``, e.g. ``rp5000-tanh``) the projection's activation instead of
             ReLU: ``gelu``, ``tanh`` or ``none`` (the system's ``ridge.activation``)
   xK        (after a finite width, e.g. ``rp10000x4``) an ensemble of K heads, each on its own
@@ -80,7 +84,7 @@ class Recipe:
     norm: str
     rp: float  # math.inf: the kernel itself
     orthogonal: bool = False  # rpoN: orthogonal random features
-    kernel: str = "arccos"  # rp, rpo: ReLU features; rff, rbf: the Gaussian kernel
+    kernel: str = "arccos"  # rp, rpo: ReLU features; rff, rbf: the Gaussian kernel; rps: per layer; rpd: deep
     gamma: float | None = None  # the Gaussian kernel's bandwidth G (None: chosen with lambda)
     members: int = 1  # xK: an ensemble of K heads on independent projections, outputs averaged
     activation: str = "relu"  # -ACT after a finite rpN / rpoN: the system's ridge.activation
@@ -89,7 +93,7 @@ class Recipe:
     def parse(cls, text: str) -> Recipe:
         """``456:mean:std:rp10000`` (``rp0`` for no projection), ``3456:mean:ln:rff10000g2``, ``...:rbfinf``."""
         layers, pool, norm, rp = text.split(":")
-        form = re.fullmatch(r"(rpo|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?(?:-(\w+))?", rp)
+        form = re.fullmatch(r"(rpo|rps|rpd|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?(?:-(\w+))?", rp)
         if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or form is None:
             raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]")
         kind, width_text, gamma_text, members_text, activation = form.groups()
@@ -106,12 +110,14 @@ class Recipe:
             "rpo": gamma_text is None and width_text != "inf",
             "rff": gamma_text is not None and width_text != "inf",
             "rbf": width_text == "inf",
+            "rps": width_text == "inf" and gamma_text is None,
+            "rpd": width_text == "inf" and gamma_text is None,
         }
         if not valid[kind]:
-            raise ValueError(f"recipe {text!r}: want rpN, rpinf, rpoN, rffNgG or rbfinf[gG]")
+            raise ValueError(f"recipe {text!r}: want rpN, rpinf, rpoN, rffNgG, rbfinf[gG], rpsinf or rpdinf")
         width = math.inf if width_text == "inf" else int(width_text)
         gamma = None if gamma_text is None else float(gamma_text)
-        kernel = "rbf" if gaussian else "arccos"
+        kernel = "rbf" if gaussian else {"rps": "arccos-sum", "rpd": "arccos-deep"}.get(kind, "arccos")
         return cls(
             tuple(int(c) for c in layers),
             pool,
@@ -129,6 +135,8 @@ class Recipe:
         if self.kernel == "rbf":
             kind = "rbf" if math.isinf(self.rp) else "rff"
             bandwidth = "" if self.gamma is None else f"g{self.gamma:g}"
+        elif self.kernel != "arccos":
+            kind, bandwidth = {"arccos-sum": "rps", "arccos-deep": "rpd"}[self.kernel], ""
         else:
             kind, bandwidth = ("rpo" if self.orthogonal else "rp"), ""
         ensemble = f"x{self.members}" if self.members > 1 else ""
@@ -279,10 +287,33 @@ def gaussian_kernel(a: Tensor, b: Tensor, gamma: float) -> Tensor:
 GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the Gaussian kernel's bandwidths tried when the recipe names none
 
 
+def arccos_sum_kernel(a: Tensor, b: Tensor, parts: int) -> Tensor:
+    """The sum of the arc-cosine kernels of ``parts`` equal slices of the features (one per layer)."""
+    total = torch.zeros(len(a), len(b), dtype=DTYPE)
+    for pa, pb in zip(a.chunk(parts, 1), b.chunk(parts, 1), strict=True):
+        total += arccos_kernel(pa, pb)
+    return total
+
+
+def arccos_deep_kernel(a: Tensor, b: Tensor) -> Tensor:
+    """The arc-cosine kernel of the arc-cosine kernel's feature space: ``k1(x, x) = |x|^2 / 2``."""
+    k1 = arccos_kernel(a, b)
+    na, nb = a.norm(dim=1) / math.sqrt(2.0), b.norm(dim=1) / math.sqrt(2.0)
+    outer = na[:, None] * nb[None, :]
+    cos = (k1 / outer.clamp_min(torch.finfo(DTYPE).tiny)).clamp(-1.0, 1.0)
+    t = torch.arccos(cos)
+    return outer * (torch.sin(t) + (torch.pi - t) * cos) / (2 * torch.pi)
+
+
 def kernel_of(recipe: Recipe, gamma: float | None) -> Callable[[Tensor, Tensor], Tensor]:
     if recipe.kernel == "rbf":
         assert gamma is not None
         return lambda a, b: gaussian_kernel(a, b, gamma)
+    if recipe.kernel == "arccos-sum":
+        parts = len(recipe.layers) * (2 if recipe.pool == "both" else 1)
+        return lambda a, b: arccos_sum_kernel(a, b, parts)
+    if recipe.kernel == "arccos-deep":
+        return arccos_deep_kernel
     return arccos_kernel
 
 
