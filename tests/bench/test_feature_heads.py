@@ -96,6 +96,20 @@ def test_the_per_layer_and_deep_kernels_are_what_random_relu_layers_average_to(f
         assert off < 0.1 * scale and from_plain > 2 * off
 
 
+def test_a_kernel_computed_a_few_rows_at_a_time_is_the_whole_kernel(fh, monkeypatch):
+    monkeypatch.setattr(fh, "ROWS", 7)  # 30 rows: four chunks of 7 and one of 2
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(30, 12, generator=g, dtype=fh.DTYPE), torch.randn(11, 12, generator=g, dtype=fh.DTYPE)
+    for text, whole in (
+        ("123:mean:ln:rpinf", fh.arccos_kernel),
+        ("123:mean:ln:rpsinf", lambda x, y: fh.arccos_sum_kernel(x, y, 3)),
+        ("123:mean:ln:rpdinf", fh.arccos_deep_kernel),
+        ("123:mean:ln:rbfinfg2", lambda x, y: fh.gaussian_kernel(x, y, 2.0)),
+    ):
+        # the same sums, in a product that may block a chunk's rows differently: equal to float64's roundoff
+        assert_close_to_dtype(fh.kernel_of(fh.Recipe.parse(text), 2.0)(a, b), whole(a, b), fh.DTYPE, terms=12)
+
+
 def test_the_eigen_search_predicts_as_the_direct_solve(fh):
     g = torch.Generator().manual_seed(1)
     xf, xs = torch.randn(60, 8, generator=g, dtype=fh.DTYPE), torch.randn(25, 8, generator=g, dtype=fh.DTYPE)
