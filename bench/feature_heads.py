@@ -460,6 +460,18 @@ def evaluate(recipe: Recipe, feats: dict, labels: dict, select: str, seed: int, 
     }
 
 
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every frozen-feature sweep shares: where CLINC150 and the feature cache are, the encoder's
+    maximum length, torch's threads."""
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
+    )
+    parser.add_argument("--cache", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "lorm-feature-cache"))
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=["6:mean:raw:rp5000", "456:mean:std:rp10000"])
@@ -467,14 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fit", choices=("train", "train+val"), default="train", help="the splits the head is fitted on"
     )
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
-    )
-    parser.add_argument("--cache", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "lorm-feature-cache"))
-    parser.add_argument("--max-length", type=int, default=64)
+    add_data_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="the random projection's seed")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="one JSON line per recipe")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -21,7 +21,6 @@ Run: .venv/bin/python bench/feature_views.py --views 0 2 4 --fit train+val
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from feature_heads import (  # noqa: E402
     SPLITS,
     FeatureMap,
     Recipe,
+    add_data_arguments,
     _acc,
     cached_features,
     features,
@@ -152,14 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--weight", type=float, default=1.0, help="each view's weight against the clean sample")
     parser.add_argument("--fit", choices=("train", "train+val"), default="train+val")
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get("LORM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "datasets")),
-    )
-    parser.add_argument("--cache", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "lorm-feature-cache"))
-    parser.add_argument("--max-length", type=int, default=64)
+    add_data_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     recipe = Recipe.parse(args.recipe)

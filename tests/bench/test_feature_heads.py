@@ -3,26 +3,11 @@ and the kernel lambda search's one eigendecomposition gives the direct solve's p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tolerance import assert_close_to_dtype
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fh():
-    spec = importlib.util.spec_from_file_location("feature_heads", ROOT / "bench" / "feature_heads.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["feature_heads"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_recipes_parse_and_print_back(fh):

@@ -3,27 +3,10 @@ Gram and class sums of the projected features, each row counted ``weight`` times
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
-import pytest
 import torch
 
 from tolerance import assert_close_to_dtype
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fv():
-    sys.path.insert(0, str(ROOT / "bench"))  # feature_views imports feature_heads beside it
-    spec = importlib.util.spec_from_file_location("feature_views", ROOT / "bench" / "feature_views.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["feature_views"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_chunked_sums_are_the_weighted_gram_and_class_sums(fv, monkeypatch):

@@ -1,0 +1,200 @@
+"""Do the utterances' own words add to MiniLM's features under the closed-form head? (issue 21, a diagnostic)
+
+The ridge of infinite width (``bench/feature_heads.py``'s ``rpinf``: the arc-cosine kernel, the limit of a
+random ReLU projection) on each utterance's frozen MiniLM features side by side with its words: word
+n-grams (1 to ``--ngrams``, lower-cased, split on white space) counted into ``2^20`` buckets by a fixed
+hash (CRC-32, a second bit giving the sign, so collisions cancel on average), the count vector scaled to
+length ``w sqrt(F)`` (``F`` the width of the MiniLM features, whose per-sample layer norm gives them length
+``sqrt(F)``): ``w`` weighs the words against MiniLM, ``w = 0`` is ``feature_heads.py``'s recipe itself.
+Every feature is a function of its utterance alone (a hash, no vocabulary, no statistics), so a system
+that projected ``[z, w h]`` at random would keep the head exact under any split of the data.
+
+lambda and ``w`` are chosen on training data only: the head fitted without the samples of global index
+i % 5 == 0 is scored on them by squared error (one eigendecomposition per ``w``). The test split is used
+for the printed accuracy only.
+
+Run: .venv/bin/python bench/lexical_heads.py --recipe 3456:mean:ln:rpinf --weights 0 0.5 1 --fit train+val
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+import zlib
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from feature_heads import (  # noqa: E402
+    DTYPE,
+    KERNEL_LAMBDAS,
+    ROWS,
+    SPLITS,
+    Recipe,
+    add_data_arguments,
+    cached_features,
+    features,
+    load_clinc,
+    search,
+)
+
+BUCKETS = 2**20
+
+
+def ngram_counts(texts: list[str], longest: int) -> Tensor:
+    """``(n, BUCKETS)`` sparse COO, float64: each text's signed hashed word n-gram counts, rows of length 1."""
+    rows, cols, vals = [], [], []
+    for i, text in enumerate(texts):
+        words = text.lower().split()
+        counts: dict[int, float] = {}
+        for n in range(1, longest + 1):
+            for start in range(len(words) - n + 1):
+                code = zlib.crc32(" ".join(words[start : start + n]).encode())
+                bucket, sign = code % BUCKETS, 1.0 if (code >> 31) & 1 else -1.0
+                counts[bucket] = counts.get(bucket, 0.0) + sign
+        norm = math.sqrt(sum(v * v for v in counts.values())) or 1.0
+        for bucket, value in counts.items():
+            rows.append(i)
+            cols.append(bucket)
+            vals.append(value / norm)
+    indices = torch.tensor([rows, cols], dtype=torch.int64)
+    coo = torch.sparse_coo_tensor(
+        indices, torch.tensor(vals, dtype=DTYPE), (len(texts), BUCKETS), check_invariants=True
+    )
+    return coo.coalesce()
+
+
+def sparse_dots(a: Tensor, b: Tensor) -> Tensor:
+    """``a b^T`` for sparse COO rows, dense ``(len(a), len(b))``, ``ROWS`` rows of ``a`` at a time."""
+    bt = b.t().coalesce()
+    out = torch.empty(a.shape[0], b.shape[0], dtype=DTYPE)
+    for start in range(0, a.shape[0], ROWS):
+        chunk = a.index_select(0, torch.arange(start, min(start + ROWS, a.shape[0])))
+        with warnings.catch_warnings():  # sparse.mm goes through CSR, "in beta"; tests check it against dense
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            out[start : start + ROWS] = torch.sparse.mm(chunk, bt).to_dense()
+    return out
+
+
+def arccos_from_dots(dots: Tensor, na: Tensor, nb: Tensor) -> Tensor:
+    """The arc-cosine kernel (order 1) from inner products and norms: in place on ``dots``."""
+    outer = na[:, None] * nb[None, :]
+    cos = dots.div_(outer.clamp_min(torch.finfo(DTYPE).tiny)).clamp_(-1.0, 1.0)
+    t = torch.arccos(cos)
+    return (torch.sin(t) + (torch.pi - t) * cos).mul_(outer).div_(2 * torch.pi)
+
+
+class Joint:
+    """``[z, w h]``: MiniLM features ``z (n, F)`` and the word vectors ``h`` (sparse COO rows of length 1)."""
+
+    def __init__(self, z: Tensor, h: Tensor, weight: float) -> None:
+        self.z, self.h, self.scale = z, h, weight * math.sqrt(z.shape[1])
+
+    def rows(self, index: Tensor) -> Joint:
+        return Joint.__new__(Joint)._set(self.z[index], _rows(self.h, index), self.scale)
+
+    def _set(self, z: Tensor, h: Tensor, scale: float) -> Joint:
+        self.z, self.h, self.scale = z, h, scale
+        return self
+
+    def norms(self) -> Tensor:
+        return (self.z.pow(2).sum(1) + self.scale**2 * _row_squares(self.h)).sqrt()
+
+    def kernel(self, other: Joint) -> Tensor:
+        dots = torch.empty(len(self.z), len(other.z), dtype=DTYPE)
+        for start in range(0, len(self.z), ROWS):
+            dots[start : start + ROWS] = self.z[start : start + ROWS] @ other.z.T
+        if self.scale:
+            dots.add_(sparse_dots(self.h, other.h), alpha=self.scale**2)
+        return arccos_from_dots(dots, self.norms(), other.norms())
+
+
+def _rows(h: Tensor, index: Tensor) -> Tensor:
+    return h.index_select(0, index).coalesce()
+
+
+def _row_squares(h: Tensor) -> Tensor:
+    out = torch.zeros(h.shape[0], dtype=DTYPE)
+    return out.index_add_(0, h.indices()[0], h.values().pow(2))
+
+
+def choose_lambda(fit: Joint, sel: Joint, fit_y: Tensor, sel_y: Tensor, classes: int) -> tuple[float, dict]:
+    """The lambda whose head fitted on ``fit`` errs least on ``sel``: one eigendecomposition serves every lambda,
+    the held-out predictions being ``K_sf V diag(1 / (e + lam)) V^T Y``."""
+    e, v = torch.linalg.eigh(fit.kernel(fit))
+    left = sel.kernel(fit) @ v
+    right = v.T @ torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)
+    target = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
+
+    def score(lam: float) -> tuple[float, float]:
+        pred = left @ (right / (e.clamp_min(0) + lam)[:, None])
+        return float((pred - target).pow(2).sum()), 100.0 * float((pred.argmax(1) == sel_y).to(DTYPE).mean())
+
+    return search(KERNEL_LAMBDAS, score)
+
+
+def evaluate(weight: float, z: dict, h: dict, y: dict, classes: int) -> dict:
+    t0 = time.perf_counter()
+    train = Joint(z["train"], h["train"], weight)
+    held = torch.arange(len(y["train"])) % 5 == 0
+    fit_i, sel_i = (~held).nonzero().squeeze(1), held.nonzero().squeeze(1)
+    lam, scores = choose_lambda(train.rows(fit_i), train.rows(sel_i), y["train"][fit_i], y["train"][sel_i], classes)
+    k = train.kernel(train)
+    k.diagonal().add_(lam)
+    factor = torch.linalg.cholesky(k, out=k)
+    alpha = torch.cholesky_solve(torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), factor)
+    del k, factor
+    test = (Joint(z["test"], h["test"], weight).kernel(train) @ alpha).argmax(1)
+    return {
+        "weight": weight,
+        "lambda": lam,
+        "select_err": scores[lam][0],
+        "select_acc": scores[lam][1],
+        "test": 100.0 * float((test == y["test"]).to(DTYPE).mean()),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="3456:mean:ln:rpinf", help="feature_heads.py's LAYERS:POOL:NORM:rpinf")
+    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    parser.add_argument("--ngrams", type=int, default=2, help="word n-grams of 1 to this many words")
+    parser.add_argument("--fit", choices=("train", "train+val"), default="train+val")
+    add_data_arguments(parser)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipe = Recipe.parse(args.recipe)
+    if recipe.kernel != "arccos" or not math.isinf(recipe.rp):
+        parser.error("--recipe: LAYERS:POOL:NORM:rpinf (the arc-cosine kernel)")
+    data = load_clinc(Path(args.data_dir))
+    feats = cached_features(data, Path(args.cache), args.max_length)
+    z = {s: features(feats[s], recipe) for s in SPLITS}
+    h = {s: ngram_counts(data[s][0], args.ngrams) for s in SPLITS}
+    y = {s: torch.from_numpy(data[s][1]) for s in SPLITS}
+    if args.fit == "train+val":
+        z["train"], y["train"] = torch.cat([z["train"], z["val"]]), torch.cat([y["train"], y["val"]])
+        h["train"] = torch.cat([h["train"], h["val"]]).coalesce()
+    classes = int(y["train"].max()) + 1
+    print(
+        f"{'recipe':22s} {'ngrams':>6s} {'w':>5s} {'lambda':>9s} {'sel err':>9s} {'sel acc':>7s} {'test':>6s} {'s':>5s}"
+    )
+    for weight in args.weights:
+        r = evaluate(weight, z, h, y, classes)
+        print(
+            f"{args.recipe:22s} {args.ngrams:6d} {weight:5g} {r['lambda']:9.3g} {r['select_err']:9.2f} "
+            f"{r['select_acc']:7.2f} {r['test']:6.2f} {r['seconds']:5.0f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
