@@ -71,16 +71,11 @@ def ngram_counts(texts: list[str], longest: int) -> Tensor:
     return coo.coalesce()
 
 
-def sparse_dots(a: Tensor, b: Tensor) -> Tensor:
-    """``a b^T`` for sparse COO rows, dense ``(len(a), len(b))``, ``ROWS`` rows of ``a`` at a time."""
-    bt = b.t().coalesce()
-    out = torch.empty(a.shape[0], b.shape[0], dtype=DTYPE)
-    for start in range(0, a.shape[0], ROWS):
-        chunk = a.index_select(0, torch.arange(start, min(start + ROWS, a.shape[0])))
-        with warnings.catch_warnings():  # sparse.mm goes through CSR, "in beta"; tests check it against dense
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            out[start : start + ROWS] = torch.sparse.mm(chunk, bt).to_dense()
-    return out
+def sparse_dots(a: Tensor, bt: Tensor) -> Tensor:
+    """``a bt``, dense, for sparse COO rows ``a`` and a coalesced sparse ``bt`` (the other rows, transposed)."""
+    with warnings.catch_warnings():  # sparse.mm goes through CSR, "in beta"; tests check it against dense
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse.mm(a, bt).to_dense()
 
 
 def arccos_from_dots(dots: Tensor, na: Tensor, nb: Tensor) -> Tensor:
@@ -108,12 +103,17 @@ class Joint:
         return (self.z.pow(2).sum(1) + self.scale**2 * _row_squares(self.h)).sqrt()
 
     def kernel(self, other: Joint) -> Tensor:
-        dots = torch.empty(len(self.z), len(other.z), dtype=DTYPE)
+        """``ROWS`` rows at a time, so the elementwise temporaries stay a few hundred MB."""
+        out = torch.empty(len(self.z), len(other.z), dtype=DTYPE)
+        na, nb = self.norms(), other.norms()
+        bt = other.h.t().coalesce()
         for start in range(0, len(self.z), ROWS):
-            dots[start : start + ROWS] = self.z[start : start + ROWS] @ other.z.T
-        if self.scale:
-            dots.add_(sparse_dots(self.h, other.h), alpha=self.scale**2)
-        return arccos_from_dots(dots, self.norms(), other.norms())
+            stop = min(start + ROWS, len(self.z))
+            dots = self.z[start:stop] @ other.z.T
+            if self.scale:
+                dots.add_(sparse_dots(self.h.index_select(0, torch.arange(start, stop)), bt), alpha=self.scale**2)
+            out[start:stop] = arccos_from_dots(dots, na[start:stop], nb)
+        return out
 
 
 def _rows(h: Tensor, index: Tensor) -> Tensor:

@@ -23,7 +23,8 @@ def test_ngram_vectors_count_each_ngram_and_have_length_one(lex):
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.7])
-def test_the_joint_kernel_is_the_arccos_kernel_of_the_concatenation(lex, fh, weight):
+def test_the_joint_kernel_is_the_arccos_kernel_of_the_concatenation(lex, fh, weight, monkeypatch):
+    monkeypatch.setattr(lex, "ROWS", 2)  # five rows: chunks of 2, 2 and 1
     z = torch.randn(5, 6, generator=torch.Generator().manual_seed(5), dtype=lex.DTYPE)
     h = lex.ngram_counts(TEXTS, 2)
     joint = lex.Joint(z, h, weight)
