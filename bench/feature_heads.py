@@ -95,7 +95,9 @@ class Recipe:
         layers, pool, norm, rp = text.split(":")
         form = re.fullmatch(r"(rpo|rps|rpd|rp|rff|rbf)(\d+|inf)(?:g([0-9.]+))?(?:x(\d+))?(?:-(\w+))?", rp)
         if pool not in ("mean", "cls", "both") or norm not in ("std", "ln", "raw") or form is None:
-            raise ValueError(f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]")
+            raise ValueError(
+                f"recipe {text!r}: want LAYERS:mean|cls|both:std|ln|raw:rpN|rpoN|rpinf|rffNgG|rbfinf[gG]|rpsinf|rpdinf"
+            )
         kind, width_text, gamma_text, members_text, activation = form.groups()
         if activation is not None and (kind not in ("rp", "rpo") or width_text in ("inf", "0")):
             raise ValueError(f"recipe {text!r}: -ACT follows a finite random projection (rpN-ACT, rpoN-ACT)")

@@ -157,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     recipe = Recipe.parse(args.recipe)
-    if recipe.pool != "mean" or recipe.members != 1 or recipe.kernel != "arccos" or not 0 < recipe.rp < float("inf"):
-        parser.error("--recipe: LAYERS:mean:NORM:rpN (one finite ReLU projection)")
+    finite = 0 < recipe.rp < float("inf")
+    if recipe.pool != "mean" or recipe.norm == "std" or recipe.members != 1 or recipe.kernel != "arccos" or not finite:
+        # std's statistics would be taken over the held-out utterances too: ln and raw need none
+        parser.error("--recipe: LAYERS:mean:ln|raw:rpN (one finite ReLU projection)")
     data = load_clinc(Path(args.data_dir))
     clean = cached_features(data, Path(args.cache), args.max_length)
     fit_splits = ("train", "val") if args.fit == "train+val" else ("train",)

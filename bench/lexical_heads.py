@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     recipe = Recipe.parse(args.recipe)
-    if recipe.kernel != "arccos" or not math.isinf(recipe.rp):
-        parser.error("--recipe: LAYERS:POOL:NORM:rpinf (the arc-cosine kernel)")
+    if recipe.kernel != "arccos" or not math.isinf(recipe.rp) or recipe.norm == "std":
+        parser.error("--recipe: LAYERS:POOL:ln|raw:rpinf (the arc-cosine kernel; std is not applied here)")
     data = load_clinc(Path(args.data_dir))
     feats = cached_features(data, Path(args.cache), args.max_length)
     z = {s: features(feats[s], recipe) for s in SPLITS}
