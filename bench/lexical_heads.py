@@ -34,15 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from feature_heads import (  # noqa: E402
     DTYPE,
-    KERNEL_LAMBDAS,
     ROWS,
     SPLITS,
     Recipe,
+    _dual,
+    _kernel_lambda,
     add_data_arguments,
+    arccos_from_dots,
     cached_features,
     features,
     load_clinc,
-    search,
 )
 
 BUCKETS = 2**20
@@ -78,29 +79,19 @@ def sparse_dots(a: Tensor, bt: Tensor) -> Tensor:
         return torch.sparse.mm(a, bt).to_dense()
 
 
-def arccos_from_dots(dots: Tensor, na: Tensor, nb: Tensor) -> Tensor:
-    """The arc-cosine kernel (order 1) from inner products and norms: in place on ``dots``."""
-    outer = na[:, None] * nb[None, :]
-    cos = dots.div_(outer.clamp_min(torch.finfo(DTYPE).tiny)).clamp_(-1.0, 1.0)
-    t = torch.arccos(cos)
-    return (torch.sin(t) + (torch.pi - t) * cos).mul_(outer).div_(2 * torch.pi)
-
-
 class Joint:
     """``[z, w h]``: MiniLM features ``z (n, F)`` and the word vectors ``h`` (sparse COO rows of length 1)."""
 
     def __init__(self, z: Tensor, h: Tensor, weight: float) -> None:
-        self.z, self.h, self.scale = z, h, weight * math.sqrt(z.shape[1])
+        self.z, self.h, self.weight = z, h, weight
+        self.scale = weight * math.sqrt(z.shape[1])
 
     def rows(self, index: Tensor) -> Joint:
-        return Joint.__new__(Joint)._set(self.z[index], _rows(self.h, index), self.scale)
-
-    def _set(self, z: Tensor, h: Tensor, scale: float) -> Joint:
-        self.z, self.h, self.scale = z, h, scale
-        return self
+        return Joint(self.z[index], self.h.index_select(0, index).coalesce(), self.weight)
 
     def norms(self) -> Tensor:
-        return (self.z.pow(2).sum(1) + self.scale**2 * _row_squares(self.h)).sqrt()
+        squares = torch.zeros(self.h.shape[0], dtype=DTYPE).index_add_(0, self.h.indices()[0], self.h.values().pow(2))
+        return (self.z.pow(2).sum(1) + self.scale**2 * squares).sqrt()
 
     def kernel(self, other: Joint) -> Tensor:
         """``ROWS`` rows at a time, so the elementwise temporaries stay a few hundred MB."""
@@ -116,41 +107,15 @@ class Joint:
         return out
 
 
-def _rows(h: Tensor, index: Tensor) -> Tensor:
-    return h.index_select(0, index).coalesce()
-
-
-def _row_squares(h: Tensor) -> Tensor:
-    out = torch.zeros(h.shape[0], dtype=DTYPE)
-    return out.index_add_(0, h.indices()[0], h.values().pow(2))
-
-
-def choose_lambda(fit: Joint, sel: Joint, fit_y: Tensor, sel_y: Tensor, classes: int) -> tuple[float, dict]:
-    """The lambda whose head fitted on ``fit`` errs least on ``sel``: one eigendecomposition serves every lambda,
-    the held-out predictions being ``K_sf V diag(1 / (e + lam)) V^T Y``."""
-    e, v = torch.linalg.eigh(fit.kernel(fit))
-    left = sel.kernel(fit) @ v
-    right = v.T @ torch.nn.functional.one_hot(fit_y, classes).to(DTYPE)
-    target = torch.nn.functional.one_hot(sel_y, classes).to(DTYPE)
-
-    def score(lam: float) -> tuple[float, float]:
-        pred = left @ (right / (e.clamp_min(0) + lam)[:, None])
-        return float((pred - target).pow(2).sum()), 100.0 * float((pred.argmax(1) == sel_y).to(DTYPE).mean())
-
-    return search(KERNEL_LAMBDAS, score)
-
-
 def evaluate(weight: float, z: dict, h: dict, y: dict, classes: int) -> dict:
     t0 = time.perf_counter()
     train = Joint(z["train"], h["train"], weight)
     held = torch.arange(len(y["train"])) % 5 == 0
     fit_i, sel_i = (~held).nonzero().squeeze(1), held.nonzero().squeeze(1)
-    lam, scores = choose_lambda(train.rows(fit_i), train.rows(sel_i), y["train"][fit_i], y["train"][sel_i], classes)
-    k = train.kernel(train)
-    k.diagonal().add_(lam)
-    factor = torch.linalg.cholesky(k, out=k)
-    alpha = torch.cholesky_solve(torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), factor)
-    del k, factor
+    lam, scores = _kernel_lambda(  # one eigendecomposition serves every lambda
+        Joint.kernel, train.rows(fit_i), y["train"][fit_i], train.rows(sel_i), y["train"][sel_i], classes
+    )
+    alpha = _dual(train.kernel(train), torch.nn.functional.one_hot(y["train"], classes).to(DTYPE), lam)
     test = (Joint(z["test"], h["test"], weight).kernel(train) @ alpha).argmax(1)
     return {
         "weight": weight,
