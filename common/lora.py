@@ -34,9 +34,11 @@ TARGET_RULES: dict[str, tuple[str, ...]] = {
     ),
     # T5: every linear layer of encoder and decoder (q, k, v, o, wi, wo, cross-attention too).
     "t5": (r"(^|\.)(encoder|decoder)\.block\.\d+\..*\.(q|k|v|o|wi|wi_0|wi_1|wo)$",),
-    # BERT-like encoders: query, key, value, attention output, intermediate, output dense.
+    # BERT-like encoders: query, key, value, attention output, intermediate, output dense
+    # (MPNet names its attention's four projections attn.q, .k, .v, .o).
     "bert": (
         r"(^|\.)layer\.\d+\.attention\.self\.(query|key|value)$",
+        r"(^|\.)layer\.\d+\.attention\.attn\.(q|k|v|o)$",
         r"(^|\.)layer\.\d+\.attention\.output\.dense$",
         r"(^|\.)layer\.\d+\.intermediate\.dense$",
         r"(^|\.)layer\.\d+\.output\.dense$",

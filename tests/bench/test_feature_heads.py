@@ -21,15 +21,19 @@ def test_recipes_parse_and_print_back(fh):
         "3:mean:ln:rpo50-none",
         "3456:mean:ln:rpsinf",
         "3456:mean:ln:rpdinf",
+        "9,10,11,12:mean:ln:rpinf",  # an encoder of more than nine blocks: layers comma-separated
     )
     for text in texts:
         assert str(fh.Recipe.parse(text)) == text
     assert fh.Recipe.parse("3456:mean:ln:rbfinf").gamma is None  # chosen with lambda
     assert fh.Recipe.parse("3:mean:ln:rp50x1") == fh.Recipe.parse("3:mean:ln:rp50")
+    assert fh.Recipe.parse("3,4,5:mean:ln:rp50") == fh.Recipe.parse("345:mean:ln:rp50")
+    assert fh.Recipe.parse("9,10,11,12:mean:ln:rpinf").layers == (9, 10, 11, 12)
     bad_recipes = ("3:mean:ln:rff100", "3:mean:ln:rbf100", "3:mean:ln:rpoinf", "3:mean:ln:rp10g2", "3:max:ln:rp5")
     assert fh.Recipe.parse("3:mean:ln:rp50-gelu").activation == "gelu"
     bad_recipes += ("3:mean:ln:rpinf-tanh", "3:mean:ln:rff100g2-tanh", "3:mean:ln:rp50-sigmoid")
     bad_recipes += ("3:mean:ln:rps100", "3:mean:ln:rpd100", "3:mean:ln:rpsinfg2", "3:mean:ln:rpdinf-tanh")
+    bad_recipes += ("9,,10:mean:ln:rp50", "a:mean:ln:rp50", ":mean:ln:rp50")
     for bad in (*bad_recipes, "3:mean:ln:rpinfx2", "3:mean:ln:rp0x2", "3:mean:ln:rp10x0"):
         with pytest.raises(ValueError):
             fh.Recipe.parse(bad)
