@@ -1,4 +1,8 @@
-"""A client's Prometheus metrics: throughput, loss, step progress, and GPU memory when present."""
+"""A client's Prometheus metrics: throughput, loss, step progress, and GPU memory when present.
+
+They describe this client's own data (samples per step, training loss), so ``/metrics`` listens on
+the client's own host unless told otherwise (``DEFAULT_HOST``; ``--metrics-host`` widens it).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,13 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+DEFAULT_HOST = "127.0.0.1"  # this host only: the samples and loss are the client's own figures
+HOST_HELP = (
+    "address the metrics endpoint listens on (default $LORM_METRICS_HOST or 127.0.0.1, this host only); "
+    "/metrics tells this client's samples per step, training loss, task, round and GPU memory to whoever "
+    "reaches it: widen it (0.0.0.0) only for a scraper on a trusted network"
+)
 
 
 class _GpuCollector(Collector):
@@ -65,6 +76,7 @@ class ClientMetrics:
         self.task.set(task)
         self.round.set(round_)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+    def serve(self, port: int, host: str = DEFAULT_HOST) -> int:
+        """Expose ``/metrics`` over HTTP on ``host:port``; returns the bound port."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port

@@ -17,6 +17,7 @@ maps to ``INVALID_ARGUMENT``.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import zlib
@@ -560,6 +561,37 @@ def eval_from_proto(message: pb.EvalReport) -> tuple[str, EvalReport]:
             raise WireError("correct", f"expected 0 <= correct <= total for task {j}, got {c} of {t}")
     report = EvalReport(message.run_id, message.client_id, message.client_index, message.task, correct, total)
     return message.idempotency_key, report
+
+
+# ---------------------------------------------------------------------------- Status
+
+
+def status_to_proto(status: Mapping[str, Any]) -> pb.RunStatus:
+    """A view of :meth:`server.coordinator.Coordinator.status` (a client's or the operator's) on the wire."""
+    return pb.RunStatus(
+        run_id=status["run_id"],
+        state=status["state"],
+        task=status["task"],
+        round=status["round"],
+        phase=phase_to_proto(status["phase"]),
+        clients_joined=status["clients_joined"],
+        clients_done=status["clients_done"],
+        metrics_json=json.dumps(status["metrics"]),
+    )
+
+
+def status_from_proto(msg: pb.RunStatus) -> dict[str, Any]:
+    """Inverse of :func:`status_to_proto` (the phase by name, the metrics parsed)."""
+    return {
+        "run_id": msg.run_id,
+        "state": msg.state,
+        "task": msg.task,
+        "round": msg.round,
+        "phase": phase_from_proto(msg.phase).value,
+        "clients_joined": msg.clients_joined,
+        "clients_done": msg.clients_done,
+        "metrics": json.loads(msg.metrics_json or "{}"),
+    }
 
 
 # ------------------------------------------------------------------ secure aggregation

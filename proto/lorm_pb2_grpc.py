@@ -113,7 +113,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Where the run stands (for operators, health dashboards and tests).
+        """Where the run stands: run-level progress, and the caller's own figures (the operator's view: Operator).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -356,6 +356,90 @@ class Coordinator:
             '/lorm.v1.Coordinator/SecAgg',
             proto_dot_lorm__pb2.SecAggRequest.SerializeToString,
             proto_dot_lorm__pb2.SecAggReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class OperatorStub:
+    """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
+    progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
+    clients, the robust mode's per-client figures). Authorised by the operator's bearer token
+    (`authorization: Bearer <token>`; lorm-server --operator-token-file), which no client holds.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.OperatorStatus = channel.unary_unary(
+                '/lorm.v1.Operator/OperatorStatus',
+                request_serializer=proto_dot_lorm__pb2.StatusRequest.SerializeToString,
+                response_deserializer=proto_dot_lorm__pb2.RunStatus.FromString,
+                _registered_method=True)
+
+
+class OperatorServicer:
+    """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
+    progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
+    clients, the robust mode's per-client figures). Authorised by the operator's bearer token
+    (`authorization: Bearer <token>`; lorm-server --operator-token-file), which no client holds.
+    """
+
+    def OperatorStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_OperatorServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'OperatorStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.OperatorStatus,
+                    request_deserializer=proto_dot_lorm__pb2.StatusRequest.FromString,
+                    response_serializer=proto_dot_lorm__pb2.RunStatus.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lorm.v1.Operator', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lorm.v1.Operator', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Operator:
+    """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
+    progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
+    clients, the robust mode's per-client figures). Authorised by the operator's bearer token
+    (`authorization: Bearer <token>`; lorm-server --operator-token-file), which no client holds.
+    """
+
+    @staticmethod
+    def OperatorStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lorm.v1.Operator/OperatorStatus',
+            proto_dot_lorm__pb2.StatusRequest.SerializeToString,
+            proto_dot_lorm__pb2.RunStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -736,9 +736,26 @@ class Coordinator:
         with self.lock:
             self._tick()
 
-    def status(self) -> dict:
+    def status(self, client_id: str | None = None, *, operator: bool = False) -> dict:
+        """Where the run stands: its progress and the accuracy matrix, for any caller of Status. The
+        matrix is the run's published result, summed over every client's test counts, of models each
+        client is sent anyway. ``client_id``: with that client's own figures (its index, and whether the
+        open step holds its submission). ``operator``: with the last five history entries, which hold
+        per-step sample counts, dropped clients and the robust mode's per-client cosines and ratios:
+        one client differencing two steps would learn another's shard size, or calibrate a poisoned
+        update just under the bounds, so only the operator may read them (issue 41, M2)."""
         with self.lock:
             step = self.step
+            metrics: dict[str, Any] = {"accuracy": self.matrix.accuracy()}
+            index = self.clients.get(client_id) if client_id is not None else None
+            if index is not None:
+                metrics["client"] = {
+                    "client_id": client_id,
+                    "index": index,
+                    "submitted": step is not None and index in step.submitted,
+                }
+            if operator:
+                metrics["history"] = self.history[-5:]
             return {
                 "run_id": self.config.run_id,
                 "state": self.state.value,
@@ -747,5 +764,5 @@ class Coordinator:
                 "phase": (step.phase if step else Phase.DONE if self.state == State.DONE else Phase.TRAIN),
                 "clients_joined": len(self.clients),
                 "clients_done": len(step.submitted) if step else 0,
-                "metrics": {"accuracy": self.matrix.accuracy(), "history": self.history[-5:]},
+                "metrics": metrics,
             }

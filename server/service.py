@@ -18,6 +18,7 @@ from server.admission import AdmissionInterceptor, CallLimiter, Limits
 from server.auth import AuthInterceptor, Authenticator
 from server.checks import Refused
 from server.coordinator import Coordinator
+from server.operator import OperatorAuth, refuse_without_operator
 
 SERVICE_NAME = "lorm.v1.Coordinator"
 
@@ -116,6 +117,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 env.idempotency_key,
                 declared=env.declared,
                 declared_bytes=env.total_bytes,
+                secure_attempt=env.secure_attempt,
             ):
                 raise _Duplicate()
 
@@ -151,24 +153,31 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return codec.secagg_reply_to_proto(reply)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
-        import json
-
         if request.run_id:  # optional here: a status probe need not know the run
             try:
                 self.coordinator.check_run_id(request.run_id)
             except Refused as err:
                 _abort(context, err)
-        s = self.coordinator.status()
-        return pb.RunStatus(
-            run_id=s["run_id"],
-            state=s["state"],
-            task=s["task"],
-            round=s["round"],
-            phase=codec.phase_to_proto(s["phase"]),
-            clients_joined=s["clients_joined"],
-            clients_done=s["clients_done"],
-            metrics_json=json.dumps(s["metrics"]),
-        )
+        # The caller's own figures beside the run's progress, never another client's (issue 41, M2).
+        return codec.status_to_proto(self.coordinator.status(self.auth.identity(context)))
+
+
+class OperatorServicer(pb_grpc.OperatorServicer):
+    """The operator's full view of the run, behind the operator's token (``server.operator``)."""
+
+    def __init__(self, coordinator: Coordinator, operator: OperatorAuth | None) -> None:
+        self.coordinator, self.operator = coordinator, operator
+
+    def OperatorStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        if self.operator is None:
+            refuse_without_operator(context)
+        self.operator.authorize(context)  # before the run is touched, even its id
+        if request.run_id:
+            try:
+                self.coordinator.check_run_id(request.run_id)
+            except Refused as err:
+                _abort(context, err)
+        return codec.status_to_proto(self.coordinator.status(operator=True))
 
 
 def create_server(
@@ -179,6 +188,7 @@ def create_server(
     *,
     security: Security,
     limits: Limits = Limits(),
+    operator: OperatorAuth | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started-ready (not yet started) server bound to ``address`` (port 0: any free port).
 
@@ -186,7 +196,8 @@ def create_server(
     (checked with ``Security.check("server")``): TLS and client authentication on every call of
     the coordinator's service; the health service needs no client identity (only the TLS handshake).
     ``limits`` (``server.admission``): calls in progress per client and in all (``max_workers`` less
-    ``limits.reserve``, kept for health checks), and how long a stream may stay idle."""
+    ``limits.reserve``, kept for health checks), and how slow a stream may be. ``operator``: the
+    credential of ``Operator/OperatorStatus`` (``server.operator``; ``None``: that call is refused)."""
     auth = Authenticator(security)
     limiter = CallLimiter(limits, max_active=max_workers - limits.reserve)
     server = grpc.server(
@@ -199,6 +210,7 @@ def create_server(
         ],
     )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator, auth), server)
+    pb_grpc.add_OperatorServicer_to_server(OperatorServicer(coordinator, operator), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

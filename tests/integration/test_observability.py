@@ -174,6 +174,21 @@ def test_client_metrics_endpoint():
     assert not any("gpu" in k for k in got)  # no GPU metrics without a GPU
 
 
+def test_client_metrics_listen_on_the_clients_own_host_by_default():
+    """A client's /metrics tells its own sample counts and loss (issue 41, M2): by default only its own
+    host may read them. Bound to 0.0.0.0 it would answer on 127.0.0.2 too (Linux routes 127/8 to lo)."""
+    metrics = ClientMetrics()
+    port = metrics.serve(0)
+    metrics.step_done("train", task=0, round_=0, samples=321, seconds=1.0, loss=0.5)
+    assert scrape(port)['lorm_client_samples_total{phase="train"}'] == 321
+    with pytest.raises(OSError):
+        with socket.create_connection(("127.0.0.2", port), timeout=5):
+            pass
+    wide = ClientMetrics().serve(0, "0.0.0.0")  # the flag still widens it, on request
+    with socket.create_connection(("127.0.0.2", wide), timeout=5):
+        pass
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 def test_client_gpu_memory_metrics():
     metrics = ClientMetrics()

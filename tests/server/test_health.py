@@ -36,7 +36,12 @@ def test_plaintext_probe(tmp_path):
 
 
 def test_mutual_tls_probe_needs_a_certificate_from_the_ca(tmp_path, pki):
-    server, port = serve(tmp_path, Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key)))
+    # The probe's certificate is not among the run's clients: the health service needs none of theirs.
+    admitted = ("client-0",)
+    server, port = serve(
+        tmp_path,
+        Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key), allowed_clients=admitted),
+    )
     target = ["--target", f"127.0.0.1:{port}", "--timeout", "5", "--tls-ca", str(pki.ca)]
     try:
         assert (

@@ -1,0 +1,111 @@
+"""The operator's credential: who may read the run's full status (``Operator/OperatorStatus``).
+
+A client's ``Status`` holds run-level progress and its own figures only. The recent history (per-step
+sample counts and dropped clients of secure aggregation, the robust mode's per-client cosines and
+ratios) would let one client learn another's shard size by differencing two steps, or calibrate a
+poisoned update just under the bounds, so it goes to the operator alone.
+
+The operator holds a bearer token that no client is given; the coordinator keeps only its SHA-256
+digest (``--operator-token-file``: one line of 64 hex digits, ``printf %s TOKEN | sha256sum``). A
+token rather than a certificate identity: it works the same under mutual TLS, client tokens or
+plaintext, and under mutual TLS every certificate from the run's CA is a client's, so an "operator"
+certificate would be one more thing the CA must never issue to a client by mistake. The token
+travels as ``authorization: Bearer <token>`` on the Operator service, which the clients' service's
+authentication does not intercept; under mutual TLS the operator's connection still needs a
+certificate from the run's CA for the handshake (as ``lorm-health``'s does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+
+from common.tls import token_digest
+from server.auth import bearer_token
+
+log = logging.getLogger("lorm.server.operator")
+ENV_TOKEN_FILE = "LORM_OPERATOR_TOKEN_FILE"
+_HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    log.warning("refused an operator call from %s: %s: %s", context.peer(), code.name, message)
+    context.abort(code, message)
+    raise AssertionError("context.abort returns only by raising")
+
+
+@dataclass(frozen=True)
+class OperatorAuth:
+    """The operator's token, as the hex SHA-256 digest the coordinator keeps of it."""
+
+    digest: str
+
+    def __post_init__(self) -> None:
+        if not _HEX_DIGEST.match(self.digest):
+            raise ValueError(
+                f"the operator's token digest must be 64 lower-case hex digits (sha256 of the token), "
+                f"got {len(self.digest)} characters"
+            )
+
+    @classmethod
+    def from_file(cls, path: str) -> "OperatorAuth":
+        """Read ``--operator-token-file``: one line, the hex SHA-256 of the operator's token."""
+        text = Path(path).read_text().strip()
+        try:
+            return cls(text)
+        except ValueError as err:
+            raise ValueError(
+                f"--operator-token-file {path}: expected one line of 64 lower-case hex digits (the token's sha256, "
+                f"`printf %s TOKEN | sha256sum`), got {len(text)} characters"
+            ) from err
+
+    def authorize(self, context: grpc.ServicerContext) -> None:
+        """Abort the call unless it carries the operator's token: UNAUTHENTICATED without a bearer
+        token, PERMISSION_DENIED with another one (a client's own token included)."""
+        token = bearer_token(context.invocation_metadata())
+        if token is None:
+            _refuse(
+                context, grpc.StatusCode.UNAUTHENTICATED, "the operator's view needs 'authorization: Bearer <token>'"
+            )
+        if not hmac.compare_digest(token_digest(token), self.digest):  # no timing hint at the digest
+            _refuse(context, grpc.StatusCode.PERMISSION_DENIED, "this bearer token is not the operator's")
+
+
+def refuse_without_operator(context: grpc.ServicerContext) -> NoReturn:
+    """The answer of a coordinator that was given no operator credential."""
+    _refuse(
+        context,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "this coordinator has no operator credential: start lorm-server with --operator-token-file FILE "
+        "(or read the run in its log and metrics.json)",
+    )
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """``lorm-server``'s flag for the operator's credential."""
+    parser.add_argument(
+        "--operator-token-file",
+        default=os.environ.get(ENV_TOKEN_FILE, ""),
+        metavar="FILE",
+        help="the sha256 hex of the operator's bearer token (`printf %%s TOKEN | sha256sum`): its holder may "
+        "call Operator/OperatorStatus (lorm-admin status), the run's full recent history, which no client "
+        f"may read (default ${ENV_TOKEN_FILE}; none: OperatorStatus is refused)",
+    )
+
+
+def operator_from_args(args: argparse.Namespace) -> OperatorAuth | None:
+    """The credential ``--operator-token-file`` names (``None`` without one); ``ValueError`` if unusable."""
+    if not args.operator_token_file:
+        return None
+    try:
+        return OperatorAuth.from_file(args.operator_token_file)
+    except OSError as err:
+        raise ValueError(f"--operator-token-file {args.operator_token_file}: {err.strerror}") from err

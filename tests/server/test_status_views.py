@@ -1,0 +1,156 @@
+"""What Status tells whom (issue 41, M2): a client reads run-level progress and its own figures; the
+history's per-step sample counts, dropped lists and the robust mode's per-client cosines and ratios
+reach only the operator, through ``Operator/OperatorStatus`` and the operator's token."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from common.tls import Security, token_digest
+from proto import lorm_pb2 as pb
+from server.admin import main as admin
+from server.coordinator import Coordinator
+from server.operator import OperatorAuth
+from server.service import create_server
+from server.telemetry import CoordinatorMetrics, coordinator_status
+
+from unit_helpers import LORA_SPEC, unit_config, valid_update
+
+CLIENTS = ("c0", "c1", "c2")
+OPERATOR_TOKEN = "operator-secret-0123456789"
+STATUS = "/lorm.v1.Coordinator/Status"
+OPERATOR_STATUS = "/lorm.v1.Operator/OperatorStatus"
+# What a secure step records (server.secure.secagg_report): with a later step whose survivors differ,
+# its sample count gives the dropped client's shard size.
+SECURE_ENTRY = {"task": 0, "round": 1, "phase": "train", "secagg": {"survivors": 2, "samples": 4321, "dropped": [2]}}
+PRIVATE_WORDS = ("history", "robust", "cosine", "ratio", "samples", "dropped", "secagg", "4321")
+
+
+def robust_run(tmp_path) -> Coordinator:
+    """Three clients' first step, screened by the robust mode (its history entry holds every client's
+    cosine and ratio), and the entry of a secure step after it."""
+    config = unit_config(run_id="views", num_tasks=1, rounds_per_task=2, settings={"robust": {"enabled": True}})
+    coord = Coordinator(config, tmp_path / "state")
+    for i, client_id in enumerate(CLIENTS):
+        coord.join(client_id, i)
+        coord.describe(client_id, LORA_SPEC)
+    step = coord.step
+    assert step is not None and step.aggregator is not None
+    for i in range(len(CLIENTS)):
+        assert coord.submit(valid_update(step.plan, step.aggregator.expected(), i, seed=i), f"k{i}")
+    assert coord.history and "cosine" in json.dumps(coord.history[0]["robust"])  # the step was screened
+    coord.history.append(SECURE_ENTRY)
+    return coord
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The run behind a server with bearer tokens (one per client) and the operator's token."""
+    coord = robust_run(tmp_path)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({c: token_digest(f"token-{c}") for c in CLIENTS}))
+    digest = tmp_path / "operator.sha256"
+    digest.write_text(token_digest(OPERATOR_TOKEN) + "\n")
+    server, port = create_server(
+        coord,
+        "127.0.0.1:0",
+        security=Security(token_file=str(tokens), insecure=True),
+        operator=OperatorAuth.from_file(str(digest)),
+    )
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield coord, channel, port
+    channel.close()
+    server.stop(0)
+
+
+def call(channel: grpc.Channel, method: str, token: str | None) -> pb.RunStatus:
+    stub = channel.unary_unary(
+        method, request_serializer=pb.StatusRequest.SerializeToString, response_deserializer=pb.RunStatus.FromString
+    )
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    return stub(pb.StatusRequest(run_id="views"), timeout=10, metadata=metadata)
+
+
+def test_a_clients_status_holds_its_own_figures_and_no_other_clients(served):
+    coord, channel, _ = served
+    reply = call(channel, STATUS, "token-c1")
+    metrics = json.loads(reply.metrics_json)
+    assert (reply.run_id, reply.state, reply.clients_joined) == ("views", "running", 3)
+    assert (reply.task, reply.round) == (0, 1)  # run-level progress: the step after the screened one
+    assert metrics["accuracy"] == coord.matrix.accuracy()  # the run's own published result
+    assert metrics["client"] == {"client_id": "c1", "index": 1, "submitted": False}
+    leaked = [w for w in PRIVATE_WORDS if w in reply.metrics_json]
+    assert not leaked, f"a client's Status should hold no other client's figures, but it names {leaked}"
+
+
+def test_the_operators_status_needs_the_operators_token(served):
+    coord, channel, _ = served
+    reply = call(channel, OPERATOR_STATUS, OPERATOR_TOKEN)
+    history = json.loads(reply.metrics_json)["history"]
+    assert history == json.loads(json.dumps(coord.history[-5:]))
+    assert set(history[0]["robust"]["clients"]) == {"0", "1", "2"} and history[1] == SECURE_ENTRY
+    for token, code in (
+        ("token-c1", grpc.StatusCode.PERMISSION_DENIED),  # a client's own token is not the operator's
+        ("not-the-token", grpc.StatusCode.PERMISSION_DENIED),
+        (None, grpc.StatusCode.UNAUTHENTICATED),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call(channel, OPERATOR_STATUS, token)
+        assert err.value.code() == code, (token, err.value.details())
+        assert "history" not in (err.value.details() or "")
+
+
+def test_without_an_operator_credential_the_operators_status_is_refused(tmp_path):
+    coord = robust_run(tmp_path)
+    server, port = create_server(coord, "127.0.0.1:0", security=Security(insecure=True))
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                call(channel, OPERATOR_STATUS, OPERATOR_TOKEN)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "--operator-token-file" in err.value.details()
+            public = call(channel, STATUS, None)  # nobody is authenticated: run-level progress only
+    finally:
+        server.stop(0)
+    assert set(json.loads(public.metrics_json)) == {"accuracy"}
+
+
+def test_lorm_admin_status_prints_the_operators_view(served, tmp_path, capsys):
+    coord, _, port = served
+    token = tmp_path / "operator.token"
+    token.write_text(OPERATOR_TOKEN + "\n")
+    target = ["status", "--target", f"127.0.0.1:{port}", "--insecure"]
+    assert admin(target + ["--operator-token-file", str(token)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run_id"] == "views" and shown["state"] == "running" and shown["phase"] == "train"
+    assert shown["metrics"]["history"][1] == SECURE_ENTRY
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("token-c0")
+    assert admin(target + ["--operator-token-file", str(wrong)]) == 2
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+
+
+def test_the_operator_token_file_holds_one_digest(tmp_path):
+    digest = tmp_path / "operator.sha256"
+    digest.write_text(OPERATOR_TOKEN)  # the token itself, not its digest
+    with pytest.raises(ValueError, match="64 lower-case hex digits"):
+        OperatorAuth.from_file(str(digest))
+
+
+def test_coordinator_metrics_publish_no_per_client_figures(tmp_path):
+    """/metrics of the coordinator listens on its --host, which clients reach: no per-client sample
+    counts, losses, cosines or ratios, and no metric labelled by client."""
+    coord = robust_run(tmp_path)
+    metrics = CoordinatorMetrics(lambda: coordinator_status(coord))
+    metrics.heard_from("c0")
+    metrics.merged("train", 0.5)
+    families = list(metrics.registry.collect())
+    names = {s.name for f in families for s in f.samples}
+    labels = {k for f in families for s in f.samples for k in s.labels}
+    assert not [n for n in names if any(w in n for w in ("sample", "loss", "cosine", "ratio", "dropped"))], names
+    assert labels <= {"run_id", "state", "method", "reason", "phase", "le"}, labels
