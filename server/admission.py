@@ -11,8 +11,14 @@ and while it runs:
   nobody). Beyond it the call is answered ``RESOURCE_EXHAUSTED`` at once.
 - **in all**: at most ``max_active`` of the coordinator's calls in progress, fewer than the pool's
   threads, so that ``reserve`` threads always remain for health checks and for refusals.
-- **idle streams**: a Push that receives no message, or a Pull whose next message is not taken,
-  for ``idle_s`` seconds is cancelled, which frees its thread.
+- **slow streams**: a stream's peer sets its pace, within two bounds on the time the handler
+  spends waiting on it (for a Push's next message, for a Pull's reader to take one; the
+  coordinator's own work does not count). One wait longer than ``idle_s`` seconds, or, after
+  ``grace_s`` seconds of waiting in all, fewer than ``min_rate`` message bytes per second waited,
+  and the call is cancelled, which frees its thread and slot. The idle bound alone let a Push
+  that sends a byte a minute keep its slot for ever (issue 41, L6); with the rate bound a stream
+  holds it at most ``grace_s`` + its bytes / ``min_rate`` seconds, and a Push's bytes are bounded
+  by the declared size the coordinator accepts.
 
 It also contains failures: an exception that escapes a handler without a status (a bug, a full
 disk) is logged with its traceback and answered ``INTERNAL``, never gRPC's default ``UNKNOWN``
@@ -22,7 +28,9 @@ with the exception's text.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,7 +47,11 @@ log = logging.getLogger("lorm.server")
 class Limits:
     per_client: int = 4  # a client needs one Pull or Push at a time; 4 leaves room for retries overlapping
     reserve: int = 4  # pool threads kept free of coordinator calls: health checks and refusals
-    idle_s: float = 120.0  # seconds a stream may go without a message before it is cancelled
+    idle_s: float = 120.0  # seconds a stream may make the handler wait for one message before it is cancelled
+    grace_s: float = 30.0  # seconds of waiting on a stream's peer before min_rate applies (a slow start)
+    # Message bytes per second waited on the peer, after grace_s (0: no bound). 16 KiB/s is 300 times
+    # slower than the 5 MB/s a push moves at 50 ms RTT (SERVER_OPTIONS), far below any working link.
+    min_rate: float = 16 * 1024.0
 
     def __post_init__(self) -> None:
         if self.per_client < 1 or self.reserve < 1 or not self.idle_s > 0:
@@ -47,6 +59,9 @@ class Limits:
                 f"admission limits must be positive, got per_client {self.per_client}, "
                 f"reserve {self.reserve}, idle_s {self.idle_s}"
             )
+        for name, value in (("grace_s", self.grace_s), ("min_rate", self.min_rate)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"admission limit {name} must be a finite number >= 0, got {value}")
 
 
 class Busy(Exception):
@@ -92,38 +107,88 @@ class CallLimiter:
             return self._active
 
 
-class _Watchdog:
-    """Cancels ``context`` unless :meth:`feed` is called at least every ``idle_s`` seconds."""
+class _PeerClock:
+    """Times one stream's waits on its peer; cancels the call when the peer is too slow (see the module).
 
-    def __init__(self, context: grpc.ServicerContext, idle_s: float) -> None:
-        self.context, self.idle_s = context, idle_s
+    The handler calls :meth:`waiting` when it starts to wait on the peer and :meth:`moved` when the
+    wait ends with a message; a timer armed for the time the current wait may last fires otherwise."""
+
+    def __init__(self, context: grpc.ServicerContext, limits: Limits, what: str) -> None:
+        self.context, self.limits, self.what = context, limits, what
+        self.waited = 0.0  # seconds spent waiting on the peer, all waits so far
+        self.bytes = 0  # message bytes the peer sent or took
+        self.fired = ""  # why the call was cancelled ("" while it was not)
+        self._since: float | None = None  # when the current wait began
         self._timer: threading.Timer | None = None
-        self.fired = False
-        self.feed()
+        self._lock = threading.Lock()
 
-    def _fire(self) -> None:
-        self.fired = True
-        self.context.cancel()
+    def _allowed(self) -> float:
+        """Seconds the current wait may last: the idle bound, and the rate bound's remaining credit."""
+        allowed = self.limits.idle_s
+        if self.limits.min_rate > 0:
+            allowed = min(allowed, self.limits.grace_s + self.bytes / self.limits.min_rate - self.waited)
+        return max(allowed, 0.0)
 
-    def feed(self) -> None:
-        self.stop()
-        self._timer = threading.Timer(self.idle_s, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+    def waiting(self) -> None:
+        with self._lock:
+            self._since = time.monotonic()
+            self._timer = threading.Timer(self._allowed(), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def moved(self, nbytes: int) -> None:
+        with self._lock:
+            self._stop()
+            if self._since is not None:
+                self.waited += time.monotonic() - self._since
+                self._since = None
+            self.bytes += nbytes
 
     def stop(self) -> None:
+        with self._lock:
+            self._stop()
+            self._since = None
+
+    def _stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._since is None:  # the wait ended as the timer fired
+                return
+            wait = time.monotonic() - self._since
+            if wait >= self.limits.idle_s:
+                self.fired = f"no message for {wait:.1f} s (idle limit {self.limits.idle_s:g} s)"
+            else:
+                self.fired = (
+                    f"{self.bytes} bytes in {self.waited + wait:.1f} s of waiting on it, under "
+                    f"{self.limits.min_rate:g} bytes/s after a grace of {self.limits.grace_s:g} s"
+                )
+        log.warning("cancelled %s: %s", self.what, self.fired)
+        self.context.cancel()
 
 
-def _fed(items: Iterator[Any], dog: _Watchdog) -> Iterator[Any]:
-    for item in items:
-        dog.feed()
+def _size(message: Any) -> int:
+    return message.ByteSize() if hasattr(message, "ByteSize") else len(message)
+
+
+def _paced(items: Iterator[Any], clock: _PeerClock) -> Iterator[Any]:
+    """``items`` (a request stream), each wait for the next one timed by ``clock``."""
+    while True:
+        clock.waiting()
+        try:
+            item = next(items)
+        except StopIteration:
+            clock.moved(0)
+            return
+        clock.moved(_size(item))
         yield item
 
 
 class AdmissionInterceptor(grpc.ServerInterceptor):
-    """Applies a :class:`CallLimiter` and idle deadlines to every call of ``service``; others pass."""
+    """Applies a :class:`CallLimiter` and the slow-stream bounds to every call of ``service``; others pass."""
 
     def __init__(self, limiter: CallLimiter, auth: Authenticator, service: str) -> None:
         self.limiter, self.auth, self.prefix = limiter, auth, f"/{service}/"
@@ -151,11 +216,11 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
         raise ValueError(f"{handler_call_details.method}: bidirectional streams are not admitted")
 
     @contextmanager
-    def _admitted(self, context: grpc.ServicerContext) -> Iterator[None]:
+    def _admitted(self, context: grpc.ServicerContext) -> Iterator[str]:
         caller = self._caller(context)
         try:
             with self.limiter.slot(caller):
-                yield
+                yield caller
         except Busy as err:  # only the slot raises it, before the handler runs
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except Exception:
@@ -173,24 +238,25 @@ class AdmissionInterceptor(grpc.ServerInterceptor):
 
     def _unary_stream(self, behavior: Callable) -> Callable:
         def handle(request, context):
-            with self._admitted(context):
-                dog = _Watchdog(context, self.limiter.limits.idle_s)  # a reader that stops reading is cut off
+            with self._admitted(context) as caller:
+                clock = _PeerClock(context, self.limiter.limits, f"a stream's replies to {caller}")
                 try:
                     for message in behavior(request, context):
+                        clock.waiting()  # a reader that takes nothing, or takes it too slowly, is cut off
                         yield message
-                        dog.feed()
+                        clock.moved(_size(message))
                 finally:
-                    dog.stop()
+                    clock.stop()
 
         return handle
 
     def _stream_unary(self, behavior: Callable) -> Callable:
         def handle(request_iterator, context):
-            with self._admitted(context):
-                dog = _Watchdog(context, self.limiter.limits.idle_s)  # a sender that stops sending is cut off
-                try:
-                    return behavior(_fed(request_iterator, dog), context)
+            with self._admitted(context) as caller:
+                clock = _PeerClock(context, self.limiter.limits, f"a request stream from {caller}")
+                try:  # a sender that sends nothing, or trickles, is cut off
+                    return behavior(_paced(iter(request_iterator), clock), context)
                 finally:
-                    dog.stop()
+                    clock.stop()
 
         return handle
