@@ -56,7 +56,7 @@ class SecureRounds:
         many clients' sum the coordinator unmasks."""
         inbox = self._until_ready("inbox")
         terms = client_terms(self.as_client.aggregator(self.plan), update)  # UpdateRejected: not sent
-        push(masked_update(update, terms, self.session, inbox["sharers"], self.fp))
+        push(masked_update(update, terms, self.session, inbox["sharers"], self.fp, self.plan.secure_attempt))
         request = self._until_ready("unmask")
         if self.index not in request["survivors"]:
             log.info("the coordinator closed the inputs without this client's; it does not answer")

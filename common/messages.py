@@ -205,6 +205,7 @@ class ClientUpdate:
     stats: dict[str, Tensor] = field(default_factory=dict)  # features mode: feature statistics by name
     # secure aggregation: the step's running sums after this update, masked (server/secure.py), by sum name
     masked: dict[str, Tensor] = field(default_factory=dict)
+    secure_attempt: int = 0  # secure aggregation: the step's session the masks were made for (RoundPlan's)
 
 
 @dataclass
@@ -257,3 +258,4 @@ class PushEnvelope:
     train_loss: float
     total_bytes: int  # tensor bytes the push declares
     declared: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # name -> (dtype, shape)
+    secure_attempt: int = 0  # a masked push: the step's secure session its masks were made for

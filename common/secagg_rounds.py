@@ -27,9 +27,13 @@ clients that collude with the coordinator beyond ``t - 1``.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import itertools
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -46,13 +50,68 @@ def default_threshold(clients: int) -> int:
     return clients // 2 + 1
 
 
+KEY_BYTES = 32  # an X25519 public key
+COMMITMENT_BYTES = 32  # SHA-256
+SEED_BYTES = 16  # a client's own-mask seed (one Shamir block)
+PIECE_BYTES = SEED_BYTES + 2 * 16  # one recipient's shares: of the seed, and of the 32-byte mask key (two blocks)
+BOX_BYTES = PIECE_BYTES + 16  # sealed: ChaCha20-Poly1305 adds its 16-byte tag
+
+
 @dataclass(frozen=True)
 class Keys:
-    """What a client advertises: its share-encryption and mask-agreement public keys (32 bytes each)."""
+    """What a client advertises: its share-encryption and mask-agreement public keys (32 bytes each)
+    and its commitment to its own-mask seed (:func:`seed_commitment`), by which a rebuilt seed is checked.
+    In the malicious-coordinator mode also its certificate and its signature over all of it."""
 
     index: int
     cipher_public: bytes
     mask_public: bytes
+    commitment: bytes = b""
+    certificate: bytes = b""
+    signature: bytes = b""
+
+
+class Culprits(SecAggError):
+    """A failure the protocol can pin on particular clients (``culprits``: their indices, ``why``: per client)."""
+
+    def __init__(self, why: dict[int, str]) -> None:
+        self.why = dict(sorted(why.items()))
+        super().__init__("; ".join(f"client {i}: {w}" for i, w in self.why.items()))
+
+    @property
+    def culprits(self) -> list[int]:
+        return sorted(self.why)
+
+
+def seed_commitment(seed: bytes, index: int, context: bytes) -> bytes:
+    """SHA-256 over the step's ``context``, the client's index and its own-mask ``seed``: published in the
+    advertise round, it lets the coordinator check a seed rebuilt from shares (a wrong share is caught,
+    not unmasked into a wrong sum). Hiding: the seed is 128 random bits, never reused."""
+    return hashlib.sha256(b"lorm-secagg-seed|" + struct.pack(">I", index) + context + b"|" + seed).digest()
+
+
+def check_keys_form(keys: Keys) -> None:
+    """``SecAggError`` unless ``keys`` has the sizes the protocol uses (checked before anything is stored)."""
+    if len(keys.cipher_public) != KEY_BYTES or len(keys.mask_public) != KEY_BYTES:
+        raise SecAggError(
+            f"client {keys.index} advertised keys of {len(keys.cipher_public)} and "
+            f"{len(keys.mask_public)} bytes; X25519 public keys have {KEY_BYTES}"
+        )
+    if len(keys.commitment) != COMMITMENT_BYTES:
+        raise SecAggError(
+            f"client {keys.index}'s seed commitment has {len(keys.commitment)} bytes, not {COMMITMENT_BYTES}"
+        )
+
+
+def check_distinct(roster: dict[int, Keys]) -> None:
+    """``SecAggError`` if two clients of ``roster`` share a public key: a copied key would let its owner's
+    masks or shares be computed by the copier (or mark a coordinator relaying one client twice)."""
+    seen: dict[bytes, int] = {}
+    for i, k in sorted(roster.items()):
+        for key in (k.cipher_public, k.mask_public):
+            if key in seen:
+                raise SecAggError(f"clients {seen[key]} and {i} advertised the same public key")
+            seen[key] = i
 
 
 def _box_key(private: bytes, peer_public: bytes, context: bytes) -> bytes:
@@ -105,8 +164,8 @@ class ClientSession:
         self.index, self.threshold, self.context = index, threshold, context
         self.cipher_private, cipher_public = keypair()
         self.mask_private, mask_public = keypair()
-        self.seed = os.urandom(16)
-        self.keys = Keys(index, cipher_public, mask_public)
+        self.seed = os.urandom(SEED_BYTES)
+        self.keys = Keys(index, cipher_public, mask_public, seed_commitment(self.seed, index, context))
         self.roster: dict[int, Keys] = {}
         self.sharers: list[int] = []
         self.own = b""  # this client's own shares of its secrets (set by share)
@@ -121,6 +180,11 @@ class ClientSession:
             raise SecAggError(f"the roster does not hold client {self.index}'s advertised keys")
         if len(roster) < self.threshold:
             raise SecAggError(f"a roster of {len(roster)} clients, fewer than the threshold {self.threshold}")
+        for i, k in roster.items():
+            if k.index != i:
+                raise SecAggError(f"the roster lists client {k.index}'s keys under index {i}")
+            check_keys_form(k)
+        check_distinct(roster)
         self.roster = dict(roster)
         clients = sorted(roster)
         seeds, keys = share(self.seed, self.threshold, clients), share(self.mask_private, self.threshold, clients)
@@ -160,8 +224,12 @@ class ClientSession:
                 raise SecAggError(f"client {self.index} holds no shares from client {j}")
             peer = self.roster[j].cipher_public
             plain[j] = open_box(self.cipher_private, peer, j, self.index, inbox[j], self.context)
+            if len(plain[j]) != PIECE_BYTES:
+                raise SecAggError(
+                    f"client {j}'s sealed shares for client {self.index} hold {len(plain[j])} bytes, not {PIECE_BYTES}"
+                )
         self.answered = True
-        return {j: plain[j][:16] for j in survivors} | {j: plain[j][16:] for j in dropped}
+        return {j: plain[j][:SEED_BYTES] for j in survivors} | {j: plain[j][SEED_BYTES:] for j in dropped}
 
 
 @dataclass
@@ -199,12 +267,17 @@ class ServerSession:
             raise SecAggError(f"{what}: {enough} clients, fewer than the threshold {self.threshold}: the step fails")
 
     def advertise(self, keys: Keys) -> None:
+        """``keys`` of client ``keys.index``: the caller must have checked that this index is the caller's."""
         if self.roster is not None:
             raise SecAggError(f"client {keys.index} advertised keys after the roster was fixed")
         if keys.index not in self.expected:
             raise SecAggError(f"client {keys.index} is not one of this step's clients")
-        if keys.index in self.keys and self.keys[keys.index] != keys:
-            raise SecAggError(f"client {keys.index} advertised different keys twice")
+        check_keys_form(keys)
+        if keys.index in self.keys:
+            if self.keys[keys.index] != keys:
+                raise SecAggError(f"client {keys.index} advertised different keys twice")
+            return
+        check_distinct({**self.keys, keys.index: keys})
         self.keys[keys.index] = keys
         self._count("advertise", len(keys.cipher_public) + len(keys.mask_public))
 
@@ -220,6 +293,11 @@ class ServerSession:
             raise SecAggError(f"client {sender}'s shares arrived outside the share round or from outside the roster")
         if sorted(boxes) != sorted(j for j in self.roster if j != sender):
             raise SecAggError(f"client {sender} must send shares to each other client of the roster, once")
+        sizes = {len(b) for b in boxes.values()}
+        if sizes - {BOX_BYTES}:
+            raise SecAggError(
+                f"client {sender}'s sealed shares must be {BOX_BYTES} bytes each, got sizes {sorted(sizes)}"
+            )
         self.boxes[sender] = dict(boxes)
         self._count("share", sum(len(b) for b in boxes.values()))
 
@@ -267,25 +345,118 @@ class ServerSession:
         self.revealed[answerer] = dict(shares)
         self._count("unmask", sum(len(s) for s in shares.values()))
 
-    def ready(self) -> bool:
-        return len(self.revealed) >= self.threshold
+    def ready(self, late: bool = False) -> bool:
+        """Whether the unmask answers suffice: every survivor's (a spare answer lets a wrong share be found
+        and its sender named), or at least the threshold once ``late``."""
+        if self.survivors is None:
+            return False
+        return len(self.revealed) == len(self.survivors) or (late and len(self.revealed) >= self.threshold)
 
     def result(self) -> np.ndarray:
-        """The ring sum of the survivors' encoded inputs (masks removed)."""
+        """The ring sum of the survivors' encoded inputs (masks removed).
+
+        Each secret is rebuilt from the answers and checked: a survivor's seed against its commitment, a
+        dropped client's mask key against its advertised public key. :class:`Culprits` when a check fails
+        and the protocol can tell who lied (:func:`rebuild`), else ``SecAggError``."""
         survivors, dropped = self.close_inputs()
         self._need(len(self.revealed), "unmask answers")
         assert self.roster is not None and self.sharers is not None
-        answers = dict(sorted(self.revealed.items())[: self.threshold])
-        positions = sorted(self.roster)  # the x-coordinates each client's shares were made for
-        seeds = {j: combine({a: [s[j]] for a, s in answers.items()}, positions, self.threshold) for j in survivors}
+        roster = self.roster
+        positions = sorted(roster)  # the x-coordinates each client's shares were made for
+        seeds: dict[int, bytes] = {}
         keys: dict[int, bytes] = {}
-        for j in dropped:
-            key = combine({a: [s[j][:16], s[j][16:]] for a, s in answers.items()}, positions, self.threshold)
-            if public_of(key) != self.roster[j].mask_public:
-                raise SecAggError(f"the rebuilt mask key of dropped client {j} does not match its advertised key")
-            keys[j] = key
-        publics = {j: self.roster[j].mask_public for j in self.sharers}
+        blamed: dict[int, str] = {}
+        for j in survivors + dropped:
+            if j in survivors:
+                pieces = {a: [s[j]] for a, s in self.revealed.items()}
+                check = functools.partial(_seed_matches, roster[j].commitment, j, self.context)
+                what = "its own-mask seed"
+            else:
+                pieces = {a: [s[j][:16], s[j][16:]] for a, s in self.revealed.items()}
+                check = functools.partial(_key_matches, roster[j].mask_public)
+                what = "its mask key"
+            try:
+                secret = rebuild(pieces, positions, self.threshold, check, j, what)
+            except Culprits as err:
+                blamed |= err.why
+                continue
+            (seeds if j in survivors else keys)[j] = secret
+        if blamed:
+            raise Culprits(blamed)
+        publics = {j: roster[j].mask_public for j in self.sharers}
         return unmask(self.total, survivors, keys, seeds, publics, self.context)
+
+
+def _seed_matches(commitment: bytes, index: int, context: bytes, seed: bytes) -> bool:
+    return seed_commitment(seed, index, context) == commitment
+
+
+def _key_matches(public: bytes, private: bytes) -> bool:
+    return public_of(private) == public
+
+
+SEARCH_LIMIT = 256  # subsets of answers tried to find a wrong share's sender (leave-one-out, then leave-two-out)
+
+
+def rebuild(
+    pieces: dict[int, list[bytes]],
+    positions: list[int],
+    threshold: int,
+    check: Callable[[bytes], bool],
+    owner: int,
+    what: str,
+) -> bytes:
+    """The secret of client ``owner`` from the answers ``pieces`` (answerer -> its shares), checked by ``check``.
+
+    With a wrong share among the answers, a ``threshold``-subset that passes the check is searched for
+    (leaving out one answerer, then two; at most :data:`SEARCH_LIMIT` subsets); the answerers whose shares
+    do not lie on that subset's polynomial lied: :class:`Culprits` names them. If every answer lies on one
+    polynomial whose secret fails the check, ``owner`` dealt shares of another secret than it committed
+    to: :class:`Culprits` names ``owner``. Otherwise ``SecAggError`` (too few spare answers to tell)."""
+    answerers = sorted(pieces)
+    first = combine({a: pieces[a] for a in answerers[:threshold]}, positions, threshold)
+    if check(first):
+        return first
+    spare = len(answerers) - threshold
+    tried = 0
+    for left_out in (1, 2):
+        if left_out > spare:
+            break
+        for out in itertools.combinations(answerers, left_out):
+            tried += 1
+            if tried > SEARCH_LIMIT:
+                break
+            kept = [a for a in answerers if a not in out][:threshold]
+            secret = combine({a: pieces[a] for a in kept}, positions, threshold)
+            if check(secret):
+                liars = [
+                    a for a in answerers if a not in kept and not _on(pieces, kept, a, positions, threshold, check)
+                ]
+                return _raise_liars(liars, owner, what) if liars else secret
+    if spare >= 1 and _consistent(pieces, answerers, positions, threshold, first):
+        raise Culprits({owner: f"dealt shares of {what} that rebuild to another value than it committed to"})
+    raise SecAggError(
+        f"the shares of client {owner}'s {what} do not rebuild to what it committed to, and {len(answerers)} answers "
+        f"(threshold {threshold}) do not tell whose share is wrong"
+    )
+
+
+def _on(pieces: dict[int, list[bytes]], kept: list[int], a: int, positions: list[int], t: int, check) -> bool:
+    """Whether answerer ``a``'s share lies on the polynomial of ``kept``: swapped in for one, the secret holds."""
+    swapped = kept[:-1] + [a]
+    return bool(check(combine({b: pieces[b] for b in swapped}, positions, t)))
+
+
+def _consistent(
+    pieces: dict[int, list[bytes]], answerers: list[int], positions: list[int], t: int, first: bytes
+) -> bool:
+    """Whether every answer lies on the polynomial of the first ``t``: the same secret with each later one in."""
+    base = answerers[:t]
+    return all(combine({b: pieces[b] for b in base[:-1] + [a]}, positions, t) == first for a in answerers[t:])
+
+
+def _raise_liars(liars: list[int], owner: int, what: str) -> bytes:
+    raise Culprits({a: f"revealed a wrong share of client {owner}'s {what}" for a in liars})
 
 
 def session_state(session: ServerSession) -> dict:
@@ -295,7 +466,16 @@ def session_state(session: ServerSession) -> dict:
         "expected": session.expected,
         "threshold": session.threshold,
         "context": session.context.hex(),
-        "keys": {str(i): [k.cipher_public.hex(), k.mask_public.hex()] for i, k in session.keys.items()},
+        "keys": {
+            str(i): [
+                k.cipher_public.hex(),
+                k.mask_public.hex(),
+                k.commitment.hex(),
+                k.certificate.hex(),
+                k.signature.hex(),
+            ]
+            for i, k in session.keys.items()
+        },
         "roster": None if session.roster is None else sorted(session.roster),
         "boxes": {str(i): {str(j): b.hex() for j, b in boxes.items()} for i, boxes in session.boxes.items()},
         "sharers": session.sharers,
@@ -307,7 +487,7 @@ def session_state(session: ServerSession) -> dict:
 
 def session_from_state(state: dict) -> ServerSession:
     """Inverse of :func:`session_state`, before the inputs are added again (``inputs`` empty)."""
-    keys = {int(i): Keys(int(i), bytes.fromhex(c), bytes.fromhex(m)) for i, (c, m) in state["keys"].items()}
+    keys = {int(i): Keys(int(i), *(bytes.fromhex(v) for v in fields)) for i, fields in state["keys"].items()}
     return ServerSession(
         expected=list(state["expected"]),
         threshold=int(state["threshold"]),

@@ -24,7 +24,7 @@ from common.secagg import FixedPoint, SecAggError, encode
 from common.secagg_rounds import ClientSession, default_threshold
 from common.settings import SecAggSettings
 from common.sums import running_sums
-from common.tensors import MASKED, with_tensors
+from common.tensors import MASKED, update_from_tensors, with_tensors
 
 DTYPE = torch.float64
 
@@ -152,13 +152,44 @@ def client_terms(aggregator: Any, update: ClientUpdate) -> dict[str, Tensor]:
     return running_sums(aggregator)
 
 
+def declared_layout(fresh: Any) -> Layout:
+    """The layout of a step's masked sums from its declaration alone (``fresh``: a fresh aggregator of the
+    step): an all-zero update of the declared shapes folded unchecked, whose running sums' names and shapes
+    are every client's (they depend on the plan, not on the values). The coordinator holds each masked
+    input to it, so that no client's input decides the step's layout."""
+    if fresh.count:
+        raise ValueError("declared_layout needs a fresh aggregator of the step")
+    plan = fresh.plan
+    zeros = {name: torch.zeros(shape, dtype=DTYPE) for name, shape in fresh.expected().items()}
+    probe = update_from_tensors(
+        zeros,
+        run_id=plan.run_id,
+        client_id="",
+        client_index=0,
+        task=plan.task,
+        round=plan.round,
+        phase=plan.phase,
+        num_samples=1,
+        train_loss=float("nan"),
+    )
+    fresh.fold(probe, checked=True)  # only the shapes are read
+    return Layout.of(pack(running_sums(fresh)))
+
+
 def masked_update(
-    update: ClientUpdate, terms: dict[str, Tensor], session: ClientSession, sharers: list[int], fp: FixedPoint
+    update: ClientUpdate,
+    terms: dict[str, Tensor],
+    session: ClientSession,
+    sharers: list[int],
+    fp: FixedPoint,
+    attempt: int = 0,
 ) -> ClientUpdate:
     """What a client pushes in a secure step: ``update``'s scalar fields without its sample count or
-    loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors."""
+    loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors, naming
+    the step's session it was masked for (``attempt``: the plan's ``secure_attempt``)."""
     terms = pack(terms)
     layout = Layout.of(terms)
     ring = session.mask(encode(layout.flatten(terms), fp), sharers)
     tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}
-    return with_tensors(dataclasses.replace(update, num_samples=0, train_loss=float("nan")), tensors)
+    bare = dataclasses.replace(update, num_samples=0, train_loss=float("nan"))
+    return dataclasses.replace(with_tensors(bare, tensors), secure_attempt=attempt)

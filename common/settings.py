@@ -175,6 +175,9 @@ class RobustSettings(Settings):
             raise ValueError(f"setting robust.min_clients must be at least 3, got {self.min_clients}")
 
 
+SECAGG_MODES = ("honest", "signed")
+
+
 @dataclass(frozen=True)
 class SecAggSettings(Settings):
     """Secure aggregation (``common/secagg*.py``, ``server/secure.py``): the coordinator learns only sums."""
@@ -184,12 +187,46 @@ class SecAggSettings(Settings):
     threshold: int = setting(0, "clients that finishing a step for its sum to be unmasked (0: a majority, n // 2 + 1)")
     bound: float = setting(2.0**40, "largest magnitude of a term a client may send (fixed point; larger is refused)")
     frac_bits: int = setting(0, "fractional bits of the fixed point (0: the most n x bound leaves under 2^126, <= 64)")
+    unsafe_low_threshold: bool = setting(
+        False,
+        "allow a threshold of n / 2 or less: then fewer than half of the clients' shares unmask an input "
+        "(for tests of the protocol, never a run that protects anyone)",
+    )
+    max_attempts: int = setting(
+        3, "sessions a step may fail (wrong shares, a sum out of range) before it ends unmerged"
+    )
+    mode: str = setting(
+        "honest",
+        "'honest': against a curious coordinator that follows the protocol; 'signed': against one that deviates "
+        "(keys and the unmask request signed with each client's certificate; threshold at least 2n/3 + 1)",
+    )
 
     def __post_init__(self) -> None:
         _positive_int("secagg.threshold", self.threshold, "0: a majority")
         _finite_number("secagg.bound", self.bound, 0.0, strict=True)
         if not 0 <= self.frac_bits <= 96:
             raise ValueError(f"setting secagg.frac_bits must lie in [0, 96] (0: chosen), got {self.frac_bits}")
+        if self.max_attempts < 1:
+            raise ValueError(f"setting secagg.max_attempts must be at least 1, got {self.max_attempts}")
+        if self.mode not in SECAGG_MODES:
+            raise ValueError(f"setting secagg.mode must be one of {', '.join(SECAGG_MODES)}, got {self.mode!r}")
+
+    def check_clients(self, clients: int) -> None:
+        """``ValueError`` unless the threshold suits a run of ``clients``: at most ``clients``, and above
+        ``clients / 2`` (a minority of colluding shares would unmask a client's input) unless
+        ``unsafe_low_threshold`` says otherwise."""
+        if not self.threshold:
+            return  # 0: a majority, n // 2 + 1
+        if self.threshold > clients:
+            raise ValueError(
+                f"setting secagg.threshold={self.threshold} exceeds num_clients={clients}: no sum could be unmasked"
+            )
+        if 2 * self.threshold <= clients and not self.unsafe_low_threshold:
+            raise ValueError(
+                f"setting secagg.threshold={self.threshold} is at most half of num_clients={clients}: "
+                f"{self.threshold} colluding shares would unmask one client's input; use more than {clients // 2} "
+                "(0: a majority), or secagg.unsafe_low_threshold=true for a test of the protocol"
+            )
 
 
 POOLS = ("mean", "first")

@@ -481,6 +481,7 @@ def update_to_proto(
         num_samples=update.num_samples,
         train_loss=update.train_loss,
         tensors=[header for header, _ in encoded],
+        secure_attempt=update.secure_attempt,
     )
     return _tensor_stream(pb.UpdateChunk(envelope=envelope), encoded, chunk_bytes, pb.UpdateChunk)
 
@@ -499,7 +500,13 @@ def update_from_proto(
     """
     env, stream = _open_stream(messages, "envelope")
     _non_empty(run_id=env.run_id, client_id=env.client_id, idempotency_key=env.idempotency_key)
-    _non_negative(client_index=env.client_index, task=env.task, round=env.round, num_samples=env.num_samples)
+    _non_negative(
+        client_index=env.client_index,
+        task=env.task,
+        round=env.round,
+        num_samples=env.num_samples,
+        secure_attempt=env.secure_attempt,
+    )
     _check_names(env.tensors, tuple(UPDATE_FIELDS), head=tuple(name.split("/")[1] for name in UPDATE_HEAD))
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
@@ -514,6 +521,7 @@ def update_from_proto(
         train_loss=env.train_loss,
         total_bytes=assembler.total_bytes,
         declared={h.name: (h.dtype, tuple(h.shape)) for h in env.tensors},
+        secure_attempt=env.secure_attempt,
     )
     if on_envelope is not None:
         on_envelope(envelope)
@@ -529,6 +537,7 @@ def update_from_proto(
         num_samples=env.num_samples,
         train_loss=env.train_loss,
     )
+    update.secure_attempt = env.secure_attempt
     return envelope, update
 
 
@@ -596,7 +605,10 @@ def status_from_proto(msg: pb.RunStatus) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ secure aggregation
 
-SECAGG_STAGES = ("advertise", "roster", "share", "inbox", "unmask", "reveal")  # SecAggStage 1..6
+# SecAggStage 1..8
+SECAGG_STAGES = ("advertise", "roster", "share", "inbox", "unmask", "reveal", "confirm", "confirmations")
+MAX_CERTIFICATE_BYTES = 16 * 1024
+MAX_SIGNATURE_BYTES = 512
 
 
 def secagg_request_to_proto(
@@ -630,6 +642,13 @@ def secagg_request_from_proto(msg: pb.SecAggRequest) -> dict[str, Any]:
     stage = SECAGG_STAGES[msg.stage - 1]
     if stage == "advertise" and (len(msg.keys.cipher_public) != 32 or len(msg.keys.mask_public) != 32):
         raise WireError("keys", "an advertise carries two 32-byte X25519 public keys")
+    if stage == "advertise" and len(msg.keys.commitment) != 32:
+        raise WireError("keys", "an advertise carries a 32-byte commitment to the client's own-mask seed")
+    if len(msg.keys.certificate) > MAX_CERTIFICATE_BYTES or len(msg.keys.signature) > MAX_SIGNATURE_BYTES:
+        raise WireError(
+            "keys",
+            f"a certificate of at most {MAX_CERTIFICATE_BYTES} bytes and a signature of at most {MAX_SIGNATURE_BYTES}",
+        )
     return {
         "client_id": msg.client_id,
         "client_index": msg.client_index,
@@ -674,8 +693,22 @@ def secagg_reply_from_proto(msg: pb.SecAggReply) -> dict[str, Any]:
 
 
 def _keys_to_proto(keys: Keys) -> pb.SecAggKeys:
-    return pb.SecAggKeys(index=keys.index, cipher_public=keys.cipher_public, mask_public=keys.mask_public)
+    return pb.SecAggKeys(
+        index=keys.index,
+        cipher_public=keys.cipher_public,
+        mask_public=keys.mask_public,
+        commitment=keys.commitment,
+        certificate=keys.certificate,
+        signature=keys.signature,
+    )
 
 
 def _keys_from_proto(msg: pb.SecAggKeys) -> Keys:
-    return Keys(msg.index, bytes(msg.cipher_public), bytes(msg.mask_public))
+    return Keys(
+        msg.index,
+        bytes(msg.cipher_public),
+        bytes(msg.mask_public),
+        bytes(msg.commitment),
+        bytes(msg.certificate),
+        bytes(msg.signature),
+    )

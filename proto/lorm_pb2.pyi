@@ -32,6 +32,8 @@ class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SECAGG_INBOX: _ClassVar[SecAggStage]
     SECAGG_UNMASK: _ClassVar[SecAggStage]
     SECAGG_REVEAL: _ClassVar[SecAggStage]
+    SECAGG_CONFIRM: _ClassVar[SecAggStage]
+    SECAGG_CONFIRMATIONS: _ClassVar[SecAggStage]
 PHASE_UNSPECIFIED: Phase
 PHASE_TRAIN: Phase
 PHASE_TASK_GRAM: Phase
@@ -49,6 +51,8 @@ SECAGG_SHARE: SecAggStage
 SECAGG_INBOX: SecAggStage
 SECAGG_UNMASK: SecAggStage
 SECAGG_REVEAL: SecAggStage
+SECAGG_CONFIRM: SecAggStage
+SECAGG_CONFIRMATIONS: SecAggStage
 
 class TensorHeader(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes", "crc32")
@@ -181,7 +185,7 @@ class PlanChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PlanHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
 
 class UpdateEnvelope(_message.Message):
-    __slots__ = ("run_id", "task", "round", "phase", "client_id", "client_index", "idempotency_key", "num_samples", "train_loss", "tensors")
+    __slots__ = ("run_id", "task", "round", "phase", "client_id", "client_index", "idempotency_key", "num_samples", "train_loss", "tensors", "secure_attempt")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +196,7 @@ class UpdateEnvelope(_message.Message):
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    SECURE_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     task: int
     round: int
@@ -202,7 +207,8 @@ class UpdateEnvelope(_message.Message):
     num_samples: int
     train_loss: float
     tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
-    def __init__(self, run_id: _Optional[str] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., client_id: _Optional[str] = ..., client_index: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ...) -> None: ...
+    secure_attempt: int
+    def __init__(self, run_id: _Optional[str] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., client_id: _Optional[str] = ..., client_index: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., secure_attempt: _Optional[int] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("envelope", "chunk")
@@ -277,14 +283,20 @@ class RunStatus(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., state: _Optional[str] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., clients_joined: _Optional[int] = ..., clients_done: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
 
 class SecAggKeys(_message.Message):
-    __slots__ = ("index", "cipher_public", "mask_public")
+    __slots__ = ("index", "cipher_public", "mask_public", "commitment", "certificate", "signature")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     CIPHER_PUBLIC_FIELD_NUMBER: _ClassVar[int]
     MASK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     index: int
     cipher_public: bytes
     mask_public: bytes
-    def __init__(self, index: _Optional[int] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ...) -> None: ...
+    commitment: bytes
+    certificate: bytes
+    signature: bytes
+    def __init__(self, index: _Optional[int] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ..., commitment: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class SecAggShare(_message.Message):
     __slots__ = ("peer", "data")

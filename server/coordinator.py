@@ -38,7 +38,8 @@ from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
 from common.progress import Progress, kind_of
 from common.secagg import SecAggError
-from common.secagg_rounds import Keys
+from common.secagg_rounds import Culprits, Keys
+from common.secure_terms import declared_layout
 from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
@@ -65,6 +66,7 @@ class State(str, Enum):
     WAITING = "waiting_for_clients"
     RUNNING = "running"
     DONE = "done"
+    FAILED = "failed"  # a step could not be completed (secure aggregation failed past its attempts): the run ends
 
 
 @dataclass
@@ -180,6 +182,8 @@ class Coordinator:
         elif self.state == State.DONE:
             self._export()  # again: a crash may have cut the export short; it is a pure function of the state
             self.done.set()
+        elif self.state == State.FAILED:
+            self.done.set()
         self.emit(
             f"resumed run {self.config.run_id} at {self.state.value} task {self.pointer[0]} step {self.pointer[1]}"
         )
@@ -208,8 +212,9 @@ class Coordinator:
         self.pointer = (task, index)
         self.step = StepState(task, index, phase, round_, plan, aggregator, time.monotonic())
         if self.secagg_settings.enabled and phase != Phase.EVALUATE:
+            layout = declared_layout(self.strategy.aggregator(plan))
             self.step.secure = SecureStep(
-                self.secagg_settings, self.config.num_clients, plan, self.store.load_secagg(self.step.key)
+                self.secagg_settings, self.config.num_clients, plan, layout, self.store.load_secagg(self.step.key)
             )
 
     def _refold_staged(self) -> None:
@@ -294,15 +299,13 @@ class Coordinator:
             assert step.aggregator is not None
             screened: dict[str, Any] = {}
             if step.secure is not None:  # the survivors' sum of terms, unmasked: no update was ever seen alone
-                sums, survivors = step.secure.unmasked()
-                assert step.secure.layout is not None
-                try:
-                    load_sums(step.aggregator, sums, survivors, 16 * step.secure.layout.size * survivors)
-                except UpdateRejected as err:
-                    raise SecAggError(
-                        f"the unmasked sum of task {step.task} step {step.index} is refused: {err}"
-                    ) from err
                 sec = step.secure
+                try:
+                    sums, survivors = sec.unmasked()
+                    load_sums(step.aggregator, sums, survivors, 16 * sec.layout.size * survivors)
+                except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
+                    self._secure_failed(step, err)
+                    return
                 entry["secagg"] = secagg_report(
                     sec.session, self.config.num_clients, step.aggregator, sec.attempt, sec.earlier
                 )
@@ -334,6 +337,64 @@ class Coordinator:
             )
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
+        self._next_step(step)
+        self._commit()
+        if self.state == State.DONE:
+            self._export()
+            self.done.set()
+
+    def _secure_failed(self, step: StepState, err: Exception) -> None:
+        """The session's sum could not be unmasked or was refused. Clients the protocol names (``Culprits``)
+        are excluded from the step; a fresh session starts (keys, masks and context new), unless the step
+        has failed ``secagg.max_attempts`` sessions or too few clients are left for the threshold: then it
+        ends without a merge, recorded in the history (a training round keeps the last merged state; any
+        other step's merge is needed later, so the run ends, ``failed``). Never raised: one party's failure
+        must not stop the coordinator, its ticker or a restart of it."""
+        sec = step.secure
+        assert sec is not None
+        where = f"task {step.task} step {step.index} secure aggregation (attempt {sec.attempt})"
+        culprits = err.why if isinstance(err, Culprits) else {}
+        reason = f"{type(err).__name__}: {err}"
+        sec.failures.append(reason)
+        self.emit(
+            f"{where} failed: {err}"
+            + (f"; excluding clients {sorted(culprits)} from the step" if culprits else "; nobody can be named")
+        )
+        sec.restart(exclude=culprits)
+        if len(sec.failures) < self.secagg_settings.max_attempts and sec.can_restart():
+            self.store.save_secagg(step.key, sec.state())  # before the abandoned inputs go (as in a stuck restart)
+            fault_point("secagg.restarted")
+            self._drop_inputs(step)
+            self.emit(
+                f"{where}: restarted with fresh keys (attempt {sec.attempt}) without clients {sorted(sec.excluded)}"
+            )
+            return
+        entry = {
+            "task": step.task,
+            "round": step.round,
+            "phase": step.phase.value,
+            "factors": "".join(step.plan.train_factors),
+            "clients": 0,
+            "secagg": {"failed": sec.failures, "excluded": {str(i): w for i, w in sec.excluded.items()}},
+        }
+        self.history.append(entry)
+        self.reporter.step(len(self.history) - 1, entry)
+        if step.phase == Phase.TRAIN:
+            self.emit(f"{where}: {len(sec.failures)} sessions failed; the round ends without a merge")
+            self._next_step(step)
+        else:
+            self.emit(
+                f"{where}: {len(sec.failures)} sessions failed; a {step.phase.value} step's merge is needed by "
+                "the steps after it: the run ends (failed)"
+            )
+            self.step, self.state = None, State.FAILED
+        self._commit()
+        if self.state == State.FAILED:
+            self.done.set()
+
+    def _next_step(self, step: StepState) -> None:
+        """Open the step after ``step`` (or end the run: ``DONE``)."""
+        assert self.strategy is not None
         steps = self._steps(step.task)
         if step.index + 1 < len(steps):
             self._open_step(step.task, step.index + 1, fresh_task=False)
@@ -342,10 +403,6 @@ class Coordinator:
         else:
             self.step = None
             self.state = State.DONE
-        self._commit()
-        if self.state == State.DONE:
-            self._export()
-            self.done.set()
 
     def _export(self) -> None:
         assert self.strategy is not None and self.spec is not None
@@ -497,12 +554,14 @@ class Coordinator:
         idempotency_key: str,
         declared: dict[str, tuple[str, tuple[int, ...]]] | None = None,
         declared_bytes: int = 0,
+        secure_attempt: int = 0,
     ) -> bool:
         """Check a push's envelope before its tensors are received; ``True`` if it is a duplicate.
 
         ``declared`` (tensor name -> (dtype name, shape), ``declared_bytes`` in all): the push's
         headers, held to the names, shapes, dtypes and size the step expects, so that a wrong
-        or oversized push is refused before any of its bytes is buffered.
+        or oversized push is refused before any of its bytes is buffered (a secure step: its
+        declared masked sums, and ``secure_attempt`` its open session's).
         """
         with self.lock:
             step = self._check_step(client_id, client_index, run_id, task, round_, phase)
@@ -511,10 +570,17 @@ class Coordinator:
             if client_index in step.submitted:
                 return True
             if step.secure is not None:
-                if declared is not None and any(
-                    not name.startswith("masked/") or dtype != "int64" for name, (dtype, _) in declared.items()
-                ):
-                    raise Refused("INVALID_ARGUMENT", "a secure step's update carries masked int64 sums only")
+                if secure_attempt != step.secure.attempt:  # masks of an abandoned session: never read
+                    raise Refused(
+                        "ABORTED",
+                        f"this step's secure aggregation restarted (attempt {step.secure.attempt}, "
+                        f"not {secure_attempt})",
+                    )
+                if declared is not None:
+                    try:
+                        step.secure.check_declared(declared, declared_bytes)
+                    except UpdateRejected as err:
+                        raise Refused("INVALID_ARGUMENT", str(err)) from err
                 return False
             if declared is not None:
                 try:
@@ -555,16 +621,19 @@ class Coordinator:
         inputs close when every client that shared has sent one (or late, with the threshold)."""
         sec = step.secure
         assert sec is not None
+        if update.secure_attempt != sec.attempt:
+            raise Refused(
+                "ABORTED",
+                f"this step's secure aggregation restarted (attempt {sec.attempt}, not {update.secure_attempt})",
+            )
         tensors = update_tensors(update)  # once: checked and staged in this form
         try:
-            fixed = sec.check_masked(update.client_index, tensors)
+            sec.check_masked(update.client_index, tensors)
         except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys
             raise Refused("FAILED_PRECONDITION", str(err)) from err
         except UpdateRejected as err:
             raise Refused("INVALID_ARGUMENT", str(err)) from err
         self.store.stage_update(step.key, update, idempotency_key, tensors)
-        if fixed:
-            self.store.save_secagg(step.key, sec.state())
         fault_point("push.staged")
         step.submitted.add(update.client_index)
         self._secure_advance()
@@ -580,7 +649,7 @@ class Coordinator:
         and finish the step once the threshold of unmask answers is in."""
         step = self.step
         assert step is not None and step.secure is not None
-        sec, s, n = step.secure, step.secure.session, self.config.num_clients
+        sec, s = step.secure, step.secure.session
         t, deadline = s.threshold, self.options.round_deadline_s
         where = f"task {step.task} step {step.index} secure aggregation"
         if sec.stuck(deadline, step.submitted):
@@ -595,7 +664,7 @@ class Coordinator:
             )
             s = sec.session
         changed = False
-        if s.roster is None and (len(s.keys) == n or (sec.late(deadline) and len(s.keys) >= t)):
+        if s.roster is None and (len(s.keys) == len(s.expected) or (sec.late(deadline) and len(s.keys) >= t)):
             s.close_keys()
             sec.round_closed()
             changed = True
@@ -620,7 +689,7 @@ class Coordinator:
                 )
         if changed:
             self.store.save_secagg(step.key, sec.state())
-        if s.survivors is not None and s.ready():
+        if s.ready(late=sec.late(deadline)):
             self._finish_step()
 
     def secagg(
@@ -655,6 +724,12 @@ class Coordinator:
             try:
                 if stage == "advertise":
                     assert keys is not None
+                    if keys.index != client_index:  # the body's index is the caller's claim, not its identity
+                        raise Refused(
+                            "PERMISSION_DENIED",
+                            f"client {client_id!r} holds index {client_index}: it cannot advertise keys for "
+                            f"index {keys.index}",
+                        )
                     s.advertise(keys)
                     self.store.save_secagg(step.key, sec.state())
                 elif stage == "share":

@@ -76,13 +76,15 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int) ->
             raise UpdateRejected(f"sum {name}", "not finite")
         leaf = name.rsplit("/", 1)[-1]
         gram = leaf in ("total", "projected")
-        if gram and t.dim() == 2:
-            scale = float(t.abs().max()) if t.numel() else 0.0
-            if not torch.allclose(t, t.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
-                raise UpdateRejected(f"sum {name}", "a summed Gram must be symmetric")
-            low = float(torch.linalg.eigvalsh(t).min()) if t.numel() else 0.0
-            if low < -1e-9 * max(scale, 1.0) * t.shape[0]:
-                raise UpdateRejected(f"sum {name}", f"a summed Gram must be positive semidefinite ({low:.3g})")
+        if gram and t.dim() in (2, 3):  # a Gram, or the (K, d, d) diagonal blocks of one (ridge.blocks)
+            for k, block in enumerate(t.reshape(-1, *t.shape[-2:])):
+                what = f"sum {name}" + (f" block {k}" if t.dim() == 3 else "")
+                scale = float(block.abs().max()) if block.numel() else 0.0
+                if not torch.allclose(block, block.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
+                    raise UpdateRejected(what, "a summed Gram must be symmetric")
+                low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
+                if low < -1e-9 * max(scale, 1.0) * block.shape[0]:
+                    raise UpdateRejected(what, f"a summed Gram must be positive semidefinite ({low:.3g})")
         elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
             if t.numel() and float(t.min()) < 0:
                 raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
@@ -216,23 +218,32 @@ class SecureStep:
     session's masked inputs discarded unread. Without enough such clients the step waits: fewer than
     the threshold can never be unmasked."""
 
-    def __init__(self, settings: SecAggSettings, clients: int, plan: RoundPlan, state: dict | None = None) -> None:
+    def __init__(
+        self, settings: SecAggSettings, clients: int, plan: RoundPlan, layout: Layout, state: dict | None = None
+    ) -> None:
         self.clients = clients
         self.fp = fixed_point(settings, clients)
         self.t = threshold(settings, clients)
         self.plan = plan
+        self.layout = layout  # the step's masked sums, from its declaration: no client's input fixes it
         if state is None:
             self.attempt = 0
             self.earlier: dict[str, int] = {}  # bytes received in the step's abandoned sessions, per round
-            self.session = ServerSession(list(range(clients)), self.t, context(plan))
-            self.layout: Layout | None = None
+            self.excluded: dict[int, str] = {}  # clients caught deviating in this step, and what they did
+            self.failures: list[str] = []  # why each failed session of the step failed
+            self.session = ServerSession(self.members(), self.t, context(plan))
         else:  # resumed: the survivors' staged inputs are added again (resume_inputs) before anything else
             self.attempt, self.earlier = state.get("attempt", 0), dict(state.get("earlier", {}))
+            self.excluded = {int(i): why for i, why in state.get("excluded", {}).items()}
+            self.failures = list(state.get("failures", []))
             self.session = session_from_state(state["session"])
-            self.layout = None if state["layout"] is None else Layout(tuple((n, tuple(s)) for n, s in state["layout"]))
         self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
         self.opened = time.monotonic()  # when the open round began (resumed: the resume)
         self.knocking: set[int] = set()  # clients refused a place in this session since it began (alive, keyless)
+
+    def members(self) -> list[int]:
+        """The clients a fresh session of the step expects: all but those caught deviating in it."""
+        return [i for i in range(self.clients) if i not in self.excluded]
 
     def plan_for_clients(self) -> RoundPlan:
         """The step's plan as clients pull it: naming the session they take part in."""
@@ -242,7 +253,7 @@ class SecureStep:
         """Whether the open round is past ``deadline_s`` with fewer than the threshold of answers, and
         those with the clients knocking reach it (``arrived``: the inputs round's masked inputs staged)."""
         s = self.session
-        if not self.late(deadline_s) or s.roster is None or (s.survivors is not None and s.ready()):
+        if not self.late(deadline_s) or s.roster is None or s.ready(late=True):
             return False
         if s.sharers is None:
             answered = set(s.boxes)
@@ -252,13 +263,19 @@ class SecureStep:
             answered = set(s.revealed)
         return len(answered) < self.t <= len(answered | self.knocking)
 
-    def restart(self) -> None:
-        """A fresh session for the step (the next attempt): every client may take part again."""
+    def restart(self, exclude: dict[int, str] | None = None) -> None:
+        """A fresh session for the step (the next attempt): every client may take part again but those
+        ``exclude`` names (client -> what it did), which stay out of the step's later sessions."""
         self.earlier = added_counts(self.earlier, self.session.received)
+        self.excluded |= exclude or {}
         self.attempt += 1
-        self.session = ServerSession(list(range(self.clients)), self.t, context(self.plan_for_clients()))
-        self.layout, self.resumed_survivors, self.knocking = None, None, set()
+        self.session = ServerSession(self.members(), self.t, context(self.plan_for_clients()))
+        self.resumed_survivors, self.knocking = None, set()
         self.round_closed()
+
+    def can_restart(self) -> bool:
+        """Whether the clients not excluded can still reach the threshold (else no session can succeed)."""
+        return len(self.members()) >= self.t
 
     def late(self, deadline_s: float) -> bool:
         """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
@@ -269,27 +286,49 @@ class SecureStep:
         self.opened = time.monotonic()
 
     def state(self) -> dict:
-        layout = None if self.layout is None else [[n, list(s)] for n, s in self.layout.entries]
         return {
             "session": session_state(self.session),
-            "layout": layout,
             "attempt": self.attempt,
             "earlier": self.earlier,
+            "excluded": {str(i): why for i, why in self.excluded.items()},
+            "failures": self.failures,
         }
 
     def may_join(self, index: int) -> bool:
         """Whether client ``index`` can still take part: before the roster is fixed, or in every round
         fixed so far. A client refused is remembered as knocking (alive, and asking to take part)."""
         s = self.session
+        if index in self.excluded:
+            return False  # caught deviating in this step: out of its later sessions (not knocking)
         if (s.roster is None or index in s.roster) and (s.sharers is None or index in s.sharers):
             return True
         self.knocking.add(index)
         return False
 
-    def check_masked(self, index: int, tensors: dict[str, Tensor]) -> bool:
+    def check_declared(self, declared: dict[str, tuple[str, tuple[int, ...]]], declared_bytes: int) -> None:
+        """A masked push's headers (name -> (dtype, shape)) against the step's layout, before any byte is
+        read: ``UpdateRejected`` unless they name exactly its masked sums, int64 limb pairs, of its size."""
+        want = {f"{MASKED}/{name}": (*shape, 2) for name, shape in self.layout.entries}
+        got = {name: tuple(shape) for name, (_, shape) in declared.items()}
+        if got != want:
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            wrong = sorted(n for n in set(got) & set(want) if got[n] != want[n])
+            raise UpdateRejected(
+                "masked",
+                f"a secure step's update carries the step's masked sums, as declared: missing {missing[:5]}, "
+                f"unexpected {extra[:5]}, of another shape {wrong[:5]}",
+            )
+        if any(dtype != "int64" for dtype, _ in declared.values()):
+            raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
+        if declared_bytes != 16 * self.layout.size:
+            raise UpdateRejected(
+                "masked", f"declares {declared_bytes} bytes, the step's masked sums are {16 * self.layout.size}"
+            )
+
+    def check_masked(self, index: int, tensors: dict[str, Tensor]) -> None:
         """Client ``index``'s masked input, as its update's named tensors: ``SecAggError`` unless it is
         the client's turn, ``UpdateRejected`` unless it carries masked sums only, int64 limb pairs, in
-        the step's layout; ``True`` if it fixed the layout (the first masked input)."""
+        the step's layout."""
         s = self.session
         if s.sharers is None or index not in s.sharers or s.survivors is not None:
             raise SecAggError("an input from a client that shared no keys, or after the inputs closed")
@@ -301,15 +340,10 @@ class SecureStep:
             layout = Layout.of_masked({name.split("/", 1)[1]: t for name, t in tensors.items()})
         except SecAggError as err:
             raise UpdateRejected("masked", str(err)) from None
-        if self.layout is None:
-            self.layout = layout
-            return True
         if layout != self.layout:
-            raise UpdateRejected("masked", "the masked sums' names or shapes differ from the step's other inputs")
-        return False
+            raise UpdateRejected("masked", "the masked sums' names or shapes differ from the step's declared sums")
 
     def add_input(self, update: ClientUpdate) -> None:
-        assert self.layout is not None
         vector = self.layout.flatten_ring(update.masked)
         self.session.masked_input(update.client_index, vector)
 
@@ -320,8 +354,8 @@ class SecureStep:
         self.session.close_inputs()
 
     def unmasked(self) -> tuple[dict[str, Tensor], int]:
-        """The survivors' sum of terms (decoded) and how many survivors."""
-        assert self.layout is not None
+        """The survivors' sum of terms (decoded) and how many survivors; ``Culprits`` or ``SecAggError``
+        when the sum cannot be unmasked (a wrong share, a sum outside the fixed point's range)."""
         survivors, _ = self.session.close_inputs()
         total = decode(self.session.result(), self.fp, len(survivors))
         return unpack(self.layout.unflatten(total)), len(survivors)

@@ -117,6 +117,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 env.idempotency_key,
                 declared=env.declared,
                 declared_bytes=env.total_bytes,
+                secure_attempt=env.secure_attempt,
             ):
                 raise _Duplicate()
 

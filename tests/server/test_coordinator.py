@@ -293,7 +293,8 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
 
     def push(i: int, step: RoundPlan, session: ClientSession, sharers: list[int]) -> None:
         u = update_for(step, i)
-        assert coord.submit(masked_update(u, client_terms(strategy.aggregator(step), u), session, sharers, fp), f"k{i}")
+        masked = masked_update(u, client_terms(strategy.aggregator(step), u), session, sharers, fp, step.secure_attempt)
+        assert coord.submit(masked, f"k{i}")
 
     sessions, sharers = session_of(list(range(n)), plan)
     assert sharers == list(range(n))
