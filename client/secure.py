@@ -4,6 +4,11 @@ Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
 check the update and fold it into a fresh aggregator of the step as the coordinator would
 (``common/secure_terms.py``), push the terms masked, wait for the unmask request and answer it.
+
+In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
+signed with the client's mTLS key and every roster entry is checked against the run's CA, and the
+client signs the unmask request and waits for the threshold's signatures over the same request
+before it reveals anything (``common/secagg_rounds.py``).
 """
 
 from __future__ import annotations
@@ -15,18 +20,40 @@ from typing import Callable
 from client.transport import CoordinatorClient
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.secagg import SecAggError
 from common.secagg_rounds import ClientSession
+from common.secagg_signing import Signer, Verifier
 from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
+from common.tls import Security
 
 log = logging.getLogger("lorm.client")
+
+
+def signing(settings: SecAggSettings, security: Security | None) -> tuple[Signer | None, Verifier | None]:
+    """The client's signer and the run CA's verifier in the signed mode (``None, None`` otherwise); a
+    ``SecAggError`` naming what is missing when the mode needs a certificate the client does not have."""
+    if settings.mode != "signed":
+        return None, None
+    if security is None or not (security.cert and security.key and security.ca):
+        raise SecAggError(
+            "secagg.mode = signed: the client signs its keys with its mTLS certificate and checks the others' against "
+            "the run's CA: pass --tls-cert, --tls-key and --tls-ca"
+        )
+    return Signer.from_files(security.cert, security.key), Verifier(security.ca)
 
 
 class SecureRounds:
     """Client ``index``'s side of ``plan``'s step; the method is rebuilt from the run's configuration."""
 
     def __init__(
-        self, client: CoordinatorClient, config: RunConfig, spec: ModelSpec, index: int, plan: RoundPlan
+        self,
+        client: CoordinatorClient,
+        config: RunConfig,
+        spec: ModelSpec,
+        index: int,
+        plan: RoundPlan,
+        security: Security | None = None,
     ) -> None:
         # The one import of the coordinator's code on the client side: the step's aggregator, whose folding
         # defines the terms (what the coordinator would have folded is what the client masks).
@@ -35,7 +62,10 @@ class SecureRounds:
         settings = config.section(SecAggSettings)
         self.client, self.index, self.plan = client, index, plan
         self.fp = fixed_point(settings, config.num_clients)
-        self.session = ClientSession(index, threshold(settings, config.num_clients), context(plan))
+        signer, verifier = signing(settings, security)
+        self.session = ClientSession(
+            index, threshold(settings, config.num_clients), context(plan), signer=signer, verifier=verifier
+        )
         self.as_client = make_strategy(config, spec)
 
     def _until_ready(self, stage: str) -> dict:
@@ -58,9 +88,15 @@ class SecureRounds:
         terms = client_terms(self.as_client.aggregator(self.plan), update)  # UpdateRejected: not sent
         push(masked_update(update, terms, self.session, inbox["sharers"], self.fp, self.plan.secure_attempt))
         request = self._until_ready("unmask")
-        if self.index not in request["survivors"]:
+        survivors, dropped = request["survivors"], request["dropped"]
+        if self.index not in survivors:
             log.info("the coordinator closed the inputs without this client's; it does not answer")
-            return len(request["survivors"])
-        answer = self.session.reveal(inbox["shares"], request["survivors"], request["dropped"])
+            return len(survivors)
+        confirmations = None
+        if self.session.signer is not None:  # the consistency round: the same request, signed by the threshold
+            signature = self.session.confirm(survivors, dropped)
+            self.client.secagg(self.plan, self.index, "confirm", shares={self.index: signature})
+            confirmations = self._until_ready("confirmations")["shares"]
+        answer = self.session.reveal(inbox["shares"], survivors, dropped, confirmations)
         self.client.secagg(self.plan, self.index, "reveal", shares=answer)
-        return len(request["survivors"])
+        return len(survivors)

@@ -20,9 +20,16 @@ SecAgg (Bonawitz et al., CCS 2017) against an honest-but-curious coordinator, on
 
 A client refuses an unmask request that names fewer than ``t`` survivors, that is not a partition of
 ``U2``, or that would reveal both secrets of one client. Keys, seeds and masks are fresh for every
-step and bound to the step's ``context``. Not covered (documented in docs/RELIABILITY.md): a
-coordinator that lies about the roster to different clients (SecAgg's signed variant), and
-clients that collude with the coordinator beyond ``t - 1``.
+step and bound to the step's ``context``. Each client commits to its seed when it advertises, so that a
+rebuilt seed is checked (and, with spare answers, the sender of a wrong share is named: :func:`rebuild`).
+
+The signed mode (Bonawitz et al. 2017, section 6, against a coordinator that deviates) adds: each
+client signs its advertised keys with its mTLS key and checks every roster entry against the run's CA
+(:func:`verify_roster`: no substituted, moved or doubled keys), and a consistency round between the
+unmask request and the answers: each survivor signs the request it was shown, and reveals nothing
+unless ``t`` survivors signed the same one (a coordinator splitting its requests between two groups
+then needs ``2t - n`` colluding clients; the mode asks ``t > 2n / 3``). Not covered: clients that
+collude with the coordinator beyond ``t - 1``, and a CA held by the coordinator (docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -43,11 +50,14 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from common.secagg import SecAggError, combine, keypair, masked, ring_add, ring_zeros, share, unmask
+from common.secagg_signing import Signer, Verifier, keys_message, survivors_message
 
 
-def default_threshold(clients: int) -> int:
-    """``floor(n / 2) + 1``: a majority must finish (and no minority can unmask an individual)."""
-    return clients // 2 + 1
+def default_threshold(clients: int, signed: bool = False) -> int:
+    """``floor(n / 2) + 1``: a majority must finish (and no minority can unmask an individual). Signed
+    (against a coordinator that deviates): ``floor(2n / 3) + 1``, so that a coordinator splitting its unmask
+    requests between two groups still needs ``2t - n > n / 3`` colluding clients."""
+    return 2 * clients // 3 + 1 if signed else clients // 2 + 1
 
 
 KEY_BYTES = 32  # an X25519 public key
@@ -55,6 +65,7 @@ COMMITMENT_BYTES = 32  # SHA-256
 SEED_BYTES = 16  # a client's own-mask seed (one Shamir block)
 PIECE_BYTES = SEED_BYTES + 2 * 16  # one recipient's shares: of the seed, and of the 32-byte mask key (two blocks)
 BOX_BYTES = PIECE_BYTES + 16  # sealed: ChaCha20-Poly1305 adds its 16-byte tag
+MAX_SIGNATURE_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,23 @@ def check_distinct(roster: dict[int, Keys]) -> None:
             seen[key] = i
 
 
+def verify_roster(verifier: Verifier, roster: dict[int, Keys], context: bytes) -> dict[int, str]:
+    """Signed mode: each roster entry's certificate is the run CA's and its signature covers this step,
+    its index and its keys; no identity holds two slots. Returns each index's identity; ``SecAggError``
+    naming the first entry that fails (a coordinator that substituted or moved keys)."""
+    identities: dict[int, str] = {}
+    for i, k in sorted(roster.items()):
+        if not k.certificate or not k.signature:
+            raise SecAggError(f"client {i}'s keys carry no certificate and signature: the run is signed")
+        who = verifier.identity(k.certificate)
+        message = keys_message(context, i, who, k.cipher_public, k.mask_public, k.commitment)
+        verifier.verify(k.certificate, message, k.signature)
+        if who in identities.values():
+            raise SecAggError(f"identity {who!r} holds two slots of the roster")
+        identities[i] = who
+    return identities
+
+
 def _box_key(private: bytes, peer_public: bytes, context: bytes) -> bytes:
     secret = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"lorm-secagg-box|" + context).derive(secret)
@@ -158,14 +186,30 @@ def _check_partition(survivors: list[int], dropped: list[int], sharers: list[int
 
 
 class ClientSession:
-    """Client ``index``'s side of one step's secure aggregation (fresh keys and seed)."""
+    """Client ``index``'s side of one step's secure aggregation (fresh keys and seed).
 
-    def __init__(self, index: int, threshold: int, context: bytes) -> None:
+    Signed (``signer`` and ``verifier`` given: the malicious-coordinator mode): the advertised keys carry
+    the client's certificate and its signature over them (:func:`keys_message`), every roster entry is
+    verified against the run's CA before anything is shared, and before revealing any share the client
+    needs ``threshold`` signatures of survivors over the same unmask request (:meth:`confirm`)."""
+
+    def __init__(
+        self, index: int, threshold: int, context: bytes, signer: Signer | None = None, verifier: Verifier | None = None
+    ) -> None:
+        if (signer is None) != (verifier is None):
+            raise SecAggError("a signed session needs both the client's signer and the run's CA")
         self.index, self.threshold, self.context = index, threshold, context
+        self.signer, self.verifier = signer, verifier
         self.cipher_private, cipher_public = keypair()
         self.mask_private, mask_public = keypair()
         self.seed = os.urandom(SEED_BYTES)
-        self.keys = Keys(index, cipher_public, mask_public, seed_commitment(self.seed, index, context))
+        commitment = seed_commitment(self.seed, index, context)
+        self.keys = Keys(index, cipher_public, mask_public, commitment)
+        if signer is not None:
+            message = keys_message(context, index, signer.identity, cipher_public, mask_public, commitment)
+            self.keys = Keys(index, cipher_public, mask_public, commitment, signer.certificate, signer.sign(message))
+        self.identities: dict[int, str] = {}  # signed: each roster client's verified identity
+        self.request: tuple[list[int], list[int]] | None = None  # signed: the unmask request this client signed
         self.roster: dict[int, Keys] = {}
         self.sharers: list[int] = []
         self.own = b""  # this client's own shares of its secrets (set by share)
@@ -185,6 +229,8 @@ class ClientSession:
                 raise SecAggError(f"the roster lists client {k.index}'s keys under index {i}")
             check_keys_form(k)
         check_distinct(roster)
+        if self.verifier is not None:
+            self.identities = verify_roster(self.verifier, roster, self.context)
         self.roster = dict(roster)
         clients = sorted(roster)
         seeds, keys = share(self.seed, self.threshold, clients), share(self.mask_private, self.threshold, clients)
@@ -207,15 +253,55 @@ class ClientSession:
         publics = {j: self.roster[j].mask_public for j in self.sharers}
         return masked(values, self.index, self.mask_private, publics, self.seed, self.context)
 
-    def reveal(self, inbox: dict[int, bytes], survivors: list[int], dropped: list[int]) -> dict[int, bytes]:
+    def confirm(self, survivors: list[int], dropped: list[int]) -> bytes:
+        """Signed mode, the consistency round: this client's signature over the unmask request, which it
+        then answers alone (a coordinator that sends another request later gets nothing)."""
+        assert self.signer is not None, "confirm is the signed mode's round"
+        _check_partition(survivors, dropped, self.sharers, self.threshold)
+        if self.index not in survivors:
+            raise SecAggError(f"unmask request names client {self.index} among the dropped")
+        if self.request is not None and self.request != (survivors, dropped):
+            raise SecAggError(f"client {self.index} signed another unmask request of this step already")
+        self.request = (list(survivors), list(dropped))
+        return self.signer.sign(survivors_message(self.context, survivors, dropped))
+
+    def check_confirmations(self, survivors: list[int], dropped: list[int], signatures: dict[int, bytes]) -> None:
+        """``SecAggError`` unless at least ``threshold`` survivors of the roster signed this very request."""
+        assert self.verifier is not None
+        if self.request != (survivors, dropped):
+            raise SecAggError(f"client {self.index} is asked to reveal for a request it did not sign")
+        message = survivors_message(self.context, survivors, dropped)
+        good = set()
+        for j, signature in signatures.items():
+            if j not in survivors or j not in self.roster:
+                continue
+            if self.verifier.verify(self.roster[j].certificate, message, signature) != self.identities[j]:
+                raise SecAggError(f"client {j}'s confirmation is signed by another identity than its keys")
+            good.add(j)
+        if len(good) < self.threshold:
+            raise SecAggError(
+                f"only {len(good)} survivors signed the unmask request, fewer than the threshold {self.threshold}: "
+                "the coordinator may be showing different requests to different clients; nothing is revealed"
+            )
+
+    def reveal(
+        self,
+        inbox: dict[int, bytes],
+        survivors: list[int],
+        dropped: list[int],
+        confirmations: dict[int, bytes] | None = None,
+    ) -> dict[int, bytes]:
         """The shares the coordinator may have: of each survivor's seed and each dropped client's mask key.
 
-        ``inbox``: the sealed shares the other clients of ``U2`` sent this client. Answers once per step."""
+        ``inbox``: the sealed shares the other clients of ``U2`` sent this client. Answers once per step.
+        Signed: ``confirmations`` (signer -> signature over the request) must hold the threshold's."""
         if self.answered:
             raise SecAggError(f"client {self.index} has answered this step's unmask request already")
         _check_partition(survivors, dropped, self.sharers, self.threshold)
         if self.index not in survivors:
             raise SecAggError(f"unmask request names client {self.index} among the dropped")
+        if self.verifier is not None:
+            self.check_confirmations(survivors, dropped, confirmations or {})
         plain = {self.index: self.own}
         for j in self.sharers:
             if j == self.index:
@@ -252,6 +338,7 @@ class ServerSession:
     inputs: list[int] = field(default_factory=list)  # U3 so far
     survivors: list[int] | None = None
     revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)  # answerer -> owner -> share
+    confirmations: dict[int, bytes] = field(default_factory=dict)  # signed mode: survivor -> its signed request
     received: dict[str, int] = field(default_factory=dict)  # round -> bytes the clients sent in it
 
     def __post_init__(self) -> None:
@@ -334,6 +421,25 @@ class ServerSession:
             self.survivors = sorted(self.inputs)
         assert self.sharers is not None
         return self.survivors, sorted(set(self.sharers) - set(self.survivors))
+
+    def confirm(self, signer: int, signature: bytes) -> None:
+        """Signed mode: survivor ``signer``'s signature over the unmask request (relayed, not verified here:
+        the clients verify, against the run's CA, before they reveal anything)."""
+        survivors, _ = self.close_inputs()
+        if signer not in survivors:
+            raise SecAggError(f"client {signer} confirmed the unmask request but is not a survivor")
+        if not 0 < len(signature) <= MAX_SIGNATURE_BYTES:
+            raise SecAggError(f"client {signer}'s confirmation has {len(signature)} bytes (1..{MAX_SIGNATURE_BYTES})")
+        if self.confirmations.get(signer, signature) != signature:
+            raise SecAggError(f"client {signer} confirmed the unmask request twice, differently")
+        self.confirmations[signer] = signature
+        self._count("confirm", len(signature))
+
+    def confirmed(self, late: bool = False) -> bool:
+        """Whether the confirmations can go out: every survivor's, or the threshold's once ``late``."""
+        if self.survivors is None:
+            return False
+        return len(self.confirmations) == len(self.survivors) or (late and len(self.confirmations) >= self.threshold)
 
     def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
         survivors, dropped = self.close_inputs()
@@ -481,6 +587,7 @@ def session_state(session: ServerSession) -> dict:
         "sharers": session.sharers,
         "survivors": session.survivors,  # U3 once fixed; the inputs are then added again on resume
         "revealed": {str(i): {str(j): s.hex() for j, s in shares.items()} for i, shares in session.revealed.items()},
+        "confirmations": {str(i): sig.hex() for i, sig in session.confirmations.items()},
         "received": session.received,
     }
 
@@ -497,5 +604,6 @@ def session_from_state(state: dict) -> ServerSession:
         boxes={int(i): {int(j): bytes.fromhex(b) for j, b in bx.items()} for i, bx in state["boxes"].items()},
         sharers=state["sharers"],
         revealed={int(i): {int(j): bytes.fromhex(s) for j, s in sh.items()} for i, sh in state["revealed"].items()},
+        confirmations={int(i): bytes.fromhex(sig) for i, sig in state.get("confirmations", {}).items()},
         received=dict(state["received"]),
     )

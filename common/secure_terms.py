@@ -40,9 +40,18 @@ def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
 
 
 def threshold(settings: SecAggSettings, clients: int) -> int:
-    t = settings.threshold or default_threshold(clients)
+    """The run's threshold: ``secagg.threshold``, or a majority (``secagg.mode = signed``: ``2n/3 + 1``, which
+    that mode also requires as its least)."""
+    signed = settings.mode == "signed"
+    t = settings.threshold or default_threshold(clients, signed)
     if not 1 <= t <= clients:
         raise SecAggError(f"secagg.threshold {t} for {clients} clients: it must lie in [1, {clients}]")
+    if signed and 3 * t <= 2 * clients:
+        raise SecAggError(
+            f"secagg.threshold {t} for {clients} clients in the signed mode: it needs more than two thirds, at least "
+            f"{default_threshold(clients, True)} (a deviating coordinator splitting its requests needs 2t - n "
+            "colluders)"
+        )
     return t
 
 

@@ -703,10 +703,12 @@ class Coordinator:
         shares: dict[int, bytes] | None = None,
         attempt: int = 0,
     ) -> dict[str, Any]:
-        """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, reveal) in the
-        step's session ``attempt`` (the plan's ``secure_attempt``). Returns ``{"ready": False, "message":
-        ...}`` while what is asked for is not fixed yet, else what it holds; refuses with ``ABORTED`` a
-        call of another session than the open one (the step restarted: pull the plan again)."""
+        """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, confirm,
+        confirmations, reveal) in the step's session ``attempt`` (the plan's ``secure_attempt``).
+
+        Returns ``{"ready": False, "message": ...}`` while what is asked for is not fixed yet, else what it
+        holds; refuses with ``ABORTED`` a call of another session than the open one (the step restarted:
+        pull the plan again)."""
         with self.lock:
             step = self._check_step(client_id, client_index, run_id, *step_ref)
             if step.secure is None:
@@ -735,6 +737,15 @@ class Coordinator:
                 elif stage == "share":
                     s.share(client_index, shares or {})
                     self.store.save_secagg(step.key, sec.state())
+                elif stage == "confirm":
+                    if self.secagg_settings.mode != "signed":
+                        raise SecAggError("this run's secure aggregation is not signed: there is no consistency round")
+                    s.confirm(client_index, (shares or {}).get(client_index, b""))
+                    self.store.save_secagg(step.key, sec.state())
+                elif stage == "confirmations":
+                    if not s.confirmed(late=sec.late(self.options.round_deadline_s)):
+                        return wait | {"message": f"{len(s.confirmations)} survivors confirmed the unmask request"}
+                    return {"ready": True, "shares": dict(s.confirmations)}
                 elif stage == "reveal":
                     s.reveal(client_index, shares or {})
                     self.store.save_secagg(step.key, sec.state())
