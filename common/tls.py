@@ -75,7 +75,8 @@ class Security:
     cert: str = ""  # this side's certificate
     key: str = ""  # its private key
     token_file: str = ""  # server: JSON {client_id: sha256 hex}; client: its bearer token
-    allowed_clients: tuple[str, ...] = ()  # server: the only identities admitted (empty: all the CA/tokens vouch for)
+    allowed_clients: tuple[str, ...] = ()  # server: the only identities admitted (a token file names its own)
+    allow_any_client: bool = False  # server: admit every identity the CA vouches for, without an allow-list
     server_name: str = ""  # client: name to expect in the coordinator's certificate (default: the dialed host)
     insecure: bool = False  # plaintext, on explicit request only
 
@@ -119,6 +120,7 @@ class Security:
                     "TLS without client authentication: add --tls-ca FILE (mutual TLS) or "
                     "--token-file FILE (bearer tokens)"
                 )
+            self.check_admission()
         else:
             if not self.ca:
                 raise SecurityError(
@@ -132,6 +134,21 @@ class Security:
                     "--token-file FILE (bearer token)"
                 )
         return self
+
+    def check_admission(self) -> None:
+        """A coordinator that authenticates clients by certificate needs the list of those it admits: a CA
+        vouches for every certificate it ever signed, so without ``--allowed-clients`` any holder of one
+        would join the run. A token file names its clients itself. ``--allow-any-authenticated-client``
+        is the operator saying that every certificate of the CA may join."""
+        if self.allow_any_client and self.allowed_clients:
+            raise SecurityError("pass --allowed-clients or --allow-any-authenticated-client, not both")
+        if self.ca and not self.insecure and not self.token_file and not self.allowed_clients:
+            if not self.allow_any_client:
+                raise SecurityError(
+                    "clients authenticated by certificate need an allow-list: pass --allowed-clients ID,ID,... "
+                    "(the client ids admitted to the run), or --allow-any-authenticated-client to admit every "
+                    "certificate the CA (--tls-ca) has signed"
+                )
 
     def describe(self, role: str) -> str:
         if self.insecure:
@@ -229,7 +246,13 @@ def add_security_arguments(parser: argparse.ArgumentParser, role: str) -> None:
             "--allowed-clients",
             default="",
             metavar="IDS",
-            help="comma-separated client ids admitted to the run (default: every id the CA or token file vouches for)",
+            help="comma-separated client ids admitted to the run (needed with --tls-ca unless "
+            "--allow-any-authenticated-client; with --token-file: the ids it names)",
+        )
+        g.add_argument(
+            "--allow-any-authenticated-client",
+            action="store_true",
+            help="with --tls-ca and no --allowed-clients: admit every client certificate the CA has signed",
         )
     else:
         g.add_argument(
@@ -252,6 +275,7 @@ def security_from_args(args: argparse.Namespace, role: str) -> Security:
         key=args.tls_key,
         token_file=args.token_file,
         allowed_clients=allowed,
+        allow_any_client=getattr(args, "allow_any_authenticated_client", False),
         server_name=getattr(args, "tls_server_name", ""),
         insecure=args.insecure,
     ).check(role)

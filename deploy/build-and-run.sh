@@ -64,6 +64,14 @@ if [ ! -f "certs/clients/client-$((clients - 1)).crt" ] || [ ! -f certs/clients/
     chmod 0644 certs/*.key certs/clients/*.key
 fi
 
+echo "[build-and-run] the run's model description (lorm-spec) in deploy/model-spec.json"
+# Written where the data is, by the client image (the coordinator builds no model and reads no data); the
+# coordinator holds every client's Describe to it (--model-spec).
+docker run --rm --user "$(id -u):$(id -g)" -v "$LORM_DATA:/data:ro" -v "$here:/out" -e LORM_DATA_DIR=/data \
+    -e HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" -e HOME=/tmp -e HF_HOME=/tmp/hf -e XDG_CACHE_HOME=/tmp \
+    -e MPLCONFIGDIR=/tmp --entrypoint lorm-spec lorm-client:latest \
+    --preset "${LORM_PRESET:-demo}" --set num_clients="$clients" --out /out/model-spec.json
+
 echo "[build-and-run] running the demo: docker compose ${files[*]} up"
 docker compose "${files[@]}" up --no-build --detach
 # Not `up --exit-code-from coordinator`: that stops everything when the first client exits,

@@ -22,7 +22,8 @@ HEADER = """\
 # One coordinator and {n} clients on one Docker host; the demo run (CLINC150 + MiniLM) by default.
 #   bash deploy/build-and-run.sh            (certificates, images, run, results; see docs/DEPLOY.md)
 # Files it expects beside it: certs/ (lorm-certs --out deploy/certs --clients {ids} --hosts coordinator,localhost,127.0.0.1)
-# and the datasets at $LORM_DATA (default ../../shared/datasets, a folder holding clinc150/).
+# model-spec.json (the run's model, lorm-spec: build-and-run.sh writes it) and the datasets at $LORM_DATA
+# (default ../../shared/datasets, a folder holding clinc150/).
 # GPUs: add -f deploy/compose.gpu.yaml (one GPU reserved per client).
 name: lorm
 
@@ -60,7 +61,8 @@ services:
     command: ["--preset", "${{LORM_PRESET:-demo}}", "--set", "num_clients={n}", "--state-dir", "/state",
               "--results-dir", "/results", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100",
               "--linger", "30", "--tls-ca", "/run/secrets/ca.crt", "--tls-cert", "/run/secrets/coordinator.crt",
-              "--tls-key", "/run/secrets/coordinator.key", "--allowed-clients", "{ids}"]
+              "--tls-key", "/run/secrets/coordinator.key", "--allowed-clients", "{ids}",
+              "--model-spec", "/run/secrets/model-spec.json"]
     environment:
       LORM_LOG_FORMAT: ${{LORM_LOG_FORMAT:-plain}}
     ports:
@@ -80,6 +82,8 @@ services:
         target: health.crt
       - source: health-key
         target: health.key
+      - source: model-spec  # the operator's model: a client's Describe must equal it, none chooses it
+        target: model-spec.json
     healthcheck:
       # Healthy only once the coordinator answers SERVING over the same mutual TLS its clients
       # use: its state is loaded and its gRPC server is bound. (No start_interval: engines before
@@ -126,6 +130,8 @@ secrets:
     file: ./certs/clients/health.crt
   health-key:
     file: ./certs/clients/health.key
+  model-spec:
+    file: ./model-spec.json
 """
 
 CLIENT_SECRETS = """\

@@ -50,4 +50,5 @@ ENTRYPOINT ["lorm-server"]
 # The default: the demo run, TLS files mounted at /run/secrets (deploy/compose.yaml).
 CMD ["--preset", "demo", "--state-dir", "/state", "--results-dir", "/results", "--host", "0.0.0.0", \
      "--port", "50051", "--metrics-port", "9100", "--tls-ca", "/run/secrets/ca.crt", \
-     "--tls-cert", "/run/secrets/coordinator.crt", "--tls-key", "/run/secrets/coordinator.key"]
+     "--tls-cert", "/run/secrets/coordinator.crt", "--tls-key", "/run/secrets/coordinator.key", \
+     "--allowed-clients", "client-0,client-1,client-2", "--model-spec", "/run/secrets/model-spec.json"]

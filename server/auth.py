@@ -49,6 +49,7 @@ class Authenticator:
     """Checks the caller of every coordinator call against the run's security settings."""
 
     def __init__(self, security: Security) -> None:
+        security.check_admission()  # certificates without an allow-list: refused here too, not only by the flags
         self.by_certificate = security.tls and bool(security.ca)
         digests = read_token_digests(security.token_file) if security.token_file else {}
         self.by_digest = {digest: client_id for client_id, digest in digests.items()}

@@ -41,7 +41,8 @@ def test_nothing_given_says_what_to_pass():
 
 
 def test_server_modes(files):
-    mtls = parse("server", ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"]])
+    mtls_flags = ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"]]
+    mtls = parse("server", mtls_flags + ["--allowed-clients", "c0"])
     assert mtls.tls and mtls.describe("server") == "TLS, clients authenticated by client certificates"
     tokens = parse(
         "server",
@@ -105,3 +106,20 @@ def test_token_files_are_checked(tmp_path):
     empty.write_text("\n")
     with pytest.raises(SecurityError, match="expected one token"):
         Security(token_file=str(empty), insecure=True).check("client")
+
+
+def test_client_certificates_need_an_allow_list_or_the_operators_plain_word(files):
+    """Issue 41, L8: the CA vouches for every certificate it signed, so a coordinator that authenticates
+    clients by certificate admits only the ids it is given, unless told that any such client may join."""
+    mtls = ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"]]
+    with pytest.raises(SecurityError) as err:
+        parse("server", mtls)
+    assert "--allowed-clients" in str(err.value) and "--allow-any-authenticated-client" in str(err.value)
+    assert parse("server", mtls + ["--allowed-clients", "c0,c1"]).allowed_clients == ("c0", "c1")
+    anyone = parse("server", mtls + ["--allow-any-authenticated-client"])
+    assert anyone.allow_any_client and anyone.allowed_clients == ()
+    with pytest.raises(SecurityError, match="not both"):
+        parse("server", mtls + ["--allowed-clients", "c0", "--allow-any-authenticated-client"])
+    # A token file names its clients itself: it is the list.
+    tokens = ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"], "--token-file"]
+    assert parse("server", tokens + [files["tokens"]]).allowed_clients == ()

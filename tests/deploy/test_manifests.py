@@ -223,6 +223,7 @@ def test_compose_cross_references():
         "coordinator-key": pki.server_key,
         "health-cert": pki.client_cert("health"),
         "health-key": pki.client_key("health"),
+        "model-spec": DEPLOY / "model-spec.json",
     }
     for i in range(NUM_CLIENTS):
         c = f"client-{i}"
@@ -267,6 +268,38 @@ def test_compose_cross_references():
     for name, s in services.items():
         for var in s.get("environment", {}):
             assert env_read_by_code(var), f"{name}: environment {var} is read by no code"
+
+
+def test_the_shipped_coordinators_hold_clients_to_the_operators_model_spec():
+    """Issue 41, L7: without --model-spec the first client's Describe fixes the run's model. Compose, the
+    image's default command and Kubernetes each pass it, a file mounted where the flag points."""
+    from server.main import build_parser
+
+    compose = load_compose("compose.yaml")
+    coordinator = compose["services"]["coordinator"]
+    _, argv = service_argv(coordinator)
+    spec_path = build_parser().parse_args(argv).model_spec
+    assert spec_path, "compose: the coordinator has no --model-spec"
+    assert mounted_file(spec_path, {"/run/secrets": {x["target"] for x in coordinator["secrets"]}}), spec_path
+    (source,) = [x["source"] for x in coordinator["secrets"] if spec_path.endswith("/" + x["target"])]
+    assert compose["secrets"][source]["file"] == "./model-spec.json"
+    assert (
+        "lorm-spec" in (DEPLOY / "build-and-run.sh").read_text()
+        and "/out/model-spec.json" in (DEPLOY / "build-and-run.sh").read_text()
+    )
+    cmd = exec_form(dockerfile(IMAGES["lorm-coordinator"]), "CMD")
+    assert build_parser().parse_args(cmd).model_spec == spec_path  # the image's default is the compose run's
+
+    pod = k8s_objects()[("Deployment", "lorm-coordinator")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    k8s_path = build_parser().parse_args(container["args"]).model_spec
+    assert k8s_path, "k8s: the coordinator has no --model-spec"
+    parent, _, leaf = k8s_path.rpartition("/")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == parent]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    maps = {g["name"]: g["files"] for g in kustomization["configMapGenerator"]}
+    assert leaf in maps[volume["configMap"]["name"]]
 
 
 def test_compose_gpu_overlay_reserves_one_gpu_per_existing_client():

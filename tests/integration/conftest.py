@@ -35,18 +35,19 @@ class Cluster:
         self.config.write_text(config_json)
         self.port = free_port()
         self.procs: list[Proc] = []
-        ids = [f"client-{i}" for i in range(json.loads(config_json)["num_clients"])] + list(extra_ids)
-        self.pki = None if insecure else create_dev_pki(run_dir / "tls", ids)
+        self.ids = [f"client-{i}" for i in range(json.loads(config_json)["num_clients"])] + list(extra_ids)
+        self.pki = None if insecure else create_dev_pki(run_dir / "tls", self.ids)
 
     def security_args(self, role: str, i: int = 0) -> list[str]:
         if self.pki is None:
             return ["--insecure"]
+        admitted = ["--allowed-clients", ",".join(self.ids)] if role == "server" else []
         cert, key = (
             (self.pki.server_cert, self.pki.server_key)
             if role == "server"
             else (self.pki.client_cert(f"client-{i}"), self.pki.client_key(f"client-{i}"))
         )
-        return ["--tls-ca", str(self.pki.ca), "--tls-cert", str(cert), "--tls-key", str(key)]
+        return ["--tls-ca", str(self.pki.ca), "--tls-cert", str(cert), "--tls-key", str(key), *admitted]
 
     def server(self, *extra: str, env: dict[str, str] | None = None) -> Proc:
         """``extra``: more flags (e.g. ``--quorum 1``); ``env``: e.g. ``{"LORM_FAULT": "merge.fold:3"}``."""

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
-from common.tls import Security
+from common.tls import Security, SecurityError
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.certs import create_dev_pki
@@ -83,6 +83,9 @@ def serve(tmp_path):
 
 
 def mtls_server(pki, **kw) -> Security:
+    """The coordinator's side of mutual TLS, admitting the run's clients ``IDS`` unless ``kw`` says otherwise."""
+    if not kw.get("allow_any_client") and not kw.get("token_file"):
+        kw.setdefault("allowed_clients", tuple(IDS))
     return Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key), **kw)
 
 
@@ -180,6 +183,25 @@ def test_identity_outside_the_allowed_set_is_refused(serve, pki):
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "not admitted" in str(err.value)
     assert coord.status()["clients_joined"] == 0
     assert connect(target, "c0", mtls_client(pki, "c0")).join(0)[1] == 0
+
+
+def test_certificates_without_an_allow_list_are_refused_unless_any_client_is_admitted_plainly(tmp_path, serve):
+    """Issue 41, L8: a CA vouches for every certificate it ever signed; without an allow-list any holder of
+    one (here "mallory", signed by the run's CA but no client of the run) would join."""
+    pki = create_dev_pki(tmp_path / "tls", [*IDS, "mallory"])
+    coordinator = Coordinator(CONFIG, tmp_path / "state")
+    with pytest.raises(SecurityError, match="need an allow-list: pass --allowed-clients"):
+        create_server(
+            coordinator,
+            "127.0.0.1:0",
+            security=Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key)),
+        )
+    coord, target = serve(mtls_server(pki))  # the run's clients: mallory is refused
+    with pytest.raises(Rejected) as err:
+        connect(target, "mallory", mtls_client(pki, "mallory")).join()
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "not admitted" in str(err.value)
+    coord, target = serve(mtls_server(pki, allow_any_client=True))  # the operator's plain word: any holder
+    assert connect(target, "mallory", mtls_client(pki, "mallory")).join()[0].run_id == CONFIG.run_id
 
 
 def _empty_call(channel: grpc.Channel, method) -> grpc.StatusCode:
