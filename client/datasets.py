@@ -108,8 +108,9 @@ def data_dir(config: RunConfig) -> Path:
     root = config.data_dir or os.environ.get("LORM_DATA_DIR", "")
     if not root:
         raise FileNotFoundError(
-            f"dataset {config.dataset!r} needs a data directory: set data_dir in the run configuration "
-            "or the environment variable LORM_DATA_DIR (e.g. LORM_DATA_DIR=../shared/datasets)"
+            f"dataset {config.dataset!r} needs a data directory: set the environment variable LORM_DATA_DIR "
+            "(e.g. LORM_DATA_DIR=../shared/datasets), lorm-client --data-dir, or data_dir in an in-process run's "
+            "configuration"
         )
     return Path(root).expanduser()
 

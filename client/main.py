@@ -12,13 +12,14 @@ import sys
 import time
 
 from client.datasets import DatasetError
+from client.floor import FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
+from client.local import LocalSettingError, add_local_arguments, applied, local_from_args, refuse_coordinator_local
 from client.runtime import build_runtime
 from client.secure import SecureRounds
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
 from common.progress import Progress
-from common.settings import SecAggSettings
 from common.logs import add_logging_arguments, set_context, setup_logging, plan_name, step_loss
 from common.messages import ClientUpdate, Phase, RoundPlan, Wait
 from common.tls import SecurityError, add_security_arguments, security_from_args
@@ -89,13 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         default=env("LORM_METRICS_HOST", "0.0.0.0"),
         help="address the metrics endpoint listens on (default $LORM_METRICS_HOST or 0.0.0.0)",
     )
+    add_floor_arguments(parser)
+    add_local_arguments(parser)
     add_security_arguments(parser, "client")
     add_logging_arguments(parser)
     args = parser.parse_args(argv)
     try:
         security = security_from_args(args, "client")
-    except SecurityError as err:
+        floor = floor_from_args(args)
+    except (SecurityError, FloorError) as err:
         parser.error(str(err))
+    local = local_from_args(args)
     setup_logging(args.log_format)
     set_context(client=args.client_id)
     log = logging.getLogger("lorm.client")
@@ -108,9 +113,24 @@ def main(argv: list[str] | None = None) -> int:
     client = CoordinatorClient(
         args.server, args.client_id, Backoff(give_up_s=args.give_up), args.call_timeout, security=security
     )
-    config, index = client.join(args.index)
+    try:
+        config, index = client.join(args.index)
+    except ValueError as err:  # the Join reply's configuration does not parse: nothing of it is used
+        log.error("refusing the run: the coordinator's configuration is invalid: %s", err)
+        client.close()
+        return 3
     set_context(run=config.run_id)
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
+    # Checked before this client sends anything more: what it accepts is its own decision, not the coordinator's.
+    try:
+        refuse_coordinator_local(config, local)
+        accepted = check_floor(config, floor)
+    except (LocalSettingError, FloorError) as err:
+        log.error("refusing run %s: %s", config.run_id, err)
+        client.close()
+        return 3
+    log.info("accepted %s", accepted.describe())
+    config = applied(pinned(config, accepted), local)  # masks with the threshold it checked
     try:
         runtime = build_runtime(config)
     except (DatasetError, FileNotFoundError) as err:  # this client's data as configured: say what, and stop
@@ -133,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         [], interactive=False if quiet else None, every_s=math.inf if args.no_progress else 30.0, emit=log.info
     )
     worker.on_batch = progress.batch
-    secure = config.section(SecAggSettings).enabled
+    secure = accepted.enabled
     skipped: tuple | None = None  # a secure session (step, attempt) that went on without this client (it lost its keys)
     kept: tuple | None = None  # (step, result) of a secure step: kept, not recomputed, if its session restarts
     while True:

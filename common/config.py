@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from common.settings import LEGACY_EXTRA, Settings
+from common.settings import LEGACY_EXTRA, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -183,6 +183,11 @@ class RunConfig:
                 SECTIONS[name].parse(values)
             except ValueError as err:
                 problems.append(str(err))
+        if not problems:  # a threshold is safe or not only against the run's number of clients
+            try:
+                self.section(SecAggSettings).check_clients(self.num_clients)
+            except ValueError as err:
+                problems.append(str(err))
         return problems
 
     def section(self, cls: type[S]) -> S:
@@ -210,6 +215,39 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+
+# Settings that only the client they describe may choose (issue 41, M6): where its data and weight files lie
+# on its disk. The coordinator's configuration names none of them; each client gives its own through its
+# flags and environment (client/local.py), and refuses a coordinator's configuration that sets one.
+CLIENT_LOCAL: dict[str, str] = {
+    "data_dir": "--data-dir or LORM_DATA_DIR",
+    "data.train_file": "--train-file",
+    "data.test_file": "--test-file",
+    "data.root": "--image-root",
+    "model.weights": "--weights or LORM_MODEL_WEIGHTS",
+}
+
+
+def client_local_values(config: RunConfig) -> dict[str, Any]:
+    """The client-local settings (:data:`CLIENT_LOCAL`) that ``config`` sets, ``dotted key -> value``."""
+    found: dict[str, Any] = {}
+    for key in CLIENT_LOCAL:
+        section, _, name = key.rpartition(".")
+        value = config.settings.get(section, {}).get(name) if section else getattr(config, key)
+        if value:
+            found[key] = value
+    return found
+
+
+def without_client_local(config: RunConfig) -> RunConfig:
+    """``config`` without its client-local settings: what a coordinator of the run may send its clients."""
+    settings = {name: dict(values) for name, values in config.settings.items()}
+    for key in CLIENT_LOCAL:
+        section, _, name = key.rpartition(".")
+        if section:
+            settings.get(section, {}).pop(name, None)
+    return config.replace(data_dir="", settings={name: values for name, values in settings.items() if values})
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from common.config import add_config_arguments, config_from_args
+from common.config import RunConfig, add_config_arguments, config_from_args
 from common.tls import ENV
 from server.certs import create_dev_pki
 
@@ -57,6 +57,7 @@ def _security_args(run_dir: Path, num_clients: int, insecure: bool) -> tuple[lis
     ids = [f"client-{i}" for i in range(num_clients)]
     pki = create_dev_pki(run_dir / "tls", ids, force=True)  # the run's own CA: replaced on every launch
     server = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+    server += ["--allowed-clients", ",".join(ids)]
     return server, [
         ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert(c)), "--tls-key", str(pki.client_key(c))]
         for c in ids
@@ -79,6 +80,12 @@ def launch(
         "PYTHONUNBUFFERED": "1",
     }
     server_security, client_security = _security_args(state_dir.parent, num_clients, insecure)
+    from client.local import split  # the launcher plays both parties: it knows what is whose
+
+    # The coordinator's configuration names no client's files; each client gets its own by its flags.
+    shared, local = split(RunConfig.from_json(config_path.read_text()))
+    coordinator_config = state_dir.parent / "coordinator.json"
+    coordinator_config.write_text(shared.to_json())
     extra = list(extra_server_args or [])
     if "--model-spec" not in extra:
         # The model is the launcher's, not the first client's: lorm-spec writes what every client of
@@ -97,7 +104,7 @@ def launch(
         SERVER
         + [
             "--config",
-            str(config_path),
+            str(coordinator_config),
             "--state-dir",
             str(state_dir),
             "--results-dir",
@@ -128,7 +135,10 @@ def launch(
         for i in range(num_clients):
             clients.append(
                 _spawn(
-                    CLIENT + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)] + client_security[i],
+                    CLIENT
+                    + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)]
+                    + local.args()
+                    + client_security[i],
                     f"client-{i}",
                     env,
                     quiet_clients,

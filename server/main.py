@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import add_config_arguments, config_from_args
+from common.config import CLIENT_LOCAL, add_config_arguments, client_local_values, config_from_args
 from common.logs import add_logging_arguments, set_context, setup_logging
 from common.messages import ModelSpec
 from common.metrics import format_summary
@@ -102,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("lorm.server")
     security.announce(log, "server")
     config = config_from_args(args)
+    for key, value in client_local_values(config).items():
+        # Every client refuses a configuration that picks its files (client/local.py): say so before serving.
+        parser.error(
+            f"the configuration sets {key}={value}, a client's own setting that every client refuses from the "
+            f"coordinator: give it to each client instead ({CLIENT_LOCAL[key]})"
+        )
     set_context(run=config.run_id)
     if config.threads:
         # The merges' float sums depend on how BLAS splits them over threads: the in-process

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.settings import DataSettings, NcmSettings, RidgeSettings, TiesSettings
+from common.settings import DataSettings, NcmSettings, RidgeSettings, SecAggSettings, TiesSettings
 from engine.simulation import main as lorm_sim
 
 
@@ -139,3 +139,17 @@ def test_lorm_sim_refuses_a_bad_setting_with_its_name_not_a_traceback(capsys):
         lorm_sim(["--set", "ridge.rp_dim=abc"])
 
     assert "setting ridge.rp_dim expects int, got str 'abc'" in capsys.readouterr().err
+
+
+def test_a_secagg_threshold_of_half_the_clients_or_less_is_refused_unless_declared_unsafe():
+    """Issue 41, H3: with t <= n / 2 a minority of colluding shares unmasks one client's input."""
+    with pytest.raises(ValueError, match=r"secagg.threshold=5 is at most half of num_clients=10.*unsafe_low_threshold"):
+        from_args("--set", "num_clients=10", "--set", "secagg.enabled=true", "--set", "secagg.threshold=5")
+    with pytest.raises(ValueError, match="secagg.threshold=1 is at most half of num_clients=3"):
+        RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 1}})
+    with pytest.raises(ValueError, match="secagg.threshold=4 exceeds num_clients=3"):
+        RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 4}})
+    assert RunConfig(num_clients=10, settings={"secagg": {"threshold": 6}}).section(SecAggSettings).threshold == 6
+    assert RunConfig(num_clients=10, settings={"secagg": {"enabled": True}}).section(SecAggSettings).threshold == 0
+    unsafe = RunConfig(num_clients=10, settings={"secagg": {"threshold": 5, "unsafe_low_threshold": True}})
+    assert unsafe.section(SecAggSettings).threshold == 5

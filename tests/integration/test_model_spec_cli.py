@@ -50,22 +50,14 @@ def test_the_operators_spec_admits_the_real_client_and_refuses_another_model(clu
 
 
 def test_a_client_that_cannot_load_its_data_says_why_and_exits(cluster, tmp_path):
-    """The coordinator hands out a configuration this client's disk cannot satisfy: the client logs the
-    file it looked for, without a traceback, and exits 2."""
+    """A client whose own data files (its flags) are not on its disk: it logs the file it looked for,
+    without a traceback, and exits 2."""
     missing = tmp_path / "no-such-train.csv"
-    config = RunConfig(
-        **{
-            **json.loads(CONFIG.to_json()),
-            "run_id": "nodata",
-            "dataset": "textfile",
-            "extra": {},
-            "settings": {"data": {"train_file": str(missing), "test_file": str(missing)}},
-        }
-    )
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": "nodata", "dataset": "textfile", "extra": {}})
     c = cluster(config.to_json(), name="nodata")
     server = c.server()
     server.wait_for("serving on")
-    client = c.client(0, "--give-up", "5")
+    client = c.client(0, "--give-up", "5", "--train-file", str(missing), "--test-file", str(missing))
     assert client.wait(timeout=120) == 2
     out = "".join(client.lines)
     assert "cannot load this client's data" in out and "no-such-train.csv" in out and "Traceback" not in out

@@ -1,0 +1,156 @@
+"""The client's own floor under the coordinator's secure-aggregation settings (issue 41, H3).
+
+Secure aggregation protects a client from the coordinator, so the coordinator cannot be the one
+that decides whether it is on and how many clients must answer before a sum is unmasked. The
+Join reply brings the run's configuration; before this client sends anything more (its model
+description, a key, a share or an update), :func:`check_floor` holds that configuration to the
+client's own flags and returns the parameters it accepted. Each check names the attack it stops:
+
+- ``require_secure``: a coordinator that switches secure aggregation off reads every update in
+  the clear.
+- ``min_threshold``: with threshold ``t`` the coordinator unmasks a client's input from ``t`` of
+  the shares it collects; ``t = 1`` lets it unmask any client alone. Default: a majority of the
+  run's clients, ``n // 2 + 1``.
+- ``min_clients``: a sum over few clients says much about each of them (of two, one client's
+  input is the sum minus the other's).
+
+Each secure-aggregation mode's least threshold is in :data:`MODE_FLOORS` (a mode this client does
+not know is refused): a majority in the honest mode, ``2n/3 + 1`` in the signed mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from common.config import RunConfig
+from common.secagg import SecAggError
+from common.secagg_rounds import default_threshold
+from common.secure_terms import threshold
+from common.settings import SecAggSettings
+
+ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
+HONEST = "honest"  # the mode of a run whose settings name none: a curious coordinator that follows the protocol
+
+
+class FloorError(ValueError):
+    """The coordinator's configuration is below this client's floor; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What this client accepts at least (its flags, never the coordinator's)."""
+
+    require_secure: bool = False  # refuse a run without secure aggregation
+    min_threshold: int = 0  # the least threshold accepted (0: a majority of the run's clients, n // 2 + 1)
+    min_clients: int = 1  # the least number of clients in the run
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The secure-aggregation parameters this client checked and will mask with."""
+
+    enabled: bool
+    threshold: int  # 0 when secure aggregation is off
+    num_clients: int
+    mode: str
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return f"secure aggregation off, {self.num_clients} clients"
+        return f"secure aggregation on: threshold {self.threshold} of {self.num_clients} clients, mode {self.mode}"
+
+
+def majority(clients: int) -> int:
+    return clients // 2 + 1
+
+
+# Mode -> the least threshold this client accepts by default in a run of n clients (its --min-secagg-threshold
+# replaces it).
+MODE_FLOORS: dict[str, Callable[[int], int]] = {
+    HONEST: majority,
+    "signed": lambda clients: default_threshold(clients, signed=True),  # 2n/3 + 1: a coordinator that deviates
+}
+
+
+def check_floor(config: RunConfig, floor: Floor) -> Accepted:
+    """The run's secure-aggregation parameters if they meet ``floor``; else :class:`FloorError` naming
+    the setting that failed, its value and this client's floor."""
+    settings = config.section(SecAggSettings)
+    n = config.num_clients
+    if n < floor.min_clients:
+        raise FloorError(
+            f"the coordinator's configuration sets num_clients={n}, below this client's --min-clients "
+            f"{floor.min_clients}: refusing to take part"
+        )
+    mode = settings.mode
+    if not settings.enabled:
+        if floor.require_secure:
+            raise FloorError(
+                "the coordinator's configuration sets secagg.enabled=false, but this client requires secure "
+                f"aggregation (--require-secure-aggregation or ${ENV_REQUIRE}): refusing to send updates in the clear"
+            )
+        return Accepted(False, 0, n, mode)
+    try:
+        t = threshold(settings, n)
+    except SecAggError as err:
+        raise FloorError(f"the coordinator's configuration is not a usable secure aggregation: {err}") from err
+    if mode not in MODE_FLOORS:
+        raise FloorError(
+            f"the coordinator's configuration sets secagg.mode={mode!r}, which this client does not know "
+            f"(it knows {sorted(MODE_FLOORS)}): refusing a protocol it cannot check"
+        )
+    least = floor.min_threshold or MODE_FLOORS[mode](n)
+    if t < least:
+        source = f"--min-secagg-threshold {floor.min_threshold}" if floor.min_threshold else f"mode {mode}'s for {n}"
+        raise FloorError(
+            f"the coordinator's configuration sets secagg.threshold={t} for num_clients={n}, below this client's "
+            f"floor of {least} ({source}): with {t} shares the coordinator could unmask a single client's input"
+        )
+    return Accepted(True, t, n, mode)
+
+
+def pinned(config: RunConfig, accepted: Accepted) -> RunConfig:
+    """``config`` with the checked threshold written out (no ``0: a majority`` left to recompute), so that
+    what this client masks with is what it checked."""
+    if not accepted.enabled:
+        return config
+    settings = {name: dict(values) for name, values in config.settings.items()}
+    settings.setdefault(SecAggSettings.section, {})["threshold"] = accepted.threshold
+    return config.replace(settings=settings)
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_floor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--require-secure-aggregation``, ``--min-secagg-threshold`` and ``--min-clients`` of ``lorm-client``."""
+    g = parser.add_argument_group("this client's floor (it refuses a run below it before sending anything)")
+    g.add_argument(
+        "--require-secure-aggregation",
+        action="store_true",
+        default=_flag(os.environ.get(ENV_REQUIRE, "")),
+        help=f"refuse a run without secure aggregation (default ${ENV_REQUIRE}=1 turns it on)",
+    )
+    g.add_argument(
+        "--min-secagg-threshold",
+        type=int,
+        default=0,
+        metavar="T",
+        help="refuse a secure run whose threshold is below T (default: a majority of the run's clients, n // 2 + 1)",
+    )
+    g.add_argument(
+        "--min-clients", type=int, default=1, metavar="N", help="refuse a run of fewer than N clients (default 1)"
+    )
+
+
+def floor_from_args(args: argparse.Namespace) -> Floor:
+    if args.min_secagg_threshold < 0 or args.min_clients < 1:
+        raise FloorError(
+            f"--min-secagg-threshold must be >= 0 (0: a majority) and --min-clients >= 1, got "
+            f"{args.min_secagg_threshold} and {args.min_clients}"
+        )
+    return Floor(args.require_secure_aggregation, args.min_secagg_threshold, args.min_clients)

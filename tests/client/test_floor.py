@@ -1,0 +1,146 @@
+"""The client's own floor (issue 41, H3) and its own files (M6): what a coordinator's configuration
+cannot decide for a client."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from client.floor import Floor, FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
+from client.local import LocalSettingError, LocalSettings, applied, refuse_coordinator_local, split
+from common.config import RunConfig
+from common.secure_terms import threshold
+from common.settings import DataSettings, ModelSettings, SecAggSettings
+
+
+def run(n: int = 10, **secagg) -> RunConfig:
+    return RunConfig(num_clients=n, settings={"secagg": secagg} if secagg else {})
+
+
+def floor(*argv: str) -> Floor:
+    parser = argparse.ArgumentParser()
+    add_floor_arguments(parser)
+    return floor_from_args(parser.parse_args(list(argv)))
+
+
+# ------------------------------------------------------------------ H3: the floor
+
+
+def test_a_coordinator_that_lowers_the_threshold_to_one_is_refused_by_default():
+    """The attack: threshold 1 lets the coordinator unmask any client from its own share alone."""
+    low = run(10, enabled=True, threshold=1, unsafe_low_threshold=True)
+    with pytest.raises(FloorError) as err:
+        check_floor(low, Floor())
+    assert "secagg.threshold=1" in str(err.value) and "num_clients=10" in str(err.value)
+    assert "floor of 6 (mode honest's for 10)" in str(err.value)
+
+
+def test_a_majority_is_accepted_and_a_raised_floor_refuses_it():
+    majority = run(10, enabled=True)  # 0: a majority, 6 of 10
+    accepted = check_floor(majority, Floor())
+    assert (accepted.enabled, accepted.threshold, accepted.num_clients) == (True, 6, 10)
+    assert "threshold 6 of 10 clients" in accepted.describe()
+    with pytest.raises(FloorError, match=r"secagg.threshold=6 .* floor of 7 \(--min-secagg-threshold 7\)"):
+        check_floor(majority, floor("--min-secagg-threshold", "7"))
+    assert check_floor(run(10, enabled=True, threshold=7), floor("--min-secagg-threshold", "7")).threshold == 7
+
+
+def test_secure_aggregation_switched_off_is_refused_when_the_client_requires_it(monkeypatch):
+    plain = run(10)
+    assert check_floor(plain, Floor()).enabled is False  # no requirement: accepted, and logged as off
+    with pytest.raises(FloorError, match="secagg.enabled=false.*--require-secure-aggregation"):
+        check_floor(plain, floor("--require-secure-aggregation"))
+    monkeypatch.setenv("LORM_REQUIRE_SECURE_AGGREGATION", "1")
+    with pytest.raises(FloorError, match="LORM_REQUIRE_SECURE_AGGREGATION"):
+        check_floor(plain, floor())
+
+
+def test_too_few_clients_are_refused_with_or_without_secure_aggregation():
+    for config in (run(2), run(2, enabled=True)):
+        with pytest.raises(FloorError, match="num_clients=2, below this client's --min-clients 3"):
+            check_floor(config, floor("--min-clients", "3"))
+    assert check_floor(run(3), floor("--min-clients", "3")).num_clients == 3
+
+
+def test_bad_floor_flags_are_refused():
+    with pytest.raises(FloorError, match="--min-clients >= 1"):
+        floor("--min-clients", "0")
+
+
+def test_the_threshold_masked_with_is_the_checked_one_written_out():
+    """A run of ``threshold 0`` (a majority) is pinned to the number checked: nothing recomputes it later."""
+    config = run(10, enabled=True)
+    accepted = check_floor(config, Floor())
+    kept = pinned(config, accepted)
+    assert kept.settings["secagg"]["threshold"] == 6 and threshold(kept.section(SecAggSettings), 10) == 6
+    assert config.settings["secagg"] == {"enabled": True}  # the coordinator's configuration is left as it came
+
+
+# ------------------------------------------------------------------ M6: the client's own files
+
+
+@pytest.mark.parametrize(
+    ("setting", "named", "flag"),
+    [
+        ({"data_dir": "/x"}, "data_dir=/x", "--data-dir or LORM_DATA_DIR"),
+        ({"settings": {"data": {"train_file": "/etc/passwd"}}}, "data.train_file=/etc/passwd", "--train-file"),
+        ({"settings": {"data": {"test_file": "/etc/shadow"}}}, "data.test_file=/etc/shadow", "--test-file"),
+        ({"settings": {"data": {"root": "/home"}}}, "data.root=/home", "--image-root"),
+        ({"settings": {"model": {"weights": "/tmp/evil.pt"}}}, "model.weights=/tmp/evil.pt", "--weights"),
+        ({"extra": {"weights": "/tmp/evil.pt"}}, "model.weights=/tmp/evil.pt", "--weights"),  # the legacy key too
+    ],
+)
+def test_a_coordinator_configuration_that_picks_a_clients_files_is_refused_by_name(setting, named, flag):
+    config = RunConfig(**setting)
+    with pytest.raises(LocalSettingError) as err:
+        refuse_coordinator_local(config, LocalSettings())
+    assert f"the coordinator's configuration sets {named}" in str(err.value) and flag in str(err.value)
+
+
+def test_a_backbone_from_a_hub_repository_or_path_needs_the_clients_own_source():
+    hub = RunConfig(backbone="bert:someone/backdoored-model")
+    with pytest.raises(LocalSettingError, match="sets backbone=bert:someone/backdoored-model.*--backbone"):
+        refuse_coordinator_local(hub, LocalSettings())
+    refuse_coordinator_local(hub, LocalSettings(backbone="/models/my-copy"))  # the client's own: accepted
+    assert applied(hub, LocalSettings(backbone="/models/my-copy")).backbone == "/models/my-copy"
+    refuse_coordinator_local(RunConfig(backbone="minilm"), LocalSettings())  # a packaged name: its source is fixed
+
+
+def test_the_clients_own_settings_go_into_the_configuration_it_builds_from():
+    local = LocalSettings(data_dir="/data", train_file="t.csv", test_file="e.csv", weights="/w/model.safetensors")
+    config = applied(RunConfig(dataset="textfile", settings={"data": {"label_column": "intent"}}), local)
+    assert config.data_dir == "/data"
+    assert config.section(DataSettings) == DataSettings(train_file="t.csv", test_file="e.csv", label_column="intent")
+    assert config.section(ModelSettings).weights == "/w/model.safetensors"
+
+
+def test_a_launcher_splits_a_configuration_into_the_coordinators_and_the_clients_flags():
+    both = RunConfig(
+        dataset="textfile",
+        data_dir="/data",
+        backbone="bert:org/model",
+        settings={"data": {"train_file": "t.csv", "test_file": "e.csv", "classes": ["a", "b"]}},
+    )
+    shared, local = split(both)
+    refuse_coordinator_local(shared, local)  # what the coordinator sends, the clients accept
+    assert shared.data_dir == "" and shared.settings == {"data": {"classes": ["a", "b"]}}
+    assert local.args() == [
+        "--data-dir",
+        "/data",
+        "--train-file",
+        "t.csv",
+        "--test-file",
+        "e.csv",
+        "--backbone",
+        "bert:org/model",
+    ]
+    assert applied(shared, local).to_json() == both.to_json()  # the clients rebuild the whole configuration
+
+
+def test_the_signed_mode_floor_is_two_thirds_and_one():
+    """secagg.mode=signed (a coordinator that deviates) needs t >= 2n/3 + 1: a majority is not enough."""
+    signed = run(9, enabled=True, mode="signed")  # 0: the mode's default, 7 of 9
+    assert check_floor(signed, Floor()).threshold == 7 and check_floor(signed, Floor()).mode == "signed"
+    with pytest.raises(FloorError, match=r"secagg.threshold 6 for 9 clients in the signed mode.*at least 7"):
+        check_floor(run(9, enabled=True, mode="signed", threshold=6, unsafe_low_threshold=True), Floor())
