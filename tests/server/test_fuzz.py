@@ -1,4 +1,4 @@
-"""Fuzzing every RPC and the chunk stream of a real gRPC server on loopback.
+"""Fuzzing every RPC and the chunk stream of a real gRPC server on loopback; SecAgg at two rounds.
 
 Mutated valid messages (field values, field swaps, bit flips, truncations, random bytes;
 for Push also chunks reordered, duplicated, dropped, retargeted and corrupted) and random
@@ -30,9 +30,12 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.config import RunConfig
-from common.messages import ClientUpdate
+from common.messages import ClientUpdate, RoundPlan
+from common.secagg_rounds import ClientSession
+from common.secure_terms import context, threshold
+from common.settings import SecAggSettings
 from common.tensors import HEAD_GRAM, update_tensors, with_tensors
-from common.tls import Security
+from common.tls import Security, token_digest
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -525,3 +528,247 @@ def test_fuzz_push_and_the_chunk_stream(harness):
 
     counts = campaign(harness, "Push", make, run)
     assert counts["INVALID_ARGUMENT"] > 0 and counts["FAILED_PRECONDITION"] + counts["PERMISSION_DENIED"] > 0
+
+
+# ------------------------------------------------------------------ SecAgg (issue 41, L9)
+
+SECAGG = SERVICE + "SecAgg"
+SECAGG_REFUSALS = REFUSALS | {grpc.StatusCode.ABORTED}  # ABORTED: a call of another session (attempt)
+STAGES = {name: i + 1 for i, name in enumerate(codec.SECAGG_STAGES)}
+ODD_INDICES = [0, 2, 0, 2, -1, 3, 7, 2**31 - 1, -(2**31)]  # another client's index, most often
+ODD_KEY_LENGTHS = [0, 1, 31, 33, 64, 4096]
+FUZZER = 1  # the fuzzing client: authenticated as c1, index 1
+SECAGG_CASES = 800  # per round fuzzed, at most (a case takes a few ms)
+
+
+class SecAggHarness:
+    """A secure step of 3 clients served on loopback with bearer tokens; the fuzzer holds c1's token.
+
+    ``stage`` "keys": client 0 has advertised, the roster is open. "shares": all three advertised, the
+    roster is fixed and clients 0 and 2 sent their sealed shares; client 1's are awaited."""
+
+    def __init__(self, tmp_path, stage: str) -> None:
+        self.tmp_path, self.stage, self.generation, self.server = tmp_path, stage, 0, None
+        tokens = tmp_path / "tokens.json"
+        tokens.write_text(json.dumps({f"c{i}": token_digest(f"token-c{i}") for i in range(3)}))
+        self.security = Security(token_file=str(tokens), insecure=True)
+        self.start()
+
+    def start(self) -> None:
+        if self.server is not None:
+            self.close()
+        self.generation += 1
+        config = RunConfig(
+            run_id="fuzz",
+            num_clients=3,
+            num_tasks=1,
+            rounds_per_task=1,
+            rank=2,
+            seed=1,
+            settings={"secagg": {"enabled": True}},
+        )
+        coord = Coordinator(config, self.tmp_path / f"secagg{self.generation}")
+        for i in range(3):
+            coord.join(f"c{i}", i)
+            coord.describe(f"c{i}", SPEC)
+        plan = coord.pull("c0")
+        assert isinstance(plan, RoundPlan) and coord.step is not None and coord.step.secure is not None
+        self.coord, self.plan, self.ref = coord, plan, (plan.task, plan.round, plan.phase)
+        t = threshold(SecAggSettings(enabled=True), 3)
+        self.sessions = [ClientSession(i, t, context(plan)) for i in range(3)]
+        self.secagg(0, "advertise", keys=self.sessions[0].advertise())
+        self.roster: dict = {}
+        if self.stage == "shares":
+            for i in (1, 2):
+                self.secagg(i, "advertise", keys=self.sessions[i].advertise())
+            self.roster = {k.index: k for k in self.secagg(0, "roster")["roster"]}
+            for i in (0, 2):
+                self.secagg(i, "share", shares=self.sessions[i].share(self.roster))
+        self.server, port = create_server(coord, "127.0.0.1:0", security=self.security)
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.raw = self.channel.unary_unary(SECAGG, request_serializer=None, response_deserializer=None)
+        self.before = self.state()
+
+    def secagg(self, i: int, stage: str, **kw) -> dict:
+        return self.coord.secagg(f"c{i}", i, "fuzz", self.ref, stage, **kw)
+
+    def request(self, stage: str, **kw) -> pb.SecAggRequest:
+        """The fuzzer's honest request of ``stage`` in the open session."""
+        return codec.secagg_request_to_proto("fuzz", "c1", FUZZER, self.ref, stage, **kw)
+
+    def bases(self) -> list[pb.SecAggRequest]:
+        session = self.sessions[FUZZER]
+        shares = session.share(self.roster) if self.roster else {0: bytes(80), 2: bytes(80)}
+        return [
+            self.request("advertise", keys=session.advertise()),
+            self.request("roster"),
+            self.request("share", shares=shares),
+            self.request("inbox"),
+            self.request("unmask"),
+            self.request("reveal", shares={0: bytes(16), 1: bytes(16), 2: bytes(16)}),
+        ]
+
+    def call(self, case) -> pb.SecAggReply:
+        return pb.SecAggReply.FromString(
+            self.raw(_raw(case), timeout=20, metadata=(("authorization", "Bearer token-c1"),))
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(0)
+
+    def state(self) -> tuple:
+        coord = self.coord
+        with coord.lock:
+            step = coord.step
+            assert step is not None and step.secure is not None
+            files = sorted(
+                (str(p.relative_to(coord.store.root)), hashlib.sha256(p.read_bytes()).hexdigest())
+                for p in coord.store.root.rglob("*")
+                if p.is_file()
+            )
+            return (
+                coord.status(operator=True),
+                json.dumps(step.secure.state(), sort_keys=True),
+                dict(coord.clients),
+                coord.state,
+                sorted(step.submitted),
+                files,
+            )
+
+    def alive(self) -> bool:
+        stub = pb_grpc.CoordinatorStub(self.channel)
+        status = stub.Status(pb.StatusRequest(), timeout=10, metadata=(("authorization", "Bearer token-c0"),))
+        health = health_pb2_grpc.HealthStub(self.channel).Check(
+            health_pb2.HealthCheckRequest(service="lorm.v1.Coordinator"), timeout=10
+        )
+        return status.run_id == "fuzz" and health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def mutate_secagg(rng: random.Random, base: pb.SecAggRequest) -> pb.SecAggRequest | bytes:
+    """Generic mutations a third of the time; else one or two targeted ones: the stage, the indices, the
+    keys' lengths, the share list (huge, odd peers, odd sizes), the attempt, the step."""
+    if rng.random() < 0.3:
+        return mutate_message(rng, base)
+    msg = pb.SecAggRequest()
+    msg.CopyFrom(base)
+    for _ in range(rng.randint(1, 2)):
+        kind = rng.randrange(8)
+        if kind == 0:
+            msg.stage = rng.choice([0, -1, 7, 8, 9, 99, 2**31 - 1, *STAGES.values()])  # type: ignore[assignment]
+        elif kind == 1:
+            msg.client_index = rng.choice(ODD_INDICES)
+        elif kind == 2:
+            msg.keys.index = rng.choice(ODD_INDICES)
+        elif kind == 3:
+            field = rng.choice(["cipher_public", "mask_public"])
+            setattr(msg.keys, field, rng.randbytes(rng.choice(ODD_KEY_LENGTHS)))
+        elif kind == 4:  # a huge share list: many peers, or one box of megabytes
+            count, size = rng.choice([(5_000, 64), (60_000, 16), (1, 3 << 20)])
+            del msg.shares[:]
+            msg.shares.extend(pb.SecAggShare(peer=rng.choice(ODD_INDICES), data=bytes(size)) for _ in range(count))
+        elif kind == 5:  # odd peers and sizes among the shares
+            share = msg.shares.add()
+            share.peer = rng.choice(ODD_INDICES)
+            share.data = rng.randbytes(rng.choice([0, 1, 15, 16, 17, 32, 48, 80, 1000]))
+        elif kind == 6:
+            msg.attempt = rng.choice([-1, 1, 2, 2**31 - 1, -(2**31)])
+        else:
+            msg.step.task, msg.step.round = rng.choice([(0, 1), (1, 0), (-1, 0), (2**31 - 1, 0)])
+    return msg
+
+
+def own_change(before: tuple, after: tuple) -> str:
+    """'' when the fuzzer's call changed only what the fuzzer may change (its own keys, boxes or answers in
+    the open session; its own exclusion or a restart blaming it alone); else what else changed."""
+    if before[2:5] != after[2:5] or before[0]["metrics"].get("history") != after[0]["metrics"].get("history"):
+        return "the run's clients, state, submissions or history"
+    was, now = json.loads(before[1]), json.loads(after[1])
+    if now["attempt"] != was["attempt"] or now.get("excluded") != was.get("excluded"):
+        blamed = set(now.get("excluded", {})) - set(was.get("excluded", {}))
+        return "" if blamed <= {str(FUZZER)} else f"clients {sorted(blamed)} blamed for the fuzzer's call"
+    s0, s1 = was["session"], now["session"]
+    for part in ("keys", "boxes", "revealed"):
+        others0 = {k: v for k, v in (s0.get(part) or {}).items() if k != str(FUZZER)}
+        others1 = {k: v for k, v in (s1.get(part) or {}).items() if k != str(FUZZER)}
+        if others0 != others1:
+            return f"other clients' {part}: {sorted(others0)} -> {sorted(others1)}"
+    return ""
+
+
+def _client_id(case) -> str:
+    try:
+        return (pb.SecAggRequest.FromString(case) if isinstance(case, bytes) else case).client_id
+    except Exception:  # bytes that do not parse: no client id
+        return ""
+
+
+def secagg_campaign(h: SecAggHarness) -> collections.Counter:
+    rng = random.Random(f"{SEED}-SecAgg-{h.stage}")
+    counts: collections.Counter = collections.Counter()
+    start, n = time.monotonic(), 0
+    while n < SECAGG_CASES and time.monotonic() - start < TIME_CAP_S:
+        case = mutate_secagg(rng, rng.choice(h.bases()))
+        code, result = _outcome(lambda case=case: h.call(case))
+        where = f"SecAgg ({h.stage}) case {n} (seed {SEED}-SecAgg-{h.stage}): {code}"
+        if code != "OK":
+            details = result.details() or ""
+            assert grpc.StatusCode[code] in SECAGG_REFUSALS or (
+                code == "INTERNAL" and "deserializ" in details.lower()
+            ), f"{where} {details!r}"
+            if "Stream removed" in details and len(_client_id(case)) > 8000:
+                counts["lost to auth's long client_id (xfail below)"] += 1
+            else:
+                assert "Stream removed" not in details, f"{where} {details!r}"
+        after = h.state()
+        if after != h.before:
+            wrong = own_change(h.before, after)
+            assert not wrong, f"{where}: the fuzzer's call changed {wrong}"
+            counts["changed its own part"] += 1
+            h.start()
+        counts[code] += 1
+        n += 1
+    assert h.alive() and h.state() == h.before
+    assert n >= MIN_CASES, f"only {n} SecAgg cases in {TIME_CAP_S} s"
+    print(f"\nSecAgg ({h.stage}): {n} cases in {time.monotonic() - start:.1f} s: {dict(sorted(counts.items()))}")
+    return counts
+
+
+@pytest.mark.parametrize("stage", ["keys", "shares"])
+def test_fuzz_secagg_then_the_honest_clients_go_on(tmp_path, stage):
+    h = SecAggHarness(tmp_path, stage)
+    try:
+        counts = secagg_campaign(h)
+        assert sum(v for k, v in counts.items() if k not in ("OK", "changed its own part")) > 0
+        session = h.sessions[FUZZER]
+        if stage == "keys":  # the run is not wedged: the honest clients' calls still work
+            for i in (1, 2):
+                assert h.secagg(i, "advertise", keys=h.sessions[i].advertise())["ready"]
+            assert sorted(k.index for k in h.secagg(2, "roster")["roster"]) == [0, 1, 2]
+        else:
+            reply = h.call(h.request("share", shares=session.share(h.roster)))
+            assert reply.ready
+            inbox = h.secagg(0, "inbox")
+            assert inbox["ready"] and inbox["sharers"] == [0, 1, 2] and sorted(inbox["shares"]) == [1, 2]
+    finally:
+        h.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server/auth.py Authenticator.authorize -> _refuse quotes the claimed client_id unbounded: a 40,000-"
+    "character id makes PERMISSION_DENIED's details a 40 KB header, over the client's metadata limits, so the "
+    "caller gets RESOURCE_EXHAUSTED 'Stream removed' instead of the refusal (found by the SecAgg fuzz cases; "
+    "server.service._abort bounds its messages at MAX_DETAILS, auth's do not)",
+)
+def test_a_refusal_naming_a_long_client_id_still_reaches_the_caller(tmp_path):
+    h = SecAggHarness(tmp_path, "keys")
+    try:
+        request = h.request("roster")
+        request.client_id = "x" * 40_000  # details over the hard limit too (between 8 and 16 KiB: dropped at random)
+        with pytest.raises(grpc.RpcError) as err:
+            h.call(request)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+    finally:
+        h.close()
