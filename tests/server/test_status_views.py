@@ -154,3 +154,45 @@ def test_coordinator_metrics_publish_no_per_client_figures(tmp_path):
     labels = {k for f in families for s in f.samples for k in s.labels}
     assert not [n for n in names if any(w in n for w in ("sample", "loss", "cosine", "ratio", "dropped"))], names
     assert labels <= {"run_id", "state", "method", "reason", "phase", "le"}, labels
+
+
+def test_under_mutual_tls_the_operators_view_needs_the_token_beside_a_certificate(tmp_path, capsys):
+    """The handshake wants a certificate of the run's CA; the operator's is no client's (not on the
+    allow-list), and a client's certificate without the operator's token reads nothing."""
+    from server.certs import create_dev_pki
+
+    pki = create_dev_pki(tmp_path / "tls", [*CLIENTS, "operator"])
+    coord = robust_run(tmp_path)
+    security = Security(ca=str(pki.ca), cert=str(pki.server_cert), key=str(pki.server_key), allowed_clients=CLIENTS)
+    server, port = create_server(
+        coord, "127.0.0.1:0", security=security, operator=OperatorAuth(token_digest(OPERATOR_TOKEN))
+    )
+    server.start()
+    token, wrong = tmp_path / "operator.token", tmp_path / "wrong.token"
+    token.write_text(OPERATOR_TOKEN)
+    wrong.write_text("token-c1")
+
+    def status(who: str | None, token_file) -> int:
+        tls = ["--tls-ca", str(pki.ca)]
+        if who is not None:
+            tls += ["--tls-cert", str(pki.client_cert(who)), "--tls-key", str(pki.client_key(who))]
+        return admin(
+            [
+                "status",
+                "--target",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "5",
+                *tls,
+                "--operator-token-file",
+                str(token_file),
+            ]
+        )
+
+    try:
+        assert status("operator", token) == 0
+        assert json.loads(capsys.readouterr().out)["metrics"]["history"][1] == SECURE_ENTRY
+        assert status("c1", wrong) == 2 and "PERMISSION_DENIED" in capsys.readouterr().err
+        assert status(None, token) == 2 and "UNAVAILABLE" in capsys.readouterr().err  # no certificate: no handshake
+    finally:
+        server.stop(0)
