@@ -504,7 +504,7 @@ class Coordinator:
         with self.lock:
             index = self._index_of(client_id)
             self._tick()
-            if self.state == State.DONE:
+            if self.state in (State.DONE, State.FAILED):  # over either way: the client stops
                 self.released.add(client_id)
                 return RoundPlan(
                     run_id=self.config.run_id,
@@ -815,7 +815,7 @@ class Coordinator:
 
     def all_clients_released(self) -> bool:
         with self.lock:
-            return self.state == State.DONE and set(self.clients) <= self.released
+            return self.state in (State.DONE, State.FAILED) and set(self.clients) <= self.released
 
     def tick(self) -> None:
         """Close a step whose deadline has passed with a quorum (called periodically)."""
@@ -847,7 +847,9 @@ class Coordinator:
                 "state": self.state.value,
                 "task": step.task if step else self.pointer[0],
                 "round": step.round if step else 0,
-                "phase": (step.phase if step else Phase.DONE if self.state == State.DONE else Phase.TRAIN),
+                "phase": (
+                    step.phase if step else Phase.DONE if self.state in (State.DONE, State.FAILED) else Phase.TRAIN
+                ),
                 "clients_joined": len(self.clients),
                 "clients_done": len(step.submitted) if step else 0,
                 "metrics": metrics,

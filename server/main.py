@@ -20,7 +20,7 @@ from common.metrics import format_summary
 from common.tls import SecurityError, add_security_arguments, security_from_args
 from server.admission import Limits
 from server.checks import Options, Refused
-from server.coordinator import Coordinator
+from server.coordinator import Coordinator, State
 from server.service import create_server
 from server.telemetry import CoordinatorMetrics, coordinator_status
 
@@ -177,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def ticker() -> None:
         while not coordinator.done.wait(0.2):
-            coordinator.tick()
+            try:
+                coordinator.tick()
+            except Exception:  # a bug in one step's closing must not leave every later deadline unwatched
+                log.exception("closing a step at its deadline failed; the ticker goes on")
 
     threading.Thread(target=ticker, daemon=True).start()
     try:
@@ -196,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info(format_summary(coordinator.summary()))  # one record: every output line stays JSON
     else:
         print(format_summary(coordinator.summary()), flush=True)
+    if coordinator.state == State.FAILED:
+        log.error("run %s failed: a step could not be completed (its history entry says why)", config.run_id)
+        return 1
     return 0
 
 

@@ -32,8 +32,8 @@ N = 5
 SETTINGS = SecAggSettings(enabled=True)
 
 
-def secure_run(tmp_path, **secagg) -> tuple[Coordinator, RoundPlan]:
-    run = config(num_clients=N, num_tasks=1, settings={"secagg": {"enabled": True, **secagg}})
+def secure_run(tmp_path, rounds: int = 2, **secagg) -> tuple[Coordinator, RoundPlan]:
+    run = config(num_clients=N, num_tasks=1, rounds_per_task=rounds, settings={"secagg": {"enabled": True, **secagg}})
     coord = Coordinator(run, tmp_path / "state", Options())
     for i in range(N):
         assert coord.join(f"c{i}", i) == i
@@ -168,6 +168,25 @@ def test_h2_a_garbage_input_restarts_the_session_then_ends_the_round_unmerged(tm
     assert all(torch.equal(before[k], after[k]) for k in before)  # the round merged nothing
     resumed = Coordinator(coord.config, tmp_path / "state", Options())
     assert resumed.history == coord.history and resumed.pointer == coord.pointer
+
+
+def test_h2_a_gram_step_that_fails_past_its_attempts_ends_the_run_failed_not_wedged(tmp_path):
+    """LoRM's task Gram is needed by every later merge: when its secure sum fails ``max_attempts`` (1) times,
+    the run ends in state ``failed``, recorded; clients pulling are told it is over; a restart stays over."""
+    coord, plan = secure_run(tmp_path, rounds=1, max_attempts=1)
+    session(coord, list(range(N)))  # the training round merges
+    gram = coord.pull("c0")
+    assert isinstance(gram, RoundPlan) and gram.phase == Phase.TASK_GRAM
+    session(coord, list(range(N)), garbage=3)
+    assert coord.state == State.FAILED and coord.done.is_set() and coord.step is None
+    assert coord.history[-1]["phase"] == Phase.TASK_GRAM.value and coord.history[-1]["secagg"]["failed"]
+    for i in range(N):
+        over = coord.pull(f"c{i}")
+        assert isinstance(over, RoundPlan) and over.phase == Phase.DONE
+    assert coord.all_clients_released()
+    coord.tick()
+    resumed = Coordinator(coord.config, tmp_path / "state", Options())
+    assert resumed.state == State.FAILED and resumed.done.is_set()
 
 
 def test_h2_a_restarted_coordinator_resumes_a_step_whose_sum_fails(tmp_path, monkeypatch):
