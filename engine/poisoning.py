@@ -1,9 +1,10 @@
 """lorm-poison: FAA with one hostile client, with the robust guard off and on (``server/robust.py``).
 
 Each cell is one in-process run of a preset at one beta and seed, with client ``--attacker``
-hostile in one way of ``engine.attacks`` (or none), and ``robust.enabled`` off or on. Cells are
+hostile in one way of ``engine.attacks`` (or none; ``collude-k`` makes clients ``--attacker`` to
+``--attacker + k - 1`` hostile together), and ``robust.enabled`` off or on. Cells are
 ``OUT/<attack>/<guard>/metrics.json``; a finished cell is skipped (resume). The table goes to
-``OUT/results.md`` and stdout.
+``OUT/results.md`` (``--table``) and stdout. ``--attacks naive`` / ``adaptive`` name the two sets.
 
     python -m engine.poisoning --preset cpu-clinc150-quick --beta 0.5 --out runs/poisoning \\
         --attacks none,scale-factors,scale-grams,flip-sign,flip-labels --guards off,on
@@ -20,7 +21,7 @@ from typing import Any
 
 from common.config import RunConfig, merged
 from common.presets import preset
-from engine.attacks import ATTACKS, wrap_hostile
+from engine.attacks import ADAPTIVE, ATTACKS, NAIVE, hostile_indices, wrap_hostile
 from engine.simulation import run_inprocess
 from server.strategies.validate import UpdateRejected
 
@@ -34,6 +35,7 @@ def cell_config(base: RunConfig, guard: str, settings: dict[str, Any]) -> RunCon
 
 
 def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[str, Any]:
+    hostile = hostile_indices(attack, attacker, config.num_clients) if attack != "none" else []
     cell.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     lines: list[str] = []
@@ -48,7 +50,7 @@ def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[
                 config,
                 log=say,
                 results_dir=cell / "run" / "results",
-                wrap=None if attack == "none" else wrap_hostile(attack, attacker),
+                wrap=wrap_hostile(attack, hostile) if hostile else None,
             )
         except UpdateRejected as err:
             # The run cannot go on: a client's update is not even well-formed any more (e.g. NaN
@@ -68,10 +70,11 @@ def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[
             for report in steps:
                 for what in ("refused", "clipped"):
                     for i in report[what]:
-                        metrics[what]["attacker" if attack != "none" and i == attacker else "honest"] += 1
+                        metrics[what]["attacker" if i in hostile else "honest"] += 1
     metrics |= {
         "attack": attack,
         "attacker": attacker if attack != "none" else None,
+        "hostile": hostile,
         "wall_seconds": time.perf_counter() - start,
     }
     (cell / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
@@ -118,13 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beta", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attacker", type=int, default=3, help="the hostile client's index")
-    parser.add_argument("--attacks", default=",".join(("none",) + ATTACKS))
+    parser.add_argument(
+        "--attacks", default=",".join(("none",) + NAIVE), help="comma-separated; naive, adaptive: each set"
+    )
     parser.add_argument("--guards", default=",".join(GUARDS))
     parser.add_argument("--robust", default="{}", help="the guard's settings when on, JSON (e.g. '{\"kappa\": 3}')")
     parser.add_argument("--out", required=True)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--table", default="results.md", help="the table's file name under --out")
     args = parser.parse_args(argv)
-    attacks, guards = args.attacks.split(","), args.guards.split(",")
+    sets = {"naive": list(NAIVE), "adaptive": list(ADAPTIVE)}
+    attacks = [a for name in args.attacks.split(",") for a in sets.get(name, [name])]
+    guards = args.guards.split(",")
     for attack in attacks:
         if attack != "none" and attack not in ATTACKS:
             parser.error(f"unknown attack {attack!r}; known: none, {', '.join(ATTACKS)}")
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{attack}, guard {guard}: {outcome} ({m['wall_seconds'] / 60:.1f} min)", flush=True)
     text = table(out, attacks, guards)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.md").write_text(text + "\n")
+    (out / args.table).write_text(text + "\n")
     print(text)
     return 0
 

@@ -59,7 +59,7 @@ def through_coordinator(cfg: RunConfig, attack: str, state_dir) -> tuple[Coordin
     return coord, coord.history
 
 
-@pytest.mark.parametrize("attack", ["scale-grams", "flip-sign"])
+@pytest.mark.parametrize("attack", ["scale-grams", "flip-sign", "inflate-samples"])
 def test_coordinator_screens_exactly_as_the_engine(tmp_path, attack):
     cfg = config()
     inprocess = run_inprocess(cfg, wrap=wrap_hostile(attack, ATTACKER))
