@@ -16,7 +16,7 @@ from client.floor import FloorError, add_floor_arguments, check_floor, floor_fro
 from client.local import LocalSettingError, add_local_arguments, applied, local_from_args, refuse_coordinator_local
 from client.runtime import build_runtime
 from client.secure import SecureRounds
-from client.telemetry import ClientMetrics
+from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
 from common.progress import Progress
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--metrics-host",
-        default=env("LORM_METRICS_HOST", "0.0.0.0"),
-        help="address the metrics endpoint listens on (default $LORM_METRICS_HOST or 0.0.0.0)",
+        default=env("LORM_METRICS_HOST", DEFAULT_HOST),
+        help=HOST_HELP,
     )
     add_floor_arguments(parser)
     add_local_arguments(parser)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         set_context(task=plan.task, round=plan.round)
         rounds = None
         if secure and plan.phase != Phase.EVALUATE:
-            rounds = SecureRounds(client, config, runtime.spec, index, plan)
+            rounds = SecureRounds(client, config, runtime.spec, index, plan, security=security)
             try:
                 rounds.begin()  # keys and sealed shares before training: the others need them to mask
             except Rejected as err:

@@ -39,7 +39,18 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | No
     return None
 
 
+MAX_DETAILS = 2000  # status details travel in an HTTP/2 header, and clients drop headers over 8 KiB
+
+
+def bounded_details(message: str) -> str:
+    """``message`` cut to :data:`MAX_DETAILS` characters: refusals quote what the caller sent, which may be long."""
+    if len(message) > MAX_DETAILS:
+        return f"{message[:MAX_DETAILS]}... ({len(message)} characters)"
+    return message
+
+
 def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    message = bounded_details(message)
     log.warning("refused a call from %s: %s: %s", context.peer(), code.name, message)
     context.abort(code, message)
     raise AssertionError("context.abort returns only by raising")

@@ -21,6 +21,7 @@ from common.tls import SecurityError, add_security_arguments, security_from_args
 from server.admission import Limits
 from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
+from server.operator import add_operator_arguments, operator_from_args
 from server.service import create_server
 from server.telemetry import CoordinatorMetrics, coordinator_status
 
@@ -75,6 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=Limits.idle_s,
         help="seconds a Push may send nothing (or a Pull's reader take nothing) before it is cancelled",
     )
+    parser.add_argument(
+        "--stream-grace",
+        type=float,
+        default=Limits.grace_s,
+        help="seconds of waiting on a stream's peer before --stream-min-rate applies",
+    )
+    parser.add_argument(
+        "--stream-min-rate",
+        type=float,
+        default=Limits.min_rate,
+        help="bytes per second of waiting a stream's peer must move after --stream-grace, else the call is "
+        "cancelled (0: no bound)",
+    )
+    add_operator_arguments(parser)
     add_security_arguments(parser, "server")
     add_logging_arguments(parser)
     return parser
@@ -153,11 +168,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     made.append(coordinator)
     try:
-        limits = Limits(per_client=args.max_calls_per_client, idle_s=args.stream_idle)
+        limits = Limits(
+            per_client=args.max_calls_per_client,
+            idle_s=args.stream_idle,
+            grace_s=args.stream_grace,
+            min_rate=args.stream_min_rate,
+        )
+        operator = operator_from_args(args)
     except ValueError as err:
         parser.error(str(err))
     server, port = create_server(
-        coordinator, f"{args.host}:{args.port}", interceptors=[metrics.interceptor()], security=security, limits=limits
+        coordinator,
+        f"{args.host}:{args.port}",
+        interceptors=[metrics.interceptor()],
+        security=security,
+        limits=limits,
+        operator=operator,
     )
     if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
         log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))

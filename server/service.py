@@ -15,7 +15,7 @@ from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import AdmissionInterceptor, CallLimiter, Limits
-from server.auth import AuthInterceptor, Authenticator
+from server.auth import AuthInterceptor, Authenticator, bounded_details
 from server.checks import Refused
 from server.coordinator import Coordinator
 from server.operator import OperatorAuth, refuse_without_operator
@@ -38,13 +38,8 @@ class _Duplicate(Exception):
     pass
 
 
-MAX_DETAILS = 2000  # status details travel in an HTTP/2 header, and clients drop headers over 8 KiB
-
-
 def _abort(context: grpc.ServicerContext, err: Exception) -> None:
-    message = str(err)
-    if len(message) > MAX_DETAILS:  # messages quote what the client sent, which may be long
-        message = f"{message[:MAX_DETAILS]}... ({len(message)} characters)"
+    message = bounded_details(str(err))
     if isinstance(err, Refused):
         context.abort(getattr(grpc.StatusCode, err.code), message)
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -717,10 +717,7 @@ def secagg_campaign(h: SecAggHarness) -> collections.Counter:
             assert grpc.StatusCode[code] in SECAGG_REFUSALS or (
                 code == "INTERNAL" and "deserializ" in details.lower()
             ), f"{where} {details!r}"
-            if "Stream removed" in details and len(_client_id(case)) > 8000:
-                counts["lost to auth's long client_id (xfail below)"] += 1
-            else:
-                assert "Stream removed" not in details, f"{where} {details!r}"
+            assert "Stream removed" not in details, f"{where} {details!r}"
         after = h.state()
         if after != h.before:
             wrong = own_change(h.before, after)
@@ -755,13 +752,6 @@ def test_fuzz_secagg_then_the_honest_clients_go_on(tmp_path, stage):
         h.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/auth.py Authenticator.authorize -> _refuse quotes the claimed client_id unbounded: a 40,000-"
-    "character id makes PERMISSION_DENIED's details a 40 KB header, over the client's metadata limits, so the "
-    "caller gets RESOURCE_EXHAUSTED 'Stream removed' instead of the refusal (found by the SecAgg fuzz cases; "
-    "server.service._abort bounds its messages at MAX_DETAILS, auth's do not)",
-)
 def test_a_refusal_naming_a_long_client_id_still_reaches_the_caller(tmp_path):
     h = SecAggHarness(tmp_path, "keys")
     try:
