@@ -476,11 +476,11 @@ class ServerSession:
             if j in survivors:
                 pieces = {a: [s[j]] for a, s in self.revealed.items()}
                 check = functools.partial(_seed_matches, roster[j].commitment, j, self.context)
-                what = "its own-mask seed"
+                what = "own-mask seed"
             else:
                 pieces = {a: [s[j][:16], s[j][16:]] for a, s in self.revealed.items()}
                 check = functools.partial(_key_matches, roster[j].mask_public)
-                what = "its mask key"
+                what = "mask key"
             try:
                 secret = rebuild(pieces, positions, self.threshold, check, j, what)
             except Culprits as err:
@@ -514,14 +514,20 @@ def rebuild(
 ) -> bytes:
     """The secret of client ``owner`` from the answers ``pieces`` (answerer -> its shares), checked by ``check``.
 
-    With a wrong share among the answers, a ``threshold``-subset that passes the check is searched for
-    (leaving out one answerer, then two; at most :data:`SEARCH_LIMIT` subsets); the answerers whose shares
+    The first and the last ``threshold`` answers are both checked (one more combine with spare answers):
+    together they cover every answerer, so a wrong share is caught whatever its sender's index; the first
+    alone would pass over a liar ranked past the threshold. With a wrong share among the answers, a
+    ``threshold``-subset that passes the check is searched for (leaving out one answerer, then two; at
+    most :data:`SEARCH_LIMIT` subsets); the answerers whose shares
     do not lie on that subset's polynomial lied: :class:`Culprits` names them. If every answer lies on one
     polynomial whose secret fails the check, ``owner`` dealt shares of another secret than it committed
     to: :class:`Culprits` names ``owner``. Otherwise ``SecAggError`` (too few spare answers to tell)."""
     answerers = sorted(pieces)
     first = combine({a: pieces[a] for a in answerers[:threshold]}, positions, threshold)
-    if check(first):
+    last = answerers[-threshold:]
+    if check(first) and (
+        last == answerers[:threshold] or check(combine({a: pieces[a] for a in last}, positions, threshold))
+    ):
         return first
     spare = len(answerers) - threshold
     tried = 0
@@ -540,7 +546,7 @@ def rebuild(
                 ]
                 return _raise_liars(liars, owner, what) if liars else secret
     if spare >= 1 and _consistent(pieces, answerers, positions, threshold, first):
-        raise Culprits({owner: f"dealt shares of {what} that rebuild to another value than it committed to"})
+        raise Culprits({owner: f"dealt shares of its {what} that rebuild to another value than it committed to"})
     raise SecAggError(
         f"the shares of client {owner}'s {what} do not rebuild to what it committed to, and {len(answerers)} answers "
         f"(threshold {threshold}) do not tell whose share is wrong"

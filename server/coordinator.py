@@ -307,7 +307,13 @@ class Coordinator:
                     self._secure_failed(step, err)
                     return
                 entry["secagg"] = secagg_report(
-                    sec.session, self.config.num_clients, step.aggregator, sec.attempt, sec.earlier
+                    sec.session,
+                    self.config.num_clients,
+                    step.aggregator,
+                    sec.attempt,
+                    sec.earlier,
+                    failures=sec.failures,
+                    excluded=sec.excluded,
                 )
             elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
                 load = functools.partial(self.store.load_update, step.key)

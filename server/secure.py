@@ -172,14 +172,22 @@ def added_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 
 def secagg_report(
-    session: ServerSession, clients: int, aggregator: Aggregator, attempt: int = 0, earlier: dict | None = None
+    session: ServerSession,
+    clients: int,
+    aggregator: Aggregator,
+    attempt: int = 0,
+    earlier: dict | None = None,
+    failures: list[str] | None = None,
+    excluded: dict[int, str] | None = None,
 ) -> dict:
     """What a secure step's history entry records: who finished, the samples their unmasked sum
     counts, the bytes each round brought in (``earlier``: those of the step's abandoned sessions,
-    added), and which session finished (``attempt``: 0 unless the step was restarted)."""
+    added), and which session finished (``attempt``: 0 unless the step was restarted). After a
+    restart also why each earlier session failed (``failures``) and the clients caught deviating and
+    left out of the step (``excluded``: client -> what it did), so the record outlives the log."""
     survivors, dropped = session.close_inputs()
     received = added_counts(session.received, earlier or {})
-    return {
+    report: dict[str, object] = {
         "survivors": len(survivors),
         "samples": aggregator.num_samples,
         "dropped": dropped,
@@ -188,6 +196,11 @@ def secagg_report(
         "bytes_received": received,
         "bytes_per_client": sum(received.values()) / clients,
     }
+    if failures:
+        report["failed"] = list(failures)
+    if excluded:
+        report["excluded"] = {str(i): why for i, why in sorted(excluded.items())}
+    return report
 
 
 def secagg_text(report: dict) -> str:

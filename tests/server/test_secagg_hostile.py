@@ -148,6 +148,23 @@ def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes
         assert torch.allclose(have[name].double(), want.double(), rtol=1e-9, atol=1e-12), name
 
 
+def test_h2_a_wrong_share_from_the_last_answerer_is_named_too(tmp_path):
+    """Client 4, ranked past the threshold (3), answers with wrong shares. Rebuilding from the first three
+    answers alone would pass over it (their secret checks out) and the liar would go unnamed, as it would not
+    had its index been lower; the last three answers are checked too. Client 4 is named and excluded, and the
+    history of the step's restarted session records the failure and the culprit."""
+    coord, plan = secure_run(tmp_path)
+    session(coord, list(range(N)), liar=N - 1)
+    step = coord.step
+    assert step is not None and step.secure is not None and step.secure.attempt == 1
+    assert list(step.secure.excluded) == [N - 1] and not coord.history
+    session(coord, list(range(N - 1)))
+    record = coord.history[0]["secagg"]
+    assert record["attempt"] == 1 and record["survivors"] == N - 1 and record["dropped"] == []
+    assert list(record["excluded"]) == [str(N - 1)] and "revealed a wrong share" in record["excluded"][str(N - 1)]
+    assert len(record["failed"]) == 1 and "Culprits" in record["failed"][0]
+
+
 def test_h2_a_garbage_input_restarts_the_session_then_ends_the_round_unmerged(tmp_path):
     """Client 0 masks random ring elements in the step's layout: the unmasked sum is out of the fixed
     point's range, and nobody can be named (the coordinator sees sums only). The session restarts with

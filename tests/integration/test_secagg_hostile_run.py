@@ -1,0 +1,154 @@
+"""Secure aggregation, signed mode, against a hostile client and a killed coordinator (issue 41), over real
+processes: five honest ``lorm-client`` s and a hostile sixth (``hostile_client.py``) with mTLS certificates
+of a dev CA, the coordinator SIGKILLed inside a secure step and started again on its state directory.
+
+The hostile client takes part in every session's signed keys and shares. In training round 0 it sends an
+honest masked input and answers the unmask request with wrong shares: the spare answers name it, it is
+excluded from the step, and the session restarts without it (the coordinator is killed right after that
+restart is persisted, and resumes it). In round 1 it masks random ring elements: the unmasked sum is out of
+the fixed point's range, nobody can be named, and the session restarts, where it drops out. In round 2 (the
+task Gram) it drops out after sharing. It evaluates honestly.
+
+The reference: the in-process engine on the same configuration (six clients, the same seed, hence the same
+shards, the same threshold and fixed point), client 5 dropping out after the share round of every secure
+step. Each step's final session then unmasks the ring sum of the same five encoded inputs (exact integer
+sums, in any order), decoded for the same five clients: the merges see bit-identical sums, so the result
+is bit-identical, not merely within ``FixedPoint.error_bound``. That is the clean run of the five honest
+clients on their own shards; client 5's shard only enters its evaluation of the merged model (its test
+share), which is the same in both runs."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from procs import ProjectProc
+from safetensors.torch import load_file
+
+from common.config import RunConfig
+from engine import simulation
+from server.secure import secure_step
+
+HOSTILE = 5
+WRONG_SHARE, GARBAGE = 0, 1  # the training rounds whose first session the hostile client spoils
+CONFIG = RunConfig(
+    run_id="hostile",
+    num_clients=6,
+    num_tasks=1,
+    rounds_per_task=2,  # train B (round 0), train A (round 1), the task Gram (round 2), the evaluation
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=9,
+    extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
+    settings={"secagg": {"enabled": True, "mode": "signed"}},  # threshold 2n/3 + 1 = 5
+)
+# Each round a dropping client leaves open waits this long before closing with the threshold; a round the
+# hostile client takes part in closes as soon as all six have sent, so an honest client is never left out.
+DEADLINE_S = "6"
+RESULTS = ("adapter/adapter_model.safetensors", "head.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The in-process run with client 5 dropping out of every secure step after sharing."""
+    out = tmp_path_factory.mktemp("reference")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(simulation, "secure_step", functools.partial(secure_step, drop_after_sharing=(HOSTILE,)))
+    try:
+        result = simulation.run_inprocess(CONFIG, results_dir=out)
+    finally:
+        patch.undo()
+    return result, {name: load_file(str(out / name)) for name in RESULTS}
+
+
+def no_nan(value: float | None) -> float | None:
+    """A loss as metrics.json writes it: NaN (a step that trains nothing) as null."""
+    return None if value is None or math.isnan(value) else value
+
+
+def hostile_client(c) -> ProjectProc:
+    pki = c.pki
+    p = ProjectProc(
+        "hostile",
+        [
+            sys.executable,
+            str(Path(__file__).with_name("hostile_client.py")),
+            "--server",
+            f"127.0.0.1:{c.port}",
+            "--client-id",
+            f"client-{HOSTILE}",
+            "--index",
+            str(HOSTILE),
+            "--tls-ca",
+            str(pki.ca),
+            "--tls-cert",
+            str(pki.client_cert(f"client-{HOSTILE}")),
+            "--tls-key",
+            str(pki.client_key(f"client-{HOSTILE}")),
+            "--wrong-share",
+            str(WRONG_SHARE),
+            "--garbage",
+            str(GARBAGE),
+        ],
+    )
+    c.procs.append(p)
+    return p
+
+
+def test_a_hostile_client_and_a_killed_coordinator_leave_the_clean_runs_result(cluster, reference):
+    expected, files = reference
+    c = cluster(CONFIG.to_json())
+    server = c.server("--round-deadline", DEADLINE_S, env={"LORM_FAULT": "secagg.restarted:1"})
+    server.wait_for("serving on")
+    honest = [c.client(i) for i in range(HOSTILE)]
+    hostile = hostile_client(c)
+    # Killed once round 0's restart (without the liar) is on disk, its abandoned masked inputs still staged.
+    server.wait_for(r"LORM_FAULT: SIGKILL at secagg.restarted \(hit 1\)", timeout=150)
+    assert server.wait(timeout=30) == -signal.SIGKILL
+    first_log = "".join(server.lines)
+    assert (
+        "task 0 step 0 secure aggregation (attempt 0) failed: client 5: revealed a wrong share of client" in first_log
+    )
+    assert "excluding clients [5] from the step" in first_log
+    restarted = c.server("--round-deadline", DEADLINE_S, "--linger", "60")
+    restarted.wait_for(r"resumed run hostile at running task 0 step 0")
+    assert restarted.wait(timeout=150) == 0
+    assert [p.wait(timeout=30) for p in honest] == [0] * HOSTILE
+    assert hostile.wait(timeout=30) == 0
+    said = "".join(hostile.lines)
+    assert "round 0 attempt 0: sent wrong shares" in said and "round 1 attempt 0: sent garbage input" in said
+    assert "round 1 attempt 1: keys and shares sent, dropping out" in said
+    assert "round 2 attempt 0: keys and shares sent, dropping out" in said
+
+    # The result: bit-identical tensors and the same accuracy counts as the reference.
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    assert (metrics["correct"], metrics["total"]) == (expected.matrix.correct, expected.matrix.total)
+    for name, want in files.items():
+        got = load_file(str(c.run_dir / "results" / name))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+
+    # The history: each step's final session unmasked the five honest clients' sum; the spoiled ones restarted.
+    history, clean = metrics["history"], expected.history
+    assert [h["phase"] for h in history] == [h["phase"] for h in clean] == ["train", "train", "task_gram", "evaluate"]
+    for got, want in zip(history[:3], clean[:3]):
+        assert got["secagg"]["survivors"] == want["secagg"]["survivors"] == HOSTILE
+        assert got["secagg"]["samples"] == want["secagg"]["samples"] and no_nan(got["loss"]) == no_nan(want["loss"])
+    wrong, garbage, gram = (h["secagg"] for h in history[:3])
+    assert wrong["attempt"] == 1 and wrong["dropped"] == []  # the liar was kept out of the restarted session
+    assert list(wrong["excluded"]) == ["5"] and "revealed a wrong share" in wrong["excluded"]["5"]
+    assert len(wrong["failed"]) == 1 and wrong["failed"][0].startswith("Culprits: client 5: revealed a wrong share")
+    assert garbage["attempt"] == 1 and garbage["dropped"] == [HOSTILE] and "excluded" not in garbage
+    assert len(garbage["failed"]) == 1 and "an unmasked sum lies beyond" in garbage["failed"][0]
+    assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE] and "failed" not in gram
+    second_log = "".join(restarted.lines)
+    assert "task 0 step 1 secure aggregation (attempt 0) failed" in second_log and "nobody can be named" in second_log
+    assert "task 0 step 1 secure aggregation (attempt 0): restarted with fresh keys (attempt 1)" in second_log
