@@ -184,3 +184,25 @@ def test_ring_arithmetic_is_integer_arithmetic_modulo_2_128(values, other):
         total = ring_add(total, limbs(v))
     assert value(total) == sum(values) % 2**128
     assert value(ring_sub(total, limbs(other))) == (sum(values) - other) % 2**128
+
+
+@given(
+    threshold=st.integers(1, 12),
+    extra=st.integers(0, 6),
+    secret=st.binary(min_size=32, max_size=32),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=40, deadline=None)
+def test_combine_is_pycryptodomes_interpolation_with_kept_coefficients(threshold, extra, secret, seed):
+    """``combine`` (Lagrange coefficients of GF(2^128) kept per set of x-coordinates) gives exactly what
+    pycryptodome's ``Shamir.combine`` gives for the same shares, for any threshold and any chosen subset."""
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    rng = np.random.default_rng(seed)
+    clients = sorted(int(c) for c in rng.choice(1000, size=threshold + extra, replace=False))
+    pieces = share(secret, threshold, clients)
+    chosen = sorted(int(c) for c in rng.choice(clients, size=threshold, replace=False))
+    subset = {c: pieces[c] for c in chosen}
+    position = {c: k + 1 for k, c in enumerate(clients)}
+    theirs = b"".join(Shamir.combine([(position[c], subset[c][b]) for c in chosen]) for b in range(2))
+    assert combine(subset, clients, threshold) == theirs == secret
