@@ -3,7 +3,7 @@
 The same RunConfig (tiny-bert on synthetic-text, 3 clients, 2 tasks, 3 rounds per task,
 threads = 1 per process) runs
 
-  distributed  ``server.launch.launch``: a ``lorm-server`` process and 3 ``lorm-client``
+  distributed  ``engine.launch.launch``: a ``lorm-server`` process and 3 ``lorm-client``
                processes on 127.0.0.1; timed from the call to its return, so it includes
                every process's start-up (interpreter, imports, model build) and the
                coordinator's linger until all clients have learnt the run is over;
@@ -80,7 +80,7 @@ def log_time(lines: list[str], marker: str) -> float:
 
 
 def one_distributed() -> dict:
-    from server.launch import launch
+    from engine.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="lorm-wall-") as tmp:
         run_dir = Path(tmp)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from client.worker import resolve_device
 from common.config import RunConfig
 from server.export import write_metrics
-from server.launch import launch
+from engine.launch import launch
 from engine.simulation import run_inprocess, saved_config
 from engine.benchmark_report import _duration, _pct, cell_seconds
 

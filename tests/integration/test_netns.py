@@ -22,6 +22,7 @@ import yaml
 from safetensors.torch import load_file
 
 from client.runtime import build_runtime
+from client.spec import describe
 from common.config import config_from_args
 from server.certs import create_dev_pki
 from server.export import export_adapter
@@ -88,6 +89,9 @@ def deployment(tmp_path_factory):
     clients = [f"client-{i}" for i in range(NUM_CLIENTS)]
     assert [n for n in spec["services"] if n != "coordinator"] == clients
     create_dev_pki(root / "certs", clients + ["health"], hosts=("coordinator", "localhost", "127.0.0.1"))
+    # As build-and-run.sh's lorm-spec: the run's model, which the coordinator holds every Describe to.
+    argv = ComposeService(spec, "coordinator", root).argv + SMALLER
+    (root / "model-spec.json").write_text(describe(config_from_args(build_parser().parse_args(argv))).to_json() + "\n")
     return spec, root
 
 

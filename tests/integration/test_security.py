@@ -21,7 +21,7 @@ from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.certs import create_dev_pki
 from server.coordinator import Coordinator
-from server.launch import launch
+from engine.launch import launch
 from server.service import SERVICE_NAME, create_server
 from procenv import project_pythonpath
 

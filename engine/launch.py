@@ -80,7 +80,7 @@ def launch(
         "PYTHONUNBUFFERED": "1",
     }
     server_security, client_security = _security_args(state_dir.parent, num_clients, insecure)
-    from client.local import split  # the launcher plays both parties: it knows what is whose
+    from client.local import split  # the launcher plays both parties (engine: above client and server)
 
     # The coordinator's configuration names no client's files; each client gets its own by its flags.
     shared, local = split(RunConfig.from_json(config_path.read_text()))
