@@ -42,7 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.synthetic import LAYERS, VIT_B16 as SPEC, make_update, update_bytes  # noqa: E402
+from bench.synthetic import LAYERS, make_update, update_bytes  # noqa: E402
+from bench.synthetic import VIT_B16 as SPEC
 from common.config import RunConfig  # noqa: E402
 from common.messages import Phase, RoundPlan  # noqa: E402
 

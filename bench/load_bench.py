@@ -42,8 +42,11 @@ sys.path.insert(0, str(ROOT))
 from bench.synthetic import TINY, VIT_B16, make_update  # noqa: E402
 from client.transport import Backoff, CoordinatorClient  # noqa: E402
 from common.config import RunConfig  # noqa: E402
-from common.messages import ModelSpec, Phase  # noqa: E402
-from common.messages import Wait  # noqa: E402
+from common.messages import (  # noqa: E402
+    ModelSpec,
+    Phase,
+    Wait,  # noqa: E402
+)
 from common.tensors import update_nbytes  # noqa: E402
 from common.tls import Security  # noqa: E402
 from server.store import Store  # noqa: E402

@@ -19,8 +19,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -51,8 +51,9 @@ import tempfile
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch

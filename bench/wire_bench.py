@@ -40,12 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.synthetic import CLASSES, FEATURES, LAYERS, VIT_B16 as SPEC  # noqa: E402
+from bench.synthetic import CLASSES, FEATURES, LAYERS  # noqa: E402
+from bench.synthetic import VIT_B16 as SPEC
 from client.transport import CoordinatorClient  # noqa: E402
-from proto import codec  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan  # noqa: E402
 from common.tls import Security  # noqa: E402
+from proto import codec  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402
 from server.service import create_server  # noqa: E402
 
@@ -76,7 +77,7 @@ class CountingRelay:
         while not self.stopped.is_set():
             try:
                 client, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

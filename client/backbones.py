@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from client.pretrained import pretrained_path
 from common.config import RunConfig
-from common.lora import apply_lora, lora_layers, LoRALinear
+from common.ia3 import SIDE, apply_ia3
+from common.lora import LoRALinear, apply_lora, lora_layers
 from common.messages import ModelSpec
 from common.methods import method
-from common.ia3 import SIDE, apply_ia3
 from common.settings import DataSettings, Ia3Settings, ModelSettings, VeraSettings
 from common.vera import apply_vera
 

@@ -16,9 +16,10 @@ import json
 import os
 import re
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class Splits:
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def reordered(self, names: list[str]) -> "Splits":
+    def reordered(self, names: list[str]) -> Splits:
         """The same samples with class ids renumbered so that class ``names[i]`` is id ``i``."""
         if sorted(names) != sorted(self.class_names):
             raise DatasetError(
@@ -67,7 +68,7 @@ class Splits:
             self, train_y=new_id[self.train_y], test_y=new_id[self.test_y], class_names=list(names)
         )
 
-    def validation(self, every: int) -> "Splits":
+    def validation(self, every: int) -> Splits:
         """Training samples only: the ``0th, kth, 2kth, ...`` training sample of each class (``k = every``, in
         the split's order) become the test split, the others the training split; the test split is dropped."""
         held = np.zeros(len(self.train_y), dtype=bool)
@@ -82,7 +83,7 @@ class Splits:
             test_y=self.train_y[out],
         )
 
-    def limited(self, num_classes: int, train_per_class: int, test_per_class: int) -> "Splits":
+    def limited(self, num_classes: int, train_per_class: int, test_per_class: int) -> Splits:
         """The first ``num_classes`` classes, at most ``*_per_class`` samples of each (0: no cap)."""
         keep = num_classes or self.num_classes
         if keep > self.num_classes:

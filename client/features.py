@@ -31,17 +31,15 @@ are float64.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel
 from common.config import RunConfig
-from common.merge import block_gram_factor, gram_factor
-from common.messages import RoundPlan
-from common.settings import NcmSettings
 from common.declared import (
     GRAM_FACTOR,
     HOLDOUT,
@@ -51,6 +49,9 @@ from common.declared import (
     holdout_blocks,
     holdout_every,
 )
+from common.merge import block_gram_factor, gram_factor
+from common.messages import RoundPlan
+from common.settings import NcmSettings
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from common.config import RunConfig
 from common.secagg import SecAggError

@@ -8,9 +8,9 @@ the setting ``data.image_size`` (default 224, the ViT-B/16 input), so tests can 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch

@@ -19,9 +19,9 @@ from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.faults import fault_point
-from common.progress import Progress
-from common.logs import add_logging_arguments, set_context, setup_logging, plan_name, step_loss
+from common.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
 from common.messages import ClientUpdate, Phase, RoundPlan, Wait
+from common.progress import Progress
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from client.transport import CoordinatorClient
 from common.config import RunConfig

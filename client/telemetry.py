@@ -6,7 +6,7 @@ the client's own host unless told otherwise (``DEFAULT_HOST``; ``--metrics-host`
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server

@@ -9,8 +9,9 @@ and what the update carries, is the method's client half (``client/methods/``, c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from client.methods.base import Samples, set_view
 from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
-from common.partition import dirichlet_partition, task_ranges, client_test_indices
+from common.partition import client_test_indices, dirichlet_partition, task_ranges
 from common.tensors import update_tensors
 
 

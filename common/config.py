@@ -10,8 +10,9 @@ import argparse
 import dataclasses
 import json
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from common.settings import LEGACY_EXTRA, SecAggSettings, Settings
 
@@ -202,18 +203,18 @@ class RunConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown run configuration keys: {unknown}; known: {sorted(known)}")
         return cls(**values)
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -19,12 +19,12 @@ F'/K)`` with ``ridge.blocks = K``), CCVR's
 
 from __future__ import annotations
 
+from common.adapter_merge import ia3_statistic_shape, vera_sends_diagonal
 from common.config import RunConfig
-from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
+from common.ia3 import SIDE
+from common.messages import GramKind, Mode, ModelSpec, Phase, RoundPlan
 from common.methods import method
 from common.prompts import trained_shapes
-from common.adapter_merge import ia3_statistic_shape, vera_sends_diagonal
-from common.ia3 import SIDE
 from common.settings import (
     CcvrSettings,
     FedProtoSettings,

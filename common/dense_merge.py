@@ -8,8 +8,9 @@ time into running sums whose size does not depend on how many clients were folde
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import torch
 from torch import Tensor

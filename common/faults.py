@@ -27,7 +27,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -14,11 +14,11 @@ named as LoRA's factors: ``B`` acts on the output, ``A`` on the input.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
-from torch import Tensor, nn
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 from common.lora import LoRALinear, replace_lora_layers
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
-from torch import Tensor, nn
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 # Regular expressions over dotted module names (``model.named_modules()``), per backbone family.
 TARGET_RULES: dict[str, tuple[str, ...]] = {
@@ -215,7 +215,7 @@ class GramRecorder:
         return hook
 
     @contextmanager
-    def recording(self) -> Iterator["GramRecorder"]:
+    def recording(self) -> Iterator[GramRecorder]:
         handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in self.modules.items()]
         try:
             yield self

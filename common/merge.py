@@ -18,8 +18,9 @@ in the reference implementation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor

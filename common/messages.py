@@ -12,9 +12,9 @@ Layer names are the dotted module names of the wrapped ``nn.Linear`` layers in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -69,7 +69,7 @@ class ModelSpec:
             }
         )
 
-    def difference(self, other: "ModelSpec") -> str:
+    def difference(self, other: ModelSpec) -> str:
         """The first way ``other`` differs from this spec, in words ("" when equal)."""
         for what in ("feature_dim", "num_classes", "export_prefix", "base_model"):
             if getattr(self, what) != getattr(other, what):
@@ -99,7 +99,7 @@ class ModelSpec:
         return 8 * (per_layer + params + head)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelSpec":
+    def from_json(cls, text: str) -> ModelSpec:
         """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description."""
         try:
             v = json.loads(text)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 AUTO_TASKS = 5  # tasks when the run leaves their number to the data (the paper's CLINC150 and ImageNet-R splits)
 
 

@@ -39,8 +39,8 @@ import hashlib
 import itertools
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 from cryptography.exceptions import InvalidTag

@@ -84,7 +84,7 @@ class Security:
     def tls(self) -> bool:
         return not self.insecure
 
-    def check(self, role: str) -> "Security":
+    def check(self, role: str) -> Security:
         """Raise :class:`SecurityError` naming the flags to pass unless the settings are usable by ``role``."""
         assert role in ("server", "client"), role
         named = {"--tls-ca": self.ca, "--tls-cert": self.cert, "--tls-key": self.key, "--token-file": self.token_file}

@@ -19,11 +19,11 @@ own from the same seed, which changes nothing the merges rely on.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
-from torch import Tensor, nn
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 from common.lora import LoRALinear, init_lora_a, replace_lora_layers
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -45,12 +45,13 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
-from engine.cells import RUNNERS, Cell, run_children, run_grid
 from engine.benchmark_report import JOINT, _duration, write_report
+from engine.cells import RUNNERS, Cell, run_children, run_grid
 from server.strategies import STRATEGIES
 
 # Keys the grid itself sets in every cell; a method configuration may not.

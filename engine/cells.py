@@ -9,23 +9,24 @@ import contextlib
 import dataclasses
 import json
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from client.worker import resolve_device
 from common.config import RunConfig
-from server.export import write_metrics
+from engine.benchmark_report import _duration, _pct, cell_seconds
 from engine.launch import launch
 from engine.simulation import run_inprocess, saved_config
-from engine.benchmark_report import _duration, _pct, cell_seconds
+from server.export import write_metrics
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,16 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from pathlib import Path
+from typing import Protocol
 
 from client.datasets import DatasetError
 from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import add_logging_arguments, report_text, setup_logging, plan_name, step_loss
+from common.logs import add_logging_arguments, plan_name, report_text, setup_logging, step_loss
 from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary

@@ -21,8 +21,9 @@ import json
 import math
 import sys
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from google.protobuf.message import Message
@@ -40,9 +41,10 @@ from common.messages import (
     RoundPlan,
     Wait,
 )
+from common.secagg_rounds import Keys
 from common.tensors import (
-    DEFAULT_MAX_TOTAL_BYTES,
     ANCHOR,
+    DEFAULT_MAX_TOTAL_BYTES,
     DELTA,
     EXTRA,
     FISHER,
@@ -54,16 +56,15 @@ from common.tensors import (
     PLAN_KINDS,
     PROMPT,
     PROTO,
-    VECTOR,
     UPDATE_FIELDS,
     UPDATE_HEAD,
+    VECTOR,
     WireError,
     parse_tensor_name,
     tensor_name,
     update_from_tensors,
     update_tensors,
 )
-from common.secagg_rounds import Keys
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping

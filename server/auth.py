@@ -8,7 +8,8 @@ client can only act as itself. A refused call aborts before the coordinator is t
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, NoReturn
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 import grpc
 

@@ -25,14 +25,15 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common.config import RunConfig
 from common.faults import fault_point
-from common.logs import report_text, plan_name, step_loss
+from common.logs import plan_name, report_text, step_loss
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
@@ -41,9 +42,7 @@ from common.secagg import SecAggError
 from common.secagg_rounds import Culprits, Keys
 from common.secure_terms import declared_layout
 from common.settings import RobustSettings, SecAggSettings
-from server.results import RunReporter
-from server.robust import robust_text, screen_and_fold
-from server.secure import SecureStep, load_sums, require_secure, secagg_report, secagg_text
+from common.tensors import update_tensors
 from server.checks import (
     Options,
     Refused,
@@ -54,7 +53,9 @@ from server.checks import (
     check_step,
     sample_bounds,
 )
-from common.tensors import update_tensors
+from server.results import RunReporter
+from server.robust import robust_text, screen_and_fold
+from server.secure import SecureStep, load_sums, require_secure, secagg_report, secagg_text
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -56,7 +56,7 @@ class OperatorAuth:
             )
 
     @classmethod
-    def from_file(cls, path: str) -> "OperatorAuth":
+    def from_file(cls, path: str) -> OperatorAuth:
         """Read ``--operator-token-file``: one line, the hex SHA-256 of the operator's token."""
         text = Path(path).read_text().strip()
         try:

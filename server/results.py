@@ -17,8 +17,8 @@ from pathlib import Path
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import LowRank, ModelSpec
 from common.faults import fault_point
+from common.messages import LowRank, ModelSpec
 from server.export import export_adapter, export_dense_delta, export_head, export_tensors, write_metrics
 from server.store import atomic_write_bytes
 

@@ -58,8 +58,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -29,8 +29,8 @@ from common.config import RunConfig
 from common.messages import ClientUpdate, RoundPlan
 from common.secagg import SecAggError, decode, encode
 from common.secagg_rounds import ClientSession, ServerSession, session_from_state, session_state
-from common.settings import RobustSettings, SecAggSettings
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.settings import RobustSettings, SecAggSettings
 from common.sums import load_running_sums, not_summable
 from common.tensors import MASKED
 from server.strategies.base import Aggregator, Strategy

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from concurrent import futures
-from typing import Iterator, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -15,7 +15,7 @@ from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import AdmissionInterceptor, CallLimiter, Limits
-from server.auth import AuthInterceptor, Authenticator, bounded_details
+from server.auth import Authenticator, AuthInterceptor, bounded_details
 from server.checks import Refused
 from server.coordinator import Coordinator
 from server.operator import OperatorAuth, refuse_without_operator

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server

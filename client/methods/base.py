@@ -13,7 +13,8 @@ to send (:meth:`outputs`). Evaluation loads the same way and scores with :meth:`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -85,7 +86,7 @@ class ClientMethod:
 
     mode: Mode = Mode.LORA  # the mode of the plans this half serves
 
-    def serves(self, plan: RoundPlan) -> "ClientMethod":
+    def serves(self, plan: RoundPlan) -> ClientMethod:
         """The half that handles ``plan``: this one, if the plan asks for its mode."""
         if plan.mode != self.mode:
             raise ValueError(

@@ -19,9 +19,8 @@ constants. A client sends its factors, its trained prototypes of the task's clas
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F

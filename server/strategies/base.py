@@ -9,10 +9,9 @@ depend on how many clients fold into them.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import math
 from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor

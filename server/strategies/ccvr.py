@@ -29,7 +29,7 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.declared import feature_stat_shapes
-from common.messages import ModelSpec, Mode, Phase, RoundPlan
+from common.messages import Mode, ModelSpec, Phase, RoundPlan
 from common.settings import CcvrSettings
 from server.strategies.base import Aggregator
 from server.strategies.closed_form import FeatureStatsAggregator

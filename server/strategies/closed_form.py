@@ -41,18 +41,18 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import dataclasses
 from abc import abstractmethod
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.declared import GRAM_FACTOR as FACTOR, HOLDOUT, Shapes, average_rule  # clients send a Gram as R: R^T R = G
+from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
+from common.declared import HOLDOUT, Shapes, average_rule
 from common.merge import BlockGramSum, GramRows, GramSum, right_solve
-from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, Mode, ModelSpec, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings, SecAggSettings
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 

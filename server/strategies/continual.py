@@ -30,7 +30,7 @@ from torch import Tensor
 from common.config import FISHER_SUMMED, RunConfig
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
-from common.messages import ANCHOR_HEAD, ClientUpdate, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import ANCHOR_HEAD, ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
 from common.settings import EwcSettings
 from server.strategies.base import Aggregator
 from server.strategies.fedavg import FedAvg

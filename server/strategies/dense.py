@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import ClientUpdate, LowRank, Mode, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Strategy
 
 

@@ -18,14 +18,13 @@ width ``F``) but is never evaluated.
 
 from __future__ import annotations
 
-from typing import Any
-
 import dataclasses
+from typing import Any
 
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ModelSpec, Mode, Phase, RoundPlan
+from common.messages import Mode, ModelSpec, Phase, RoundPlan
 from server.strategies.base import Aggregator
 from server.strategies.closed_form import ClosedFormHead, FeatureStatsAggregator, NearestClassMean, RidgeHead
 from server.strategies.lorm import LoRM

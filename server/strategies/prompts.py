@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import LowRank, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import LowRank, Mode, ModelSpec, Phase, RoundPlan
 from common.prompts import grow_coda, init_l2p, trained_shapes
 from common.settings import CodaSettings, L2pSettings
 from server.strategies.base import Aggregator, Strategy

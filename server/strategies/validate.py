@@ -25,7 +25,7 @@ core); Fisher non-negative; class counts non-negative whole numbers.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor

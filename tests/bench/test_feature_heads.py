@@ -3,7 +3,6 @@ and the kernel lambda search's one eigendecomposition gives the direct solve's p
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import pytest

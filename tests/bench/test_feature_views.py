@@ -3,7 +3,6 @@ Gram and class sums of the projected features, each row counted ``weight`` times
 
 from __future__ import annotations
 
-
 import torch
 
 from tolerance import assert_close_to_dtype

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from common.config import RunConfig
+
 from first_round import TINY, first_update
 
 
@@ -82,7 +83,7 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     padded, _, _ = first_update(dataclasses.replace(base, gram_padding=True))
     assert all(torch.equal(padded.grams[k], plain.grams[k]) for k in plain.grams)
     # Utterances of 1 to 6 words: the padded Grams gain the rows of the padding tokens.
-    rows = [f"{' '.join(['w%d' % c] * (1 + k % 6))},c{c}" for c in range(4) for k in range(8)]
+    rows = [f"{' '.join([f'w{c}'] * (1 + k % 6))},c{c}" for c in range(4) for k in range(8)]
     (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     text = RunConfig(
         strategy="lorm",

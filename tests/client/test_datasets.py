@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 
 from client.datasets import load_dataset
-from common.partition import task_ranges
-from client.runtime import build_runtime
 from client.images import ImageData, image_transforms
+from client.runtime import build_runtime
 from common.config import RunConfig
+from common.partition import task_ranges
 from engine.simulation import run_inprocess
 
 CPU = torch.device("cpu")

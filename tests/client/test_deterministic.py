@@ -11,6 +11,7 @@ from client.runtime import CUBLAS_DETERMINISTIC, process_settings_kept, use_dete
 from common.config import RunConfig
 from common.methods import METHODS
 from engine.simulation import run_inprocess
+
 from fingerprints import TINY, fingerprint
 
 

@@ -7,6 +7,7 @@ from client.backbones import build_model, masked_mean
 from client.features import backbone_features
 from common.config import RunConfig
 from common.settings import NcmSettings, RidgeSettings
+
 from tolerance import assert_close_to_dtype
 
 TEXTS = ["set an alarm for six", "what is my balance", "play some jazz please now", "hi"]

@@ -10,6 +10,7 @@ from torch import nn
 from client.backbones import ClassifierModel, build_backbone
 from client.persample import PerSampleSquares
 from common.config import RunConfig
+
 from first_round import TINY, first_update
 
 EPS = torch.finfo(torch.float32).eps

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from test_continual_client import BASE
 
 from client.backbones import build_model
 from client.methods.prompts import coda_weights, l2p_select, matching_loss, ortho_penalty
@@ -15,8 +16,6 @@ from common.messages import Phase
 from common.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
 from common.tensors import DELTA, tensor_name
 from server.strategies import make_strategy
-
-from test_continual_client import BASE
 
 EPS = torch.finfo(torch.float32).eps
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from test_continual_client import BASE
 
 from client.features import extract
 from client.methods.prototypes import FedProtoTrainer
@@ -13,8 +14,6 @@ from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import Phase
 from server.strategies import make_strategy
-
-from test_continual_client import BASE
 
 
 def test_fedproto_sends_the_class_sums_of_its_trained_features_and_scores_by_the_nearest_prototype():

@@ -8,7 +8,7 @@ from client.methods.lora import LoRATrainer
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
-from common.messages import GramKind, ModelSpec, Mode, Phase, RoundPlan
+from common.messages import GramKind, Mode, ModelSpec, Phase, RoundPlan
 from common.tensors import UpTo
 
 SPEC = ModelSpec(

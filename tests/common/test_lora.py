@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from common.lora import GramRecorder, LoRALinear, apply_lora, init_lora_a, lora_layers
+
 from tolerance import assert_close_to_dtype
 
 

@@ -10,7 +10,7 @@ In every case the autograd gradient of the objective must vanish at the closed f
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -32,6 +32,7 @@ from common.merge import (
     regmean,
     weighted_mean,
 )
+
 from tolerance import assert_close_to_dtype
 
 F64 = torch.float64

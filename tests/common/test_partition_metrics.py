@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from common.metrics import AccuracyMatrix
-from common.partition import dirichlet_partition, task_ranges, client_test_indices
+from common.partition import client_test_indices, dirichlet_partition, task_ranges
 
 
 def test_task_ranges_contiguous_and_covering():

@@ -10,11 +10,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from server.certs import Pki

@@ -12,12 +12,12 @@ import torch
 from common.settings import RobustSettings
 from common.tensors import update_tensors
 from engine.attacks import (
+    COLLUDE_SEED,
     DRIFT,
+    DRIFT_SEED,
     INFLATE,
     PULL,
     UNDER,
-    COLLUDE_SEED,
-    DRIFT_SEED,
     direction,
     hostile_indices,
     tamper,
@@ -25,6 +25,7 @@ from engine.attacks import (
 )
 from server.robust import CHANGE, SECOND, Screen, change, measure, plan_starts, tensor_role
 from server.strategies.base import UpdateRejected
+
 from tolerance import rel_tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))

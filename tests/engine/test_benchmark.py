@@ -26,6 +26,7 @@ import engine.cells as runner
 from common.config import RunConfig
 from common.presets import preset
 from engine.simulation import run_inprocess
+
 from procenv import project_pythonpath
 
 TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1", "--set", "local_epochs=1"]

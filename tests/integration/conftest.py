@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import ProjectProc as Proc
 
 from server.certs import create_dev_pki
+
+from procs import ProjectProc as Proc
 
 
 def free_port() -> int:

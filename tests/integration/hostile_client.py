@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

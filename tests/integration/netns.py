@@ -54,7 +54,7 @@ def unavailable() -> str | None:
 
 
 class Host:
-    def __init__(self, lab: "Lab", name: str, ns: str, address: str, port_name: str) -> None:
+    def __init__(self, lab: Lab, name: str, ns: str, address: str, port_name: str) -> None:
         self.lab, self.name, self.ns, self.address, self.port_name = lab, name, ns, address, port_name
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str], cwd: Path) -> Proc:
@@ -74,7 +74,7 @@ class Lab:
         self.procs: list[Proc] = []
         self._namespaces: list[str] = []
 
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         self._add_namespace(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")

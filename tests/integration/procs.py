@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+
 from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]

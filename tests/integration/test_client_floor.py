@@ -10,10 +10,12 @@ import pytest
 
 from common.config import RunConfig
 from common.tls import Security
-from procs import ROOT, ProjectProc as Proc
-from server.coordinator import Coordinator
 from engine.launch import launch
+from server.coordinator import Coordinator
 from server.service import create_server
+
+from procs import ROOT
+from procs import ProjectProc as Proc
 
 BASE = dict(num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1)
 

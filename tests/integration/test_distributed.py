@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.config import RunConfig
-from server.export import export_adapter
-from engine.simulation import run_inprocess
 from client.runtime import build_runtime
+from common.config import RunConfig
+from engine.simulation import run_inprocess
+from server.export import export_adapter
 
 CONFIG = RunConfig(
     run_id="dist",

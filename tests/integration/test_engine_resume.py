@@ -11,12 +11,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_engine import TINY
 
 from common.config import RunConfig
 from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
-
-from test_engine import TINY
 
 
 class Killed(BaseException):

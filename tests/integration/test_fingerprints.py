@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from fingerprints import FILE, PINNED
 from server.strategies import STRATEGIES
+
+from fingerprints import FILE, PINNED
 
 RECORDED = json.loads(FILE.read_text())
 SCRIPT = FILE.parents[1] / "fingerprints.py"

@@ -7,6 +7,7 @@ import sys
 
 from common.config import RunConfig
 from common.messages import ModelSpec
+
 from procs import ProjectProc as Proc
 
 CONFIG = RunConfig(

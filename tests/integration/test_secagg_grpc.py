@@ -12,16 +12,15 @@ import time
 import numpy as np
 import torch
 from safetensors.torch import load_file
+from test_distributed import CONFIG, same_counts_and_head
 
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import Phase
 from common.secagg import encode
-from common.settings import SecAggSettings
 from common.secure_terms import Layout, client_terms, fixed_point
+from common.settings import SecAggSettings
 from server.strategies import make_strategy
-
-from test_distributed import CONFIG, same_counts_and_head
 
 SECURE = {"secagg": {"enabled": True}}
 

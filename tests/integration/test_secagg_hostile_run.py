@@ -28,12 +28,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import ProjectProc
 from safetensors.torch import load_file
 
 from common.config import RunConfig
 from engine import simulation
 from server.secure import secure_step
+
+from procs import ProjectProc
 
 HOSTILE = 5
 WRONG_SHARE, GARBAGE = 0, 1  # the training rounds whose first session the hostile client spoils

@@ -17,12 +17,13 @@ from client.transport import Backoff, CoordinatorClient, Rejected
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.tls import Security, SecurityError
+from engine.launch import launch
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.certs import create_dev_pki
 from server.coordinator import Coordinator
-from engine.launch import launch
 from server.service import SERVICE_NAME, create_server
+
 from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]

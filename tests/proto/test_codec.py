@@ -7,13 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, PullQuery, RoundPlan, Wait
+from common.tensors import WireError, parse_tensor_name, tensor_name
 from proto import codec
-
-from common.tensors import tensor_name, parse_tensor_name
-
-from common.messages import PullQuery, Wait
-from common.messages import ClientUpdate, EvalReport, GramKind, LowRank, Mode, Phase, RoundPlan
-from common.tensors import WireError
 
 MiB = 1 << 20
 GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream

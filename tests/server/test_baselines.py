@@ -9,6 +9,7 @@ from common.merge import decay_gram, regmean
 from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
+
 from tolerance import assert_close_to_dtype
 from unit_helpers import plan_update
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_baselines import SPEC as BASELINES_SPEC
 
 from common.config import RunConfig
 from common.messages import Mode, Phase
@@ -14,7 +15,6 @@ from common.settings import CcvrSettings
 from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features
 
-from test_baselines import SPEC as BASELINES_SPEC
 from unit_helpers import plan_update
 
 F64 = torch.float64

@@ -12,14 +12,15 @@ from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.declared import closed_form_settings
-from common.settings import ACTIVATIONS
 from common.merge import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
 from common.messages import Phase
+from common.settings import ACTIVATIONS
 from engine.simulation import run_inprocess
 from server.strategies import UpdateRejected, make_strategy
 from server.strategies.closed_form import StatSums, ncm_head, ridge_head, squared_error
-from unit_helpers import plan_update
+
 from tolerance import assert_close_to_dtype
+from unit_helpers import plan_update
 
 TINY = dict(
     num_clients=3,
@@ -411,8 +412,8 @@ def test_gram_rows_stack_factors_and_stay_within_the_width(n):
 
 def test_features_step_travels_over_the_wire():
     """The plans (features mode, a head of width F' at evaluation) and the statistics survive the codec."""
-    from proto import codec
     from common.messages import ModelSpec
+    from proto import codec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)

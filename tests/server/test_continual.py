@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_baselines import SPEC, N, fake_update
 
 from client.methods.continual import distillation, ewc_penalty
 from common.config import RunConfig
@@ -14,7 +15,6 @@ from common.messages import ANCHOR_HEAD, ClientUpdate, Mode, Phase
 from common.settings import EwcSettings
 from server.strategies import make_strategy
 
-from test_baselines import SPEC, N, fake_update
 from unit_helpers import plan_update
 
 

@@ -10,12 +10,11 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan, Wait
 from common.secagg_rounds import ClientSession
 from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
 from common.tls import Security
-from common.messages import Wait
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server

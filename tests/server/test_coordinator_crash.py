@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_coordinator import config, started, update_for
 
 import server.results
 from common.messages import EvalReport, Phase, RoundPlan
 from server.coordinator import Coordinator
-from test_coordinator import config, started, update_for
 
 
 class Crash(BaseException):

@@ -4,6 +4,7 @@ scores, by hand."""
 from __future__ import annotations
 
 import torch
+from test_baselines import SPEC, fake_update
 
 from client.methods.prototypes import prototype_loss
 from common.config import RunConfig
@@ -11,8 +12,6 @@ from common.declared import declared_tensors
 from common.messages import Phase
 from common.tensors import STAT, tensor_name
 from server.strategies import make_strategy
-
-from test_baselines import SPEC, fake_update
 
 F64 = torch.float64
 

@@ -7,8 +7,6 @@ extracted by hand under the backbone the features step names, not with the strat
 import pytest
 import torch
 
-from tolerance import assert_close_to_dtype
-
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
@@ -16,6 +14,8 @@ from common.config import RunConfig
 from common.messages import LowRank, Phase
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
+
+from tolerance import assert_close_to_dtype
 
 ROUNDS = 2
 TINY = dict(

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import torch
+from test_baselines import SPEC as BASELINES_SPEC
 
 from client.methods.pilora import orthogonality, scaled_distance
 from common.config import RunConfig
@@ -17,7 +18,6 @@ from common.tensors import STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight
 
-from test_baselines import SPEC as BASELINES_SPEC
 from unit_helpers import plan_update
 
 F64 = torch.float64

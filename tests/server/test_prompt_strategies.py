@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_baselines import SPEC as BASELINES_SPEC
 
 from common.config import RunConfig
 from common.declared import declared_tensors
@@ -14,7 +15,6 @@ from common.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2
 from common.tensors import DELTA, tensor_name
 from server.strategies import make_strategy
 
-from test_baselines import SPEC as BASELINES_SPEC
 from unit_helpers import plan_update
 
 EPS = torch.finfo(torch.float64).eps

@@ -13,8 +13,8 @@ from common.settings import RobustSettings
 from engine.attacks import GRAM_SCALE, tamper
 from server.robust import Screen, screen_and_fold
 from server.strategies import make_strategy
-from tolerance import rel_tolerance
 
+from tolerance import rel_tolerance
 from unit_helpers import LORA_SPEC, plan_update, unit_config
 
 F64 = torch.float64

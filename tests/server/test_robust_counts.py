@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_robust import CLIENTS, b_round, honest, screened
 
 from common.merge import gram_factor
 from common.messages import ClientUpdate, Phase, RoundPlan
@@ -14,9 +15,8 @@ from common.settings import RobustSettings
 from engine.attacks import INFLATE, tamper
 from server.robust import CLASS_COUNT, Screen, measure, reweigh, screen_and_fold, tensor_role
 from server.strategies import make_strategy
-from tolerance import assert_close_to_dtype, rel_tolerance
 
-from test_robust import CLIENTS, b_round, honest, screened
+from tolerance import assert_close_to_dtype, rel_tolerance
 from unit_helpers import LORA_SPEC, plan_update, unit_config
 
 F64 = torch.float64

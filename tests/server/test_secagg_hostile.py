@@ -12,6 +12,7 @@ import types
 
 import pytest
 import torch
+from test_coordinator import SPEC, config, update_for
 
 from common.messages import ClientUpdate, Phase, RoundPlan
 from common.secagg import SecAggError
@@ -25,8 +26,6 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
 from server.secure import check_sums
 from server.strategies import UpdateRejected, make_strategy
-
-from test_coordinator import SPEC, config, update_for
 
 N = 5
 SETTINGS = SecAggSettings(enabled=True)

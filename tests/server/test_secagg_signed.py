@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_coordinator import SPEC, config, update_for
 
 from common.messages import Phase, RoundPlan
 from common.secagg import SecAggError
@@ -23,8 +24,6 @@ from server.certs import create_dev_pki
 from server.checks import Options
 from server.coordinator import Coordinator
 from server.strategies import make_strategy
-
-from test_coordinator import SPEC, config, update_for
 
 N = 5
 SIGNED = SecAggSettings(enabled=True, mode="signed")

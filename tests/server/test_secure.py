@@ -12,9 +12,9 @@ import torch
 from common.config import RunConfig
 from common.messages import ModelSpec
 from common.secagg import SecAggError, encode
+from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
 from common.settings import SecAggSettings
 from common.sums import running_sums, summable
-from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
 from server.secure import Timings, require_secure, secure_step
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 

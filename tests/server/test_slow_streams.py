@@ -21,7 +21,6 @@ from server.service import create_server
 
 from unit_helpers import LORA_SPEC, unit_config, valid_update
 
-
 TRICKLE = {"grace_s": 1.0, "min_rate": 1024.0}  # after 1 s of waiting on the peer: 1 KiB per second waited
 
 

@@ -14,9 +14,6 @@ import grpc
 import pytest
 import torch
 
-from proto import codec
-
-from common.tensors import tensor_name
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase
 from common.tensors import (
@@ -29,9 +26,12 @@ from common.tensors import (
     HEAD_WEIGHT,
     STAT,
     parse_tensor_name,
+    tensor_name,
     update_tensors,
+    with_tensors,
 )
 from common.tls import Security
+from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
@@ -40,7 +40,6 @@ from server.service import create_server
 from server.strategies import STRATEGIES, UpdateRejected, make_strategy
 from server.strategies.validate import PSD_RTOL, check_gram, field_of
 
-from common.tensors import with_tensors
 from unit_helpers import plan_update, valid_update
 
 F64 = torch.float64
