@@ -28,8 +28,9 @@ Figures per (step, mode, K, dropped):
   network, clients running in parallel.
 - bytes a surviving client sends, per round (payloads, no framing): advertise (index, two X25519 keys, the
   seed commitment; signed: certificate and signature), share (one 64-byte sealed box per other client),
-  masked (16 bytes per entry), confirm (a signature) and unmask (16 bytes per survivor's seed share, 32 per
-  dropped client's key share); and what it receives (roster, inbox, request, confirmations).
+  masked (16 bytes per entry), confirm (a signature) and unmask (an index and 16 bytes per survivor's seed
+  share, an index and 32 per dropped client's key share); and what it receives (roster, inbox, request,
+  confirmations).
 - the coordinator's peak memory over the step, above what it held before (``tracemalloc``): its side of
   the step run again alone from a transcript of the messages it received, so that the times above are not
   slowed by tracing. Traced: Python objects and numpy arrays (keys, certificates, sealed shares, the masked
