@@ -366,7 +366,10 @@ class ServerSession:
             return
         check_distinct({**self.keys, keys.index: keys})
         self.keys[keys.index] = keys
-        self._count("advertise", len(keys.cipher_public) + len(keys.mask_public))
+        self._count(
+            "advertise",
+            sum(map(len, (keys.cipher_public, keys.mask_public, keys.commitment, keys.certificate, keys.signature))),
+        )
 
     def close_keys(self) -> dict[int, Keys]:
         """Fix ``U1``: the clients that advertised."""

@@ -38,8 +38,7 @@ from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPla
 from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
 from common.progress import Progress, kind_of
-from common.secagg import SecAggError
-from common.secagg_rounds import Culprits, Keys
+from common.secagg_rounds import Keys
 from common.secure_terms import declared_layout
 from common.settings import RobustSettings, SecAggSettings
 from common.tensors import update_tensors
@@ -55,7 +54,7 @@ from server.checks import (
 )
 from server.results import RunReporter
 from server.robust import robust_text, screen_and_fold
-from server.secure import SecureStep, load_sums, require_secure, secagg_report, secagg_text
+from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure, secagg_text
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
@@ -213,9 +212,17 @@ class Coordinator:
         self.pointer = (task, index)
         self.step = StepState(task, index, phase, round_, plan, aggregator, time.monotonic())
         if self.secagg_settings.enabled and phase != Phase.EVALUATE:
-            layout = declared_layout(self.strategy.aggregator(plan))
-            self.step.secure = SecureStep(
-                self.secagg_settings, self.config.num_clients, plan, layout, self.store.load_secagg(self.step.key)
+            step = self.step
+            step.secure = SecureStep(
+                self.secagg_settings,
+                self.config.num_clients,
+                plan,
+                declared_layout(self.strategy.aggregator(plan)),
+                Staging(self.store, step.key, step.submitted),
+                Timing(self.options.round_deadline_s, self.options.retry_after_s),
+                where=f"task {task} step {index} secure aggregation",
+                emit=self.emit,
+                state=self.store.load_secagg(step.key),
             )
 
     def _refold_staged(self) -> None:
@@ -229,12 +236,8 @@ class Coordinator:
                     meta["run_id"], meta["client_id"], index, meta["task"], meta["correct"], meta["total"]
                 )
             step.submitted.add(index)
-        sec = step.secure
-        if sec is not None and sec.session.sharers is None and step.submitted:
-            # masked inputs before the share round closed are an abandoned session's (restart): never read
-            self._drop_inputs(step)
-        if sec is not None and sec.resumed_survivors is not None:  # the inputs had closed: add them again
-            sec.close_inputs(self.store.load_update(step.key, i) for i in sec.resumed_survivors)
+        if step.secure is not None:
+            step.secure.resume()
         self._fold_ready()
         self._maybe_finish()
 
@@ -300,22 +303,12 @@ class Coordinator:
             assert step.aggregator is not None
             screened: dict[str, Any] = {}
             if step.secure is not None:  # the survivors' sum of terms, unmasked: no update was ever seen alone
-                sec = step.secure
                 try:
-                    sums, survivors = sec.unmasked()
-                    load_sums(step.aggregator, sums, survivors, 16 * sec.layout.size * survivors)
-                except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
-                    self._secure_failed(step, err)
+                    entry["secagg"] = step.secure.unmask_into(step.aggregator)
+                except SessionFailed as failed:  # a fresh session runs, or the step gave up
+                    if failed.record is not None:
+                        self._end_unmerged(step, failed.record)
                     return
-                entry["secagg"] = secagg_report(
-                    sec.session,
-                    self.config.num_clients,
-                    step.aggregator,
-                    sec.attempt,
-                    sec.earlier,
-                    failures=sec.failures,
-                    excluded=sec.excluded,
-                )
             elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
                 load = functools.partial(self.store.load_update, step.key)
                 screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)
@@ -350,48 +343,28 @@ class Coordinator:
             self._export()
             self.done.set()
 
-    def _secure_failed(self, step: StepState, err: Exception) -> None:
-        """The session's sum could not be unmasked or was refused. Clients the protocol names (``Culprits``)
-        are excluded from the step; a fresh session starts (keys, masks and context new), unless the step
-        has failed ``secagg.max_attempts`` sessions or too few clients are left for the threshold: then it
-        ends without a merge, recorded in the history (a training round keeps the last merged state; any
-        other step's merge is needed later, so the run ends, ``failed``). Never raised: one party's failure
-        must not stop the coordinator, its ticker or a restart of it."""
-        sec = step.secure
-        assert sec is not None
-        where = f"task {step.task} step {step.index} secure aggregation (attempt {sec.attempt})"
-        culprits = err.why if isinstance(err, Culprits) else {}
-        reason = f"{type(err).__name__}: {err}"
-        sec.failures.append(reason)
-        self.emit(
-            f"{where} failed: {err}"
-            + (f"; excluding clients {sorted(culprits)} from the step" if culprits else "; nobody can be named")
-        )
-        sec.restart(exclude=culprits)
-        if len(sec.failures) < self.secagg_settings.max_attempts and sec.can_restart():
-            self.store.save_secagg(step.key, sec.state())  # before the abandoned inputs go (as in a stuck restart)
-            fault_point("secagg.restarted")
-            self._drop_inputs(step)
-            self.emit(
-                f"{where}: restarted with fresh keys (attempt {sec.attempt}) without clients {sorted(sec.excluded)}"
-            )
-            return
+    def _end_unmerged(self, step: StepState, record: dict) -> None:
+        """``step``'s secure aggregation gave up (``record``: why each session failed, whom it excluded): the
+        step ends without a merge, recorded in the history. A training round keeps the last merged state;
+        any other step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised:
+        one party's failure must not stop the coordinator, its ticker or a restart of it."""
+        where = f"task {step.task} step {step.index} secure aggregation"
         entry = {
             "task": step.task,
             "round": step.round,
             "phase": step.phase.value,
             "factors": "".join(step.plan.train_factors),
             "clients": 0,
-            "secagg": {"failed": sec.failures, "excluded": {str(i): w for i, w in sec.excluded.items()}},
+            "secagg": record,
         }
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
-            self.emit(f"{where}: {len(sec.failures)} sessions failed; the round ends without a merge")
+            self.emit(f"{where}: {len(record['failed'])} sessions failed; the round ends without a merge")
             self._next_step(step)
         else:
             self.emit(
-                f"{where}: {len(sec.failures)} sessions failed; a {step.phase.value} step's merge is needed by "
+                f"{where}: {len(record['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
                 "the steps after it: the run ends (failed)"
             )
             self.step, self.state = None, State.FAILED
@@ -577,17 +550,7 @@ class Coordinator:
             if client_index in step.submitted:
                 return True
             if step.secure is not None:
-                if secure_attempt != step.secure.attempt:  # masks of an abandoned session: never read
-                    raise Refused(
-                        "ABORTED",
-                        f"this step's secure aggregation restarted (attempt {step.secure.attempt}, "
-                        f"not {secure_attempt})",
-                    )
-                if declared is not None:
-                    try:
-                        step.secure.check_declared(declared, declared_bytes)
-                    except UpdateRejected as err:
-                        raise Refused("INVALID_ARGUMENT", str(err)) from err
+                step.secure.check_push(secure_attempt, declared, declared_bytes)
                 return False
             if declared is not None:
                 try:
@@ -608,7 +571,9 @@ class Coordinator:
                 return False
             assert step.aggregator is not None
             if step.secure is not None:
-                return self._submit_masked(step, update, idempotency_key)
+                step.secure.submit(update, idempotency_key)
+                self._secure_advance()
+                return True
             try:
                 tensors = update_tensors(update)  # once: validated and staged in this form
                 step.aggregator.check(
@@ -623,80 +588,11 @@ class Coordinator:
             self._maybe_finish()
             return True
 
-    def _submit_masked(self, step: StepState, update: ClientUpdate, idempotency_key: str) -> bool:
-        """A secure step's masked input: checked for form only (its values say nothing), staged; the
-        inputs close when every client that shared has sent one (or late, with the threshold)."""
-        sec = step.secure
-        assert sec is not None
-        if update.secure_attempt != sec.attempt:
-            raise Refused(
-                "ABORTED",
-                f"this step's secure aggregation restarted (attempt {sec.attempt}, not {update.secure_attempt})",
-            )
-        tensors = update_tensors(update)  # once: checked and staged in this form
-        try:
-            sec.check_masked(update.client_index, tensors)
-        except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys
-            raise Refused("FAILED_PRECONDITION", str(err)) from err
-        except UpdateRejected as err:
-            raise Refused("INVALID_ARGUMENT", str(err)) from err
-        self.store.stage_update(step.key, update, idempotency_key, tensors)
-        fault_point("push.staged")
-        step.submitted.add(update.client_index)
-        self._secure_advance()
-        return True
-
-    def _drop_inputs(self, step: StepState) -> None:
-        """Forget ``step``'s staged masked inputs (an abandoned secure session's), on disk and in memory."""
-        self.store.drop_updates(step.key)
-        step.submitted.clear()
-
     def _secure_advance(self) -> None:
-        """Close whatever secure round is complete (or late, with the threshold), persist the session,
-        and finish the step once the threshold of unmask answers is in."""
+        """Let the open step's secure aggregation close what it can, and finish the step once it may."""
         step = self.step
         assert step is not None and step.secure is not None
-        sec, s = step.secure, step.secure.session
-        t, deadline = s.threshold, self.options.round_deadline_s
-        where = f"task {step.task} step {step.index} secure aggregation"
-        if sec.stuck(deadline, step.submitted):
-            waiting = sorted(sec.knocking)
-            sec.restart()  # persisted before the abandoned inputs go: a crash between leaves them unread
-            self.store.save_secagg(step.key, sec.state())
-            fault_point("secagg.restarted")  # the fresh session on disk, the abandoned inputs still staged
-            self._drop_inputs(step)
-            self.emit(
-                f"{where}: fewer than the threshold {t} answered in time and clients {waiting} ask to take part:"
-                f" restarted with fresh keys (attempt {sec.attempt})"
-            )
-            s = sec.session
-        changed = False
-        if s.roster is None and (len(s.keys) == len(s.expected) or (sec.late(deadline) and len(s.keys) >= t)):
-            s.close_keys()
-            sec.round_closed()
-            changed = True
-            self.emit(f"{where}: roster of {len(s.keys)} clients (threshold {t})")
-        if (
-            s.roster is not None
-            and s.sharers is None
-            and (len(s.boxes) == len(s.roster) or (sec.late(deadline) and len(s.boxes) >= t))
-        ):
-            s.close_shares()
-            sec.round_closed()
-            changed = True
-        if s.sharers is not None and s.survivors is None:
-            arrived = sorted(step.submitted & set(s.sharers))
-            if len(arrived) == len(s.sharers) or (sec.late(deadline) and len(arrived) >= t):
-                sec.close_inputs(self.store.load_update(step.key, i) for i in arrived)
-                sec.round_closed()
-                changed = True
-                dropped = sorted(set(s.sharers) - set(arrived))
-                self.emit(
-                    f"{where}: masked inputs of {len(arrived)} clients" + (f", dropped {dropped}" if dropped else "")
-                )
-        if changed:
-            self.store.save_secagg(step.key, sec.state())
-        if s.ready(late=sec.late(deadline)):
+        if step.secure.advance():
             self._finish_step()
 
     def secagg(
@@ -723,60 +619,9 @@ class Coordinator:
             self._secure_advance()
             if self.step is not step:  # the call above finished the step
                 raise Refused("FAILED_PRECONDITION", "the step is over")
-            sec = step.secure
-            if attempt != sec.attempt:
-                raise Refused(
-                    "ABORTED", f"this step's secure aggregation restarted (attempt {sec.attempt}, not {attempt})"
-                )
-            s = sec.session
-            wait = {"ready": False, "retry_after_s": self.options.retry_after_s}
-            try:
-                if stage == "advertise":
-                    assert keys is not None
-                    if keys.index != client_index:  # the body's index is the caller's claim, not its identity
-                        raise Refused(
-                            "PERMISSION_DENIED",
-                            f"client {client_id!r} holds index {client_index}: it cannot advertise keys for "
-                            f"index {keys.index}",
-                        )
-                    s.advertise(keys)
-                    self.store.save_secagg(step.key, sec.state())
-                elif stage == "share":
-                    s.share(client_index, shares or {})
-                    self.store.save_secagg(step.key, sec.state())
-                elif stage == "confirm":
-                    if self.secagg_settings.mode != "signed":
-                        raise SecAggError("this run's secure aggregation is not signed: there is no consistency round")
-                    s.confirm(client_index, (shares or {}).get(client_index, b""))
-                    self.store.save_secagg(step.key, sec.state())
-                elif stage == "confirmations":
-                    if not s.confirmed(late=sec.late(self.options.round_deadline_s)):
-                        return wait | {"message": f"{len(s.confirmations)} survivors confirmed the unmask request"}
-                    return {"ready": True, "shares": dict(s.confirmations)}
-                elif stage == "reveal":
-                    s.reveal(client_index, shares or {})
-                    self.store.save_secagg(step.key, sec.state())
-                    fault_point("secagg.revealed")
-                elif stage == "roster":
-                    if s.roster is None:
-                        return wait | {"message": f"{len(s.keys)}/{self.config.num_clients} clients advertised keys"}
-                    return {"ready": True, "roster": list(s.roster.values())}
-                elif stage == "inbox":
-                    if s.sharers is None:
-                        return wait | {"message": f"{len(s.boxes)}/{len(s.roster or {})} clients shared keys"}
-                    if client_index not in s.sharers:
-                        raise SecAggError("the share round closed without this client")
-                    return {"ready": True, "sharers": s.sharers, "shares": s.inbox(client_index)}
-                elif stage == "unmask":
-                    if s.survivors is None:
-                        return wait | {"message": "waiting for the masked inputs"}
-                    survivors, dropped = s.close_inputs()
-                    return {"ready": True, "survivors": survivors, "dropped": dropped}
-                else:
-                    raise Refused("INVALID_ARGUMENT", f"unknown secure aggregation stage {stage!r}")
-            except SecAggError as err:
-                sec.knocking.add(client_index)  # alive, but no longer able to take part in this session
-                raise Refused("FAILED_PRECONDITION", str(err)) from err
+            reply = step.secure.call(stage, client_index, client_id, keys, shares or {}, attempt)
+            if reply is not None:
+                return reply
             self._secure_advance()
             return {"ready": True}
 

@@ -1,0 +1,29 @@
+"""Secure aggregation on the coordinator's side: the coordinator learns only the survivors' sums.
+
+Each client folds its own update into a fresh aggregator of the step (so that what it masks is what the
+coordinator would have folded), encodes the running sums in fixed point and masks them
+(``common/secure_terms.py``, ``common/secagg_rounds.py``). Here: what a method must allow
+(:mod:`server.secure.sums`), the step's rounds over the wire as a state machine (:mod:`server.secure.step`),
+the same rounds among in-process clients (:mod:`server.secure.inprocess`), and what a step records
+(:mod:`server.secure.report`).
+"""
+
+from server.secure.inprocess import Timings, secure_step
+from server.secure.report import added_counts, secagg_report, secagg_text
+from server.secure.step import SecureStep, SessionFailed, Staging, Timing
+from server.secure.sums import check_sums, load_sums, require_secure
+
+__all__ = [
+    "SecureStep",
+    "SessionFailed",
+    "Staging",
+    "Timing",
+    "Timings",
+    "added_counts",
+    "check_sums",
+    "load_sums",
+    "require_secure",
+    "secagg_report",
+    "secagg_text",
+    "secure_step",
+]

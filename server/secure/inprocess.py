@@ -1,0 +1,91 @@
+"""Every round of a step's secure aggregation among in-process clients (the engine's, the bench's):
+the same sessions as over the wire, called directly, each party's seconds timed."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from common.messages import ClientUpdate
+from common.secagg import decode, encode
+from common.secagg_rounds import ClientSession, ServerSession
+from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.settings import SecAggSettings
+from server.secure.sums import load_sums
+from server.strategies.base import Aggregator, Strategy
+
+
+@dataclass
+class Timings:
+    """Seconds each party spent in :func:`secure_step`: each client computing its terms, sharing,
+    masking and answering; the coordinator adding the masked inputs and unmasking (bench/secagg_cost.py)."""
+
+    client: dict[int, float] = field(default_factory=dict)
+    server: float = 0.0
+
+    @contextlib.contextmanager
+    def of(self, party: int | None) -> Iterator[None]:
+        """Time the block for client ``party`` (``None``: the coordinator)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            if party is None:
+                self.server += seconds
+            else:
+                self.client[party] = self.client.get(party, 0.0) + seconds
+
+
+def secure_step(
+    aggregator: Aggregator,
+    as_client: Strategy,
+    updates: dict[int, ClientUpdate],
+    settings: SecAggSettings,
+    clients: int,
+    drop_after_sharing: tuple[int, ...] = (),
+    timings: Timings | None = None,
+) -> ServerSession:
+    """One step's secure aggregation among in-process clients: every round of the protocol, with the
+    clients ``drop_after_sharing`` vanishing after the share round (their masks are removed from the
+    sum). ``as_client``: the method as a client builds it from the run's configuration (no state),
+    whose ``aggregator(plan)`` is the fresh aggregator a client folds its update into.
+    Loads the survivors' sum into ``aggregator``; returns the coordinator's session (what it held).
+    ``timings``: the parties' seconds are added to it."""
+    clock = timings or Timings()
+    plan = aggregator.plan
+    t, fp, ctx = threshold(settings, clients), fixed_point(settings, clients), context(plan)
+    terms, sessions = {}, {}
+    for i, u in sorted(updates.items()):
+        with clock.of(i):
+            terms[i] = pack(client_terms(as_client.aggregator(plan), u))
+            sessions[i] = ClientSession(i, t, ctx)
+    layout = Layout.of(next(iter(terms.values())))
+    server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size)
+    for s in sessions.values():
+        server.advertise(s.advertise())
+    roster = server.close_keys()
+    for i, s in sessions.items():
+        with clock.of(i):
+            boxes = s.share(roster)
+        server.share(i, boxes)
+    sharers = server.close_shares()
+    for i, s in sessions.items():
+        if i not in drop_after_sharing:
+            with clock.of(i):
+                y = s.mask(encode(layout.flatten(terms[i]), fp), sharers)
+            with clock.of(None):
+                server.masked_input(i, y)
+    survivors, dropped = server.close_inputs()
+    for i in survivors:
+        inbox = server.inbox(i)
+        with clock.of(i):
+            answer = sessions[i].reveal(inbox, survivors, dropped)
+        server.reveal(i, answer)
+    with clock.of(None):
+        total = decode(server.result(), fp, len(survivors))
+        payload = 16 * layout.size * len(survivors)
+        load_sums(aggregator, unpack(layout.unflatten(total)), len(survivors), payload)
+    return server

@@ -1,0 +1,73 @@
+"""What secure aggregation asks of a method, and how the coordinator takes in an unmasked sum.
+
+A step's aggregator keeps running sums of per-client terms (``common/sums.py``). The coordinator loads
+the survivors' unmasked sum into a fresh aggregator of the step (:func:`load_sums`) and checks it
+(:func:`check_sums`), since it can no longer check one update; methods whose merge needs an individual
+update (TIES' sign election, PILoRA's per-client prototypes, the robust mode's screening) refuse before
+the run starts (:func:`require_secure`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from common.config import RunConfig
+from common.secagg import SecAggError
+from common.settings import RobustSettings
+from common.sums import load_running_sums, not_summable
+from server.strategies.base import Aggregator, Strategy
+from server.strategies.validate import UpdateRejected
+
+
+def require_secure(config: RunConfig, strategy: Strategy) -> None:
+    """``SecAggError`` unless every step of ``strategy``'s first task merges sums only (checked on the
+    strategy before its run starts: its aggregators are built, nothing is folded)."""
+    if config.section(RobustSettings).enabled:
+        raise SecAggError(
+            "secure aggregation and the robust mode exclude each other: screening needs each client's update "
+            "(docs/RELIABILITY.md weighs the two)"
+        )
+    strategy.begin_task(0)
+    for phase, round_ in strategy.steps(0):
+        aggregator = strategy.aggregator(strategy.configure(0, round_, phase))
+        part = not_summable(aggregator)
+        if part is not None:
+            raise SecAggError(
+                f"{config.strategy} cannot run with secure aggregation: its {phase.value} step merges individual "
+                f"updates ({type(aggregator).__name__}: {part} keeps more than sums), which the "
+                "coordinator would no longer see"
+            )
+
+
+def load_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int) -> None:
+    """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them."""
+    load_running_sums(aggregator, sums, clients)
+    aggregator.payload_bytes = payload_bytes
+    check_sums(aggregator, sums, clients)
+
+
+def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int) -> None:
+    """The coordinator's check of an unmasked sum (it can no longer check one update): every entry
+    finite, summed Grams and Fishers and counts non-negative (a Gram's diagonal; a full Gram
+    symmetric positive semidefinite up to the fixed point's rounding), the sample count at least one
+    per client. ``UpdateRejected`` naming the sum."""
+    for name, t in sums.items():
+        if not torch.isfinite(t).all():
+            raise UpdateRejected(f"sum {name}", "not finite")
+        leaf = name.rsplit("/", 1)[-1]
+        gram = leaf in ("total", "projected")
+        if gram and t.dim() in (2, 3):  # a Gram, or the (K, d, d) diagonal blocks of one (ridge.blocks)
+            for k, block in enumerate(t.reshape(-1, *t.shape[-2:])):
+                what = f"sum {name}" + (f" block {k}" if t.dim() == 3 else "")
+                scale = float(block.abs().max()) if block.numel() else 0.0
+                if not torch.allclose(block, block.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
+                    raise UpdateRejected(what, "a summed Gram must be symmetric")
+                low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
+                if low < -1e-9 * max(scale, 1.0) * block.shape[0]:
+                    raise UpdateRejected(what, f"a summed Gram must be positive semidefinite ({low:.3g})")
+        elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
+            if t.numel() and float(t.min()) < 0:
+                raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
+    if aggregator.num_samples < clients:
+        raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
