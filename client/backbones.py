@@ -37,7 +37,9 @@ class Backbone(nn.Module):
     def encode(self, samples: Sequence[Any]) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def prompted(self, prompt: Tensor, **inputs: Tensor) -> tuple[Tensor, Tensor]:
+    # ``*args: Any, **inputs: Any``: each subclass names the input tensors its :meth:`encode` makes
+    # (as ``nn.Module.forward`` is typed ``Callable[..., Any]``), so mypy takes the narrower overrides.
+    def prompted(self, prompt: Tensor, *args: Any, **inputs: Any) -> tuple[Tensor, Tensor]:
         """Prompt tuning: ``prompt (batch, length, feature_dim)`` joins the embedded input tokens.
 
         Returns the features ``(batch, feature_dim)`` of the prompted sequence, pooled as
@@ -47,7 +49,7 @@ class Backbone(nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} takes no prompts")
 
-    def layer_states(self, layers: Sequence[int], pool: str, **inputs: Tensor) -> Tensor:
+    def layer_states(self, layers: Sequence[int], pool: str, *args: Any, **inputs: Any) -> Tensor:
         """The hidden states ``layers`` (0: the embeddings, 1..L: the blocks' outputs, negative: from the
         end), each pooled to one vector, ``(batch, len(layers), feature_dim)``: ``pool`` "mean" over the
         tokens the input keeps (not padding), "first": the first token ([CLS], ViT's class token)."""
@@ -93,12 +95,13 @@ class TextEncoder(Backbone):
 
     target_rule = "bert"
     export_prefix = "encoder."
+    encoder: Any  # a transformers model: nn.Module.__getattr__ would type its config and methods Tensor | Module
 
     def __init__(self, encoder: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]]) -> None:
         super().__init__()
         self.encoder = encoder
         self.tokenize = tokenize
-        self.feature_dim = encoder.config.hidden_size
+        self.feature_dim = self.encoder.config.hidden_size
 
     def encode(self, samples: Sequence[str]) -> dict[str, Tensor]:
         return self.tokenize(list(samples))
@@ -158,11 +161,12 @@ class ViTBackbone(Backbone):
 
     target_rule = "vit"
     export_prefix = "vit."
+    vit: Any  # a timm VisionTransformer: nn.Module.__getattr__ would type its parts Tensor | Module
 
     def __init__(self, vit: nn.Module) -> None:
         super().__init__()
         self.vit = vit
-        self.feature_dim = vit.num_features
+        self.feature_dim = self.vit.num_features
 
     def encode(self, samples: Sequence[Tensor]) -> dict[str, Tensor]:
         return {"pixel_values": torch.stack(list(samples))}
@@ -196,6 +200,7 @@ class T5Features(Backbone):
 
     target_rule = "t5"
     export_prefix = "t5."
+    t5: Any  # a transformers T5Model: nn.Module.__getattr__ would type its config and parts Tensor | Module
 
     def __init__(
         self, t5: nn.Module, tokenize: Callable[[Sequence[str]], dict[str, Tensor]], decoder_token: int = 1
@@ -204,7 +209,7 @@ class T5Features(Backbone):
         self.t5 = t5
         self.tokenize = tokenize
         self.decoder_token = decoder_token  # the reference feeds token id 1
-        self.feature_dim = t5.config.d_model
+        self.feature_dim = self.t5.config.d_model
 
     def encode(self, samples: Sequence[str]) -> dict[str, Tensor]:
         return self.tokenize(list(samples))
@@ -274,7 +279,9 @@ def _hub_error(name: str, exc: Exception) -> RuntimeError:
     )
 
 
-def _tokenizer(tokenizer, config: RunConfig) -> Callable[[Sequence[str]], dict[str, Tensor]]:
+def _tokenizer(tokenizer: Callable[..., Any], config: RunConfig) -> Callable[[Sequence[str]], dict[str, Tensor]]:
+    """``tokenizer``: a transformers tokenizer."""
+
     def tokenize(texts: Sequence[str]) -> dict[str, Tensor]:
         enc = tokenizer(
             list(texts), padding="max_length", truncation=True, max_length=config.max_length, return_tensors="pt"
@@ -284,6 +291,7 @@ def _tokenizer(tokenizer, config: RunConfig) -> Callable[[Sequence[str]], dict[s
     def lengths(texts: Sequence[str]) -> list[int]:
         return [len(ids) for ids in tokenizer(list(texts), truncation=False)["input_ids"]]
 
+    # Backbone.token_lengths finds it by getattr, as HashTokenizer.lengths; mypy knows no attributes on a function
     tokenize.lengths = lengths  # type: ignore[attr-defined]
     return tokenize
 

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -166,7 +166,10 @@ def _class_index(names: list[str], where: str) -> dict[str, int]:
     return index
 
 
-def _lookup(labels: Iterable[str], index: dict[str, int], where: str) -> np.ndarray:
+Label = TypeVar("Label", str, int)  # a class name, or a numeric label of a .mat file
+
+
+def _lookup(labels: Iterable[Label], index: dict[Label, int], where: str) -> np.ndarray:
     labels = list(labels)
     unknown = sorted({label for label in labels if label not in index}, key=str)
     if unknown:
@@ -191,7 +194,10 @@ def holdout_split(files: list[list[str]], names: list[str]) -> tuple[list[str], 
     the first ``round(0.2 n)`` (at most ``n - 1``) are its test samples. Seeding by the class
     name keeps a class's split unchanged when other classes are added or removed.
     """
-    train_x, train_y, test_x, test_y = [], [], [], []
+    train_x: list[str] = []
+    test_x: list[str] = []
+    train_y: list[int] = []
+    test_y: list[int] = []
     for c, (paths, name) in enumerate(zip(files, names)):
         n = len(paths)
         order = np.random.default_rng([HOLDOUT_SEED, zlib.crc32(name.encode())]).permutation(n)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +20,9 @@ from PIL import Image
 from torch import Tensor
 
 from common.settings import DataSettings
+
+if TYPE_CHECKING:  # torchvision is imported on first use (see _transforms)
+    from torchvision.transforms import InterpolationMode
 
 IMAGE_SIZE = 224  # ViT-B/16 input side; the setting data.image_size overrides it
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -38,7 +43,7 @@ def image_size(data: DataSettings) -> int:
     return data.image_size or IMAGE_SIZE
 
 
-def _transforms():
+def _transforms() -> tuple[ModuleType, InterpolationMode]:
     """torchvision's ``transforms.v2`` and bicubic interpolation, imported on first use: importing
     torchvision pulls in ``torch._dynamo`` (about 2 s per process), which a text run never needs."""
     from torchvision.transforms import InterpolationMode, v2

@@ -18,9 +18,10 @@ from client.runtime import build_runtime
 from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
+from common.config import RunConfig
 from common.faults import fault_point
 from common.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
-from common.messages import ClientUpdate, Phase, RoundPlan, Wait
+from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
 from common.progress import Progress
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
@@ -30,7 +31,9 @@ def idempotency_key(run_id: str, plan: RoundPlan, client_index: int) -> str:
     return f"{run_id}/{plan.task}/{plan.round}/{plan.phase.value}/{client_index}"
 
 
-def _record(metrics: ClientMetrics, config, plan: RoundPlan, result, seconds: float) -> None:
+def _record(
+    metrics: ClientMetrics, config: RunConfig, plan: RoundPlan, result: ClientUpdate | EvalReport, seconds: float
+) -> None:
     """Throughput counts every pass over the shard: local epochs when the step trained, else one."""
     if isinstance(result, ClientUpdate):
         trained = result.train_loss == result.train_loss  # NaN: nothing was trained

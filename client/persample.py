@@ -41,7 +41,8 @@ class PerSampleSquares:
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], into: dict[str, Tensor]) -> None:
         names = {id(p): n for n, p in params.items()}
         self.layers: dict[nn.Module, tuple[dict[str, str], Squares]] = {}  # layer -> its params' names, rule
-        refused, found = [], set()
+        refused: list[str] = []
+        found: set[str] = set()  # names of the parameters met in a layer so far
         for path, module in model.named_modules():
             own = {a: names[id(p)] for a, p in module.named_parameters(recurse=False) if id(p) in names}
             if not own:

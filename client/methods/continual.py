@@ -22,6 +22,7 @@ term to each batch's loss, from what the plan hands out:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ from common.settings import EwcSettings, LwfSettings
 
 
 def ewc_penalty(
-    params: dict[str, Tensor], centre: dict[str, Tensor], fisher: dict[str, Tensor], strength: float
+    params: Mapping[str, Tensor], centre: Mapping[str, Tensor], fisher: Mapping[str, Tensor], strength: float
 ) -> Tensor:
     """``strength/2 * sum_k F_k (theta_k - theta*_k)^2`` over the parameters ``fisher`` names."""
     terms = [(fisher[name] * (params[name] - centre[name]).square()).sum() for name in fisher]

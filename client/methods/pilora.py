@@ -20,6 +20,7 @@ constants. A client sends its factors, its trained prototypes of the task's clas
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ def scaled_distance(features: Tensor, prototypes: Tensor) -> Tensor:
     return (squared.clamp_min(0.0) / features.shape[1]).sqrt()
 
 
-def orthogonality(a_new: dict[str, Tensor], a_old: dict[str, Tensor]) -> Tensor | None:
+def orthogonality(a_new: Mapping[str, Tensor], a_old: Mapping[str, Tensor]) -> Tensor | None:
     """``sum_layers sum_ij |(A_t A_old^T)_ij|`` over the layers with earlier modules; ``None`` when none has."""
     terms = [(a_new[name] @ old.T).abs().sum() for name, old in a_old.items() if name in a_new]
     return torch.stack(terms).sum() if terms else None

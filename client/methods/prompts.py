@@ -155,5 +155,5 @@ class CodaTrainer(PromptTrainer):
     ) -> Tensor | None:
         if self.ortho == 0.0:
             return None
-        rows = [self.pool(CODA_KEYS), self.pool(CODA_ATTENTION), self.pool(CODA_PROMPTS).flatten(1)]
-        return self.ortho * sum(ortho_penalty(t) for t in rows)
+        keys, attention, prompts = self.pool(CODA_KEYS), self.pool(CODA_ATTENTION), self.pool(CODA_PROMPTS)
+        return self.ortho * (ortho_penalty(keys) + ortho_penalty(attention) + ortho_penalty(prompts.flatten(1)))

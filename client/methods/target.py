@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -136,9 +137,8 @@ def synthesize(
         z = torch.randn(s.batch, s.latent, generator=gen).to(device).requires_grad_(True)
         y = torch.randint(0, classes, (s.batch,), generator=gen).to(device)
         fast = copy.deepcopy(generator)
-        optimizer = torch.optim.Adam(
-            [{"params": fast.parameters()}, {"params": [z], "lr": s.lr_z}], lr=s.lr_generator, betas=(0.5, 0.999)
-        )
+        groups: list[dict[str, Any]] = [{"params": fast.parameters()}, {"params": [z], "lr": s.lr_z}]
+        optimizer = torch.optim.Adam(groups, lr=s.lr_generator, betas=(0.5, 0.999))
         meta.zero_grad(set_to_none=False)
         best, best_loss = None, float("inf")
         for _ in range(s.steps):
