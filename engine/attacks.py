@@ -162,7 +162,7 @@ class HostileWorker:
         self.worker, self.kind = worker, kind
         self.sent = 0  # updates sent so far (slow-drift's clock)
         if kind == "flip-labels":
-            worker.train = MirroredLabels(worker.train, worker.tasks)  # type: ignore[assignment]
+            worker.train = MirroredLabels(worker.train, worker.tasks)
 
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
         out = self.worker.handle(plan)

@@ -10,6 +10,11 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # matplotlib is imported on first use (see _pyplot)
+    from matplotlib.figure import Figure
 
 JOINT = "joint"
 
@@ -382,7 +387,8 @@ def markdown(rows: list[Row], cells: list[dict], failed: list[tuple[str, str]], 
     return "\n".join(lines) + "\n"
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend, imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -452,7 +458,7 @@ def plot_accuracy_curves(cells: list[dict], beta: float, path: Path) -> None:
     _save(fig, plt, path)
 
 
-def _save(fig, plt, path: Path) -> None:
+def _save(fig: Figure, plt: ModuleType, path: Path) -> None:
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)

@@ -16,10 +16,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn, TextIO
 
 from client.worker import resolve_device
 from common.config import RunConfig
@@ -55,13 +56,13 @@ class CellTimeout(Exception):
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float):
+def _alarm(seconds: float) -> Iterator[None]:
     """Raise :class:`CellTimeout` in the main thread after ``seconds`` (0: never)."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
-    def fire(signum, frame):
+    def fire(signum: int, frame: FrameType | None) -> NoReturn:
         raise CellTimeout(f"the run did not finish within {seconds:.0f} s (--timeout)")
 
     previous = signal.signal(signal.SIGALRM, fire)
@@ -78,7 +79,8 @@ class _LogSink:
     threads may still be draining a pipe when the run has returned."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "a", buffering=1)  # line-buffered: a running cell shows its progress
+        # line-buffered: a running cell shows its progress
+        self._file: TextIO | None = open(path, "a", buffering=1)
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
@@ -86,6 +88,9 @@ class _LogSink:
             if self._file is not None:
                 self._file.write(text)
         return len(text)
+
+    def line(self, text: str) -> None:
+        self.write(text + "\n")
 
     def flush(self) -> None:
         with self._lock:
@@ -133,7 +138,7 @@ def run_inprocess_cell(config: RunConfig, cell_dir: Path, timeout_s: float) -> d
         with _alarm(timeout_s):
             result = run_inprocess(
                 config,
-                log=lambda line: sink.write(line + "\n"),
+                log=sink.line,
                 results_dir=cell_dir / "run" / "results",
                 state_dir=state,
             )
@@ -321,11 +326,15 @@ def _terminate_as_exit() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def exit_on(signum, frame):
+    def exit_on(signum: int, frame: FrameType | None) -> NoReturn:
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, exit_on)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 def run_grid(

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO, TextIO
 
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.tls import ENV
@@ -27,7 +28,7 @@ CLIENT = [sys.executable, "-m", "client.main"]
 SPEC = [sys.executable, "-m", "client.spec"]
 
 
-def _pump(prefix: str, stream, sink) -> None:
+def _pump(prefix: str, stream: IO[str], sink: TextIO) -> None:
     for line in iter(stream.readline, ""):
         sink.write(f"[{prefix}] {line}" if prefix else line)
         sink.flush()

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from torch import Tensor
+
 from client.datasets import DatasetError
 from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
@@ -54,8 +56,8 @@ class RunResult:
     config: RunConfig
     matrix: AccuracyMatrix
     adapter: dict[str, LowRank]  # merged backbone delta (B_cat, A_cat) per layer, float64
-    head_weight: object
-    head_bias: object
+    head_weight: Tensor  # (num_classes, feature_dim)
+    head_bias: Tensor  # (num_classes,)
     seconds: float  # of computing, summed over the resumed parts (not the time between them)
     history: list[dict] = field(default_factory=list)  # one entry per step
     resumes: int = 0  # how often the run went on from a state directory
@@ -135,6 +137,11 @@ def _run(
             honest[i].on_batch = None
             shown.end()
 
+    def train(i: int, plan: RoundPlan) -> ClientUpdate:
+        update = handle(i, plan)
+        assert isinstance(update, ClientUpdate)  # every step but the evaluation is answered with an update
+        return update
+
     matrix = AccuracyMatrix()
     history: list[dict] = []
     # Where the run stands: the next step (task, index), index len(steps) being the evaluation.
@@ -181,21 +188,19 @@ def _run(
             aggregator = strategy.aggregator(plan)
             screened: dict = {}
             secured: dict = {}
-            if secagg.enabled:  # the clients' terms masked; only their sum unmasked (server/secure.py)
-                updates = {i: handle(i, plan) for i in range(len(workers))}
-                session = secure_step(aggregator, as_client, updates, secagg, config.num_clients)
+            if secagg.enabled:  # the clients' terms masked; only their sum unmasked (server.secure)
+                session = secure_step(
+                    aggregator, as_client, {i: train(i, plan) for i in range(len(workers))}, secagg, config.num_clients
+                )
                 secured = secagg_report(session, config.num_clients, aggregator)
             elif robust.enabled:  # every update first, as the coordinator screens a closed step
-                updates = [handle(i, plan) for i in range(len(workers))]
+                updates = [train(i, plan) for i in range(len(workers))]
                 for update in updates:
-                    assert isinstance(update, ClientUpdate)
                     aggregator.check(update)
                 screened = screen_and_fold(robust, plan, aggregator, list(range(len(updates))), updates.__getitem__)
             else:
                 for i in range(len(workers)):
-                    update = handle(i, plan)
-                    assert isinstance(update, ClientUpdate)
-                    aggregator.fold(update)
+                    aggregator.fold(train(i, plan))
             strategy.aggregate(plan, aggregator)
             entry = {
                 "task": task,
