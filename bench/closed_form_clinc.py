@@ -26,15 +26,19 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine.simulation as simulation  # noqa: E402
 from common.config import RunConfig  # noqa: E402
+from common.messages import ModelSpec  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
+from server.strategies.base import Strategy  # noqa: E402
 
-LORM = {"rounds_per_task": 5, "local_epochs": 1, "rank": 1, "lr": 1e-2}  # the issue's LoRM settings
-METHODS = {  # name -> (strategy, extra settings, the issue's figure (nan: none), other RunConfig fields)
+LORM: dict[str, Any] = {"rounds_per_task": 5, "local_epochs": 1, "rank": 1, "lr": 1e-2}  # the issue's LoRM settings
+# name -> (strategy, extra settings, the issue's figure (nan: none), other RunConfig fields)
+METHODS: dict[str, tuple[str, dict[str, Any], float, dict[str, Any]]] = {
     "ncm": ("ncm", {}, 91.7, {}),
     "ridge": ("ridge", {}, 91.1, {}),
     "ridge-rp": ("ridge", {"rp_dim": 5000}, 95.1, {}),
@@ -55,8 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
-    made = []  # the strategy of each run, to read the lambda it chose
-    simulation.make_strategy = lambda config, spec: made.append(make_strategy(config, spec)) or made[-1]
+    made: list[Strategy] = []  # the strategy of each run, to read the lambda it chose
+
+    def make_and_keep(config: RunConfig, spec: ModelSpec) -> Strategy:
+        made.append(make_strategy(config, spec))
+        return made[-1]
+
+    simulation.make_strategy = make_and_keep
     rows = []
     for name in args.methods:
         strategy, extra, issue, fields = METHODS[name]
@@ -87,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - start
         m = result.matrix
         final_all = 100.0 * sum(m.correct[-1]) / sum(m.total[-1])
-        issue = "-" if issue != issue else f"{issue:.1f}"  # nan: the issue gives no figure
-        rows.append((name, m.faa(), m.faa_weighted(), final_all, issue, lambdas, seconds, sum(m.total[-1])))
+        shown = "-" if issue != issue else f"{issue:.1f}"  # nan: the issue gives no figure
+        rows.append((name, m.faa(), m.faa_weighted(), final_all, shown, lambdas, seconds, sum(m.total[-1])))
         print(
             f"{name}: FAA {m.faa():.2f} / weighted {m.faa_weighted():.2f}, all classes {final_all:.2f} "
-            f"(issue {issue}), lambda {lambdas}, {seconds:.0f} s",
+            f"(issue {shown}), lambda {lambdas}, {seconds:.0f} s",
             flush=True,
         )
 
@@ -100,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'method':<18}{'FAA paper':>11}{'FAA weighted':>14}{'all 150':>9}{'issue':>7}{'test n':>8}"
         f"{'seconds':>9}  lambda per task"
     )
-    for name, faa, weighted, final_all, issue, lambdas, seconds, n in rows:
+    for name, faa, weighted, final_all, shown, lambdas, seconds, n in rows:
         lam = " ".join("-" if v is None else f"{v:g}" for v in lambdas)
-        print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{issue:>7}{n:>8}{seconds:>9.0f}  {lam}")
+        print(f"{name:<18}{faa:>11.2f}{weighted:>14.2f}{final_all:>9.2f}{shown:>7}{n:>8}{seconds:>9.0f}  {lam}")
     return 0
 
 

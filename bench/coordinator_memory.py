@@ -36,16 +36,21 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import LAYERS, make_update, update_bytes  # noqa: E402
 from bench.synthetic import VIT_B16 as SPEC
 from common.config import RunConfig  # noqa: E402
-from common.messages import Phase, RoundPlan  # noqa: E402
+from common.messages import ClientUpdate, Phase, RoundPlan  # noqa: E402
+
+if TYPE_CHECKING:  # at run time imported where it is built (build_coordinator)
+    from server.coordinator import Coordinator
 
 RANK = 16
 UPDATE_BYTES = update_bytes(SPEC, RANK)
@@ -68,7 +73,7 @@ def peak_rss() -> int:
 # ----------------------------------------------------------------------------- coordinator side
 
 
-def build_coordinator(n: int, state: Path):
+def build_coordinator(n: int, state: Path) -> tuple[Coordinator, list[int]]:
     """A coordinator with N joined and described clients; its open step is task 0 round 0 (B)."""
     from server.coordinator import Coordinator
 
@@ -76,13 +81,16 @@ def build_coordinator(n: int, state: Path):
     staged: list[int] = []  # bytes of each staged submission's files
     original = coordinator.store.stage_update
 
-    def stage_and_measure(key, update, idempotency_key):
-        original(key, update, idempotency_key)
+    def stage_and_measure(
+        key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
+    ) -> None:
+        original(key, update, idempotency_key, tensors)
         folder = coordinator.store.root / "staging" / key
         i = update.client_index
         staged.append(sum((folder / f"{i}{ext}").stat().st_size for ext in (".safetensors", ".json")))
 
-    coordinator.store.stage_update = stage_and_measure
+    # measured from outside, on this one store: wrapping the bound method is the point
+    coordinator.store.stage_update = stage_and_measure  # type: ignore[method-assign]
     return coordinator, staged
 
 

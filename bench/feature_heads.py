@@ -225,7 +225,9 @@ def cached_features(
             t0 = time.perf_counter()
             states = pooled_states(data[split][0], max_length, encoder=encoder)
             cache.mkdir(parents=True, exist_ok=True)
-            np.savez(file, **states)
+            # numpy's stub types **kwds as ArrayLike but lists allow_pickle: bool among the keywords, so mypy
+            # matches a dict[str, ndarray] against it too
+            np.savez(file, **states)  # type: ignore[arg-type]
             print(f"extracted {split}: {len(data[split][0])} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
         with np.load(file) as f:
             out[split] = {k: f[k] for k in f.files}

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,7 +129,7 @@ class CoordinatorProcess:
         self.log.close()
 
 
-def run_clients(target: str, n: int, spec: ModelSpec, rank: int, on_barrier) -> list:
+def run_clients(target: str, n: int, spec: ModelSpec, rank: int, on_barrier: Callable[[], None]) -> list:
     """N threads, one channel each: join, describe, pull the plan and build the update; then all push at once."""
     security = Security(insecure=True)
     barrier = threading.Barrier(n + 1, timeout=PHASE_TIMEOUT_S)

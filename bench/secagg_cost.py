@@ -61,7 +61,7 @@ import torch
 
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import ClientUpdate, RoundPlan
+from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.presets import preset
 from common.secagg import FixedPoint, decode, encode
 from common.secagg_rounds import BOX_BYTES, ClientSession, Keys, ServerSession
@@ -89,7 +89,7 @@ ROUNDS = ("advertise", "share", "masked", "confirm", "unmask")
 INDEX = 4  # a client index on the wire
 
 
-def made_up_update(plan, shapes: dict, index: int, samples: int = 50) -> ClientUpdate:
+def made_up_update(plan: RoundPlan, shapes: dict, index: int, samples: int = 50) -> ClientUpdate:
     g = torch.Generator().manual_seed(index)
     tensors = {}
     for name, shape in shapes.items():
@@ -314,7 +314,7 @@ def one_step(
 
 def measure(
     config: RunConfig,
-    spec,
+    spec: ModelSpec,
     clients: int,
     dropped_shares: list[float],
     modes: list[str],

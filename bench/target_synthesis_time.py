@@ -14,13 +14,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.backbones import build_model  # noqa: E402
+from client.backbones import ClassifierModel, build_model  # noqa: E402
 from client.methods.target import synthesize  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.settings import TargetSettings  # noqa: E402
 
 
-def seconds(model, settings: TargetSettings) -> float:
+def seconds(model: ClassifierModel, settings: TargetSettings) -> float:
     start = time.perf_counter()
     synthesize(model, 30, settings, seed=1, device=torch.device("cpu"))
     return time.perf_counter() - start

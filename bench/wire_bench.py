@@ -33,10 +33,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import torch
+from google.protobuf.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,6 +56,7 @@ from server.service import create_server  # noqa: E402
 RANK = 16
 CONFIG = RunConfig(run_id="wire", num_clients=1, num_tasks=2, rounds_per_task=2, rank=RANK, seed=1)
 GOAL = 1.05
+T = TypeVar("T")
 IO_TIMEOUT_S = 60.0  # a relay socket idle this long is closed (bounds every loop)
 
 
@@ -159,7 +163,7 @@ def plan_raw(plan: RoundPlan) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def grpc_bytes(messages) -> int:
+def grpc_bytes(messages: Iterable[Message]) -> int:
     return sum(m.ByteSize() + 5 for m in messages)  # 5 = compressed flag + 4-byte length
 
 
@@ -188,7 +192,7 @@ def run_pass(via_relay: bool) -> list[dict]:
             client.join(0)
             client.describe(SPEC)
 
-            def measured(label: str, call, raw: int, msgs: int | None):
+            def measured(label: str, call: Callable[[], T], raw: int, msgs: int | None) -> T:
                 up0, down0 = relay.counts() if relay else (0, 0)
                 lo0, t0 = lo_bytes(), time.perf_counter()
                 result = call()
