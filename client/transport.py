@@ -75,7 +75,7 @@ class CoordinatorClient:
         self.call_timeout_s = call_timeout_s
         # Security.channel takes list[tuple[str, object]], and list is invariant; common/tls.py should take a
         # Sequence (reported), at which point warn_unused_ignores flags this line.
-        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)  # type: ignore[arg-type]
+        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)
         self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""

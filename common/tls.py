@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,7 +196,7 @@ class Security:
             )
         return grpc.ssl_server_credentials([pair])
 
-    def channel(self, target: str, options: list[tuple[str, object]]) -> grpc.Channel:
+    def channel(self, target: str, options: Sequence[tuple[str, object]]) -> grpc.Channel:
         if self.insecure:
             return grpc.insecure_channel(target, options=options)
         creds = grpc.ssl_channel_credentials(
@@ -204,7 +205,7 @@ class Security:
             certificate_chain=Path(self.cert).read_bytes() if self.cert else None,
         )
         if self.server_name:
-            options = options + [("grpc.ssl_target_name_override", self.server_name)]
+            options = [*options, ("grpc.ssl_target_name_override", self.server_name)]
         return grpc.secure_channel(target, creds, options=options)
 
     def call_metadata(self) -> tuple[tuple[str, str], ...]:
