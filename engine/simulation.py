@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -28,7 +28,7 @@ from client.datasets import DatasetError
 from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import add_logging_arguments, plan_name, report_text, setup_logging, step_loss
+from common.logs import add_logging_arguments, plan_name, setup_logging
 from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
@@ -37,8 +37,9 @@ from common.progress import Progress, kind_of
 from common.secagg import SecAggError
 from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
-from server.robust import robust_text, screen_and_fold
-from server.secure import require_secure, secagg_report, secagg_text, secure_step
+from server.robust import screen_and_fold
+from server.secure import require_secure, secagg_report, secure_step
+from server.steps import OpenStep, evaluate, following, merge, open_step
 from server.store import Store
 from server.strategies import make_strategy
 
@@ -137,6 +138,11 @@ def _run(
             honest[i].on_batch = None
             shown.end()
 
+    def evaluation(i: int, plan: RoundPlan) -> EvalReport:
+        report = handle(i, plan)
+        assert isinstance(report, EvalReport)  # an evaluation step is answered with a report
+        return report
+
     def train(i: int, plan: RoundPlan) -> ClientUpdate:
         update = handle(i, plan)
         assert isinstance(update, ClientUpdate)  # every step but the evaluation is answered with an update
@@ -177,67 +183,48 @@ def _run(
 
     if saved is None:  # nothing committed before the first step: a run cut short in it starts afresh
         log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
-    for task in range(first[0], len(strategy.tasks)):
-        steps = strategy.steps(task)
-        begin = first[1] if task == first[0] else 0
-        if begin == 0:
-            strategy.begin_task(task)
-        for index in range(begin, len(steps)):
-            phase, round_ = steps[index]
-            plan = strategy.configure(task, round_, phase)
-            aggregator = strategy.aggregator(plan)
-            screened: dict = {}
-            secured: dict = {}
-            if secagg.enabled:  # the clients' terms masked; only their sum unmasked (server.secure)
-                session = secure_step(
-                    aggregator, as_client, {i: train(i, plan) for i in range(len(workers))}, secagg, config.num_clients
-                )
-                secured = secagg_report(session, config.num_clients, aggregator)
-            elif robust.enabled:  # every update first, as the coordinator screens a closed step
-                updates = [train(i, plan) for i in range(len(workers))]
-                for update in updates:
-                    aggregator.check(update)
-                screened = screen_and_fold(robust, plan, aggregator, list(range(len(updates))), updates.__getitem__)
-            else:
-                for i in range(len(workers)):
-                    aggregator.fold(train(i, plan))
-            strategy.aggregate(plan, aggregator)
-            entry = {
-                "task": task,
-                "round": round_,
-                "phase": phase.value,
-                "factors": "".join(plan.train_factors),
-                "loss": aggregator.mean_loss,
-                "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1),
-                **strategy.step_report(plan),
-            }
-            if screened:
-                entry["robust"] = screened
-            if secured:
-                entry["secagg"] = secured
-            history.append(entry)
-            if reporter:
-                reporter.step(len(history) - 1, entry)
-            loss = step_loss(phase.value, aggregator.mean_loss)
-            log(
-                f"task {task} round {round_} {plan_name(plan)} clients {aggregator.count}"
-                + (f" {loss}" if loss else "")
-                + report_text(strategy.step_report(plan))
-                + (robust_text(screened) if screened else "")
-                + (secagg_text(secured) if secured else "")
-            )
-            commit(task, index + 1)
-        plan = strategy.eval_plan(task)
+
+    def ordered(step: OpenStep) -> dict[str, Any]:
+        """Each client's update folded as it comes, in index order (the coordinator folds so)."""
+        assert step.aggregator is not None
         for i in range(len(workers)):
-            report = handle(i, plan)
-            assert isinstance(report, EvalReport)
-            matrix.add(task, report.correct, report.total)
-        acc = matrix.accuracy()[task]
-        history.append({"task": task, "round": config.rounds_per_task, "phase": "evaluate", "accuracy": acc})
+            step.aggregator.fold(train(i, step.plan))
+        return {}
+
+    def screened(step: OpenStep) -> dict[str, Any]:
+        """Every update first, checked, then screened together, as the coordinator screens a closed step."""
+        assert step.aggregator is not None
+        updates = [train(i, step.plan) for i in range(len(workers))]
+        for update in updates:
+            step.aggregator.check(update)
+        return {
+            "robust": screen_and_fold(
+                robust, step.plan, step.aggregator, list(range(len(updates))), updates.__getitem__
+            )
+        }
+
+    def masked(step: OpenStep) -> dict[str, Any]:
+        """The clients' terms masked; only their sum unmasked (server.secure)."""
+        assert step.aggregator is not None
+        updates = {i: train(i, step.plan) for i in range(len(workers))}
+        session = secure_step(step.aggregator, as_client, updates, secagg, config.num_clients)
+        return {"secagg": secagg_report(session, config.num_clients, step.aggregator)}
+
+    fold = masked if secagg.enabled else screened if robust.enabled else ordered  # the fold policy, chosen once
+    pointer: tuple[int, int] | None = first if first[0] < len(strategy.tasks) else None
+    while pointer is not None:
+        task, index = pointer
+        step = open_step(strategy, config.rounds_per_task, task, index, begin_task=index == 0)
+        if step.aggregator is None:
+            entry, line = evaluate(step, matrix, (evaluation(i, step.plan) for i in range(len(workers))))
+        else:
+            entry, line = merge(strategy, step, len(workers), fold(step))
+        history.append(entry)
         if reporter:
-            reporter.step(len(history) - 1, history[-1])
-        log(f"task {task} evaluated: " + " ".join(f"{a:.2f}" for a in acc))
-        commit(task + 1, 0)
+            reporter.step(len(history) - 1, entry)
+        log(line)
+        pointer = following(strategy, config.rounds_per_task, task, index)
+        commit(*(pointer or (task + 1, 0)))
     result = RunResult(
         config,
         matrix,

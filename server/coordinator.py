@@ -33,7 +33,6 @@ from typing import Any
 
 from common.config import RunConfig
 from common.faults import fault_point
-from common.logs import plan_name, report_text, step_loss
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from common.metrics import AccuracyMatrix
 from common.partition import describe_tasks
@@ -53,8 +52,9 @@ from server.checks import (
     sample_bounds,
 )
 from server.results import RunReporter
-from server.robust import robust_text, screen_and_fold
-from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure, secagg_text
+from server.robust import screen_and_fold
+from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
+from server.steps import OpenStep, evaluate, following, merge, open_step
 from server.store import Store, step_key
 from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
@@ -190,10 +190,6 @@ class Coordinator:
 
     # ---------------------------------------------------------------- steps
 
-    def _steps(self, task: int) -> list[tuple[Phase, int]]:
-        assert self.strategy is not None
-        return self.strategy.steps(task) + [(Phase.EVALUATE, self.config.rounds_per_task)]
-
     def _open_step(self, task: int, index: int, fresh_task: bool) -> None:
         assert self.strategy is not None
         if self.progress is None:  # the run's steps, for its ETA in the log (timed from this process's start)
@@ -201,17 +197,11 @@ class Coordinator:
             self.progress = Progress(kinds, interactive=False, every_s=math.inf)  # no lines of its own
         self.progress.done = sum(len(self.strategy.steps(t)) + 1 for t in range(task)) + index
         self.progress.begin(f"task {task} step {index}")
-        if fresh_task:
-            self.strategy.begin_task(task)
-        phase, round_ = self._steps(task)[index]
-        if phase == Phase.EVALUATE:
-            plan, aggregator = self.strategy.eval_plan(task), None
-        else:
-            plan = self.strategy.configure(task, round_, phase)
-            aggregator = self.strategy.aggregator(plan)
+        opened = open_step(self.strategy, self.config.rounds_per_task, task, index, begin_task=fresh_task)
+        plan = opened.plan
         self.pointer = (task, index)
-        self.step = StepState(task, index, phase, round_, plan, aggregator, time.monotonic())
-        if self.secagg_settings.enabled and phase != Phase.EVALUATE:
+        self.step = StepState(task, index, opened.phase, opened.round, plan, opened.aggregator, time.monotonic())
+        if self.secagg_settings.enabled and opened.phase != Phase.EVALUATE:
             step = self.step
             step.secure = SecureStep(
                 self.secagg_settings,
@@ -280,61 +270,31 @@ class Coordinator:
         self._finish_step()
 
     def _finish_step(self) -> None:
+        """Close the open step through this run's fold policy, merge and record it (``server/steps.py``: the
+        lifecycle the engine shares), open the next one and commit."""
         step = self.step
         assert step is not None and self.strategy is not None
-        entry: dict[str, Any] = {
-            "task": step.task,
-            "round": step.round,
-            "phase": step.phase.value,
-            "factors": "".join(step.plan.train_factors),
-            "clients": len(step.submitted),
-        }
         eta = ""
         if self.progress is not None:
             self.progress.end()
             eta = f"; {self.progress.run_text()}"
-        if step.phase == Phase.EVALUATE:
-            for i in sorted(step.reports):
-                r = step.reports[i]
-                self.matrix.add(step.task, r.correct, r.total)
-            entry["accuracy"] = self.matrix.accuracy()[step.task]
-            self.emit(f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in entry["accuracy"]) + eta)
+        opened = OpenStep(step.task, step.index, step.phase, step.round, step.plan, step.aggregator)
+        if step.aggregator is None:
+            entry, line = evaluate(opened, self.matrix, (step.reports[i] for i in sorted(step.reports)))
         else:
-            assert step.aggregator is not None
-            screened: dict[str, Any] = {}
-            if step.secure is not None:  # the survivors' sum of terms, unmasked: no update was ever seen alone
-                try:
-                    entry["secagg"] = step.secure.unmask_into(step.aggregator)
-                except SessionFailed as failed:  # a fresh session runs, or the step gave up
-                    if failed.record is not None:
-                        self._end_unmerged(step, failed.record)
-                    return
-            elif self.robust.enabled:  # nothing is folded yet: screen the staged updates, fold what passes
-                load = functools.partial(self.store.load_update, step.key)
-                screened = screen_and_fold(self.robust, step.plan, step.aggregator, sorted(step.submitted), load)
-            else:  # fold whatever is staged but was held back by a missing (skipped) lower index
-                for i in sorted(step.submitted):
-                    if i >= step.next_fold:
-                        step.aggregator.fold(self.store.load_update(step.key, i), checked=True)
-            step.next_fold = self.config.num_clients
-            merge_start = time.perf_counter()
-            self.strategy.aggregate(step.plan, step.aggregator)
-            fault_point("merge.aggregated")
-            self.on_merge(step.phase.value, time.perf_counter() - merge_start)
-            entry["loss"] = step.aggregator.mean_loss
-            entry["bytes_per_client"] = step.aggregator.payload_bytes / max(step.aggregator.count, 1)
-            report = self.strategy.step_report(step.plan)
-            entry.update(report)
-            if screened:
-                entry["robust"] = screened
-            loss = step_loss(step.phase.value, step.aggregator.mean_loss)
-            self.emit(
-                f"task {step.task} round {step.round} {plan_name(step.plan)} merged "
-                f"({len(step.submitted)} clients{', ' + loss if loss else ''}){report_text(report)}"
-                + (robust_text(screened) if screened else "")
-                + (secagg_text(entry["secagg"]) if "secagg" in entry else "")
-                + eta
-            )
+            try:
+                extras = self._fold_closed(step, step.aggregator)
+            except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
+                if failed.record is not None:
+                    self._end_unmerged(step, failed.record)
+                return
+
+            def merged(seconds: float) -> None:
+                fault_point("merge.aggregated")
+                self.on_merge(step.phase.value, seconds)
+
+            entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
+        self.emit(line + eta)
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         self._next_step(step)
@@ -342,6 +302,24 @@ class Coordinator:
         if self.state == State.DONE:
             self._export()
             self.done.set()
+
+    def _fold_closed(self, step: StepState, aggregator: Aggregator) -> dict[str, Any]:
+        """The closing part of the step's fold policy; what it records. Secure: the survivors' sum of terms,
+        unmasked (no update was ever seen alone; ``SessionFailed``). Robust: nothing was folded yet, the
+        staged updates are screened and what passes folded. Ordered: whatever is staged but was held back
+        by a missing (skipped) lower index."""
+        extras: dict[str, Any] = {}
+        if step.secure is not None:
+            extras["secagg"] = step.secure.unmask_into(aggregator)
+        elif self.robust.enabled:
+            load = functools.partial(self.store.load_update, step.key)
+            extras["robust"] = screen_and_fold(self.robust, step.plan, aggregator, sorted(step.submitted), load)
+        else:
+            for i in sorted(step.submitted):
+                if i >= step.next_fold:
+                    aggregator.fold(self.store.load_update(step.key, i), checked=True)
+        step.next_fold = self.config.num_clients
+        return extras
 
     def _end_unmerged(self, step: StepState, record: dict) -> None:
         """``step``'s secure aggregation gave up (``record``: why each session failed, whom it excluded): the
@@ -375,14 +353,12 @@ class Coordinator:
     def _next_step(self, step: StepState) -> None:
         """Open the step after ``step`` (or end the run: ``DONE``)."""
         assert self.strategy is not None
-        steps = self._steps(step.task)
-        if step.index + 1 < len(steps):
-            self._open_step(step.task, step.index + 1, fresh_task=False)
-        elif step.task + 1 < len(self.strategy.tasks):
-            self._open_step(step.task + 1, 0, fresh_task=True)
-        else:
+        after = following(self.strategy, self.config.rounds_per_task, step.task, step.index)
+        if after is None:
             self.step = None
             self.state = State.DONE
+        else:
+            self._open_step(*after, fresh_task=after[1] == 0)
 
     def _export(self) -> None:
         assert self.strategy is not None and self.spec is not None
