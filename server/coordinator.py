@@ -26,7 +26,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -52,11 +51,10 @@ from server.checks import (
     sample_bounds,
 )
 from server.results import RunReporter
-from server.robust import screen_and_fold
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
-from server.steps import OpenStep, evaluate, following, merge, open_step
-from server.store import Store, step_key
-from server.strategies import Aggregator, Strategy, UpdateRejected, make_strategy
+from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step
+from server.store import Store
+from server.strategies import Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
 
 log = logging.getLogger("lorm.coordinator")
@@ -67,27 +65,6 @@ class State(str, Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"  # a step could not be completed (secure aggregation failed past its attempts): the run ends
-
-
-@dataclass
-class StepState:
-    """The step in progress: its plan, the running sums, and who has submitted."""
-
-    task: int
-    index: int  # position in the task's step list
-    phase: Phase
-    round: int
-    plan: RoundPlan
-    aggregator: Aggregator | None
-    started: float
-    next_fold: int = 0  # every client index below this has been folded (or skipped)
-    submitted: set[int] = field(default_factory=set)
-    reports: dict[int, EvalReport] = field(default_factory=dict)
-    secure: SecureStep | None = None  # secure aggregation's rounds of this step (secagg.enabled)
-
-    @property
-    def key(self) -> str:
-        return step_key(self.task, self.index)
 
 
 class Coordinator:
@@ -109,6 +86,7 @@ class Coordinator:
         self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.config = config
         self.robust = config.section(RobustSettings)
+        self.folding = fold_policy(self.robust, config.section(SecAggSettings).enabled, config.num_clients)
         self.secagg_settings = config.section(SecAggSettings)
         self.progress: Progress | None = None
         self.clients: dict[str, int] = {}  # client id -> client index
@@ -232,17 +210,15 @@ class Coordinator:
         self._maybe_finish()
 
     def _fold_ready(self, fresh: ClientUpdate | None = None) -> None:
-        """Fold staged updates in index order while the next index is available."""
+        """Fold what the run's fold policy folds as updates arrive (``fresh``: the one just staged)."""
         step = self.step
         assert step is not None
-        if step.aggregator is None or self.robust.enabled or step.secure is not None:
-            return  # robust: screened and folded when the step closes; secure: only the unmasked sum is loaded
-        while step.next_fold < self.config.num_clients and step.next_fold in step.submitted:
-            i = step.next_fold
-            update = fresh if fresh is not None and fresh.client_index == i else self.store.load_update(step.key, i)
-            step.aggregator.fold(update, checked=True)  # checked by submit before it was staged
-            fault_point("merge.fold")
-            step.next_fold += 1
+        if step.aggregator is not None:
+            self.folding.arrived(step, step.aggregator, self._loader(step), fresh)
+
+    def _loader(self, step: StepState) -> Callable[[int], ClientUpdate]:
+        """Client ``i``'s staged update of ``step``, read from disk."""
+        return functools.partial(self.store.load_update, step.key)
 
     def _deadline_passed(self) -> bool:
         step = self.step
@@ -283,7 +259,7 @@ class Coordinator:
             entry, line = evaluate(opened, self.matrix, (step.reports[i] for i in sorted(step.reports)))
         else:
             try:
-                extras = self._fold_closed(step, step.aggregator)
+                extras = self.folding.close(step, step.aggregator, self._loader(step))
             except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
                 if failed.record is not None:
                     self._end_unmerged(step, failed.record)
@@ -302,24 +278,6 @@ class Coordinator:
         if self.state == State.DONE:
             self._export()
             self.done.set()
-
-    def _fold_closed(self, step: StepState, aggregator: Aggregator) -> dict[str, Any]:
-        """The closing part of the step's fold policy; what it records. Secure: the survivors' sum of terms,
-        unmasked (no update was ever seen alone; ``SessionFailed``). Robust: nothing was folded yet, the
-        staged updates are screened and what passes folded. Ordered: whatever is staged but was held back
-        by a missing (skipped) lower index."""
-        extras: dict[str, Any] = {}
-        if step.secure is not None:
-            extras["secagg"] = step.secure.unmask_into(aggregator)
-        elif self.robust.enabled:
-            load = functools.partial(self.store.load_update, step.key)
-            extras["robust"] = screen_and_fold(self.robust, step.plan, aggregator, sorted(step.submitted), load)
-        else:
-            for i in sorted(step.submitted):
-                if i >= step.next_fold:
-                    aggregator.fold(self.store.load_update(step.key, i), checked=True)
-        step.next_fold = self.config.num_clients
-        return extras
 
     def _end_unmerged(self, step: StepState, record: dict) -> None:
         """``step``'s secure aggregation gave up (``record``: why each session failed, whom it excluded): the

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from common.faults import fault_point
 from common.logs import plan_name, report_text, step_loss
-from common.messages import EvalReport, Phase, RoundPlan
+from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.metrics import AccuracyMatrix
-from server.robust import robust_text
-from server.secure import secagg_text
+from common.settings import RobustSettings
+from server.robust import robust_text, screen_and_fold
+from server.secure import SecureStep, secagg_text
+from server.store import step_key
 from server.strategies import Aggregator, Strategy
 
 
@@ -117,3 +120,105 @@ def evaluate(step: OpenStep, matrix: AccuracyMatrix, reports: Iterable[EvalRepor
         "accuracy": accuracy,
     }
     return entry, f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in accuracy)
+
+
+# ------------------------------------------------------------------------- the coordinator's open step
+
+
+@dataclass
+class StepState:
+    """The coordinator's step in progress: its plan, the running sums, and who has submitted."""
+
+    task: int
+    index: int  # position in the task's schedule
+    phase: Phase
+    round: int
+    plan: RoundPlan
+    aggregator: Aggregator | None
+    started: float
+    next_fold: int = 0  # every client index below this has been folded (or skipped)
+    submitted: set[int] = field(default_factory=set)
+    reports: dict[int, EvalReport] = field(default_factory=dict)
+    secure: SecureStep | None = None  # secure aggregation's rounds of this step (secagg.enabled)
+
+    @property
+    def key(self) -> str:
+        return step_key(self.task, self.index)
+
+
+Load = Callable[[int], ClientUpdate]
+
+
+class FoldPolicy(Protocol):
+    """How the coordinator's staged updates reach a step's aggregator: as they arrive (:meth:`arrived`), and
+    when the step closes (:meth:`close`, which returns what the step's history records of it)."""
+
+    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None: ...
+
+    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Ordered:
+    """Each update folded in client-index order as soon as every lower index is folded: the result is
+    bit-identical to the engine's, which folds clients 0..N-1 in order; an update ahead of its turn waits
+    on disk. At the close, what a missing (skipped) lower index held back is folded, in order."""
+
+    clients: int
+
+    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
+        while step.next_fold < self.clients and step.next_fold in step.submitted:
+            i = step.next_fold
+            update = fresh if fresh is not None and fresh.client_index == i else load(i)
+            aggregator.fold(update, checked=True)  # checked by submit before it was staged
+            fault_point("merge.fold")
+            step.next_fold += 1
+
+    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
+        for i in sorted(step.submitted):
+            if i >= step.next_fold:
+                aggregator.fold(load(i), checked=True)
+        step.next_fold = self.clients
+        return {}
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The robust mode: nothing is folded before the step closes; then the staged updates are screened
+    together and what passes is folded (clipped where it went past a bound), in index order."""
+
+    settings: RobustSettings
+    clients: int
+
+    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
+        pass
+
+    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
+        step.next_fold = self.clients
+        return {"robust": screen_and_fold(self.settings, step.plan, aggregator, sorted(step.submitted), load)}
+
+
+@dataclass(frozen=True)
+class Masked:
+    """Secure aggregation: no update is ever folded alone; at the close the survivors' sum of terms is
+    unmasked into the aggregator (``SessionFailed`` when it cannot be: the step's session restarts)."""
+
+    clients: int
+
+    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
+        pass
+
+    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
+        assert step.secure is not None
+        record = step.secure.unmask_into(aggregator)
+        step.next_fold = self.clients
+        return {"secagg": record}
+
+
+def fold_policy(robust: RobustSettings, secure: bool, clients: int) -> FoldPolicy:
+    """The run's fold policy, chosen once (secure aggregation and the robust mode exclude each other)."""
+    if secure:
+        return Masked(clients)
+    if robust.enabled:
+        return Screened(robust, clients)
+    return Ordered(clients)
