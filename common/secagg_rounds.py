@@ -89,10 +89,6 @@ class Culprits(SecAggError):
         self.why = dict(sorted(why.items()))
         super().__init__("; ".join(f"client {i}: {w}" for i, w in self.why.items()))
 
-    @property
-    def culprits(self) -> list[int]:
-        return sorted(self.why)
-
 
 def seed_commitment(seed: bytes, index: int, context: bytes) -> bytes:
     """SHA-256 over the step's ``context``, the client's index and its own-mask ``seed``: published in the
@@ -253,13 +249,18 @@ class ClientSession:
         publics = {j: self.roster[j].mask_public for j in self.sharers}
         return masked(values, self.index, self.mask_private, publics, self.seed, self.context)
 
+    def _check_request(self, survivors: list[int], dropped: list[int]) -> None:
+        """``SecAggError`` unless the unmask request partitions ``U2``, names at least ``t`` survivors (no
+        request could reveal both secrets of one client) and counts this client among them."""
+        _check_partition(survivors, dropped, self.sharers, self.threshold)
+        if self.index not in survivors:
+            raise SecAggError(f"unmask request names client {self.index} among the dropped")
+
     def confirm(self, survivors: list[int], dropped: list[int]) -> bytes:
         """Signed mode, the consistency round: this client's signature over the unmask request, which it
         then answers alone (a coordinator that sends another request later gets nothing)."""
         assert self.signer is not None, "confirm is the signed mode's round"
-        _check_partition(survivors, dropped, self.sharers, self.threshold)
-        if self.index not in survivors:
-            raise SecAggError(f"unmask request names client {self.index} among the dropped")
+        self._check_request(survivors, dropped)
         if self.request is not None and self.request != (survivors, dropped):
             raise SecAggError(f"client {self.index} signed another unmask request of this step already")
         self.request = (list(survivors), list(dropped))
@@ -297,9 +298,7 @@ class ClientSession:
         Signed: ``confirmations`` (signer -> signature over the request) must hold the threshold's."""
         if self.answered:
             raise SecAggError(f"client {self.index} has answered this step's unmask request already")
-        _check_partition(survivors, dropped, self.sharers, self.threshold)
-        if self.index not in survivors:
-            raise SecAggError(f"unmask request names client {self.index} among the dropped")
+        self._check_request(survivors, dropped)
         if self.verifier is not None:
             self.check_confirmations(survivors, dropped, confirmations or {})
         plain = {self.index: self.own}
@@ -440,9 +439,13 @@ class ServerSession:
 
     def confirmed(self, late: bool = False) -> bool:
         """Whether the confirmations can go out: every survivor's, or the threshold's once ``late``."""
+        return self._from_survivors(len(self.confirmations), late)
+
+    def _from_survivors(self, answers: int, late: bool) -> bool:
+        """Whether ``answers`` from the survivors suffice: all of them, or the threshold once ``late``."""
         if self.survivors is None:
             return False
-        return len(self.confirmations) == len(self.survivors) or (late and len(self.confirmations) >= self.threshold)
+        return answers == len(self.survivors) or (late and answers >= self.threshold)
 
     def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
         survivors, dropped = self.close_inputs()
@@ -457,9 +460,7 @@ class ServerSession:
     def ready(self, late: bool = False) -> bool:
         """Whether the unmask answers suffice: every survivor's (a spare answer lets a wrong share be found
         and its sender named), or at least the threshold once ``late``."""
-        if self.survivors is None:
-            return False
-        return len(self.revealed) == len(self.survivors) or (late and len(self.revealed) >= self.threshold)
+        return self._from_survivors(len(self.revealed), late)
 
     def result(self) -> np.ndarray:
         """The ring sum of the survivors' encoded inputs (masks removed).
@@ -523,7 +524,8 @@ def rebuild(
     ``threshold``-subset that passes the check is searched for (leaving out one answerer, then two; at
     most :data:`SEARCH_LIMIT` subsets); the answerers whose shares
     do not lie on that subset's polynomial lied: :class:`Culprits` names them. If every answer lies on one
-    polynomial whose secret fails the check, ``owner`` dealt shares of another secret than it committed
+    polynomial (each later answer swapped into the first ``threshold`` gives the same secret) whose secret
+    fails the check, ``owner`` dealt shares of another secret than it committed
     to: :class:`Culprits` names ``owner``. Otherwise ``SecAggError`` (too few spare answers to tell)."""
     answerers = sorted(pieces)
     first = combine({a: pieces[a] for a in answerers[:threshold]}, positions, threshold)
@@ -544,11 +546,12 @@ def rebuild(
             kept = [a for a in answerers if a not in out][:threshold]
             secret = combine({a: pieces[a] for a in kept}, positions, threshold)
             if check(secret):
-                liars = [
-                    a for a in answerers if a not in kept and not _on(pieces, kept, a, positions, threshold, check)
-                ]
-                return _raise_liars(liars, owner, what) if liars else secret
-    if spare >= 1 and _consistent(pieces, answerers, positions, threshold, first):
+                liars = [a for a in answerers if a not in kept and not check(_swapped(pieces, kept, a, positions))]
+                if liars:
+                    raise Culprits({a: f"revealed a wrong share of client {owner}'s {what}" for a in liars})
+                return secret
+    base = answerers[:threshold]
+    if spare >= 1 and all(_swapped(pieces, base, a, positions) == first for a in answerers[threshold:]):
         raise Culprits({owner: f"dealt shares of its {what} that rebuild to another value than it committed to"})
     raise SecAggError(
         f"the shares of client {owner}'s {what} do not rebuild to what it committed to, and {len(answerers)} answers "
@@ -556,22 +559,11 @@ def rebuild(
     )
 
 
-def _on(pieces: dict[int, list[bytes]], kept: list[int], a: int, positions: list[int], t: int, check) -> bool:
-    """Whether answerer ``a``'s share lies on the polynomial of ``kept``: swapped in for one, the secret holds."""
-    swapped = kept[:-1] + [a]
-    return bool(check(combine({b: pieces[b] for b in swapped}, positions, t)))
-
-
-def _consistent(
-    pieces: dict[int, list[bytes]], answerers: list[int], positions: list[int], t: int, first: bytes
-) -> bool:
-    """Whether every answer lies on the polynomial of the first ``t``: the same secret with each later one in."""
-    base = answerers[:t]
-    return all(combine({b: pieces[b] for b in base[:-1] + [a]}, positions, t) == first for a in answerers[t:])
-
-
-def _raise_liars(liars: list[int], owner: int, what: str) -> bytes:
-    raise Culprits({a: f"revealed a wrong share of client {owner}'s {what}" for a in liars})
+def _swapped(pieces: dict[int, list[bytes]], base: list[int], a: int, positions: list[int]) -> bytes:
+    """The secret of ``base``'s answers with answerer ``a``'s in place of the last: ``a``'s share lies on the
+    polynomial of ``base`` exactly when this is ``base``'s own secret."""
+    chosen = base[:-1] + [a]
+    return combine({b: pieces[b] for b in chosen}, positions, len(chosen))
 
 
 def session_state(session: ServerSession) -> dict:

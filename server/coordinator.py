@@ -52,7 +52,7 @@ from server.checks import (
 )
 from server.results import RunReporter
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
-from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step
+from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
 from server.store import Store
 from server.strategies import Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
@@ -279,28 +279,21 @@ class Coordinator:
             self._export()
             self.done.set()
 
-    def _end_unmerged(self, step: StepState, record: dict) -> None:
-        """``step``'s secure aggregation gave up (``record``: why each session failed, whom it excluded): the
+    def _end_unmerged(self, step: StepState, failed: dict) -> None:
+        """``step``'s secure aggregation gave up (``failed``: why each session failed, whom it excluded): the
         step ends without a merge, recorded in the history. A training round keeps the last merged state;
         any other step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised:
         one party's failure must not stop the coordinator, its ticker or a restart of it."""
         where = f"task {step.task} step {step.index} secure aggregation"
-        entry = {
-            "task": step.task,
-            "round": step.round,
-            "phase": step.phase.value,
-            "factors": "".join(step.plan.train_factors),
-            "clients": 0,
-            "secagg": record,
-        }
+        entry = record(step.task, step.round, step.phase, step.plan, clients=0) | {"secagg": failed}
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
-            self.emit(f"{where}: {len(record['failed'])} sessions failed; the round ends without a merge")
+            self.emit(f"{where}: {len(failed['failed'])} sessions failed; the round ends without a merge")
             self._next_step(step)
         else:
             self.emit(
-                f"{where}: {len(record['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
+                f"{where}: {len(failed['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
                 "the steps after it: the run ends (failed)"
             )
             self.step, self.state = None, State.FAILED

@@ -66,6 +66,17 @@ def following(strategy: Strategy, rounds_per_task: int, task: int, index: int) -
     return None
 
 
+def record(task: int, round_: int, phase: Phase, plan: RoundPlan, clients: int) -> dict[str, Any]:
+    """What every history entry opens with: where the step is, what it trained, and how many clients took part."""
+    return {
+        "task": task,
+        "round": round_,
+        "phase": phase.value,
+        "factors": "".join(plan.train_factors),
+        "clients": clients,
+    }
+
+
 def merge(
     strategy: Strategy,
     step: OpenStep,
@@ -83,11 +94,7 @@ def merge(
     after_merge(time.perf_counter() - start)
     report = strategy.step_report(step.plan)
     entry: dict[str, Any] = {
-        "task": step.task,
-        "round": step.round,
-        "phase": step.phase.value,
-        "factors": "".join(step.plan.train_factors),
-        "clients": clients,
+        **record(step.task, step.round, step.phase, step.plan, clients),
         "loss": aggregator.mean_loss,
         "bytes_per_client": aggregator.payload_bytes / max(aggregator.count, 1),
         **report,
@@ -111,14 +118,7 @@ def evaluate(step: OpenStep, matrix: AccuracyMatrix, reports: Iterable[EvalRepor
         matrix.add(step.task, report.correct, report.total)
         clients += 1
     accuracy = matrix.accuracy()[step.task]
-    entry = {
-        "task": step.task,
-        "round": step.round,
-        "phase": step.phase.value,
-        "factors": "".join(step.plan.train_factors),
-        "clients": clients,
-        "accuracy": accuracy,
-    }
+    entry = record(step.task, step.round, step.phase, step.plan, clients) | {"accuracy": accuracy}
     return entry, f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in accuracy)
 
 

@@ -202,18 +202,8 @@ class SecureStep:
     def check_declared(self, declared: dict[str, tuple[str, tuple[int, ...]]], declared_bytes: int) -> None:
         """A masked push's headers (name -> (dtype, shape)) against the step's layout, before any byte is
         read: ``UpdateRejected`` unless they name exactly its masked sums, int64 limb pairs, of its size."""
-        want = {f"{MASKED}/{name}": (*shape, 2) for name, shape in self.layout.entries}
-        got = {name: tuple(shape) for name, (_, shape) in declared.items()}
-        if got != want:
-            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            wrong = sorted(n for n in set(got) & set(want) if got[n] != want[n])
-            raise UpdateRejected(
-                "masked",
-                f"a secure step's update carries the step's masked sums, as declared: missing {missing[:5]}, "
-                f"unexpected {extra[:5]}, of another shape {wrong[:5]}",
-            )
-        if any(dtype != "int64" for dtype, _ in declared.values()):
-            raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
+        int64 = all(dtype == "int64" for dtype, _ in declared.values())
+        self._check_sums({name: tuple(shape) for name, (_, shape) in declared.items()}, int64)
         if declared_bytes != 16 * self.layout.size:
             raise UpdateRejected(
                 "masked", f"declares {declared_bytes} bytes, the step's masked sums are {16 * self.layout.size}"
@@ -222,20 +212,27 @@ class SecureStep:
     def check_masked(self, index: int, tensors: dict[str, Tensor]) -> None:
         """Client ``index``'s masked input, as its update's named tensors: ``SecAggError`` unless it is
         the client's turn, ``UpdateRejected`` unless it carries masked sums only, int64 limb pairs, in
-        the step's layout."""
+        the step's layout (what :meth:`check_declared` holds a push's headers to)."""
         s = self.session
         if s.sharers is None or index not in s.sharers or s.survivors is not None:
             raise SecAggError("an input from a client that shared no keys, or after the inputs closed")
-        if not tensors or any(not name.startswith(MASKED + "/") for name in tensors):
-            raise UpdateRejected("masked", "a secure step's update carries masked sums only (masked/<sum>)")
-        if any(t.dtype != torch.int64 for t in tensors.values()):
+        int64 = all(t.dtype == torch.int64 for t in tensors.values())
+        self._check_sums({name: tuple(t.shape) for name, t in tensors.items()}, int64)
+
+    def _check_sums(self, shapes: dict[str, tuple[int, ...]], int64: bool) -> None:
+        """``shapes`` (wire name -> shape) must be exactly the step's masked sums, each entry a pair of int64
+        limbs: the layout comes from the step's declaration, so no first pusher decides it."""
+        want = {f"{MASKED}/{name}": (*shape, 2) for name, shape in self.layout.entries}
+        if shapes != want:
+            missing, extra = sorted(set(want) - set(shapes)), sorted(set(shapes) - set(want))
+            wrong = sorted(n for n in set(shapes) & set(want) if shapes[n] != want[n])
+            raise UpdateRejected(
+                "masked",
+                f"a secure step's update carries the step's masked sums, as declared: missing {missing[:5]}, "
+                f"unexpected {extra[:5]}, of another shape {wrong[:5]}",
+            )
+        if not int64:
             raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
-        try:
-            layout = Layout.of_masked({name.split("/", 1)[1]: t for name, t in tensors.items()})
-        except SecAggError as err:
-            raise UpdateRejected("masked", str(err)) from None
-        if layout != self.layout:
-            raise UpdateRejected("masked", "the masked sums' names or shapes differ from the step's declared sums")
 
     def add_input(self, update: ClientUpdate) -> None:
         vector = self.layout.flatten_ring(update.masked)
