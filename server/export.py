@@ -5,6 +5,9 @@
   ``k = T * r``, loadable with ``PeftModel.from_pretrained(base, out_dir)``, or by hand:
   ``W = W0 + lora_scale * lora_B @ lora_A`` with safetensors alone;
 - :func:`export_head`: the classifier head as a safetensors file;
+- :func:`export_card`: ``model.json`` (``common.model_card``), written last: the classes in head order, the
+  backbone and the preprocessing, so that the directory alone rebuilds and serves the model
+  (:func:`model_card` fills it from what the coordinator knows);
 - :func:`write_metrics`: the run summary as JSON.
 
 Pure file I/O: no gRPC, no logging. Every file is written to a temporary file in the target
@@ -23,12 +26,18 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
+from common.config import RunConfig
 from common.messages import LowRank, ModelSpec
+from common.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
+from common.partition import task_ranges
+from common.settings import DataSettings, ModelSettings
 from server.store import atomic_write_bytes
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
 ADAPTER_CONFIG = "adapter_config.json"
-HEAD_FILE = "head.safetensors"
+# The datasets whose class order the setting data.classes sets (client/datasets.py: textfile, imagefolder);
+# the others take theirs from their own files, which the coordinator never reads.
+CLASSES_FROM_SETTING = ("textfile", "imagefolder")
 METRICS_FILE = "metrics.json"
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the base model, as PEFT saves keys
 
@@ -152,6 +161,55 @@ def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tenso
     path = Path(out_dir) / f"{kind}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": kind}))
+    return path
+
+
+def configured_classes(config: RunConfig) -> list[str] | None:
+    """The class names in head order when the configuration fixes them, else ``None``.
+
+    As ``client.datasets.load_dataset`` orders them: the setting ``data.classes`` (read by the datasets of
+    :data:`CLASSES_FROM_SETTING` only), sorted under ``class_order`` "alphabetical", the first
+    ``num_classes`` of them when that is set."""
+    given = config.section(DataSettings).classes
+    if config.dataset not in CLASSES_FROM_SETTING or not given:
+        return None
+    names = sorted(given) if config.class_order == "alphabetical" else list(given)
+    return names[: config.num_classes] if config.num_classes else names
+
+
+def model_card(
+    config: RunConfig, spec: ModelSpec, head_w: Tensor, *, weights: str, tasks_trained: int, parts: list[str]
+) -> ModelCard:
+    """The card of the model the run has after ``tasks_trained`` tasks, from the coordinator's knowledge: its
+    configuration and the clients' model description. The class names and a ``max_length`` of 0 (each client
+    counts its own data) are the clients'; where the configuration does not fix them they stay ``None``."""
+    data = config.section(DataSettings)
+    return ModelCard(
+        classes=configured_classes(config),
+        backbone=Backbone(config.backbone, config.model_seed, spec.base_model, config.section(ModelSettings).weights),
+        preprocessing=Preprocessing(
+            max_length=config.max_length or None,
+            image_transforms=data.transforms if config.dataset == "imagefolder" else config.dataset,
+            image_size=data.image_size,
+        ),
+        weights=weights,
+        lora_scale=float(config.lora_scale),
+        num_classes=spec.num_classes,
+        feature_dim=int(head_w.shape[1]),
+        tasks=[[lo, hi] for lo, hi in task_ranges(spec.num_classes, config.num_tasks, config.task_sizes)],
+        tasks_trained=tasks_trained,
+        strategy=config.strategy,
+        run_id=config.run_id,
+        parts=sorted(parts),
+    )
+
+
+def export_card(out_dir: str | os.PathLike, card: ModelCard) -> Path:
+    """Write ``model.json``. Written after every file it describes: its presence marks a whole export."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / CARD_FILE
+    atomic_write_bytes(path, card.to_json().encode())
     return path
 
 

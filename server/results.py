@@ -5,7 +5,9 @@
 - ``config.json``, ``metrics.json`` (accuracy matrix, both FAA figures, forgetting, history);
 - ``accuracy.png``: accuracy on each task across the tasks trained;
 - ``adapter/`` (standard PEFT LoRA adapter) — or, for full fine-tuning baselines,
-  ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``.
+  ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``;
+- ``model.json`` (written after them): the card that makes the directory a self-contained export
+  (``common/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from torch import Tensor
 from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import LowRank, ModelSpec
-from server.export import export_adapter, export_dense_delta, export_head, export_tensors, write_metrics
+from common.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
+from server.export import (
+    export_adapter,
+    export_card,
+    export_dense_delta,
+    export_head,
+    export_tensors,
+    model_card,
+    write_metrics,
+)
 from server.store import atomic_write_bytes
 
 
@@ -76,16 +87,24 @@ class RunReporter:
         exports: dict[str, dict[str, Tensor]] | None = None,
     ) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / CARD_FILE).unlink(missing_ok=True)  # an earlier export here stops being one until this is whole
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
         if dense_delta is not None:
-            export_dense_delta(self.dir / "delta.safetensors", dense_delta, spec)
+            export_dense_delta(self.dir / DELTA_FILE, dense_delta, spec)
         elif adapter:
-            export_adapter(self.dir / "adapter", adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale)
+            export_adapter(
+                self.dir / ADAPTER_DIR, adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale
+            )
         for kind, named in (exports or {}).items():
             export_tensors(self.dir, kind, named)
         fault_point("export")
         export_head(self.dir, head_w, head_b)
         write_metrics(self.dir, summary)
+        weights = "delta" if dense_delta is not None else "adapter" if adapter else "none"
+        card = model_card(
+            config, spec, head_w, weights=weights, tasks_trained=len(summary["accuracy"]), parts=list(exports or {})
+        )
+        export_card(self.dir, card)
         plot_accuracy(
             summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}"
         )

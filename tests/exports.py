@@ -1,0 +1,65 @@
+"""Finished tiny runs, for the tests of their exports (lorm-predict, lorm-serve): real in-process runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from common.config import RunConfig
+from engine.simulation import run_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN_TEXT = ROOT / "tests" / "data" / "own-text"
+CLASSES = ["alarm", "balance", "greeting", "music", "timer", "weather"]  # the files' own order, named
+
+
+def own_text_config(**changes: object) -> RunConfig:
+    """LoRM on tiny-bert over tests/data/own-text: 6 classes in 3 tasks, 3 clients, seconds on one thread."""
+    settings = {
+        "data": {
+            "train_file": str(OWN_TEXT / "train.csv"),
+            "test_file": str(OWN_TEXT / "test.csv"),
+            "classes": CLASSES,
+        }
+    }
+    base = dict(
+        run_id="own-text",
+        dataset="textfile",
+        backbone="tiny-bert",
+        num_tasks=3,
+        num_clients=3,
+        rounds_per_task=2,
+        local_epochs=2,
+        max_length=8,  # some test sentences are cut: the export must carry it
+        threads=1,
+        settings=settings,
+    )
+    return RunConfig(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def finished_run(results_dir: Path, **changes: object) -> Path:
+    """Run :func:`own_text_config` (with ``changes``) to its end, exporting into ``results_dir``."""
+    run_inprocess(own_text_config(**changes), results_dir=results_dir)
+    return results_dir
+
+
+def held_out_rows() -> list[tuple[str, str]]:
+    with (OWN_TEXT / "test.csv").open() as f:
+        return [(row["text"], row["label"]) for row in csv.DictReader(f)]
+
+
+def counted(results_dir: Path) -> tuple[list[int], list[int]]:
+    """The run's evaluation after its last task: correct and total test samples per task."""
+    metrics = json.loads((results_dir / "metrics.json").read_text())
+    return metrics["correct"][-1], metrics["total"][-1]
+
+
+def per_task(labels: list[str], predicted: list[str], classes: list[str], tasks: list[list[int]]) -> list[int]:
+    """Correct predictions per task, as the evaluation counts them (a sample's task is its true class's)."""
+    correct = [0] * len(tasks)
+    for label, guess in zip(labels, predicted):
+        y = classes.index(label)
+        task = next(t for t, (lo, hi) in enumerate(tasks) if lo <= y < hi)
+        correct[task] += guess == label
+    return correct
