@@ -1,0 +1,116 @@
+"""The rebuilt model: the backbone with the export's delta folded in computes what the clients' model with the
+delta as LoRA factors (or added weights) computes, and exports that are not this model are refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from client.backbones import build_model, model_spec
+from common.lora import lora_layers
+from common.messages import LowRank
+from common.model_card import CARD_FILE, ModelCard
+from serve.model import Classifier, ExportError
+from server.export import export_adapter, export_card, export_dense_delta, export_head, model_card
+
+from exports import own_text_config
+from tolerance import assert_close_to_dtype
+
+CONFIG = own_text_config(rank=1, lora_scale=0.5, num_tasks=2)  # classes 0-2 and 3-5
+TEXTS = ["set an alarm for six in the morning please now", "how much money is left", "hi", "play some jazz"]
+
+
+def reference_model(head_w, head_b):
+    model = build_model(CONFIG, 6)
+    with torch.no_grad():
+        model.head.weight.copy_(head_w)
+        model.head.bias.copy_(head_b)
+    return model.eval()
+
+
+def export(tmp_path, weights: str, tasks_trained: int = 2):
+    """A hand-made export of random factors (or weights) and head; and the clients' model holding them."""
+    gen = torch.Generator().manual_seed(0)
+    model = build_model(CONFIG, 6)
+    spec = model_spec(model)
+    head_w, head_b = torch.randn(6, spec.feature_dim, generator=gen), torch.randn(6, generator=gen)
+    reference = reference_model(head_w, head_b)
+    if weights == "adapter":
+        adapter = {
+            n: LowRank(torch.randn(o, 3, generator=gen) / 4, torch.randn(3, i, generator=gen) / 4)
+            for n, (o, i) in spec.layers.items()
+        }
+        export_adapter(tmp_path / "adapter", adapter, spec, rank_per_task=1, lora_scale=CONFIG.lora_scale)
+        for name, layer in lora_layers(reference.backbone).items():  # the merged model as the clients hold it
+            layer.set_extra(CONFIG.lora_scale * adapter[name].b, adapter[name].a)
+    else:
+        delta = {n: torch.randn(s, generator=gen) / 50 for n, s in spec.params.items()}
+        export_dense_delta(tmp_path / "delta.safetensors", delta, spec)
+        with torch.no_grad():
+            for name, p in reference.dense_params().items():
+                p += delta[name]
+    export_head(tmp_path, head_w, head_b)
+    card = model_card(CONFIG, spec, head_w, weights=weights, tasks_trained=tasks_trained, parts=[])
+    export_card(tmp_path, card)
+    return reference
+
+
+@pytest.mark.parametrize("weights", ["adapter", "delta"])
+def test_the_rebuilt_model_scores_as_the_clients_model(tmp_path, weights):
+    reference = export(tmp_path, weights)
+    served = Classifier(tmp_path)
+    inputs = served.encode(TEXTS)
+    with torch.no_grad():
+        expected = torch.softmax(reference(reference.backbone.encode(TEXTS))[0], dim=1)  # (4, 6)
+    got = served.probabilities(inputs)
+    assert not torch.allclose(expected, torch.softmax(reference_model(*_head(tmp_path))(inputs)[0], dim=1))
+    assert_close_to_dtype(got, expected, torch.float32, terms=4 * 384)
+    assert [p.index for p in served.predict(TEXTS)] == expected.argmax(1).tolist()
+
+
+def _head(path):
+    from safetensors.torch import load_file
+
+    head = load_file(str(path / "head.safetensors"))
+    return head["weight"], head["bias"]
+
+
+def test_only_the_classes_learned_so_far_are_scored(tmp_path):
+    export(tmp_path, "adapter", tasks_trained=1)
+    served = Classifier(tmp_path)
+    assert served.probabilities(served.encode(TEXTS)).shape == (4, 3)
+    assert {p.index for p in served.predict(TEXTS)} <= {0, 1, 2}
+    assert served.describe()["classes"] == ["alarm", "balance", "greeting"]
+
+
+def rewrite_card(path, **changes) -> None:
+    card = ModelCard.from_json((path / CARD_FILE).read_text())
+    (path / CARD_FILE).write_text(dataclasses.replace(card, **changes).to_json())
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"strategy": "l2p"}, "method 'l2p' classifies with more than the head"),
+        ({"strategy": "ridge"}, "method 'ridge' classifies with more than the head"),
+        ({"parts": ["prototypes"]}, r"parts \['prototypes'\]"),
+        ({"classes": None}, "does not name the class names"),
+    ],
+)
+def test_a_model_that_is_not_head_on_features_is_refused_by_name(tmp_path, changes, message):
+    export(tmp_path, "adapter")
+    rewrite_card(tmp_path, **changes)
+    with pytest.raises(ExportError, match=message):
+        Classifier(tmp_path)
+
+
+def test_a_head_for_another_backbone_is_refused(tmp_path):
+    export(tmp_path, "adapter")
+    card = ModelCard.from_json((tmp_path / CARD_FILE).read_text())
+    rewrite_card(tmp_path, backbone=dataclasses.replace(card.backbone, model_seed=1))
+    Classifier(tmp_path)  # another seed: the same shapes, a valid (if different) W0
+    export_head(tmp_path, torch.zeros(6, 7), torch.zeros(6))
+    with pytest.raises(ExportError, match=r"expected weight \(6, 32\)"):
+        Classifier(tmp_path)

@@ -1,0 +1,117 @@
+"""lorm-predict on the exports of finished runs: the predictions the runs' evaluations counted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from common.methods import METHODS
+from common.model_card import CARD_FILE, ModelCard
+from serve.model import SERVED_HALVES
+
+from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task
+from procenv import ROOT, project_pythonpath
+
+
+def lorm_predict(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": project_pythonpath(), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "serve.predict", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def lorm_run(tmp_path_factory):
+    return finished_run(tmp_path_factory.mktemp("lorm") / "results")
+
+
+def predicted_labels(stdout: str) -> list[str]:
+    return [line.split("\t")[0] for line in stdout.splitlines()]
+
+
+def test_the_export_card_names_what_rebuilds_the_model(lorm_run):
+    card = ModelCard.from_json((lorm_run / CARD_FILE).read_text())
+    assert card.classes == CLASSES and card.preprocessing.max_length == 8
+    assert (card.backbone.name, card.backbone.model_seed, card.weights) == ("tiny-bert", 0, "adapter")
+    assert card.tasks == [[0, 2], [2, 4], [4, 6]] and card.tasks_trained == 3 and card.missing() == []
+
+
+def test_predictions_from_a_file_are_those_the_evaluation_counted(lorm_run, tmp_path):
+    rows = held_out_rows()
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(f"{text}\n" for text, _ in rows))
+    done = lorm_predict(str(lorm_run), "--file", str(sentences), "--batch-size", "5")
+    assert done.returncode == 0, done.stderr
+    labels = predicted_labels(done.stdout)
+    assert len(labels) == len(rows)
+    correct, total = counted(lorm_run)
+    assert sum(total) == len(rows)  # the clients' test shares together are the whole test split
+    card = ModelCard.from_json((lorm_run / CARD_FILE).read_text())
+    assert per_task([y for _, y in rows], labels, CLASSES, card.tasks) == correct
+    assert [line.split("\t")[2] for line in done.stdout.splitlines()] == [text for text, _ in rows]
+
+
+def test_arguments_standard_input_and_json_give_the_same_answers(lorm_run):
+    texts = [text for text, _ in held_out_rows()[:6]]
+    by_args = lorm_predict(str(lorm_run), *texts)
+    by_stdin = lorm_predict(str(lorm_run), "--json", "--batch-size", "4", stdin="\n".join(texts) + "\n")
+    assert by_args.returncode == 0 and by_stdin.returncode == 0, (by_args.stderr, by_stdin.stderr)
+    as_json = [json.loads(line) for line in by_stdin.stdout.splitlines()]
+    assert [j["label"] for j in as_json] == predicted_labels(by_args.stdout)
+    assert [j["input"] for j in as_json] == texts
+    assert all(0.0 < j["score"] <= 1.0 and CLASSES[j["index"]] == j["label"] for j in as_json)
+
+
+def test_an_export_without_class_names_is_refused_by_name(tmp_path):
+    results = finished_run(
+        tmp_path / "results",
+        num_tasks=2,
+        rounds_per_task=1,
+        local_epochs=1,
+        settings={"data": {"train_file": str(OWN_TEXT / "train.csv"), "test_file": str(OWN_TEXT / "test.csv")}},
+    )
+    assert ModelCard.from_json((results / CARD_FILE).read_text()).classes is None  # the files named them, not the run
+    done = lorm_predict(str(results), "set an alarm")
+    assert done.returncode == 2 and "class names" in done.stderr and "data.classes" in done.stderr, done.stderr
+
+
+def test_a_directory_without_a_card_is_no_export(lorm_run, tmp_path):
+    half = tmp_path / "half"
+    shutil.copytree(lorm_run, half)
+    (half / CARD_FILE).unlink()
+    done = lorm_predict(str(half), "set an alarm")
+    assert done.returncode == 2 and "no model.json" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("strategy", ["fedavg"])
+def test_a_full_fine_tuning_export_predicts_what_its_evaluation_counted(strategy, tmp_path):
+    check_method(strategy, tmp_path)
+
+
+SERVED = sorted(name for name, m in METHODS.items() if m.client in SERVED_HALVES and name not in ("lorm", "fedavg"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", SERVED)
+def test_every_served_method_predicts_what_its_evaluation_counted(strategy, tmp_path):
+    check_method(strategy, tmp_path)
+
+
+def check_method(strategy: str, tmp_path) -> None:
+    results = finished_run(tmp_path / "results", strategy=strategy, rounds_per_task=1, local_epochs=1)
+    rows = held_out_rows()
+    done = lorm_predict(str(results), *[text for text, _ in rows])
+    assert done.returncode == 0, done.stderr
+    card = ModelCard.from_json((results / CARD_FILE).read_text())
+    correct, _ = counted(results)
+    assert per_task([y for _, y in rows], predicted_labels(done.stdout), CLASSES, card.tasks) == correct
