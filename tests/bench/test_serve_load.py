@@ -1,0 +1,41 @@
+"""bench/serve_load.py at toy size: the export it makes is one lorm-serve takes, its callers are all answered,
+and the batches the server ran are the requests' (tiny-bert; CLINC150's sentences, skipped without them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "serve_load.py"
+DATA = Path(os.environ.get("LORM_DATA_DIR", Path(__file__).resolve().parents[3] / "shared" / "datasets"))
+
+
+@pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").is_file(), reason="needs CLINC150's sentences")
+def test_the_load_benchmark_runs_and_counts_every_answer(capsys):
+    spec = importlib.util.spec_from_file_location("serve_load", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = [
+        "--backbone",
+        "tiny-bert",
+        "--rounds",
+        "2",
+        "--seconds",
+        "1",
+        "--warmup",
+        "0.5",
+        "--clients",
+        "6",
+        "--batch",
+        "4",
+    ]
+    assert bench.main([*argv, "--threads", "1", "--data-dir", str(DATA), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["errors"] == 0 and result["served_per_s"] > 0 and result["tls"]
+    assert 1 <= result["mean_batch"] <= 4  # the server's --max-batch is the benchmark's batch
+    assert len(result["per_round"]) == 1 and all(v > 0 for r in result["per_round"] for v in r.values())
