@@ -27,6 +27,9 @@ CLASS_ORDERS = {
     "(a harder, domain-grouped split than the paper's)",
 }
 DEFAULT_CLASS_ORDER = {"clinc150": "alphabetical"}  # every other dataset: "natural"
+# The backbone of a run that names none: your own text gets the pretrained MiniLM (the text presets'), every
+# other dataset the random-init tiny BERT of the tests (the image presets name their ViT).
+DEFAULT_BACKBONE = {"textfile": "minilm"}  # every other dataset: "tiny-bert"
 
 # FisherAvg's diagonal Fisher F = E_x E_y [(d log p(y|x) / d theta)^2] over a client's samples, summed:
 FISHER_ESTIMATORS = {
@@ -75,7 +78,7 @@ class RunConfig:
     beta: float = 0.5  # Dirichlet concentration of the per-class client split
     min_client_samples: int = 6  # the split is redrawn until each client has this many per task
     # --- model
-    backbone: str = "tiny-bert"  # a key of client.backbones.BACKBONES, or a local path
+    backbone: str = ""  # a key of client.backbones.BACKBONES, or a local path ("" -> DEFAULT_BACKBONE's)
     max_length: int = 32  # text: tokens per sample (0: the training samples' 99th percentile, capped by the model)
     model_seed: int = 0  # seeds random-init backbones (tests) so every client builds the same W0
     rank: int = 1  # LoRA rank r
@@ -134,6 +137,8 @@ class RunConfig:
             problems.append(f"gram_passes must be >= 1, got {self.gram_passes}")
         if not self.class_order:
             self.class_order = DEFAULT_CLASS_ORDER.get(self.dataset, "natural")
+        if not self.backbone:
+            self.backbone = DEFAULT_BACKBONE.get(self.dataset, "tiny-bert")
         if self.class_order not in CLASS_ORDERS:
             problems.append(f"class_order must be one of {sorted(CLASS_ORDERS)}, got {self.class_order!r}")
         if self.fisher_batch < 1:

@@ -88,6 +88,7 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     text = RunConfig(
         strategy="lorm",
         dataset="textfile",
+        backbone="tiny-bert",  # own text defaults to MiniLM; the test's word-level tokenizer is tiny-bert's
         data_dir=str(tmp_path),
         num_clients=2,
         num_tasks=2,

@@ -105,6 +105,7 @@ def test_the_launcher_gives_each_client_its_data_paths_by_its_flags(tmp_path, ca
         run_id="own-files",
         num_clients=2,
         dataset="textfile",
+        backbone="tiny-bert",  # own text defaults to MiniLM: seconds, not minutes
         data_dir=str(ROOT / "tests" / "data"),
         min_client_samples=1,
         settings={"data": {"train_file": "own-text/train.csv", "test_file": "own-text/test.csv"}},
