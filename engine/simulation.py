@@ -214,7 +214,7 @@ def _run(
     pointer: tuple[int, int] | None = first if first[0] < len(strategy.tasks) else None
     while pointer is not None:
         task, index = pointer
-        step = open_step(strategy, config.rounds_per_task, task, index, begin_task=index == 0)
+        step = open_step(strategy, config.rounds_per_task, task, index)
         if step.aggregator is None:
             entry, line = evaluate(step, matrix, (evaluation(i, step.plan) for i in range(len(workers))))
         else:

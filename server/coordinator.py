@@ -12,9 +12,9 @@ missing clients are then skipped and their late updates refused. In robust mode
 (``robust.enabled``, ``server.robust``) nothing is folded until the step closes: the staged
 updates are then screened together and what passes is folded, in index order.
 
-After every step the state is committed atomically (``server.store``); a restarted
-coordinator resumes from the last commit and re-folds the staged submissions of the step
-in progress.
+After every step the state is committed atomically (``server.store``), before the next step
+opens, as the in-process engine commits it; a restarted coordinator resumes from the last commit,
+opens the step it names and re-folds the submissions staged for it.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Coordinator:
         self.history: list[dict] = []
         self.state = State.WAITING
         self.step: StepState | None = None
-        self.pointer = (0, 0)  # (task, step index) of the step in progress
+        self.pointer = (0, 0)  # (task, step index) of the step in progress, or the next to open
         self.started = time.time()
         self.released: set[str] = set()  # clients told that the run is over
         self.reporter = RunReporter(self.options.results_dir or self.store.root / "results")
@@ -155,7 +155,7 @@ class Coordinator:
             self.strategy = make_strategy(self.config, self.spec)
             self.strategy.load_state_tensors(tensors)
         if self.state == State.RUNNING:
-            self._open_step(*self.pointer, fresh_task=False)
+            self._open_step(*self.pointer)
             self._refold_staged()
         elif self.state == State.DONE:
             self._export()  # again: a crash may have cut the export short; it is a pure function of the state
@@ -168,14 +168,14 @@ class Coordinator:
 
     # ---------------------------------------------------------------- steps
 
-    def _open_step(self, task: int, index: int, fresh_task: bool) -> None:
+    def _open_step(self, task: int, index: int) -> None:
         assert self.strategy is not None
         if self.progress is None:  # the run's steps, for its ETA in the log (timed from this process's start)
             kinds = [kind_of(p.value) for p in self.strategy.schedule()]
             self.progress = Progress(kinds, interactive=False, every_s=math.inf)  # no lines of its own
         self.progress.done = sum(len(self.strategy.steps(t)) + 1 for t in range(task)) + index
         self.progress.begin(f"task {task} step {index}")
-        opened = open_step(self.strategy, self.config.rounds_per_task, task, index, begin_task=fresh_task)
+        opened = open_step(self.strategy, self.config.rounds_per_task, task, index)
         plan = opened.plan
         self.pointer = (task, index)
         self.step = StepState(task, index, opened.phase, opened.round, plan, opened.aggregator, time.monotonic())
@@ -247,7 +247,7 @@ class Coordinator:
 
     def _finish_step(self) -> None:
         """Close the open step through this run's fold policy, merge and record it (``server/steps.py``: the
-        lifecycle the engine shares), open the next one and commit."""
+        lifecycle the engine shares), commit and open the next one."""
         step = self.step
         assert step is not None and self.strategy is not None
         eta = ""
@@ -273,8 +273,7 @@ class Coordinator:
         self.emit(line + eta)
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
-        self._next_step(step)
-        self._commit()
+        self._advance(step)
         if self.state == State.DONE:
             self._export()
             self.done.set()
@@ -290,26 +289,31 @@ class Coordinator:
         self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
             self.emit(f"{where}: {len(failed['failed'])} sessions failed; the round ends without a merge")
-            self._next_step(step)
+            self._advance(step)
         else:
             self.emit(
                 f"{where}: {len(failed['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
                 "the steps after it: the run ends (failed)"
             )
             self.step, self.state = None, State.FAILED
-        self._commit()
+            self._commit()
         if self.state == State.FAILED:
             self.done.set()
 
-    def _next_step(self, step: StepState) -> None:
-        """Open the step after ``step`` (or end the run: ``DONE``)."""
+    def _advance(self, step: StepState) -> None:
+        """Commit the run past ``step`` (recorded in the history), then open the step after it; after the last
+        one the run is ``DONE``. The commit comes first, as the engine's does: the committed pointer names a
+        step nothing of which has happened (at a task's first step, the task is not begun)."""
         assert self.strategy is not None
         after = following(self.strategy, self.config.rounds_per_task, step.task, step.index)
+        self.step = None
         if after is None:
-            self.step = None
             self.state = State.DONE
         else:
-            self._open_step(*after, fresh_task=after[1] == 0)
+            self.pointer = after
+        self._commit()
+        if after is not None:
+            self._open_step(*after)
 
     def _export(self) -> None:
         assert self.strategy is not None and self.spec is not None
@@ -394,8 +398,8 @@ class Coordinator:
     def _maybe_start(self) -> None:
         if self.state == State.WAITING and self.strategy is not None and len(self.clients) == self.config.num_clients:
             self.state = State.RUNNING
-            self._open_step(0, 0, fresh_task=True)
-            self._commit()
+            self._commit()  # at (0, 0), task 0 not begun: opening the step begins it
+            self._open_step(0, 0)
             self.emit(f"all {self.config.num_clients} clients joined: task 0 starts")
             self.emit(describe_tasks(self.strategy.tasks, chosen=self.config.num_tasks == 0))
 
