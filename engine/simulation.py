@@ -5,10 +5,10 @@ of the clients, passing the same messages by reference. Clients run one after an
 index order, and their updates are folded in that order.
 
 With a state directory, the run is committed after every step as the coordinator commits it
-(``server.store.Store``: the step pointer, accuracy matrix, history and the strategy's tensors),
-and a run started again on the same directory goes on from the last committed step. Clients keep
-nothing between steps (each step's training is seeded by its plan), so the resumed run is the
-uninterrupted one, bit for bit.
+(``server.store.Store``; ``server.run_state.RunMeta``: the step pointer, accuracy matrix, history, the
+model; and the strategy's tensors), and a run started again on the same directory, by this engine or
+by the coordinator, goes on from the last committed step. Clients keep nothing between steps (each
+step's training is seeded by its plan), so the resumed run is the uninterrupted one, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
 from common.config import RunConfig, add_config_arguments, config_from_args
 from common.logs import add_logging_arguments, plan_name, setup_logging
-from common.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
+from common.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
 from common.methods import describe, overview
 from common.metrics import AccuracyMatrix, format_summary
 from common.partition import describe_tasks
@@ -38,6 +38,7 @@ from common.secagg import SecAggError
 from common.settings import RobustSettings, SecAggSettings
 from server.results import RunReporter
 from server.robust import screen_and_fold
+from server.run_state import RunMeta, State
 from server.secure import require_secure, secagg_report, secure_step
 from server.steps import OpenStep, evaluate, following, merge, open_step
 from server.store import Store
@@ -78,7 +79,28 @@ def saved_config(state_dir: str | Path) -> RunConfig | None:
     if not Path(state_dir).is_dir():
         return None
     meta = Store(state_dir).latest_meta()
-    return None if meta is None else RunConfig.from_dict(meta["config"])
+    return None if meta is None else RunMeta.from_json(meta).config
+
+
+def _saved_run(store: Store, config: RunConfig, spec: ModelSpec) -> tuple[RunMeta, dict[str, Tensor]] | None:
+    """The committed run in ``store`` to go on with, its resume counted, or ``None`` to start afresh (nothing
+    committed, or a coordinator's run still waiting for its clients). A failed run, or one of another
+    model, is refused."""
+    saved = store.latest_run(config)
+    if saved is None or saved[0].state == State.WAITING:
+        return None
+    run, tensors = saved
+    where = f"state directory {store.root} holds a run"
+    if run.state == State.FAILED:
+        raise ValueError(
+            f"{where} that failed at task {run.pointer[0]} step {run.pointer[1]}: nothing to go on with; "
+            "use a fresh --state-dir"
+        )
+    if run.spec is not None and run.spec != spec:
+        raise ValueError(f"{where} of another model: {run.spec.difference(spec)}")
+    run.spec, run.resumes = spec, run.resumes + 1  # the unversioned engine meta: no model, no start time
+    run.started = time.time() if run.started is None else run.started
+    return run, tensors
 
 
 def run_inprocess(
@@ -115,7 +137,7 @@ def _run(
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     store = Store(state_dir) if state_dir is not None else None
-    saved = store.latest_of(config) if store is not None else None
+    saved = _saved_run(store, config, runtime.spec) if store is not None else None
     robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
     if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
         require_secure(config, make_strategy(config, runtime.spec))
@@ -148,38 +170,27 @@ def _run(
         assert isinstance(update, ClientUpdate)  # every step but the evaluation is answered with an update
         return update
 
-    matrix = AccuracyMatrix()
-    history: list[dict] = []
-    # Where the run stands: the next step (task, index), index len(steps) being the evaluation.
-    first, before_s, resumes = (0, 0), 0.0, 0
+    # Where the run stands (server.run_state): its pointer names the next step (task, index), index
+    # len(steps) being the evaluation; the strategy's tensors are its state after the history's last step.
+    run = RunMeta(config, State.RUNNING, (0, 0), spec=runtime.spec, started=time.time())
     if saved is not None:
-        meta, tensors = saved
+        run, tensors = saved
         strategy.load_state_tensors(tensors)
-        matrix = AccuracyMatrix(meta["matrix"]["correct"], meta["matrix"]["total"])
-        history = meta["history"]
-        first, before_s, resumes = (
-            (int(meta["pointer"][0]), int(meta["pointer"][1])),
-            meta["seconds"],
-            meta["resumes"] + 1,
-        )
         if reporter:
-            reporter.replay(history)
+            reporter.replay(run.history)
+        task, index = run.pointer
         if shown is not None:  # the committed steps' client steps are done
-            steps_done = sum(len(strategy.steps(t)) + 1 for t in range(first[0])) + first[1]
+            steps_done = sum(len(strategy.steps(t)) + 1 for t in range(task)) + index
             shown.done = steps_done * config.num_clients
-        log(f"resumed from {state_dir}: task {first[0]} step {first[1]} ({len(history)} steps committed)")
+        log(f"resumed from {state_dir}: task {task} step {index} ({len(run.history)} steps committed)")
+    matrix, history, before_s = run.matrix, run.history, run.seconds
 
-    def commit(task: int, index: int) -> None:
+    def commit(pointer: tuple[int, int], state: State) -> None:
+        """The run past its last recorded step: at ``pointer`` (the next step; ``DONE``: the last one)."""
         if store is not None:
-            meta = {
-                "config": json.loads(config.to_json()),
-                "pointer": [task, index],
-                "matrix": {"correct": matrix.correct, "total": matrix.total},
-                "history": history,
-                "seconds": before_s + time.perf_counter() - start,
-                "resumes": resumes,
-            }
-            store.commit(meta, strategy.state_tensors())
+            run.pointer, run.state, run.seconds = pointer, state, before_s + time.perf_counter() - start
+            store.commit(run.to_json(), strategy.state_tensors())
+            store.drop_staging()  # a coordinator's submissions to a step now past
 
     if saved is None:  # nothing committed before the first step: a run cut short in it starts afresh
         log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
@@ -211,7 +222,9 @@ def _run(
         return {"secagg": secagg_report(session, config.num_clients, step.aggregator)}
 
     fold = masked if secagg.enabled else screened if robust.enabled else ordered  # the fold policy, chosen once
-    pointer: tuple[int, int] | None = first if first[0] < len(strategy.tasks) else None
+    # Done: the state says so, or (the unversioned engine meta) its pointer is past the last task.
+    running = run.state == State.RUNNING and run.pointer[0] < len(strategy.tasks)
+    pointer: tuple[int, int] | None = run.pointer if running else None
     while pointer is not None:
         task, index = pointer
         step = open_step(strategy, config.rounds_per_task, task, index)
@@ -224,7 +237,7 @@ def _run(
             reporter.step(len(history) - 1, entry)
         log(line)
         pointer = following(strategy, config.rounds_per_task, task, index)
-        commit(*(pointer or (task + 1, 0)))
+        commit(pointer or (task, index), State.RUNNING if pointer else State.DONE)
     result = RunResult(
         config,
         matrix,
@@ -233,7 +246,7 @@ def _run(
         strategy.head_b,
         before_s + time.perf_counter() - start,
         history,
-        resumes,
+        run.resumes,
     )
     if reporter:
         reporter.finish(

@@ -13,8 +13,9 @@ missing clients are then skipped and their late updates refused. In robust mode
 updates are then screened together and what passes is folded, in index order.
 
 After every step the state is committed atomically (``server.store``), before the next step
-opens, as the in-process engine commits it; a restarted coordinator resumes from the last commit,
-opens the step it names and re-folds the submissions staged for it.
+opens, in the meta schema the in-process engine writes too (``server.run_state``); a restarted
+coordinator resumes from the last commit, opens the step it names and re-folds the submissions
+staged for it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from server.checks import (
     sample_bounds,
 )
 from server.results import RunReporter
+from server.run_state import RunMeta, State
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
 from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
 from server.store import Store
@@ -58,13 +59,6 @@ from server.strategies import Strategy, UpdateRejected, make_strategy
 from server.strategies.validate import check_declared
 
 log = logging.getLogger("lorm.coordinator")
-
-
-class State(str, Enum):
-    WAITING = "waiting_for_clients"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"  # a step could not be completed (secure aggregation failed past its attempts): the run ends
 
 
 class Coordinator:
@@ -98,6 +92,9 @@ class Coordinator:
         self.step: StepState | None = None
         self.pointer = (0, 0)  # (task, step index) of the step in progress, or the next to open
         self.started = time.time()
+        self.clock = time.perf_counter()  # this process's start: seconds run, for the meta
+        self.seconds_before = 0.0  # what the run's earlier processes ran
+        self.resumes = 0
         self.released: set[str] = set()  # clients told that the run is over
         self.reporter = RunReporter(self.options.results_dir or self.store.root / "results")
         self._resume()
@@ -114,21 +111,23 @@ class Coordinator:
 
     # ---------------------------------------------------------------- persistence
 
-    def _meta(self) -> dict:
-        return {
-            "config": json.loads(self.config.to_json()),
-            "clients": self.clients,
-            "spec": self.spec.to_json() if self.spec else None,
-            "state": self.state.value,
-            "pointer": list(self.pointer),
-            "matrix": {"correct": self.matrix.correct, "total": self.matrix.total},
-            "history": self.history,
-            "started": self.started,
-        }
+    def _meta(self) -> RunMeta:
+        return RunMeta(
+            config=self.config,
+            state=self.state,
+            pointer=self.pointer,
+            matrix=self.matrix,
+            history=self.history,
+            clients=self.clients,
+            spec=self.spec,
+            started=self.started,
+            seconds=self.seconds_before + time.perf_counter() - self.clock,
+            resumes=self.resumes,
+        )
 
     def _commit(self) -> None:
         try:
-            self.store.commit(self._meta(), self.strategy.state_tensors() if self.strategy else {})
+            self.store.commit(self._meta().to_json(), self.strategy.state_tensors() if self.strategy else {})
             self.store.drop_staging(keep=self.step.key if self.step else None)
         except BaseException as err:
             # Memory has moved past what is on disk: stop rather than serve a state that a
@@ -138,18 +137,23 @@ class Coordinator:
             raise
 
     def _resume(self) -> None:
-        saved = self.store.latest_of(self.config)
+        """Go on from the newest generation (the engine's too): open the step it names and fold again what
+        was staged for it."""
+        saved = self.store.latest_run(self.config)
         if saved is None:
             self._commit()
             return
         meta, tensors = saved
-        self.clients = {k: int(v) for k, v in meta["clients"].items()}
-        self.spec = ModelSpec.from_json(meta["spec"]) if meta["spec"] else None
-        self.state = State(meta["state"])
-        self.pointer = (int(meta["pointer"][0]), int(meta["pointer"][1]))
-        self.matrix = AccuracyMatrix(meta["matrix"]["correct"], meta["matrix"]["total"])
-        self.history = meta["history"]
-        self.started = meta.get("started", self.started)
+        if meta.spec is None and meta.state != State.WAITING:
+            raise ValueError(
+                f"state directory {self.store.root} holds a run at {meta.state.value} task {meta.pointer[0]} step "
+                f"{meta.pointer[1]} with no model description (the in-process engine's unversioned meta): go on "
+                "with lorm-sim --state-dir, which migrates it"
+            )
+        self.clients, self.spec, self.state, self.pointer = meta.clients, meta.spec, meta.state, meta.pointer
+        self.matrix, self.history = meta.matrix, meta.history
+        self.started = meta.started if meta.started is not None else self.started
+        self.seconds_before, self.resumes = meta.seconds, meta.resumes + 1
         self.reporter.replay(self.history)
         if self.spec is not None:
             self.strategy = make_strategy(self.config, self.spec)
@@ -303,7 +307,7 @@ class Coordinator:
     def _advance(self, step: StepState) -> None:
         """Commit the run past ``step`` (recorded in the history), then open the step after it; after the last
         one the run is ``DONE``. The commit comes first, as the engine's does: the committed pointer names a
-        step nothing of which has happened (at a task's first step, the task is not begun)."""
+        step nothing of which has happened (at a task's first step, the task is not begun; ``server/run_state.py``)."""
         assert self.strategy is not None
         after = following(self.strategy, self.config.rounds_per_task, step.task, step.index)
         self.step = None

@@ -5,7 +5,7 @@ and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and a 
 evaluation has none), the clients' updates are folded through the driver's fold policy (in index order,
 screened by the robust mode, or masked by secure aggregation), the strategy merges, and the step leaves
 one history entry and one log line (:func:`merge`, :func:`evaluate`); then the run moves on
-(:func:`following`), committed by the driver before the next step opens.
+(:func:`following`), committed (``server/run_state.py``: one meta schema) before the next step opens.
 The coordinator drives this over the wire (concurrency, staging, deadlines), the in-process engine in
 a loop over its workers; both call these functions, so what they record agrees by construction.
 """
@@ -49,7 +49,7 @@ def open_step(strategy: Strategy, rounds_per_task: int, task: int, index: int) -
     """Step ``index`` of task ``task``: ``strategy.begin_task`` first when it is the task's first step, then
     the plan (``configure``, or ``eval_plan``) and a fresh aggregator. A step is opened once from a given
     state: both drivers commit before opening the next step, and a resumed one opens the committed
-    ``pointer``, so a task begins on the state its previous task left."""
+    ``pointer`` (``server/run_state.py``), so a task begins on the state its previous task left."""
     if index == 0:
         strategy.begin_task(task)
     phase, round_ = schedule(strategy, task, rounds_per_task)[index]

@@ -1,13 +1,13 @@
-"""The coordinator's state on disk: atomic generations plus staged submissions.
+"""A run's state on disk, for both drivers: atomic generations plus the coordinator's staged submissions.
 
 Layout of ``root``:
 
 - ``CURRENT`` — the name of the newest complete generation (replaced atomically);
 - ``gen-NNNNNN/meta.json`` and ``gen-NNNNNN/strategy.safetensors`` — the run's state after a
-  step: step pointer, clients, metrics, and the strategy's tensors;
+  step: a :class:`server.run_state.RunMeta` (step pointer, clients, metrics) and the strategy's tensors;
 - ``staging/<step>/<index>.safetensors`` + ``<index>.json`` — every accepted submission of the
-  current step, written (and fsync'd) before the client is acknowledged; ``secagg.json``: the
-  step's secure-aggregation session, when it has one.
+  coordinator's current step, written (and fsync'd) before the client is acknowledged; ``secagg.json``:
+  the step's secure-aggregation session, when it has one.
 
 A generation directory is complete before ``CURRENT`` names it, so a crash at any point
 leaves either the old or the new generation in force; submissions of the step in progress
@@ -30,6 +30,7 @@ from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
 from common.tensors import update_from_tensors, update_tensors
+from server.run_state import RunMeta
 
 
 def _fsync_dir(path: Path) -> None:
@@ -129,15 +130,23 @@ class Store:
         tensors = load_file(str(tensors_path)) if tensors_path.exists() else {}
         return meta, tensors
 
-    def latest_of(self, config: RunConfig) -> tuple[dict, dict[str, Tensor]] | None:
-        """:meth:`latest`, for the run of ``config``: a run of another configuration here is refused."""
+    def latest_run(self, config: RunConfig) -> tuple[RunMeta, dict[str, Tensor]] | None:
+        """The newest generation of the run of ``config`` (its meta read in any schema :class:`RunMeta`
+        reads), or ``None`` for a new run; a run of another configuration here is refused."""
         saved = self.latest()
-        if saved is not None and RunConfig.from_dict(saved[0]["config"]) != config:
+        if saved is None:
+            return None
+        raw, tensors = saved
+        try:
+            meta = RunMeta.from_json(raw)
+        except ValueError as err:
+            raise ValueError(f"state directory {self.root}: {err}") from err
+        if meta.config != config:
             raise ValueError(
-                f"state directory {self.root} holds run {saved[0]['config'].get('run_id')!r} with a different "
+                f"state directory {self.root} holds run {meta.config.run_id!r} with a different "
                 "configuration; use a fresh --state-dir or the same configuration"
             )
-        return saved
+        return meta, tensors
 
     def commit(self, meta: dict, tensors: dict[str, Tensor]) -> None:
         """Write a new generation and make it current; then drop older generations."""

@@ -1,4 +1,5 @@
-"""The in-process engine cut short and run again on its state directory: the uninterrupted run, bit for bit.
+"""The in-process engine cut short and run again on its state directory: the uninterrupted run, bit for bit;
+and one state directory taken on by either driver (the engine or the coordinator) from the other.
 
 A run is stopped by an exception that stands for SIGKILL (a ``BaseException``: nothing catches it)
 raised inside a client's step, so the step in progress is lost and only what was committed before
@@ -13,9 +14,14 @@ import torch
 from safetensors.torch import load_file
 from test_engine import TINY
 
+from client.runtime import build_runtime
 from common.config import RunConfig
+from common.messages import ClientUpdate, Phase, RoundPlan
 from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
+from server.coordinator import Coordinator
+from server.run_state import State
+from server.store import Store
 
 
 class Killed(BaseException):
@@ -120,3 +126,104 @@ def test_a_grid_cell_cut_short_goes_on_and_leaves_no_state(tmp_path, monkeypatch
     changed = Cell("lorm", 0.5, cfg.seed, config("lorm", num_tasks=1, lr=cfg.lr * 2))
     metrics = run_cell(changed, tmp_path, "inprocess", 0.0, {})
     assert "resumes" not in metrics and "resumed from" not in (cell_dir / "log.txt").read_text()
+
+
+# ------------------------------------------------------------------ one state directory, either driver
+
+
+def through_coordinator(cfg: RunConfig, state_dir, plans: int | None = None) -> Coordinator:
+    """A real Coordinator on ``state_dir`` driven by real workers in index order, stopped (as if killed:
+    what is staged stays) before its clients together handle more than ``plans`` plans."""
+    runtime = build_runtime(cfg)
+    workers = [runtime.worker(i, f"client-{i}") for i in range(cfg.num_clients)]
+    coord = Coordinator(cfg, state_dir, on_event=lambda line: None)
+    for i in range(cfg.num_clients):
+        coord.join(f"client-{i}", i)
+        coord.describe(f"client-{i}", runtime.spec)
+    handled = 0
+    for _turn in range(100):  # bounded: 2 tasks x 4 steps x 3 clients is 24 turns
+        if coord.state != State.RUNNING:
+            break
+        for i, worker in enumerate(workers):
+            plan = coord.pull(f"client-{i}")
+            if not isinstance(plan, RoundPlan) or plan.phase == Phase.DONE:
+                continue
+            if handled == plans:
+                return coord
+            out = worker.handle(plan)
+            handled += 1
+            key = f"{i}-{plan.task}-{plan.round}-{plan.phase.value}"
+            coord.submit(out, key) if isinstance(out, ClientUpdate) else coord.report_eval(out, key)
+    assert coord.state == State.DONE
+    return coord
+
+
+def same_as_coordinator(run, coord: Coordinator) -> None:
+    assert coord.strategy is not None
+    assert coord.matrix.correct == run.matrix.correct and coord.matrix.total == run.matrix.total
+    assert json.dumps(coord.history, sort_keys=True) == json.dumps(run.history, sort_keys=True)
+    adapter = coord.strategy.adapter()
+    assert adapter.keys() == run.adapter.keys()
+    for name in adapter:
+        assert torch.equal(adapter[name].b, run.adapter[name].b) and torch.equal(adapter[name].a, run.adapter[name].a)
+    assert torch.equal(coord.strategy.head_w, run.head_weight) and torch.equal(coord.strategy.head_b, run.head_bias)
+
+
+def meta_of(state_dir) -> dict:
+    return json.loads((state_dir / (state_dir / "CURRENT").read_text() / "meta.json").read_text())
+
+
+# The kill lands in task 0's task Gram step (engine: 7 plans), or right after task 0's evaluation, before
+# task 1 begins (12); the coordinator stops with task 0's second round part-staged (4), or task 1's
+# first step not yet begun (12).
+@pytest.mark.parametrize("calls", [7, 12])
+def test_a_run_cut_short_in_the_engine_is_finished_by_the_coordinator(tmp_path, calls):
+    cfg = config("lorm")
+    straight = run_inprocess(cfg)
+    with pytest.raises(Killed):
+        run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(calls))
+    engine_meta = meta_of(tmp_path)
+    coord = through_coordinator(cfg, tmp_path)
+    assert coord.resumes == 1
+    same_as_coordinator(straight, coord)
+    assert meta_of(tmp_path).keys() == engine_meta.keys()  # one schema, whoever wrote it
+    assert meta_of(tmp_path)["state"] == "done" and engine_meta["state"] == "running"
+
+
+@pytest.mark.parametrize("plans", [4, 12])
+def test_a_run_cut_short_in_the_coordinator_is_finished_by_the_engine(tmp_path, plans):
+    cfg = config("lorm")
+    straight = run_inprocess(cfg)
+    coord = through_coordinator(cfg, tmp_path, plans=plans)
+    assert coord.state == State.RUNNING
+    resumed = run_inprocess(cfg, state_dir=tmp_path)
+    assert resumed.resumes == 1
+    same_run(straight, resumed)
+    assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())  # past: dropped
+    assert through_coordinator(cfg, tmp_path).state == State.DONE  # and the coordinator sees it done
+
+
+def test_the_engines_unversioned_meta_goes_on(tmp_path):
+    """A state directory the engine wrote before schema 1 (no run state, no model, a pointer past the last
+    task once done) resumes as it did."""
+    cfg = config("lorm")
+    straight = run_inprocess(cfg)
+    with pytest.raises(Killed):
+        run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(12))
+
+    def unversioned() -> None:
+        store = Store(tmp_path)
+        saved = store.latest()
+        assert saved is not None
+        raw, tensors = saved
+        done = raw["state"] == "done"
+        old = {k: raw[k] for k in ("config", "pointer", "matrix", "history", "seconds", "resumes")}
+        store.commit(old | ({"pointer": [raw["pointer"][0] + 1, 0]} if done else {}), tensors)
+
+    unversioned()
+    resumed = run_inprocess(cfg, state_dir=tmp_path)
+    assert resumed.resumes == 1
+    same_run(straight, resumed)
+    assert meta_of(tmp_path)["schema"] == 1
+    unversioned()  # a finished run's: given again without training
+    same_run(straight, run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(0)))
