@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (a GPU when present), cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line: input, label, score, index")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between the inputs too
     if args.inputs and args.file:
         parser.error("give inputs as arguments or --file, not both")
     if args.batch_size < 1:

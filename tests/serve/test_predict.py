@@ -115,3 +115,41 @@ def check_method(strategy: str, tmp_path) -> None:
     card = ModelCard.from_json((results / CARD_FILE).read_text())
     correct, _ = counted(results)
     assert per_task([y for _, y in rows], predicted_labels(done.stdout), CLASSES, card.tasks) == correct
+
+
+def test_images_by_path_are_predicted_as_the_evaluation_counted(tmp_path):
+    """An image model (tiny-vit on a folder of images): lorm-predict takes image paths."""
+    import numpy as np
+    from PIL import Image
+
+    classes, per_class = ["cat", "dog", "fox", "owl"], {"train": 6, "test": 3}
+    paths, labels = [], []
+    for split, n in per_class.items():
+        for c, name in enumerate(classes):
+            for k in range(n):
+                rng = np.random.default_rng([c, k, split == "test"])
+                pixels = (rng.integers(0, 64, (20, 20, 3)) + 48 * c).astype(np.uint8)  # classes differ in tone
+                path = tmp_path / "images" / split / name / f"{k}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(pixels).save(path)
+                if split == "test":
+                    paths.append(str(path))
+                    labels.append(name)
+    results = finished_run(
+        tmp_path / "results",
+        dataset="imagefolder",
+        backbone="tiny-vit",
+        num_tasks=2,
+        num_clients=2,
+        min_client_samples=1,
+        rounds_per_task=1,
+        local_epochs=1,
+        settings={"data": {"root": str(tmp_path / "images"), "classes": classes, "image_size": 16}},
+    )
+    done = lorm_predict(str(results), "--batch-size", "5", *paths)
+    assert done.returncode == 0, done.stderr
+    card = ModelCard.from_json((results / CARD_FILE).read_text())
+    assert card.preprocessing.image_transforms == "imagefolder" and card.preprocessing.image_size == 16
+    correct, total = counted(results)
+    assert sum(total) == len(paths)
+    assert per_task(labels, predicted_labels(done.stdout), classes, card.tasks) == correct
