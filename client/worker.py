@@ -23,7 +23,6 @@ from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.partition import client_test_indices, dirichlet_partition, task_ranges
-from common.tensors import update_tensors
 
 
 class SampleData(Samples, Protocol):
@@ -111,7 +110,7 @@ class ClientWorker:
         those the step declares (``common.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
         update = half.update(self, plan)
-        got = {name: tuple(t.shape) for name, t in update_tensors(update).items()}
+        got = {name: tuple(t.shape) for name, t in update.tensors.items()}
         check_declared_shapes(got, declared_tensors(plan, self.spec, self.config), type(half).__name__)
         return update
 

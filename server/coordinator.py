@@ -39,7 +39,6 @@ from common.progress import Progress, kind_of
 from common.secagg_rounds import Keys
 from common.secure_terms import declared_layout
 from common.settings import RobustSettings, SecAggSettings
-from common.tensors import update_tensors
 from server.checks import (
     Options,
     Refused,
@@ -502,7 +501,7 @@ class Coordinator:
                 self._secure_advance()
                 return True
             try:
-                tensors = update_tensors(update)  # once: validated and staged in this form
+                tensors = dict(update.tensors)  # once: validated and staged in this form
                 step.aggregator.check(
                     update, samples=sample_bounds(self.config, self.options, step.plan.class_range), tensors=tensors
                 )

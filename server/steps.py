@@ -72,7 +72,7 @@ def record(task: int, round_: int, phase: Phase, plan: RoundPlan, clients: int) 
         "task": task,
         "round": round_,
         "phase": phase.value,
-        "factors": "".join(plan.train_factors),
+        "factors": plan.instruction.factors(),
         "clients": clients,
     }
 

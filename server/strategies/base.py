@@ -18,9 +18,9 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.declared import Shapes, declared_tensors
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.partition import task_ranges
-from common.tensors import update_nbytes, update_tensors
+from common.tensors import EXTRA, head_tensors, low_rank_tensors
 from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
 
 
@@ -50,7 +50,7 @@ class Aggregator(ABC):
             self.check(update)
         self._fold(update)
         self.count += 1
-        self.payload_bytes += update_nbytes(update)
+        self.payload_bytes += update.nbytes
         self.num_samples += update.num_samples
         if math.isfinite(update.train_loss):
             self.loss_sum += update.train_loss * update.num_samples
@@ -72,7 +72,7 @@ class Aggregator(ABC):
             if want != got:
                 raise UpdateRejected(field, f"this step expects {want!r}, the update has {got!r}")
         check_scalars(update.num_samples, update.train_loss, samples)
-        check_tensors(update_tensors(update) if tensors is None else tensors, self.expected())
+        check_tensors(update.tensors if tensors is None else tensors, self.expected())
         self._check(update)
 
     @property
@@ -165,20 +165,15 @@ class Strategy(ABC):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
-        return RoundPlan(
-            run_id=self.config.run_id,
-            phase=Phase.EVALUATE,
-            task=task,
-            round=self.config.rounds_per_task,
-            class_range=self.tasks[task],
-            seen_classes=self.tasks[task][1],
-            extra=self.view(),
-            head_weight=published_tensor(self.head_w),
-            head_bias=published_tensor(self.head_b),
-            seed=self.config.seed,
-        )
+        plan = self.base_plan(task, self.config.rounds_per_task, Phase.EVALUATE, LoraStep())
+        plan.tensors = low_rank_tensors(EXTRA, self.view()) | plan.tensors
+        return plan
 
-    def base_plan(self, task: int, round_: int, phase: Phase, **fields) -> RoundPlan:
+    def base_plan(
+        self, task: int, round_: int, phase: Phase, instruction: Instruction, tensors: dict[str, Tensor] | None = None
+    ) -> RoundPlan:
+        """The plan of a step: ``instruction``, ``tensors`` and the current head (float32)."""
+        head = head_tensors(published_tensor(self.head_w), published_tensor(self.head_b))
         return RoundPlan(
             run_id=self.config.run_id,
             phase=phase,
@@ -186,10 +181,9 @@ class Strategy(ABC):
             round=round_,
             class_range=self.tasks[task],
             seen_classes=self.tasks[task][1],
-            head_weight=published_tensor(self.head_w),
-            head_bias=published_tensor(self.head_b),
+            instruction=instruction,
+            tensors=(tensors or {}) | head,
             seed=self.config.seed,
-            **fields,
         )
 
 

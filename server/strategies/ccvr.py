@@ -29,8 +29,9 @@ from torch import Tensor
 
 from common.config import RunConfig
 from common.declared import feature_stat_shapes
-from common.messages import Mode, ModelSpec, Phase, RoundPlan
+from common.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
 from common.settings import CcvrSettings
+from common.tensors import DELTA, STAT, named_tensors
 from server.strategies.base import Aggregator
 from server.strategies.closed_form import FeatureStatsAggregator
 from server.strategies.fedavg import FedAvg
@@ -115,12 +116,13 @@ class CcvrStatsAggregator(FeatureStatsAggregator):
 
     def _check(self, update) -> None:
         super()._check(update)
-        count, moment = update.stats["class_count"], update.stats["class_moment"]
+        stats = update.named(STAT)
+        count, moment = stats["class_count"], stats["class_moment"]
         if bool((moment[count == 0] != 0).any()):
-            raise UpdateRejected("stats[class_moment]", "a class with no samples must have zero second moments")
+            raise UpdateRejected("stat/class_moment", "a class with no samples must have zero second moments")
 
     def _fold(self, update) -> None:
-        self.sums.fold(update.stats)  # the task's classes only: rows (C_t, ...)
+        self.sums.fold(update.named(STAT))  # the task's classes only: rows (C_t, ...)
 
 
 class CCVR(FedAvg):
@@ -141,7 +143,7 @@ class CCVR(FedAvg):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase == Phase.FEATURES:  # the merged model's features, no training
-            return self.base_plan(task, round_, phase, mode=Mode.FEATURES, delta=self.delta, send_head=False)
+            return self.base_plan(task, round_, phase, FeaturesStep(), named_tensors(DELTA, self.delta))
         return super().configure(task, round_, phase)
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:

@@ -52,8 +52,9 @@ from common.config import RunConfig
 from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
 from common.declared import HOLDOUT, Shapes, average_rule
 from common.merge import BlockGramSum, GramRows, GramSum, right_solve
-from common.messages import ClientUpdate, LowRank, Mode, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings, SecAggSettings
+from common.tensors import STAT, without_head
 from server.strategies.base import Aggregator, Strategy, UpdateRejected
 
 DTYPE = torch.float64
@@ -241,7 +242,8 @@ class StatSums:
 def check_class_counts(update: ClientUpdate) -> None:
     """``UpdateRejected`` unless the update's class counts sum to its ``num_samples`` and a class with
     no samples has a zero sum (every method that sends ``class_count`` and ``class_sum``)."""
-    counts, class_sum = update.stats["class_count"], update.stats["class_sum"]
+    stats = update.named(STAT)
+    counts, class_sum = stats["class_count"], stats["class_sum"]
     if float(counts.sum()) != update.num_samples:
         raise UpdateRejected(
             "stats[class_count]",
@@ -249,7 +251,7 @@ def check_class_counts(update: ClientUpdate) -> None:
             f"got {float(counts.sum())}",
         )
     if bool((class_sum[counts == 0] != 0).any()):
-        raise UpdateRejected("stats[class_sum]", "a class with no samples must have a zero sum")
+        raise UpdateRejected("stat/class_sum", "a class with no samples must have a zero sum")
 
 
 class FeatureStatsAggregator(Aggregator):
@@ -263,7 +265,8 @@ class FeatureStatsAggregator(Aggregator):
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
-        stats, counts = update.stats, update.stats["class_count"]
+        stats = update.named(STAT)
+        counts = stats["class_count"]
         check_class_counts(update)
         for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
@@ -288,7 +291,7 @@ class FeatureStatsAggregator(Aggregator):
 
     def _fold(self, update: ClientUpdate) -> None:
         lo, hi = self.plan.class_range
-        self.sums.fold(update.stats, rows=slice(lo, hi))  # the current task's rows of the per-class sums
+        self.sums.fold(update.named(STAT), rows=slice(lo, hi))  # the current task's rows of the per-class sums
 
 
 # ----------------------------------------------------------------------------- strategies
@@ -318,8 +321,8 @@ class ClosedFormHead(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.FEATURES:
             raise ValueError(f"{self.name} has no {phase} step")
-        plan = self.base_plan(task, round_, phase, mode=Mode.FEATURES, head_gram=self.use_gram, send_head=False)
-        return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
+        plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram))
+        return dataclasses.replace(plan, tensors=without_head(plan.tensors))  # clients need no head here
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return FeatureStatsAggregator(plan, self.declared(plan), self.stat_shapes())
@@ -335,7 +338,7 @@ class ClosedFormHead(Strategy):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
-        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
+        return dataclasses.replace(super().eval_plan(task), instruction=FeaturesStep())
 
     def adapter(self) -> dict[str, LowRank]:
         return {}  # the backbone stays W0

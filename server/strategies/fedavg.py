@@ -11,6 +11,7 @@ from typing import ClassVar
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT
 from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy
 
@@ -33,10 +34,11 @@ class FedAvgAggregator(Aggregator):
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
+        delta = update.named(DELTA)
         for name, acc in self.delta.items():
-            acc.fold(update.delta[name], n)
-        self.head.fold(present(update.head_weight), n)
-        self.bias.fold(present(update.head_bias), n)
+            acc.fold(delta[name], n)
+        self.head.fold(present(update.get(HEAD_WEIGHT)), n)
+        self.bias.fold(present(update.get(HEAD_BIAS)), n)
 
 
 class FedAvg(DenseStrategy):

@@ -12,7 +12,8 @@ from common.config import RunConfig
 from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
 
 
@@ -22,18 +23,19 @@ class MeanAggregator(Aggregator):
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
         super().__init__(plan, declared)
         self.spec, self.rank = spec, rank
-        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
-        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
+        shared = plan.low_rank(LORA)
+        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in shared.items()}
+        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in shared.items()}
         self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
-        for name, f in update.factors.items():
+        for name, f in update.by_layer(FACTOR).items():
             self.b[name].fold(f["B"], n)
             self.a[name].fold(f["A"], n)
-        self.head.fold(present(update.head_weight), n)
-        self.bias.fold(present(update.head_bias), n)
+        self.head.fold(present(update.get(HEAD_WEIGHT)), n)
+        self.bias.fold(present(update.get(HEAD_BIAS)), n)
 
 
 class FedAvgLoRA(Strategy):
@@ -55,8 +57,8 @@ class FedAvgLoRA(Strategy):
             task,
             round_,
             phase,
-            train_factors=("B", "A"),
-            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
+            LoraStep(train_factors=("B", "A")),
+            low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()}),
         )
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:

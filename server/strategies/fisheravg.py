@@ -23,8 +23,9 @@ from torch import Tensor
 from common.config import FISHER_SUMMED
 from common.declared import HEAD_FISHER, Shapes
 from common.dense_merge import FisherMeanAccumulator
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator
+from common.messages import ClientUpdate, DenseStep, ModelSpec, RoundPlan
+from common.tensors import DELTA, FISHER, HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy, head_delta
 
 
@@ -43,11 +44,13 @@ class FisherAvgAggregator(Aggregator):
         n = update.num_samples
         scale = 1.0 if self.summed else float(n)  # the Fisher of the shard, not of one sample
 
+        fisher, delta = update.named(FISHER), update.named(DELTA)
+
         def shard(name: str) -> Tensor:
-            return update.fisher[name] * scale
+            return fisher[name] * scale
 
         for name, acc in self.delta.items():
-            acc.fold(update.delta[name], shard(name), n)
+            acc.fold(delta[name], shard(name), n)
         dw, db = head_delta(update, self.plan)
         self.head.fold(dw, shard(HEAD_FISHER[0]), n)
         self.bias.fold(db, shard(HEAD_FISHER[1]), n)
@@ -56,15 +59,14 @@ class FisherAvgAggregator(Aggregator):
 class FisherAvg(DenseStrategy):
     name = "fisheravg"
 
-    def plan_options(self) -> dict:
-        return {"send_fisher": True}
+    def instruction(self) -> DenseStep:
+        return DenseStep(send_fisher=True)
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return FisherAvgAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None
-        assert plan.head_bias is not None
+        assert isinstance(aggregator, FisherAvgAggregator)
         self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
-        self.head_w = plan.head_weight + aggregator.head.result()
-        self.head_b = plan.head_bias + aggregator.bias.result()
+        self.head_w = present(plan.get(HEAD_WEIGHT)) + aggregator.head.result()
+        self.head_b = present(plan.get(HEAD_BIAS)) + aggregator.bias.result()

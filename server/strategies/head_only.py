@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from common.declared import Shapes
 from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy
+from common.messages import ClientUpdate, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.base import Aggregator, Strategy, present
 
 
 class HeadMeanAggregator(Aggregator):
@@ -26,9 +27,8 @@ class HeadMeanAggregator(Aggregator):
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
 
     def _fold(self, update: ClientUpdate) -> None:
-        assert update.head_weight is not None and update.head_bias is not None  # declared, so checked
-        self.head.fold(update.head_weight, update.num_samples)
-        self.bias.fold(update.head_bias, update.num_samples)
+        self.head.fold(present(update.get(HEAD_WEIGHT)), update.num_samples)
+        self.bias.fold(present(update.get(HEAD_BIAS)), update.num_samples)
 
 
 class HeadOnly(Strategy):
@@ -37,7 +37,7 @@ class HeadOnly(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"{self.name} has no {phase} step")
-        return self.base_plan(task, round_, phase)  # no factors to train, no Grams: the head alone
+        return self.base_plan(task, round_, phase, LoraStep())  # no factors to train, no Grams: the head alone
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return HeadMeanAggregator(plan, self.declared(plan), self.spec)

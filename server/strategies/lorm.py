@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -17,7 +19,8 @@ from common.merge import (
     WeightedMeanAccumulator,
     decay_gram,
 )
-from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import ClientUpdate, GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import EXTRA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, low_rank_tensors
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
 
 
@@ -30,7 +33,7 @@ class RoundAggregator(Aggregator):
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig, layers: dict) -> None:
         super().__init__(plan, declared)
         self.spec, self.config = spec, config
-        (self.active,) = plan.train_factors
+        (self.active,) = plan.expect(LoraStep).train_factors
         self.layers = layers
         self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
         self.bias = WeightedMeanAccumulator((spec.num_classes,))
@@ -40,19 +43,22 @@ class RoundAggregator(Aggregator):
         return gram
 
     def _fold(self, update: ClientUpdate) -> None:
+        factors, grams = update.by_layer(FACTOR), update.named(GRAM)
         for name, acc in self.layers.items():
-            acc.fold(update.factors[name][self.active], self.statistic(update.grams[name]))
-        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
-        self.bias.fold(present(update.head_bias), update.num_samples)
+            acc.fold(factors[name][self.active], self.statistic(grams[name]))
+        head_gram = decay_gram(present(update.get(HEAD_GRAM)), self.config.gamma_head)
+        self.head.fold(present(update.get(HEAD_WEIGHT)), head_gram)
+        self.bias.fold(present(update.get(HEAD_BIAS)), update.num_samples)
 
 
 class LoRMRoundAggregator(RoundAggregator):
     """One LoRM round: the active factor per layer (B with the shared A, or A), from the clients' Grams."""
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        (active,) = plan.train_factors
+        (active,) = plan.expect(LoraStep).train_factors
+        shared = plan.low_rank(LORA)
         layers: dict[str, LoraBAccumulator | LoraAAccumulator] = (
-            {name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
+            {name: LoraBAccumulator(shared[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
             if active == "B"
             else {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
         )
@@ -73,8 +79,9 @@ class TaskGramAggregator(Aggregator):
         self.grams = {name: GramSum(d_in) for name, (_, d_in) in spec.layers.items()}
 
     def _fold(self, update: ClientUpdate) -> None:
+        grams = update.named(GRAM)
         for name, acc in self.grams.items():
-            acc.fold(update.grams[name])
+            acc.fold(grams[name])
 
 
 class TaskGramStrategy(Strategy):
@@ -138,19 +145,14 @@ class LoRM(TaskGramStrategy):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): docs/METHOD.md §3 steps 4 and 6.
-        common = dict(
-            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
-            lora_scale=1.0 / self.divisor(task),
-            extra=self._previous(task),
-            gram=self.gram_kind,
-            train_extra=self.trains_on_previous,
-        )
+        tensors = low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()})
+        tensors |= low_rank_tensors(EXTRA, self._previous(task))
+        step = LoraStep(lora_scale=1.0 / self.divisor(task), gram=self.gram_kind, train_extra=self.trains_on_previous)
         if phase == Phase.TRAIN:
-            return self.base_plan(
-                task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True, **common
-            )
+            step = replace(step, train_factors=(self.active_factor(round_),), head_gram=True)
+            return self.base_plan(task, round_, phase, step, tensors)
         if phase == Phase.TASK_GRAM:
-            return self.base_plan(task, round_, phase, send_head=False, **common)
+            return self.base_plan(task, round_, phase, replace(step, send_head=False), tensors)
         raise ValueError(f"LoRM has no {phase} step")
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:

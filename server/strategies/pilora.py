@@ -26,8 +26,10 @@ from common.config import RunConfig
 from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.settings import PiLoraSettings
+from common.messages import ClientUpdate, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.methods.fedproto import PROTO
+from common.methods.pilora import PiLoraSettings
+from common.tensors import EXTRA, FACTOR, LORA, STAT, low_rank_tensors, named_tensors
 from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
 from server.strategies.closed_form import check_class_counts
 
@@ -51,8 +53,9 @@ class PiLoraAggregator(Aggregator):
 
     def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
         super().__init__(plan, declared)
-        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
-        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
+        shared = plan.low_rank(LORA)
+        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in shared.items()}
+        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in shared.items()}
         self.prototypes: list[Tensor] = []  # per client (C_t, F)
         self.class_sums: list[Tensor] = []
         self.class_counts: list[Tensor] = []
@@ -62,12 +65,13 @@ class PiLoraAggregator(Aggregator):
 
     def _fold(self, update: ClientUpdate) -> None:
         n = update.num_samples
-        for name, f in update.factors.items():
+        for name, f in update.by_layer(FACTOR).items():
             self.b[name].fold(f["B"], n)
             self.a[name].fold(f["A"], n)
-        self.prototypes.append(update.stats["prototype"].to(DTYPE))
-        self.class_sums.append(update.stats["class_sum"].to(DTYPE))
-        self.class_counts.append(update.stats["class_count"].to(DTYPE))
+        stats = update.named(STAT)
+        self.prototypes.append(stats["prototype"].to(DTYPE))
+        self.class_sums.append(stats["class_sum"].to(DTYPE))
+        self.class_counts.append(stats["class_count"].to(DTYPE))
 
 
 class PiLoRA(Strategy):
@@ -108,21 +112,15 @@ class PiLoRA(Strategy):
         if phase != Phase.TRAIN:
             raise ValueError(f"strategy {self.name!r} has no {phase} step")
         scale = self.config.lora_scale
-        return self.base_plan(
-            task,
-            round_,
-            phase,
-            train_factors=("B", "A"),
-            lora={name: published(f.b, f.a) for name, f in self.current.items()},
-            extra={name: published(f.b * scale, f.a) for name, f in self.done.items()},
-            train_extra=True,
-            send_head=False,
-            prototypes=self.prototypes(),
-        )
+        tensors = low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.current.items()})
+        tensors |= low_rank_tensors(EXTRA, {name: published(f.b * scale, f.a) for name, f in self.done.items()})
+        tensors |= named_tensors(PROTO, self.prototypes())
+        step = LoraStep(train_factors=("B", "A"), train_extra=True, send_head=False)
+        return self.base_plan(task, round_, phase, step, tensors)
 
     def eval_plan(self, task: int) -> RoundPlan:
         plan = super().eval_plan(task)  # extra: every task's module so far
-        plan.prototypes = self.prototypes()
+        plan.tensors |= named_tensors(PROTO, self.prototypes())
         return plan
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:

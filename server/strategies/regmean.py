@@ -19,7 +19,8 @@ from __future__ import annotations
 from common.config import RunConfig
 from common.declared import Shapes
 from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
-from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
+from common.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, RoundPlan
+from common.tensors import DELTA, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT
 from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy
 
@@ -45,12 +46,14 @@ class RegMeanAggregator(Aggregator):
 
     def _fold(self, update: ClientUpdate) -> None:
         n, gamma = update.num_samples, self.config.gamma_backbone
+        delta, grams = update.named(DELTA), update.named(GRAM)
         for name, layer in self.layers.items():
-            layer.fold(update.delta[weight_param(name)], decay_gram(update.grams[name], gamma))
+            layer.fold(delta[weight_param(name)], decay_gram(grams[name], gamma))
         for name, other in self.others.items():
-            other.fold(update.delta[name], n)
-        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
-        self.bias.fold(present(update.head_bias), n)
+            other.fold(delta[name], n)
+        head_gram = decay_gram(present(update.get(HEAD_GRAM)), self.config.gamma_head)
+        self.head.fold(present(update.get(HEAD_WEIGHT)), head_gram)
+        self.bias.fold(present(update.get(HEAD_BIAS)), n)
 
 
 class RegMean(DenseStrategy):
@@ -66,9 +69,8 @@ class RegMean(DenseStrategy):
                     f"{(d_out, d_in)}, got {shape}"
                 )
 
-    def plan_options(self) -> dict:
-        gram = GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG
-        return {"gram": gram, "head_gram": True}
+    def instruction(self) -> DenseStep:
+        return DenseStep(gram=GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG, head_gram=True)
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         return RegMeanAggregator(plan, self.declared(plan), self.spec, self.config)

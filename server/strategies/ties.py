@@ -20,7 +20,8 @@ from common.declared import Shapes
 from common.dense_merge import TiesAccumulator
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.settings import TiesSettings
-from server.strategies.base import Aggregator
+from common.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.base import Aggregator, present
 from server.strategies.dense import DenseStrategy, head_delta
 
 HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of the task vector
@@ -36,7 +37,7 @@ class TiesAggregator(Aggregator):
 
     def _fold(self, update: ClientUpdate) -> None:
         dw, db = head_delta(update, self.plan)
-        self.ties.fold(update.delta | {HEAD_W: dw, HEAD_B: db})
+        self.ties.fold(update.named(DELTA) | {HEAD_W: dw, HEAD_B: db})
 
 
 class Ties(DenseStrategy):
@@ -52,9 +53,8 @@ class Ties(DenseStrategy):
         return TiesAggregator(plan, self.declared(plan), self.spec, self.density)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, TiesAggregator) and plan.head_weight is not None
-        assert plan.head_bias is not None
+        assert isinstance(aggregator, TiesAggregator)
         merged = {name: self.scale * t for name, t in aggregator.ties.result().items()}
-        self.head_w = plan.head_weight + merged.pop(HEAD_W)
-        self.head_b = plan.head_bias + merged.pop(HEAD_B)
+        self.head_w = present(plan.get(HEAD_WEIGHT)) + merged.pop(HEAD_W)
+        self.head_b = present(plan.get(HEAD_BIAS)) + merged.pop(HEAD_B)
         self.add_to_delta(merged)

@@ -17,8 +17,9 @@ from torch import Tensor
 from common.adapter_merge import vera_accumulator
 from common.config import RunConfig
 from common.declared import Shapes
-from common.messages import LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import VeraSettings
+from common.tensors import LORA, VECTOR, layered
 from common.vera import SIDES, frozen_matrices, product
 from server.strategies.base import Aggregator
 from server.strategies.lorm import LoRM, RoundAggregator
@@ -37,11 +38,12 @@ class VeRARoundAggregator(RoundAggregator):
         config: RunConfig,
         frozen: dict[str, tuple[Tensor, Tensor]],
     ) -> None:
-        (active,) = plan.train_factors
+        (active,) = plan.expect(LoraStep).train_factors
         form = config.section(VeraSettings).form
         # the shared vectors as published: the ones the clients trained against and computed with
+        vectors = plan.by_layer(VECTOR)
         layers = {
-            name: vera_accumulator(active, form, *frozen[name], plan.vectors[name]["B"], plan.vectors[name]["A"])
+            name: vera_accumulator(active, form, *frozen[name], vectors[name]["B"], vectors[name]["A"])
             for name in spec.layers
         }
         super().__init__(plan, declared, spec, config, layers)
@@ -77,8 +79,11 @@ class LoRMVeRA(LoRM):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         plan = super().configure(task, round_, phase)
-        plan.lora = {}  # the current delta travels as its vectors; the frozen B, A are rebuilt by clients
-        plan.vectors = {name: {s: v[s].to(torch.float32) for s in SIDES} for name, v in self.vectors.items()}
+        # the current delta travels as its vectors, not as lora/*: the frozen B, A are rebuilt by clients
+        vectors = layered(
+            VECTOR, {name: {s: v[s].to(torch.float32) for s in SIDES} for name, v in self.vectors.items()}
+        )
+        plan.tensors = {name: t for name, t in plan.tensors.items() if not name.startswith(LORA + "/")} | vectors
         return plan
 
     def aggregator(self, plan: RoundPlan) -> Aggregator:
@@ -92,7 +97,7 @@ class LoRMVeRA(LoRM):
             # The other side: the published one, which the clients trained against and the merge used.
             self._set_vectors(
                 {
-                    name: {s: v.to(F64) for s, v in plan.vectors[name].items()} | {side: acc.result()}
+                    name: {s: v.to(F64) for s, v in plan.by_layer(VECTOR)[name].items()} | {side: acc.result()}
                     for name, acc in aggregator.layers.items()
                 }
             )

@@ -10,26 +10,33 @@ server half (``server.strategies.make_strategy``), a client only the client half
 
 Several methods share a client half: every LoRA method trains the same way, so a new method
 that trains like an existing one adds only its server half and one line here.
+
+A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
+shared part, which both halves import: its typed settings, its steps' instruction (a
+``common.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, and its
+registration, ``METHOD = Method(...)``. The registry finds every slice here (:func:`registry`): adding a
+method is then its slice, its server half and its client half, three files.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.settings import (
     CcvrSettings,
     CodaSettings,
     DataSettings,
     EwcSettings,
-    FedProtoSettings,
     Ia3Settings,
     L2pSettings,
     LwfSettings,
     ModelSettings,
     NcmSettings,
-    PiLoraSettings,
     RidgeSettings,
     RobustSettings,
     SecAggSettings,
@@ -39,14 +46,16 @@ from common.settings import (
     VeraSettings,
 )
 
+if TYPE_CHECKING:
+    from common.config import RunConfig
+    from common.messages import ModelSpec, RoundPlan
+
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
 EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
 LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
-FEDPROTO = "client.methods.prototypes:FedProtoTrainer"  # DENSE, pulled to the global prototypes; sends class sums
-PILORA = "client.methods.pilora:PiLoraTrainer"  # LoRA on the earlier tasks' modules, scored by trained prototypes
 TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
 IA3 = "client.methods.ia3:IA3Trainer"  # the (IA)^3 vector + head with ACE, then its merge statistic
 VERA = "client.methods.vera:VeRATrainer"  # VeRA's vectors lb or ld + head with ACE, then their merge statistics
@@ -67,9 +76,12 @@ class Method:
     settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
     # the layers on the target modules: "lora" (common/lora.py), "vera" (common/vera.py) or "ia3" (common/ia3.py)
     adapter: str = "lora"
+    # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way of
+    # training's declaration, common.declared.declared_tensors): (plan, model spec, run config) -> name -> shape
+    declare: Callable[[RoundPlan, ModelSpec, RunConfig], dict[str, tuple[int, ...]]] | None = None
 
 
-METHODS: dict[str, Method] = {
+BUILT_IN: dict[str, Method] = {
     m.name: m
     for m in (
         Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
@@ -166,20 +178,6 @@ METHODS: dict[str, Method] = {
             CcvrSettings,
         ),
         Method(
-            "fedproto",
-            "server.strategies.fedproto:FedProto",
-            FEDPROTO,
-            "FedProto: FedAvg, with each sample's features pulled to its class's global prototype",
-            FedProtoSettings,
-        ),
-        Method(
-            "pilora",
-            "server.strategies.pilora:PiLoRA",
-            PILORA,
-            "PILoRA: a LoRA module per task, classes scored by prototypes re-weighted across clients, FedAvg",
-            PiLoraSettings,
-        ),
-        Method(
             "target",
             "server.strategies.continual:Target",
             TARGET,
@@ -204,26 +202,45 @@ METHODS: dict[str, Method] = {
 }
 
 
-# Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's.
-SECTIONS: dict[str, type[Settings]] = {
-    DataSettings.section: DataSettings,
-    ModelSettings.section: ModelSettings,
-    RobustSettings.section: RobustSettings,
-    SecAggSettings.section: SecAggSettings,
-} | {m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
+@functools.cache
+def registry() -> dict[str, Method]:
+    """Every method: the built-in ones, then each slice of this package (its ``METHOD``), imported on the first
+    call (a slice imports the shared modules that import this one)."""
+    methods = dict(BUILT_IN)
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found = getattr(module, "METHOD", None)
+        if not isinstance(found, Method):
+            raise TypeError(f"slice {module.__name__} must define METHOD = Method(...)")
+        if found.name in methods:
+            raise ValueError(f"method {found.name!r} of {module.__name__} is registered twice")
+        methods[found.name] = found
+    return methods
+
+
+@functools.cache
+def sections() -> dict[str, type[Settings]]:
+    """Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's."""
+    return {
+        DataSettings.section: DataSettings,
+        ModelSettings.section: ModelSettings,
+        RobustSettings.section: RobustSettings,
+        SecAggSettings.section: SecAggSettings,
+    } | {m.settings.section: m.settings for m in registry().values() if m.settings is not None}
 
 
 def method(name: str) -> Method:
     """The registered method ``name``; ``ValueError`` naming the known ones otherwise."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {sorted(METHODS)}")
-    return METHODS[name]
+    methods = registry()
+    if name not in methods:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(methods)}")
+    return methods[name]
 
 
 def describe(name: str) -> str:
     """What ``lorm-sim --describe NAME`` prints: a method's halves and settings, or a settings section's."""
-    if name in METHODS:
-        m = METHODS[name]
+    if name in registry():
+        m = registry()[name]
         lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
         settings = (
             m.settings.describe()
@@ -231,19 +248,19 @@ def describe(name: str) -> str:
             else [f"(no settings of its own; every run also has {', '.join(s + '.*' for s in ('data', 'model'))})"]
         )
         return "\n".join(lines + ["  settings (--set KEY=VALUE):"] + [f"    {line}" for line in settings])
-    if name in SECTIONS:
+    if name in sections():
         return "\n".join(
-            [f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in SECTIONS[name].describe()]
+            [f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in sections()[name].describe()]
         )
     raise ValueError(
-        f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; settings sections: {sorted(SECTIONS)}"
+        f"nothing to describe named {name!r}; methods: {sorted(registry())}; settings sections: {sorted(sections())}"
     )
 
 
 def overview() -> str:
     """One line per method, for ``--help``."""
     return "methods (--describe METHOD for its settings):\n" + "\n".join(
-        f"  {m.name:<18} {m.help}" for m in METHODS.values()
+        f"  {m.name:<18} {m.help}" for m in registry().values()
     )
 
 
