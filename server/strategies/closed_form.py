@@ -246,7 +246,7 @@ def check_class_counts(update: ClientUpdate) -> None:
     counts, class_sum = stats["class_count"], stats["class_sum"]
     if float(counts.sum()) != update.num_samples:
         raise UpdateRejected(
-            "stats[class_count]",
+            "stat/class_count",
             f"expected the counts of the task's classes to sum to num_samples={update.num_samples}; "
             f"got {float(counts.sum())}",
         )
@@ -271,21 +271,21 @@ class FeatureStatsAggregator(Aggregator):
         for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
             if bool((class_sum[count == 0] != 0).any()):
-                raise UpdateRejected(f"stats[{prefix}class_sum]", "a class with no samples must have a zero sum")
+                raise UpdateRejected(f"stat/{prefix}class_sum", "a class with no samples must have a zero sum")
             factor = stats.get(prefix + "gram" + FACTOR)
             if factor is not None:
                 samples = int(count.sum())
                 if factor.shape[-2] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
                     raise UpdateRejected(
-                        f"stats[{prefix}gram{FACTOR}]",
+                        f"stat/{prefix}gram{FACTOR}",
                         f"expected at most min(samples, width) = "
                         f"{min(samples, factor.shape[-1])} rows, got "
                         f"{factor.shape[-2]}",
                     )
-                check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, factor)
+                check_sums_fit_gram(f"stat/{prefix}class_sum", class_sum, count, factor)
         if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
             raise UpdateRejected(
-                f"stats[{HOLDOUT}class_count]",
+                f"stat/{HOLDOUT}class_count",
                 "held-out samples must be a subset: no class may hold out more samples than it has",
             )
 
