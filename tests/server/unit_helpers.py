@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -18,8 +19,9 @@ from common.tensors import (
     HEAD_GRAM,
     HEAD_WEIGHT,
     STAT,
-    parse_tensor_name,
+    named_tensors,
     pack,
+    parse_tensor_name,
     tensor_name,
 )
 
@@ -107,3 +109,12 @@ def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: i
     if stats:
         tensors |= _stats(stats, plan, g)
     return dataclasses.replace(plan_update(plan, index, N, train_loss=1.0), tensors=tensors)
+
+
+def edit_named(update: ClientUpdate, kind: str, edit: Callable[[dict[str, torch.Tensor]], object]) -> None:
+    """Apply ``edit`` to ``update``'s ``<kind>/<name>`` tensors as one ``name -> tensor`` dict (it may add,
+    replace or remove entries, or change a tensor in place) and put the result back under the wire names."""
+    named = update.named(kind)
+    edit(named)
+    others = {name: t for name, t in update.tensors.items() if not name.startswith(kind + "/")}
+    update.tensors = others | named_tensors(kind, named)
