@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from client.runtime import build_runtime
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.presets import preset
@@ -80,7 +81,7 @@ from common.tensors import (
 from server.certs import create_dev_pki
 from server.secure import Timings, load_sums
 from server.strategies import make_strategy
-from server.strategies.base import Aggregator, Strategy
+from server.strategies.base import Strategy
 
 MODES = ("plain", "honest", "signed")
 ROUNDS = ("advertise", "share", "masked", "confirm", "unmask")

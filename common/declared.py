@@ -5,7 +5,7 @@
 declaration (``Method.declare``), the model's shapes
 (:class:`~common.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
 shape``. The coordinator validates every update against it (``Aggregator.expected``, then
-``server.strategies.validate``), and a client checks its own update against it before
+``common.aggregation.validate``), and a client checks its own update against it before
 sending (``ClientWorker.update``, :func:`check_declared_shapes`), so both sides derive the
 step's tensors from one place.
 

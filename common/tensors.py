@@ -3,7 +3,7 @@
 No protobuf here. A tensor is ``<kind>/<name>``, or ``<kind>/<layer>/<part>`` for the factor kinds
 (part ``B`` or ``A``); the head's names are fixed. Plans and updates hold their tensors flat, by these
 names (``RoundPlan.tensors``, ``ClientUpdate.tensors``); the wire codec (``proto/codec.py``) sends them
-as they are, the coordinator validates (``server/strategies/validate.py``) and stages
+as they are, the coordinator validates (``common/aggregation/validate.py``) and stages
 (``server/store.py``) them in the same form.
 """
 

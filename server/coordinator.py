@@ -30,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from common.aggregation.validate import UpdateRejected, check_declared
 from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
@@ -53,8 +54,7 @@ from server.results import RunReporter
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
 from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
 from server.store import Store
-from server.strategies import Strategy, UpdateRejected, make_strategy
-from server.strategies.validate import check_declared
+from server.strategies import Strategy, make_strategy
 
 log = logging.getLogger("lorm.coordinator")
 

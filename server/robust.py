@@ -1,6 +1,6 @@
 """Bounded influence for poisoned updates: the robust mode (settings section ``robust``), off by default.
 
-Validation (``server.strategies.validate``) refuses malformed updates; a hostile client can still
+Validation (``common.aggregation.validate``) refuses malformed updates; a hostile client can still
 send finite, well-formed statistics that move a closed-form merge as far as it likes. With
 ``robust.enabled`` the step's updates are screened together before any is folded:
 
@@ -65,6 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.declared import GRAM_FACTOR
 from common.messages import ClientUpdate, RoundPlan
 from common.settings import RobustSettings
@@ -81,7 +82,6 @@ from common.tensors import (
     parse_tensor_name,
     tensor_name,
 )
-from server.strategies.base import Aggregator
 
 SECOND, FIRST, CHANGE, NORM, COUNT = "second moment", "first moment", "change", "norm", "count"
 SAMPLES = "num_samples"  # the verdict's key for the update's claimed sample count (its reweighing)

@@ -1,21 +1,24 @@
-"""The registry of methods: each name maps to its server half and its client half.
+"""The registry of methods: each name maps to its server half, its client half and its aggregator.
 
 A method is one unit with two halves that run in different processes: the server half (a
-``server.strategies.base.Strategy``: plans, validation, merging) and the client half (a
+``server.strategies.base.Strategy``: plans and merging) and the client half (a
 ``client.methods.base.ClientMethod``: what a client trains, its loss, what it computes and
 sends). Neither package may import the other, so the registry names both halves by import
 path (``"package.module:Class"``, like entry points); the coordinator resolves only the
 server half (``server.strategies.make_strategy``), a client only the client half
-(``client.methods.client_method``).
+(``client.methods.client_method``). How a step's updates are checked and folded into running
+sums is the method's shared math: its aggregator factory (``common/aggregation/``, or its slice),
+which both sides build with :func:`make_aggregator` (a client in a secure step masks what the
+coordinator would have folded).
 
 Several methods share a client half: every LoRA method trains the same way, so a new method
 that trains like an existing one adds only its server half and one line here.
 
 A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
 shared part, which both halves import: its typed settings, its steps' instruction (a
-``common.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, and its
-registration, ``METHOD = Method(...)``. The registry finds every slice here (:func:`registry`): adding a
-method is then its slice, its server half and its client half, three files.
+``common.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
+aggregator, and its registration, ``METHOD = Method(...)``. The registry finds every slice here
+(:func:`registry`): adding a method is then its slice, its server half and its client half, three files.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.settings import (
@@ -47,6 +50,7 @@ from common.settings import (
 )
 
 if TYPE_CHECKING:
+    from common.aggregation.base import Aggregator
     from common.config import RunConfig
     from common.messages import ModelSpec, RoundPlan
 
@@ -67,7 +71,8 @@ DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-t
 
 @dataclass(frozen=True)
 class Method:
-    """One method: its name (``RunConfig.strategy``), its two halves, a line of help and its settings."""
+    """One method: its name (``RunConfig.strategy``), its two halves, a line of help, its settings and its
+    aggregator."""
 
     name: str
     server: str  # "server.strategies.<module>:<Strategy subclass>"
@@ -79,29 +84,41 @@ class Method:
     # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way of
     # training's declaration, common.declared.declared_tensors): (plan, model spec, run config) -> name -> shape
     declare: Callable[[RoundPlan, ModelSpec, RunConfig], dict[str, tuple[int, ...]]] | None = None
+    # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
+    # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)
+    aggregator: str = field(kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
+        Method(
+            "lorm",
+            "server.strategies.lorm:LoRM",
+            LORA,
+            "LoRM: alternating B/A rounds, closed-form merges",
+            aggregator="common.aggregation.lora:lorm",
+        ),
         Method(
             "lorm-b-only",
             "server.strategies.lorm:LoRMBOnly",
             LORA,
             "ablation: LoRM training B every round (A stays its init)",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-avg-tasks",
             "server.strategies.lorm:LoRMAverageTasks",
             LORA,
             "ablation: tasks' residuals averaged instead of the task RegMean",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-seq",
             "server.strategies.lorm:LoRMSequential",
             LORA,
             "variant: each task's LoRA a residual on the earlier tasks'",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-vera",
@@ -110,6 +127,7 @@ BUILT_IN: dict[str, Method] = {
             "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
             VeraSettings,
             adapter="vera",
+            aggregator="common.aggregation.lora:vera",
         ),
         Method(
             "lorm-ia3",
@@ -118,21 +136,59 @@ BUILT_IN: dict[str, Method] = {
             "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
             Ia3Settings,
             adapter="ia3",
+            aggregator="common.aggregation.lora:ia3",
         ),
-        Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
-        Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
-        Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
-        Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
-        Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
+        Method(
+            "fedavg-lora",
+            "server.strategies.fedavg_lora:FedAvgLoRA",
+            LORA,
+            "FedAvg of LoRA factors and head",
+            aggregator="common.aggregation.lora:fedavg_lora",
+        ),
+        Method(
+            "fedavg",
+            "server.strategies.fedavg:FedAvg",
+            DENSE,
+            "FedAvg, full fine-tuning",
+            aggregator="common.aggregation.dense:fedavg",
+        ),
+        Method(
+            "regmean",
+            "server.strategies.regmean:RegMean",
+            DENSE,
+            "RegMean, full fine-tuning",
+            aggregator="common.aggregation.dense:regmean",
+        ),
+        Method(
+            "fisheravg",
+            "server.strategies.fisheravg:FisherAvg",
+            DENSE,
+            "Fisher averaging, full fine-tuning",
+            aggregator="common.aggregation.dense:fisheravg",
+        ),
+        Method(
+            "ties",
+            "server.strategies.ties:Ties",
+            DENSE,
+            "TIES merging, full fine-tuning",
+            TiesSettings,
+            aggregator="common.aggregation.dense:ties",
+        ),
         Method(
             "ncm",
             "server.strategies.closed_form:NearestClassMean",
             FEATURES,
             "cosine nearest class mean on W0",
             NcmSettings,
+            aggregator="common.aggregation.features:ncm",
         ),
         Method(
-            "ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings
+            "ridge",
+            "server.strategies.closed_form:RidgeHead",
+            FEATURES,
+            "ridge regression head on W0",
+            RidgeSettings,
+            aggregator="common.aggregation.features:ridge",
         ),
         Method(
             "lorm-ridge",
@@ -140,6 +196,7 @@ BUILT_IN: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM's backbone with a ridge head",
             RidgeSettings,
+            aggregator="common.aggregation.features:lorm_ridge",
         ),
         Method(
             "lorm-ncm",
@@ -147,6 +204,7 @@ BUILT_IN: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM's backbone with a cosine NCM head",
             NcmSettings,
+            aggregator="common.aggregation.features:lorm_ncm",
         ),
         Method(
             "lorm-ridge-first",
@@ -154,14 +212,22 @@ BUILT_IN: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM on task 0 only, then ridge heads",
             RidgeSettings,
+            aggregator="common.aggregation.features:lorm_ridge",
         ),
-        Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
+        Method(
+            "head-only",
+            "server.strategies.head_only:HeadOnly",
+            LORA,
+            "toy: the head alone on W0, heads averaged",
+            aggregator="common.aggregation.lora:head_only",
+        ),
         Method(
             "ewc",
             "server.strategies.continual:EWC",
             EWC,
             "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
             EwcSettings,
+            aggregator="common.aggregation.dense:ewc",
         ),
         Method(
             "lwf",
@@ -169,6 +235,7 @@ BUILT_IN: dict[str, Method] = {
             LWF,
             "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
             LwfSettings,
+            aggregator="common.aggregation.dense:fedavg",
         ),
         Method(
             "ccvr",
@@ -176,6 +243,7 @@ BUILT_IN: dict[str, Method] = {
             DENSE_THEN_FEATURES,
             "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
             CcvrSettings,
+            aggregator="common.aggregation.features:ccvr",
         ),
         Method(
             "target",
@@ -183,6 +251,7 @@ BUILT_IN: dict[str, Method] = {
             TARGET,
             "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
             TargetSettings,
+            aggregator="common.aggregation.dense:fedavg",
         ),
         Method(
             "l2p",
@@ -190,6 +259,7 @@ BUILT_IN: dict[str, Method] = {
             L2P,
             "L2P: a prompt pool on the frozen backbone, top-k prompts by query-key matching, FedAvg",
             L2pSettings,
+            aggregator="common.aggregation.dense:prompts",
         ),
         Method(
             "coda-p",
@@ -197,6 +267,7 @@ BUILT_IN: dict[str, Method] = {
             CODA,
             "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
             CodaSettings,
+            aggregator="common.aggregation.dense:prompts",
         ),
     )
 }
@@ -237,11 +308,20 @@ def method(name: str) -> Method:
     return methods[name]
 
 
+def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """A fresh aggregator of ``plan``'s step: the run's method's factory (``Method.aggregator``) called with the
+    plan, the model and the run's configuration, on the coordinator and on a client alike."""
+    factory = load_half(method(config.strategy).aggregator, "common")
+    aggregator: Aggregator = factory(plan, spec, config)
+    return aggregator
+
+
 def describe(name: str) -> str:
     """What ``lorm-sim --describe NAME`` prints: a method's halves and settings, or a settings section's."""
     if name in registry():
         m = registry()[name]
         lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
+        lines.append(f"  aggregator: {m.aggregator}")
         settings = (
             m.settings.describe()
             if m.settings

@@ -1,6 +1,7 @@
 """FedProto (Tan et al. 2022), the shared part of its slice: settings, the prototypes' tensors, what a
-step declares, and its registration. The server half is ``server/strategies/fedproto.py``, the client half
-``client/methods/prototypes.py``; both import this module and neither imports the other.
+step declares, how its updates fold (:class:`FedProtoAggregator`), and its registration. The server half is
+``server/strategies/fedproto.py``, the client half ``client/methods/prototypes.py``; both import this module
+and neither imports the other.
 
 Clients fine-tune every backbone weight and the head (FedAvg's ``DenseStep``) with ACE plus the prototype
 loss, and send, besides FedAvg's delta and head, the task's classes' feature sums and counts at their
@@ -13,11 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import FedAvgAggregator
+from common.aggregation.features import StatSums, check_class_counts
 from common.config import RunConfig
-from common.declared import Shapes, class_sum_shapes, stat_shapes, trained_tensors
-from common.messages import Mode, ModelSpec, Phase, RoundPlan
+from common.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
+from common.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
 from common.methods import Method
 from common.settings import Settings, finite_number, setting
+from common.tensors import STAT
 
 PROTO = "proto"  # a plan's global prototypes: proto/mean (C, F) and proto/count (C,)
 
@@ -49,6 +54,28 @@ def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     return shapes
 
 
+class FedProtoAggregator(FedAvgAggregator):
+    """FedAvg's means, and the sums of the clients' class sums and counts."""
+
+    PARTS = ("delta", "head", "bias", "sums")  # its running sums (common/sums.py): what secure aggregation adds up
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared, spec)
+        self.sums = StatSums(class_sum_shapes(plan, spec))
+
+    def _check(self, update: ClientUpdate) -> None:
+        check_class_counts(update)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        super()._fold(update)
+        self.sums.fold(update.named(STAT))
+
+
+def aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """A step's aggregator: FedAvg's, with the sums of the task's classes' features and counts."""
+    return FedProtoAggregator(plan, declared_tensors(plan, spec, config), spec)
+
+
 METHOD = Method(
     "fedproto",
     "server.strategies.fedproto:FedProto",
@@ -56,4 +83,5 @@ METHOD = Method(
     "FedProto: FedAvg, with each sample's features pulled to its class's global prototype",
     FedProtoSettings,
     declare=declare,
+    aggregator="common.methods.fedproto:aggregator",
 )

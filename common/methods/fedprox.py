@@ -4,7 +4,7 @@ registration. The server half is ``server/strategies/fedprox.py``, the client ha
 FedAvg of the LoRA factors and the head, where each client adds the proximal term ``mu / 2 ||w - w^t||^2`` to
 its loss: ``w`` the parameters it trains (both factors of every layer and the head), ``w^t`` the global ones it
 received. The coordinator hands ``mu`` out with every step (:class:`FedProxStep`), so a schedule of ``mu``
-needs no client change; the updates are FedAvg-LoRA's, and so is what a step declares.
+needs no client change; the updates are FedAvg-LoRA's, and so are what a step declares and how it folds.
 """
 
 from __future__ import annotations
@@ -46,4 +46,5 @@ METHOD = Method(
     "client.methods.fedprox:FedProxTrainer",
     "FedProx: FedAvg of LoRA factors and head, each client's loss with the proximal term mu/2 ||w - w_global||^2",
     FedProxSettings,
+    aggregator="common.aggregation.lora:fedavg_lora",
 )

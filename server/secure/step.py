@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.validate import UpdateRejected
 from common.faults import fault_point
 from common.messages import ClientUpdate, RoundPlan
 from common.secagg import SecAggError, decode
@@ -32,8 +34,6 @@ from server.checks import Refused
 from server.secure.report import added_counts, secagg_report
 from server.secure.sums import load_sums
 from server.store import Store
-from server.strategies.base import Aggregator
-from server.strategies.validate import UpdateRejected
 
 
 @dataclass

@@ -6,10 +6,12 @@ resolves the server halves only.
 
 from __future__ import annotations
 
+from common.aggregation.base import Aggregator  # TEMPORARY re-export while the test ports finish
+from common.aggregation.validate import UpdateRejected  # TEMPORARY re-export
 from common.config import RunConfig
 from common.messages import ModelSpec
 from common.methods import load_half, registry
-from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from server.strategies.base import Strategy
 
 
 def _server_half(name: str) -> type[Strategy]:

@@ -18,20 +18,9 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, DenseStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, named_tensors
-from server.strategies.base import Strategy, present
-
-
-def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:
-    """The client's head change ``(w_i - w_g, b_i - b_g)``, float64.
-
-    Taken against the plan's head cast to the update's dtype (what the client actually started
-    from), so that rows the client did not train give exact zeros rather than rounding noise.
-    """
-    w, b = present(update.get(HEAD_WEIGHT)), present(update.get(HEAD_BIAS))
-    w0, b0 = present(plan.get(HEAD_WEIGHT)), present(plan.get(HEAD_BIAS))
-    return ((w - w0.to(w.dtype)).to(torch.float64), (b - b0.to(b.dtype)).to(torch.float64))
+from common.messages import DenseStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import DELTA, named_tensors
+from server.strategies.base import Strategy
 
 
 class DenseStrategy(Strategy):

@@ -8,34 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import MeanAggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.lora import init_lora_a
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
-
-
-class MeanAggregator(Aggregator):
-    PARTS = ("b", "a", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
-        super().__init__(plan, declared)
-        self.spec, self.rank = spec, rank
-        shared = plan.low_rank(LORA)
-        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in shared.items()}
-        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in shared.items()}
-        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        for name, f in update.by_layer(FACTOR).items():
-            self.b[name].fold(f["B"], n)
-            self.a[name].fold(f["A"], n)
-        self.head.fold(present(update.get(HEAD_WEIGHT)), n)
-        self.bias.fold(present(update.get(HEAD_BIAS)), n)
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import LORA, low_rank_tensors
+from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 
 class FedAvgLoRA(Strategy):
@@ -60,9 +39,6 @@ class FedAvgLoRA(Strategy):
             LoraStep(train_factors=("B", "A")),
             low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()}),
         )
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return MeanAggregator(plan, self.declared(plan), self.spec, self.config.rank)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, MeanAggregator)

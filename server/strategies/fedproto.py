@@ -15,31 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
-from common.declared import Shapes, class_sum_shapes
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from common.methods.fedproto import PROTO
-from common.tensors import STAT, named_tensors
-from server.strategies.base import Aggregator
-from server.strategies.closed_form import StatSums, check_class_counts
-from server.strategies.fedavg import FedAvg, FedAvgAggregator
-
-
-class FedProtoAggregator(FedAvgAggregator):
-    """FedAvg's means, and the sums of the clients' class sums and counts."""
-
-    PARTS = ("delta", "head", "bias", "sums")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared, spec)
-        self.sums = StatSums(class_sum_shapes(plan, spec))
-
-    def _check(self, update: ClientUpdate) -> None:
-        check_class_counts(update)
-
-    def _fold(self, update: ClientUpdate) -> None:
-        super()._fold(update)
-        self.sums.fold(update.named(STAT))
+from common.messages import ModelSpec, RoundPlan
+from common.methods.fedproto import PROTO, FedProtoAggregator
+from common.tensors import named_tensors
+from server.strategies.fedavg import FedAvg
 
 
 class FedProto(FedAvg):
@@ -63,9 +44,6 @@ class FedProto(FedAvg):
         plan = super().eval_plan(task)
         plan.tensors |= self.plan_tensors()
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FedProtoAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         super().aggregate(plan, aggregator)

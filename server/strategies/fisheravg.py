@@ -18,42 +18,11 @@ model weights ``lambda_i = n_i``).
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from common.config import FISHER_SUMMED
-from common.declared import HEAD_FISHER, Shapes
-from common.dense_merge import FisherMeanAccumulator
-from common.messages import ClientUpdate, DenseStep, ModelSpec, RoundPlan
-from common.tensors import DELTA, FISHER, HEAD_BIAS, HEAD_WEIGHT
-from server.strategies.base import Aggregator, present
-from server.strategies.dense import DenseStrategy, head_delta
-
-
-class FisherAvgAggregator(Aggregator):
-    PARTS = ("delta", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        self.summed = summed  # the estimator sums over samples (``reference``) rather than averaging
-        self.delta = {name: FisherMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
-        self.head = FisherMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = FisherMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        scale = 1.0 if self.summed else float(n)  # the Fisher of the shard, not of one sample
-
-        fisher, delta = update.named(FISHER), update.named(DELTA)
-
-        def shard(name: str) -> Tensor:
-            return fisher[name] * scale
-
-        for name, acc in self.delta.items():
-            acc.fold(delta[name], shard(name), n)
-        dw, db = head_delta(update, self.plan)
-        self.head.fold(dw, shard(HEAD_FISHER[0]), n)
-        self.bias.fold(db, shard(HEAD_FISHER[1]), n)
+from common.aggregation.base import Aggregator, present
+from common.aggregation.dense import FisherAvgAggregator
+from common.messages import DenseStep, RoundPlan
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.dense import DenseStrategy
 
 
 class FisherAvg(DenseStrategy):
@@ -61,9 +30,6 @@ class FisherAvg(DenseStrategy):
 
     def instruction(self) -> DenseStep:
         return DenseStep(send_fisher=True)
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FisherAvgAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FisherAvgAggregator)

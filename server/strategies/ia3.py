@@ -21,43 +21,16 @@ import torch
 from torch import Tensor
 
 from common.adapter_merge import ia3_accumulator
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.ia3 import SIDE
-from common.merge import GramSum
-from common.messages import ClientUpdate, GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import Ia3Settings
-from common.tensors import GRAM, VECTOR, layered
-from server.strategies.base import Aggregator
-from server.strategies.lorm import RoundAggregator, TaskGramStrategy
+from common.tensors import VECTOR, layered
+from server.strategies.lorm import TaskGramStrategy
 
 F64 = torch.float64
-
-
-class IA3RoundAggregator(RoundAggregator):
-    """One (IA)^3 round: the vector per layer, from the clients' statistics (already decayed)."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        step = plan.expect(LoraStep)
-        (side,) = step.train_factors
-        form, full = config.section(Ia3Settings).form, step.gram == GramKind.FULL
-        layers = {name: ia3_accumulator(side, form, d_out, d_in, full) for name, (d_out, d_in) in spec.layers.items()}
-        super().__init__(plan, declared, spec, config, layers)
-
-
-class IA3TaskAggregator(Aggregator):
-    """End of task: each layer's statistic summed over clients (the task's weights in the task merge)."""
-
-    PARTS = ("stats",)  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared)
-        self.stats = {name: GramSum(declared[f"gram/{name}"][0]) for name in spec.layers}
-
-    def _fold(self, update: ClientUpdate) -> None:
-        grams = update.named(GRAM)
-        for name, acc in self.stats.items():
-            acc.fold(grams[name])
 
 
 class LoRMIA3(TaskGramStrategy):
@@ -109,11 +82,6 @@ class LoRMIA3(TaskGramStrategy):
         plan = super().eval_plan(task)
         plan.tensors |= layered(VECTOR, self._vectors(None, self.merged))
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase == Phase.TRAIN:
-            return IA3RoundAggregator(plan, self.declared(plan), self.spec, self.config)
-        return IA3TaskAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, IA3RoundAggregator):

@@ -23,11 +23,12 @@ from typing import Any
 
 from torch import Tensor
 
+from common.aggregation.base import Aggregator, present
+from common.aggregation.features import FeatureStatsAggregator
 from common.config import RunConfig
 from common.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
 from common.tensors import EXTRA, HEAD_WEIGHT, head_tensors, low_rank_tensors
-from server.strategies.base import Aggregator, present
-from server.strategies.closed_form import ClosedFormHead, FeatureStatsAggregator, NearestClassMean, RidgeHead
+from server.strategies.closed_form import ClosedFormHead, NearestClassMean, RidgeHead
 from server.strategies.lorm import LoRM
 
 
@@ -71,9 +72,6 @@ class LoRMClosedForm(LoRM):
         dtype = present(plan.get(HEAD_WEIGHT)).dtype  # base_plan's precision
         ace = head_tensors(self.ace_w.to(dtype), self.ace_b.to(dtype))
         return dataclasses.replace(plan, tensors=plan.tensors | ace)
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return self.closed.aggregator(plan) if plan.phase == Phase.FEATURES else super().aggregator(plan)
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
         return self.closed.step_report(plan) if plan.phase == Phase.FEATURES else super().step_report(plan)

@@ -22,13 +22,14 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import FedAvgAggregator
 from common.config import RunConfig
 from common.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
-from common.prompts import grow_coda, init_l2p, trained_shapes
+from common.prompts import grow_coda, init_l2p
 from common.settings import CodaSettings, L2pSettings
 from common.tensors import PROMPT, named_tensors
-from server.strategies.base import Aggregator, Strategy
-from server.strategies.fedavg import FedAvgAggregator
+from server.strategies.base import Strategy
 
 
 class PromptStrategy(Strategy):
@@ -57,11 +58,6 @@ class PromptStrategy(Strategy):
     def published_pool(self) -> dict[str, Tensor]:
         """The pool as plans carry it: float32 (``published_tensor``)."""
         return {name: p.detach().to(torch.float32) for name, p in self.pool.items()}
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        pool = {name: tuple(t.shape) for name, t in plan.named(PROMPT).items()}
-        frozen = plan.expect(PromptStep).prompt_frozen
-        return FedAvgAggregator(plan, self.declared(plan), self.spec, trained_shapes(pool, frozen))
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FedAvgAggregator)
