@@ -6,8 +6,6 @@ resolves the server halves only.
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator  # TEMPORARY re-export while the test ports finish
-from common.aggregation.validate import UpdateRejected  # TEMPORARY re-export
 from common.config import RunConfig
 from common.messages import ModelSpec
 from common.methods import load_half, registry
@@ -30,4 +28,4 @@ def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:
     return STRATEGIES[config.strategy](config, spec)
 
 
-__all__ = ["Aggregator", "Strategy", "UpdateRejected", "STRATEGIES", "make_strategy"]
+__all__ = ["Strategy", "STRATEGIES", "make_strategy"]

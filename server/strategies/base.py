@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
-from common.aggregation.validate import UpdateRejected, check_tensors  # noqa: F401 (TEMPORARY re-export)
 from common.config import RunConfig
 from common.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.methods import make_aggregator

@@ -10,6 +10,8 @@ import torch
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
+from common.aggregation.features import StatSums
+from common.aggregation.validate import UpdateRejected
 from common.config import RunConfig
 from common.declared import closed_form_settings
 from common.merge import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
@@ -17,8 +19,8 @@ from common.messages import FeaturesStep, Phase
 from common.settings import ACTIVATIONS
 from common.tensors import HEAD_WEIGHT, STAT
 from engine.simulation import run_inprocess
-from server.strategies import UpdateRejected, make_strategy
-from server.strategies.closed_form import StatSums, ncm_head, ridge_head, squared_error
+from server.strategies import make_strategy
+from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
 from tolerance import assert_close_to_dtype
 from unit_helpers import edit_named, plan_update

@@ -15,6 +15,7 @@ import grpc
 import pytest
 import torch
 
+from common.aggregation.validate import PSD_RTOL, UpdateRejected, check_gram, field_of
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase
 from common.tensors import (
@@ -38,8 +39,7 @@ from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
-from server.strategies import STRATEGIES, UpdateRejected, make_strategy
-from server.strategies.validate import PSD_RTOL, check_gram, field_of
+from server.strategies import STRATEGIES, make_strategy
 
 from unit_helpers import plan_update, valid_update
 
