@@ -517,7 +517,7 @@ def test_second_envelope_is_rejected():
 @pytest.mark.parametrize("name", ["factor/enc.0.q", "head/other", "lora//B"])
 def test_a_malformed_tensor_name_is_rejected_before_any_chunk_is_read(name):
     """Names are open (any ``<kind>/<name>``), not unchecked: what parses as no tensor name is refused from the
-    envelope alone; which names a step may send is the coordinator's check (``server/strategies/validate.py``)."""
+    envelope alone; which names a step may send is the coordinator's check (``common/aggregation/validate.py``)."""
     messages = valid_update_stream()
     header_of(messages, B_FACTOR).name = name
     read = []
