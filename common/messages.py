@@ -61,10 +61,6 @@ class ModelSpec:
     base_model: str = ""  # what the exported adapter applies to (hub name or local path)
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # backbone weights (full fine-tuning)
 
-    def factors(self) -> str:
-        """The LoRA factors the step trains, for logs and history (``"B"``, ``"A"``, ``"BA"``; ``""``: none)."""
-        return ""
-
     def to_json(self) -> str:
         return json.dumps(
             {
