@@ -116,7 +116,7 @@ class ClientWorker:
 
     def load_view(self, plan: RoundPlan) -> None:
         """Set the model the plan evaluates (or computes statistics on): its weights, then the view
-        ``W0 + extra + lora_scale * s B A``."""
+        ``W0 + extra + view_scale * s B A``."""
         self.model.to(self.device)
         self.method.serves(plan).load(self, plan)
         set_view(self, plan)

@@ -251,7 +251,7 @@ class LoraStep(TrainInstruction):
     KIND: ClassVar[str] = "lora"
     MODE: ClassVar[Mode | None] = Mode.LORA
     train_factors: tuple[str, ...] = ()
-    lora_scale: float = 1.0
+    view_scale: float = 1.0
     train_extra: bool = False
 
     def factors(self) -> str:

@@ -241,12 +241,13 @@ def load_dense(model: ClassifierModel, delta: dict[str, Tensor]) -> None:
 
 
 def set_view(client: Client, plan: RoundPlan) -> None:
-    """Switch to the Gram-pass / evaluation view ``W0 + extra + lora_scale * s B A``."""
+    """Switch to the Gram-pass / evaluation view ``W0 + extra + view_scale * s B A`` (``s``: the run's
+    ``lora_scale``; ``view_scale``: the step's weight of the current factors, ``LoraStep.view_scale``)."""
     shared, extras = plan.low_rank(LORA), plan.low_rank(EXTRA)
     step = plan.instruction
-    lora_scale = step.lora_scale if isinstance(step, LoraStep) else 1.0
+    view_scale = step.view_scale if isinstance(step, LoraStep) else 1.0
     for name, layer in client.model.lora().items():
-        layer.scale = client.config.lora_scale * lora_scale if name in shared else 0.0
+        layer.scale = client.config.lora_scale * view_scale if name in shared else 0.0
         extra = extras.get(name)
         layer.set_extra(extra.b if extra else None, extra.a if extra else None)
 

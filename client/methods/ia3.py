@@ -3,7 +3,7 @@
 The plan carries the current vector of the trained side (``plan.vectors[layer]["B"]`` on the
 output, ``["A"]`` on the input) and the frozen ``"E"`` (earlier tasks, for Gram passes and
 evaluation). Training sees ``W0 + s dW`` as LoRM's does; the Gram pass
-``W0 + extra + lora_scale * s dW`` with this client's trained vector; each layer's Gram is then
+``W0 + extra + view_scale * s dW`` with this client's trained vector; each layer's Gram is then
 reduced here to the weights of the exact merge (``common.adapter_merge.ia3_statistic``), with
 ``W0`` that only clients hold.
 """
@@ -64,7 +64,7 @@ class IA3Trainer(LoRATrainer):
             if layer.side in step.train_factors
         }
         for name, layer in layers.items():  # the Gram-pass view, with this client's trained vector
-            layer.scale = client.config.lora_scale * step.lora_scale if name in vectors else 0.0
+            layer.scale = client.config.lora_scale * step.view_scale if name in vectors else 0.0
             layer.set_extra_vector(vectors.get(name, {}).get("E"))
         grams, head_gram = gram_pass(client, plan, shard, seed)
         form, gamma = client.config.section(Ia3Settings).form, client.config.gamma_backbone

@@ -2,7 +2,7 @@
 
 Sends the trained factors (``LoraStep.train_factors``), the head (``send_head``), the Grams
 of the LoRA layers' inputs (``gram``) and of the head's input (``head_gram``),
-recorded in the view ``W0 + extra + lora_scale * s B A`` over the shard with the training
+recorded in the view ``W0 + extra + view_scale * s B A`` over the shard with the training
 augmentation, as in the reference.
 """
 

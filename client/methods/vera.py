@@ -2,7 +2,7 @@
 
 The plan carries the shared vectors (``plan.vectors``: ``lb`` as side ``"B"``, ``ld`` as ``"A"``);
 the frozen ``B, A`` are the layers' own, rebuilt from the run's seed (``common/vera.py``). After
-training, a Gram pass in the view ``W0 + extra + lora_scale * s diag(lb) B diag(ld) A`` (as LoRM's),
+training, a Gram pass in the view ``W0 + extra + view_scale * s diag(lb) B diag(ld) A`` (as LoRM's),
 and each layer's Gram is reduced on this side to what the merge needs
 (``common.adapter_merge.vera_statistic``): the dense Gram never leaves the client.
 """
@@ -65,7 +65,7 @@ class VeRATrainer(LoRATrainer):
             for name, layer in layers.items()
         }
         # The Gram pass sees this client's trained vectors, as LoRM's sees its trained factors.
-        _view(client, plan, client.config.lora_scale * step.lora_scale, True, load=False)
+        _view(client, plan, client.config.lora_scale * step.view_scale, True, load=False)
         grams, head_gram = gram_pass(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:
             form, gamma = client.config.section(VeraSettings).form, client.config.gamma_backbone

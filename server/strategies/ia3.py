@@ -69,7 +69,7 @@ class LoRMIA3(TaskGramStrategy):
         done = self.task_vectors[:task]
         extra = {name: torch.stack([v[name] for v in done]).sum(0) / (task + 1) for name in self.sizes} if done else {}
         vectors = layered(VECTOR, self._vectors(self.current, extra))
-        step = LoraStep(lora_scale=1.0 / (task + 1), gram=self.gram_kind)
+        step = LoraStep(view_scale=1.0 / (task + 1), gram=self.gram_kind)
         if phase == Phase.TRAIN:
             return self.base_plan(
                 task, round_, phase, replace(step, train_factors=(self.side,), head_gram=True), vectors

@@ -84,7 +84,7 @@ class LoRM(TaskGramStrategy):
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): docs/METHOD.md §3 steps 4 and 6.
         tensors = low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()})
         tensors |= low_rank_tensors(EXTRA, self._previous(task))
-        step = LoraStep(lora_scale=1.0 / self.divisor(task), gram=self.gram_kind, train_extra=self.trains_on_previous)
+        step = LoraStep(view_scale=1.0 / self.divisor(task), gram=self.gram_kind, train_extra=self.trains_on_previous)
         if phase == Phase.TRAIN:
             step = replace(step, train_factors=(self.active_factor(round_),), head_gram=True)
             return self.base_plan(task, round_, phase, step, tensors)

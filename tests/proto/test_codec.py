@@ -85,7 +85,7 @@ def make_plan(dtype: torch.dtype, shape: tuple[int, ...]) -> RoundPlan:
         class_range=(20, 30),
         seen_classes=30,
         instruction=LoraStep(
-            train_factors=("A",), lora_scale=0.25, gram=GramKind.FULL, head_gram=True, send_head=False
+            train_factors=("A",), view_scale=0.25, gram=GramKind.FULL, head_gram=True, send_head=False
         ),
         tensors=low_rank_tensors(
             LORA, {"enc.0.q": LowRank(random_tensor(dtype, shape, 1), random_tensor(dtype, shape, 2))}
@@ -149,7 +149,7 @@ def test_plan_round_trip_is_byte_exact(dtype, shape):
     ):
         assert getattr(got, name) == getattr(plan, name), name
     step = got.expect(LoraStep)
-    assert (step.train_factors, step.lora_scale, step.gram) == (("A",), 0.25, GramKind.FULL)
+    assert (step.train_factors, step.view_scale, step.gram) == (("A",), 0.25, GramKind.FULL)
     assert (step.head_gram, step.send_head) == (True, False)
     for kind in (LORA, EXTRA):
         mine, theirs = got.low_rank(kind), plan.low_rank(kind)
@@ -656,7 +656,7 @@ def test_plan_mode_round_trips_as_the_enum(mode):
     [
         LoraStep(
             train_factors=("B", "A"),
-            lora_scale=0.375,
+            view_scale=0.375,
             train_extra=True,
             send_head=False,
             gram=GramKind.DIAG,
@@ -726,8 +726,8 @@ def test_an_unknown_instruction_kind_is_rejected():
     [
         ("lora", '{"train_factor": ["B"]}', "train_factor"),  # a field it does not have
         ("dense", '{"train_factors": ["B"]}', "train_factors"),  # another instruction's field
-        ("lora", '{"lora_scale": true}', "lora_scale"),  # a bool is never a number
-        ("lora", '{"lora_scale": "0.5"}', "lora_scale"),
+        ("lora", '{"view_scale": true}', "view_scale"),  # a bool is never a number
+        ("lora", '{"view_scale": "0.5"}', "view_scale"),
         ("lora", '{"send_head": "yes"}', "send_head"),  # a string for a bool
         ("lora", '{"send_head": 1}', "send_head"),  # a number for a bool
         ("prompt", '{"prompt_frozen": 1.5}', "prompt_frozen"),  # a float for an int
@@ -735,9 +735,9 @@ def test_an_unknown_instruction_kind_is_rejected():
         ("lora", '{"train_factors": "BA"}', "train_factors"),  # a string for a list of strings
         ("lora", '{"train_factors": ["B", 1]}', "train_factors"),
         ("lora", '{"gram": "dense"}', "gram"),  # not a GramKind
-        ("lora", '{"lora_scale": NaN}', "lora_scale"),  # floats are finite
-        ("lora", '{"lora_scale": Infinity}', "lora_scale"),
-        ("lora", '{"lora_scale": -1e999}', "lora_scale"),
+        ("lora", '{"view_scale": NaN}', "view_scale"),  # floats are finite
+        ("lora", '{"view_scale": Infinity}', "view_scale"),
+        ("lora", '{"view_scale": -1e999}', "view_scale"),
         ("lora", '{"train_factors": ["B", "B"]}', "train_factors"),  # what the class itself refuses
         ("lora", '{"train_factors": ["C"]}', "train_factors"),
         ("prompt", '{"prompt_frozen": -1}', "prompt_frozen"),

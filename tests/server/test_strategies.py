@@ -126,7 +126,7 @@ def test_lorm_task_merge_after_two_tasks():
         fold_step(strategy, strategy.configure(task, 0, Phase.TRAIN), 10 * task)
         assert [s for s in strategy.steps(task)][-1] == (Phase.TASK_GRAM, 1)
         plan = strategy.configure(task, 1, Phase.TASK_GRAM)
-        assert plan.expect(LoraStep).lora_scale == pytest.approx(1 / (task + 1))
+        assert plan.expect(LoraStep).view_scale == pytest.approx(1 / (task + 1))
         if task == 1:  # the Gram pass adds the previous task's delta, scaled by 1 / (t + 1)
             extra = plan.low_rank(EXTRA)["l1"]
             torch.testing.assert_close(extra.b @ extra.a, (finals[0]["l1"].b @ finals[0]["l1"].a / 2).float())
@@ -186,7 +186,7 @@ def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
         for phase, round_ in strategy.steps(task):
             plan = strategy.configure(task, round_, phase)
             step = plan.expect(LoraStep)
-            assert step.train_extra and step.lora_scale == 1.0  # no 1/(t+1): the earlier residuals at full weight
+            assert step.train_extra and step.view_scale == 1.0  # no 1/(t+1): the earlier residuals at full weight
             assert codec.plan_from_proto(codec.plan_to_proto(plan)).expect(LoraStep).train_extra  # and it travels
             if task == 0:
                 assert plan.low_rank(EXTRA) == {}
