@@ -101,7 +101,7 @@ def worker_inprocess(n: int, order: str, state: Path) -> dict:
     for i in range(n):
         coordinator.describe(f"c{i}", SPEC)
     plan = coordinator.pull("c0")
-    assert isinstance(plan, RoundPlan) and plan.train_factors == ("B",), plan
+    assert isinstance(plan, RoundPlan) and plan.instruction.factors() == "B", plan
     base = rss()
     indices = range(n) if order == "forward" else range(n - 1, -1, -1)
     start = time.perf_counter()

@@ -8,7 +8,7 @@ the plan of round 0 (B), build their update (seeded by the client index), wait a
 barrier, then all push at once. The figures cover the pushes and the merge that the last
 one triggers:
 
-  bytes      tensor bytes of all N updates (``update_nbytes``; the wire adds ~0.1 %)
+  bytes      tensor bytes of all N updates (``ClientUpdate.nbytes``; the wire adds ~0.1 %)
   wall       barrier -> the merged round is committed (the state directory, polled)
   rate       updates/s and MB/s (10^6 bytes) over that wall time
   RSS        the coordinator's resident memory from /proc: before the pushes (base) and its
@@ -48,7 +48,6 @@ from common.messages import (  # noqa: E402
     Phase,
     Wait,  # noqa: E402
 )
-from common.tensors import update_nbytes  # noqa: E402
 from common.tls import Security  # noqa: E402
 from server.store import Store  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
@@ -149,7 +148,7 @@ def run_clients(target: str, n: int, spec: ModelSpec, rank: int, on_barrier: Cal
                     raise TimeoutError(f"client {i} got no plan in {PHASE_TIMEOUT_S} s")
                 time.sleep(plan.retry_after_s)
                 plan = client.pull()
-            assert (plan.task, plan.round, plan.train_factors) == (0, 0, ("B",)), plan
+            assert (plan.task, plan.round, plan.instruction.factors()) == (0, 0, "B"), plan
             updates[i] = make_update(plan, i, rank, spec)
             barrier.wait()
             acks[i] = client.push(updates[i], f"load/0/0/{i}")  # True: a duplicate
@@ -218,7 +217,7 @@ def measure(n: int, spec: ModelSpec, rank: int, root: Path) -> dict:
         coordinator.stop()
     meta, tensors = saved
     expected = inprocess_fold(cfg, spec, updates)
-    total = sum(update_nbytes(u) for u in updates)
+    total = sum(u.nbytes for u in updates)
     differ = sorted(
         k
         for k in expected.keys() | tensors.keys()

@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from client.runtime import build_runtime
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.presets import preset
@@ -76,13 +77,11 @@ from common.tensors import (
     HEAD_GRAM,
     HEAD_WEIGHT,
     parse_tensor_name,
-    update_nbytes,
-    with_tensors,
 )
 from server.certs import create_dev_pki
 from server.secure import Timings, load_sums
 from server.strategies import make_strategy
-from server.strategies.base import Aggregator, Strategy
+from server.strategies.base import Strategy
 
 MODES = ("plain", "honest", "signed")
 ROUNDS = ("advertise", "share", "masked", "confirm", "unmask")
@@ -99,8 +98,7 @@ def made_up_update(plan: RoundPlan, shapes: dict, index: int, samples: int = 50)
             tensors[name] = x.T @ x if len(shape) == 2 else (x * x).sum(0)
         elif kind == FACTOR or name in (HEAD_WEIGHT, HEAD_BIAS):
             tensors[name] = torch.randn(shape, generator=g) * 1e-2
-    base = ClientUpdate(plan.run_id, f"c{index}", index, plan.task, plan.round, plan.phase, samples, train_loss=1.0)
-    return with_tensors(base, tensors)
+    return ClientUpdate(plan.run_id, f"c{index}", index, plan.task, plan.round, plan.phase, samples, tensors, 1.0)
 
 
 def own(message: Any) -> Any:
@@ -289,7 +287,7 @@ def one_step(
         plain(strategy, plan, uploads)
         seconds = time.perf_counter() - start
         peak = traced_peak(lambda: plain(strategy, plan, uploads)) if memory else 0
-        sent = statistics.mean(update_nbytes(u) for u in uploads)
+        sent = statistics.mean(u.nbytes for u in uploads)
         return {"client_s": 0.0, "coordinator_s": seconds, "per_round": {"masked": sent}, "sent": sent} | {
             "received": 0.0,
             "peak": peak,
@@ -328,7 +326,7 @@ def measure(
     seen = set()
     for phase, round_ in strategy.steps(0):
         plan = strategy.configure(0, round_, phase)
-        name = f"{phase.value} {''.join(plan.train_factors)}".strip()
+        name = f"{phase.value} {plan.instruction.factors()}".strip()
         if name in seen or (steps and name not in steps):  # a later B-round costs what the first did
             continue
         seen.add(name)

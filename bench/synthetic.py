@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.messages import ClientUpdate, LoraStep, ModelSpec, RoundPlan
+from common.tensors import head_tensors, pack
 
 BLOCKS, CLASSES, FEATURES = 12, 100, 768
 SHAPES = {"attn.qkv": (2304, 768), "attn.proj": (768, 768), "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}
@@ -22,7 +23,7 @@ TINY = ModelSpec({"l1": (6, 4), "l2": (4, 6)}, feature_dim=4, num_classes=6)  # 
 
 
 def update_bytes(spec: ModelSpec, rank: int, factors: tuple[str, ...] = ("B",)) -> int:
-    """Tensor bytes of one :func:`make_update` (its ``update_nbytes``)."""
+    """Tensor bytes of one :func:`make_update` (its ``ClientUpdate.nbytes``)."""
     per_layer = sum(
         (d_out * rank if "B" in factors else 0) * 4 + (rank * d_in if "A" in factors else 0) * 4 + d_in * 8
         for d_out, d_in in spec.layers.values()
@@ -46,15 +47,23 @@ def make_update(plan: RoundPlan, index: int, rank: int, spec: ModelSpec = VIT_B1
         round=plan.round,
         phase=plan.phase,
         num_samples=100 + index % 7,
-        factors={
-            name: {f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2 for f in plan.train_factors}
-            for name, (d_out, d_in) in spec.layers.items()
-        },
-        grams={
-            name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in spec.layers.items()
-        },
-        head_weight=torch.randn(spec.num_classes, features, generator=gen) * 1e-2,
-        head_bias=torch.randn(spec.num_classes, generator=gen) * 1e-2,
-        head_gram=head_gram,
+        tensors=pack(
+            factors={
+                name: {
+                    f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2
+                    for f in plan.expect(LoraStep).train_factors
+                }
+                for name, (d_out, d_in) in spec.layers.items()
+            },
+            grams={
+                name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100
+                for name, (_, d_in) in spec.layers.items()
+            },
+            head=head_tensors(
+                torch.randn(spec.num_classes, features, generator=gen) * 1e-2,
+                torch.randn(spec.num_classes, generator=gen) * 1e-2,
+            ),
+            head_gram=head_gram,
+        ),
         train_loss=1.0,
     )

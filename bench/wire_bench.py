@@ -47,7 +47,8 @@ from bench.synthetic import CLASSES, FEATURES, LAYERS  # noqa: E402
 from bench.synthetic import VIT_B16 as SPEC
 from client.transport import CoordinatorClient  # noqa: E402
 from common.config import RunConfig  # noqa: E402
-from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan  # noqa: E402
+from common.messages import ClientUpdate, EvalReport, LoraStep, Phase, RoundPlan  # noqa: E402
+from common.tensors import head_tensors, pack  # noqa: E402
 from common.tls import Security  # noqa: E402
 from proto import codec  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402
@@ -127,12 +128,13 @@ def lo_bytes() -> int:
 
 def update_for(plan: RoundPlan, gen: torch.Generator) -> ClientUpdate:
     """A client's update answering ``plan``, random values of the real shapes and dtypes."""
+    step = plan.expect(LoraStep)
     factors: dict[str, dict[str, torch.Tensor]] = {}
     for name, (d_out, d_in) in LAYERS.items():
         shapes = {"B": (d_out, RANK), "A": (RANK, d_in)}
-        factors[name] = {f: torch.randn(shapes[f], generator=gen) for f in plan.train_factors}
+        factors[name] = {f: torch.randn(shapes[f], generator=gen) for f in step.train_factors}
     grams = {name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in LAYERS.items()}
-    head = plan.send_head
+    head = step.send_head
     x = torch.randn(256, FEATURES, generator=gen, dtype=torch.float64)
     return ClientUpdate(
         run_id=plan.run_id,
@@ -142,25 +144,24 @@ def update_for(plan: RoundPlan, gen: torch.Generator) -> ClientUpdate:
         round=plan.round,
         phase=plan.phase,
         num_samples=500,
-        factors=factors,
-        grams=grams,
-        head_weight=torch.randn(CLASSES, FEATURES, generator=gen) if head else None,
-        head_bias=torch.randn(CLASSES, generator=gen) if head else None,
-        head_gram=x.T @ x if plan.head_gram else None,
+        tensors=pack(
+            factors=factors,
+            grams=grams,
+            head=head_tensors(torch.randn(CLASSES, FEATURES, generator=gen), torch.randn(CLASSES, generator=gen))
+            if head
+            else {},
+            head_gram=x.T @ x if step.head_gram else None,
+        ),
         train_loss=0.5,
     )
 
 
 def update_raw(update: ClientUpdate) -> int:
-    tensors = [t for parts in update.factors.values() for t in parts.values()] + list(update.grams.values())
-    tensors += [t for t in (update.head_weight, update.head_bias, update.head_gram) if t is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return update.nbytes
 
 
 def plan_raw(plan: RoundPlan) -> int:
-    tensors = [t for lr in list(plan.lora.values()) + list(plan.extra.values()) for t in (lr.b, lr.a)]
-    tensors += [t for t in (plan.head_weight, plan.head_bias) if t is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in plan.tensors.values())
 
 
 def grpc_bytes(messages: Iterable[Message]) -> int:

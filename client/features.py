@@ -1,4 +1,4 @@
-"""Frozen-feature statistics for closed-form heads (``plan.mode == Mode.FEATURES``).
+"""Frozen-feature statistics for closed-form heads (a ``FeaturesStep``).
 
 A client does no training in this mode. It runs the backbone in the plan's view
 (``W0 + delta + extra``, eval mode, no gradients; the backbone's masked mean pooling leaves padding
@@ -10,7 +10,7 @@ head solved from them is the same for every split of the data:
   ``class_count: (C_t,)``;
 - CCVR (``class_moments``): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``, or of
   ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
-- with ``plan.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
+- with ``FeaturesStep.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
   with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2; with the setting
   ``ridge.blocks = K``, ``(K, min(n, F'/K), F'/K)``, the factors of the Gram's K diagonal blocks, all an
   ensemble of K ridge heads on the K projections needs); and,
@@ -52,6 +52,7 @@ from common.declared import (
 from common.merge import block_gram_factor, gram_factor
 from common.messages import RoundPlan
 from common.settings import NcmSettings
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -187,6 +188,7 @@ def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: Roun
     settings = closed_form_settings(config)
     features = backbone_features(model, inputs, settings)  # (batch, F)
     x = feature_map(features, random_projection(config, features.shape[1]), settings.activation)  # (batch, F')
-    assert plan.head_weight is not None and plan.head_bias is not None
-    logits = x @ plan.head_weight.to(torch.float64).T + plan.head_bias.to(torch.float64)
+    weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
+    assert weight is not None and bias is not None
+    logits = x @ weight.to(torch.float64).T + bias.to(torch.float64)
     return logits.to(features.device)

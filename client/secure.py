@@ -2,8 +2,9 @@
 
 Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
-check the update and fold it into a fresh aggregator of the step as the coordinator would
-(``common/secure_terms.py``), push the terms masked, wait for the unmask request and answer it.
+check the update and fold it into a fresh aggregator of the step, the one the coordinator folds into
+(``common.methods.make_aggregator``, ``common/secure_terms.py``), push the terms masked, wait for the
+unmask request and answer it.
 
 In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
 signed with the client's mTLS key and every roster entry is checked against the run's CA, and the
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from client.transport import CoordinatorClient
 from common.config import RunConfig
 from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.methods import make_aggregator
 from common.secagg import SecAggError
 from common.secagg_rounds import ClientSession
 from common.secagg_signing import Signer, Verifier
@@ -44,7 +46,7 @@ def signing(settings: SecAggSettings, security: Security | None) -> tuple[Signer
 
 
 class SecureRounds:
-    """Client ``index``'s side of ``plan``'s step; the method is rebuilt from the run's configuration."""
+    """Client ``index``'s side of ``plan``'s step; the step's aggregator is built from the run's configuration."""
 
     def __init__(
         self,
@@ -55,18 +57,14 @@ class SecureRounds:
         plan: RoundPlan,
         security: Security | None = None,
     ) -> None:
-        # The one import of the coordinator's code on the client side: the step's aggregator, whose folding
-        # defines the terms (what the coordinator would have folded is what the client masks).
-        from server.strategies import make_strategy
-
         settings = config.section(SecAggSettings)
         self.client, self.index, self.plan = client, index, plan
+        self.spec, self.config = spec, config
         self.fp = fixed_point(settings, config.num_clients)
         signer, verifier = signing(settings, security)
         self.session = ClientSession(
             index, threshold(settings, config.num_clients), context(plan), signer=signer, verifier=verifier
         )
-        self.as_client = make_strategy(config, spec)
 
     def _until_ready(self, stage: str) -> dict:
         """Ask ``stage`` until the coordinator has fixed it (it answers not-ready meanwhile)."""
@@ -85,7 +83,8 @@ class SecureRounds:
         """Mask and push ``update``'s terms with ``push``, then answer the unmask request; returns how
         many clients' sum the coordinator unmasks."""
         inbox = self._until_ready("inbox")
-        terms = client_terms(self.as_client.aggregator(self.plan), update)  # UpdateRejected: not sent
+        # the step's aggregator, whose folding defines the terms: what the coordinator would have folded is masked
+        terms = client_terms(make_aggregator(self.plan, self.spec, self.config), update)  # UpdateRejected: not sent
         push(masked_update(update, terms, self.session, inbox["sharers"], self.fp, self.plan.secure_attempt))
         request = self._until_ready("unmask")
         survivors, dropped = request["survivors"], request["dropped"]

@@ -101,13 +101,14 @@ class CoordinatorClient:
         raise AssertionError("unreachable")
 
     def join(self, requested_index: int | None = None) -> tuple[RunConfig, int]:
-        request = pb.JoinRequest(client_id=self.client_id)
+        request = pb.JoinRequest(client_id=self.client_id, wire_version=codec.WIRE_VERSION)
         if requested_index is not None:
             request.requested_index = requested_index
         reply = self._call(
             "join",
             lambda: self.stub.Join(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata),
         )
+        codec.check_wire_version(reply.wire_version, "coordinator")
         self.run_id = reply.run_id
         return RunConfig.from_json(reply.config_json), reply.client_index
 

@@ -23,7 +23,6 @@ from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.partition import client_test_indices, dirichlet_partition, task_ranges
-from common.tensors import update_tensors
 
 
 class SampleData(Samples, Protocol):
@@ -111,13 +110,13 @@ class ClientWorker:
         those the step declares (``common.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
         update = half.update(self, plan)
-        got = {name: tuple(t.shape) for name, t in update_tensors(update).items()}
+        got = {name: tuple(t.shape) for name, t in update.tensors.items()}
         check_declared_shapes(got, declared_tensors(plan, self.spec, self.config), type(half).__name__)
         return update
 
     def load_view(self, plan: RoundPlan) -> None:
         """Set the model the plan evaluates (or computes statistics on): its weights, then the view
-        ``W0 + extra + lora_scale * s B A``."""
+        ``W0 + extra + view_scale * s B A``."""
         self.model.to(self.device)
         self.method.serves(plan).load(self, plan)
         set_view(self, plan)

@@ -62,7 +62,7 @@ FIELD_KINDS: dict[str, Callable[[Any], bool]] = {
 class RunConfig:
     # --- run
     run_id: str = "run"  # names the run; every message carries it
-    strategy: str = "lorm"  # a method of common.methods.METHODS (lorm-sim --help lists them)
+    strategy: str = "lorm"  # a method of common.methods.registry() (lorm-sim --help lists them)
     seed: int = 42  # seeds the partition, the LoRA inits, the head init and local training
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
@@ -160,14 +160,14 @@ class RunConfig:
 
     def _check_settings(self) -> list[str]:
         """Move legacy ``extra`` keys into ``settings``, then parse every section (the problems found)."""
-        from common.methods import METHODS, SECTIONS
+        from common.methods import registry, sections
 
         if not isinstance(self.settings, dict) or not isinstance(self.extra, dict):
             return [f"settings and extra must be objects, got {self.settings!r} and {self.extra!r}"]
         self.settings = {
             name: dict(values) if isinstance(values, dict) else values for name, values in self.settings.items()
         }
-        own = METHODS[self.strategy].settings if self.strategy in METHODS else None
+        own = registry()[self.strategy].settings if self.strategy in registry() else None
         problems = []
         for key, value in self.extra.items():
             if key not in LEGACY_EXTRA:
@@ -182,11 +182,11 @@ class RunConfig:
             self.settings.setdefault(section, {})[name] = value
         self.extra = {}
         for name, values in self.settings.items():
-            if name not in SECTIONS:
-                problems.append(f"unknown settings section {name!r}; known: {sorted(SECTIONS)}")
+            if name not in sections():
+                problems.append(f"unknown settings section {name!r}; known: {sorted(sections())}")
                 continue
             try:
-                SECTIONS[name].parse(values)
+                sections()[name].parse(values)
             except ValueError as err:
                 problems.append(str(err))
         if not problems:  # a threshold is safe or not only against the run's number of clients

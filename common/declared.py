@@ -1,10 +1,11 @@
 """The tensors a step's update carries, declared once from the plan: what a client sends and a coordinator expects.
 
-:func:`declared_tensors` reads the plan's instructions (``mode``, ``train_factors``, ``gram``,
-``head_gram``, ``send_head``, ``send_fisher``, ``class_range``, ``prompt``, ``prompt_frozen``), the model's shapes
+:func:`declared_tensors` reads the plan's instruction (its kind: ``LoraStep``, ``DenseStep``, ``PromptStep``,
+``FeaturesStep``; and its fields), its class range and prompt pool, or the method's slice's own
+declaration (``Method.declare``), the model's shapes
 (:class:`~common.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
 shape``. The coordinator validates every update against it (``Aggregator.expected``, then
-``server.strategies.validate``), and a client checks its own update against it before
+``common.aggregation.validate``), and a client checks its own update against it before
 sending (``ClientWorker.update``, :func:`check_declared_shapes`), so both sides derive the
 step's tensors from one place.
 
@@ -22,15 +23,23 @@ from __future__ import annotations
 from common.adapter_merge import ia3_statistic_shape, vera_sends_diagonal
 from common.config import RunConfig
 from common.ia3 import SIDE
-from common.messages import GramKind, Mode, ModelSpec, Phase, RoundPlan
+from common.messages import (
+    DenseStep,
+    FeaturesStep,
+    GramKind,
+    LoraStep,
+    ModelSpec,
+    Phase,
+    PromptStep,
+    RoundPlan,
+    TrainInstruction,
+)
 from common.methods import method
 from common.prompts import trained_shapes
 from common.settings import (
     CcvrSettings,
-    FedProtoSettings,
     Ia3Settings,
     NcmSettings,
-    PiLoraSettings,
     RidgeSettings,
     SecAggSettings,
     VeraSettings,
@@ -43,6 +52,7 @@ from common.tensors import (
     HEAD_BIAS,
     HEAD_GRAM,
     HEAD_WEIGHT,
+    PROMPT,
     STAT,
     UpTo,
     shape_fits,
@@ -56,35 +66,36 @@ HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (ridge'
 
 
 def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
-    """Every tensor an update of ``plan`` carries: wire name -> shape."""
-    if plan.mode == Mode.FEATURES:
+    """Every tensor an update of ``plan`` carries: wire name -> shape. A method's slice declares its own
+    (``Method.declare``); the others' follow from their way of training (:func:`trained_tensors`)."""
+    own = method(config.strategy).declare
+    return own(plan, spec, config) if own is not None else trained_tensors(plan, spec, config)
+
+
+def trained_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """What a step of a shared way of training sends, read from its instruction: the trained factors, Grams,
+    head and head Gram of a ``LoraStep`` (VeRA's and (IA)^3's vectors and statistics on their adapters), the
+    delta (and Fisher) of a ``DenseStep``, the trained prompt components' change of a ``PromptStep``, the
+    feature statistics of a ``FeaturesStep``."""
+    step = plan.expect(TrainInstruction)
+    if isinstance(step, FeaturesStep):
         return stat_shapes(feature_stat_shapes(plan, spec, config))
+    head = (head_shapes(spec) if step.send_head else {}) | (head_gram_shape(spec) if step.head_gram else {})
     adapter = method(config.strategy).adapter
-    if adapter in ("vera", "ia3"):
-        own = (
-            vera_shapes(plan, spec, config.section(VeraSettings))
-            if adapter == "vera"
-            else ia3_shapes(plan, spec, config)
-        )
-        return own | (head_shapes(spec) if plan.send_head else {}) | (head_gram_shape(spec) if plan.head_gram else {})
-    shapes = factor_shapes(spec, config.rank, plan.train_factors)
-    if plan.mode == Mode.FULL and plan.phase == Phase.TRAIN:
+    if adapter == "vera":
+        return vera_shapes(plan, spec, config.section(VeraSettings)) | head
+    if adapter == "ia3":
+        return ia3_shapes(plan, spec, config) | head
+    shapes = factor_shapes(spec, config.rank, step.train_factors) if isinstance(step, LoraStep) else {}
+    if isinstance(step, DenseStep) and plan.phase == Phase.TRAIN:
         shapes |= delta_shapes(spec)
-        if method(config.strategy).settings is FedProtoSettings:  # the task's class sums: its prototypes
-            shapes |= stat_shapes(class_sum_shapes(plan, spec))
-    if plan.mode == Mode.LORA and plan.phase == Phase.TRAIN and method(config.strategy).settings is PiLoraSettings:
-        prototype = {"prototype": class_sum_shapes(plan, spec)["class_sum"]}  # the client's trained ones
-        shapes |= stat_shapes(class_sum_shapes(plan, spec) | prototype)  # PILoRA
-    if plan.mode == Mode.PROMPT and plan.phase == Phase.TRAIN:  # the trained prompt components' change
-        pool = {name: tuple(t.shape) for name, t in plan.prompt.items()}
-        shapes |= {tensor_name(DELTA, name): shape for name, shape in trained_shapes(pool, plan.prompt_frozen).items()}
-    if plan.gram != GramKind.NONE:
-        shapes |= gram_shapes(spec, full=plan.gram == GramKind.FULL)
-    if plan.send_head:
-        shapes |= head_shapes(spec)
-    if plan.head_gram:
-        shapes |= head_gram_shape(spec)
-    if plan.mode == Mode.FULL and plan.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
+    if isinstance(step, PromptStep) and plan.phase == Phase.TRAIN:  # the trained prompt components' change
+        pool = {name: tuple(t.shape) for name, t in plan.named(PROMPT).items()}
+        shapes |= {tensor_name(DELTA, name): shape for name, shape in trained_shapes(pool, step.prompt_frozen).items()}
+    if step.gram != GramKind.NONE:
+        shapes |= gram_shapes(spec, full=step.gram == GramKind.FULL)
+    shapes |= head
+    if isinstance(step, DenseStep) and step.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
         shapes |= fisher_shapes(spec, HEAD_FISHER)
     return shapes
 
@@ -165,7 +176,7 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
     moments = class_moments(config)
     if moments:  # CCVR's Gaussians
         shapes["class_moment"] = (hi - lo, width, width) if moments == "full" else (hi - lo, width)
-    if plan.head_gram:
+    if plan.expect(TrainInstruction).head_gram:
         shapes["gram" + GRAM_FACTOR] = gram_factor_shape(width, gram_blocks(config))
         if holdout_every(config):
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
@@ -190,12 +201,13 @@ def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Sha
     (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.adapter_merge.vera_statistic``:
     exact ``(d_out,)``, ``(r, r)`` or the diagonal Gram; appendix ``(r, r)`` or the Gram); a task's Gram
     step: the Grams."""
-    full, r = plan.gram == GramKind.FULL, settings.rank
+    step = plan.expect(LoraStep)
+    full, r = step.gram == GramKind.FULL, settings.rank
     if plan.phase != Phase.TRAIN:
-        return gram_shapes(spec, full) if plan.gram != GramKind.NONE else {}
+        return gram_shapes(spec, full) if step.gram != GramKind.NONE else {}
     shapes: Shapes = {}
     for name, (d_out, d_in) in spec.layers.items():
-        for side in plan.train_factors:
+        for side in step.train_factors:
             shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (r,)
             if side == "A" and settings.form == "appendix":
                 shapes[tensor_name(GRAM, name)] = (d_in, d_in) if full else (d_in,)
@@ -211,12 +223,13 @@ def ia3_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     output, ``(d_in,)`` on the input), and in every step its Gram statistic
     (``common.adapter_merge.ia3_statistic``)."""
     settings = config.section(Ia3Settings)
-    side, full = SIDE[settings.side], plan.gram == GramKind.FULL
+    step = plan.expect(LoraStep)
+    side, full = SIDE[settings.side], step.gram == GramKind.FULL
     shapes: Shapes = {}
     for name, (d_out, d_in) in spec.layers.items():
         if plan.phase == Phase.TRAIN:
             shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (d_in,)
-        if plan.gram != GramKind.NONE:
+        if step.gram != GramKind.NONE:
             shapes[tensor_name(GRAM, name)] = ia3_statistic_shape(side, settings.form, d_out, d_in, full)
     return shapes
 

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from common.messages import DenseStep
+
 FORMATS = ("plain", "json")
 FIELDS = ("run", "task", "round", "client")
 ENV_FORMAT = "LORM_LOG_FORMAT"
@@ -54,7 +56,8 @@ def step_name(phase: str, factors: str, fisher: bool = False) -> str:
 
 def plan_name(plan: Any) -> str:
     """:func:`step_name` of a ``RoundPlan``."""
-    return step_name(plan.phase.value, "".join(plan.train_factors), plan.send_fisher)
+    step = plan.instruction
+    return step_name(plan.phase.value, step.factors(), isinstance(step, DenseStep) and step.send_fisher)
 
 
 def step_loss(phase: str, loss: float) -> str:

@@ -15,10 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, ClassVar
 
 from torch import Tensor
+
+from common.tensors import PARTS
 
 
 class Phase(str, Enum):
@@ -133,15 +137,208 @@ class LowRank:
     a: Tensor
 
 
-# The keys of a distilling method's (LwF, TARGET) ``RoundPlan.anchor`` that hold the previous task's global
+# The keys of a distilling method's (LwF, TARGET) ``anchor`` tensors that hold the previous task's global
 # head (weight, bias): the teacher's own, fixed for the task. The plan's head moves during the task (the
 # distillation trains the old classes' rows), so the teacher cannot take it. Backbone names never hold "/".
 ANCHOR_HEAD = ("head/weight", "head/bias")
 
 
+# ----------------------------------------------------------------------- instructions
+#
+# What a step asks of a client beyond the envelope's identity, step and tensors: a small frozen dataclass of
+# scalars, one class per way of training (the four below) or per method that needs more (its slice,
+# common/methods/<name>.py). It travels as its KIND and its fields as JSON: a method with a new instruction
+# changes no shared message, no .proto and no codec.
+
+_INSTRUCTIONS: dict[str, type[Instruction]] = {}
+_JSON_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """No instruction: the plan of a finished run (``DONE``). Subclasses name their ``KIND`` (unique: the wire
+    name) and ``MODE`` (the client half that serves it), and hold only ``bool``, ``int``, ``float``, ``str``,
+    ``GramKind`` and ``tuple[str, ...]`` fields with defaults."""
+
+    KIND: ClassVar[str] = "none"
+    MODE: ClassVar[Mode | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "KIND" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__} must name its KIND (the instruction's wire name)")
+        other = _INSTRUCTIONS.get(cls.KIND)
+        if other is not None and other.__qualname__ != cls.__qualname__:
+            raise TypeError(f"instruction kind {cls.KIND!r} of {cls.__name__} is taken by {other.__name__}")
+        _INSTRUCTIONS[cls.KIND] = cls
+
+    def factors(self) -> str:
+        """The LoRA factors the step trains, for logs and history (``"B"``, ``"A"``, ``"BA"``; ``""``: none)."""
+        return ""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {f.name: _json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}, separators=(",", ":")
+        )
+
+    @staticmethod
+    def from_wire(kind: str, text: str) -> Instruction:
+        """The instruction ``kind`` with the fields of ``text`` (JSON); ``ValueError`` naming what is wrong: an
+        unknown kind, a field it does not have, a value of another type, or what the class itself refuses."""
+        if kind not in _INSTRUCTIONS and kind != Instruction.KIND:
+            from common.methods import registry
+
+            registry()  # the methods' slices, whose instructions register when imported
+        cls = Instruction if kind == Instruction.KIND else _INSTRUCTIONS.get(kind)
+        if cls is None:
+            raise ValueError(f"unknown instruction kind {kind!r}; this client knows {sorted(_INSTRUCTIONS)}")
+        try:
+            values = json.loads(text or "{}")
+        except ValueError as err:
+            raise ValueError(f"instruction {kind!r}: not JSON ({err})") from err
+        if not isinstance(values, dict):
+            raise ValueError(f"instruction {kind!r}: expected a JSON object, got {type(values).__name__}")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"instruction {kind!r} has no field {unknown[0]!r}; its fields: {sorted(fields)}")
+        return cls(**{name: _from_json(kind, name, hints[name], value) for name, value in values.items()})
+
+
+def _json_value(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else list(value) if isinstance(value, tuple) else value
+
+
+def _from_json(kind: str, name: str, hint: Any, value: Any) -> Any:
+    """``value`` (decoded JSON) as the field's type, or ``ValueError``; ``bool`` is never taken for a number."""
+    where = f"instruction {kind!r} field {name!r}"
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError as err:
+            raise ValueError(f"{where}: expected one of {[m.value for m in hint]}, got {value!r}") from err
+    if typing.get_origin(hint) is tuple:
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{where}: expected a list of strings, got {value!r}")
+        return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not hint:
+        raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    if hint is float and not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrainInstruction(Instruction):
+    """What every trained step may ask besides its own: send the head (weight and bias), the Grams of the
+    adapted layers' inputs (``gram``) and the head input's full Gram (``head_gram``)."""
+
+    KIND: ClassVar[str] = "train"
+    send_head: bool = True
+    gram: GramKind = GramKind.NONE
+    head_gram: bool = False
+
+
+@dataclass(frozen=True)
+class LoraStep(TrainInstruction):
+    """A LoRA method's step (``Mode.LORA``): which factors train (a subset of ``("B", "A")``), the scale of the
+    current factors in the Gram pass (1 when training), and whether training sees the frozen ``extra`` delta
+    (``W0 + extra + s B A``; otherwise ``W0 + s B A``, the extra for Gram passes only)."""
+
+    KIND: ClassVar[str] = "lora"
+    MODE: ClassVar[Mode | None] = Mode.LORA
+    train_factors: tuple[str, ...] = ()
+    view_scale: float = 1.0
+    train_extra: bool = False
+
+    def factors(self) -> str:
+        return "".join(self.train_factors)
+
+    def __post_init__(self) -> None:
+        factors = self.train_factors
+        if set(factors) - set(PARTS) or len(set(factors)) != len(factors):
+            raise ValueError(f"train_factors: expected distinct entries of {PARTS}, got {list(factors)}")
+
+
+@dataclass(frozen=True)
+class DenseStep(TrainInstruction):
+    """A full fine-tuning step (``Mode.FULL``: every backbone weight, ``W0 + delta``); ``send_fisher``: also the
+    diagonal empirical Fisher (FisherAvg's rounds, EWC's step at a task's end)."""
+
+    KIND: ClassVar[str] = "dense"
+    MODE: ClassVar[Mode | None] = Mode.FULL
+    send_fisher: bool = False
+
+
+@dataclass(frozen=True)
+class PromptStep(TrainInstruction):
+    """A prompt pool's step (``Mode.PROMPT``: L2P, CODA-Prompt): the first ``prompt_frozen`` components of every
+    pool tensor are frozen (used, not trained, not sent)."""
+
+    KIND: ClassVar[str] = "prompt"
+    MODE: ClassVar[Mode | None] = Mode.PROMPT
+    prompt_frozen: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_frozen < 0:
+            raise ValueError(f"prompt_frozen: expected a non-negative count, got {self.prompt_frozen}")
+
+
+@dataclass(frozen=True)
+class FeaturesStep(TrainInstruction):
+    """No training (``Mode.FEATURES``): statistics of the task's features (closed-form heads, CCVR); ``head_gram``
+    asks for the features' Gram."""
+
+    KIND: ClassVar[str] = "features"
+    MODE: ClassVar[Mode | None] = Mode.FEATURES
+    send_head: bool = False
+
+
+# ----------------------------------------------------------------------- the envelopes
+
+
+Step = typing.TypeVar("Step", bound=Instruction)
+
+
+class Tensors:
+    """Named tensors (``<kind>/<name>`` or ``<kind>/<layer>/<part>``, :mod:`common.tensors`) read by kind."""
+
+    tensors: dict[str, Tensor]
+
+    def named(self, kind: str) -> dict[str, Tensor]:
+        """``name -> tensor`` of every ``<kind>/<name>`` tensor (the name may hold further ``/``)."""
+        prefix = kind + "/"
+        return {name[len(prefix) :]: t for name, t in self.tensors.items() if name.startswith(prefix)}
+
+    def by_layer(self, kind: str) -> dict[str, dict[str, Tensor]]:
+        """``layer -> part -> tensor`` of every ``<kind>/<layer>/<part>`` tensor."""
+        out: dict[str, dict[str, Tensor]] = {}
+        for rest, t in self.named(kind).items():
+            layer, _, part = rest.rpartition("/")
+            out.setdefault(layer, {})[part] = t
+        return out
+
+    def low_rank(self, kind: str) -> dict[str, LowRank]:
+        """``layer -> LowRank`` of every ``<kind>/<layer>/B`` and ``/A`` pair; ``ValueError`` for a half pair."""
+        out = {}
+        for layer, parts in self.by_layer(kind).items():
+            if set(parts) != set(PARTS):
+                raise ValueError(f"{kind} layer {layer!r} needs both B and A, got {sorted(parts)}")
+            out[layer] = LowRank(b=parts["B"], a=parts["A"])
+        return out
+
+    def get(self, name: str) -> Tensor | None:
+        return self.tensors.get(name)
+
+
 @dataclass
-class RoundPlan:
-    """Everything a client needs for one step of the run (what it pulls)."""
+class RoundPlan(Tensors):
+    """Everything a client needs for one step of the run (what it pulls): who and which step, the step's
+    instruction, and named tensors (the shared factors ``lora/*``, the frozen delta ``extra/*``, the head
+    ``head/weight`` and ``head/bias``, and whatever else the method hands out)."""
 
     run_id: str
     phase: Phase
@@ -149,42 +346,30 @@ class RoundPlan:
     round: int  # 0-based round within the task (TASK_GRAM/EVALUATE and a LoRM features step: the number of rounds)
     class_range: tuple[int, int]  # [lo, hi): the current task's classes
     seen_classes: int  # classes 0..seen_classes-1 are scored at evaluation
-    train_factors: tuple[str, ...] = ()  # subset of ("B", "A") trained this round
-    lora: dict[str, LowRank] = field(default_factory=dict)  # the shared current factors per layer
-    lora_scale: float = 1.0  # scale of the current factors in the Gram pass (1 when training)
-    extra: dict[str, LowRank] = field(default_factory=dict)  # frozen delta added to W0
-    head_weight: Tensor | None = None  # (num_classes, feature_dim)
-    head_bias: Tensor | None = None  # (num_classes,)
-    gram: GramKind = GramKind.NONE  # Grams of the LoRA layers' inputs to send back
-    head_gram: bool = False  # send the head input's full Gram
-    send_head: bool = True  # send the trained head weight and bias
+    instruction: Instruction = field(default_factory=Instruction)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
     seed: int = 0  # seed for this client step (combined with the client index)
-    mode: Mode = Mode.LORA  # what the step trains or evaluates (see Mode)
-    delta: dict[str, Tensor] = field(default_factory=dict)  # full mode: backbone weights are W0 + delta
-    send_fisher: bool = False  # full mode: also send the diagonal empirical Fisher
-    train_extra: bool = False  # train in the view W0 + extra + s B A (default: W0 + s B A, extra for Gram passes only)
-    # full mode, continual-learning baselines: the global weights W0 + anchor at the previous task's end
-    # (EWC's penalty centre, LwF's and TARGET's teacher), and EWC's accumulated diagonal Fisher there, per
-    # parameter; a teacher's anchor also holds that model's head, under ANCHOR_HEAD
-    anchor: dict[str, Tensor] = field(default_factory=dict)
-    fisher: dict[str, Tensor] = field(default_factory=dict)
-    # prompt mode: the prompt pool by name (each of shape (components, ...)); its first prompt_frozen
-    # components are frozen (used, not trained, not sent), the rest are trained and sent as delta/<name>
-    prompt: dict[str, Tensor] = field(default_factory=dict)
-    prompt_frozen: int = 0
     # secure aggregation: which session of the step's (0; the coordinator starts a fresh one, 1, 2, ..., when
     # fewer than the threshold of a round's clients answered and enough others ask to take part)
     secure_attempt: int = 0
-    # FedProto: the global prototypes, "mean" (num_classes, feature_dim) and "count" (num_classes,) (0: none yet)
-    prototypes: dict[str, Tensor] = field(default_factory=dict)
-    # adapter vectors per layer: VeRA's shared {"B": lb (d_out,), "A": ld (r,)} (common/vera.py); (IA)^3's
-    # trained side's ("B": output, "A": input) and "E", the frozen earlier tasks' one (common/ia3.py)
-    vectors: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> Mode | None:
+        """The kind of client half the step asks for (its instruction's ``MODE``; ``None``: no step)."""
+        return self.instruction.MODE
+
+    def expect(self, kind: type[Step]) -> Step:
+        """The plan's instruction as a ``kind``; ``ValueError`` when the step asks for something else."""
+        step = self.instruction
+        if not isinstance(step, kind):
+            raise ValueError(f"this step asks for a {type(step).__name__} ({step.KIND!r}), not a {kind.__name__}")
+        return step
 
 
 @dataclass
-class ClientUpdate:
-    """What a client pushes after a TRAIN, TASK_GRAM or FEATURES step."""
+class ClientUpdate(Tensors):
+    """What a client pushes after a TRAIN, TASK_GRAM or FEATURES step: who, which step, its sample count and
+    loss, and named tensors (what the step declares, ``common/declared.py``)."""
 
     run_id: str
     client_id: str
@@ -193,19 +378,14 @@ class ClientUpdate:
     round: int
     phase: Phase
     num_samples: int  # training samples of the current task on this client
-    factors: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # layer -> {"B"|"A": tensor}
-    grams: dict[str, Tensor] = field(default_factory=dict)  # layer -> (d_in,) or (d_in, d_in), float64
-    head_weight: Tensor | None = None
-    head_bias: Tensor | None = None
-    head_gram: Tensor | None = None  # (feature_dim, feature_dim), float64
+    tensors: dict[str, Tensor] = field(default_factory=dict)
     train_loss: float = float("nan")  # mean training loss over the last local epoch
-    # full mode: trained minus received weights; prompt mode: the same of the trained prompt components
-    delta: dict[str, Tensor] = field(default_factory=dict)
-    fisher: dict[str, Tensor] = field(default_factory=dict)  # full mode: diagonal empirical Fisher
-    stats: dict[str, Tensor] = field(default_factory=dict)  # features mode: feature statistics by name
-    # secure aggregation: the step's running sums after this update, masked (server/secure.py), by sum name
-    masked: dict[str, Tensor] = field(default_factory=dict)
     secure_attempt: int = 0  # secure aggregation: the step's session the masks were made for (RoundPlan's)
+
+    @property
+    def nbytes(self) -> int:
+        """Tensor payload bytes: what the wire carries, less its ~0.1 % framing."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 @dataclass

@@ -24,7 +24,7 @@ from common.secagg import FixedPoint, SecAggError, encode
 from common.secagg_rounds import ClientSession, default_threshold
 from common.settings import SecAggSettings
 from common.sums import running_sums
-from common.tensors import MASKED, update_from_tensors, with_tensors
+from common.tensors import MASKED
 
 DTYPE = torch.float64
 
@@ -170,8 +170,8 @@ def declared_layout(fresh: Any) -> Layout:
         raise ValueError("declared_layout needs a fresh aggregator of the step")
     plan = fresh.plan
     zeros = {name: torch.zeros(shape, dtype=DTYPE) for name, shape in fresh.expected().items()}
-    probe = update_from_tensors(
-        zeros,
+    probe = ClientUpdate(
+        tensors=zeros,
         run_id=plan.run_id,
         client_id="",
         client_index=0,
@@ -200,5 +200,4 @@ def masked_update(
     layout = Layout.of(terms)
     ring = session.mask(encode(layout.flatten(terms), fp), sharers)
     tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}
-    bare = dataclasses.replace(update, num_samples=0, train_loss=float("nan"))
-    return dataclasses.replace(with_tensors(bare, tensors), secure_attempt=attempt)
+    return dataclasses.replace(update, num_samples=0, train_loss=float("nan"), tensors=tensors, secure_attempt=attempt)

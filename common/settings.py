@@ -9,7 +9,7 @@ typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one k
 Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`), ``robust``
 (:class:`RobustSettings`), ``secagg`` (:class:`SecAggSettings`) and those the method registry
 (``common.methods``)
-names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.SECTIONS``).
+names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.sections()``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _coerce(key: str, kind: Any, value: Any) -> Any:
     raise ValueError(f"setting {key} expects {_type_name(kind)}, got {type(value).__name__} {value!r}")
 
 
-def _finite_number(key: str, value: float, low: float, strict: bool = False) -> None:
+def finite_number(key: str, value: float, low: float, strict: bool = False) -> None:
     """``ValueError`` naming ``key`` unless ``value`` is finite and ``>= low`` (``> low`` when ``strict``)."""
     if not (math.isfinite(value) and (value > low if strict else value >= low)):
         raise ValueError(f"setting {key} must be a finite number {'>' if strict else '>='} {low:g}, got {value}")
@@ -164,7 +164,7 @@ class RobustSettings(Settings):
     min_clients: int = setting(3, "screen only steps with at least this many updates (a median needs a few)")
 
     def __post_init__(self) -> None:
-        _finite_number("robust.kappa", self.kappa, 1.0)
+        finite_number("robust.kappa", self.kappa, 1.0)
         if self.action not in ROBUST_ACTIONS:
             raise ValueError(f"setting robust.action must be one of {list(ROBUST_ACTIONS)}, got {self.action!r}")
         if not -1.0 <= self.min_cosine <= 1.0:
@@ -203,7 +203,7 @@ class SecAggSettings(Settings):
 
     def __post_init__(self) -> None:
         _positive_int("secagg.threshold", self.threshold, "0: a majority")
-        _finite_number("secagg.bound", self.bound, 0.0, strict=True)
+        finite_number("secagg.bound", self.bound, 0.0, strict=True)
         if not 0 <= self.frac_bits <= 96:
             raise ValueError(f"setting secagg.frac_bits must lie in [0, 96] (0: chosen), got {self.frac_bits}")
         if self.max_attempts < 1:
@@ -385,7 +385,7 @@ class EwcSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        _finite_number("ewc.strength", self.strength, 0.0)
+        finite_number("ewc.strength", self.strength, 0.0)
         if not 0.0 <= self.decay <= 1.0:
             raise ValueError(f"setting ewc.decay must lie in [0, 1], got {self.decay}")
 
@@ -399,8 +399,8 @@ class LwfSettings(Settings):
     temperature: float = setting(2.0, "softmax temperature of teacher and student on the old classes")
 
     def __post_init__(self) -> None:
-        _finite_number("lwf.alpha", self.alpha, 0.0)
-        _finite_number("lwf.temperature", self.temperature, 0.0, strict=True)
+        finite_number("lwf.alpha", self.alpha, 0.0)
+        finite_number("lwf.temperature", self.temperature, 0.0, strict=True)
 
 
 @dataclass(frozen=True)
@@ -429,8 +429,8 @@ class L2pSettings(Settings):
         _at_least_one(self, "pool", "length", "top_k")
         if self.top_k > self.pool:
             raise ValueError(f"setting l2p.top_k ({self.top_k}) must not exceed l2p.pool ({self.pool})")
-        _finite_number("l2p.pull", self.pull, 0.0)
-        _finite_number("l2p.init", self.init, 0.0, strict=True)
+        finite_number("l2p.pull", self.pull, 0.0)
+        finite_number("l2p.init", self.init, 0.0, strict=True)
 
 
 @dataclass(frozen=True)
@@ -444,7 +444,7 @@ class CodaSettings(Settings):
 
     def __post_init__(self) -> None:
         _at_least_one(self, "components", "length")
-        _finite_number("coda.ortho", self.ortho, 0.0)
+        finite_number("coda.ortho", self.ortho, 0.0)
 
 
 @dataclass(frozen=True)
@@ -466,49 +466,9 @@ class CcvrSettings(Settings):
         if self.covariance not in ("full", "diag"):
             raise ValueError(f"setting ccvr.covariance must be 'full' or 'diag', got {self.covariance!r}")
         _at_least_one(self, "samples", "epochs")
-        _finite_number("ccvr.lr", self.lr, 0.0, strict=True)
-        _finite_number("ccvr.momentum", self.momentum, 0.0)
-        _finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
-
-
-@dataclass(frozen=True)
-class FedProtoSettings(Settings):
-    """FedProto (``fedproto``): FedAvg, with clients pulled towards the global class prototypes."""
-
-    section: ClassVar[str] = "fedproto"
-    weight: float = setting(
-        0.1, "lambda of the prototype loss lambda * mean ||f(x) - p_y||^2 / F (the paper's code: ld_reg 0.1)"
-    )
-    classify: str = setting(
-        "head", "'head' (the ACE head, as the paper ran it) or 'prototype' (nearest global prototype, FedProto's)"
-    )
-
-    def __post_init__(self) -> None:
-        _finite_number("fedproto.weight", self.weight, 0.0)
-        if self.classify not in ("head", "prototype"):
-            raise ValueError(f"setting fedproto.classify must be 'head' or 'prototype', got {self.classify!r}")
-
-
-@dataclass(frozen=True)
-class PiLoraSettings(Settings):
-    """PILoRA (``pilora``): an incremental LoRA per task classified by learned class prototypes."""
-
-    section: ClassVar[str] = "pilora"
-    temperature: float = setting(1.0, "T of the distance-based cross-entropy over -||f(x) - p_c|| / (sqrt(F) T) (1)")
-    pl: float = setting(0.001, "weight of the prototype loss, the mean scaled distance to the own class's (0.001)")
-    ort: float = setting(0.5, "weight of the orthogonality loss sum |A_t A_old^T| over layers (0.5)")
-    soft_temp: float = setting(
-        5.0,
-        "factor of the min-max-normalised reciprocal distances in the re-weighting softmax: 5, PILoRA's "
-        "(its code divides by a temperature of 0.2); 0.2 is the LoRM paper's code (it multiplies by 0.2: "
-        "clients weighted nearly alike)",
-    )
-    init: float = setting(0.1, "standard deviation of a new class prototype, drawn N(0, init^2) (0.1)")
-
-    def __post_init__(self) -> None:
-        _finite_number("pilora.temperature", self.temperature, 0.0, strict=True)
-        for key in ("pl", "ort", "soft_temp", "init"):
-            _finite_number(f"pilora.{key}", getattr(self, key), 0.0)
+        finite_number("ccvr.lr", self.lr, 0.0, strict=True)
+        finite_number("ccvr.momentum", self.momentum, 0.0)
+        finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
 
 
 @dataclass(frozen=True)
@@ -527,7 +487,7 @@ class VeraSettings(Settings):
 
     def __post_init__(self) -> None:
         _at_least_one(self, "rank")
-        _finite_number("vera.d_init", self.d_init, 0.0)
+        finite_number("vera.d_init", self.d_init, 0.0)
         if self.form not in ("exact", "appendix"):
             raise ValueError(f"setting vera.form should be 'exact' or 'appendix', got {self.form!r}")
 
@@ -587,9 +547,9 @@ class TargetSettings(Settings):
         if not 0 <= self.warmup or self.student_steps < 0:
             raise ValueError("settings target.warmup and target.student_steps must be non-negative")
         for key in ("kd_alpha", "ce", "adv"):
-            _finite_number(f"target.{key}", getattr(self, key), 0.0)
+            finite_number(f"target.{key}", getattr(self, key), 0.0)
         for key in ("kd_temperature", "lr_generator", "lr_z", "student_temperature", "student_lr"):
-            _finite_number(f"target.{key}", getattr(self, key), 0.0, strict=True)
+            finite_number(f"target.{key}", getattr(self, key), 0.0, strict=True)
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

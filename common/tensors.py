@@ -1,9 +1,10 @@
-"""Updates as flat dicts of named tensors: the names every layer of the system agrees on.
+"""The names of the tensors that plans and updates carry: the names every layer of the system agrees on.
 
-No protobuf here. A per-layer tensor is ``<kind>/<layer>/<part>`` (part ``B`` or ``A``) or
-``<kind>/<layer>``; the head's names are fixed. The wire codec (``proto/codec.py``) sends
-these names and tensors; the coordinator validates (``server/strategies/validate.py``) and
-stages (``server/store.py``) updates in the same flat form.
+No protobuf here. A tensor is ``<kind>/<name>``, or ``<kind>/<layer>/<part>`` for the factor kinds
+(part ``B`` or ``A``); the head's names are fixed. Plans and updates hold their tensors flat, by these
+names (``RoundPlan.tensors``, ``ClientUpdate.tensors``); the wire codec (``proto/codec.py``) sends them
+as they are, the coordinator validates (``common/aggregation/validate.py``) and stages
+(``server/store.py``) them in the same form.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-
-from common.messages import ClientUpdate
 
 # Cap on the tensor bytes one stream may declare, so that a lying header cannot make the
 # receiver allocate without bound. The largest real update, full float64 Grams of a
@@ -32,34 +31,22 @@ class WireError(ValueError):
 
 # Tensor names
 #
-# Per-layer tensors are "<kind>/<layer>/<part>" (part "B" or "A") or "gram/<layer>"; the
-# head's are fixed. Layer names are dotted module names and never empty.
+# A tensor is "<kind>/<name>" or, for the kinds of PARTED, "<kind>/<layer>/<part>"; the head's are fixed.
+# Layer and parameter names are dotted module names, never empty. The kinds below are the ones the shared
+# client halves use; a method may send any other kind ("<kind>/<name>"), declared by its step
+# (common/declared.py or its slice): no list here names every kind a message may carry.
 
 LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gram", "delta", "fisher", "stat"
 ANCHOR = "anchor"  # a plan's reference weights (W0 + anchor): EWC's penalty centre, LwF's teacher
 PROMPT = "prompt"  # a plan's prompt pool (L2P, CODA-Prompt), by name
-PROTO = "proto"  # a plan's global prototypes (FedProto): proto/mean, proto/count
 VECTOR = "vector"  # a plan's adapter vectors per layer: VeRA's vector/<layer>/B (lb) and /A (ld); (IA)^3's and /E
 MASKED = "masked"  # secure aggregation: an update's running sums, fixed point and masked (int64 bits of Z_2^64)
+HEAD = "head"
 HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM = "head/weight", "head/bias", "head/gram"
 PARTS = ("B", "A")
 VECTOR_PARTS = PARTS + ("E",)  # a plan's adapter vectors: each side's trained one, and "E" the frozen extra
-_FACTOR_KINDS = (LORA, EXTRA, FACTOR, VECTOR)
-_NAMED_KINDS = (GRAM, DELTA, FISHER, STAT, ANCHOR, PROMPT, PROTO, MASKED)  # "<kind>/<layer or parameter name>"
-
-# What each message may carry: the one list the codec, the validation and the flattening below read.
-UPDATE_FIELDS = {
-    FACTOR: "factors",
-    GRAM: "grams",
-    DELTA: "delta",
-    FISHER: "fisher",
-    STAT: "stats",
-    MASKED: "masked",
-}  # kind -> field
-UPDATE_HEAD = {HEAD_WEIGHT: "head_weight", HEAD_BIAS: "head_bias", HEAD_GRAM: "head_gram"}  # name -> field
-# shared factors, frozen extra, dense delta, anchor, Fisher, prompt pool, prototypes, adapter vectors
-PLAN_KINDS = (LORA, EXTRA, DELTA, ANCHOR, FISHER, PROMPT, PROTO, VECTOR)
-PLAN_HEAD = (HEAD_WEIGHT, HEAD_BIAS)
+PARTED = {LORA: PARTS, EXTRA: PARTS, FACTOR: PARTS, VECTOR: VECTOR_PARTS}  # kind -> the parts of its layers
+HEAD_NAMES = (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM)
 
 
 class UpTo(int):
@@ -76,84 +63,74 @@ def shape_fits(shape: tuple[int, ...], want: tuple[int, ...]) -> bool:
 
 
 def tensor_name(kind: str, layer: str, part: str | None = None) -> str:
-    """The wire name of a per-layer tensor: ``lora/<layer>/B``, ``gram/<layer>``, ..."""
+    """The wire name of a tensor: ``lora/<layer>/B``, ``gram/<layer>``, ``<kind>/<name>``."""
+    if not kind or "/" in kind or kind == HEAD:
+        raise WireError("tensors.name", f"expected a kind without '/' other than 'head', got {kind!r}")
     if not layer:
         raise WireError("tensors.name", f"a {kind} tensor needs a non-empty layer name")
-    if kind in _NAMED_KINDS and part is None:
-        return f"{kind}/{layer}"
-    if kind in _FACTOR_KINDS and part in (VECTOR_PARTS if kind == VECTOR else PARTS):
+    if kind in PARTED and part in PARTED[kind]:
         return f"{kind}/{layer}/{part}"
+    if kind not in PARTED and part is None:
+        return f"{kind}/{layer}"
     raise WireError("tensors.name", f"no tensor kind {kind!r} with part {part!r}")
 
 
 def parse_tensor_name(name: str) -> tuple[str, str | None, str | None]:
-    """Inverse of :func:`tensor_name`: ``(kind, layer, part)``, e.g. ``("head", None, "bias")``."""
-    if name in (HEAD_WEIGHT, HEAD_BIAS, HEAD_GRAM):
-        return "head", None, name.split("/", 1)[1]
+    """Inverse of :func:`tensor_name`: ``(kind, layer, part)``, e.g. ``("lora", "q", "B")``, ``("gram", "q",
+    None)``, ``("head", None, "bias")``; ``WireError`` for a name of neither form."""
+    if name in HEAD_NAMES:
+        return HEAD, None, name.split("/", 1)[1]
     kind, _, rest = name.partition("/")
-    if kind in _NAMED_KINDS and rest:
+    if kind in PARTED:
+        layer, _, part = rest.rpartition("/")
+        if layer and part in PARTED[kind]:
+            return kind, layer, part
+    elif kind and kind != HEAD and rest:
         return kind, rest, None
-    layer, _, part = rest.rpartition("/")
-    if kind in _FACTOR_KINDS and layer and part in (VECTOR_PARTS if kind == VECTOR else PARTS):
-        return kind, layer, part
-    expected = (
-        "lora|extra|factor/<layer>/B|A, vector/<layer>/B|A|E, gram|delta|fisher|stat|anchor|prompt|proto|masked/<name> "
-        "or head/weight|bias|gram"
+    raise WireError(
+        "tensors.name",
+        f"expected <kind>/<name>, {'|'.join(PARTED)}/<layer>/<part> or {'|'.join(HEAD_NAMES)}, got {name!r}",
     )
-    raise WireError("tensors.name", f"expected {expected}, got {name!r}")
 
 
-def update_tensors(update: ClientUpdate) -> dict[str, Tensor]:
-    """Every tensor of an update under its wire name (also how the coordinator stages it)."""
-    tensors: dict[str, Tensor] = {}
-    for layer, parts in update.factors.items():
-        for part, tensor in parts.items():
-            tensors[tensor_name(FACTOR, layer, part)] = tensor
-    for kind, field in UPDATE_FIELDS.items():
-        if kind != FACTOR:
-            for name, tensor in getattr(update, field).items():
-                tensors[tensor_name(kind, name)] = tensor
-    for name, field in UPDATE_HEAD.items():
-        tensor = getattr(update, field)
-        if tensor is not None:
-            tensors[name] = tensor
-    return tensors
+def layered(kind: str, by_layer: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``<kind>/<layer>/<part>`` tensors of ``layer -> part -> tensor``."""
+    return {tensor_name(kind, layer, part): t for layer, parts in by_layer.items() for part, t in parts.items()}
 
 
-def update_nbytes(update: ClientUpdate) -> int:
-    """Tensor payload bytes of an update: what the wire carries, less its ~0.1 % framing (no names built)."""
-    fields = [getattr(update, field) for kind, field in UPDATE_FIELDS.items() if kind != FACTOR]
-    tensors = [t for parts in update.factors.values() for t in parts.values()]
-    tensors += [t for named in fields for t in named.values()]
-    tensors += [t for t in (getattr(update, field) for field in UPDATE_HEAD.values()) if t is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+def low_rank_tensors(kind: str, factors: dict[str, Any]) -> dict[str, Tensor]:
+    """``<kind>/<layer>/B`` and ``/A`` of ``layer -> LowRank``."""
+    return layered(kind, {layer: {"B": f.b, "A": f.a} for layer, f in factors.items()})
 
 
-def update_from_tensors(tensors: dict[str, Tensor], **scalars: Any) -> ClientUpdate:
-    """Inverse of :func:`update_tensors`, given the update's scalar fields."""
-    factors: dict[str, dict[str, Tensor]] = {}
-    named: dict[str, dict[str, Tensor]] = {kind: {} for kind in UPDATE_FIELDS if kind != FACTOR}
-    for name, tensor in tensors.items():
-        kind, layer, part = parse_tensor_name(name)
-        if kind == FACTOR and layer is not None and part is not None:
-            factors.setdefault(layer, {})[part] = tensor
-        elif kind in named and layer is not None:
-            named[kind][layer] = tensor
-    fields: dict[str, Any] = {UPDATE_FIELDS[FACTOR]: factors} | {UPDATE_FIELDS[k]: v for k, v in named.items()}
-    head: dict[str, Any] = {field: tensors.get(name) for name, field in UPDATE_HEAD.items()}
-    return ClientUpdate(**fields, **head, **scalars)
+def named_tensors(kind: str, named: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``<kind>/<name>`` tensors of ``name -> tensor``."""
+    return {tensor_name(kind, name): t for name, t in named.items()}
 
 
-def with_tensors(update: ClientUpdate, tensors: dict[str, Tensor]) -> ClientUpdate:
-    """``update``'s scalar fields with ``tensors`` (wire names) in place of its own."""
-    return update_from_tensors(
-        tensors,
-        run_id=update.run_id,
-        client_id=update.client_id,
-        client_index=update.client_index,
-        task=update.task,
-        round=update.round,
-        phase=update.phase,
-        num_samples=update.num_samples,
-        train_loss=update.train_loss,
-    )
+def head_tensors(weight: Tensor | None, bias: Tensor | None) -> dict[str, Tensor]:
+    """The head's tensors, when it is there (``weight (C, F)`` and ``bias (C,)`` travel together)."""
+    return {} if weight is None or bias is None else {HEAD_WEIGHT: weight, HEAD_BIAS: bias}
+
+
+def without_head(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` less the head's."""
+    return {name: t for name, t in tensors.items() if name not in HEAD_NAMES}
+
+
+def pack(
+    *,
+    factors: dict[str, dict[str, Tensor]] | None = None,
+    grams: dict[str, Tensor] | None = None,
+    delta: dict[str, Tensor] | None = None,
+    fisher: dict[str, Tensor] | None = None,
+    stats: dict[str, Tensor] | None = None,
+    head: dict[str, Tensor] | None = None,
+    head_gram: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """An update's tensors under their wire names, from what the shared client halves compute: trained factors
+    (``layer -> part``), Grams, dense deltas, Fisher and feature statistics by name, the head (:func:`sent_head`)
+    and its input's Gram."""
+    tensors = layered(FACTOR, factors or {}) | named_tensors(GRAM, grams or {}) | named_tensors(DELTA, delta or {})
+    tensors |= named_tensors(FISHER, fisher or {}) | named_tensors(STAT, stats or {}) | (head or {})
+    return tensors | ({HEAD_GRAM: head_gram} if head_gram is not None else {})

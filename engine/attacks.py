@@ -36,6 +36,7 @@ estimate of the step's medians (an honest client is a typical one) and does not 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable
@@ -47,7 +48,6 @@ from torch import Tensor
 from client.worker import ClientWorker
 from common.messages import ClientUpdate, EvalReport, RoundPlan
 from common.settings import RobustSettings
-from common.tensors import update_tensors, with_tensors
 from server.checks import Options, sample_bounds
 from server.robust import CHANGE, SECOND, change, plan_starts, reweigh, scaled, tensor_role
 
@@ -92,14 +92,16 @@ def under_bound(update: ClientUpdate, plan: RoundPlan, kappa: float, pull: float
     ``UNDER * kappa`` x the update's own, its changes turned by ``pull`` towards the colluders' direction."""
     factor = UNDER * kappa
     starts = plan_starts(plan)
-    tensors = update_tensors(update)
+    tensors = dict(update.tensors)
     for name, t in tensors.items():
         role = tensor_role(name, t)
         if role == CHANGE:
             tensors[name] = turned(name, t, starts, pull, COLLUDE_SEED, factor)
         elif role == SECOND:  # per claimed sample: with the claim below, factor x its own per-sample trace
             tensors[name] = scaled(name, t, starts, factor)
-    return reweigh(with_tensors(update, tensors), max(update.num_samples, math.floor(factor * update.num_samples)))
+    return reweigh(
+        dataclasses.replace(update, tensors=tensors), max(update.num_samples, math.floor(factor * update.num_samples))
+    )
 
 
 def tamper(
@@ -119,7 +121,7 @@ def tamper(
     if kind.startswith("collude-"):
         return under_bound(update, plan, kappa, PULL)
     starts = plan_starts(plan)
-    tensors = update_tensors(update)
+    tensors = dict(update.tensors)
     for name, t in tensors.items():
         role = tensor_role(name, t)
         if role == CHANGE and kind == "slow-drift":
@@ -128,7 +130,7 @@ def tamper(
             tensors[name] = scaled(name, t, starts, FACTOR_SCALE if kind == "scale-factors" else -1.0)
         elif role == SECOND and kind == "scale-grams":
             tensors[name] = scaled(name, t, starts, GRAM_SCALE)
-    return with_tensors(update, tensors)
+    return dataclasses.replace(update, tensors=tensors)
 
 
 class MirroredLabels:

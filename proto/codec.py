@@ -32,9 +32,7 @@ from torch import Tensor
 from common.messages import (
     ClientUpdate,
     EvalReport,
-    GramKind,
-    LowRank,
-    Mode,
+    Instruction,
     Phase,
     PullQuery,
     PushEnvelope,
@@ -42,34 +40,13 @@ from common.messages import (
     Wait,
 )
 from common.secagg_rounds import Keys
-from common.tensors import (
-    ANCHOR,
-    DEFAULT_MAX_TOTAL_BYTES,
-    DELTA,
-    EXTRA,
-    FISHER,
-    HEAD_BIAS,
-    HEAD_WEIGHT,
-    LORA,
-    PARTS,
-    PLAN_HEAD,
-    PLAN_KINDS,
-    PROMPT,
-    PROTO,
-    UPDATE_FIELDS,
-    UPDATE_HEAD,
-    VECTOR,
-    WireError,
-    parse_tensor_name,
-    tensor_name,
-    update_from_tensors,
-    update_tensors,
-)
+from common.tensors import DEFAULT_MAX_TOTAL_BYTES, PARTED, VECTOR, WireError, parse_tensor_name
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
     raise ImportError("proto.codec supports little-endian hosts only")
 
+WIRE_VERSION = 2  # the contract of proto/lorm.proto this codec speaks (its header says what changed)
 DEFAULT_CHUNK_BYTES = 1 << 20  # payload per chunk message; well under gRPC's 4 MiB default
 
 # Every channel option once, with why. Chunks are <= 1 MiB, so 8 MiB leaves headroom.
@@ -261,15 +238,6 @@ def _receive(assembler: TensorAssembler, stream: Iterator[Message], first: str) 
     return assembler.finish()
 
 
-def _check_names(headers: Iterable[pb.TensorHeader], kinds: tuple[str, ...], head: tuple[str, ...]) -> None:
-    """Reject, before any bytes arrive, a tensor this kind of message does not carry."""
-    for header in headers:
-        kind, _, part = parse_tensor_name(header.name)
-        if not (part in head if kind == "head" else kind in kinds):
-            message = f"expected {'|'.join(kinds)}/... or head/{'|'.join(head)} tensors only"
-            raise WireError("tensors.name", message, header.name)
-
-
 # ------------------------------------------------------------------------------ enums
 
 _PHASES: dict[Phase, pb.Phase] = {
@@ -279,11 +247,18 @@ _PHASES: dict[Phase, pb.Phase] = {
     Phase.DONE: pb.PHASE_DONE,
     Phase.FEATURES: pb.PHASE_FEATURES,
 }
-_GRAM_KINDS: dict[GramKind, pb.GramKind] = {
-    GramKind.NONE: pb.GRAM_KIND_NONE,
-    GramKind.DIAG: pb.GRAM_KIND_DIAG,
-    GramKind.FULL: pb.GRAM_KIND_FULL,
-}
+
+
+def check_wire_version(theirs: int, who: str) -> None:
+    """``WireError`` unless ``who`` (the client or the coordinator) speaks this codec's contract; a version-1
+    party sends no version (0)."""
+    if theirs != WIRE_VERSION:
+        spoken = f"version {theirs}" if theirs else "version 1 (it names none)"
+        raise WireError(
+            "wire_version",
+            f"the {who} speaks wire contract {spoken}, this one speaks version {WIRE_VERSION}: run the same "
+            "release of lorm on both sides",
+        )
 
 
 def phase_to_proto(phase: Phase) -> pb.Phase:
@@ -342,33 +317,16 @@ def wait_to_proto(wait: Wait) -> Iterator[pb.PlanChunk]:
 
 
 def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.PlanChunk]:
-    """The plan as a header (scalars, every tensor declared), then the tensors' chunks.
+    """The plan as a header (the envelope, the instruction, every tensor declared), then the tensors' chunks.
 
     Tensors are encoded (and checksummed) before this returns, so a tensor that cannot
     travel raises here rather than in the middle of the stream.
     """
     _check_chunk_bytes(chunk_bytes)
-    tensors: dict[str, Tensor] = {}
-    for kind, factors in ((LORA, plan.lora), (EXTRA, plan.extra)):
-        for layer, low_rank in factors.items():
-            tensors[tensor_name(kind, layer, "B")] = low_rank.b
-            tensors[tensor_name(kind, layer, "A")] = low_rank.a
-    for layer, parts in plan.vectors.items():
-        for part, tensor in parts.items():
-            tensors[tensor_name(VECTOR, layer, part)] = tensor
-    by_kind = {DELTA: plan.delta, ANCHOR: plan.anchor, FISHER: plan.fisher, PROMPT: plan.prompt, PROTO: plan.prototypes}
-    for kind, named in by_kind.items():
-        for param, tensor in named.items():
-            tensors[tensor_name(kind, param)] = tensor
-    head = {HEAD_WEIGHT: plan.head_weight, HEAD_BIAS: plan.head_bias}
-    tensors.update({name: t for name, t in head.items() if t is not None})
-    encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
+    for name in plan.tensors:
+        parse_tensor_name(name)
+    encoded = [_encode(name, tensor) for name, tensor in plan.tensors.items()]
     header = pb.PlanHeader(
-        mode=Mode(plan.mode).value,
-        send_fisher=plan.send_fisher,
-        train_extra=plan.train_extra,
-        prompt_frozen=plan.prompt_frozen,
-        secure_attempt=plan.secure_attempt,
         run_id=plan.run_id,
         phase=phase_to_proto(plan.phase),
         task=plan.task,
@@ -376,12 +334,9 @@ def plan_to_proto(plan: RoundPlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
         class_lo=plan.class_range[0],
         class_hi=plan.class_range[1],
         seen_classes=plan.seen_classes,
-        train_factors=plan.train_factors,
-        lora_scale=plan.lora_scale,
-        gram=_GRAM_KINDS[GramKind(plan.gram)],
-        head_gram=plan.head_gram,
-        send_head=plan.send_head,
         seed=plan.seed,
+        secure_attempt=plan.secure_attempt,
+        instruction=pb.Instruction(kind=plan.instruction.KIND, fields_json=plan.instruction.to_json()),
         tensors=[header for header, _ in encoded],
     )
     return _tensor_stream(pb.PlanChunk(header=header), encoded, chunk_bytes, pb.PlanChunk)
@@ -401,63 +356,36 @@ def plan_from_proto(
         return Wait(header.retry_after_s, header.wait_reason)
     _non_empty(run_id=header.run_id)
     _non_negative(
-        task=header.task,
-        round=header.round,
-        seen_classes=header.seen_classes,
-        prompt_frozen=header.prompt_frozen,
-        secure_attempt=header.secure_attempt,
+        task=header.task, round=header.round, seen_classes=header.seen_classes, secure_attempt=header.secure_attempt
     )
-    train_factors = tuple(header.train_factors)
-    if set(train_factors) - set(PARTS) or len(set(train_factors)) != len(train_factors):
-        raise WireError("train_factors", f"expected distinct entries of {PARTS}, got {list(train_factors)}")
-    _check_names(header.tensors, PLAN_KINDS, head=tuple(name.split("/")[1] for name in PLAN_HEAD))
-    if header.mode not in {m.value for m in Mode}:
-        raise WireError("mode", f"expected one of {[m.value for m in Mode]}, got {header.mode!r}")
+    phase = phase_from_proto(header.phase)
+    if not header.HasField("instruction") and phase != Phase.DONE:
+        raise WireError("instruction", f"a {phase.value} plan needs an instruction")
+    try:
+        instruction = Instruction.from_wire(header.instruction.kind or Instruction.KIND, header.instruction.fields_json)
+    except ValueError as err:
+        raise WireError("instruction", str(err)) from err
+    for h in header.tensors:
+        parse_tensor_name(h.name)
     tensors = _receive(TensorAssembler(header.tensors, max_total_bytes=max_total_bytes), stream, "header")
-    factors: dict[str, dict[str, dict[str, Tensor]]] = {LORA: {}, EXTRA: {}, VECTOR: {}}
-    named: dict[str, dict[str, Tensor]] = {DELTA: {}, ANCHOR: {}, FISHER: {}, PROMPT: {}, PROTO: {}}
-    for name, tensor in tensors.items():
-        kind, layer, part = parse_tensor_name(name)  # checked against the plan's kinds: layer is set
-        if kind in factors and layer is not None and part is not None:
-            factors[kind].setdefault(layer, {})[part] = tensor
-        elif kind in named and layer is not None:
-            named[kind][layer] = tensor
-    low_rank: dict[str, dict[str, LowRank]] = {LORA: {}, EXTRA: {}}
-    for kind in (LORA, EXTRA):
-        for layer, parts in factors[kind].items():
-            if set(parts) != set(PARTS):
-                message = f"{kind} layer {layer!r} needs both B and A, got {sorted(parts)}"
-                raise WireError("tensors.name", message)
-            low_rank[kind][layer] = LowRank(b=parts["B"], a=parts["A"])
-    return RoundPlan(
+    plan = RoundPlan(
         run_id=header.run_id,
-        phase=phase_from_proto(header.phase),
+        phase=phase,
         task=header.task,
         round=header.round,
         class_range=(header.class_lo, header.class_hi),
         seen_classes=header.seen_classes,
-        train_factors=train_factors,
-        lora=low_rank[LORA],
-        lora_scale=header.lora_scale,
-        extra=low_rank[EXTRA],
-        head_weight=tensors.get(HEAD_WEIGHT),
-        head_bias=tensors.get(HEAD_BIAS),
-        gram=_enum_from_proto(_GRAM_KINDS, pb.GramKind.Name, header.gram, "gram"),
-        head_gram=header.head_gram,
-        send_head=header.send_head,
+        instruction=instruction,
+        tensors=tensors,
         seed=header.seed,
-        mode=Mode(header.mode),
-        delta=named[DELTA],
-        send_fisher=header.send_fisher,
-        train_extra=header.train_extra,
-        anchor=named[ANCHOR],
-        fisher=named[FISHER],
-        prompt=named[PROMPT],
-        prototypes=named[PROTO],
-        vectors=factors[VECTOR],
-        prompt_frozen=header.prompt_frozen,
         secure_attempt=header.secure_attempt,
     )
+    for kind in PARTED:
+        try:
+            plan.by_layer(kind) if kind == VECTOR else plan.low_rank(kind)
+        except ValueError as err:
+            raise WireError("tensors.name", str(err)) from err
+    return plan
 
 
 # ------------------------------------------------------------------------------ Push
@@ -469,8 +397,9 @@ def update_to_proto(
     """The update as an envelope (scalars, every tensor declared), then the tensors' chunks."""
     _check_chunk_bytes(chunk_bytes)
     _non_empty(idempotency_key=idempotency_key)
-    tensors = update_tensors(update)
-    encoded = [_encode(name, tensor) for name, tensor in tensors.items()]
+    for name in update.tensors:
+        parse_tensor_name(name)
+    encoded = [_encode(name, tensor) for name, tensor in update.tensors.items()]
     envelope = pb.UpdateEnvelope(
         run_id=update.run_id,
         task=update.task,
@@ -508,7 +437,8 @@ def update_from_proto(
         num_samples=env.num_samples,
         secure_attempt=env.secure_attempt,
     )
-    _check_names(env.tensors, tuple(UPDATE_FIELDS), head=tuple(name.split("/")[1] for name in UPDATE_HEAD))
+    for h in env.tensors:
+        parse_tensor_name(h.name)
     assembler = TensorAssembler(env.tensors, max_total_bytes=max_total_bytes)
     envelope = PushEnvelope(
         run_id=env.run_id,
@@ -527,8 +457,9 @@ def update_from_proto(
     if on_envelope is not None:
         on_envelope(envelope)
     tensors = _receive(assembler, stream, "envelope")
-    update = update_from_tensors(
-        tensors,
+    update = ClientUpdate(
+        tensors=tensors,
+        secure_attempt=env.secure_attempt,
         run_id=env.run_id,
         client_id=env.client_id,
         client_index=env.client_index,
@@ -538,7 +469,6 @@ def update_from_proto(
         num_samples=env.num_samples,
         train_loss=env.train_loss,
     )
-    update.secure_attempt = env.secure_attempt
     return envelope, update
 
 

@@ -16,13 +16,6 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_DONE: _ClassVar[Phase]
     PHASE_FEATURES: _ClassVar[Phase]
 
-class GramKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    GRAM_KIND_UNSPECIFIED: _ClassVar[GramKind]
-    GRAM_KIND_NONE: _ClassVar[GramKind]
-    GRAM_KIND_DIAG: _ClassVar[GramKind]
-    GRAM_KIND_FULL: _ClassVar[GramKind]
-
 class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SECAGG_UNSPECIFIED: _ClassVar[SecAggStage]
@@ -40,10 +33,6 @@ PHASE_TASK_GRAM: Phase
 PHASE_EVALUATE: Phase
 PHASE_DONE: Phase
 PHASE_FEATURES: Phase
-GRAM_KIND_UNSPECIFIED: GramKind
-GRAM_KIND_NONE: GramKind
-GRAM_KIND_DIAG: GramKind
-GRAM_KIND_FULL: GramKind
 SECAGG_UNSPECIFIED: SecAggStage
 SECAGG_ADVERTISE: SecAggStage
 SECAGG_ROSTER: SecAggStage
@@ -89,12 +78,14 @@ class StepRef(_message.Message):
     def __init__(self, task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("client_id", "requested_index")
+    __slots__ = ("client_id", "requested_index", "wire_version")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     requested_index: int
-    def __init__(self, client_id: _Optional[str] = ..., requested_index: _Optional[int] = ...) -> None: ...
+    wire_version: int
+    def __init__(self, client_id: _Optional[str] = ..., requested_index: _Optional[int] = ..., wire_version: _Optional[int] = ...) -> None: ...
 
 class ModelDescription(_message.Message):
     __slots__ = ("run_id", "client_id", "model_spec_json")
@@ -107,16 +98,18 @@ class ModelDescription(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., model_spec_json: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("run_id", "config_json", "client_index", "num_clients")
+    __slots__ = ("run_id", "config_json", "client_index", "num_clients", "wire_version")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_json: str
     client_index: int
     num_clients: int
-    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., client_index: _Optional[int] = ..., num_clients: _Optional[int] = ...) -> None: ...
+    wire_version: int
+    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., client_index: _Optional[int] = ..., num_clients: _Optional[int] = ..., wire_version: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("run_id", "client_id", "last_completed")
@@ -128,8 +121,16 @@ class PullRequest(_message.Message):
     last_completed: StepRef
     def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., last_completed: _Optional[_Union[StepRef, _Mapping]] = ...) -> None: ...
 
+class Instruction(_message.Message):
+    __slots__ = ("kind", "fields_json")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    fields_json: str
+    def __init__(self, kind: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
+
 class PlanHeader(_message.Message):
-    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "train_factors", "lora_scale", "gram", "head_gram", "send_head", "seed", "tensors", "mode", "send_fisher", "train_extra", "prompt_frozen", "secure_attempt")
+    __slots__ = ("wait", "retry_after_s", "wait_reason", "run_id", "phase", "task", "round", "class_lo", "class_hi", "seen_classes", "seed", "tensors", "secure_attempt", "instruction")
     WAIT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -140,18 +141,10 @@ class PlanHeader(_message.Message):
     CLASS_LO_FIELD_NUMBER: _ClassVar[int]
     CLASS_HI_FIELD_NUMBER: _ClassVar[int]
     SEEN_CLASSES_FIELD_NUMBER: _ClassVar[int]
-    TRAIN_FACTORS_FIELD_NUMBER: _ClassVar[int]
-    LORA_SCALE_FIELD_NUMBER: _ClassVar[int]
-    GRAM_FIELD_NUMBER: _ClassVar[int]
-    HEAD_GRAM_FIELD_NUMBER: _ClassVar[int]
-    SEND_HEAD_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
-    MODE_FIELD_NUMBER: _ClassVar[int]
-    SEND_FISHER_FIELD_NUMBER: _ClassVar[int]
-    TRAIN_EXTRA_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_FROZEN_FIELD_NUMBER: _ClassVar[int]
     SECURE_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     wait: bool
     retry_after_s: float
     wait_reason: str
@@ -162,19 +155,11 @@ class PlanHeader(_message.Message):
     class_lo: int
     class_hi: int
     seen_classes: int
-    train_factors: _containers.RepeatedScalarFieldContainer[str]
-    lora_scale: float
-    gram: GramKind
-    head_gram: bool
-    send_head: bool
     seed: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
-    mode: str
-    send_fisher: bool
-    train_extra: bool
-    prompt_frozen: int
     secure_attempt: int
-    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., train_factors: _Optional[_Iterable[str]] = ..., lora_scale: _Optional[float] = ..., gram: _Optional[_Union[GramKind, str]] = ..., head_gram: _Optional[bool] = ..., send_head: _Optional[bool] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., mode: _Optional[str] = ..., send_fisher: _Optional[bool] = ..., train_extra: _Optional[bool] = ..., prompt_frozen: _Optional[int] = ..., secure_attempt: _Optional[int] = ...) -> None: ...
+    instruction: Instruction
+    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., secure_attempt: _Optional[int] = ..., instruction: _Optional[_Union[Instruction, _Mapping]] = ...) -> None: ...
 
 class PlanChunk(_message.Message):
     __slots__ = ("header", "chunk")

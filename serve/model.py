@@ -29,14 +29,14 @@ from client.backbones import Backbone, build_backbone
 from client.images import image_size, image_transforms, open_rgb
 from client.worker import resolve_device
 from common.config import RunConfig
-from common.methods import DENSE, EWC, LORA, LWF, METHODS, TARGET, VERA
+from common.methods import DENSE, EWC, LORA, LWF, TARGET, VERA, registry
 from common.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE, HEAD_FILE, ModelCard
 from common.settings import DataSettings
 
 # The client halves whose evaluation scores a sample by the head on the backbone's own features,
 # ``head(backbone(x))`` with the backbone ``W0`` plus the exported delta: what this module rebuilds.
 # Prototypes, prompts, (IA)^3 vectors and the closed-form heads' projected features are not that model.
-SERVED_HALVES = frozenset({LORA, DENSE, EWC, LWF, TARGET, VERA})
+SERVED_HALVES = frozenset({LORA, DENSE, EWC, LWF, TARGET, VERA, "client.methods.fedprox:FedProxTrainer"})
 PEFT_PREFIX = "base_model.model."  # server/export.py writes adapter keys under it, as PEFT does
 
 
@@ -62,7 +62,8 @@ def read_card(export: Path) -> ModelCard:
         raise ExportError(f"{path}: {err}") from err
     if card.missing():
         raise ExportError(f"{path} does not name {' and '.join(card.missing())}; export a run that fixes them")
-    half = METHODS[card.strategy].client if card.strategy in METHODS else ""
+    methods = registry()
+    half = methods[card.strategy].client if card.strategy in methods else ""
     if half not in SERVED_HALVES or card.parts:
         raise ExportError(
             f"{path}: method {card.strategy!r} classifies with more than the head on the backbone's features "

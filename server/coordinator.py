@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.aggregation.validate import UpdateRejected, check_declared
 from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
@@ -39,7 +40,6 @@ from common.progress import Progress, kind_of
 from common.secagg_rounds import Keys
 from common.secure_terms import declared_layout
 from common.settings import RobustSettings, SecAggSettings
-from common.tensors import update_tensors
 from server.checks import (
     Options,
     Refused,
@@ -55,8 +55,7 @@ from server.run_state import RunMeta, State
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
 from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
 from server.store import Store
-from server.strategies import Strategy, UpdateRejected, make_strategy
-from server.strategies.validate import check_declared
+from server.strategies import Strategy, make_strategy
 
 log = logging.getLogger("lorm.coordinator")
 
@@ -510,7 +509,7 @@ class Coordinator:
                 self._secure_advance()
                 return True
             try:
-                tensors = update_tensors(update)  # once: validated and staged in this form
+                tensors = dict(update.tensors)  # once: validated and staged in this form
                 step.aggregator.check(
                     update, samples=sample_bounds(self.config, self.options, step.plan.class_range), tensors=tensors
                 )

@@ -1,6 +1,6 @@
 """Bounded influence for poisoned updates: the robust mode (settings section ``robust``), off by default.
 
-Validation (``server.strategies.validate``) refuses malformed updates; a hostile client can still
+Validation (``common.aggregation.validate``) refuses malformed updates; a hostile client can still
 send finite, well-formed statistics that move a closed-form merge as far as it likes. With
 ``robust.enabled`` the step's updates are screened together before any is folded:
 
@@ -65,6 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.declared import GRAM_FACTOR
 from common.messages import ClientUpdate, RoundPlan
 from common.settings import RobustSettings
@@ -76,13 +77,11 @@ from common.tensors import (
     HEAD_BIAS,
     HEAD_GRAM,
     HEAD_WEIGHT,
+    LORA,
     STAT,
     parse_tensor_name,
     tensor_name,
-    update_tensors,
-    with_tensors,
 )
-from server.strategies.base import Aggregator
 
 SECOND, FIRST, CHANGE, NORM, COUNT = "second moment", "first moment", "change", "norm", "count"
 SAMPLES = "num_samples"  # the verdict's key for the update's claimed sample count (its reweighing)
@@ -111,14 +110,10 @@ def plan_starts(plan: RoundPlan) -> dict[str, Tensor]:
     """What each trained tensor started from in this step, under the update's names (a dense
     ``delta`` is a change already; factors a plan does not hand out start at zero)."""
     starts: dict[str, Tensor] = {}
-    for layer, low_rank in plan.lora.items():
+    for layer, low_rank in plan.low_rank(LORA).items():
         starts[tensor_name(FACTOR, layer, "B")] = low_rank.b
         starts[tensor_name(FACTOR, layer, "A")] = low_rank.a
-    if plan.head_weight is not None:
-        starts[HEAD_WEIGHT] = plan.head_weight
-    if plan.head_bias is not None:
-        starts[HEAD_BIAS] = plan.head_bias
-    return starts
+    return starts | {name: t for name, t in plan.tensors.items() if name in (HEAD_WEIGHT, HEAD_BIAS)}
 
 
 def change(name: str, tensor: Tensor, starts: dict[str, Tensor]) -> Tensor:
@@ -186,7 +181,7 @@ def reweigh(update: ClientUpdate, samples: int) -> ClientUpdate:
     if samples == update.num_samples:
         return update
     w = samples / max(update.num_samples, 1)
-    tensors = update_tensors(update)
+    tensors = dict(update.tensors)
     ratios: dict[str, Tensor] = {}  # count name -> per-class ratio new / old
     counts = {name: t for name, t in tensors.items() if tensor_role(name, t) == COUNT and name.startswith(STAT + "/")}
     main = counts.get(CLASS_COUNT)
@@ -208,7 +203,7 @@ def reweigh(update: ClientUpdate, samples: int) -> ClientUpdate:
             tensors[name] = (t.to(torch.float64) * ratio).to(t.dtype)
         elif role == SECOND:
             tensors[name] = scaled(name, t, {}, w)
-    return dataclasses.replace(with_tensors(update, tensors), num_samples=samples)
+    return dataclasses.replace(dataclasses.replace(update, tensors=tensors), num_samples=samples)
 
 
 @dataclass
@@ -259,7 +254,7 @@ class Screen:
 
     def changes(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         """An update's change per trained tensor (float64), scaled to unit norm (zero changes left out),
-        from its flattened ``tensors`` (``update_tensors``)."""
+        from its flattened ``tensors`` (``ClientUpdate.tensors``)."""
         moved = {}
         for name, t in tensors.items():
             if tensor_role(name, t) == CHANGE:
@@ -270,7 +265,7 @@ class Screen:
         return moved
 
     def observe(self, update: ClientUpdate) -> None:
-        tensors = update_tensors(update)
+        tensors = dict(update.tensors)
         self.samples[update.client_index] = update.num_samples
         for name, tensor in tensors.items():
             role = tensor_role(name, tensor)
@@ -298,7 +293,7 @@ class Screen:
 
     def observe_classes(self, update: ClientUpdate) -> None:
         """The second pass of a features step: the client's unit class directions into the per-class sums."""
-        tensors = update_tensors(update)
+        tensors = dict(update.tensors)
         if CLASS_COUNT in tensors and CLASS_SUM in tensors:
             units = self.class_directions(tensors)
             self.directions = units if self.directions is None else self.directions + units
@@ -342,7 +337,7 @@ class Screen:
         """The verdict on an observed update: its cosine, then each tensor and count against its bound."""
         i, kappa = update.client_index, self.settings.kappa
         verdict = Verdict(i)
-        tensors = update_tensors(update)
+        tensors = dict(update.tensors)
         cosines = []
         for name, unit in self.changes(tensors).items():
             rest = self.total[name] - unit  # the other clients' unit directions of this tensor, summed
@@ -397,11 +392,11 @@ class Screen:
         reweighed onto it (:func:`reweigh`); the update itself when nothing is clipped."""
         if not verdict.clipped:
             return update
-        tensors = update_tensors(update)
+        tensors = dict(update.tensors)
         for name, scale in verdict.clipped.items():
             if name != SAMPLES:
                 tensors[name] = scaled(name, tensors[name], self.starts, scale)
-        clipped = with_tensors(update, tensors)
+        clipped = dataclasses.replace(update, tensors=tensors)
         if SAMPLES in verdict.clipped:
             clipped = reweigh(clipped, round(update.num_samples * verdict.clipped[SAMPLES]))
         return clipped

@@ -59,6 +59,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             if not request.client_id:
                 raise ValueError("client_id: must not be empty")
+            try:
+                codec.check_wire_version(request.wire_version, "client")
+            except ValueError as err:
+                raise Refused("FAILED_PRECONDITION", str(err)) from err
             wanted = request.requested_index if request.HasField("requested_index") else None
             index = coord.join(request.client_id, wanted)
         except (Refused, ValueError) as err:
@@ -68,6 +72,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             config_json=coord.config.to_json(),
             client_index=index,
             num_clients=coord.config.num_clients,
+            wire_version=codec.WIRE_VERSION,
         )
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from common.aggregation.base import Aggregator
 from common.faults import fault_point
 from common.logs import plan_name, report_text, step_loss
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
@@ -25,7 +26,7 @@ from common.settings import RobustSettings
 from server.robust import robust_text, screen_and_fold
 from server.secure import SecureStep, secagg_text
 from server.store import step_key
-from server.strategies import Aggregator, Strategy
+from server.strategies import Strategy
 
 
 def schedule(strategy: Strategy, task: int, rounds_per_task: int) -> list[tuple[Phase, int]]:
@@ -74,7 +75,7 @@ def record(task: int, round_: int, phase: Phase, plan: RoundPlan, clients: int) 
         "task": task,
         "round": round_,
         "phase": phase.value,
-        "factors": "".join(plan.train_factors),
+        "factors": plan.instruction.factors(),
         "clients": clients,
     }
 

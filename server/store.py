@@ -29,7 +29,6 @@ from torch import Tensor
 from common.config import RunConfig
 from common.faults import fault_point
 from common.messages import ClientUpdate, Phase
-from common.tensors import update_from_tensors, update_tensors
 from server.run_state import RunMeta
 
 
@@ -175,10 +174,10 @@ class Store:
         self, key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
     ) -> None:
         """Persist one accepted update of step ``key`` (durable before it is acknowledged); ``tensors``:
-        the update already flattened (``update_tensors``)."""
+        its tensors when the caller holds them already (``ClientUpdate.tensors``)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = update_tensors(update) if tensors is None else tensors
+        tensors = dict(update.tensors) if tensors is None else tensors
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)
@@ -210,8 +209,8 @@ class Store:
         folder = self._staging(key)
         meta = json.loads((folder / f"{index}.json").read_text())
         tensors = load_file(str(folder / f"{index}.safetensors")) if meta["has_tensors"] else {}
-        return update_from_tensors(
-            tensors,
+        return ClientUpdate(
+            tensors=tensors,
             run_id=meta["run_id"],
             client_id=meta["client_id"],
             client_index=index,

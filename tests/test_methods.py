@@ -4,14 +4,14 @@ import pytest
 
 from client.methods import ClientMethod, client_method
 from common.config import RunConfig
-from common.messages import Mode, Phase, RoundPlan
-from common.methods import METHODS, load_half, method
+from common.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
+from common.methods import load_half, method, registry
 from server.strategies import STRATEGIES, Strategy
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(registry()))
 def test_every_method_resolves_both_halves(name):
-    entry = METHODS[name]
+    entry = registry()[name]
 
     server, client = load_half(entry.server, "server"), client_method(RunConfig(strategy=name))
 
@@ -21,7 +21,7 @@ def test_every_method_resolves_both_halves(name):
 
 def test_a_layer_loads_only_its_own_half():
     with pytest.raises(ValueError, match="inside package 'client'"):
-        load_half(METHODS["lorm"].server, "client")
+        load_half(registry()["lorm"].server, "client")
 
 
 def test_unknown_method_names_the_known_ones():
@@ -40,8 +40,13 @@ def test_unknown_method_names_the_known_ones():
 )
 def test_a_client_half_refuses_plans_of_another_mode(name, served, refused):
     half = client_method(RunConfig(strategy=name))
-    plan = RoundPlan(run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2)
+    steps = {Mode.LORA: LoraStep(), Mode.FULL: DenseStep(), Mode.FEATURES: FeaturesStep(), Mode.PROMPT: PromptStep()}
 
-    assert half.serves(RoundPlan(**{**plan.__dict__, "mode": served})).mode == served
+    def plan(mode: Mode) -> RoundPlan:
+        return RoundPlan(
+            run_id="r", phase=Phase.TRAIN, task=0, round=0, class_range=(0, 2), seen_classes=2, instruction=steps[mode]
+        )
+
+    assert half.serves(plan(served)).mode == served
     with pytest.raises(ValueError, match=f"this plan asks for '{refused.value}'"):
-        half.serves(RoundPlan(**{**plan.__dict__, "mode": refused}))
+        half.serves(plan(refused))

@@ -14,7 +14,7 @@ to send (:meth:`outputs`). Evaluation loads the same way and scores with :meth:`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -23,7 +23,14 @@ from torch import Tensor
 
 from client.backbones import ClassifierModel
 from common.config import RunConfig
-from common.messages import ClientUpdate, Mode, Phase, RoundPlan
+from common.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
+from common.tensors import (
+    EXTRA,
+    HEAD_BIAS,
+    HEAD_WEIGHT,
+    LORA,
+    head_tensors,
+)
 
 PHASE_CODE = {Phase.TRAIN: 1, Phase.TASK_GRAM: 2, Phase.EVALUATE: 3, Phase.FEATURES: 4}
 
@@ -61,8 +68,9 @@ class Client(Protocol):
     def on_batch(self) -> Callable[[int, int], None] | None: ...  # (batches done, of total): progress
 
 
-def step_update(client: Client, plan: RoundPlan, **fields: Any) -> ClientUpdate:
-    """This client's update of ``plan``'s step: its identity, the step, its shard's sample count, and ``fields``."""
+def step_update(client: Client, plan: RoundPlan, tensors: dict[str, Tensor], train_loss: float) -> ClientUpdate:
+    """This client's update of ``plan``'s step: its identity, the step, its shard's sample count, its tensors
+    (wire names) and its loss."""
     return ClientUpdate(
         run_id=plan.run_id,
         client_id=client.client_id,
@@ -71,7 +79,8 @@ def step_update(client: Client, plan: RoundPlan, **fields: Any) -> ClientUpdate:
         round=plan.round,
         phase=plan.phase,
         num_samples=int(client.shards[plan.task].numel()),
-        **fields,
+        tensors=tensors,
+        train_loss=train_loss,
     )
 
 
@@ -89,9 +98,8 @@ class ClientMethod:
     def serves(self, plan: RoundPlan) -> ClientMethod:
         """The half that handles ``plan``: this one, if the plan asks for its mode."""
         if plan.mode != self.mode:
-            raise ValueError(
-                f"{type(self).__name__} serves {self.mode.value!r} plans; this plan asks for {Mode(plan.mode).value!r}"
-            )
+            asked = plan.mode.value if plan.mode is not None else f"no mode ({plan.instruction.KIND!r})"
+            raise ValueError(f"{type(self).__name__} serves {self.mode.value!r} plans; this plan asks for {asked!r}")
         return self
 
     # ----------------------------------------------------------------- hooks
@@ -124,8 +132,8 @@ class ClientMethod:
         FedProto's prototype distance; ``labels (batch,)``); ``None``: nothing is added."""
         return None
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
-        """What the update carries after training: :class:`ClientUpdate` fields by name."""
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
+        """What the update carries after training: its tensors by wire name (``common/tensors.py``)."""
         return {}
 
     def forward(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
@@ -146,7 +154,7 @@ class ClientMethod:
         client.model.to(client.device)
         self.load(client, plan)
         loss = self.train(client, plan, shard, seed) if plan.phase == Phase.TRAIN else float("nan")
-        return step_update(client, plan, train_loss=loss, **self.outputs(client, plan, shard, seed))
+        return step_update(client, plan, self.outputs(client, plan, shard, seed), loss)
 
     def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
         """Train :meth:`trainable` and :meth:`head_params` with :meth:`loss`; returns the last epoch's mean loss."""
@@ -202,21 +210,25 @@ def load_lora(client: Client, plan: RoundPlan, delta: dict[str, Tensor] | None =
     model = client.model
     if delta is not None or model._pristine is not None:
         load_dense(model, delta or {})
+    shared = plan.low_rank(LORA)
+    step = plan.instruction
+    extras = plan.low_rank(EXTRA) if isinstance(step, LoraStep) and step.train_extra else {}
     for name, layer in model.lora().items():
-        if name in plan.lora:
-            layer.load_factors(plan.lora[name].b, plan.lora[name].a)
-        layer.scale = client.config.lora_scale if name in plan.lora else 0.0
-        extra = plan.extra.get(name) if plan.train_extra else None
+        if name in shared:
+            layer.load_factors(shared[name].b, shared[name].a)
+        layer.scale = client.config.lora_scale if name in shared else 0.0
+        extra = extras.get(name)
         layer.set_extra(extra.b if extra else None, extra.a if extra else None)
 
 
 def load_head(model: ClassifierModel, plan: RoundPlan) -> None:
     """Copy the plan's head ``(C, F)``, ``(C,)`` into the model, when it carries one."""
-    if plan.head_weight is not None:
-        assert plan.head_bias is not None  # a plan carries both or neither
+    weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
+    if weight is not None:
+        assert bias is not None  # a plan carries both or neither
         with torch.no_grad():
-            model.head.weight.copy_(plan.head_weight)
-            model.head.bias.copy_(plan.head_bias)
+            model.head.weight.copy_(weight)
+            model.head.bias.copy_(bias)
 
 
 @torch.no_grad()
@@ -229,17 +241,19 @@ def load_dense(model: ClassifierModel, delta: dict[str, Tensor]) -> None:
 
 
 def set_view(client: Client, plan: RoundPlan) -> None:
-    """Switch to the Gram-pass / evaluation view ``W0 + extra + lora_scale * s B A``."""
+    """Switch to the Gram-pass / evaluation view ``W0 + extra + view_scale * s B A`` (``s``: the run's
+    ``lora_scale``; ``view_scale``: the step's weight of the current factors, ``LoraStep.view_scale``)."""
+    shared, extras = plan.low_rank(LORA), plan.low_rank(EXTRA)
+    step = plan.instruction
+    view_scale = step.view_scale if isinstance(step, LoraStep) else 1.0
     for name, layer in client.model.lora().items():
-        layer.scale = client.config.lora_scale * plan.lora_scale if name in plan.lora else 0.0
-        extra = plan.extra.get(name)
+        layer.scale = client.config.lora_scale * view_scale if name in shared else 0.0
+        extra = extras.get(name)
         layer.set_extra(extra.b if extra else None, extra.a if extra else None)
 
 
-def head_tensors(model: ClassifierModel, plan: RoundPlan) -> dict[str, Tensor | None]:
+def sent_head(model: ClassifierModel, plan: RoundPlan) -> dict[str, Tensor]:
     """The trained head's weight ``(C, F)`` and bias ``(C,)`` when the plan asks for them (``send_head``)."""
-    head = model.head
-    return {
-        "head_weight": head.weight.detach().cpu().clone() if plan.send_head else None,
-        "head_bias": head.bias.detach().cpu().clone() if plan.send_head else None,
-    }
+    if not plan.expect(TrainInstruction).send_head:
+        return {}
+    return head_tensors(model.head.weight.detach().cpu().clone(), model.head.bias.detach().cpu().clone())

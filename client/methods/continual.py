@@ -33,6 +33,7 @@ from client.methods.base import Client, load_dense
 from client.methods.dense import DenseTrainer
 from common.messages import ANCHOR_HEAD, RoundPlan
 from common.settings import EwcSettings, LwfSettings
+from common.tensors import ANCHOR, FISHER
 
 
 def ewc_penalty(
@@ -51,16 +52,17 @@ def distillation(student: Tensor, teacher: Tensor, temperature: float) -> Tensor
 
 
 class EwcTrainer(DenseTrainer):
-    """:class:`DenseTrainer` with EWC's penalty around ``W0 + plan.anchor``, weighted by ``plan.fisher``."""
+    """:class:`DenseTrainer` with EWC's penalty around ``W0 + anchor``, weighted by the plan's ``fisher/*``."""
 
     def load(self, client: Client, plan: RoundPlan) -> None:
         super().load(client, plan)
         self.centre: dict[str, Tensor] = {}
         self.weights: dict[str, Tensor] = {}
-        if plan.fisher:
+        fisher, anchor = plan.named(FISHER), plan.named(ANCHOR)
+        if fisher:
             w0, device = client.model.pristine(), client.device
-            for name, f in plan.fisher.items():
-                self.centre[name] = (w0[name] + plan.anchor[name].to(w0[name].dtype)).to(device)
+            for name, f in fisher.items():
+                self.centre[name] = (w0[name] + anchor[name].to(w0[name].dtype)).to(device)
                 self.weights[name] = f.to(device=device, dtype=w0[name].dtype)
         self.strength = client.config.section(EwcSettings).strength
 
@@ -75,16 +77,17 @@ class EwcTrainer(DenseTrainer):
 def previous_model(client: Client, plan: RoundPlan) -> ClassifierModel | None:
     """The global model at the previous task's end, ``W0 + plan.anchor`` with that model's head (the
     anchor's ``ANCHOR_HEAD`` entries), frozen, in eval mode; ``None`` in the first task."""
-    if not plan.anchor or plan.class_range[0] == 0:
+    anchor = plan.named(ANCHOR)
+    if not anchor or plan.class_range[0] == 0:
         return None
-    missing = [key for key in ANCHOR_HEAD if key not in plan.anchor]
+    missing = [key for key in ANCHOR_HEAD if key not in anchor]
     if missing:
         raise ValueError(f"the plan's anchor has no {missing}: a teacher needs the previous task's head")
     teacher = copy.deepcopy(client.model)
-    load_dense(teacher, plan.anchor)  # the previous task's backbone...
+    load_dense(teacher, anchor)  # the previous task's backbone...
     with torch.no_grad():  # ...and its head
         for p, key in zip((teacher.head.weight, teacher.head.bias), ANCHOR_HEAD):
-            p.copy_(plan.anchor[key].to(device=p.device, dtype=p.dtype))
+            p.copy_(anchor[key].to(device=p.device, dtype=p.dtype))
     teacher.eval()  # no dropout: a fixed target
     for p in teacher.parameters():
         p.requires_grad_(False)

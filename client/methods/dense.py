@@ -2,7 +2,7 @@
 
 Trains every backbone weight and the head with ACE, starting from ``W0 + plan.delta``, and
 sends ``delta`` (trained minus received weights, per parameter), the head, with
-``plan.send_fisher`` the diagonal Fisher of :func:`fisher` (FisherAvg), and the Grams the
+``DenseStep.send_fisher`` the diagonal Fisher of :func:`fisher` (FisherAvg), and the Grams the
 plan asks for (``plan.gram``, ``plan.head_gram``: RegMean), as LoRA methods record them.
 """
 
@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from client.methods.base import Client, ClientMethod, head_tensors, load_head, load_lora, set_view
+from client.methods.base import Client, ClientMethod, load_head, load_lora, sent_head, set_view
 from client.methods.lora import gram_pass
 from client.persample import PerSampleSquares
 from common.config import FISHER_SUMMED
-from common.messages import Mode, Phase, RoundPlan
+from common.messages import DenseStep, Mode, Phase, RoundPlan
+from common.tensors import DELTA, pack
 
 
 class DenseTrainer(ClientMethod):
@@ -29,7 +29,7 @@ class DenseTrainer(ClientMethod):
     mode = Mode.FULL
 
     def load(self, client: Client, plan: RoundPlan) -> None:
-        load_lora(client, plan, delta=plan.delta)
+        load_lora(client, plan, delta=plan.named(DELTA))
         load_head(client.model, plan)
 
     def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
@@ -37,26 +37,22 @@ class DenseTrainer(ClientMethod):
             layer.set_trainable(())
         return list(client.model.dense_params().values())
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
         trained = plan.phase == Phase.TRAIN
         # FisherAvg asks for the Fisher with every round, EWC in a step of its own at a task's end.
-        sent: dict[str, Any] = {"fisher": fisher(client, plan, shard, seed) if plan.send_fisher else {}}
+        sent = fisher(client, plan, shard, seed) if plan.expect(DenseStep).send_fisher else {}
         set_view(client, plan)
         grams, head_gram = gram_pass(client, plan, shard, seed)  # RegMean's Grams of the adapted layers' inputs
-        return (
-            sent
-            | {"grams": grams, "head_gram": head_gram}
-            | head_tensors(client.model, plan)
-            | {"delta": dense_delta(client, plan) if trained else {}}
-        )
+        head, delta = sent_head(client.model, plan), dense_delta(client, plan) if trained else {}
+        return pack(grams=grams, delta=delta, fisher=sent, head=head, head_gram=head_gram)
 
 
 def dense_delta(client: Client, plan: RoundPlan) -> dict[str, Tensor]:
     """Trained weights minus the weights this step started from (``W0 + plan.delta``), per parameter."""
-    w0 = client.model.pristine()
+    w0, delta = client.model.pristine(), plan.named(DELTA)
     out = {}
     for name, p in client.model.dense_params().items():
-        start = w0[name] if name not in plan.delta else w0[name] + plan.delta[name].to(w0[name].dtype)
+        start = w0[name] if name not in delta else w0[name] + delta[name].to(w0[name].dtype)
         out[name] = p.detach().cpu() - start
     return out
 

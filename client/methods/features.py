@@ -17,7 +17,8 @@ from client.features import feature_logits, feature_stats
 from client.methods.base import Client, ClientMethod, load_lora, set_view, step_update
 from client.methods.dense import DenseTrainer
 from client.methods.lora import LoRATrainer
-from common.messages import ClientUpdate, Mode, RoundPlan
+from common.messages import ClientUpdate, FeaturesStep, Mode, RoundPlan
+from common.tensors import DELTA, STAT, named_tensors
 
 
 class FeatureStatistics(ClientMethod):
@@ -28,7 +29,7 @@ class FeatureStatistics(ClientMethod):
     def load(self, client: Client, plan: RoundPlan) -> None:
         # the backbone view only (W0 + delta + extra; delta: CCVR's fine-tuned backbone): the model's
         # head has width F, the plan's F'
-        load_lora(client, plan, delta=plan.delta or None)
+        load_lora(client, plan, delta=plan.named(DELTA) or None)
 
     def update(self, client: Client, plan: RoundPlan) -> ClientUpdate:
         """The statistics of the shard (any phase: a features step trains nothing); ``train_loss`` is NaN."""
@@ -37,9 +38,15 @@ class FeatureStatistics(ClientMethod):
         self.load(client, plan)
         set_view(client, plan)
         stats = feature_stats(
-            client.model, client.train, shard, client.config, client.device, plan.class_range, gram=plan.head_gram
+            client.model,
+            client.train,
+            shard,
+            client.config,
+            client.device,
+            plan.class_range,
+            gram=plan.expect(FeaturesStep).head_gram,
         )
-        return step_update(client, plan, stats=stats)
+        return step_update(client, plan, named_tensors(STAT, stats), float("nan"))
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
         return feature_logits(client.model, inputs, plan, client.config)
@@ -52,11 +59,11 @@ class LoRAThenFeatures(ClientMethod):
 
     def serves(self, plan: RoundPlan) -> ClientMethod:
         if plan.mode not in self.halves:
+            asked = plan.mode.value if plan.mode is not None else f"no mode ({plan.instruction.KIND!r})"
             raise ValueError(
-                f"{type(self).__name__} serves {[m.value for m in self.halves]} plans; this plan "
-                f"asks for {Mode(plan.mode).value!r}"
+                f"{type(self).__name__} serves {[m.value for m in self.halves]} plans; this plan asks for {asked!r}"
             )
-        return self.halves[Mode(plan.mode)]
+        return self.halves[plan.mode]
 
 
 class DenseThenFeatures(LoRAThenFeatures):

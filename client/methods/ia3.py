@@ -3,25 +3,24 @@
 The plan carries the current vector of the trained side (``plan.vectors[layer]["B"]`` on the
 output, ``["A"]`` on the input) and the frozen ``"E"`` (earlier tasks, for Gram passes and
 evaluation). Training sees ``W0 + s dW`` as LoRM's does; the Gram pass
-``W0 + extra + lora_scale * s dW`` with this client's trained vector; each layer's Gram is then
+``W0 + extra + view_scale * s dW`` with this client's trained vector; each layer's Gram is then
 reduced here to the weights of the exact merge (``common.adapter_merge.ia3_statistic``), with
 ``W0`` that only clients hold.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from client.methods.base import Client, head_tensors, load_head
+from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
 from common.adapter_merge import ia3_statistic
 from common.ia3 import IA3Linear
 from common.merge import decay_gram
-from common.messages import Mode, Phase, RoundPlan
+from common.messages import LoraStep, Mode, Phase, RoundPlan
 from common.settings import Ia3Settings
+from common.tensors import VECTOR, pack
 
 
 def ia3_layers(client: Client) -> dict[str, IA3Linear]:
@@ -39,9 +38,10 @@ class IA3Trainer(LoRATrainer):
 
     def load(self, client: Client, plan: RoundPlan) -> None:
         # Training sees W0 + s dW (LoRM's view); evaluation sees W0 + the merged model, in "E".
-        with_extra = plan.train_extra or plan.phase == Phase.EVALUATE
+        with_extra = plan.expect(LoraStep).train_extra or plan.phase == Phase.EVALUATE
+        vectors = plan.by_layer(VECTOR)
         for name, layer in ia3_layers(client).items():
-            parts = plan.vectors.get(name, {})
+            parts = vectors.get(name, {})
             vector = parts.get(layer.side)
             layer.load_vector(
                 vector if vector is not None else torch.zeros_like(layer.lora_l),
@@ -51,21 +51,21 @@ class IA3Trainer(LoRATrainer):
         load_head(client.model, plan)
 
     def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
-        layers = ia3_layers(client)
+        layers, sides = ia3_layers(client), plan.expect(LoraStep).train_factors
         for layer in layers.values():
-            layer.set_trainable(plan.train_factors)
-        return [layer.lora_l for layer in layers.values() if layer.side in plan.train_factors]
+            layer.set_trainable(sides)
+        return [layer.lora_l for layer in layers.values() if layer.side in sides]
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
-        layers = ia3_layers(client)
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
+        layers, step, vectors = ia3_layers(client), plan.expect(LoraStep), plan.by_layer(VECTOR)
         trained = {
             name: {layer.side: layer.lora_l.detach().cpu().clone()}
             for name, layer in layers.items()
-            if layer.side in plan.train_factors
+            if layer.side in step.train_factors
         }
         for name, layer in layers.items():  # the Gram-pass view, with this client's trained vector
-            layer.scale = client.config.lora_scale * plan.lora_scale if name in plan.vectors else 0.0
-            layer.set_extra_vector(plan.vectors.get(name, {}).get("E"))
+            layer.scale = client.config.lora_scale * step.view_scale if name in vectors else 0.0
+            layer.set_extra_vector(vectors.get(name, {}).get("E"))
         grams, head_gram = gram_pass(client, plan, shard, seed)
         form, gamma = client.config.section(Ia3Settings).form, client.config.gamma_backbone
         stats = {
@@ -73,4 +73,4 @@ class IA3Trainer(LoRATrainer):
             for name, layer in layers.items()
             if name in grams
         }
-        return {"factors": trained, "grams": stats, "head_gram": head_gram, **head_tensors(client.model, plan)}
+        return pack(factors=trained, grams=stats, head=sent_head(client.model, plan), head_gram=head_gram)

@@ -1,21 +1,20 @@
 """The client half of every LoRA method: train the plan's factors and the head, then a Gram pass.
 
-Sends the trained factors (``plan.train_factors``), the head (``plan.send_head``), the Grams
-of the LoRA layers' inputs (``plan.gram``) and of the head's input (``plan.head_gram``),
-recorded in the view ``W0 + extra + lora_scale * s B A`` over the shard with the training
+Sends the trained factors (``LoraStep.train_factors``), the head (``send_head``), the Grams
+of the LoRA layers' inputs (``gram``) and of the head's input (``head_gram``),
+recorded in the view ``W0 + extra + view_scale * s B A`` over the shard with the training
 augmentation, as in the reference.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from client.methods.base import Client, ClientMethod, head_tensors, set_view
+from client.methods.base import Client, ClientMethod, sent_head, set_view
 from common.lora import GramRecorder
-from common.messages import GramKind, Mode, RoundPlan
+from common.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
+from common.tensors import pack
 
 GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
 
@@ -26,35 +25,37 @@ class LoRATrainer(ClientMethod):
     mode = Mode.LORA
 
     def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
-        layers = client.model.lora()
+        layers, trained = client.model.lora(), plan.expect(LoraStep).train_factors
         for layer in layers.values():
-            layer.set_trainable(plan.train_factors)
-        return [getattr(layer, f"lora_{f}") for layer in layers.values() for f in plan.train_factors]
+            layer.set_trainable(trained)
+        return [getattr(layer, f"lora_{f}") for layer in layers.values() for f in trained]
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
         set_view(client, plan)
         grams, head_gram = gram_pass(client, plan, shard, seed)
+        trained = plan.expect(LoraStep).train_factors
         factors = (
             {
-                name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in plan.train_factors}
+                name: {f: getattr(layer, f"lora_{f}").detach().cpu().clone() for f in trained}
                 for name, layer in client.model.lora().items()
             }
-            if plan.train_factors
+            if trained
             else {}
         )
-        return {"factors": factors, "grams": grams, "head_gram": head_gram, **head_tensors(client.model, plan)}
+        return pack(factors=factors, grams=grams, head=sent_head(client.model, plan), head_gram=head_gram)
 
 
 @torch.no_grad()
 def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tuple[dict[str, Tensor], Tensor | None]:
     """Grams over the shard: per LoRA layer ``(d_in,)`` or ``(d_in, d_in)`` (``plan.gram``), and the
     head input's ``(F, F)`` (``plan.head_gram``), float64; with the training augmentation as in the reference."""
-    if plan.gram == GramKind.NONE and not plan.head_gram:
+    step = plan.expect(TrainInstruction)
+    if step.gram == GramKind.NONE and not step.head_gram:
         return {}, None
     config, model = client.config, client.model
-    modules: dict = dict(model.lora()) if plan.gram != GramKind.NONE else {}
-    full = {name: plan.gram == GramKind.FULL for name in modules}
-    if plan.head_gram:
+    modules: dict = dict(model.lora()) if step.gram != GramKind.NONE else {}
+    full = {name: step.gram == GramKind.FULL for name in modules}
+    if step.head_gram:
         modules["<head>"] = model.head
         full["<head>"] = True
     recorder = GramRecorder(modules, full)

@@ -3,7 +3,7 @@
 The model of task ``t`` is ``W0 + extra + s B_t A_t``: ``extra`` holds the earlier tasks' LoRA
 modules (``sum_{tau < t} B_tau A_tau``, frozen; its ``A`` factor stacks their ``A_tau``), and
 ``(B_t, A_t)`` is this task's, trained. Classes are scored by their prototypes ``p_c``
-(``plan.prototypes``: ``mean (C, F)``, ``count (C,)``, nonzero for the classes seen so far),
+(``proto/mean (C, F)`` and ``proto/count (C,)``, nonzero for the classes seen so far; ``common/methods/pilora.py``),
 not by a head: ``logit_c = -d(f(x), p_c) / T`` with ``d(f, p) = ||f - p|| / sqrt(F)``. The loss:
 
 - the distance-based cross-entropy over every seen class (not ACE: old prototypes compete);
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,9 @@ from client.features import class_sums
 from client.methods.base import Client
 from client.methods.lora import LoRATrainer
 from common.messages import Phase, RoundPlan
-from common.settings import PiLoraSettings
+from common.methods.fedproto import PROTO
+from common.methods.pilora import PiLoraSettings
+from common.tensors import EXTRA, STAT, named_tensors
 
 
 def scaled_distance(features: Tensor, prototypes: Tensor) -> Tensor:
@@ -53,12 +54,13 @@ class PiLoraTrainer(LoRATrainer):
         super().load(client, plan)
         self.settings = client.config.section(PiLoraSettings)
         device, (lo, hi) = client.device, plan.class_range
-        mean = plan.prototypes["mean"].to(device=device, dtype=torch.float32)
-        self.seen = int((plan.prototypes["count"] > 0).sum())  # classes 0..seen-1 have prototypes
+        prototypes = plan.named(PROTO)
+        mean = prototypes["mean"].to(device=device, dtype=torch.float32)
+        self.seen = int((prototypes["count"] > 0).sum())  # classes 0..seen-1 have prototypes
         self.old = mean[:lo]
         self.current = nn.Parameter(mean[lo:hi].clone())
         self.later = mean[hi:]
-        self.old_a = {name: f.a.to(device=device, dtype=torch.float32) for name, f in plan.extra.items()}
+        self.old_a = {name: f.a.to(device=device, dtype=torch.float32) for name, f in plan.low_rank(EXTRA).items()}
 
     def prototypes(self) -> Tensor:
         return torch.cat([self.old, self.current, self.later])
@@ -86,11 +88,11 @@ class PiLoraTrainer(LoRATrainer):
         ort = orthogonality(a_new, self.old_a)
         return extra if ort is None or s.ort == 0.0 else extra + s.ort * ort
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
         out = super().outputs(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:  # LoRATrainer.outputs has set the trained model's view W0 + extra + s B_t A_t
             stats = class_sums(client.model, client.train, shard, client.device, plan.class_range)
-            out["stats"] = stats | {"prototype": self.current.detach().cpu().to(torch.float64)}
+            out |= named_tensors(STAT, stats | {"prototype": self.current.detach().cpu().to(torch.float64)})
         return out
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:

@@ -25,16 +25,15 @@ embedded tokens (prompt tuning, ``Backbone.prompted``; after the class token in 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.methods.base import Client, ClientMethod, head_tensors, load_head, load_lora
-from common.messages import Mode, Phase, RoundPlan
+from client.methods.base import Client, ClientMethod, load_head, load_lora, sent_head
+from common.messages import Mode, Phase, PromptStep, RoundPlan
 from common.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
 from common.settings import CodaSettings, L2pSettings
+from common.tensors import PROMPT, pack
 
 
 def l2p_select(query: Tensor, keys: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
@@ -74,11 +73,11 @@ class PromptTrainer(ClientMethod):
     def load(self, client: Client, plan: RoundPlan) -> None:
         load_lora(client, plan)  # no factors in a prompt plan: W0 itself
         load_head(client.model, plan)
-        device, frozen, width = client.device, plan.prompt_frozen, client.model.backbone.feature_dim
+        device, frozen, width = client.device, plan.expect(PromptStep).prompt_frozen, client.model.backbone.feature_dim
         self.frozen: dict[str, Tensor] = {}
         self.trained: dict[str, nn.Parameter] = {}
         self.received: dict[str, Tensor] = {}
-        for name, t in plan.prompt.items():
+        for name, t in plan.named(PROMPT).items():
             if t.shape[-1] != width or not 0 <= frozen <= t.shape[0]:
                 raise ValueError(
                     f"prompt {name!r} of shape {tuple(t.shape)} (first {frozen} frozen) does not fit this model: "
@@ -107,10 +106,10 @@ class PromptTrainer(ClientMethod):
         backbone.train(training)
         return q
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
         trained = plan.phase == Phase.TRAIN
         delta = {name: p.detach().cpu() - self.received[name] for name, p in self.trained.items()} if trained else {}
-        return head_tensors(client.model, plan) | {"delta": delta}
+        return pack(delta=delta, head=sent_head(client.model, plan))
 
 
 class L2pTrainer(PromptTrainer):

@@ -2,7 +2,7 @@
 
 Trains as :class:`DenseTrainer` (every backbone weight and the head, ACE) and adds the prototype
 loss ``weight * mean_x ||f(x) - p_y||^2 / F`` over the batch's samples whose class ``y`` has a
-global prototype ``p_y`` in the plan (``plan.prototypes``: ``mean (C, F)``, ``count (C,)``; a
+global prototype ``p_y`` in the plan (``proto/mean (C, F)``, ``proto/count (C,)``; a
 class with count 0 has none yet, e.g. in a task's first round): FedProto's regulariser as its
 code computes it, the squared distance of each sample's features to its class's prototype,
 averaged. After training the client sends, besides FedAvg's delta and head, its class sums and
@@ -14,8 +14,6 @@ prototypes. With ``fedproto.classify=prototype`` evaluation scores each seen cla
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -23,7 +21,8 @@ from client.features import class_sums
 from client.methods.base import Client
 from client.methods.dense import DenseTrainer
 from common.messages import Phase, RoundPlan
-from common.settings import FedProtoSettings
+from common.methods.fedproto import PROTO, FedProtoSettings
+from common.tensors import STAT, named_tensors
 
 
 def prototype_loss(features: Tensor, labels: Tensor, mean: Tensor, count: Tensor) -> Tensor | None:
@@ -42,8 +41,9 @@ class FedProtoTrainer(DenseTrainer):
         super().load(client, plan)
         self.settings = client.config.section(FedProtoSettings)
         device = client.device
-        self.mean = plan.prototypes["mean"].to(device=device, dtype=torch.float32) if plan.prototypes else None
-        self.count = plan.prototypes["count"].to(device) if plan.prototypes else None
+        prototypes = plan.named(PROTO)
+        self.mean = prototypes["mean"].to(device=device, dtype=torch.float32) if prototypes else None
+        self.count = prototypes["count"].to(device) if prototypes else None
         self.features: Tensor | None = None
 
     def forward(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:
@@ -58,10 +58,10 @@ class FedProtoTrainer(DenseTrainer):
         loss = prototype_loss(self.features, labels, self.mean, self.count)
         return None if loss is None else self.settings.weight * loss
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
         out = super().outputs(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:
-            out["stats"] = class_sums(client.model, client.train, shard, client.device, plan.class_range)
+            out |= named_tensors(STAT, class_sums(client.model, client.train, shard, client.device, plan.class_range))
         return out
 
     def logits(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:

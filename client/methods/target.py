@@ -35,6 +35,7 @@ from client.methods.continual import distillation, previous_model
 from client.methods.dense import DenseTrainer
 from common.messages import RoundPlan
 from common.settings import TargetSettings
+from common.tensors import ANCHOR
 
 _POOLS: dict[str, Tensor] = {}  # (run, task, teacher) digest -> synthetic inputs, this process's
 
@@ -180,9 +181,10 @@ def pool_key(plan: RoundPlan, seed: int, s: TargetSettings) -> str:
     """What the synthetic inputs depend on: the run, task, seed, settings and the teacher's weights (the
     anchor: backbone and head), which stay the same through the task, so the pool is drawn once a task."""
     h = hashlib.sha256(f"{plan.run_id}|{plan.task}|{seed}|{s}".encode())
-    for name in sorted(plan.anchor):
+    anchor = plan.named(ANCHOR)
+    for name in sorted(anchor):
         h.update(name.encode())
-        h.update(plan.anchor[name].detach().cpu().contiguous().numpy().tobytes())
+        h.update(anchor[name].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 

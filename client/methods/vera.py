@@ -2,24 +2,23 @@
 
 The plan carries the shared vectors (``plan.vectors``: ``lb`` as side ``"B"``, ``ld`` as ``"A"``);
 the frozen ``B, A`` are the layers' own, rebuilt from the run's seed (``common/vera.py``). After
-training, a Gram pass in the view ``W0 + extra + lora_scale * s diag(lb) B diag(ld) A`` (as LoRM's),
+training, a Gram pass in the view ``W0 + extra + view_scale * s diag(lb) B diag(ld) A`` (as LoRM's),
 and each layer's Gram is reduced on this side to what the merge needs
 (``common.adapter_merge.vera_statistic``): the dense Gram never leaves the client.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from client.methods.base import Client, head_tensors, load_head
+from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
 from common.adapter_merge import vera_statistic
 from common.merge import decay_gram
-from common.messages import Mode, Phase, RoundPlan
+from common.messages import LoraStep, Mode, Phase, RoundPlan
 from common.settings import VeraSettings
+from common.tensors import EXTRA, VECTOR, pack
 from common.vera import VeRALinear
 
 
@@ -34,38 +33,39 @@ def vera_layers(client: Client) -> dict[str, VeRALinear]:
 def _view(client: Client, plan: RoundPlan, scale: float, with_extra: bool, load: bool = True) -> None:
     """The vectors at ``scale`` (0 for layers the plan leaves out), and the plan's extra if asked; ``load``:
     the plan's shared vectors, else the layers' own (after training: this client's trained ones)."""
+    shared, extras = plan.by_layer(VECTOR), plan.low_rank(EXTRA) if with_extra else {}
     for name, layer in vera_layers(client).items():
-        vectors = plan.vectors.get(name)
+        vectors = shared.get(name)
         if vectors is not None and load:
             layer.load_vectors(vectors["B"], vectors["A"])
         layer.scale = scale if vectors is not None else 0.0
-        extra = plan.extra.get(name) if with_extra else None
+        extra = extras.get(name)
         layer.set_extra(extra.b if extra else None, extra.a if extra else None)
 
 
 class VeRATrainer(LoRATrainer):
-    """VeRA's ``lb: (d_out,)`` or ``ld: (r,)`` per layer (``plan.train_factors``), and the head, trained with ACE."""
+    """VeRA's ``lb: (d_out,)`` or ``ld: (r,)`` per layer (the trained factors), and the head, trained with ACE."""
 
     mode = Mode.LORA
 
     def load(self, client: Client, plan: RoundPlan) -> None:
-        _view(client, plan, client.config.lora_scale, plan.train_extra)  # training view: W0 + s delta
+        _view(client, plan, client.config.lora_scale, plan.expect(LoraStep).train_extra)  # training view: W0 + s delta
         load_head(client.model, plan)
 
     def trainable(self, client: Client, plan: RoundPlan) -> list[torch.nn.Parameter]:
-        layers = vera_layers(client)
+        layers, sides = vera_layers(client), plan.expect(LoraStep).train_factors
         for layer in layers.values():
-            layer.set_trainable(plan.train_factors)
-        return [layer.vector(side) for layer in layers.values() for side in plan.train_factors]
+            layer.set_trainable(sides)
+        return [layer.vector(side) for layer in layers.values() for side in sides]
 
-    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Any]:
-        layers = vera_layers(client)
+    def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
+        layers, step, shared = vera_layers(client), plan.expect(LoraStep), plan.by_layer(VECTOR)
         trained = {
-            name: {s: layer.vector(s).detach().cpu().clone() for s in plan.train_factors}
+            name: {s: layer.vector(s).detach().cpu().clone() for s in step.train_factors}
             for name, layer in layers.items()
         }
         # The Gram pass sees this client's trained vectors, as LoRM's sees its trained factors.
-        _view(client, plan, client.config.lora_scale * plan.lora_scale, True, load=False)
+        _view(client, plan, client.config.lora_scale * step.view_scale, True, load=False)
         grams, head_gram = gram_pass(client, plan, shard, seed)
         if plan.phase == Phase.TRAIN:
             form, gamma = client.config.section(VeraSettings).form, client.config.gamma_backbone
@@ -76,10 +76,10 @@ class VeRATrainer(LoRATrainer):
                     decay_gram(grams[name], gamma),
                     layer.lora_B.detach().cpu(),
                     layer.lora_A.detach().cpu(),
-                    plan.vectors[name]["B"],
-                    plan.vectors[name]["A"],
+                    shared[name]["B"],
+                    shared[name]["A"],
                 )
                 for name, layer in layers.items()
-                for side in plan.train_factors
+                for side in step.train_factors
             }
-        return {"factors": trained, "grams": grams, "head_gram": head_gram, **head_tensors(client.model, plan)}
+        return pack(factors=trained, grams=grams, head=sent_head(client.model, plan), head_gram=head_gram)

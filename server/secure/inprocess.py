@@ -8,13 +8,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from common.aggregation.base import Aggregator
 from common.messages import ClientUpdate
 from common.secagg import decode, encode
 from common.secagg_rounds import ClientSession, ServerSession
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
 from common.settings import SecAggSettings
 from server.secure.sums import load_sums
-from server.strategies.base import Aggregator, Strategy
+from server.strategies.base import Strategy
 
 
 @dataclass

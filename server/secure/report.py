@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from common.aggregation.base import Aggregator
 from common.secagg_rounds import ServerSession
-from server.strategies.base import Aggregator
 
 
 def added_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

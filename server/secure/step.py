@@ -21,19 +21,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.validate import UpdateRejected
 from common.faults import fault_point
 from common.messages import ClientUpdate, RoundPlan
 from common.secagg import SecAggError, decode
 from common.secagg_rounds import Culprits, Keys, ServerSession, session_from_state, session_state
 from common.secure_terms import Layout, context, fixed_point, threshold, unpack
 from common.settings import SecAggSettings
-from common.tensors import MASKED, update_tensors
+from common.tensors import MASKED
 from server.checks import Refused
 from server.secure.report import added_counts, secagg_report
 from server.secure.sums import load_sums
 from server.store import Store
-from server.strategies.base import Aggregator
-from server.strategies.validate import UpdateRejected
 
 
 @dataclass
@@ -235,7 +235,7 @@ class SecureStep:
             raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
 
     def add_input(self, update: ClientUpdate) -> None:
-        vector = self.layout.flatten_ring(update.masked)
+        vector = self.layout.flatten_ring(update.named(MASKED))
         self.session.masked_input(update.client_index, vector)
 
     def close_inputs(self, inputs: Iterable[ClientUpdate]) -> None:
@@ -323,7 +323,7 @@ class SecureStep:
         """A masked input: checked for form only (its values say nothing), staged; the inputs close when
         every client that shared has sent one (or late, with the threshold)."""
         self._same_session(update.secure_attempt)
-        tensors = update_tensors(update)  # once: checked and staged in this form
+        tensors = dict(update.tensors)  # once: checked and staged in this form
         try:
             self.check_masked(update.client_index, tensors)
         except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys

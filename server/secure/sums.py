@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.validate import UpdateRejected
 from common.config import RunConfig
 from common.secagg import SecAggError
 from common.settings import RobustSettings
 from common.sums import load_running_sums, not_summable
-from server.strategies.base import Aggregator, Strategy
-from server.strategies.validate import UpdateRejected
+from server.strategies.base import Strategy
 
 
 def require_secure(config: RunConfig, strategy: Strategy) -> None:

@@ -1,6 +1,6 @@
 """Federated methods as siblings behind one interface (``base.Strategy``): the server halves.
 
-The methods and their two halves are registered in ``common.methods.METHODS``; this module
+The methods and their two halves are registered in ``common.methods`` (``registry()``); this module
 resolves the server halves only.
 """
 
@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.messages import ModelSpec
-from common.methods import METHODS, load_half
-from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from common.methods import load_half, registry
+from server.strategies.base import Strategy
 
 
 def _server_half(name: str) -> type[Strategy]:
-    cls = load_half(METHODS[name].server, "server")
+    cls = load_half(registry()[name].server, "server")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)) or cls.name != name:
         raise TypeError(f"method {name!r}: its server half {cls!r} must be a Strategy subclass named {name!r}")
     return cls
 
 
-STRATEGIES: dict[str, type[Strategy]] = {name: _server_half(name) for name in METHODS}
+STRATEGIES: dict[str, type[Strategy]] = {name: _server_half(name) for name in registry()}
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:
@@ -28,4 +28,4 @@ def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:
     return STRATEGIES[config.strategy](config, spec)
 
 
-__all__ = ["Aggregator", "Strategy", "UpdateRejected", "STRATEGIES", "make_strategy"]
+__all__ = ["Strategy", "STRATEGIES", "make_strategy"]

@@ -2,93 +2,27 @@
 
 A run is a sequence of steps per task. For each step the driver (the coordinator, or the
 in-process engine) asks the strategy for a :class:`RoundPlan` (``configure``), opens an
-:class:`Aggregator` for it, folds every client's :class:`ClientUpdate` into it as it arrives,
-and hands it back (``aggregate``). Aggregators hold running sums only, so memory does not
-depend on how many clients fold into them.
+:class:`~common.aggregation.base.Aggregator` for it (``aggregator``: the method's own factory,
+``common.methods.make_aggregator``), folds every client's :class:`ClientUpdate` into it as it
+arrives, and hands it back (``aggregate``). Aggregators hold running sums only, so memory does
+not depend on how many clients fold into them.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
-from common.declared import Shapes, declared_tensors
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.methods import make_aggregator
 from common.partition import task_ranges
-from common.tensors import update_nbytes, update_tensors
-from server.strategies.validate import UpdateRejected, check_scalars, check_tensors
-
-
-class Aggregator(ABC):
-    """Folds the updates of one step; validates each before touching any running sum.
-
-    An aggregator whose state is running sums of per-client terms names its accumulators in
-    ``PARTS`` (``common/sums.py``); only such an aggregator supports secure aggregation, where
-    the coordinator loads the unmasked sum of the clients' terms instead of folding updates.
-    """
-
-    SUMS: ClassVar[tuple[str, ...]] = ("num_samples", "loss_sum", "loss_samples")
-    PARTS: ClassVar[tuple[str, ...]]  # not set here: each summable subclass names its own
-
-    def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
-        self.plan = plan
-        self.declared = declared  # every tensor an update of this step carries (Strategy.declared)
-        self.count = 0
-        self.num_samples = 0
-        self.loss_sum = 0.0
-        self.loss_samples = 0
-        self.payload_bytes = 0  # tensor bytes of every update folded
-
-    def fold(self, update: ClientUpdate, *, checked: bool = False) -> None:
-        """Add ``update`` to the running sums; ``checked``: :meth:`check` has passed it already."""
-        if not checked:
-            self.check(update)
-        self._fold(update)
-        self.count += 1
-        self.payload_bytes += update_nbytes(update)
-        self.num_samples += update.num_samples
-        if math.isfinite(update.train_loss):
-            self.loss_sum += update.train_loss * update.num_samples
-            self.loss_samples += update.num_samples
-
-    def check(
-        self, update: ClientUpdate, *, samples: tuple[int, int] | None = None, tensors: dict[str, Tensor] | None = None
-    ) -> None:
-        """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing.
-
-        The step's fields, ``num_samples`` (within ``samples = (lo, hi)`` when given) and the
-        loss, then every tensor against :meth:`expected` (``server.strategies.validate``), then
-        what only this method knows (:meth:`_check`). ``tensors``: the update already flattened
-        (``update_tensors``), so that the coordinator flattens each update once.
-        """
-        plan = self.plan
-        for field in ("run_id", "task", "round", "phase"):
-            want, got = getattr(plan, field), getattr(update, field)
-            if want != got:
-                raise UpdateRejected(field, f"this step expects {want!r}, the update has {got!r}")
-        check_scalars(update.num_samples, update.train_loss, samples)
-        check_tensors(update_tensors(update) if tensors is None else tensors, self.expected())
-        self._check(update)
-
-    @property
-    def mean_loss(self) -> float:
-        return self.loss_sum / self.loss_samples if self.loss_samples else float("nan")
-
-    def expected(self) -> Shapes:
-        """Every tensor an update of this step carries: wire name -> shape, as the plan declares it
-        (``common.declared.declared_tensors``, the declaration the clients' updates are built to)."""
-        return self.declared
-
-    def _check(self, update: ClientUpdate) -> None:  # noqa: B027 (an optional hook: most methods need none)
-        """What this method alone requires of an update whose tensors passed :meth:`expected`."""
-
-    @abstractmethod
-    def _fold(self, update: ClientUpdate) -> None: ...
+from common.tensors import EXTRA, head_tensors, low_rank_tensors
 
 
 class Strategy(ABC):
@@ -117,13 +51,10 @@ class Strategy(ABC):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         """The plan of one step; pure (may be called again, e.g. after a restart)."""
 
-    @abstractmethod
     def aggregator(self, plan: RoundPlan) -> Aggregator:
-        """An empty aggregator for ``plan``'s step, expecting the tensors :meth:`declared` names."""
-
-    def declared(self, plan: RoundPlan) -> Shapes:
-        """The tensors an update of ``plan``'s step carries (``common.declared``): wire name -> shape."""
-        return declared_tensors(plan, self.spec, self.config)
+        """An empty aggregator for ``plan``'s step: the method's factory (``Method.aggregator``), a pure function
+        of the plan, the model and the run's configuration, which a client in a secure step builds alike."""
+        return make_aggregator(plan, self.spec, self.config)
 
     @abstractmethod
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
@@ -165,20 +96,15 @@ class Strategy(ABC):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + adapter`` with the current head on every task seen so far."""
-        return RoundPlan(
-            run_id=self.config.run_id,
-            phase=Phase.EVALUATE,
-            task=task,
-            round=self.config.rounds_per_task,
-            class_range=self.tasks[task],
-            seen_classes=self.tasks[task][1],
-            extra=self.view(),
-            head_weight=published_tensor(self.head_w),
-            head_bias=published_tensor(self.head_b),
-            seed=self.config.seed,
-        )
+        plan = self.base_plan(task, self.config.rounds_per_task, Phase.EVALUATE, LoraStep())
+        plan.tensors = low_rank_tensors(EXTRA, self.view()) | plan.tensors
+        return plan
 
-    def base_plan(self, task: int, round_: int, phase: Phase, **fields) -> RoundPlan:
+    def base_plan(
+        self, task: int, round_: int, phase: Phase, instruction: Instruction, tensors: dict[str, Tensor] | None = None
+    ) -> RoundPlan:
+        """The plan of a step: ``instruction``, ``tensors`` and the current head (float32)."""
+        head = head_tensors(published_tensor(self.head_w), published_tensor(self.head_b))
         return RoundPlan(
             run_id=self.config.run_id,
             phase=phase,
@@ -186,10 +112,9 @@ class Strategy(ABC):
             round=round_,
             class_range=self.tasks[task],
             seen_classes=self.tasks[task][1],
-            head_weight=published_tensor(self.head_w),
-            head_bias=published_tensor(self.head_b),
+            instruction=instruction,
+            tensors=(tensors or {}) | head,
             seed=self.config.seed,
-            **fields,
         )
 
 
@@ -205,12 +130,6 @@ def published_tensor(t: Tensor | None) -> Tensor | None:
 def published(b: Tensor, a: Tensor) -> LowRank:
     """Low-rank factors as a plan carries them (see :func:`published_tensor`)."""
     return LowRank(b.detach().to(torch.float32), a.detach().to(torch.float32))
-
-
-def present(t: Tensor | None) -> Tensor:
-    """A tensor the step's declaration requires: validation has checked that the update carries it."""
-    assert t is not None, "a declared tensor is missing: the update was folded without being checked"
-    return t
 
 
 def factors_to_tensors(prefix: str, factors: dict[str, LowRank]) -> dict[str, Tensor]:

@@ -27,14 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.features import CcvrStatsAggregator
 from common.config import RunConfig
-from common.declared import feature_stat_shapes
-from common.messages import Mode, ModelSpec, Phase, RoundPlan
+from common.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
 from common.settings import CcvrSettings
-from server.strategies.base import Aggregator
-from server.strategies.closed_form import FeatureStatsAggregator
+from common.tensors import DELTA, named_tensors
 from server.strategies.fedavg import FedAvg
-from server.strategies.validate import UpdateRejected
 
 DTYPE = torch.float64
 
@@ -110,19 +109,6 @@ def calibrate(
     return w.detach(), b.detach()
 
 
-class CcvrStatsAggregator(FeatureStatsAggregator):
-    """The features step: the clients' per-class sums and second moments of the task's classes, summed."""
-
-    def _check(self, update) -> None:
-        super()._check(update)
-        count, moment = update.stats["class_count"], update.stats["class_moment"]
-        if bool((moment[count == 0] != 0).any()):
-            raise UpdateRejected("stats[class_moment]", "a class with no samples must have zero second moments")
-
-    def _fold(self, update) -> None:
-        self.sums.fold(update.stats)  # the task's classes only: rows (C_t, ...)
-
-
 class CCVR(FedAvg):
     name = "ccvr"
 
@@ -141,13 +127,8 @@ class CCVR(FedAvg):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase == Phase.FEATURES:  # the merged model's features, no training
-            return self.base_plan(task, round_, phase, mode=Mode.FEATURES, delta=self.delta, send_head=False)
+            return self.base_plan(task, round_, phase, FeaturesStep(), named_tensors(DELTA, self.delta))
         return super().configure(task, round_, phase)
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase != Phase.FEATURES:
-            return super().aggregator(plan)
-        return CcvrStatsAggregator(plan, self.declared(plan), feature_stat_shapes(plan, self.spec, self.config))
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if not isinstance(aggregator, CcvrStatsAggregator):

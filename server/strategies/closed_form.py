@@ -48,13 +48,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.config import RunConfig
 from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.declared import HOLDOUT, Shapes, average_rule
-from common.merge import BlockGramSum, GramRows, GramSum, right_solve
-from common.messages import ClientUpdate, LowRank, Mode, ModelSpec, Phase, RoundPlan
+from common.declared import HOLDOUT, average_rule
+from common.merge import right_solve
+from common.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import NcmSettings, RidgeSettings, SecAggSettings
-from server.strategies.base import Aggregator, Strategy, UpdateRejected
+from common.tensors import without_head
+from server.strategies.base import Strategy
 
 DTYPE = torch.float64
 
@@ -166,131 +169,6 @@ def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
     return out
 
 
-def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Tensor) -> None:
-    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = R^T R = X^T X`` can have come with.
-
-    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)
-    = |R|_F^2`` (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
-    """
-    seen = count > 0
-    lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
-    trace = float(factor.to(DTYPE).pow(2).sum())
-    if lhs > trace * (1 + 1e-6) + 1e-12:
-        raise UpdateRejected(
-            field,
-            f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
-            f"trace(G) = {trace:.6g}, which no set of features allows",
-        )
-
-
-# ----------------------------------------------------------------------------- running sums
-
-
-class StatSums:
-    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum` (shape
-    ``(F', F')``), their diagonal blocks in :class:`BlockGramSum` (``(K, d, d)``), or their factor's rows in
-    :class:`GramRows` (``(F',)``: :meth:`value` gives it as ``name + FACTOR``)."""
-
-    SUMS = ("plain",)  # running sums (common/sums.py)
-    PARTS = ("grams",)
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.shapes = shapes
-        self.grams: dict[str, GramSum | BlockGramSum | GramRows] = {
-            n: GramRows(s[0]) if len(s) == 1 else GramSum(s[0]) if len(s) == 2 else BlockGramSum(s[0], s[1])
-            for n, s in shapes.items()
-            if n.endswith("gram")
-        }
-        self.plain = {n: torch.zeros(s, dtype=DTYPE) for n, s in shapes.items() if not n.endswith("gram")}
-        self.count = 0
-
-    def fold(self, stats: dict[str, Tensor], rows: slice = slice(None)) -> None:
-        """Add ``stats``; a Gram may come as itself or as its factor (``name + FACTOR``), and the
-        per-class sums may be the rows ``rows`` of the sums only (the rest being zero)."""
-        for name, acc in self.grams.items():
-            if name in stats:
-                acc.fold(stats[name])
-            else:
-                acc.fold_factor(stats[name + FACTOR])
-        for name in self.plain:
-            self.plain[name][rows] += stats[name].to(DTYPE)
-        self.count += 1
-
-    def value(self) -> dict[str, Tensor]:
-        grams = {name + (FACTOR if isinstance(acc, GramRows) else ""): acc.value() for name, acc in self.grams.items()}
-        return self.plain | grams
-
-    def absorb(self, other: StatSums) -> None:
-        """``fold(other.value())``, then empty ``other``'s Grams: a Gram this holds none of yet is taken over,
-        not copied (a step's Grams are gigabytes at ``F' = 10,000``, 6.4 GB with ``ridge.blocks = 4`` and the
-        held-out ones: held once, not twice). The same sums, bit for bit, as ``fold``."""
-        for name, acc in self.grams.items():
-            theirs = other.grams[name]
-            if acc.total is None:
-                acc.total, acc.count = theirs.value(), acc.count + 1
-            elif isinstance(acc, GramRows):
-                acc.fold_factor(theirs.value())
-            else:
-                acc.fold(theirs.value())
-            theirs.total = None
-        for name, total in self.plain.items():
-            total += other.plain[name]
-        self.count += 1
-
-
-def check_class_counts(update: ClientUpdate) -> None:
-    """``UpdateRejected`` unless the update's class counts sum to its ``num_samples`` and a class with
-    no samples has a zero sum (every method that sends ``class_count`` and ``class_sum``)."""
-    counts, class_sum = update.stats["class_count"], update.stats["class_sum"]
-    if float(counts.sum()) != update.num_samples:
-        raise UpdateRejected(
-            "stats[class_count]",
-            f"expected the counts of the task's classes to sum to num_samples={update.num_samples}; "
-            f"got {float(counts.sum())}",
-        )
-    if bool((class_sum[counts == 0] != 0).any()):
-        raise UpdateRejected("stats[class_sum]", "a class with no samples must have a zero sum")
-
-
-class FeatureStatsAggregator(Aggregator):
-    """One features step: the clients' statistics, summed."""
-
-    PARTS = ("sums",)  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
-        super().__init__(plan, declared)
-        self.sums = StatSums(shapes)
-
-    def _check(self, update: ClientUpdate) -> None:
-        """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
-        stats, counts = update.stats, update.stats["class_count"]
-        check_class_counts(update)
-        for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
-            count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
-            if bool((class_sum[count == 0] != 0).any()):
-                raise UpdateRejected(f"stats[{prefix}class_sum]", "a class with no samples must have a zero sum")
-            factor = stats.get(prefix + "gram" + FACTOR)
-            if factor is not None:
-                samples = int(count.sum())
-                if factor.shape[-2] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
-                    raise UpdateRejected(
-                        f"stats[{prefix}gram{FACTOR}]",
-                        f"expected at most min(samples, width) = "
-                        f"{min(samples, factor.shape[-1])} rows, got "
-                        f"{factor.shape[-2]}",
-                    )
-                check_sums_fit_gram(f"stats[{prefix}class_sum]", class_sum, count, factor)
-        if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
-            raise UpdateRejected(
-                f"stats[{HOLDOUT}class_count]",
-                "held-out samples must be a subset: no class may hold out more samples than it has",
-            )
-
-    def _fold(self, update: ClientUpdate) -> None:
-        lo, hi = self.plan.class_range
-        self.sums.fold(update.stats, rows=slice(lo, hi))  # the current task's rows of the per-class sums
-
-
 # ----------------------------------------------------------------------------- strategies
 
 
@@ -309,8 +187,8 @@ class ClosedFormHead(Strategy):
         self.totals = StatSums(self.stat_shapes())
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
-        c, f = self.spec.num_classes, self.dim
-        return {"class_sum": (c, f), "class_count": (c,)}
+        """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
+        return head_sum_shapes(self.spec, self.settings)
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
         return [(Phase.FEATURES, 0)]
@@ -318,11 +196,8 @@ class ClosedFormHead(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.FEATURES:
             raise ValueError(f"{self.name} has no {phase} step")
-        plan = self.base_plan(task, round_, phase, mode=Mode.FEATURES, head_gram=self.use_gram, send_head=False)
-        return dataclasses.replace(plan, head_weight=None, head_bias=None)  # clients need no head here
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FeatureStatsAggregator(plan, self.declared(plan), self.stat_shapes())
+        plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram))
+        return dataclasses.replace(plan, tensors=without_head(plan.tensors))  # clients need no head here
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)
@@ -335,7 +210,7 @@ class ClosedFormHead(Strategy):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
-        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
+        return dataclasses.replace(super().eval_plan(task), instruction=FeaturesStep())
 
     def adapter(self) -> dict[str, LowRank]:
         return {}  # the backbone stays W0
@@ -367,8 +242,7 @@ class RidgeHead(ClosedFormHead):
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         ridge = config.section(RidgeSettings)  # checked there: a fixed lambda, or a grid and a hold-out rule
-        self.fixed_lambda, self.holdout, self.grid = ridge.fixed_lambda, ridge.holdout, ridge.lambdas
-        self.blocks = ridge.blocks  # K members, each on rp_dim of the F' = K rp_dim features
+        self.fixed_lambda, self.grid = ridge.fixed_lambda, ridge.lambdas
         if ridge.blocks > 1 and ridge.lambda_rule == "average" and config.section(SecAggSettings).enabled:
             raise ValueError(
                 "setting ridge.lambda_rule = 'average' needs the held-out samples' Gram whole, which secure "
@@ -380,13 +254,7 @@ class RidgeHead(ClosedFormHead):
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
-        d = self.dim // self.blocks
-        shapes = super().stat_shapes() | {"gram": (self.dim, self.dim) if self.blocks == 1 else (self.blocks, d, d)}
-        if self.holdout:
-            shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
-            if self.average_rule:  # the held-out Gram whole, as its factor's rows
-                shapes[HOLDOUT + "gram"] = (self.dim,)
-        return shapes
+        return ridge_sum_shapes(self.spec, self.config)
 
     def state_tensors(self) -> dict[str, Tensor]:
         return super().state_tensors() | {"ridge/lambda": torch.tensor(self.lam, dtype=DTYPE)}

@@ -27,12 +27,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.config import FISHER_SUMMED, RunConfig
-from common.declared import Shapes
-from common.merge import WeightedMeanAccumulator
-from common.messages import ANCHOR_HEAD, ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import FisherAggregator
+from common.config import RunConfig
+from common.messages import ANCHOR_HEAD, DenseStep, ModelSpec, Phase, RoundPlan
 from common.settings import EwcSettings
-from server.strategies.base import Aggregator
+from common.tensors import ANCHOR, DELTA, FISHER, named_tensors
 from server.strategies.fedavg import FedAvg
 
 
@@ -48,8 +48,8 @@ class Anchored(FedAvg):
         if task > 0:
             self.anchor = dict(self.delta)  # add_to_delta makes new tensors: these stay as they are
 
-    def plan_options(self) -> dict:
-        return {"anchor": self.anchor}
+    def plan_tensors(self) -> dict[str, Tensor]:
+        return named_tensors(ANCHOR, self.anchor)
 
     def state_tensors(self) -> dict[str, Tensor]:
         return super().state_tensors() | {f"anchor/{name}": a for name, a in self.anchor.items()}
@@ -90,23 +90,6 @@ class Target(Distilled):
     name = "target"
 
 
-class FisherAggregator(Aggregator):
-    """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
-
-    PARTS = ("fisher",)  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
-        super().__init__(plan, declared)
-        self.summed = summed  # the estimator sums over samples (``reference``) rather than averaging
-        self.fisher = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        for name, acc in self.fisher.items():
-            f = update.fisher[name]
-            acc.fold(f / n if self.summed else f, n)  # sum_i F_i / sum_i n_i, or sum_i n_i F_i / sum_i n_i
-
-
 class EWC(Anchored):
     name = "ewc"
 
@@ -120,18 +103,12 @@ class EWC(Anchored):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase == Phase.TASK_GRAM:  # no training: the Fisher of the task's merged weights
-            return self.base_plan(
-                task, round_, phase, mode=Mode.FULL, delta=self.delta, send_fisher=True, send_head=False
-            )
+            step = DenseStep(send_fisher=True, send_head=False)
+            return self.base_plan(task, round_, phase, step, named_tensors(DELTA, self.delta))
         return super().configure(task, round_, phase)
 
-    def plan_options(self) -> dict:
-        return super().plan_options() | {"fisher": self.fisher}
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase == Phase.TASK_GRAM:
-            return FisherAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
-        return super().aggregator(plan)
+    def plan_tensors(self) -> dict[str, Tensor]:
+        return super().plan_tensors() | named_tensors(FISHER, self.fisher)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if not isinstance(aggregator, FisherAggregator):

@@ -3,7 +3,7 @@
 These methods (FedAvg, RegMean, Fisher averaging, TIES) train every backbone weight with the
 same ACE loss, head and data as LoRM. The model they hold is ``W = W0 + delta`` per backbone
 parameter (``ModelSpec.params``) with the merged head; clients receive ``delta`` in every
-plan (``mode=Mode.FULL``) and send back their own ``delta_i`` = trained minus received weights.
+plan (a ``DenseStep``) and send back their own ``delta_i`` = trained minus received weights.
 Each round the strategy merges the ``delta_i`` into a step and adds it to ``delta``.
 
 There is no low-rank adapter: :meth:`DenseStrategy.adapter` is empty and
@@ -18,20 +18,9 @@ import torch
 from torch import Tensor
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, Mode, ModelSpec, Phase, RoundPlan
+from common.messages import DenseStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import DELTA, named_tensors
 from server.strategies.base import Strategy
-
-
-def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:
-    """The client's head change ``(w_i - w_g, b_i - b_g)``, float64.
-
-    Taken against the plan's head cast to the update's dtype (what the client actually started
-    from), so that rows the client did not train give exact zeros rather than rounding noise.
-    """
-    assert update.head_weight is not None and update.head_bias is not None
-    assert plan.head_weight is not None and plan.head_bias is not None
-    w, b = update.head_weight, update.head_bias
-    return ((w - plan.head_weight.to(w.dtype)).to(torch.float64), (b - plan.head_bias.to(b.dtype)).to(torch.float64))
 
 
 class DenseStrategy(Strategy):
@@ -48,18 +37,25 @@ class DenseStrategy(Strategy):
             name: torch.zeros(shape, dtype=torch.float32) for name, shape in spec.params.items()
         }
 
-    def plan_options(self) -> dict:
-        """What clients must send besides the delta and head (``RoundPlan`` fields)."""
+    def instruction(self) -> DenseStep:
+        """What a training round asks of the clients besides the delta and head."""
+        return DenseStep()
+
+    def plan_tensors(self) -> dict[str, Tensor]:
+        """What a training round hands out besides the delta and head (named tensors)."""
         return {}
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"strategy {self.name!r} has no {phase} step")
-        return self.base_plan(task, round_, phase, mode=Mode.FULL, delta=self.delta, **self.plan_options())
+        return self.base_plan(
+            task, round_, phase, self.instruction(), named_tensors(DELTA, self.delta) | self.plan_tensors()
+        )
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate ``W0 + delta`` with the current head."""
-        return replace(super().eval_plan(task), mode=Mode.FULL, delta=self.delta)
+        plan = super().eval_plan(task)
+        return replace(plan, instruction=DenseStep(), tensors=named_tensors(DELTA, self.delta) | plan.tensors)
 
     def add_to_delta(self, step: dict[str, Tensor]) -> None:
         """``delta <- delta + step`` (summed in float64, stored as float32); new tensors, so

@@ -6,44 +6,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from common.declared import Shapes
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator, present
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import FedAvgAggregator
+from common.messages import RoundPlan
 from server.strategies.dense import DenseStrategy
-
-
-class FedAvgAggregator(Aggregator):
-    """Sample-weighted means of the updates' ``delta`` entries (``shapes``: every backbone parameter
-    unless given) and of their heads."""
-
-    PARTS: ClassVar[tuple[str, ...]] = ("delta", "head", "bias")  # running sums (common/sums.py)
-
-    def __init__(
-        self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, shapes: dict[str, tuple[int, ...]] | None = None
-    ) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        shapes = spec.params if shapes is None else shapes
-        self.delta = {name: WeightedMeanAccumulator(tuple(shape)) for name, shape in shapes.items()}
-        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        for name, acc in self.delta.items():
-            acc.fold(update.delta[name], n)
-        self.head.fold(present(update.head_weight), n)
-        self.bias.fold(present(update.head_bias), n)
 
 
 class FedAvg(DenseStrategy):
     name = "fedavg"
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FedAvgAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FedAvgAggregator)

@@ -8,32 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import MeanAggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.lora import init_lora_a
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
-
-
-class MeanAggregator(Aggregator):
-    PARTS = ("b", "a", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
-        super().__init__(plan, declared)
-        self.spec, self.rank = spec, rank
-        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
-        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
-        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        for name, f in update.factors.items():
-            self.b[name].fold(f["B"], n)
-            self.a[name].fold(f["A"], n)
-        self.head.fold(present(update.head_weight), n)
-        self.bias.fold(present(update.head_bias), n)
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import LORA, low_rank_tensors
+from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 
 class FedAvgLoRA(Strategy):
@@ -55,12 +36,9 @@ class FedAvgLoRA(Strategy):
             task,
             round_,
             phase,
-            train_factors=("B", "A"),
-            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
+            LoraStep(train_factors=("B", "A")),
+            low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()}),
         )
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return MeanAggregator(plan, self.declared(plan), self.spec, self.config.rank)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, MeanAggregator)

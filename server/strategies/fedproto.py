@@ -6,8 +6,8 @@ their feature sums ``S_c`` and counts ``n_c`` at their trained weights. The coor
 the weights by FedAvg and sets the global prototype of each class of the round's task to
 ``p_c = sum_i S_ic / sum_i n_ic``: the count-weighted mean of the clients' prototypes, from
 sums (memory ``(C, F)``, independent of the number of clients). Every plan carries the
-prototypes of all classes seen so far (``RoundPlan.prototypes``: ``mean``, ``count``; an old
-class keeps the prototype of its task's last round).
+prototypes of all classes seen so far (``proto/mean``, ``proto/count``: the slice,
+``common/methods/fedproto.py``; an old class keeps the prototype of its task's last round).
 """
 
 from __future__ import annotations
@@ -15,29 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
-from common.declared import Shapes, class_sum_shapes
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator
-from server.strategies.closed_form import StatSums, check_class_counts
-from server.strategies.fedavg import FedAvg, FedAvgAggregator
-
-
-class FedProtoAggregator(FedAvgAggregator):
-    """FedAvg's means, and the sums of the clients' class sums and counts."""
-
-    PARTS = ("delta", "head", "bias", "sums")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared, spec)
-        self.sums = StatSums(class_sum_shapes(plan, spec))
-
-    def _check(self, update: ClientUpdate) -> None:
-        check_class_counts(update)
-
-    def _fold(self, update: ClientUpdate) -> None:
-        super()._fold(update)
-        self.sums.fold(update.stats)
+from common.messages import ModelSpec, RoundPlan
+from common.methods.fedproto import PROTO, FedProtoAggregator
+from common.tensors import named_tensors
+from server.strategies.fedavg import FedAvg
 
 
 class FedProto(FedAvg):
@@ -54,16 +37,13 @@ class FedProto(FedAvg):
     def exports(self) -> dict[str, dict[str, Tensor]]:
         return {"prototypes": self.prototypes()}
 
-    def plan_options(self) -> dict:
-        return {"prototypes": self.prototypes()}
+    def plan_tensors(self) -> dict[str, Tensor]:
+        return named_tensors(PROTO, self.prototypes())
 
     def eval_plan(self, task: int) -> RoundPlan:
         plan = super().eval_plan(task)
-        plan.prototypes = self.prototypes()
+        plan.tensors |= self.plan_tensors()
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FedProtoAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         super().aggregate(plan, aggregator)

@@ -18,53 +18,21 @@ model weights ``lambda_i = n_i``).
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from common.config import FISHER_SUMMED
-from common.declared import HEAD_FISHER, Shapes
-from common.dense_merge import FisherMeanAccumulator
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, head_delta
-
-
-class FisherAvgAggregator(Aggregator):
-    PARTS = ("delta", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        self.summed = summed  # the estimator sums over samples (``reference``) rather than averaging
-        self.delta = {name: FisherMeanAccumulator(tuple(shape)) for name, shape in spec.params.items()}
-        self.head = FisherMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = FisherMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        scale = 1.0 if self.summed else float(n)  # the Fisher of the shard, not of one sample
-
-        def shard(name: str) -> Tensor:
-            return update.fisher[name] * scale
-
-        for name, acc in self.delta.items():
-            acc.fold(update.delta[name], shard(name), n)
-        dw, db = head_delta(update, self.plan)
-        self.head.fold(dw, shard(HEAD_FISHER[0]), n)
-        self.bias.fold(db, shard(HEAD_FISHER[1]), n)
+from common.aggregation.base import Aggregator, present
+from common.aggregation.dense import FisherAvgAggregator
+from common.messages import DenseStep, RoundPlan
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.dense import DenseStrategy
 
 
 class FisherAvg(DenseStrategy):
     name = "fisheravg"
 
-    def plan_options(self) -> dict:
-        return {"send_fisher": True}
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return FisherAvgAggregator(plan, self.declared(plan), self.spec, summed=self.config.fisher in FISHER_SUMMED)
+    def instruction(self) -> DenseStep:
+        return DenseStep(send_fisher=True)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FisherAvgAggregator) and plan.head_weight is not None
-        assert plan.head_bias is not None
+        assert isinstance(aggregator, FisherAvgAggregator)
         self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
-        self.head_w = plan.head_weight + aggregator.head.result()
-        self.head_b = plan.head_bias + aggregator.bias.result()
+        self.head_w = present(plan.get(HEAD_WEIGHT)) + aggregator.head.result()
+        self.head_b = present(plan.get(HEAD_BIAS)) + aggregator.bias.result()

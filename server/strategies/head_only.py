@@ -8,27 +8,10 @@ sends it); the coordinator averages the heads by sample counts, ``w = sum_i n_i 
 
 from __future__ import annotations
 
-from common.declared import Shapes
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy
-
-
-class HeadMeanAggregator(Aggregator):
-    """The sample-weighted mean of the clients' heads: weight ``(C, F)``, bias ``(C,)``."""
-
-    PARTS = ("head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        self.head = WeightedMeanAccumulator((spec.num_classes, spec.feature_dim))
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        assert update.head_weight is not None and update.head_bias is not None  # declared, so checked
-        self.head.fold(update.head_weight, update.num_samples)
-        self.bias.fold(update.head_bias, update.num_samples)
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import HeadMeanAggregator
+from common.messages import LoraStep, LowRank, Phase, RoundPlan
+from server.strategies.base import Strategy
 
 
 class HeadOnly(Strategy):
@@ -37,10 +20,7 @@ class HeadOnly(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"{self.name} has no {phase} step")
-        return self.base_plan(task, round_, phase)  # no factors to train, no Grams: the head alone
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return HeadMeanAggregator(plan, self.declared(plan), self.spec)
+        return self.base_plan(task, round_, phase, LoraStep())  # no factors to train, no Grams: the head alone
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, HeadMeanAggregator)

@@ -15,44 +15,22 @@ its vectors. Gram passes see ``W0 + (sum_{tau<t} dW_tau + dW) / (t + 1)`` as LoR
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
 from common.adapter_merge import ia3_accumulator
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.ia3 import SIDE
-from common.merge import GramSum
-from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import Ia3Settings
-from server.strategies.base import Aggregator
-from server.strategies.lorm import RoundAggregator, TaskGramStrategy
+from common.tensors import VECTOR, layered
+from server.strategies.lorm import TaskGramStrategy
 
 F64 = torch.float64
-
-
-class IA3RoundAggregator(RoundAggregator):
-    """One (IA)^3 round: the vector per layer, from the clients' statistics (already decayed)."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        (side,) = plan.train_factors
-        form, full = config.section(Ia3Settings).form, plan.gram == GramKind.FULL
-        layers = {name: ia3_accumulator(side, form, d_out, d_in, full) for name, (d_out, d_in) in spec.layers.items()}
-        super().__init__(plan, declared, spec, config, layers)
-
-
-class IA3TaskAggregator(Aggregator):
-    """End of task: each layer's statistic summed over clients (the task's weights in the task merge)."""
-
-    PARTS = ("stats",)  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared)
-        self.stats = {name: GramSum(declared[f"gram/{name}"][0]) for name in spec.layers}
-
-    def _fold(self, update: ClientUpdate) -> None:
-        for name, acc in self.stats.items():
-            acc.fold(update.grams[name])
 
 
 class LoRMIA3(TaskGramStrategy):
@@ -90,22 +68,20 @@ class LoRMIA3(TaskGramStrategy):
         # Gram passes see W0 + (sum_{tau<t} dW_tau + dW) / (t + 1), as LoRM's (docs/METHOD.md §3).
         done = self.task_vectors[:task]
         extra = {name: torch.stack([v[name] for v in done]).sum(0) / (task + 1) for name in self.sizes} if done else {}
-        common = dict(vectors=self._vectors(self.current, extra), lora_scale=1.0 / (task + 1), gram=self.gram_kind)
+        vectors = layered(VECTOR, self._vectors(self.current, extra))
+        step = LoraStep(view_scale=1.0 / (task + 1), gram=self.gram_kind)
         if phase == Phase.TRAIN:
-            return self.base_plan(task, round_, phase, train_factors=(self.side,), head_gram=True, **common)
+            return self.base_plan(
+                task, round_, phase, replace(step, train_factors=(self.side,), head_gram=True), vectors
+            )
         if phase == Phase.TASK_GRAM:
-            return self.base_plan(task, round_, phase, send_head=False, **common)
+            return self.base_plan(task, round_, phase, replace(step, send_head=False), vectors)
         raise ValueError(f"LoRM with (IA)^3 has no {phase} step")
 
     def eval_plan(self, task: int) -> RoundPlan:
         plan = super().eval_plan(task)
-        plan.vectors = self._vectors(None, self.merged)
+        plan.tensors |= layered(VECTOR, self._vectors(None, self.merged))
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase == Phase.TRAIN:
-            return IA3RoundAggregator(plan, self.declared(plan), self.spec, self.config)
-        return IA3TaskAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, IA3RoundAggregator):

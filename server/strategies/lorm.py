@@ -2,79 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.lora import init_lora_a
 from common.merge import (
-    GramSum,
-    LoraAAccumulator,
     LoraBAccumulator,
-    RegMeanAccumulator,
     TaskMergeAccumulator,
-    WeightedMeanAccumulator,
     decay_gram,
 )
-from common.messages import ClientUpdate, GramKind, LowRank, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, present, published
-
-
-class RoundAggregator(Aggregator):
-    """A training round of a LoRM-style method: the trained part of every layer (``layers``, one accumulator
-    each, fed the update's trained tensor and its Gram statistic), the head by RegMean, the bias by samples."""
-
-    PARTS = ("layers", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig, layers: dict) -> None:
-        super().__init__(plan, declared)
-        self.spec, self.config = spec, config
-        (self.active,) = plan.train_factors
-        self.layers = layers
-        self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def statistic(self, gram: Tensor) -> Tensor:
-        """What a layer's accumulator takes of the update's ``gram/<layer>``: as sent (by default)."""
-        return gram
-
-    def _fold(self, update: ClientUpdate) -> None:
-        for name, acc in self.layers.items():
-            acc.fold(update.factors[name][self.active], self.statistic(update.grams[name]))
-        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
-        self.bias.fold(present(update.head_bias), update.num_samples)
-
-
-class LoRMRoundAggregator(RoundAggregator):
-    """One LoRM round: the active factor per layer (B with the shared A, or A), from the clients' Grams."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        (active,) = plan.train_factors
-        layers: dict[str, LoraBAccumulator | LoraAAccumulator] = (
-            {name: LoraBAccumulator(plan.lora[name].a, d_out) for name, (d_out, _) in spec.layers.items()}
-            if active == "B"
-            else {name: LoraAAccumulator(config.rank, d_in) for name, (_, d_in) in spec.layers.items()}
-        )
-        super().__init__(plan, declared, spec, config, layers)
-
-    def statistic(self, gram: Tensor) -> Tensor:
-        return decay_gram(gram, self.config.gamma_backbone)
-
-
-class TaskGramAggregator(Aggregator):
-    """End of task: the global Gram ``G^t = sum_i G_i^t`` per layer."""
-
-    PARTS = ("grams",)  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        self.grams = {name: GramSum(d_in) for name, (_, d_in) in spec.layers.items()}
-
-    def _fold(self, update: ClientUpdate) -> None:
-        for name, acc in self.grams.items():
-            acc.fold(update.grams[name])
+from common.messages import GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.tensors import EXTRA, LORA, low_rank_tensors
+from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 
 class TaskGramStrategy(Strategy):
@@ -138,25 +82,15 @@ class LoRM(TaskGramStrategy):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         # Gram passes see W0 + (sum_{tau<t} B^tau A^tau + B A) / (t + 1): docs/METHOD.md §3 steps 4 and 6.
-        common = dict(
-            lora={name: published(f.b, f.a) for name, f in self.shared.items()},
-            lora_scale=1.0 / self.divisor(task),
-            extra=self._previous(task),
-            gram=self.gram_kind,
-            train_extra=self.trains_on_previous,
-        )
+        tensors = low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()})
+        tensors |= low_rank_tensors(EXTRA, self._previous(task))
+        step = LoraStep(view_scale=1.0 / self.divisor(task), gram=self.gram_kind, train_extra=self.trains_on_previous)
         if phase == Phase.TRAIN:
-            return self.base_plan(
-                task, round_, phase, train_factors=(self.active_factor(round_),), head_gram=True, **common
-            )
+            step = replace(step, train_factors=(self.active_factor(round_),), head_gram=True)
+            return self.base_plan(task, round_, phase, step, tensors)
         if phase == Phase.TASK_GRAM:
-            return self.base_plan(task, round_, phase, send_head=False, **common)
+            return self.base_plan(task, round_, phase, replace(step, send_head=False), tensors)
         raise ValueError(f"LoRM has no {phase} step")
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase == Phase.TRAIN:
-            return LoRMRoundAggregator(plan, self.declared(plan), self.spec, self.config)
-        return TaskGramAggregator(plan, self.declared(plan), self.spec)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, LoRMRoundAggregator):

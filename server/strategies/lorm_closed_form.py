@@ -23,10 +23,12 @@ from typing import Any
 
 from torch import Tensor
 
+from common.aggregation.base import Aggregator, present
+from common.aggregation.features import FeatureStatsAggregator
 from common.config import RunConfig
-from common.messages import Mode, ModelSpec, Phase, RoundPlan
-from server.strategies.base import Aggregator
-from server.strategies.closed_form import ClosedFormHead, FeatureStatsAggregator, NearestClassMean, RidgeHead
+from common.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
+from common.tensors import EXTRA, HEAD_WEIGHT, head_tensors, low_rank_tensors
+from server.strategies.closed_form import ClosedFormHead, NearestClassMean, RidgeHead
 from server.strategies.lorm import LoRM
 
 
@@ -61,18 +63,18 @@ class LoRMClosedForm(LoRM):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase == Phase.FEATURES:
             plan = self.closed.configure(task, 0, Phase.FEATURES)  # features mode, the statistics it needs
-            return dataclasses.replace(plan, phase=phase, round=round_, extra=self.view())
+            return dataclasses.replace(
+                plan, phase=phase, round=round_, tensors=plan.tensors | low_rank_tensors(EXTRA, self.view())
+            )
         if not self.adapts(task):
             raise ValueError(f"{self.name} adapts the backbone on task 0 only; task {task} has no {phase} step")
         plan = super().configure(task, round_, phase)  # carries head_w (the closed-form head): swap in the ACE one
-        dtype = plan.head_weight.dtype if plan.head_weight is not None else self.ace_w.dtype  # base_plan's precision
-        return dataclasses.replace(plan, head_weight=self.ace_w.to(dtype), head_bias=self.ace_b.to(dtype))
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return self.closed.aggregator(plan) if plan.mode == Mode.FEATURES else super().aggregator(plan)
+        dtype = present(plan.get(HEAD_WEIGHT)).dtype  # base_plan's precision
+        ace = head_tensors(self.ace_w.to(dtype), self.ace_b.to(dtype))
+        return dataclasses.replace(plan, tensors=plan.tensors | ace)
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
-        return self.closed.step_report(plan) if plan.mode == Mode.FEATURES else super().step_report(plan)
+        return self.closed.step_report(plan) if plan.phase == Phase.FEATURES else super().step_report(plan)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, FeatureStatsAggregator):
@@ -85,7 +87,7 @@ class LoRMClosedForm(LoRM):
 
     def eval_plan(self, task: int) -> RoundPlan:
         """The closed-form head on the merged backbone: features mode, ``extra`` = the view of the features step."""
-        return dataclasses.replace(super().eval_plan(task), mode=Mode.FEATURES)
+        return dataclasses.replace(super().eval_plan(task), instruction=FeaturesStep())
 
     def state_tensors(self) -> dict[str, Tensor]:
         return self.closed.state_tensors() | super().state_tensors() | {"ace/w": self.ace_w, "ace/b": self.ace_b}

@@ -22,14 +22,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.config import RunConfig
-from common.declared import Shapes
 from common.lora import init_lora_a
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, LowRank, ModelSpec, Phase, RoundPlan
-from common.settings import PiLoraSettings
-from server.strategies.base import Aggregator, Strategy, factors_from_tensors, factors_to_tensors, published
-from server.strategies.closed_form import check_class_counts
+from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.methods.fedproto import PROTO
+from common.methods.pilora import PiLoraAggregator, PiLoraSettings
+from common.tensors import EXTRA, LORA, low_rank_tensors, named_tensors
+from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 DTYPE = torch.float64
 
@@ -44,30 +44,6 @@ def reweight(prototypes: Tensor, means: Tensor, soft_temp: float) -> Tensor:
     normalised = (reciprocal - reciprocal.min()) / spread if spread > 0 else torch.zeros_like(reciprocal)
     weights = torch.softmax(soft_temp * normalised, dim=0)
     return (weights[:, None] * prototypes.to(DTYPE)).sum(0)
-
-
-class PiLoraAggregator(Aggregator):
-    """FedAvg of the task's factors; every client's prototypes and class sums, for the re-weighting."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
-        super().__init__(plan, declared)
-        self.b = {name: WeightedMeanAccumulator(tuple(f.b.shape)) for name, f in plan.lora.items()}
-        self.a = {name: WeightedMeanAccumulator(tuple(f.a.shape)) for name, f in plan.lora.items()}
-        self.prototypes: list[Tensor] = []  # per client (C_t, F)
-        self.class_sums: list[Tensor] = []
-        self.class_counts: list[Tensor] = []
-
-    def _check(self, update: ClientUpdate) -> None:
-        check_class_counts(update)
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n = update.num_samples
-        for name, f in update.factors.items():
-            self.b[name].fold(f["B"], n)
-            self.a[name].fold(f["A"], n)
-        self.prototypes.append(update.stats["prototype"].to(DTYPE))
-        self.class_sums.append(update.stats["class_sum"].to(DTYPE))
-        self.class_counts.append(update.stats["class_count"].to(DTYPE))
 
 
 class PiLoRA(Strategy):
@@ -108,25 +84,16 @@ class PiLoRA(Strategy):
         if phase != Phase.TRAIN:
             raise ValueError(f"strategy {self.name!r} has no {phase} step")
         scale = self.config.lora_scale
-        return self.base_plan(
-            task,
-            round_,
-            phase,
-            train_factors=("B", "A"),
-            lora={name: published(f.b, f.a) for name, f in self.current.items()},
-            extra={name: published(f.b * scale, f.a) for name, f in self.done.items()},
-            train_extra=True,
-            send_head=False,
-            prototypes=self.prototypes(),
-        )
+        tensors = low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.current.items()})
+        tensors |= low_rank_tensors(EXTRA, {name: published(f.b * scale, f.a) for name, f in self.done.items()})
+        tensors |= named_tensors(PROTO, self.prototypes())
+        step = LoraStep(train_factors=("B", "A"), train_extra=True, send_head=False)
+        return self.base_plan(task, round_, phase, step, tensors)
 
     def eval_plan(self, task: int) -> RoundPlan:
         plan = super().eval_plan(task)  # extra: every task's module so far
-        plan.prototypes = self.prototypes()
+        plan.tensors |= named_tensors(PROTO, self.prototypes())
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return PiLoraAggregator(plan, self.declared(plan))
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, PiLoraAggregator)

@@ -2,7 +2,7 @@
 
 Both keep the backbone at ``W0`` and train a pool of prompts (``common/prompts.py``) and the
 head with ACE on the clients (``client/methods/prompts.py``). The coordinator holds the pool
-in float64, hands it out in every plan (``Mode.PROMPT``, float32) with the number of its
+in float64, hands it out in every plan (a ``PromptStep``, float32) with the number of its
 leading components that are frozen, and merges by FedAvg: the sample-weighted mean of the
 clients' changes of the trained components is added to them, and the head is the
 sample-weighted mean of the clients' heads (the paper's adaptation of continual-learning
@@ -22,12 +22,14 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import FedAvgAggregator
 from common.config import RunConfig
-from common.messages import LowRank, Mode, ModelSpec, Phase, RoundPlan
-from common.prompts import grow_coda, init_l2p, trained_shapes
+from common.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
+from common.prompts import grow_coda, init_l2p
 from common.settings import CodaSettings, L2pSettings
-from server.strategies.base import Aggregator, Strategy
-from server.strategies.fedavg import FedAvgAggregator
+from common.tensors import PROMPT, named_tensors
+from server.strategies.base import Strategy
 
 
 class PromptStrategy(Strategy):
@@ -44,25 +46,22 @@ class PromptStrategy(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.TRAIN:
             raise ValueError(f"strategy {self.name!r} has no {phase} step")
-        return self.base_plan(
-            task, round_, phase, mode=Mode.PROMPT, prompt=self.published_pool(), prompt_frozen=self.frozen(task)
-        )
+        step = PromptStep(prompt_frozen=self.frozen(task))
+        return self.base_plan(task, round_, phase, step, named_tensors(PROMPT, self.published_pool()))
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate the pool so far with the current head on ``W0``."""
-        return replace(super().eval_plan(task), mode=Mode.PROMPT, prompt=self.published_pool())
+        plan = super().eval_plan(task)
+        pool = named_tensors(PROMPT, self.published_pool())
+        return replace(plan, instruction=PromptStep(), tensors=pool | plan.tensors)
 
     def published_pool(self) -> dict[str, Tensor]:
         """The pool as plans carry it: float32 (``published_tensor``)."""
         return {name: p.detach().to(torch.float32) for name, p in self.pool.items()}
 
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        pool = {name: tuple(t.shape) for name, t in plan.prompt.items()}
-        return FedAvgAggregator(plan, self.declared(plan), self.spec, trained_shapes(pool, plan.prompt_frozen))
-
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FedAvgAggregator)
-        frozen = plan.prompt_frozen
+        frozen = plan.expect(PromptStep).prompt_frozen
         self.pool = {
             name: torch.cat([p[:frozen], p[frozen:] + aggregator.delta[name].result()]) for name, p in self.pool.items()
         }

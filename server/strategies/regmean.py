@@ -16,41 +16,11 @@ RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
 
 from __future__ import annotations
 
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import RegMeanAggregator, weight_param
 from common.config import RunConfig
-from common.declared import Shapes
-from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
-from common.messages import ClientUpdate, GramKind, ModelSpec, RoundPlan
-from server.strategies.base import Aggregator, present
+from common.messages import DenseStep, GramKind, ModelSpec, RoundPlan
 from server.strategies.dense import DenseStrategy
-
-
-def weight_param(layer: str) -> str:
-    """The backbone parameter holding a LoRA-wrapped linear layer's weight ``W0: (d_out, d_in)``."""
-    return f"{layer}.base.weight"
-
-
-class RegMeanAggregator(Aggregator):
-    PARTS = ("layers", "others", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        super().__init__(plan, declared)
-        self.spec, self.config = spec, config
-        self.layers = {name: RegMeanAccumulator(d_out, d_in) for name, (d_out, d_in) in spec.layers.items()}
-        linear = {weight_param(name) for name in spec.layers}
-        self.others: dict[str, WeightedMeanAccumulator] = {
-            name: WeightedMeanAccumulator(tuple(shape)) for name, shape in spec.params.items() if name not in linear
-        }
-        self.head = RegMeanAccumulator(spec.num_classes, spec.feature_dim)
-        self.bias = WeightedMeanAccumulator((spec.num_classes,))
-
-    def _fold(self, update: ClientUpdate) -> None:
-        n, gamma = update.num_samples, self.config.gamma_backbone
-        for name, layer in self.layers.items():
-            layer.fold(update.delta[weight_param(name)], decay_gram(update.grams[name], gamma))
-        for name, other in self.others.items():
-            other.fold(update.delta[name], n)
-        self.head.fold(present(update.head_weight), decay_gram(present(update.head_gram), self.config.gamma_head))
-        self.bias.fold(present(update.head_bias), n)
 
 
 class RegMean(DenseStrategy):
@@ -66,12 +36,8 @@ class RegMean(DenseStrategy):
                     f"{(d_out, d_in)}, got {shape}"
                 )
 
-    def plan_options(self) -> dict:
-        gram = GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG
-        return {"gram": gram, "head_gram": True}
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return RegMeanAggregator(plan, self.declared(plan), self.spec, self.config)
+    def instruction(self) -> DenseStep:
+        return DenseStep(gram=GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG, head_gram=True)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, RegMeanAggregator)

@@ -15,28 +15,13 @@ their delta and head only.
 
 from __future__ import annotations
 
+from common.aggregation.base import Aggregator, present
+from common.aggregation.dense import HEAD_B, HEAD_W, TiesAggregator
 from common.config import RunConfig
-from common.declared import Shapes
-from common.dense_merge import TiesAccumulator
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.messages import ModelSpec, RoundPlan
 from common.settings import TiesSettings
-from server.strategies.base import Aggregator
-from server.strategies.dense import DenseStrategy, head_delta
-
-HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of the task vector
-
-
-class TiesAggregator(Aggregator):
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, density: float) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        shapes = {name: tuple(shape) for name, shape in spec.params.items()}
-        shapes |= {HEAD_W: (spec.num_classes, spec.feature_dim), HEAD_B: (spec.num_classes,)}
-        self.ties = TiesAccumulator(shapes, density)
-
-    def _fold(self, update: ClientUpdate) -> None:
-        dw, db = head_delta(update, self.plan)
-        self.ties.fold(update.delta | {HEAD_W: dw, HEAD_B: db})
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from server.strategies.dense import DenseStrategy
 
 
 class Ties(DenseStrategy):
@@ -48,13 +33,9 @@ class Ties(DenseStrategy):
         self.density = settings.density  # fraction of entries each client keeps
         self.scale = settings.scale  # lambda: the merged vector's step size
 
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        return TiesAggregator(plan, self.declared(plan), self.spec, self.density)
-
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, TiesAggregator) and plan.head_weight is not None
-        assert plan.head_bias is not None
+        assert isinstance(aggregator, TiesAggregator)
         merged = {name: self.scale * t for name, t in aggregator.ties.result().items()}
-        self.head_w = plan.head_weight + merged.pop(HEAD_W)
-        self.head_b = plan.head_bias + merged.pop(HEAD_B)
+        self.head_w = present(plan.get(HEAD_WEIGHT)) + merged.pop(HEAD_W)
+        self.head_b = present(plan.get(HEAD_BIAS)) + merged.pop(HEAD_B)
         self.add_to_delta(merged)

@@ -14,37 +14,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.adapter_merge import vera_accumulator
+from common.aggregation.base import Aggregator
+from common.aggregation.lora import VeRARoundAggregator, vera_frozen
 from common.config import RunConfig
-from common.declared import Shapes
 from common.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.settings import VeraSettings
-from common.vera import SIDES, frozen_matrices, product
-from server.strategies.base import Aggregator
-from server.strategies.lorm import LoRM, RoundAggregator
+from common.tensors import LORA, VECTOR, layered
+from common.vera import SIDES, product
+from server.strategies.lorm import LoRM
 
 F64 = torch.float64
-
-
-class VeRARoundAggregator(RoundAggregator):
-    """One VeRA round: the trained vector per layer, from the clients' Gram statistics (already decayed)."""
-
-    def __init__(
-        self,
-        plan: RoundPlan,
-        declared: Shapes,
-        spec: ModelSpec,
-        config: RunConfig,
-        frozen: dict[str, tuple[Tensor, Tensor]],
-    ) -> None:
-        (active,) = plan.train_factors
-        form = config.section(VeraSettings).form
-        # the shared vectors as published: the ones the clients trained against and computed with
-        layers = {
-            name: vera_accumulator(active, form, *frozen[name], plan.vectors[name]["B"], plan.vectors[name]["A"])
-            for name in spec.layers
-        }
-        super().__init__(plan, declared, spec, config, layers)
 
 
 class LoRMVeRA(LoRM):
@@ -53,11 +32,7 @@ class LoRMVeRA(LoRM):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         self.settings = config.section(VeraSettings)
-        r = self.settings.rank
-        self.frozen: dict[str, tuple[Tensor, Tensor]] = {}  # B (d_out, r), A (r, d_in) per layer, float64
-        for name, (d_out, d_in) in spec.layers.items():
-            b, a = frozen_matrices(config.seed, name, d_out, d_in, r)
-            self.frozen[name] = (b.to(F64), a.to(F64))
+        self.frozen = vera_frozen(spec, config)  # B (d_out, r), A (r, d_in) per layer, float64
         self.vectors: dict[str, dict[str, Tensor]] = {}  # the current task's lb ("B") and ld ("A"), float64
 
     def begin_task(self, task: int) -> None:
@@ -77,14 +52,12 @@ class LoRMVeRA(LoRM):
 
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         plan = super().configure(task, round_, phase)
-        plan.lora = {}  # the current delta travels as its vectors; the frozen B, A are rebuilt by clients
-        plan.vectors = {name: {s: v[s].to(torch.float32) for s in SIDES} for name, v in self.vectors.items()}
+        # the current delta travels as its vectors, not as lora/*: the frozen B, A are rebuilt by clients
+        vectors = layered(
+            VECTOR, {name: {s: v[s].to(torch.float32) for s in SIDES} for name, v in self.vectors.items()}
+        )
+        plan.tensors = {name: t for name, t in plan.tensors.items() if not name.startswith(LORA + "/")} | vectors
         return plan
-
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        if plan.phase == Phase.TRAIN:
-            return VeRARoundAggregator(plan, self.declared(plan), self.spec, self.config, self.frozen)
-        return super().aggregator(plan)
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         if isinstance(aggregator, VeRARoundAggregator):
@@ -92,7 +65,7 @@ class LoRMVeRA(LoRM):
             # The other side: the published one, which the clients trained against and the merge used.
             self._set_vectors(
                 {
-                    name: {s: v.to(F64) for s, v in plan.vectors[name].items()} | {side: acc.result()}
+                    name: {s: v.to(F64) for s, v in plan.by_layer(VECTOR)[name].items()} | {side: acc.result()}
                     for name, acc in aggregator.layers.items()
                 }
             )

@@ -13,7 +13,8 @@ from client.methods.base import load_dense
 from client.methods.continual import EwcTrainer, LwfTrainer, distillation, ewc_penalty
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import ANCHOR_HEAD, Phase
+from common.messages import ANCHOR_HEAD, Phase, RoundPlan
+from common.tensors import ANCHOR, FISHER, HEAD_BIAS, HEAD_WEIGHT, named_tensors
 from server.strategies import make_strategy
 
 BASE = dict(
@@ -40,12 +41,19 @@ def second_task_plan(method: str):
     fisher = {name: torch.rand(shape, generator=gen) for name, shape in params.items()}
     if method != "ewc":  # a teacher's anchor holds the previous task's head, not the plan's (moving) one
         anchor |= {key: 0.1 * torch.randn(t.shape, generator=gen) for key, t in zip(ANCHOR_HEAD, plan_head(plan))}
-    return runtime, dataclasses.replace(plan, anchor=anchor, fisher=fisher if method == "ewc" else {})
+    return runtime, with_named(with_named(plan, ANCHOR, anchor), FISHER, fisher if method == "ewc" else {})
+
+
+def with_named(plan: RoundPlan, kind: str, named: dict[str, torch.Tensor]) -> RoundPlan:
+    """``plan`` with ``named`` as its ``<kind>/<name>`` tensors (and none other of that kind)."""
+    others = {name: t for name, t in plan.tensors.items() if not name.startswith(kind + "/")}
+    return dataclasses.replace(plan, tensors=others | named_tensors(kind, named))
 
 
 def plan_head(plan):
-    assert plan.head_weight is not None and plan.head_bias is not None
-    return plan.head_weight, plan.head_bias
+    weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
+    assert weight is not None and bias is not None
+    return weight, bias
 
 
 def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher():
@@ -56,13 +64,14 @@ def test_ewc_penalises_the_distance_to_the_plans_anchor_weighted_by_its_fisher()
     half.load(worker, plan)
     model = worker.model
     w0 = model.pristine()
-    centre = {n: w0[n].cpu() + plan.anchor[n] for n in plan.fisher}
+    anchor, fisher = plan.named(ANCHOR), plan.named(FISHER)
+    centre = {n: w0[n].cpu() + anchor[n] for n in fisher}
     params = {n: p.detach().cpu() for n, p in model.dense_params().items()}
-    expected = ewc_penalty(params, centre, plan.fisher, strength=2.0)
+    expected = ewc_penalty(params, centre, fisher, strength=2.0)
     no_labels = torch.zeros(1, dtype=torch.long)
     got = half.regulariser(worker, plan, {}, torch.zeros(1), no_labels)
     assert got is not None and torch.allclose(got.cpu(), expected) and got.item() > 0
-    half.load(worker, dataclasses.replace(plan, fisher={}))
+    half.load(worker, with_named(plan, FISHER, {}))
     assert half.regulariser(worker, plan, {}, torch.zeros(1), no_labels) is None  # the first task: no penalty
 
 
@@ -72,16 +81,19 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head
     worker.model.to(worker.device)  # as a step does before loading its plan (a GPU when there is one)
     half = LwfTrainer()
     half.load(worker, plan)
+    anchor = plan.named(ANCHOR)
     teacher = copy.deepcopy(worker.model)
-    load_dense(teacher, plan.anchor)
+    load_dense(teacher, anchor)
     with torch.no_grad():
-        teacher.head.weight.copy_(plan.anchor[ANCHOR_HEAD[0]])
-        teacher.head.bias.copy_(plan.anchor[ANCHOR_HEAD[1]])
+        teacher.head.weight.copy_(anchor[ANCHOR_HEAD[0]])
+        teacher.head.bias.copy_(anchor[ANCHOR_HEAD[1]])
     teacher.eval()
     lo = plan.class_range[0]
-    assert lo > 0 and torch.equal(half.teacher.head.weight.cpu(), plan.anchor[ANCHOR_HEAD[0]])
-    assert torch.equal(half.teacher.head.bias.cpu(), plan.anchor[ANCHOR_HEAD[1]])
-    assert not torch.equal(half.teacher.head.weight.cpu(), plan.head_weight)  # not the plan's: it moves in the task
+    assert lo > 0 and torch.equal(half.teacher.head.weight.cpu(), anchor[ANCHOR_HEAD[0]])
+    assert torch.equal(half.teacher.head.bias.cpu(), anchor[ANCHOR_HEAD[1]])
+    assert not torch.equal(
+        half.teacher.head.weight.cpu(), plan.get(HEAD_WEIGHT)
+    )  # not the plan's: it moves in the task
     inputs, labels = worker.train.batch(worker.shards[1][:4], worker.device)
     student = worker.model(inputs)[0]
     with torch.no_grad():
@@ -89,9 +101,9 @@ def test_lwf_distils_the_old_classes_from_the_anchor_model_with_the_anchors_head
     got = half.regulariser(worker, plan, inputs, student, labels)
     assert got is not None and torch.allclose(got, 0.5 * distillation(student[:, :lo], target, 2.0))
     for name, p in half.teacher.dense_params().items():  # W0 + anchor, not the step's W0 + delta
-        assert torch.equal(p.cpu(), worker.model.pristine()[name].cpu() + plan.anchor[name])
-    half.load(worker, dataclasses.replace(plan, anchor={}))
+        assert torch.equal(p.cpu(), worker.model.pristine()[name].cpu() + anchor[name])
+    half.load(worker, with_named(plan, ANCHOR, {}))
     assert half.regulariser(worker, plan, inputs, student, labels) is None
-    headless = {k: v for k, v in plan.anchor.items() if k not in ANCHOR_HEAD}
+    headless = {k: v for k, v in anchor.items() if k not in ANCHOR_HEAD}
     with pytest.raises(ValueError, match="previous task's head"):
-        half.load(worker, dataclasses.replace(plan, anchor=headless))
+        half.load(worker, with_named(plan, ANCHOR, headless))

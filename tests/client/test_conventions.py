@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from common.config import RunConfig
+from common.tensors import FACTOR, FISHER, GRAM, HEAD_GRAM
 
 from first_round import TINY, first_update
 
@@ -44,7 +45,7 @@ def test_expected_fisher_of_the_head_is_p_times_one_minus_p_times_features_squar
     n = worker.shards[0].numel()
     # sum_y p_y (1[c=y] - p_c)^2 = p_c (1 - p_c)
     w, b = head_fisher_by_hand(worker, plan, lambda p, y: p * (1 - p))
-    assert close(update.fisher["head.weight"], w / n) and close(update.fisher["head.bias"], b / n)
+    assert close(update.named(FISHER)["head.weight"], w / n) and close(update.named(FISHER)["head.bias"], b / n)
 
 
 def test_reference_fisher_weighs_the_true_labels_gradient_by_its_probability_and_sums():
@@ -56,17 +57,17 @@ def test_reference_fisher_weighs_the_true_labels_gradient_by_its_probability_and
         return p.gather(1, y[:, None]) * (one_hot - p) ** 2
 
     w, b = head_fisher_by_hand(worker, plan, weigh)
-    assert close(update.fisher["head.weight"], w) and close(update.fisher["head.bias"], b)
+    assert close(update.named(FISHER)["head.weight"], w) and close(update.named(FISHER)["head.bias"], b)
 
 
 def test_sampled_fisher_is_reproducible_and_every_estimator_differs():
     fishers = {}
     for name in ("sampled", "expected", "reference", "batch"):
         update, _, _ = first_update(RunConfig(strategy="fisheravg", fisher=name, **TINY))
-        fishers[name] = update.fisher["head.bias"]
-        assert all(bool((f >= 0).all()) and bool(torch.isfinite(f).all()) for f in update.fisher.values())
+        fishers[name] = update.named(FISHER)["head.bias"]
+        assert all(bool((f >= 0).all()) and bool(torch.isfinite(f).all()) for f in update.named(FISHER).values())
     again, _, _ = first_update(RunConfig(strategy="fisheravg", fisher="sampled", **TINY))
-    assert torch.equal(again.fisher["head.bias"], fishers["sampled"])
+    assert torch.equal(again.named(FISHER)["head.bias"], fishers["sampled"])
     values = list(fishers.values())
     assert all(not torch.equal(a, b) for i, a in enumerate(values) for b in values[i + 1 :])
     with pytest.raises(ValueError, match="fisher must be one of"):
@@ -81,7 +82,8 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
         worker.train.inputs["attention_mask"].sum(1).max()
     )
     padded, _, _ = first_update(dataclasses.replace(base, gram_padding=True))
-    assert all(torch.equal(padded.grams[k], plain.grams[k]) for k in plain.grams)
+    grams = plain.named(GRAM)
+    assert grams and all(torch.equal(padded.named(GRAM)[k], grams[k]) for k in grams)
     # Utterances of 1 to 6 words: the padded Grams gain the rows of the padding tokens.
     rows = [f"{' '.join([f'w{c}'] * (1 + k % 6))},c{c}" for c in range(4) for k in range(8)]
     (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
@@ -102,14 +104,17 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     )
     plain, _, _ = first_update(text)
     padded, _, _ = first_update(dataclasses.replace(text, gram_padding=True))
-    layer = next(name for name in plain.grams if name.endswith("attention.self.query"))
-    assert padded.grams[layer].shape == plain.grams[layer].shape
-    assert bool((padded.grams[layer] >= plain.grams[layer]).all())  # sums of squares over more rows
-    assert not torch.equal(padded.grams[layer], plain.grams[layer])
+    plain_grams, padded_grams = plain.named(GRAM), padded.named(GRAM)
+    layer = next(name for name in plain_grams if name.endswith("attention.self.query"))
+    assert padded_grams[layer].shape == plain_grams[layer].shape
+    assert bool((padded_grams[layer] >= plain_grams[layer]).all())  # sums of squares over more rows
+    assert not torch.equal(padded_grams[layer], plain_grams[layer])
     # Training does not see it: only the Gram pass counts padding rows.
     assert padded.train_loss == plain.train_loss
-    assert all(torch.equal(padded.factors[k]["B"], plain.factors[k]["B"]) for k in plain.factors)
-    assert torch.equal(padded.head_gram, plain.head_gram)  # one pooled row per sample either way
+    factors = plain.by_layer(FACTOR)
+    assert factors and all(torch.equal(padded.by_layer(FACTOR)[k]["B"], factors[k]["B"]) for k in factors)
+    assert plain.get(HEAD_GRAM) is not None
+    assert torch.equal(padded.get(HEAD_GRAM), plain.get(HEAD_GRAM))  # one pooled row per sample either way
 
 
 def test_dropout_off_trains_a_different_deterministic_model():

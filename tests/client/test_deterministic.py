@@ -9,7 +9,7 @@ import torch
 
 from client.runtime import CUBLAS_DETERMINISTIC, process_settings_kept, use_deterministic
 from common.config import RunConfig
-from common.methods import METHODS
+from common.methods import registry
 from engine.simulation import run_inprocess
 
 from fingerprints import TINY, fingerprint
@@ -54,7 +54,7 @@ def test_off_it_leaves_pytorch_as_it_was(torch_defaults):
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(registry()))
 def test_every_method_runs_under_deterministic_kernels_with_the_same_bits(method, torch_defaults):
     """No step of any method uses a kernel PyTorch has no deterministic form of (it would raise), and
     on the CPU, deterministic already at a fixed thread count, the setting changes no bit of a run: its

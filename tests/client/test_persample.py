@@ -10,6 +10,7 @@ from torch import nn
 from client.backbones import ClassifierModel, build_backbone
 from client.persample import PerSampleSquares
 from common.config import RunConfig
+from common.tensors import FISHER
 
 from first_round import TINY, first_update
 
@@ -147,7 +148,7 @@ def test_fisheravg_sends_the_same_fisher_a_sample_at_a_time_or_in_batches(estima
     for size in (1, 5):
         update, worker, _ = first_update(RunConfig(strategy="fisheravg", fisher=estimator, fisher_batch=size, **TINY))
         assert worker.shards[0].numel() % 5  # the last pass is a part batch
-        fishers.append(update.fisher)
+        fishers.append(update.named(FISHER))
     one, many = fishers
     assert one.keys() == many.keys() and len(one) > 20
     assert all(float(one[n].abs().max()) > floor_of(one) for n in one if ".key.base.bias" not in n)

@@ -12,9 +12,9 @@ from client.backbones import build_model
 from client.methods.prompts import coda_weights, l2p_select, matching_loss, ortho_penalty
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import Phase
+from common.messages import Phase, PromptStep
 from common.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
-from common.tensors import DELTA, tensor_name
+from common.tensors import DELTA, PROMPT, named_tensors, tensor_name
 from server.strategies import make_strategy
 
 EPS = torch.finfo(torch.float32).eps
@@ -84,23 +84,24 @@ def trained_step(method: str, task: int, **settings):
 
 def test_l2p_client_trains_the_whole_pool_and_sends_its_change():
     plan, update = trained_step("l2p", 0, pool=4, top_k=2, length=2)
-    assert update.delta.keys() == {L2P_PROMPTS, L2P_KEYS}
-    assert update.delta[L2P_PROMPTS].shape == plan.prompt[L2P_PROMPTS].shape
-    assert update.delta[L2P_PROMPTS].abs().max() > 0 and update.delta[L2P_KEYS].abs().max() > 0
+    delta = update.named(DELTA)
+    assert delta.keys() == {L2P_PROMPTS, L2P_KEYS}
+    assert delta[L2P_PROMPTS].shape == plan.named(PROMPT)[L2P_PROMPTS].shape
+    assert delta[L2P_PROMPTS].abs().max() > 0 and delta[L2P_KEYS].abs().max() > 0
 
 
 def test_coda_client_trains_only_the_current_tasks_components_and_uses_the_old_ones():
     plan, update = trained_step("coda-p", 1, components=4, length=2)
-    frozen = plan.prompt_frozen
-    assert frozen == 2 and plan.prompt[CODA_PROMPTS].shape[0] == 4
-    assert {n: tuple(t.shape) for n, t in update.delta.items()} == {
-        name: (2, *t.shape[1:]) for name, t in plan.prompt.items()
-    }
-    assert all(d.abs().max() > 0 for d in update.delta.values())
+    frozen = plan.expect(PromptStep).prompt_frozen
+    old, delta = plan.named(PROMPT), update.named(DELTA)
+    assert frozen == 2 and old[CODA_PROMPTS].shape[0] == 4
+    assert {n: tuple(t.shape) for n, t in delta.items()} == {name: (2, *t.shape[1:]) for name, t in old.items()}
+    assert all(d.abs().max() > 0 for d in delta.values())
     # the frozen components take part: changing them changes what the step trains
-    old = dict(plan.prompt)
-    plan.prompt = {n: torch.cat([t[:frozen] * 2, t[frozen:]]) for n, t in old.items()}
+    doubled = {n: torch.cat([t[:frozen] * 2, t[frozen:]]) for n, t in old.items()}
+    plan.tensors = {name: t for name, t in plan.tensors.items() if not name.startswith(PROMPT + "/")}
+    plan.tensors |= named_tensors(PROMPT, doubled)
     config = RunConfig(**BASE, strategy="coda-p", settings={"coda": {"components": 4, "length": 2}})
     other = build_runtime(config).worker(0, "c0").update(plan)
-    assert not torch.equal(other.delta[CODA_PROMPTS], update.delta[CODA_PROMPTS])
+    assert not torch.equal(other.named(DELTA)[CODA_PROMPTS], delta[CODA_PROMPTS])
     assert tensor_name(DELTA, CODA_PROMPTS) == "delta/coda.prompts"

@@ -13,6 +13,8 @@ from client.methods.prototypes import FedProtoTrainer
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import Phase
+from common.methods.fedproto import PROTO
+from common.tensors import DELTA, STAT, named_tensors
 from server.strategies import make_strategy
 
 
@@ -27,15 +29,19 @@ def test_fedproto_sends_the_class_sums_of_its_trained_features_and_scores_by_the
     shard = worker.shards[0]
     x = extract(worker.model, worker.train, shard, worker.device)  # the model still holds the trained weights
     labels = worker.train.labels[shard]
+    stats = update.named(STAT)
     for c in range(*plan.class_range):
-        assert torch.allclose(update.stats["class_sum"][c], x[labels == c].sum(0), rtol=0, atol=1e-9)
-        assert update.stats["class_count"][c] == (labels == c).sum()
+        assert torch.allclose(stats["class_sum"][c], x[labels == c].sum(0), rtol=0, atol=1e-9)
+        assert stats["class_count"][c] == (labels == c).sum()
     # prototypes at two of the samples' features: each of those samples scores its own prototype highest
     mean = torch.zeros(runtime.spec.num_classes, runtime.spec.feature_dim)
     mean[0], mean[1] = x[0].float(), x[1].float()
     count = torch.tensor([1.0, 1.0] + [0.0] * (runtime.spec.num_classes - 2))
     prototypes = {"mean": mean, "count": count}
-    evaluation = dataclasses.replace(strategy.eval_plan(0), prototypes=prototypes, delta=update.delta)
+    plain = strategy.eval_plan(0)
+    others = {name: t for name, t in plain.tensors.items() if not name.startswith((PROTO + "/", DELTA + "/"))}
+    tensors = others | named_tensors(PROTO, prototypes) | named_tensors(DELTA, update.named(DELTA))
+    evaluation = dataclasses.replace(plain, tensors=tensors)
     half = FedProtoTrainer()
     half.load(worker, evaluation)
     inputs, _ = worker.train.batch(shard[:2], worker.device)

@@ -6,7 +6,8 @@ import torch
 
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import LowRank, Phase
+from common.messages import LoraStep, LowRank, Phase, RoundPlan
+from common.tensors import EXTRA, low_rank_tensors
 from server.strategies import make_strategy
 
 CONFIG = RunConfig(
@@ -24,6 +25,13 @@ CONFIG = RunConfig(
 )
 
 
+def with_extra(plan: RoundPlan, extra: dict[str, LowRank], **instruction) -> RoundPlan:
+    """``plan`` with ``extra`` as its frozen delta (and the instruction's fields ``instruction`` changed)."""
+    others = {name: t for name, t in plan.tensors.items() if not name.startswith(EXTRA + "/")}
+    step = dataclasses.replace(plan.expect(LoraStep), **instruction)
+    return dataclasses.replace(plan, instruction=step, tensors=others | low_rank_tensors(EXTRA, extra))
+
+
 def train_loss(worker, plan) -> float:
     update = worker.update(plan)
     assert update.phase == Phase.TRAIN
@@ -35,15 +43,15 @@ def test_train_extra_puts_the_frozen_delta_under_training():
     strategy = make_strategy(CONFIG, runtime.spec)
     strategy.begin_task(1)
     plan = strategy.configure(1, 0, Phase.TRAIN)
-    assert plan.train_extra
+    assert plan.expect(LoraStep).train_extra
     gen = torch.Generator().manual_seed(0)
     big = {
         name: LowRank(torch.randn(d_out, 2, generator=gen), torch.randn(2, d_in, generator=gen))
         for name, (d_out, d_in) in runtime.spec.layers.items()
     }  # an earlier task's residual, made large
     worker = runtime.worker(0, "c0")
-    on_w0 = train_loss(worker, dataclasses.replace(plan, extra={}))
-    with_extra = train_loss(worker, dataclasses.replace(plan, extra=big))
-    ignored = train_loss(worker, dataclasses.replace(plan, extra=big, train_extra=False))
+    on_w0 = train_loss(worker, with_extra(plan, {}))
+    trained_on_extra = train_loss(worker, with_extra(plan, big))
+    ignored = train_loss(worker, with_extra(plan, big, train_extra=False))
     assert ignored == on_w0  # without the flag the extra delta is for Gram passes and evaluation only
-    assert with_extra != on_w0  # with it, the same seeds train a different network
+    assert trained_on_extra != on_w0  # with it, the same seeds train a different network

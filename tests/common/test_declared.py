@@ -8,7 +8,7 @@ from client.methods.lora import LoRATrainer
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.declared import check_declared_shapes, declared_tensors
-from common.messages import GramKind, Mode, ModelSpec, Phase, RoundPlan
+from common.messages import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, ModelSpec, Phase, RoundPlan
 from common.tensors import UpTo
 
 SPEC = ModelSpec(
@@ -19,7 +19,7 @@ SPEC = ModelSpec(
 )
 
 
-def plan(**fields) -> RoundPlan:
+def plan(instruction: Instruction | None = None, **fields) -> RoundPlan:
     return RoundPlan(
         **{
             "run_id": "r",
@@ -28,13 +28,16 @@ def plan(**fields) -> RoundPlan:
             "round": 0,
             "class_range": (2, 4),
             "seen_classes": 4,
+            "instruction": LoraStep() if instruction is None else instruction,
             **fields,
         }
     )
 
 
 def test_a_lorm_round_declares_its_factor_grams_head_and_head_gram():
-    got = declared_tensors(plan(train_factors=("A",), gram=GramKind.DIAG, head_gram=True), SPEC, RunConfig(rank=2))
+    got = declared_tensors(
+        plan(LoraStep(train_factors=("A",), gram=GramKind.DIAG, head_gram=True)), SPEC, RunConfig(rank=2)
+    )
 
     assert got == {
         "factor/l1/A": (2, 4),
@@ -53,13 +56,13 @@ def test_a_vera_ld_round_declares_the_smaller_of_the_diagonal_gram_and_a_g_a_t(g
     # as it is, where diagonal: a full Gram never travels)
     config = RunConfig(strategy="lorm-vera", settings={"vera": {"rank": 2}})
 
-    got = declared_tensors(plan(mode=Mode.LORA, train_factors=("A",), gram=gram, send_head=False), SPEC, config)
+    got = declared_tensors(plan(LoraStep(train_factors=("A",), gram=gram, send_head=False)), SPEC, config)
 
     assert got == {"factor/l1/A": (2,), "factor/l2/A": (2,), "gram/l1": (2, 2), "gram/l2": l2}
 
 
 def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
-    got = declared_tensors(plan(mode=Mode.FULL, send_fisher=True), SPEC, RunConfig(strategy="fisheravg"))
+    got = declared_tensors(plan(DenseStep(send_fisher=True)), SPEC, RunConfig(strategy="fisheravg"))
 
     assert got == {
         "delta/emb.weight": (7, 4),
@@ -76,7 +79,7 @@ def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
 def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the_projected_width():
     config = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 9, "holdout": 3}})
 
-    got = declared_tensors(plan(mode=Mode.FEATURES, head_gram=True, send_head=False), SPEC, config)
+    got = declared_tensors(plan(FeaturesStep(head_gram=True, send_head=False)), SPEC, config)
 
     assert got == {
         "stat/class_sum": (2, 9),
@@ -92,7 +95,7 @@ def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the
 def test_a_ridge_blocks_step_declares_one_factor_per_diagonal_block_up_to_its_width():
     """The training Gram as its K diagonal blocks' factors; the held-out one likewise under the members' rule
     (and ``auto`` with secure aggregation), whole under the average's (``auto`` without)."""
-    step = plan(mode=Mode.FEATURES, head_gram=True, send_head=False)
+    step = plan(FeaturesStep(head_gram=True, send_head=False))
     members = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3, "lambda_rule": "members"}})
     got = declared_tensors(step, SPEC, members)
     assert got["stat/class_sum"] == (2, 12)  # the three members' projections side by side
@@ -122,7 +125,7 @@ class Chatty(LoRATrainer):
     """A client half that sends a Gram its plan did not ask for."""
 
     def outputs(self, client, plan, shard, seed):
-        return super().outputs(client, plan, shard, seed) | {"grams": {"stray": torch.zeros(2, dtype=torch.float64)}}
+        return super().outputs(client, plan, shard, seed) | {"gram/stray": torch.zeros(2, dtype=torch.float64)}
 
 
 def test_a_worker_refuses_to_send_what_the_step_does_not_declare():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.aggregation.validate import UpdateRejected
 from common.settings import RobustSettings
-from common.tensors import update_tensors
+from common.tensors import GRAM
 from engine.attacks import (
     COLLUDE_SEED,
     DRIFT,
@@ -24,7 +25,6 @@ from engine.attacks import (
     wrap_hostile,
 )
 from server.robust import CHANGE, SECOND, Screen, change, measure, plan_starts, tensor_role
-from server.strategies.base import UpdateRejected
 
 from tolerance import rel_tolerance
 
@@ -37,7 +37,7 @@ F32, F64 = torch.float32, torch.float64
 def measures(update, plan) -> dict[str, float]:
     starts = plan_starts(plan)
     out = {}
-    for name, t in update_tensors(update).items():
+    for name, t in update.tensors.items():
         role = tensor_role(name, t)
         if role in (CHANGE, SECOND):
             out[name] = measure(role, name, t, starts, update.num_samples)
@@ -58,7 +58,8 @@ def test_inflate_samples_claims_ten_times_its_samples_within_the_runs_cap_with_h
     for name, value in before.items():  # per claimed sample, nothing moved: the old guard saw an honest client
         assert after[name] == pytest.approx(value, rel=rel_tolerance(F32))
     strategy.aggregator(plan).check(inflated)  # well-formed: validation admits it
-    assert torch.equal(tamper("inflate-samples", update, plan).grams["l1"], inflated.grams["l1"])  # deterministic
+    again = tamper("inflate-samples", update, plan)
+    assert torch.equal(again.named(GRAM)["l1"], inflated.named(GRAM)["l1"])  # deterministic
 
 
 def test_scale_under_bound_sits_at_095_kappa_times_its_own_measures_and_passes_a_guard_of_its_peers():
@@ -72,10 +73,7 @@ def test_scale_under_bound_sits_at_095_kappa_times_its_own_measures_and_passes_a
         assert after[name] == pytest.approx(UNDER * kappa * value, rel=rel_tolerance(F32, terms=64)), name
     for name in ("factor/l1/B", "factor/l2/B"):  # along its honest direction
         starts = plan_starts(plan)
-        assert (
-            cosine(change(name, update_tensors(sent)[name], starts), change(name, update_tensors(update)[name], starts))
-            > 1 - 1e-6
-        )
+        assert cosine(change(name, sent.tensors[name], starts), change(name, update.tensors[name], starts)) > 1 - 1e-6
     # Among clients like itself (the attacker's estimate of the medians is right), nothing is over a bound.
     updates = [honest(plan, 3, noise=0.0) for _ in range(CLIENTS)]
     for i, u in enumerate(updates):
@@ -93,10 +91,10 @@ def test_slow_drift_keeps_its_norm_and_turns_further_every_update():
     update = honest(plan, 1)
     starts = plan_starts(plan)
     name = "factor/l1/B"
-    honest_change = change(name, update_tensors(update)[name], starts)
+    honest_change = change(name, update.tensors[name], starts)
     cosines = []
     for sent in (1, 5, 10, 20):
-        drifted = change(name, update_tensors(tamper("slow-drift", update, plan, sent=sent))[name], starts)
+        drifted = change(name, tamper("slow-drift", update, plan, sent=sent).tensors[name], starts)
         assert float(drifted.norm()) == pytest.approx(float(honest_change.norm()), rel=rel_tolerance(F32, terms=64))
         cosines.append(cosine(drifted, honest_change))
         # the turn is by DRIFT x sent towards one fixed direction
@@ -110,12 +108,12 @@ def test_colluders_pull_towards_one_shared_direction_and_take_consecutive_client
     plan, _ = b_round()
     starts = plan_starts(plan)
     name = "factor/l2/B"
-    shape = change(name, update_tensors(honest(plan, 0))[name], starts).shape
+    shape = change(name, honest(plan, 0).tensors[name], starts).shape
     u = direction(name, shape, COLLUDE_SEED)
     for i in (3, 4, 5):
         update = honest(plan, i)
-        before = change(name, update_tensors(update)[name], starts)
-        after = change(name, update_tensors(tamper("collude-3", update, plan))[name], starts)
+        before = change(name, update.tensors[name], starts)
+        after = change(name, tamper("collude-3", update, plan).tensors[name], starts)
         expected = before / before.norm() + PULL * u
         assert cosine(after, expected) > 1 - 1e-5  # the same u for every colluder
         assert cosine(after, u) > cosine(before, u) + 0.3

@@ -217,17 +217,17 @@ def test_report_only_rebuilds_the_tables_without_running(grid, monkeypatch):
 
 def test_an_unknown_method_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        bench.main(TINY + ["--methods", "lorm,fedprox", "--out", str(tmp_path / "g")])
+        bench.main(TINY + ["--methods", "lorm,no-such-method", "--out", str(tmp_path / "g")])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown method 'fedprox'" in err and "'lorm'" in err and "'joint'" in err
+    assert "unknown method 'no-such-method'" in err and "'lorm'" in err and "'joint'" in err
     assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.parametrize(
     "method_config, message",
     [
-        ({"fedprox": {"lr": 1}}, "unknown method 'fedprox'"),
+        ({"no-such-method": {"lr": 1}}, "unknown method 'no-such-method'"),
         ({"lorm": {"beta=0.5": {"seed": 3}}}, "['seed'] are set by the grid"),
         ({"lorm": {"beta=half": {"lr": 1}}}, "expected 'beta=<number>'"),
         ({"lorm": {"learning_rate": 1}}, "unknown run configuration keys: ['learning_rate']"),
@@ -458,7 +458,7 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     imagenet_a = json.loads((root / "imagenet-a.json").read_text())
     l2p = bench.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
     assert (l2p.lr, l2p.lora_lr, l2p.strategy) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr
-    from common.settings import PiLoraSettings
+    from common.methods.pilora import PiLoraSettings
 
     pilora = bench.cell_config(base, "pilora", 0.05, 0, grid)
     assert (pilora.lr, pilora.lora_lr) == (2e-2, 1e-4)

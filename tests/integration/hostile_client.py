@@ -31,11 +31,11 @@ from client.runtime import build_runtime
 from client.secure import signing
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
+from common.methods import make_aggregator
 from common.secagg_rounds import ClientSession
 from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
 from common.tls import Security
-from server.strategies import make_strategy
 
 MAX_CALLS = 2000  # polls of one stage, and pulls of the whole run, at most
 
@@ -125,16 +125,16 @@ class Hostile:
         inbox = self.poll(plan, "inbox")
         update = train()
         assert isinstance(update, ClientUpdate)
-        terms = client_terms(make_strategy(self.config, self.spec).aggregator(plan), update)
+        terms = client_terms(make_aggregator(plan, self.spec, self.config), update)  # as client/secure.py does
         fp = fixed_point(self.settings, n)
         pushed = masked_update(update, terms, session, inbox["sharers"], fp, plan.secure_attempt)
         if deviate == "garbage input":  # the honest input's layout, random ring limbs in it
             g = torch.Generator().manual_seed(41)
             noise = {
                 name: torch.randint(-(2**63), 2**63 - 1, tuple(t.shape), generator=g, dtype=torch.int64)
-                for name, t in pushed.masked.items()
+                for name, t in pushed.tensors.items()
             }
-            pushed = dataclasses.replace(pushed, masked=noise)
+            pushed = dataclasses.replace(pushed, tensors=noise)
         self.client.push(pushed, key)
         request = self.poll(plan, "unmask")
         survivors, dropped = request["survivors"], request["dropped"]

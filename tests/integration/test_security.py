@@ -16,8 +16,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
+from common.tensors import head_tensors, pack
 from common.tls import Security, SecurityError
 from engine.launch import launch
+from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.certs import create_dev_pki
@@ -43,11 +45,12 @@ def update_for(plan: RoundPlan, index: int, client_id: str | None = None) -> Cli
         round=plan.round,
         phase=plan.phase,
         num_samples=10,
-        factors={"l1": {"B": torch.randn(5, 2, generator=g)}},
-        grams={"l1": torch.rand(4, generator=g, dtype=torch.float64) + 0.1},
-        head_weight=torch.randn(6, 4, generator=g),
-        head_bias=torch.randn(6, generator=g),
-        head_gram=x.T @ x,
+        tensors=pack(
+            factors={"l1": {"B": torch.randn(5, 2, generator=g)}},
+            grams={"l1": torch.rand(4, generator=g, dtype=torch.float64) + 0.1},
+            head=head_tensors(torch.randn(6, 4, generator=g), torch.randn(6, generator=g)),
+            head_gram=x.T @ x,
+        ),
         train_loss=1.0,
     )
 
@@ -139,7 +142,9 @@ def test_client_without_a_valid_certificate_cannot_connect(serve, pki, tmp_path,
     security = Security(ca=str(pki.ca), cert=str(cert), key=str(key))
     with security.channel(target, []) as channel:
         with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.CoordinatorStub(channel).Join(pb.JoinRequest(client_id="c0"), timeout=5)
+            pb_grpc.CoordinatorStub(channel).Join(
+                pb.JoinRequest(client_id="c0", wire_version=codec.WIRE_VERSION), timeout=5
+            )
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # the TLS handshake fails: no call is made
     assert snapshot(coord) == before
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common.methods import METHODS
+from common.methods import registry
 from common.model_card import CARD_FILE, ModelCard
 from serve.model import SERVED_HALVES
 
@@ -98,7 +98,7 @@ def test_a_full_fine_tuning_export_predicts_what_its_evaluation_counted(strategy
     check_method(strategy, tmp_path)
 
 
-SERVED = sorted(name for name, m in METHODS.items() if m.client in SERVED_HALVES and name not in ("lorm", "fedavg"))
+SERVED = sorted(name for name, m in registry().items() if m.client in SERVED_HALVES and name not in ("lorm", "fedavg"))
 
 
 @pytest.mark.slow

@@ -4,11 +4,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.aggregation.validate import UpdateRejected
 from common.config import RunConfig
 from common.merge import decay_gram, regmean
-from common.messages import ClientUpdate, GramKind, ModelSpec, Phase
+from common.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, Phase
+from common.tensors import DELTA, EXTRA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, head_tensors, pack
 from engine.simulation import run_inprocess
-from server.strategies import UpdateRejected, make_strategy
+from server.strategies import make_strategy
 
 from tolerance import assert_close_to_dtype
 from unit_helpers import plan_update
@@ -41,26 +43,33 @@ def gram(g, d, full):
 def fake_update(plan, index, *, seed, spec=SPEC):
     g = torch.Generator().manual_seed(seed)
     f = spec.feature_dim
-    update = plan_update(
-        plan,
-        index,
-        N[index],
-        delta={name: torch.randn(*shape, generator=g) for name, shape in spec.params.items()},
-        head_weight=torch.randn(spec.num_classes, f, generator=g, dtype=torch.float64),
-        head_bias=torch.randn(spec.num_classes, generator=g, dtype=torch.float64),
-    )
-    if plan.gram != GramKind.NONE:
-        update.grams = {name: gram(g, d_in, plan.gram == GramKind.FULL) for name, (_, d_in) in spec.layers.items()}
-    if plan.head_gram:
-        update.head_gram = gram(g, f, True)
-    if plan.send_fisher:
+    step = plan.expect(DenseStep)
+    delta = {name: torch.randn(*shape, generator=g) for name, shape in spec.params.items()}
+    head_weight = torch.randn(spec.num_classes, f, generator=g, dtype=torch.float64)
+    head_bias = torch.randn(spec.num_classes, generator=g, dtype=torch.float64)
+    grams, head_gram, fisher = {}, None, {}
+    if step.gram != GramKind.NONE:
+        grams = {name: gram(g, d_in, step.gram == GramKind.FULL) for name, (_, d_in) in spec.layers.items()}
+    if step.head_gram:
+        head_gram = gram(g, f, True)
+    if step.send_fisher:
         shapes = dict(spec.params) | {"head.weight": (spec.num_classes, f), "head.bias": (spec.num_classes,)}
         # about a third of the entries zero, so that some have zero Fisher on every client
-        update.fisher = {
+        fisher = {
             name: torch.rand(*shape, generator=g, dtype=torch.float64).sub(0.3).clamp(min=0)
             for name, shape in shapes.items()
         }
-    return update
+    return plan_update(
+        plan,
+        index,
+        N[index],
+        delta=delta,
+        grams=grams,
+        fisher=fisher,
+        head_weight=head_weight,
+        head_bias=head_bias,
+        head_gram=head_gram,
+    )
 
 
 def start(name, *, seed=7, spec=SPEC, **kw):
@@ -97,11 +106,14 @@ def test_plans_ask_only_for_what_each_method_needs():
     for name in DENSE:
         strategy = start(name)
         plan = strategy.configure(0, 0, Phase.TRAIN)
-        assert plan.mode == "full" and plan.train_factors == () and plan.lora == {}
-        assert all(torch.equal(plan.delta[k], strategy.delta[k]) for k in SPEC.params)
-        got[name] = (plan.gram, plan.head_gram, plan.send_fisher)
+        assert plan.mode == "full" and plan.instruction.factors() == "" and plan.low_rank(LORA) == {}
+        assert all(torch.equal(plan.named(DELTA)[k], strategy.delta[k]) for k in SPEC.params)
+        step = plan.expect(DenseStep)
+        got[name] = (step.gram, step.head_gram, step.send_fisher)
         ev = strategy.eval_plan(0)  # evaluation sees W0 + delta
-        assert ev.phase == Phase.EVALUATE and ev.mode == "full" and ev.delta is strategy.delta and ev.extra == {}
+        assert ev.phase == Phase.EVALUATE and ev.mode == "full" and ev.low_rank(EXTRA) == {}
+        ev_delta = ev.named(DELTA)  # the strategy's own tensors, not copies
+        assert ev_delta.keys() == strategy.delta.keys() and all(ev_delta[k] is strategy.delta[k] for k in ev_delta)
         assert strategy.adapter() == {} and strategy.dense_delta() is strategy.delta
         assert strategy.steps(0) == [(Phase.TRAIN, 0), (Phase.TRAIN, 1)]
     assert got == {
@@ -110,7 +122,7 @@ def test_plans_ask_only_for_what_each_method_needs():
         "fisheravg": (GramKind.NONE, False, True),
         "ties": (GramKind.NONE, False, False),
     }
-    assert start("regmean", gamma_backbone=0.5).configure(0, 0, Phase.TRAIN).gram == GramKind.FULL
+    assert start("regmean", gamma_backbone=0.5).configure(0, 0, Phase.TRAIN).expect(DenseStep).gram == GramKind.FULL
     assert make_strategy(config(strategy="lorm"), SPEC).dense_delta() is None
 
 
@@ -119,11 +131,11 @@ def test_fedavg_is_the_sample_weighted_mean():
     old = dict(strategy.delta)
     _, ups = one_round(strategy)
     for name in SPEC.params:
-        want = old[name].double() + wmean([u.delta[name] for u in ups])
+        want = old[name].double() + wmean([u.named(DELTA)[name] for u in ups])
         assert strategy.delta[name].dtype == torch.float32
         stored(strategy.delta[name].double(), want)
-    torch.testing.assert_close(strategy.head_w, wmean([u.head_weight for u in ups]), rtol=0, atol=1e-14)
-    torch.testing.assert_close(strategy.head_b, wmean([u.head_bias for u in ups]), rtol=0, atol=1e-14)
+    torch.testing.assert_close(strategy.head_w, wmean([u.get(HEAD_WEIGHT) for u in ups]), rtol=0, atol=1e-14)
+    torch.testing.assert_close(strategy.head_b, wmean([u.get(HEAD_BIAS) for u in ups]), rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 0.5])
@@ -132,18 +144,18 @@ def test_regmean_equals_regmean_of_absolute_weights(gamma):
     old = dict(strategy.delta)
     w0 = {name: torch.randn(*shape, dtype=torch.float64) for name, shape in SPEC.params.items()}  # unseen by server
     plan, ups = one_round(strategy)
-    assert all(u.grams["l1"].dim() == (2 if gamma > 0 else 1) for u in ups)
+    assert all(u.named(GRAM)["l1"].dim() == (2 if gamma > 0 else 1) for u in ups)
     for layer in SPEC.layers:
         p = f"{layer}.base.weight"
-        absolute = [w0[p] + old[p].double() + u.delta[p].double() for u in ups]
-        want = regmean(absolute, [decay_gram(u.grams[layer], gamma) for u in ups])
+        absolute = [w0[p] + old[p].double() + u.named(DELTA)[p].double() for u in ups]
+        want = regmean(absolute, [decay_gram(u.named(GRAM)[layer], gamma) for u in ups])
         stored(w0[p] + strategy.delta[p].double(), want)
     for p in ("emb.weight", "l1.base.bias", "norm.weight"):  # not a linear layer's weight: the mean
-        want = old[p].double() + wmean([u.delta[p] for u in ups])
+        want = old[p].double() + wmean([u.named(DELTA)[p] for u in ups])
         stored(strategy.delta[p].double(), want)
-    head = regmean([u.head_weight for u in ups], [decay_gram(u.head_gram, 0.5) for u in ups])
+    head = regmean([u.get(HEAD_WEIGHT) for u in ups], [decay_gram(u.get(HEAD_GRAM), 0.5) for u in ups])
     torch.testing.assert_close(strategy.head_w, head, rtol=0, atol=1e-12)
-    torch.testing.assert_close(strategy.head_b, wmean([u.head_bias for u in ups]), rtol=0, atol=1e-14)
+    torch.testing.assert_close(strategy.head_b, wmean([u.get(HEAD_BIAS) for u in ups]), rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("estimator", ["sampled", "reference"])
@@ -156,8 +168,8 @@ def test_fisheravg_by_hand_with_zero_fisher_fallback(estimator):
 
     def known(plan, index, *, seed):
         u = fake_update(plan, index, seed=seed)
-        u.delta["norm.weight"] = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]][index])
-        u.fisher["norm.weight"] = torch.tensor([[1.0, 0.0, 0.0], [3.0, 2.0, 0.0]][index], dtype=torch.float64)
+        u.tensors["delta/norm.weight"] = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]][index])
+        u.tensors["fisher/norm.weight"] = torch.tensor([[1.0, 0.0, 0.0], [3.0, 2.0, 0.0]][index], dtype=torch.float64)
         return u
 
     _, ups = one_round(strategy, seeds=(0, 1), make=known)
@@ -177,13 +189,13 @@ def test_fisheravg_by_hand_with_zero_fisher_fallback(estimator):
 
     fallbacks = 0
     for name in SPEC.params:
-        fs = [u.fisher[name] for u in ups]
+        fs = [u.named(FISHER)[name] for u in ups]
         fallbacks += int(((fs[0] + fs[1]) == 0).sum())
-        want = old[name].double() + by_hand([u.delta[name].double() for u in ups], fs)
+        want = old[name].double() + by_hand([u.named(DELTA)[name].double() for u in ups], fs)
         stored(strategy.delta[name].double(), want)
     assert fallbacks > 1  # beyond the hand-made entry
-    want_w = w_g + by_hand([u.head_weight - w_g for u in ups], [u.fisher["head.weight"] for u in ups])
-    want_b = b_g + by_hand([u.head_bias - b_g for u in ups], [u.fisher["head.bias"] for u in ups])
+    want_w = w_g + by_hand([u.get(HEAD_WEIGHT) - w_g for u in ups], [u.named(FISHER)["head.weight"] for u in ups])
+    want_b = b_g + by_hand([u.get(HEAD_BIAS) - b_g for u in ups], [u.named(FISHER)["head.bias"] for u in ups])
     torch.testing.assert_close(strategy.head_w, want_w, rtol=0, atol=1e-12)
     torch.testing.assert_close(strategy.head_b, want_b, rtol=0, atol=1e-12)
 
@@ -231,9 +243,10 @@ def ties_update(rows):
             round=0,
             phase=Phase.TRAIN,
             num_samples=N[index],
-            delta={"l.base.weight": v[:2].float().reshape(1, 2), "b": v[2:6].float()},
-            head_weight=v[6:8].reshape(2, 1),
-            head_bias=v[8:10],
+            tensors=pack(
+                delta={"l.base.weight": v[:2].float().reshape(1, 2), "b": v[2:6].float()},
+                head=head_tensors(v[6:8].reshape(2, 1), v[8:10]),
+            ),
         )
 
     return make
@@ -264,7 +277,8 @@ def test_ties_random_equals_direct_and_adds_to_global_delta():
     _, ups = one_round(strategy)
     vectors = [
         torch.cat(
-            [u.delta[p].double().flatten() for p in SPEC.params] + [(u.head_weight - w_g).flatten(), u.head_bias - b_g]
+            [u.named(DELTA)[p].double().flatten() for p in SPEC.params]
+            + [(u.get(HEAD_WEIGHT) - w_g).flatten(), u.get(HEAD_BIAS) - b_g]
         )
         for u in ups
     ]
@@ -303,18 +317,22 @@ def nan_at(t, index=0):
 
 
 COMMON_BREAKS = [
-    (lambda u: u.delta.pop("norm.weight"), "delta"),
-    (lambda u: u.delta.update({"l1.base.weight": torch.zeros(4, 3)}), "delta[l1.base.weight]"),
-    (lambda u: nan_at(u.delta["emb.weight"], 3), "delta[emb.weight]"),
-    (lambda u: nan_at(u.head_weight), "head_weight"),
-    (lambda u: setattr(u, "head_bias", torch.zeros(5, dtype=torch.float64)), "head_bias"),
+    (lambda u: u.tensors.pop("delta/norm.weight"), "delta"),
+    (lambda u: u.tensors.update({"delta/l1.base.weight": torch.zeros(4, 3)}), "delta/l1.base.weight"),
+    (lambda u: nan_at(u.tensors["delta/emb.weight"], 3), "delta/emb.weight"),
+    (lambda u: nan_at(u.tensors[HEAD_WEIGHT]), "head/weight"),
+    (lambda u: u.tensors.update({HEAD_BIAS: torch.zeros(5, dtype=torch.float64)}), "head/bias"),
 ]
 BREAKS = [(name, *b) for name in DENSE for b in COMMON_BREAKS] + [
-    ("fisheravg", lambda u: u.fisher.update({"norm.weight": -u.fisher["norm.weight"] - 1}), "fisher[norm.weight]"),
-    ("fisheravg", lambda u: u.fisher.pop("head.bias"), "fisher"),
-    ("fisheravg", lambda u: nan_at(u.fisher["l2.base.weight"]), "fisher[l2.base.weight]"),
-    ("regmean", lambda u: u.grams.update(l1=torch.ones(3, dtype=torch.float64)), "grams[l1]"),
-    ("regmean", lambda u: nan_at(u.head_gram), "head_gram"),
+    (
+        "fisheravg",
+        lambda u: u.tensors.update({"fisher/norm.weight": -u.tensors["fisher/norm.weight"] - 1}),
+        "fisher/norm.weight",
+    ),
+    ("fisheravg", lambda u: u.tensors.pop("fisher/head.bias"), "fisher"),
+    ("fisheravg", lambda u: nan_at(u.tensors["fisher/l2.base.weight"]), "fisher/l2.base.weight"),
+    ("regmean", lambda u: u.tensors.update({"gram/l1": torch.ones(3, dtype=torch.float64)}), "gram/l1"),
+    ("regmean", lambda u: nan_at(u.tensors[HEAD_GRAM]), "head/gram"),
 ]
 
 

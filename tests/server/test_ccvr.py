@@ -10,8 +10,9 @@ import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
 from common.config import RunConfig
-from common.messages import Mode, Phase
+from common.messages import FeaturesStep, Mode, Phase
 from common.settings import CcvrSettings
+from common.tensors import DELTA
 from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features
 
@@ -86,7 +87,9 @@ def test_the_strategy_adds_a_features_step_keeps_every_seen_gaussian_and_calibra
     for task, (lo, hi) in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 1, Phase.FEATURES)
-        assert plan.mode == Mode.FEATURES and plan.delta is strategy.delta and not plan.send_head
+        delta = plan.named(DELTA)  # the strategy's own tensors, not copies
+        assert plan.mode == Mode.FEATURES and not plan.expect(FeaturesStep).send_head
+        assert delta.keys() == strategy.delta.keys() and all(delta[n] is strategy.delta[n] for n in delta)
         agg = strategy.aggregator(plan)
         for i in range(2):
             x = torch.randn(8, SPEC.feature_dim, generator=gen, dtype=F64) + 3 * torch.arange(SPEC.feature_dim)

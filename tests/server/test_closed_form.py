@@ -10,17 +10,20 @@ import torch
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
+from common.aggregation.features import StatSums
+from common.aggregation.validate import UpdateRejected
 from common.config import RunConfig
 from common.declared import closed_form_settings
 from common.merge import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
-from common.messages import Phase
+from common.messages import FeaturesStep, Phase
 from common.settings import ACTIVATIONS
+from common.tensors import HEAD_WEIGHT, STAT
 from engine.simulation import run_inprocess
-from server.strategies import UpdateRejected, make_strategy
-from server.strategies.closed_form import StatSums, ncm_head, ridge_head, squared_error
+from server.strategies import make_strategy
+from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
 from tolerance import assert_close_to_dtype
-from unit_helpers import plan_update
+from unit_helpers import edit_named, plan_update
 
 TINY = dict(
     num_clients=3,
@@ -312,17 +315,17 @@ def test_restart_from_state_gives_the_same_heads(settings):
 @pytest.mark.parametrize(
     "break_it, field",
     [
-        (lambda s: s.pop("gram_factor"), "stats"),
-        (lambda s: s.update(gram_factor=torch.eye(4, dtype=torch.float64)), "stats[gram_factor]"),  # width 4, not 5
-        (lambda s: s.update(gram_factor=torch.ones(6, 5, dtype=torch.float64)), "stats[gram_factor]"),  # rows > F'
+        (lambda s: s.pop("gram_factor"), "stat"),
+        (lambda s: s.update(gram_factor=torch.eye(4, dtype=torch.float64)), "stat/gram_factor"),  # width 4, not 5
+        (lambda s: s.update(gram_factor=torch.ones(6, 5, dtype=torch.float64)), "stat/gram_factor"),  # rows > F'
         (
             lambda s: s.update(holdout_gram_factor=torch.ones(4, 5, dtype=torch.float64)),  # rows > its 3 samples
-            "stats[holdout_gram_factor]",
+            "stat/holdout_gram_factor",
         ),
-        (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stats[class_sum]"),  # a Gram too small for the sums
-        (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stats[class_count]"),  # every class's
-        (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stats[class_count]"),  # sum != samples
-        (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stats[class_sum]"),
+        (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stat/class_sum"),  # a Gram too small for the sums
+        (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stat/class_count"),  # every class's
+        (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stat/class_count"),  # sum != samples
+        (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stat/class_sum"),
     ],
 )
 def test_rejected_statistics(break_it, field):
@@ -333,7 +336,7 @@ def test_rejected_statistics(break_it, field):
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     update = stats_update(plan, 5, 0, 0)
-    break_it(update.stats)
+    edit_named(update, STAT, break_it)
     with pytest.raises(UpdateRejected) as err:
         strategy.aggregator(plan).fold(update)
     assert err.value.field == field
@@ -358,7 +361,7 @@ def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
     plan = strategy.configure(0, 0, Phase.FEATURES)
     strategy.aggregator(plan).fold(stats_update(plan, 8, 0, 0, blocks=2))  # as sent: accepted
     update = stats_update(plan, 8, 1, 0, blocks=2)
-    break_it(update.stats)
+    edit_named(update, STAT, break_it)
     with pytest.raises(UpdateRejected, match="gram_factor"):
         strategy.aggregator(plan).fold(update)
 
@@ -386,11 +389,11 @@ def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
     for update in sent:
         agg.fold(update)  # as sent: accepted
     held = agg.sums.value()["holdout_gram_factor"]  # the two clients' 3 held-out rows each, stacked
-    want = sum(u.stats["holdout_gram_factor"].T @ u.stats["holdout_gram_factor"] for u in sent)
+    want = sum(u.named(STAT)["holdout_gram_factor"].T @ u.named(STAT)["holdout_gram_factor"] for u in sent)
     assert held.shape == (6, 8)
     assert_close_to_dtype(held.T @ held, want, torch.float64, terms=6)
     update = stats_update(plan, 8, 2, 2, blocks=2, held_blocks=1)
-    break_it(update.stats)
+    edit_named(update, STAT, break_it)
     with pytest.raises(UpdateRejected, match="holdout_gram_factor"):
         strategy.aggregator(plan).fold(update)
 
@@ -420,17 +423,18 @@ def test_features_step_travels_over_the_wire():
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     got = codec.plan_from_proto(codec.plan_to_proto(plan))
-    assert (got.mode, got.head_gram, got.head_weight) == ("features", True, None)
+    assert (got.mode, got.expect(FeaturesStep).head_gram, got.get(HEAD_WEIGHT)) == ("features", True, None)
     update = stats_update(plan, 9, 0, 0)
     _, back = codec.update_from_proto(codec.update_to_proto(update, "k"))
-    assert set(back.stats) == set(update.stats)
-    assert all(torch.equal(back.stats[n], t) for n, t in update.stats.items())
+    sent, stats = update.named(STAT), back.named(STAT)
+    assert set(stats) == set(sent)
+    assert all(torch.equal(stats[n], t) for n, t in sent.items())
     # 12 samples of the 3 classes of task 0: the task's rows of the sums, the Gram as its (9, 9) factor
-    assert back.stats["class_sum"].shape == (3, 9) and back.stats["gram_factor"].shape == (9, 9)
-    assert back.stats["holdout_gram_factor"].shape == (3, 9)  # 3 held-out samples: 3 rows, not 9
+    assert stats["class_sum"].shape == (3, 9) and stats["gram_factor"].shape == (9, 9)
+    assert stats["holdout_gram_factor"].shape == (3, 9)  # 3 held-out samples: 3 rows, not 9
     fold_task(strategy, 0, 1)
     evaluation = codec.plan_from_proto(codec.plan_to_proto(strategy.eval_plan(0)))
-    assert evaluation.mode == "features" and tuple(evaluation.head_weight.shape) == (6, 9)
+    assert evaluation.mode == "features" and tuple(evaluation.get(HEAD_WEIGHT).shape) == (6, 9)
 
 
 def test_the_chosen_lambda_and_every_candidates_error_are_in_the_history_and_the_log():

@@ -11,8 +11,9 @@ from test_baselines import SPEC, N, fake_update
 
 from client.methods.continual import distillation, ewc_penalty
 from common.config import RunConfig
-from common.messages import ANCHOR_HEAD, ClientUpdate, Mode, Phase
+from common.messages import ANCHOR_HEAD, ClientUpdate, DenseStep, Mode, Phase
 from common.settings import EwcSettings
+from common.tensors import ANCHOR, DELTA, FISHER, HEAD_WEIGHT
 from server.strategies import make_strategy
 
 from unit_helpers import plan_update
@@ -62,17 +63,19 @@ def test_ewc_merges_the_task_fisher_by_samples_and_decays_the_old_one():
     plans = run_task(strategy, 0)
     assert [p.phase for p in plans] == [Phase.TRAIN, Phase.TRAIN, Phase.TASK_GRAM]
     fisher_plan = plans[-1]
-    assert fisher_plan.send_fisher and not fisher_plan.send_head and fisher_plan.mode == Mode.FULL
-    assert all(torch.equal(fisher_plan.delta[n], strategy.delta[n]) for n in SPEC.params)  # the task's merged weights
-    assert not plans[0].anchor and not plans[0].fisher  # the first task: nothing to keep
+    step = fisher_plan.expect(DenseStep)
+    assert step.send_fisher and not step.send_head and fisher_plan.mode == Mode.FULL
+    delta = fisher_plan.named(DELTA)
+    assert all(torch.equal(delta[n], strategy.delta[n]) for n in SPEC.params)  # the task's merged weights
+    assert not plans[0].named(ANCHOR) and not plans[0].named(FISHER)  # the first task: nothing to keep
     mean = (10 * 1.0 + 15 * 2.0 + 20 * 3.0) / 45  # sample-weighted: estimators that average over samples
     for name, shape in SPEC.params.items():
         assert strategy.fisher[name].shape == shape and torch.allclose(strategy.fisher[name], torch.full(shape, mean))
     end_of_task_0 = dict(strategy.delta)
     plans = run_task(strategy, 1, fisher_values=(4.0, 4.0, 4.0))
-    train = plans[0]
-    assert all(torch.equal(train.anchor[n], end_of_task_0[n]) for n in SPEC.params)  # the centre: task 0's end
-    assert all(torch.allclose(train.fisher[n], torch.full(SPEC.params[n], mean)) for n in SPEC.params)
+    anchor, fisher = plans[0].named(ANCHOR), plans[0].named(FISHER)
+    assert all(torch.equal(anchor[n], end_of_task_0[n]) for n in SPEC.params)  # the centre: task 0's end
+    assert all(torch.allclose(fisher[n], torch.full(SPEC.params[n], mean)) for n in SPEC.params)
     for name, shape in SPEC.params.items():  # F <- decay F + F_task
         assert torch.allclose(strategy.fisher[name], torch.full(shape, 0.5 * mean + 4.0))
 
@@ -91,25 +94,29 @@ def test_anchor_and_fisher_survive_a_restart():
     again = make_strategy(config("ewc"), SPEC)
     again.load_state_tensors(strategy.state_tensors())
     a, b = strategy.configure(1, 0, Phase.TRAIN), again.configure(1, 0, Phase.TRAIN)
-    assert a.anchor.keys() == b.anchor.keys() == set(SPEC.params)
-    assert all(torch.equal(a.anchor[n], b.anchor[n]) and torch.equal(a.fisher[n], b.fisher[n]) for n in SPEC.params)
+    assert a.named(ANCHOR).keys() == b.named(ANCHOR).keys() == set(SPEC.params)
+    assert all(
+        torch.equal(a.named(ANCHOR)[n], b.named(ANCHOR)[n]) and torch.equal(a.named(FISHER)[n], b.named(FISHER)[n])
+        for n in SPEC.params
+    )
 
 
 @pytest.mark.parametrize("method", ["lwf", "target"])
 def test_a_teachers_anchor_is_the_previous_tasks_weights_and_head_fixed_through_the_task(method):
     strategy = make_strategy(config(method), SPEC)
     plans = run_task(strategy, 0)
-    assert [p.phase for p in plans] == [Phase.TRAIN, Phase.TRAIN] and not plans[0].anchor
+    assert [p.phase for p in plans] == [Phase.TRAIN, Phase.TRAIN] and not plans[0].named(ANCHOR)
     end = dict(strategy.delta)
     head = (strategy.head_w.clone(), strategy.head_b.clone())
     plans = run_task(strategy, 1)
-    assert set(plans[1].anchor) == set(SPEC.params) | set(ANCHOR_HEAD) and not plans[1].fisher
-    assert all(torch.equal(plans[1].anchor[n], end[n]) for n in SPEC.params)
+    anchors = [p.named(ANCHOR) for p in plans]
+    assert set(anchors[1]) == set(SPEC.params) | set(ANCHOR_HEAD) and not plans[1].named(FISHER)
+    assert all(torch.equal(anchors[1][n], end[n]) for n in SPEC.params)
     # the head moved in task 1's first round (its old rows too: the clients' updates change every row);
     # the teacher's head in the second round's plan is still task 0's
-    assert not torch.equal(plans[1].head_weight[:2], plans[0].head_weight[:2])
+    assert not torch.equal(plans[1].get(HEAD_WEIGHT)[:2], plans[0].get(HEAD_WEIGHT)[:2])
     for key, value in zip(ANCHOR_HEAD, head):
-        assert torch.equal(plans[0].anchor[key], value) and torch.equal(plans[1].anchor[key], value)
+        assert torch.equal(anchors[0][key], value) and torch.equal(anchors[1][key], value)
     again = make_strategy(config(method), SPEC)  # and it survives a restart
     again.load_state_tensors(strategy.state_tensors())
     assert all(torch.equal(again.anchor[k], strategy.anchor[k]) for k in strategy.anchor)

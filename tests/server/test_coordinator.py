@@ -10,11 +10,15 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan, Wait
+from common.messages import ClientUpdate, LoraStep, ModelSpec, Phase, RoundPlan, Wait
 from common.secagg_rounds import ClientSession
 from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
 from common.settings import SecAggSettings
+from common.tensors import FACTOR, GRAM, LORA, tensor_name
 from common.tls import Security
+from proto import codec
+from proto import lorm_pb2 as pb
+from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
@@ -30,8 +34,9 @@ config = unit_config
 
 def update_for(plan: RoundPlan, index: int, seed: int = 0) -> ClientUpdate:
     g = torch.Generator().manual_seed(seed * 100 + index)
+    trained = plan.expect(LoraStep).train_factors
     factors = {
-        name: {f: torch.randn(*((d_out, 2) if f == "B" else (2, d_in)), generator=g) for f in plan.train_factors}
+        name: {f: torch.randn(*((d_out, 2) if f == "B" else (2, d_in)), generator=g) for f in trained}
         for name, (d_out, d_in) in SPEC.layers.items()
     }
     grams = {name: torch.rand(d_in, generator=g, dtype=torch.float64) + 0.1 for name, (_, d_in) in SPEC.layers.items()}
@@ -94,10 +99,10 @@ def test_duplicate_stale_and_impersonation(tmp_path):
         coord.submit(stale, "k1")
     assert err.value.code == "FAILED_PRECONDITION"
     bad = update_for(plan, 1)
-    bad.grams["l1"] = torch.ones(7, dtype=torch.float64)
+    bad.tensors[tensor_name(GRAM, "l1")] = torch.ones(7, dtype=torch.float64)
     with pytest.raises(Refused) as err:
         coord.submit(bad, "k1")
-    assert err.value.code == "INVALID_ARGUMENT" and "grams[l1]" in str(err.value)
+    assert err.value.code == "INVALID_ARGUMENT" and "gram/l1" in str(err.value)
     assert coord.status()["clients_done"] == 1  # nothing but client 0 was recorded
 
 
@@ -115,7 +120,7 @@ def test_deadline_with_quorum_closes_the_step_and_refuses_late_updates(tmp_path)
         coord.submit(update_for(plan, 1), "k1")
     assert err.value.code == "FAILED_PRECONDITION"
     nxt = coord.pull("c1")  # the late client rejoins at the next round
-    assert isinstance(nxt, RoundPlan) and nxt.round == 1 and nxt.train_factors == ("A",)
+    assert isinstance(nxt, RoundPlan) and nxt.round == 1 and nxt.expect(LoraStep).train_factors == ("A",)
 
 
 def test_out_of_order_arrivals_fold_in_index_order(tmp_path):
@@ -168,8 +173,8 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
     config_back, index = client.join(0)
     assert index == 0 and config_back == coord.config
     plan = client.pull()
-    assert isinstance(plan, RoundPlan) and plan.train_factors == ("B",)
-    assert torch.equal(plan.lora["l1"].a, coord.strategy.shared["l1"].a)  # byte-exact over the wire
+    assert isinstance(plan, RoundPlan) and plan.expect(LoraStep).train_factors == ("B",)
+    assert torch.equal(plan.low_rank(LORA)["l1"].a, coord.strategy.shared["l1"].a)  # byte-exact over the wire
     update = update_for(plan, 0)
     assert client.push(update, "key-0") is False
     assert client.push(update, "key-0") is True  # a retried push is acknowledged as a duplicate
@@ -181,10 +186,10 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
     other = CoordinatorClient(target, "c1", Backoff(give_up_s=5), security=Security(insecure=True))
     other.join(1)
     bad = update_for(plan, 1)
-    bad.factors["l2"]["B"] = torch.ones(3, 3)
+    bad.tensors[tensor_name(FACTOR, "l2", "B")] = torch.ones(3, 3)
     with pytest.raises(Rejected) as err:
         other.push(bad, "key-1")
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "factors[l2][B]" in str(err.value)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "factor/l2/B" in str(err.value)
     stranger = CoordinatorClient(target, "nobody", Backoff(give_up_s=5), security=Security(insecure=True))
     stranger.run_id = "unit"
     with pytest.raises(Rejected) as err:
@@ -198,27 +203,48 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
         c.close()
 
 
+@pytest.mark.parametrize("theirs", [0, codec.WIRE_VERSION + 1])
+def test_grpc_join_of_another_wire_version_is_refused(served, theirs):
+    """A client of another wire contract (a version-1 client names none: 0) is refused at its Join with
+    FAILED_PRECONDITION naming both versions; the same client of this version is then let in."""
+    _, target = served
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Join(pb.JoinRequest(client_id="c0", wire_version=theirs), timeout=5)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        spoken = "version 1" if theirs == 0 else f"version {theirs}"
+        assert spoken in err.value.details() and f"version {codec.WIRE_VERSION}" in err.value.details()
+        reply = stub.Join(pb.JoinRequest(client_id="c0", wire_version=codec.WIRE_VERSION), timeout=5)
+    assert reply.client_index == 0 and reply.wire_version == codec.WIRE_VERSION
+
+
 def test_an_accepted_update_is_flattened_once(tmp_path, monkeypatch):
-    """Validation, staging and the byte count share one flat form of the update."""
-    import common.tensors
-    import server.coordinator
+    """Validation and staging share one flat form of the update: the same dict of its tensors."""
+    import common.aggregation.base
     import server.store
-    import server.strategies.base
 
-    calls, flatten = [], common.tensors.update_tensors
+    seen: list[dict[str, torch.Tensor]] = []
+    check, save = common.aggregation.base.check_tensors, server.store._save_tensors
 
-    def counting(update):
-        calls.append(update.client_index)
-        return flatten(update)
+    def checking(tensors, expected):
+        seen.append(tensors)
+        return check(tensors, expected)
 
-    for module in (server.coordinator, server.store, server.strategies.base, common.tensors):
-        if hasattr(module, "update_tensors"):
-            monkeypatch.setattr(module, "update_tensors", counting)
+    def saving(path, tensors):
+        seen.append(tensors)
+        return save(path, tensors)
+
+    monkeypatch.setattr(common.aggregation.base, "check_tensors", checking)
+    monkeypatch.setattr(server.store, "_save_tensors", saving)
     coord = started(tmp_path)
     plan = coord.pull("c0")
-    calls.clear()
-    assert coord.submit(update_for(plan, 0), "k0") is True
-    assert calls == [0]
+    seen.clear()
+    update = update_for(plan, 0)
+    assert coord.submit(update, "k0") is True
+    assert len(seen) == 2 and seen[0] is seen[1]  # validated and staged: one object
+    assert seen[0].keys() == update.tensors.keys()
+    assert all(t is update.tensors[name] for name, t in seen[0].items())  # no tensor copied
 
 
 def test_each_secure_round_gets_the_whole_deadline(tmp_path):

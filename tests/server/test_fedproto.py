@@ -10,7 +10,8 @@ from client.methods.prototypes import prototype_loss
 from common.config import RunConfig
 from common.declared import declared_tensors
 from common.messages import Phase
-from common.tensors import STAT, tensor_name
+from common.methods.fedproto import PROTO
+from common.tensors import STAT, named_tensors, tensor_name
 from server.strategies import make_strategy
 
 F64 = torch.float64
@@ -34,7 +35,7 @@ def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_a
     for task, (lo, hi) in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.TRAIN)
-        assert torch.equal(plan.prototypes["count"][:lo] > 0, torch.ones(lo, dtype=torch.bool))  # old ones kept
+        assert torch.equal(plan.named(PROTO)["count"][:lo] > 0, torch.ones(lo, dtype=torch.bool))  # old ones kept
         expected = declared_tensors(plan, SPEC, config)
         assert expected[tensor_name(STAT, "class_sum")] == (hi - lo, SPEC.feature_dim)
         agg = strategy.aggregator(plan)
@@ -45,7 +46,7 @@ def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_a
             one_hot = torch.nn.functional.one_hot(y, hi - lo).to(F64)
             update = fake_update(plan, i, seed=i)
             update.num_samples = n
-            update.stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
+            update.tensors |= named_tensors(STAT, {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)})
             agg.fold(update)
             xs.append(x)
             ys.append(y)
@@ -59,4 +60,4 @@ def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_a
     again = make_strategy(config, SPEC)
     again.load_state_tensors(strategy.state_tensors())
     assert torch.equal(again.proto_mean, strategy.proto_mean)
-    assert torch.equal(strategy.eval_plan(1).prototypes["mean"], strategy.proto_mean.float())
+    assert torch.equal(strategy.eval_plan(1).named(PROTO)["mean"], strategy.proto_mean.float())

@@ -20,7 +20,7 @@ import json
 import math
 import random
 import time
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 
 import grpc
 import pytest
@@ -34,7 +34,7 @@ from common.messages import ClientUpdate, RoundPlan
 from common.secagg_rounds import ClientSession
 from common.secure_terms import context, threshold
 from common.settings import SecAggSettings
-from common.tensors import HEAD_GRAM, update_tensors, with_tensors
+from common.tensors import HEAD_GRAM
 from common.tls import Security, token_digest
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -334,7 +334,7 @@ def mutate_json(rng: random.Random, text: str) -> str:
 
 def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
     """A value-level corruption behind valid framing and checksums: reaches the update's validation."""
-    tensors = update_tensors(update)
+    tensors = dict(update.tensors)
     name = rng.choice(sorted(tensors))
     t = tensors[name].clone()
     kind = rng.randrange(6)
@@ -355,13 +355,13 @@ def corrupt_update(rng: random.Random, update: ClientUpdate) -> ClientUpdate:
         update.num_samples = rng.choice(INTS)
         update.train_loss = rng.choice(FLOATS)
     tensors[name] = t
-    return with_tensors(update, tensors)
+    return replace(update, tensors=tensors)
 
 
 def assert_plausible(update: ClientUpdate, reference: ClientUpdate, where: str) -> None:
-    """An accepted update, judged without server.strategies.validate: the reference's tensors, floating,
+    """An accepted update, judged without common.aggregation.validate: the reference's tensors, floating,
     finite, Gram diagonals non-negative; a sample count in the run's bounds; a loss NaN or finite >= 0."""
-    got, want = update_tensors(update), update_tensors(reference)
+    got, want = update.tensors, reference.tensors
     assert got.keys() == want.keys(), where
     for name, t in got.items():
         assert t.shape == want[name].shape and t.dtype in (torch.float32, torch.float64), (where, name)
@@ -472,9 +472,9 @@ def _unary(name: str):
 
 UNARY_BASES = {
     "Join": lambda h: [
-        pb.JoinRequest(client_id="c1"),
-        pb.JoinRequest(client_id="c1", requested_index=1),
-        pb.JoinRequest(client_id="c7", requested_index=2),
+        pb.JoinRequest(client_id="c1", wire_version=codec.WIRE_VERSION),
+        pb.JoinRequest(client_id="c1", requested_index=1, wire_version=codec.WIRE_VERSION),
+        pb.JoinRequest(client_id="c7", requested_index=2, wire_version=codec.WIRE_VERSION),
     ],
     "Describe": lambda h: [pb.ModelDescription(run_id="fuzz", client_id="c1", model_spec_json=SPEC.to_json())],
     "Describe (JSON)": lambda h: [pb.ModelDescription(run_id="fuzz", client_id="c1", model_spec_json=SPEC.to_json())],

@@ -6,7 +6,7 @@ import torch
 from client.runtime import build_runtime
 from common.config import RunConfig
 from common.messages import Phase
-from common.tensors import update_tensors
+from common.tensors import HEAD_BIAS, HEAD_WEIGHT
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
@@ -36,12 +36,12 @@ def test_clients_send_the_head_alone_and_the_server_averages_it_by_samples():
         aggregator.fold(update)
     strategy.aggregate(plan, aggregator)
 
-    assert all(set(update_tensors(u)) == {"head/weight", "head/bias"} for u in updates)
+    assert all(set(u.tensors) == {"head/weight", "head/bias"} for u in updates)
     after = {name: p for name, p in runtime.model.named_parameters() if not name.startswith("head")}
     assert all(torch.equal(before[name], after[name].cpu()) for name in before)  # no backbone weight or factor trained
     n = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
-    for got, field in ((strategy.head_w, "head_weight"), (strategy.head_b, "head_bias")):
-        stacked = torch.stack([getattr(u, field).to(torch.float64) for u in updates])  # (clients, ...)
+    for got, name in ((strategy.head_w, HEAD_WEIGHT), (strategy.head_b, HEAD_BIAS)):
+        stacked = torch.stack([u.get(name).to(torch.float64) for u in updates])  # (clients, ...)
         want = (stacked * n.view(-1, *[1] * (stacked.dim() - 1))).sum(0) / n.sum()
         torch.testing.assert_close(got, want, rtol=F64_TOLERANCE, atol=F64_TOLERANCE)
 

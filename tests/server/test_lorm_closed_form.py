@@ -11,7 +11,8 @@ import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.config import RunConfig
-from common.messages import LowRank, Phase
+from common.messages import FeaturesStep, LoraStep, LowRank, Phase
+from common.tensors import EXTRA, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
@@ -67,38 +68,40 @@ def test_lorm_then_a_features_step_under_the_merged_backbone(monkeypatch, name):
     per_task = ["train"] * ROUNDS + ["task_gram", "features", "evaluate"]
     assert [p.phase.value for p in plans] == per_task * 2
     assert [p.mode for p in plans] == (["lora"] * (ROUNDS + 1) + ["features", "features"]) * 2
-    assert [p.train_factors for p in plans[:ROUNDS]] == [("B",), ("A",)]
+    assert [p.expect(LoraStep).train_factors for p in plans[:ROUNDS]] == [("B",), ("A",)]
     for task in range(2):
         features, evaluation = plans[task * len(per_task) + ROUNDS + 1 : (task + 1) * len(per_task)]
-        assert (features.task, features.round, features.head_weight) == (task, ROUNDS, None)
-        assert features.head_gram == (name == "lorm-ridge") and features.lora == {}
-        assert same_view(features.extra, evaluation.extra)  # the statistics' view is the one evaluated
-        assert len(features.extra) == len(strategy.spec.layers)
-        assert next(iter(features.extra.values())).b.shape[1] == task + 1  # B_cat of tasks 0..t: rank r (t+1)
-    assert same_view(plans[-1].extra, strategy.view()) and strategy.task_factors and len(strategy.task_factors) == 2
+        assert (features.task, features.round, features.get(HEAD_WEIGHT)) == (task, ROUNDS, None)
+        assert features.expect(FeaturesStep).head_gram == (name == "lorm-ridge") and features.low_rank(LORA) == {}
+        extra = features.low_rank(EXTRA)
+        assert same_view(extra, evaluation.low_rank(EXTRA))  # the statistics' view is the one evaluated
+        assert len(extra) == len(strategy.spec.layers)
+        assert next(iter(extra.values())).b.shape[1] == task + 1  # B_cat of tasks 0..t: rank r (t+1)
+    assert same_view(plans[-1].low_rank(EXTRA), strategy.view())
+    assert strategy.task_factors and len(strategy.task_factors) == 2
     assert tuple(result.head_weight.shape) == (8, 48) and torch.equal(result.head_weight, strategy.closed.head_w)
     # LoRM's rounds train with the ACE head (C, F), never with the closed-form one
-    assert all(tuple(p.head_weight.shape) == (8, strategy.spec.feature_dim) for p in plans if p.mode == "lora")
+    assert all(tuple(p.get(HEAD_WEIGHT).shape) == (8, strategy.spec.feature_dim) for p in plans if p.mode == "lora")
 
 
 def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(monkeypatch):
     config = tiny("lorm-ridge-first", rp_dim=48, ridge_lambda=LAMBDA)
     result, strategy, plans = recorded_run(monkeypatch, config)
     assert [len(row) for row in result.matrix.correct] == [1, 2]
-    steps = [(p.task, p.phase.value, p.round, p.mode, p.train_factors) for p in plans]
+    steps = [(p.task, p.phase.value, p.round, p.mode, p.instruction.factors()) for p in plans]
     assert steps == [
-        (0, "train", 0, "lora", ("B",)),
-        (0, "train", 1, "lora", ("A",)),
-        (0, "task_gram", ROUNDS, "lora", ()),
-        (0, "features", ROUNDS, "features", ()),
-        (0, "evaluate", ROUNDS, "features", ()),
-        (1, "features", ROUNDS, "features", ()),
-        (1, "evaluate", ROUNDS, "features", ()),
+        (0, "train", 0, "lora", "B"),
+        (0, "train", 1, "lora", "A"),
+        (0, "task_gram", ROUNDS, "lora", ""),
+        (0, "features", ROUNDS, "features", ""),
+        (0, "evaluate", ROUNDS, "features", ""),
+        (1, "features", ROUNDS, "features", ""),
+        (1, "evaluate", ROUNDS, "features", ""),
     ]
     assert len(strategy.task_factors) == 1
     frozen = {n: LowRank(f.b * config.lora_scale, f.a) for n, f in strategy.task_factors[0].items()}
     for p in plans[3:]:
-        assert same_view(p.extra, frozen)  # W0 + B^0 A^0 from task 1 on, for statistics and evaluation
+        assert same_view(p.low_rank(EXTRA), frozen)  # W0 + B^0 A^0 from task 1 on, for statistics and evaluation
 
     # Reference: every client's rows of both tasks under W0 + B^0 A^0, solved with torch.linalg.solve.
     runtime = build_runtime(config)
@@ -121,7 +124,8 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     assert_close_to_dtype(
         result.head_weight, want, torch.float64, terms=idx.numel(), cond=float(torch.linalg.cond(system))
     )
-    assert torch.equal(plans[-1].head_weight, result.head_weight.to(plans[-1].head_weight.dtype))  # the head evaluated
+    evaluated = plans[-1].get(HEAD_WEIGHT)
+    assert torch.equal(evaluated, result.head_weight.to(evaluated.dtype))  # the head evaluated
 
 
 def test_restart_from_state_keeps_both_heads_and_the_sums(monkeypatch):

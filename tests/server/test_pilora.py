@@ -12,9 +12,10 @@ from test_baselines import SPEC as BASELINES_SPEC
 from client.methods.pilora import orthogonality, scaled_distance
 from common.config import RunConfig
 from common.declared import declared_tensors
-from common.messages import Phase
-from common.settings import PiLoraSettings
-from common.tensors import STAT, tensor_name
+from common.messages import LoraStep, Phase
+from common.methods.fedproto import PROTO
+from common.methods.pilora import PiLoraSettings
+from common.tensors import EXTRA, STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight
 
@@ -77,9 +78,10 @@ def test_each_task_adds_a_module_on_top_of_the_frozen_earlier_ones():
     for task, (lo, hi) in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.TRAIN)
-        assert plan.train_extra and plan.train_factors == ("B", "A") and not plan.send_head
-        assert plan.prototypes["count"].sum() == hi  # the task's classes have prototypes from its start
-        assert set(plan.extra) == (set(SPEC.layers) if task else set())
+        step = plan.expect(LoraStep)
+        assert step.train_extra and step.train_factors == ("B", "A") and not step.send_head
+        assert plan.named(PROTO)["count"].sum() == hi  # the task's classes have prototypes from its start
+        assert set(plan.low_rank(EXTRA)) == (set(SPEC.layers) if task else set())
         declared = declared_tensors(plan, SPEC, config)
         assert declared[tensor_name(STAT, "prototype")] == (hi - lo, SPEC.feature_dim)
         agg = strategy.aggregator(plan)

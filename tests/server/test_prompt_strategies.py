@@ -10,9 +10,9 @@ from test_baselines import SPEC as BASELINES_SPEC
 
 from common.config import RunConfig
 from common.declared import declared_tensors
-from common.messages import Mode, Phase
+from common.messages import Mode, Phase, PromptStep
 from common.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS, orthonormal_rows
-from common.tensors import DELTA, tensor_name
+from common.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, PROMPT, tensor_name
 from server.strategies import make_strategy
 
 from unit_helpers import plan_update
@@ -55,8 +55,8 @@ def test_l2p_pool_is_uniform_and_handed_out_whole_every_task():
     for task in (0, 1):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.TRAIN)
-        assert plan.mode == Mode.PROMPT and plan.prompt_frozen == 0
-        assert all(torch.equal(plan.prompt[n], pool[n].float()) for n in pool)
+        assert plan.mode == Mode.PROMPT and plan.expect(PromptStep).prompt_frozen == 0
+        assert all(torch.equal(plan.named(PROMPT)[n], pool[n].float()) for n in pool)
         assert declared_tensors(plan, SPEC, strategy.config).keys() >= {
             tensor_name(DELTA, L2P_PROMPTS),
             tensor_name(DELTA, L2P_KEYS),
@@ -72,7 +72,7 @@ def test_l2p_merge_is_the_sample_weighted_mean_of_the_changes_and_heads():
     gen = torch.Generator().manual_seed(2)
     updates = []
     for i, n in enumerate((3, 9)):
-        delta = {name: torch.randn(t.shape, generator=gen) for name, t in plan.prompt.items()}
+        delta = {name: torch.randn(t.shape, generator=gen) for name, t in plan.named(PROMPT).items()}
         head = torch.randn(SPEC.num_classes, SPEC.feature_dim, generator=gen)
         bias = torch.randn(SPEC.num_classes, generator=gen)
         updates.append((n, delta, head, bias))
@@ -88,18 +88,19 @@ def test_coda_grows_orthonormal_components_per_task_and_freezes_the_old_ones():
     strategy = make_strategy(config("coda-p", components=6, length=2), SPEC)  # 3 per task
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    assert plan.prompt_frozen == 0 and plan.prompt[CODA_PROMPTS].shape == (3, 2, SPEC.feature_dim)
+    prompt = plan.named(PROMPT)
+    assert plan.expect(PromptStep).prompt_frozen == 0 and prompt[CODA_PROMPTS].shape == (3, 2, SPEC.feature_dim)
     # a round of training moves the task's components
     agg = strategy.aggregator(plan)
-    delta = {name: torch.full(t.shape, 0.5) for name, t in plan.prompt.items()}
-    head = {"head_weight": plan.head_weight, "head_bias": plan.head_bias}
+    delta = {name: torch.full(t.shape, 0.5) for name, t in prompt.items()}
+    head = {"head_weight": plan.get(HEAD_WEIGHT), "head_bias": plan.get(HEAD_BIAS)}
     agg.fold(plan_update(plan, 0, 5, delta=delta, **head))
     strategy.aggregate(plan, agg)
     trained = {n: t.clone() for n, t in strategy.pool.items()}
     strategy.begin_task(1)
     strategy.begin_task(1)  # again, as a resumed coordinator may: grows once
     plan = strategy.configure(1, 0, Phase.TRAIN)
-    assert plan.prompt_frozen == 3
+    assert plan.expect(PromptStep).prompt_frozen == 3
     for name, old in trained.items():
         pool = strategy.pool[name]
         assert pool.shape[0] == 6 and torch.equal(pool[:3], old)
@@ -111,7 +112,7 @@ def test_coda_grows_orthonormal_components_per_task_and_freezes_the_old_ones():
     assert declared[tensor_name(DELTA, CODA_KEYS)] == (3, SPEC.feature_dim)
     assert declared[tensor_name(DELTA, CODA_ATTENTION)] == (3, SPEC.feature_dim)
     agg = strategy.aggregator(plan)
-    delta = {name: torch.ones(3, *t.shape[1:]) for name, t in plan.prompt.items()}
+    delta = {name: torch.ones(3, *t.shape[1:]) for name, t in plan.named(PROMPT).items()}
     agg.fold(plan_update(plan, 1, 4, delta=delta, **head))
     before = {n: t.clone() for n, t in strategy.pool.items()}
     strategy.aggregate(plan, agg)

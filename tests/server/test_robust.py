@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from common.config import RunConfig
-from common.messages import ClientUpdate, LowRank, Phase, RoundPlan
+from common.messages import ClientUpdate, LoraStep, LowRank, Phase, RoundPlan
 from common.settings import RobustSettings
+from common.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
 from engine.attacks import GRAM_SCALE, tamper
 from server.robust import Screen, screen_and_fold
 from server.strategies import make_strategy
@@ -26,7 +27,7 @@ def b_round() -> tuple[RoundPlan, object]:
     strategy = make_strategy(unit_config(num_clients=CLIENTS), LORA_SPEC)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    assert plan.train_factors == ("B",)
+    assert plan.expect(LoraStep).train_factors == ("B",)
     return plan, strategy
 
 
@@ -36,25 +37,26 @@ def honest(plan: RoundPlan, index: int, noise: float = 0.2) -> ClientUpdate:
     common = torch.Generator().manual_seed(99)
     g = torch.Generator().manual_seed(1000 + index)
     n = 12 + index
-    factors, grams = {}, {}
+    factors, grams, lora = {}, {}, plan.low_rank(LORA)
     for name, (d_out, d_in) in LORA_SPEC.layers.items():
-        rank = plan.lora[name].b.shape[1] if name in plan.lora else 2
+        rank = lora[name].b.shape[1] if name in lora else 2
         shared = torch.randn(d_out, rank, generator=common)
-        factors[name] = {"B": plan.lora[name].b + shared + noise * torch.randn(d_out, rank, generator=g)}
+        factors[name] = {"B": lora[name].b + shared + noise * torch.randn(d_out, rank, generator=g)}
         x = torch.randn(n, d_in, generator=g, dtype=F64)
         grams[name] = (x * x).sum(0)
     x = torch.randn(n, LORA_SPEC.feature_dim, generator=g, dtype=F64)
-    assert plan.head_weight is not None and plan.head_bias is not None
-    shared_head = torch.randn(plan.head_weight.shape, generator=common)
+    weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
+    assert weight is not None and bias is not None
+    shared_head = torch.randn(weight.shape, generator=common)
     return plan_update(
         plan,
         index,
         n,
         factors=factors,
         grams=grams,
-        head_weight=plan.head_weight + 0.1 * shared_head + 0.02 * torch.randn(plan.head_weight.shape, generator=g),
-        head_bias=plan.head_bias + 0.01 * torch.randn(plan.head_bias.shape, generator=g),
-        head_gram=x.T @ x if plan.head_gram else None,
+        head_weight=weight + 0.1 * shared_head + 0.02 * torch.randn(weight.shape, generator=g),
+        head_bias=bias + 0.01 * torch.randn(bias.shape, generator=g),
+        head_gram=x.T @ x if plan.expect(LoraStep).head_gram else None,
         train_loss=1.0,
     )
 
@@ -67,7 +69,12 @@ def screened(settings: RobustSettings, updates: list[ClientUpdate], plan: RoundP
 
 
 def per_sample_trace(update: ClientUpdate, layer: str) -> float:
-    return float(update.grams[layer].sum()) / update.num_samples
+    return float(update.named(GRAM)[layer].sum()) / update.num_samples
+
+
+def b_of(update: ClientUpdate, layer: str) -> torch.Tensor:
+    """The update's trained B of ``layer``."""
+    return update.by_layer(FACTOR)[layer]["B"]
 
 
 def test_off_by_default_and_its_settings_are_checked():
@@ -108,7 +115,7 @@ def test_a_scaled_gram_is_clipped_onto_kappa_times_the_median_per_sample_trace()
         median = traces[CLIENTS // 2]
         assert per_sample_trace(updates[3], layer) > GRAM_SCALE / 10 * median  # the attack
         assert per_sample_trace(clipped, layer) == pytest.approx(4.0 * median, rel=rel_tolerance(F64))
-    assert torch.equal(clipped.factors["l1"]["B"], updates[3].factors["l1"]["B"])  # nothing else moves
+    assert torch.equal(b_of(clipped, "l1"), b_of(updates[3], "l1"))  # nothing else moves
     for i in (0, 1, 2, 4, 5, 6):
         assert not screen.judge(updates[i]).clipped
 
@@ -124,11 +131,10 @@ def test_a_scaled_factor_is_clipped_around_where_the_step_started_it_or_refused(
     for u in updates:
         screen.observe(u)
     clipped = screen.apply(updates[2], screen.judge(updates[2]))
-    moved = [float((u.factors["l1"]["B"] - plan.lora["l1"].b).norm()) for u in updates]
+    start = plan.low_rank(LORA)["l1"].b
+    moved = [float((b_of(u, "l1") - start).norm()) for u in updates]
     median = sorted(moved)[CLIENTS // 2]
-    assert float((clipped.factors["l1"]["B"] - plan.lora["l1"].b).norm()) == pytest.approx(
-        4.0 * median, rel=rel_tolerance(torch.float32)
-    )
+    assert float((b_of(clipped, "l1") - start).norm()) == pytest.approx(4.0 * median, rel=rel_tolerance(torch.float32))
     report, aggregator = screened(RobustSettings(enabled=True, action="refuse"), updates, plan, strategy)
     assert report["refused"] == [2] and aggregator.count == CLIENTS - 1
     assert "exceeds robust.kappa 2 x the step's median" in report["clients"]["2"]["refused"]
@@ -139,7 +145,7 @@ def test_a_sign_flipped_factor_is_refused_for_its_direction():
     updates = [honest(plan, i) for i in range(CLIENTS)]
     flipped = tamper("flip-sign", updates[5], plan)
     assert math.isclose(  # the same norms: only the direction gives it away
-        float(flipped.factors["l2"]["B"].norm()), float(updates[5].factors["l2"]["B"].norm()), rel_tol=1e-6
+        float(b_of(flipped, "l2").norm()), float(b_of(updates[5], "l2").norm()), rel_tol=1e-6
     )
     updates[5] = flipped
     report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
@@ -154,8 +160,9 @@ def test_an_update_that_agrees_far_less_than_the_median_client_is_refused():
     updates = [honest(plan, i) for i in range(CLIENTS)]
     suspect = honest(plan, 6, noise=30.0)  # its factors: mostly its own direction...
     g = torch.Generator().manual_seed(66)
-    suspect.head_weight = suspect.head_weight + 3.0 * torch.randn(suspect.head_weight.shape, generator=g)
-    suspect.head_bias = suspect.head_bias + 0.1 * torch.randn(suspect.head_bias.shape, generator=g)  # ...and its head
+    weight, bias = suspect.tensors[HEAD_WEIGHT], suspect.tensors[HEAD_BIAS]
+    suspect.tensors[HEAD_WEIGHT] = weight + 3.0 * torch.randn(weight.shape, generator=g)
+    suspect.tensors[HEAD_BIAS] = bias + 0.1 * torch.randn(bias.shape, generator=g)  # ...and its head
     updates[6] = suspect
     report, aggregator = screened(RobustSettings(enabled=True), updates, plan, strategy)
     cosine = {int(i): v["cosine"] for i, v in report["clients"].items()}
@@ -219,6 +226,7 @@ def test_plan_starts_name_the_factors_a_client_trains():
         round=0,
         class_range=(0, 2),
         seen_classes=2,
-        lora={"l1": LowRank(torch.ones(5, 2), torch.zeros(2, 4))},
+        instruction=LoraStep(),
+        tensors=low_rank_tensors(LORA, {"l1": LowRank(torch.ones(5, 2), torch.zeros(2, 4))}),
     )
     assert set(plan_starts(plan)) == {"factor/l1/B", "factor/l1/A"}

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-from test_robust import CLIENTS, b_round, honest, screened
+from test_robust import CLIENTS, b_of, b_round, honest, screened
 
 from common.merge import gram_factor
 from common.messages import ClientUpdate, Phase, RoundPlan
 from common.settings import RobustSettings
+from common.tensors import GRAM, HEAD_GRAM, STAT
 from engine.attacks import INFLATE, tamper
 from server.robust import CLASS_COUNT, Screen, measure, reweigh, screen_and_fold, tensor_role
 from server.strategies import make_strategy
@@ -52,10 +53,11 @@ def test_h4_an_inflated_sample_claim_is_clipped_to_kappa_times_the_median_count(
     assert clipped.num_samples == bound
     w = bound / updates[3].num_samples
     for layer in LORA_SPEC.layers:  # its Grams shrink with the count: per sample they are as they were
-        assert_close_to_dtype(clipped.grams[layer], updates[3].grams[layer] * w, F64)
-    assert clipped.head_gram is not None and updates[3].head_gram is not None
-    assert_close_to_dtype(clipped.head_gram, updates[3].head_gram * w, F64)
-    assert torch.equal(clipped.factors["l1"]["B"], updates[3].factors["l1"]["B"])  # a change is no sum: kept
+        assert_close_to_dtype(clipped.named(GRAM)[layer], updates[3].named(GRAM)[layer] * w, F64)
+    head_gram, was = clipped.get(HEAD_GRAM), updates[3].get(HEAD_GRAM)
+    assert head_gram is not None and was is not None
+    assert_close_to_dtype(head_gram, was * w, F64)
+    assert torch.equal(b_of(clipped, "l1"), b_of(updates[3], "l1"))  # a change is no sum: kept
     for i in (0, 1, 2, 4, 5, 6):
         assert not screen.judge(updates[i]).clipped
 
@@ -138,21 +140,21 @@ def test_m3_a_class_count_past_the_others_median_class_total_reweighs_the_update
     updates = [features_update(plan, i, c) for i, c in enumerate(COUNTS)]
     updates[3] = features_update(plan, 3, (200, 3, 3), gram=True)
     screen = screen_of(RobustSettings(enabled=True), plan, updates)
-    assert screen.count_bounds(3, {CLASS_COUNT: updates[3].stats["class_count"]}) == [
+    assert screen.count_bounds(3, {CLASS_COUNT: updates[3].named(STAT)["class_count"]}) == [
         ("num_samples", 206.0, 20.0, 10.0),
         (f"{CLASS_COUNT}[0]", 200.0, 46.0, 23.0),
     ]
     verdict = screen.judge(updates[3])
     assert not verdict.refused and "num_samples" in verdict.clipped
     clipped = screen.apply(updates[3], verdict)
-    count, sums = clipped.stats["class_count"], clipped.stats["class_sum"]
+    count, sums = clipped.named(STAT)["class_count"], clipped.named(STAT)["class_sum"]
     assert clipped.num_samples == 20 and float(count.sum()) == 20 and float(count[0]) <= 46
     assert torch.equal(count, count.round())  # whole counts, as a client sends
     seen = count > 0
-    before = updates[3].stats["class_sum"] / updates[3].stats["class_count"][:, None]
+    before = updates[3].named(STAT)["class_sum"] / updates[3].named(STAT)["class_count"][:, None]
     assert_close_to_dtype((sums / count.clamp(min=1)[:, None])[seen], before[seen], F64)  # its class means kept
     w = clipped.num_samples / updates[3].num_samples
-    factor_before, factor_after = updates[3].stats["gram_factor"], clipped.stats["gram_factor"]
+    factor_before, factor_after = updates[3].named(STAT)["gram_factor"], clipped.named(STAT)["gram_factor"]
     assert float(factor_after.square().sum()) == pytest.approx(
         w * float(factor_before.square().sum()), rel=rel_tolerance(F64, terms=factor_before.numel())
     )
@@ -200,12 +202,12 @@ def test_m3_reweighing_keeps_what_validation_checks():
     (the guard's clip) class means as they were."""
     plan, strategy = features_round()
     update = features_update(plan, 2, COUNTS[2])
-    assert update.stats["class_count"].tolist() == [14, 1, 2]
+    assert update.named(STAT)["class_count"].tolist() == [14, 1, 2]
     for samples in (3 * update.num_samples + 1, 5):
         moved = reweigh(update, samples)
         strategy.aggregator(plan).check(moved)
-        assert moved.num_samples == samples and float(moved.stats["class_count"].sum()) == samples
-    tensors = {"stat/class_sum": update.stats["class_sum"]}
+        assert moved.num_samples == samples and float(moved.named(STAT)["class_count"].sum()) == samples
+    tensors = {"stat/class_sum": update.named(STAT)["class_sum"]}
     assert tensor_role("stat/class_sum", tensors["stat/class_sum"]) == "first moment"
     assert measure("first moment", "stat/class_sum", tensors["stat/class_sum"], {}, update.num_samples) > 0
 

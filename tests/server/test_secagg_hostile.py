@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_coordinator import SPEC, config, update_for
 
+from common.aggregation.validate import UpdateRejected
 from common.messages import ClientUpdate, Phase, RoundPlan
 from common.secagg import SecAggError
 from common.secagg_rounds import BOX_BYTES, ClientSession, Keys, seal
@@ -26,7 +27,7 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
 from server.secure import check_sums
 from server.secure import step as secure_step_module
-from server.strategies import UpdateRejected, make_strategy
+from server.strategies import make_strategy
 
 N = 5
 SETTINGS = SecAggSettings(enabled=True)
@@ -86,8 +87,8 @@ def session(coord: Coordinator, members: list[int], garbage: int | None = None, 
         masked = p.masked(sharers)
         if p.i == garbage:
             g = torch.Generator().manual_seed(p.i)
-            noise = {n: torch.randint(-(2**62), 2**62, t.shape, generator=g) for n, t in masked.masked.items()}
-            masked = dataclasses.replace(masked, masked=noise)
+            noise = {n: torch.randint(-(2**62), 2**62, t.shape, generator=g) for n, t in masked.tensors.items()}
+            masked = dataclasses.replace(masked, tensors=noise)
         assert coord.submit(masked, f"k{p.i}-{plan.secure_attempt}")
     request = parties[0].call("unmask")
     for p in parties:
@@ -248,7 +249,7 @@ def test_m1_the_first_pusher_cannot_fix_the_steps_layout(tmp_path):
         )
     assert refused.value.code == "INVALID_ARGUMENT"
     honest = parties[0].masked(sharers)
-    odd = dataclasses.replace(honest, masked={"bogus": torch.zeros(7, 2, dtype=torch.int64)})
+    odd = dataclasses.replace(honest, tensors={f"{MASKED}/bogus": torch.zeros(7, 2, dtype=torch.int64)})
     with pytest.raises(Refused):
         coord.submit(odd, "k0")
     for p in parties[1:]:
@@ -302,7 +303,7 @@ def test_l3_a_masked_push_names_its_session_and_an_abandoned_ones_is_refused(tmp
     stale.session.sharers = [1, 2, 3, 4]
     stale.session.roster = {}
     u = stale.update()
-    masked = dataclasses.replace(u, masked={"x": torch.zeros(1, 2, dtype=torch.int64)}, secure_attempt=0)
+    masked = dataclasses.replace(u, tensors={f"{MASKED}/x": torch.zeros(1, 2, dtype=torch.int64)}, secure_attempt=0)
     with pytest.raises(Refused) as refused:
         coord.submit(masked, "k")
     assert refused.value.code == "ABORTED"

@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from common.aggregation.validate import UpdateRejected
 from common.config import RunConfig
-from common.messages import ModelSpec
+from common.messages import LoraStep, ModelSpec
 from common.secagg import SecAggError, encode
 from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
 from common.settings import SecAggSettings
 from common.sums import running_sums, summable
+from common.tensors import HEAD_BIAS
 from server.secure import Timings, require_secure, secure_step
-from server.strategies import STRATEGIES, UpdateRejected, make_strategy
+from server.strategies import STRATEGIES, make_strategy
 
 from unit_helpers import valid_update
 
@@ -104,7 +106,7 @@ def test_terms_are_what_the_coordinator_folds_and_lorm_sends_factor_sized_terms(
     """A client's terms are the running sums of the step's aggregator after its update; LoRM's B-round
     terms per layer are (d_out, r) and (r, r) sums, not B_i and a Gram."""
     cfg, plain, _, plan, updates = next(steps("lorm", clients=3))
-    assert plan.train_factors == ("B",)
+    assert plan.expect(LoraStep).train_factors == ("B",)
     terms = client_terms(plain.aggregator(plan), updates[0])
     folded = plain.aggregator(plan)
     folded.fold(updates[0])
@@ -116,8 +118,8 @@ def test_terms_are_what_the_coordinator_folds_and_lorm_sends_factor_sized_terms(
 def test_a_client_checks_its_own_update_before_masking():
     cfg, plain, _, plan, updates = next(steps("lorm", clients=3))
     bad = updates[0]
-    bad.head_bias = torch.full_like(bad.head_bias, float("nan"))
-    with pytest.raises(UpdateRejected, match="head_bias"):
+    bad.tensors[HEAD_BIAS] = torch.full_like(bad.tensors[HEAD_BIAS], float("nan"))
+    with pytest.raises(UpdateRejected, match=HEAD_BIAS):
         client_terms(plain.aggregator(plan), bad)
 
 

@@ -7,6 +7,7 @@ client); and the wire (checksums, truncation, sizes) through a real gRPC server.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -14,6 +15,7 @@ import grpc
 import pytest
 import torch
 
+from common.aggregation.validate import PSD_RTOL, UpdateRejected, check_gram, field_of
 from common.config import RunConfig
 from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase
 from common.tensors import (
@@ -21,14 +23,14 @@ from common.tensors import (
     FACTOR,
     FISHER,
     GRAM,
+    HEAD,
     HEAD_BIAS,
     HEAD_GRAM,
     HEAD_WEIGHT,
     STAT,
+    named_tensors,
     parse_tensor_name,
     tensor_name,
-    update_tensors,
-    with_tensors,
 )
 from common.tls import Security
 from proto import codec
@@ -37,8 +39,7 @@ from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 from server.service import create_server
-from server.strategies import STRATEGIES, UpdateRejected, make_strategy
-from server.strategies.validate import PSD_RTOL, check_gram, field_of
+from server.strategies import STRATEGIES, make_strategy
 
 from unit_helpers import plan_update, valid_update
 
@@ -111,6 +112,12 @@ def corruptions(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor | No
     return cases
 
 
+def missing_field(name: str) -> str:
+    """What the refusal of an update missing tensor ``name`` names: its kind (the head's tensors by name)."""
+    kind, _, _ = parse_tensor_name(name)
+    return name if kind == HEAD else kind
+
+
 VARIANTS = [(name, gamma) for name in sorted(STRATEGIES) for gamma in (0.0, 0.5)]
 
 
@@ -131,22 +138,22 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
             agg.fold(valid_update(plan, expected, 0, seed=1))
             if with_bad:
                 good = valid_update(plan, expected, 1, seed=2)
-                for tname, tensor in update_tensors(good).items():
+                for tname, tensor in good.tensors.items():
                     for what, bad_tensor in corruptions(tname, tensor):
-                        tensors = dict(update_tensors(good))
+                        tensors = dict(good.tensors)
                         if bad_tensor is None:
                             del tensors[tname]
                         else:
                             tensors[tname] = bad_tensor
                         with pytest.raises(UpdateRejected) as err:
-                            agg.fold(with_tensors(good, tensors))
-                        want = field_of(tname) if bad_tensor is not None else field_of(tname).split("[")[0]
+                            agg.fold(dataclasses.replace(good, tensors=tensors))
+                        want = field_of(tname) if bad_tensor is not None else missing_field(tname)
                         assert err.value.field == want, (tname, what, str(err.value))
                         refused += 1
-                extra = dict(update_tensors(good)) | {tensor_name(FISHER, "stray"): torch.zeros(2, dtype=F64)}
+                extra = dict(good.tensors) | {tensor_name(FISHER, "stray"): torch.zeros(2, dtype=F64)}
                 if tensor_name(FISHER, "stray") not in expected:
                     with pytest.raises(UpdateRejected, match="unexpected"):
-                        agg.fold(with_tensors(good, extra))
+                        agg.fold(dataclasses.replace(good, tensors=extra))
                     refused += 1
             agg.fold(valid_update(plan, expected, 2, seed=3))
             strategy.aggregate(plan, agg)
@@ -172,25 +179,25 @@ def ridge_step():
 @pytest.mark.parametrize(
     "break_it, field",
     [
-        (lambda s: s["class_count"].__setitem__(2, s["class_count"][2] + 1), "stats[class_count]"),  # sum != samples
+        (lambda s: s["class_count"].__setitem__(2, s["class_count"][2] + 1), "stat/class_count"),  # sum != samples
         (
             lambda s: (
                 s["class_count"].__setitem__(1, s["class_count"][1] + s["class_count"][0]),  # class 0: no samples,
                 s["class_count"].__setitem__(0, 0.0),
             ),
-            "stats[class_sum]",
+            "stat/class_sum",
         ),  # yet a non-zero sum
-        (lambda s: s["class_sum"].mul_(10.0), "stats[class_sum]"),  # more than any features of that Gram allow
-        (lambda s: s["holdout_class_count"].add_(s["class_count"]), "stats[holdout_class_count]"),
-        (lambda s: s["holdout_class_sum"].mul_(10.0), "stats[holdout_class_sum]"),
+        (lambda s: s["class_sum"].mul_(10.0), "stat/class_sum"),  # more than any features of that Gram allow
+        (lambda s: s["holdout_class_count"].add_(s["class_count"]), "stat/holdout_class_count"),
+        (lambda s: s["holdout_class_sum"].mul_(10.0), "stat/holdout_class_sum"),
     ],
 )
 def test_ridge_statistics_must_be_consistent(break_it, field):
     plan, agg, update = ridge_step()
     agg.check(update)
-    stats = {k: v.clone() for k, v in update.stats.items()}
+    stats = {k: v.clone() for k, v in update.named(STAT).items()}
     break_it(stats)
-    update.stats = stats
+    update.tensors |= named_tensors(STAT, stats)
     with pytest.raises(UpdateRejected) as err:
         agg.check(update)
     assert err.value.field == field
@@ -201,7 +208,7 @@ def test_count_sum_must_equal_num_samples():
     update.num_samples += 1
     with pytest.raises(UpdateRejected) as err:
         agg.check(update)
-    assert err.value.field == "stats[class_count]"
+    assert err.value.field == "stat/class_count"
 
 
 def test_gram_check_tolerates_rounding_and_rank_deficiency_and_is_affordable():
@@ -251,15 +258,16 @@ def snapshot(coord: Coordinator) -> tuple:
     return coord.status(), list(coord.history), files, coord.step.next_fold, set(coord.step.submitted)
 
 
-def _nan_factor(u):
-    u.factors["l1"]["B"] = _set(u.factors["l1"]["B"], (0, 0), float("nan"))
+def _replace(name: str, bad):
+    """A corruption of an update: its tensor ``name`` replaced by ``bad(tensor)``."""
+    return lambda u: u.tensors.update({name: bad(u.tensors[name])})
 
 
 BAD_UPDATES = [
-    (_nan_factor, "factors[l1][B]"),
-    (lambda u: setattr(u, "head_gram", _indefinite(u.head_gram)), "head_gram"),
-    (lambda u: u.grams.update(l2=_set(u.grams["l2"], 1, -2.0)), "grams[l2]"),
-    (lambda u: setattr(u, "head_weight", u.head_weight.double().half()), "head_weight"),
+    (_replace("factor/l1/B", lambda t: _set(t, (0, 0), float("nan"))), "factor/l1/B"),
+    (_replace(HEAD_GRAM, _indefinite), "head/gram"),
+    (_replace("gram/l2", lambda t: _set(t, 1, -2.0)), "gram/l2"),
+    (_replace(HEAD_WEIGHT, lambda t: t.double().half()), "head/weight"),
     (lambda u: setattr(u, "num_samples", 0), "num_samples"),
     (lambda u: setattr(u, "num_samples", -5), "num_samples"),
     (lambda u: setattr(u, "num_samples", 5), "num_samples"),  # below min_client_samples = 6
@@ -451,10 +459,10 @@ def test_wire_corruptions_are_invalid_argument_naming_the_field(served):
     msgs = encoded(good)
     cases["chunk.offset "] = msgs[:2] + msgs[1:]  # a chunk sent twice
     bigger = update_of(coord, 0, 1)
-    bigger.grams["l1"] = torch.ones(5, dtype=F64)  # one entry more than d_in = 4
-    cases["grams[l1]"] = encoded(bigger)
+    bigger.tensors[tensor_name(GRAM, "l1")] = torch.ones(5, dtype=F64)  # one entry more than d_in = 4
+    cases["gram/l1"] = encoded(bigger)
     stray = update_of(coord, 0, 1)
-    stray.fisher = {"x": torch.zeros(3, dtype=F64)}
+    stray.tensors[tensor_name(FISHER, "x")] = torch.zeros(3, dtype=F64)
     cases["fisher"] = encoded(stray)
     for field, msgs in cases.items():
         err = push(stub, msgs)
@@ -468,7 +476,7 @@ def test_oversized_pushes_are_refused_before_their_bytes_are_buffered(served):
     coord, stub = served
     before = snapshot(coord)
     huge = update_of(coord, 0, 1)
-    huge.head_gram = torch.eye(200, dtype=F64)  # 320 kB: over this step's size (about 1 kB)
+    huge.tensors[HEAD_GRAM] = torch.eye(200, dtype=F64)  # 320 kB: over this step's size (about 1 kB)
     for cap_first in (False, True):
         released = threading.Event()
 
@@ -528,10 +536,15 @@ def test_other_rpcs_refuse_wrong_runs_and_malformed_requests(served):
             grpc.StatusCode.INVALID_ARGUMENT,
             lambda: stub.Describe(pb.ModelDescription(run_id="val", client_id="c0", model_spec_json="{"), timeout=10),
         ),
-        (grpc.StatusCode.INVALID_ARGUMENT, lambda: stub.Join(pb.JoinRequest(client_id=""), timeout=10)),
         (
             grpc.StatusCode.INVALID_ARGUMENT,
-            lambda: stub.Join(pb.JoinRequest(client_id="c9", requested_index=-1), timeout=10),
+            lambda: stub.Join(pb.JoinRequest(client_id="", wire_version=codec.WIRE_VERSION), timeout=10),
+        ),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            lambda: stub.Join(
+                pb.JoinRequest(client_id="c9", requested_index=-1, wire_version=codec.WIRE_VERSION), timeout=10
+            ),
         ),
         (
             grpc.StatusCode.INVALID_ARGUMENT,

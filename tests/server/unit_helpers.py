@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
 
 from common.config import RunConfig
@@ -16,9 +19,10 @@ from common.tensors import (
     HEAD_GRAM,
     HEAD_WEIGHT,
     STAT,
+    named_tensors,
+    pack,
     parse_tensor_name,
     tensor_name,
-    with_tensors,
 )
 
 F64 = torch.float64
@@ -60,8 +64,21 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
 
 
-def plan_update(plan: RoundPlan, index: int, num_samples: int, **fields) -> ClientUpdate:
-    """Client ``index``'s update (id ``c<index>``) of ``plan``'s step, with ``num_samples`` and ``fields``."""
+def plan_update(
+    plan: RoundPlan,
+    index: int,
+    num_samples: int,
+    *,
+    train_loss: float = float("nan"),
+    head_weight: torch.Tensor | None = None,
+    head_bias: torch.Tensor | None = None,
+    **parts,
+) -> ClientUpdate:
+    """Client ``index``'s update (id ``c<index>``) of ``plan``'s step, with ``num_samples``, ``train_loss`` and
+    its tensors as the shared client halves name them (``common.tensors.pack``: ``factors``, ``grams``,
+    ``delta``, ``fisher``, ``stats``, ``head_gram``; and ``head_weight``, ``head_bias``)."""
+    head = {HEAD_WEIGHT: head_weight} if head_weight is not None else {}
+    head |= {HEAD_BIAS: head_bias} if head_bias is not None else {}
     return ClientUpdate(
         run_id=plan.run_id,
         client_id=f"c{index}",
@@ -70,7 +87,8 @@ def plan_update(plan: RoundPlan, index: int, num_samples: int, **fields) -> Clie
         round=plan.round,
         phase=plan.phase,
         num_samples=num_samples,
-        **fields,
+        tensors=pack(head=head, **parts),
+        train_loss=train_loss,
     )
 
 
@@ -90,4 +108,13 @@ def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: i
     stats = {n: s for n, s in expected.items() if n.startswith(STAT + "/")}
     if stats:
         tensors |= _stats(stats, plan, g)
-    return with_tensors(plan_update(plan, index, N, train_loss=1.0), tensors)
+    return dataclasses.replace(plan_update(plan, index, N, train_loss=1.0), tensors=tensors)
+
+
+def edit_named(update: ClientUpdate, kind: str, edit: Callable[[dict[str, torch.Tensor]], object]) -> None:
+    """Apply ``edit`` to ``update``'s ``<kind>/<name>`` tensors as one ``name -> tensor`` dict (it may add,
+    replace or remove entries, or change a tensor in place) and put the result back under the wire names."""
+    named = update.named(kind)
+    edit(named)
+    others = {name: t for name, t in update.tensors.items() if not name.startswith(kind + "/")}
+    update.tensors = others | named_tensors(kind, named)

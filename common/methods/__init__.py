@@ -1,35 +1,45 @@
-"""The registry of methods: each name maps to its server half and its client half.
+"""The registry of methods: each name maps to its server half, its client half and its aggregator.
 
 A method is one unit with two halves that run in different processes: the server half (a
-``server.strategies.base.Strategy``: plans, validation, merging) and the client half (a
+``server.strategies.base.Strategy``: plans and merging) and the client half (a
 ``client.methods.base.ClientMethod``: what a client trains, its loss, what it computes and
 sends). Neither package may import the other, so the registry names both halves by import
 path (``"package.module:Class"``, like entry points); the coordinator resolves only the
 server half (``server.strategies.make_strategy``), a client only the client half
-(``client.methods.client_method``).
+(``client.methods.client_method``). How a step's updates are checked and folded into running
+sums is the method's shared math: its aggregator factory (``common/aggregation/``, or its slice),
+which both sides build with :func:`make_aggregator` (a client in a secure step masks what the
+coordinator would have folded).
 
 Several methods share a client half: every LoRA method trains the same way, so a new method
 that trains like an existing one adds only its server half and one line here.
+
+A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
+shared part, which both halves import: its typed settings, its steps' instruction (a
+``common.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
+aggregator, and its registration, ``METHOD = Method(...)``. The registry finds every slice here
+(:func:`registry`): adding a method is then its slice, its server half and its client half, three files.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from dataclasses import dataclass
-from typing import Any
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from common.settings import (
     CcvrSettings,
     CodaSettings,
     DataSettings,
     EwcSettings,
-    FedProtoSettings,
     Ia3Settings,
     L2pSettings,
     LwfSettings,
     ModelSettings,
     NcmSettings,
-    PiLoraSettings,
     RidgeSettings,
     RobustSettings,
     SecAggSettings,
@@ -39,14 +49,17 @@ from common.settings import (
     VeraSettings,
 )
 
+if TYPE_CHECKING:
+    from common.aggregation.base import Aggregator
+    from common.config import RunConfig
+    from common.messages import ModelSpec, RoundPlan
+
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
 EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
 LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
-FEDPROTO = "client.methods.prototypes:FedProtoTrainer"  # DENSE, pulled to the global prototypes; sends class sums
-PILORA = "client.methods.pilora:PiLoraTrainer"  # LoRA on the earlier tasks' modules, scored by trained prototypes
 TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
 IA3 = "client.methods.ia3:IA3Trainer"  # the (IA)^3 vector + head with ACE, then its merge statistic
 VERA = "client.methods.vera:VeRATrainer"  # VeRA's vectors lb or ld + head with ACE, then their merge statistics
@@ -58,7 +71,8 @@ DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-t
 
 @dataclass(frozen=True)
 class Method:
-    """One method: its name (``RunConfig.strategy``), its two halves, a line of help and its settings."""
+    """One method: its name (``RunConfig.strategy``), its two halves, a line of help, its settings and its
+    aggregator."""
 
     name: str
     server: str  # "server.strategies.<module>:<Strategy subclass>"
@@ -67,29 +81,44 @@ class Method:
     settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
     # the layers on the target modules: "lora" (common/lora.py), "vera" (common/vera.py) or "ia3" (common/ia3.py)
     adapter: str = "lora"
+    # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way of
+    # training's declaration, common.declared.declared_tensors): (plan, model spec, run config) -> name -> shape
+    declare: Callable[[RoundPlan, ModelSpec, RunConfig], dict[str, tuple[int, ...]]] | None = None
+    # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
+    # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)
+    aggregator: str = field(kw_only=True)
 
 
-METHODS: dict[str, Method] = {
+BUILT_IN: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("lorm", "server.strategies.lorm:LoRM", LORA, "LoRM: alternating B/A rounds, closed-form merges"),
+        Method(
+            "lorm",
+            "server.strategies.lorm:LoRM",
+            LORA,
+            "LoRM: alternating B/A rounds, closed-form merges",
+            aggregator="common.aggregation.lora:lorm",
+        ),
         Method(
             "lorm-b-only",
             "server.strategies.lorm:LoRMBOnly",
             LORA,
             "ablation: LoRM training B every round (A stays its init)",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-avg-tasks",
             "server.strategies.lorm:LoRMAverageTasks",
             LORA,
             "ablation: tasks' residuals averaged instead of the task RegMean",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-seq",
             "server.strategies.lorm:LoRMSequential",
             LORA,
             "variant: each task's LoRA a residual on the earlier tasks'",
+            aggregator="common.aggregation.lora:lorm",
         ),
         Method(
             "lorm-vera",
@@ -98,6 +127,7 @@ METHODS: dict[str, Method] = {
             "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
             VeraSettings,
             adapter="vera",
+            aggregator="common.aggregation.lora:vera",
         ),
         Method(
             "lorm-ia3",
@@ -106,21 +136,59 @@ METHODS: dict[str, Method] = {
             "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
             Ia3Settings,
             adapter="ia3",
+            aggregator="common.aggregation.lora:ia3",
         ),
-        Method("fedavg-lora", "server.strategies.fedavg_lora:FedAvgLoRA", LORA, "FedAvg of LoRA factors and head"),
-        Method("fedavg", "server.strategies.fedavg:FedAvg", DENSE, "FedAvg, full fine-tuning"),
-        Method("regmean", "server.strategies.regmean:RegMean", DENSE, "RegMean, full fine-tuning"),
-        Method("fisheravg", "server.strategies.fisheravg:FisherAvg", DENSE, "Fisher averaging, full fine-tuning"),
-        Method("ties", "server.strategies.ties:Ties", DENSE, "TIES merging, full fine-tuning", TiesSettings),
+        Method(
+            "fedavg-lora",
+            "server.strategies.fedavg_lora:FedAvgLoRA",
+            LORA,
+            "FedAvg of LoRA factors and head",
+            aggregator="common.aggregation.lora:fedavg_lora",
+        ),
+        Method(
+            "fedavg",
+            "server.strategies.fedavg:FedAvg",
+            DENSE,
+            "FedAvg, full fine-tuning",
+            aggregator="common.aggregation.dense:fedavg",
+        ),
+        Method(
+            "regmean",
+            "server.strategies.regmean:RegMean",
+            DENSE,
+            "RegMean, full fine-tuning",
+            aggregator="common.aggregation.dense:regmean",
+        ),
+        Method(
+            "fisheravg",
+            "server.strategies.fisheravg:FisherAvg",
+            DENSE,
+            "Fisher averaging, full fine-tuning",
+            aggregator="common.aggregation.dense:fisheravg",
+        ),
+        Method(
+            "ties",
+            "server.strategies.ties:Ties",
+            DENSE,
+            "TIES merging, full fine-tuning",
+            TiesSettings,
+            aggregator="common.aggregation.dense:ties",
+        ),
         Method(
             "ncm",
             "server.strategies.closed_form:NearestClassMean",
             FEATURES,
             "cosine nearest class mean on W0",
             NcmSettings,
+            aggregator="common.aggregation.features:ncm",
         ),
         Method(
-            "ridge", "server.strategies.closed_form:RidgeHead", FEATURES, "ridge regression head on W0", RidgeSettings
+            "ridge",
+            "server.strategies.closed_form:RidgeHead",
+            FEATURES,
+            "ridge regression head on W0",
+            RidgeSettings,
+            aggregator="common.aggregation.features:ridge",
         ),
         Method(
             "lorm-ridge",
@@ -128,6 +196,7 @@ METHODS: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM's backbone with a ridge head",
             RidgeSettings,
+            aggregator="common.aggregation.features:lorm_ridge",
         ),
         Method(
             "lorm-ncm",
@@ -135,6 +204,7 @@ METHODS: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM's backbone with a cosine NCM head",
             NcmSettings,
+            aggregator="common.aggregation.features:lorm_ncm",
         ),
         Method(
             "lorm-ridge-first",
@@ -142,14 +212,22 @@ METHODS: dict[str, Method] = {
             LORA_THEN_FEATURES,
             "LoRM on task 0 only, then ridge heads",
             RidgeSettings,
+            aggregator="common.aggregation.features:lorm_ridge",
         ),
-        Method("head-only", "server.strategies.head_only:HeadOnly", LORA, "toy: the head alone on W0, heads averaged"),
+        Method(
+            "head-only",
+            "server.strategies.head_only:HeadOnly",
+            LORA,
+            "toy: the head alone on W0, heads averaged",
+            aggregator="common.aggregation.lora:head_only",
+        ),
         Method(
             "ewc",
             "server.strategies.continual:EWC",
             EWC,
             "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
             EwcSettings,
+            aggregator="common.aggregation.dense:ewc",
         ),
         Method(
             "lwf",
@@ -157,6 +235,7 @@ METHODS: dict[str, Method] = {
             LWF,
             "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
             LwfSettings,
+            aggregator="common.aggregation.dense:fedavg",
         ),
         Method(
             "ccvr",
@@ -164,20 +243,7 @@ METHODS: dict[str, Method] = {
             DENSE_THEN_FEATURES,
             "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
             CcvrSettings,
-        ),
-        Method(
-            "fedproto",
-            "server.strategies.fedproto:FedProto",
-            FEDPROTO,
-            "FedProto: FedAvg, with each sample's features pulled to its class's global prototype",
-            FedProtoSettings,
-        ),
-        Method(
-            "pilora",
-            "server.strategies.pilora:PiLoRA",
-            PILORA,
-            "PILoRA: a LoRA module per task, classes scored by prototypes re-weighted across clients, FedAvg",
-            PiLoraSettings,
+            aggregator="common.aggregation.features:ccvr",
         ),
         Method(
             "target",
@@ -185,6 +251,7 @@ METHODS: dict[str, Method] = {
             TARGET,
             "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
             TargetSettings,
+            aggregator="common.aggregation.dense:fedavg",
         ),
         Method(
             "l2p",
@@ -192,6 +259,7 @@ METHODS: dict[str, Method] = {
             L2P,
             "L2P: a prompt pool on the frozen backbone, top-k prompts by query-key matching, FedAvg",
             L2pSettings,
+            aggregator="common.aggregation.dense:prompts",
         ),
         Method(
             "coda-p",
@@ -199,51 +267,80 @@ METHODS: dict[str, Method] = {
             CODA,
             "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
             CodaSettings,
+            aggregator="common.aggregation.dense:prompts",
         ),
     )
 }
 
 
-# Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's.
-SECTIONS: dict[str, type[Settings]] = {
-    DataSettings.section: DataSettings,
-    ModelSettings.section: ModelSettings,
-    RobustSettings.section: RobustSettings,
-    SecAggSettings.section: SecAggSettings,
-} | {m.settings.section: m.settings for m in METHODS.values() if m.settings is not None}
+@functools.cache
+def registry() -> dict[str, Method]:
+    """Every method: the built-in ones, then each slice of this package (its ``METHOD``), imported on the first
+    call (a slice imports the shared modules that import this one)."""
+    methods = dict(BUILT_IN)
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found = getattr(module, "METHOD", None)
+        if not isinstance(found, Method):
+            raise TypeError(f"slice {module.__name__} must define METHOD = Method(...)")
+        if found.name in methods:
+            raise ValueError(f"method {found.name!r} of {module.__name__} is registered twice")
+        methods[found.name] = found
+    return methods
+
+
+@functools.cache
+def sections() -> dict[str, type[Settings]]:
+    """Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's."""
+    return {
+        DataSettings.section: DataSettings,
+        ModelSettings.section: ModelSettings,
+        RobustSettings.section: RobustSettings,
+        SecAggSettings.section: SecAggSettings,
+    } | {m.settings.section: m.settings for m in registry().values() if m.settings is not None}
 
 
 def method(name: str) -> Method:
     """The registered method ``name``; ``ValueError`` naming the known ones otherwise."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {sorted(METHODS)}")
-    return METHODS[name]
+    methods = registry()
+    if name not in methods:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(methods)}")
+    return methods[name]
+
+
+def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """A fresh aggregator of ``plan``'s step: the run's method's factory (``Method.aggregator``) called with the
+    plan, the model and the run's configuration, on the coordinator and on a client alike."""
+    factory = load_half(method(config.strategy).aggregator, "common")
+    aggregator: Aggregator = factory(plan, spec, config)
+    return aggregator
 
 
 def describe(name: str) -> str:
     """What ``lorm-sim --describe NAME`` prints: a method's halves and settings, or a settings section's."""
-    if name in METHODS:
-        m = METHODS[name]
+    if name in registry():
+        m = registry()[name]
         lines = [f"{m.name}: {m.help}", f"  server half: {m.server}", f"  client half: {m.client}"]
+        lines.append(f"  aggregator: {m.aggregator}")
         settings = (
             m.settings.describe()
             if m.settings
             else [f"(no settings of its own; every run also has {', '.join(s + '.*' for s in ('data', 'model'))})"]
         )
         return "\n".join(lines + ["  settings (--set KEY=VALUE):"] + [f"    {line}" for line in settings])
-    if name in SECTIONS:
+    if name in sections():
         return "\n".join(
-            [f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in SECTIONS[name].describe()]
+            [f"settings section {name} (--set KEY=VALUE):"] + [f"    {line}" for line in sections()[name].describe()]
         )
     raise ValueError(
-        f"nothing to describe named {name!r}; methods: {sorted(METHODS)}; settings sections: {sorted(SECTIONS)}"
+        f"nothing to describe named {name!r}; methods: {sorted(registry())}; settings sections: {sorted(sections())}"
     )
 
 
 def overview() -> str:
     """One line per method, for ``--help``."""
     return "methods (--describe METHOD for its settings):\n" + "\n".join(
-        f"  {m.name:<18} {m.help}" for m in METHODS.values()
+        f"  {m.name:<18} {m.help}" for m in registry().values()
     )
 
 

@@ -1,4 +1,4 @@
-"""What a client update must satisfy before anything is folded into a merge: one place for every strategy.
+"""What a client update must satisfy before anything is folded into a merge: one place for every method.
 
 Each aggregator declares the tensors its step expects as ``wire name -> shape``
 (:func:`factor_shapes`, :func:`gram_shapes`, ...; wire names as in :mod:`common.tensors`), and
@@ -36,7 +36,6 @@ from common.tensors import (
     FISHER,
     GRAM,
     STAT,
-    UPDATE_FIELDS,
     UpTo,  # noqa: F401 (UpTo: re-exported)
     parse_tensor_name,
     shape_fits,
@@ -68,20 +67,15 @@ def max_bytes(expected: dict[str, tuple[int, ...]]) -> int:
 # ------------------------------------------------------------------ names and fields
 
 
-_GROUPS = UPDATE_FIELDS  # wire kind -> ClientUpdate field
-
-
 def field_of(name: str) -> str:
-    """The :class:`ClientUpdate` field of a wire name: ``factors[l][B]``, ``grams[l]``, ``head_weight``, ..."""
-    kind, layer, part = parse_tensor_name(name)
-    if kind == "head":
-        return f"head_{part}"
-    return f"{_GROUPS[kind]}[{layer}]" + (f"[{part}]" if part else "")
+    """What a refusal names for a tensor: its wire name (``factor/<layer>/B``, ``gram/<layer>``, ``head/weight``)."""
+    return name
 
 
 def _group_of(name: str) -> str:
+    """The kind of a wire name (``factor``, ``gram``, ``stat``, ...; the head's tensors by name)."""
     kind, _, part = parse_tensor_name(name)
-    return f"head_{part}" if kind == "head" else _GROUPS[kind]
+    return name if kind == "head" else kind
 
 
 def _allowed_dtypes(name: str) -> tuple[torch.dtype, ...]:

@@ -1,0 +1,230 @@
+"""The feature-statistics steps' aggregators: the clients' sums of their frozen features, summed.
+
+A features step (``FeaturesStep``: no training) sends per-class sums and counts of the current task's
+classes and, where the solve needs it, the Gram of the features as its factor ``R`` (``R^T R = X^T X``;
+wire suffix ``_factor``), and CCVR's per-class second moments. Sums do not care how the samples were
+split, so the coordinator's sums are the centralised ones. Shapes: ``C`` classes, ``C_t`` of the task,
+``F'`` the head's input width (``NcmSettings.head_width``).
+
+Factories (``Method.aggregator``): :func:`ncm`, :func:`ridge` (the closed-form heads on ``W0``),
+:func:`lorm_ncm` and :func:`lorm_ridge` (``lorm-ridge``, ``lorm-ridge-first``: LoRM's steps, then the closed-form
+head's features step), and :func:`ccvr` (FedAvg, then its features step).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from common.aggregation.base import Aggregator
+from common.aggregation.dense import fedavg
+from common.aggregation.lora import lorm
+from common.aggregation.validate import UpdateRejected
+from common.config import RunConfig
+from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
+from common.declared import HOLDOUT, Shapes, average_rule, declared_tensors, feature_stat_shapes
+from common.merge import BlockGramSum, GramRows, GramSum
+from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from common.settings import NcmSettings, RidgeSettings
+from common.tensors import STAT
+
+DTYPE = torch.float64
+
+
+def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Tensor) -> None:
+    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = R^T R = X^T X`` can have come with.
+
+    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)
+    = |R|_F^2`` (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
+    """
+    seen = count > 0
+    lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
+    trace = float(factor.to(DTYPE).pow(2).sum())
+    if lhs > trace * (1 + 1e-6) + 1e-12:
+        raise UpdateRejected(
+            field,
+            f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
+            f"trace(G) = {trace:.6g}, which no set of features allows",
+        )
+
+
+# ----------------------------------------------------------------------------- running sums
+
+
+class StatSums:
+    """Running sums of named statistics ``name -> shape``: Grams (``*gram``) in :class:`GramSum` (shape
+    ``(F', F')``), their diagonal blocks in :class:`BlockGramSum` (``(K, d, d)``), or their factor's rows in
+    :class:`GramRows` (``(F',)``: :meth:`value` gives it as ``name + FACTOR``)."""
+
+    SUMS = ("plain",)  # running sums (common/sums.py)
+    PARTS = ("grams",)
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = shapes
+        self.grams: dict[str, GramSum | BlockGramSum | GramRows] = {
+            n: GramRows(s[0]) if len(s) == 1 else GramSum(s[0]) if len(s) == 2 else BlockGramSum(s[0], s[1])
+            for n, s in shapes.items()
+            if n.endswith("gram")
+        }
+        self.plain = {n: torch.zeros(s, dtype=DTYPE) for n, s in shapes.items() if not n.endswith("gram")}
+        self.count = 0
+
+    def fold(self, stats: dict[str, Tensor], rows: slice = slice(None)) -> None:
+        """Add ``stats``; a Gram may come as itself or as its factor (``name + FACTOR``), and the
+        per-class sums may be the rows ``rows`` of the sums only (the rest being zero)."""
+        for name, acc in self.grams.items():
+            if name in stats:
+                acc.fold(stats[name])
+            else:
+                acc.fold_factor(stats[name + FACTOR])
+        for name in self.plain:
+            self.plain[name][rows] += stats[name].to(DTYPE)
+        self.count += 1
+
+    def value(self) -> dict[str, Tensor]:
+        grams = {name + (FACTOR if isinstance(acc, GramRows) else ""): acc.value() for name, acc in self.grams.items()}
+        return self.plain | grams
+
+    def absorb(self, other: StatSums) -> None:
+        """``fold(other.value())``, then empty ``other``'s Grams: a Gram this holds none of yet is taken over,
+        not copied (a step's Grams are gigabytes at ``F' = 10,000``, 6.4 GB with ``ridge.blocks = 4`` and the
+        held-out ones: held once, not twice). The same sums, bit for bit, as ``fold``."""
+        for name, acc in self.grams.items():
+            theirs = other.grams[name]
+            if acc.total is None:
+                acc.total, acc.count = theirs.value(), acc.count + 1
+            elif isinstance(acc, GramRows):
+                acc.fold_factor(theirs.value())
+            else:
+                acc.fold(theirs.value())
+            theirs.total = None
+        for name, total in self.plain.items():
+            total += other.plain[name]
+        self.count += 1
+
+
+def check_class_counts(update: ClientUpdate) -> None:
+    """``UpdateRejected`` unless the update's class counts sum to its ``num_samples`` and a class with
+    no samples has a zero sum (every method that sends ``class_count`` and ``class_sum``)."""
+    stats = update.named(STAT)
+    counts, class_sum = stats["class_count"], stats["class_sum"]
+    if float(counts.sum()) != update.num_samples:
+        raise UpdateRejected(
+            "stat/class_count",
+            f"expected the counts of the task's classes to sum to num_samples={update.num_samples}; "
+            f"got {float(counts.sum())}",
+        )
+    if bool((class_sum[counts == 0] != 0).any()):
+        raise UpdateRejected("stat/class_sum", "a class with no samples must have a zero sum")
+
+
+class FeatureStatsAggregator(Aggregator):
+    """One features step: the clients' statistics, summed."""
+
+    PARTS = ("sums",)  # its running sums (common/sums.py): what secure aggregation adds up
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(plan, declared)
+        self.sums = StatSums(shapes)
+
+    def _check(self, update: ClientUpdate) -> None:
+        """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
+        stats = update.named(STAT)
+        counts = stats["class_count"]
+        check_class_counts(update)
+        for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
+            count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
+            if bool((class_sum[count == 0] != 0).any()):
+                raise UpdateRejected(f"stat/{prefix}class_sum", "a class with no samples must have a zero sum")
+            factor = stats.get(prefix + "gram" + FACTOR)
+            if factor is not None:
+                samples = int(count.sum())
+                if factor.shape[-2] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
+                    raise UpdateRejected(
+                        f"stat/{prefix}gram{FACTOR}",
+                        f"expected at most min(samples, width) = "
+                        f"{min(samples, factor.shape[-1])} rows, got "
+                        f"{factor.shape[-2]}",
+                    )
+                check_sums_fit_gram(f"stat/{prefix}class_sum", class_sum, count, factor)
+        if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
+            raise UpdateRejected(
+                f"stat/{HOLDOUT}class_count",
+                "held-out samples must be a subset: no class may hold out more samples than it has",
+            )
+
+    def _fold(self, update: ClientUpdate) -> None:
+        lo, hi = self.plan.class_range
+        self.sums.fold(update.named(STAT), rows=slice(lo, hi))  # the current task's rows of the per-class sums
+
+
+class CcvrStatsAggregator(FeatureStatsAggregator):
+    """The features step: the clients' per-class sums and second moments of the task's classes, summed."""
+
+    def _check(self, update: ClientUpdate) -> None:
+        super()._check(update)
+        stats = update.named(STAT)
+        count, moment = stats["class_count"], stats["class_moment"]
+        if bool((moment[count == 0] != 0).any()):
+            raise UpdateRejected("stat/class_moment", "a class with no samples must have zero second moments")
+
+    def _fold(self, update: ClientUpdate) -> None:
+        self.sums.fold(update.named(STAT))  # the task's classes only: rows (C_t, ...)
+
+
+# ----------------------------------------------------------------------------- what a closed-form head sums
+
+
+def head_sum_shapes(spec: ModelSpec, settings: NcmSettings) -> Shapes:
+    """A closed-form head's sums over clients and tasks: ``class_sum (C, F')`` and ``class_count (C,)``, ``F'``
+    the head's width by ``settings`` (``ncm.*`` or ``ridge.*``)."""
+    width = settings.head_width(spec.feature_dim)
+    return {"class_sum": (spec.num_classes, width), "class_count": (spec.num_classes,)}
+
+
+def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
+    """Ridge's sums (``ridge.*``): the class sums and counts, the Gram ``(F', F')`` (with ``ridge.blocks = K``,
+    its diagonal blocks ``(K, F'/K, F'/K)``), and with ``ridge.holdout`` the held-out samples' alike (by the
+    ensemble's own held-out error, ``common.declared.average_rule``: their whole Gram, as its factor's rows
+    ``(F',)``)."""
+    ridge = config.section(RidgeSettings)
+    dim = ridge.head_width(spec.feature_dim)
+    d = dim // ridge.blocks
+    shapes = head_sum_shapes(spec, ridge) | {"gram": (dim, dim) if ridge.blocks == 1 else (ridge.blocks, d, d)}
+    if ridge.holdout:
+        shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
+        if average_rule(config):  # the held-out Gram whole, as its factor's rows
+            shapes[HOLDOUT + "gram"] = (dim,)
+    return shapes
+
+
+# ----------------------------------------------------------------------------- factories
+
+
+def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """The cosine nearest-class-mean head's features step: class sums and counts."""
+    return FeatureStatsAggregator(
+        plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config.section(NcmSettings))
+    )
+
+
+def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """The ridge head's features step: class sums and counts, the Gram, and the held-out samples' alike."""
+    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), ridge_sum_shapes(spec, config))
+
+
+def lorm_ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """LoRM's steps, then the NCM head's features step (``lorm-ncm``)."""
+    return ncm(plan, spec, config) if plan.phase == Phase.FEATURES else lorm(plan, spec, config)
+
+
+def lorm_ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """LoRM's steps, then the ridge head's features step (``lorm-ridge``, ``lorm-ridge-first``)."""
+    return ridge(plan, spec, config) if plan.phase == Phase.FEATURES else lorm(plan, spec, config)
+
+
+def ccvr(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """CCVR: FedAvg in the training rounds; the features step's per-class sums, counts and second moments."""
+    if plan.phase != Phase.FEATURES:
+        return fedavg(plan, spec, config)
+    return CcvrStatsAggregator(plan, declared_tensors(plan, spec, config), feature_stat_shapes(plan, spec, config))
