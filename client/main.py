@@ -23,6 +23,7 @@ from common.faults import fault_point
 from common.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
 from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
 from common.progress import Progress
+from common.tensors import WireError
 from common.tls import SecurityError, add_security_arguments, security_from_args
 
 
@@ -118,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config, index = client.join(args.index)
+    except WireError as err:  # the coordinator speaks another wire contract: nothing it sends can be read
+        log.error("refusing the run: %s", err)
+        client.close()
+        return 3
     except ValueError as err:  # the Join reply's configuration does not parse: nothing of it is used
         log.error("refusing the run: the coordinator's configuration is invalid: %s", err)
         client.close()
