@@ -24,7 +24,7 @@ def test_the_load_benchmark_runs_and_counts_every_answer(capsys):
         "--backbone",
         "tiny-bert",
         "--rounds",
-        "2",
+        "1",
         "--seconds",
         "1",
         "--warmup",
