@@ -18,8 +18,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "[setup] installing dependencies (first time: a few minutes, torch is large)"
 .venv/bin/python -m pip install --quiet --upgrade pip
-# The exact torch/torchvision pair that works together here (timm imports torchvision), pinned in the same
-# call as the project: one resolution and one install pass instead of two.
-.venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" -e ".[dev,minilm]"
+# The exact torch/torchvision pair that works together here; timm imports torchvision.
+.venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+.venv/bin/python -m pip install --quiet -e ".[dev,minilm]"
 echo "$want" > "$stamp"
 echo "[setup] done"
