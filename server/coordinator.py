@@ -509,7 +509,7 @@ class Coordinator:
                 self._secure_advance()
                 return True
             try:
-                tensors = dict(update.tensors)  # once: validated and staged in this form
+                tensors = update.tensors  # validated and staged as they are: no copy
                 step.aggregator.check(
                     update, samples=sample_bounds(self.config, self.options, step.plan.class_range), tensors=tensors
                 )

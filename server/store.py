@@ -177,7 +177,7 @@ class Store:
         its tensors when the caller holds them already (``ClientUpdate.tensors``)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = dict(update.tensors) if tensors is None else tensors
+        tensors = update.tensors if tensors is None else tensors
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)

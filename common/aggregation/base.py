@@ -62,8 +62,8 @@ class Aggregator(ABC):
 
         The step's fields, ``num_samples`` (within ``samples = (lo, hi)`` when given) and the
         loss, then every tensor against :meth:`expected` (``common.aggregation.validate``), then
-        what only this method knows (:meth:`_check`). ``tensors``: the update already flattened
-        (``update_tensors``), so that the coordinator flattens each update once.
+        what only this method knows (:meth:`_check`). ``tensors``: the update's tensors when the caller
+        holds them (by default ``update.tensors``).
         """
         plan = self.plan
         for field in ("run_id", "task", "round", "phase"):

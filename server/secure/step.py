@@ -323,7 +323,7 @@ class SecureStep:
         """A masked input: checked for form only (its values say nothing), staged; the inputs close when
         every client that shared has sent one (or late, with the threshold)."""
         self._same_session(update.secure_attempt)
-        tensors = dict(update.tensors)  # once: checked and staged in this form
+        tensors = update.tensors  # checked and staged as they are: no copy
         try:
             self.check_masked(update.client_index, tensors)
         except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys
