@@ -31,8 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine.simulation as simulation  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.messages import ModelSpec  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.wire.messages import ModelSpec  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
 from server.strategies.base import Strategy  # noqa: E402
 

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.synthetic import LAYERS, make_update, update_bytes  # noqa: E402
 from bench.synthetic import VIT_B16 as SPEC
-from common.config import RunConfig  # noqa: E402
-from common.messages import ClientUpdate, Phase, RoundPlan  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.wire.messages import ClientUpdate, Phase, RoundPlan  # noqa: E402
 
 if TYPE_CHECKING:  # at run time imported where it is built (build_coordinator)
     from server.coordinator import Coordinator
@@ -127,7 +127,7 @@ def worker_inprocess(n: int, order: str, state: Path) -> dict:
 
 
 def worker_grpc(n: int, state: Path) -> dict:
-    from common.tls import Security
+    from common.infra.tls import Security
     from server.service import create_server
 
     coordinator, staged = build_coordinator(n, state)
@@ -168,7 +168,7 @@ def worker_grpc(n: int, state: Path) -> dict:
 def load_generator(target: str, n: int) -> dict:
     """N clients: join + describe each, then pull the plan and push an update, K at a time."""
     from client.transport import CoordinatorClient
-    from common.tls import Security
+    from common.infra.tls import Security
 
     for i in range(n):
         client = CoordinatorClient(target, f"c{i}", security=Security(insecure=True))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from client.backbones import ClassifierModel, build_backbone
 from client.datasets import load_dataset
 from client.persample import PerSampleSquares
-from common.config import RunConfig
+from common.run.config import RunConfig
 
 
 def texts(count: int) -> list[str]:

@@ -42,13 +42,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.synthetic import TINY, VIT_B16, make_update  # noqa: E402
 from client.transport import Backoff, CoordinatorClient  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.messages import (  # noqa: E402
+from common.infra.tls import Security  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.wire.messages import (  # noqa: E402
     ModelSpec,
     Phase,
     Wait,  # noqa: E402
 )
-from common.tls import Security  # noqa: E402
 from server.store import Store  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
 

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.merge import LoraAAccumulator, LoraBAccumulator, TaskMergeAccumulator  # noqa: E402
+from common.merges.regmean import LoraAAccumulator, LoraBAccumulator, TaskMergeAccumulator  # noqa: E402
 
 BLOCKS = 12
 # (d_out, d_in) of qkv, proj, fc1, fc2 in every block

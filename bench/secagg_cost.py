@@ -7,7 +7,7 @@ three modes:
 
 - ``plain``: no secure aggregation. Each client uploads its update; the coordinator checks and folds every
   update, then merges.
-- ``honest``: against a curious coordinator. Every round of ``common/secagg_rounds.py``: keys with a
+- ``honest``: against a curious coordinator. Every round of ``common/secagg/rounds.py``: keys with a
   commitment to the own-mask seed, sealed shares, masked inputs, then the unmask answers of every survivor
   (the coordinator waits for all of them, so that a wrong share can be named). The coordinator adds the
   masked inputs, rebuilds and checks the secrets, removes the masks, loads the sum and merges.
@@ -61,16 +61,16 @@ import torch
 
 from client.runtime import build_runtime
 from common.aggregation.base import Aggregator
-from common.config import RunConfig
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from common.presets import preset
-from common.secagg import FixedPoint, decode, encode
-from common.secagg_rounds import BOX_BYTES, ClientSession, Keys, ServerSession
-from common.secagg_signing import Signer, Verifier
-from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
-from common.settings import SecAggSettings
-from common.sums import running_sums
-from common.tensors import (
+from common.merges.sums import running_sums
+from common.run.config import RunConfig
+from common.run.presets import preset
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import FixedPoint, decode, encode
+from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, ServerSession
+from common.secagg.signing import Signer, Verifier
+from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.wire.tensors import (
     FACTOR,
     GRAM,
     HEAD_BIAS,

@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.backbones import build_model, model_spec  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.messages import LowRank  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.wire.messages import LowRank  # noqa: E402
 from serve.model import Classifier  # noqa: E402
 from server.certs import create_dev_pki  # noqa: E402
 from server.export import export_adapter, export_card, export_head, model_card  # noqa: E402

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from common.messages import ClientUpdate, LoraStep, ModelSpec, RoundPlan
-from common.tensors import head_tensors, pack
+from common.wire.messages import ClientUpdate, LoraStep, ModelSpec, RoundPlan
+from common.wire.tensors import head_tensors, pack
 
 BLOCKS, CLASSES, FEATURES = 12, 100, 768
 SHAPES = {"attn.qkv": (2304, 768), "attn.proj": (768, 768), "mlp.fc1": (3072, 768), "mlp.fc2": (768, 3072)}

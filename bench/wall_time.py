@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.config import RunConfig  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
 
 CONFIG = RunConfig(
     run_id="walltime",

@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.synthetic import CLASSES, FEATURES, LAYERS  # noqa: E402
 from bench.synthetic import VIT_B16 as SPEC
 from client.transport import CoordinatorClient  # noqa: E402
-from common.config import RunConfig  # noqa: E402
-from common.messages import ClientUpdate, EvalReport, LoraStep, Phase, RoundPlan  # noqa: E402
-from common.tensors import head_tensors, pack  # noqa: E402
-from common.tls import Security  # noqa: E402
+from common.infra.tls import Security  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.wire.messages import ClientUpdate, EvalReport, LoraStep, Phase, RoundPlan  # noqa: E402
+from common.wire.tensors import head_tensors, pack  # noqa: E402
 from proto import codec  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402
 from server.service import create_server  # noqa: E402

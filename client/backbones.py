@@ -1,7 +1,7 @@
 """Backbones: feature extractors with LoRA applied, plus the classifier head around them.
 
 Every backbone maps encoded inputs to features ``(batch, feature_dim)`` and knows which LoRA
-target rule fits it (``common.lora.TARGET_RULES``) and how to encode raw samples (text or
+target rule fits it (``common.adapters.lora.TARGET_RULES``) and how to encode raw samples (text or
 images) into input tensors.
 """
 
@@ -17,13 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from client.pretrained import pretrained_path
-from common.config import RunConfig
-from common.ia3 import SIDE, apply_ia3
-from common.lora import LoRALinear, apply_lora, lora_layers
-from common.messages import ModelSpec
+from common.adapters.ia3 import SIDE, apply_ia3
+from common.adapters.lora import LoRALinear, apply_lora, lora_layers
+from common.adapters.vera import apply_vera
 from common.methods import method
-from common.settings import DataSettings, Ia3Settings, ModelSettings, VeraSettings
-from common.vera import apply_vera
+from common.run.config import RunConfig
+from common.run.settings import DataSettings, Ia3Settings, ModelSettings, VeraSettings
+from common.wire.messages import ModelSpec
 
 
 class Backbone(nn.Module):

@@ -1,7 +1,7 @@
 """Datasets as raw samples with integer labels ``0..num_classes-1`` in the dataset's class order.
 
 A dataset is loaded on each client from local disk (or generated, for tests); nothing about
-it crosses the wire. Tasks are contiguous label ranges (``common.partition.task_ranges``).
+it crosses the wire. Tasks are contiguous label ranges (``common.run.partition.task_ranges``).
 Every on-disk dataset lives in ``data_dir(config) / <name>``; text samples are strings,
 image samples file paths or ``uint8 (H, W, 3)`` arrays (``client.images``). Datasets without
 an official test split get a fixed 80/20 split per class (``holdout_split``) that does not
@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from client.images import ImageTransforms, image_size, image_transforms, is_image_file
-from common.config import RunConfig
-from common.settings import DataSettings
+from common.run.config import RunConfig
+from common.run.settings import DataSettings
 
 
 class DatasetError(ValueError):

@@ -11,7 +11,7 @@ head solved from them is the same for every split of the data:
 - CCVR (``class_moments``): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``, or of
   ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
 - with ``FeaturesStep.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
-  with ``R^T R = X^T X`` (``common.merge.gram_factor``: n F' numbers instead of F'^2; with the setting
+  with ``R^T R = X^T X`` (``common.merges.regmean.gram_factor``: n F' numbers instead of F'^2; with the setting
   ``ridge.blocks = K``, ``(K, min(n, F'/K), F'/K)``, the factors of the Gram's K diagonal blocks, all an
   ensemble of K ridge heads on the K projections needs); and,
   when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
@@ -39,8 +39,7 @@ import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel
-from common.config import RunConfig
-from common.declared import (
+from common.aggregation.declared import (
     GRAM_FACTOR,
     HOLDOUT,
     class_moments,
@@ -49,10 +48,11 @@ from common.declared import (
     holdout_blocks,
     holdout_every,
 )
-from common.merge import block_gram_factor, gram_factor
-from common.messages import RoundPlan
-from common.settings import NcmSettings
-from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from common.merges.regmean import block_gram_factor, gram_factor
+from common.run.config import RunConfig
+from common.run.settings import NcmSettings
+from common.wire.messages import RoundPlan
+from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 
 FEATURE_BATCH = 64  # no gradients: larger batches than training, same features
 
@@ -99,7 +99,7 @@ def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
     return _projection(config.seed, dim, d_in) if dim else None
 
 
-# The function of each setting ``activation`` (its names: ``common.settings.ACTIVATIONS``).
+# The function of each setting ``activation`` (its names: ``common.run.settings.ACTIVATIONS``).
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,

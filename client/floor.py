@@ -25,11 +25,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.config import RunConfig
-from common.secagg import SecAggError
-from common.secagg_rounds import default_threshold
-from common.secure_terms import threshold
-from common.settings import SecAggSettings
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError
+from common.secagg.rounds import default_threshold
+from common.secagg.terms import threshold
 
 ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
 HONEST = "honest"  # the mode of a run whose settings name none: a curious coordinator that follows the protocol

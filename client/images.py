@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from common.settings import DataSettings
+from common.run.settings import DataSettings
 
 if TYPE_CHECKING:  # torchvision is imported on first use (see _transforms)
     from torchvision.transforms import InterpolationMode

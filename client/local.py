@@ -14,8 +14,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from common.config import CLIENT_LOCAL, RunConfig, client_local_values, without_client_local
-from common.settings import DataSettings, ModelSettings
+from common.run.config import CLIENT_LOCAL, RunConfig, client_local_values, without_client_local
+from common.run.settings import DataSettings, ModelSettings
 
 ENV_DATA_DIR = "LORM_DATA_DIR"
 ENV_WEIGHTS = "LORM_MODEL_WEIGHTS"

@@ -18,13 +18,13 @@ from client.runtime import build_runtime
 from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.config import RunConfig
-from common.faults import fault_point
-from common.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
-from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
-from common.progress import Progress
-from common.tensors import WireError
-from common.tls import SecurityError, add_security_arguments, security_from_args
+from common.infra.faults import fault_point
+from common.infra.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
+from common.infra.progress import Progress
+from common.infra.tls import SecurityError, add_security_arguments, security_from_args
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
+from common.wire.tensors import WireError
 
 
 def idempotency_key(run_id: str, plan: RoundPlan, client_index: int) -> str:

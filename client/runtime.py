@@ -18,8 +18,8 @@ from client.backbones import ClassifierModel, build_backbone, build_model, model
 from client.datasets import Splits, load_dataset
 from client.images import ImageData
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
-from common.config import RunConfig
-from common.messages import ModelSpec
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec
 
 log = logging.getLogger("lorm.client")
 

@@ -3,13 +3,13 @@
 Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
 check the update and fold it into a fresh aggregator of the step, the one the coordinator folds into
-(``common.methods.make_aggregator``, ``common/secure_terms.py``), push the terms masked, wait for the
+(``common.methods.make_aggregator``, ``common/secagg/terms.py``), push the terms masked, wait for the
 unmask request and answer it.
 
 In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
 signed with the client's mTLS key and every roster entry is checked against the run's CA, and the
 client signs the unmask request and waits for the threshold's signatures over the same request
-before it reveals anything (``common/secagg_rounds.py``).
+before it reveals anything (``common/secagg/rounds.py``).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import time
 from collections.abc import Callable
 
 from client.transport import CoordinatorClient
-from common.config import RunConfig
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.infra.tls import Security
 from common.methods import make_aggregator
-from common.secagg import SecAggError
-from common.secagg_rounds import ClientSession
-from common.secagg_signing import Signer, Verifier
-from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
-from common.settings import SecAggSettings
-from common.tls import Security
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError
+from common.secagg.rounds import ClientSession
+from common.secagg.signing import Signer, Verifier
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 
 log = logging.getLogger("lorm.client")
 

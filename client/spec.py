@@ -14,8 +14,8 @@ from pathlib import Path
 
 from client.backbones import build_model, model_spec
 from client.datasets import load_dataset
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.messages import ModelSpec
+from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.wire.messages import ModelSpec
 
 
 def describe(config: RunConfig) -> ModelSpec:

@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import grpc
 
-from common.config import RunConfig
-from common.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
-from common.secagg_rounds import Keys
-from common.tls import Security
+from common.infra.tls import Security
+from common.run.config import RunConfig
+from common.secagg.rounds import Keys
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -73,7 +73,7 @@ class CoordinatorClient:
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
         self.call_timeout_s = call_timeout_s
-        # Security.channel takes list[tuple[str, object]], and list is invariant; common/tls.py should take a
+        # Security.channel takes list[tuple[str, object]], and list is invariant; common/infra/tls.py should take a
         # Sequence (reported), at which point warn_unused_ignores flags this line.
         self.channel = security.channel(target, codec.CHANNEL_OPTIONS)
         self.metadata = security.call_metadata()  # the bearer token, sent with every call

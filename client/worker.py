@@ -19,10 +19,10 @@ from torch import Tensor
 from client.backbones import ClassifierModel, model_spec
 from client.methods import client_method
 from client.methods.base import Samples, set_view
-from common.config import RunConfig
-from common.declared import check_declared_shapes, declared_tensors
-from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
-from common.partition import client_test_indices, dirichlet_partition, task_ranges
+from common.aggregation.declared import check_declared_shapes, declared_tensors
+from common.run.config import RunConfig
+from common.run.partition import client_test_indices, dirichlet_partition, task_ranges
+from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 
 
 class SampleData(Samples, Protocol):
@@ -107,7 +107,7 @@ class ClientWorker:
 
     def update(self, plan: RoundPlan) -> ClientUpdate:
         """A ``TRAIN``, ``TASK_GRAM`` or ``FEATURES`` step, as the method's client half does it; its tensors must be
-        those the step declares (``common.declared``), which the coordinator will expect."""
+        those the step declares (``common.aggregation.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
         update = half.update(self, plan)
         got = {name: tuple(t.shape) for name, t in update.tensors.items()}

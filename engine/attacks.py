@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 
 from client.worker import ClientWorker
-from common.messages import ClientUpdate, EvalReport, RoundPlan
-from common.settings import RobustSettings
+from common.run.settings import RobustSettings
+from common.wire.messages import ClientUpdate, EvalReport, RoundPlan
 from server.checks import Options, sample_bounds
 from server.robust import CHANGE, SECOND, change, plan_starts, reweigh, scaled, tensor_role
 

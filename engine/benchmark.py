@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
+from common.run.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
 from engine.benchmark_report import JOINT, _duration, write_report
 from engine.cells import RUNNERS, Cell, run_children, run_grid
 from server.strategies import STRATEGIES

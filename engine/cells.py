@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from client.worker import resolve_device
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.benchmark_report import _duration, _pct, cell_seconds
 from engine.launch import launch
 from engine.simulation import run_inprocess, saved_config

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import IO, TextIO
 
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.tls import ENV
+from common.infra.tls import ENV
+from common.run.config import RunConfig, add_config_arguments, config_from_args
 from server.certs import create_dev_pki
 
 SERVER = [sys.executable, "-m", "server.main"]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig, merged
-from common.presets import preset
+from common.run.config import RunConfig, merged
+from common.run.presets import preset
 from engine.attacks import ADAPTIVE, ATTACKS, NAIVE, hostile_indices, wrap_hostile
 from engine.simulation import run_inprocess
 

@@ -27,15 +27,15 @@ from torch import Tensor
 from client.datasets import DatasetError
 from client.runtime import build_runtime, process_settings_kept
 from client.worker import ClientWorker
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.logs import add_logging_arguments, plan_name, setup_logging
-from common.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
+from common.infra.logs import add_logging_arguments, plan_name, setup_logging
+from common.infra.progress import Progress, kind_of
 from common.methods import describe, overview
-from common.metrics import AccuracyMatrix, format_summary
-from common.partition import describe_tasks
-from common.progress import Progress, kind_of
-from common.secagg import SecAggError
-from common.settings import RobustSettings, SecAggSettings
+from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.metrics import AccuracyMatrix, format_summary
+from common.run.partition import describe_tasks
+from common.run.settings import RobustSettings, SecAggSettings
+from common.secagg.primitives import SecAggError
+from common.wire.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
 from server.results import RunReporter
 from server.robust import screen_and_fold
 from server.run_state import RunMeta, State
@@ -115,7 +115,7 @@ def run_inprocess(
 
     ``wrap(i, worker)``: what stands in for client ``i`` (e.g. a hostile client of
     ``engine.attacks``); by default the worker itself. ``progress``: show which client step runs,
-    its batches and the run's ETA on stderr (``common.progress``). ``state_dir``: commit the run
+    its batches and the run's ETA on stderr (``common.infra.progress``). ``state_dir``: commit the run
     after every step, and go on from the last commit found there (a run of another configuration
     there is an error: use a fresh directory). The process's torch settings that the run changes
     (threads, deterministic kernels) are put back when it returns.

@@ -1,8 +1,8 @@
-"""The wire format: conversions between :mod:`common.messages` and ``proto/lorm.proto``.
+"""The wire format: conversions between :mod:`common.wire.messages` and ``proto/lorm.proto``.
 
 This is the only module that turns dataclasses into protobuf messages and back; only the
 servicer (``server/service.py``) and the client transport (``client/transport.py``) import
-it, and everything else sees dataclasses and the flat named tensors of :mod:`common.tensors`.
+it, and everything else sees dataclasses and the flat named tensors of :mod:`common.wire.tensors`.
 
 A tensor travels as a :class:`TensorHeader` (name, dtype, shape, byte size, CRC-32)
 declared in the stream's first message, then as :class:`TensorChunk` messages carrying its
@@ -29,7 +29,8 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
-from common.messages import (
+from common.secagg.rounds import Keys
+from common.wire.messages import (
     ClientUpdate,
     EvalReport,
     Instruction,
@@ -39,8 +40,7 @@ from common.messages import (
     RoundPlan,
     Wait,
 )
-from common.secagg_rounds import Keys
-from common.tensors import DEFAULT_MAX_TOTAL_BYTES, PARTED, VECTOR, WireError, parse_tensor_name
+from common.wire.tensors import DEFAULT_MAX_TOTAL_BYTES, PARTED, VECTOR, WireError, parse_tensor_name
 from proto import lorm_pb2 as pb
 
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping

@@ -6,7 +6,7 @@
 - ``GET /v1/model``: the model in use (its run, tasks learned, classes) and the batch sizes run so far;
 - ``GET /health``: 200 ``{"status": "SERVING"}`` with a model, 503 ``NOT_SERVING`` (and why) before one.
 
-Callers are authenticated as the coordinator's clients are (``common/tls.py``): by their certificate
+Callers are authenticated as the coordinator's clients are (``common/infra/tls.py``): by their certificate
 (checked when the connection is made, ``serve/main.py``) and/or a bearer token (checked here, per request).
 """
 
@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, Field
 
-from common.tls import token_digest
+from common.infra.tls import token_digest
 from serve.batcher import MicroBatcher
 from serve.model import Classifier, Prediction
 from serve.watch import ModelSlot

@@ -1,7 +1,7 @@
 """``lorm-serve``: the inference server over a run's exports (uvicorn running ``serve/app.py``).
 
 It serves the newest export under ``--models`` and replaces it when the coordinator writes a newer one.
-Connections are secured with the coordinator's own flags (``common/tls.py``): ``--tls-cert``/``--tls-key``
+Connections are secured with the coordinator's own flags (``common/infra/tls.py``): ``--tls-cert``/``--tls-key``
 for HTTPS; ``--tls-ca`` for mutual TLS (a caller's identity is its certificate's ``lorm-client://<id>`` SAN
 URI, else its CN, checked against ``--allowed-clients`` when the connection is made); ``--token-file`` for
 bearer tokens; ``--insecure`` for plain HTTP on a trusted network.
@@ -22,9 +22,9 @@ import torch
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from common.logs import add_logging_arguments, setup_logging
-from common.tls import CLIENT_URI_SCHEME, Security, SecurityError, add_security_arguments, read_token_digests
-from common.tls import security_from_args as checked_security
+from common.infra.logs import add_logging_arguments, setup_logging
+from common.infra.tls import CLIENT_URI_SCHEME, Security, SecurityError, add_security_arguments, read_token_digests
+from common.infra.tls import security_from_args as checked_security
 from serve.app import Identities, create_app
 from serve.model import Classifier
 from serve.watch import ModelSlot

@@ -1,4 +1,4 @@
-"""An exported model rebuilt from its directory alone (``common/model_card.py``), ready to classify.
+"""An exported model rebuilt from its directory alone (``common/wire/model_card.py``), ready to classify.
 
 The backbone is built as the run's clients built it (``client.backbones.build_backbone`` from the card's
 backbone name, seed and ``max_length``); the export's delta is added to its weights once
@@ -28,10 +28,10 @@ from torch import Tensor, nn
 from client.backbones import Backbone, build_backbone
 from client.images import image_size, image_transforms, open_rgb
 from client.worker import resolve_device
-from common.config import RunConfig
 from common.methods import DENSE, EWC, LORA, LWF, TARGET, VERA, registry
-from common.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE, HEAD_FILE, ModelCard
-from common.settings import DataSettings
+from common.run.config import RunConfig
+from common.run.settings import DataSettings
+from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE, HEAD_FILE, ModelCard
 
 # The client halves whose evaluation scores a sample by the head on the backbone's own features,
 # ``head(backbone(x))`` with the backbone ``W0`` plus the exported delta: what this module rebuilds.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from common.model_card import CARD_FILE
+from common.wire.model_card import CARD_FILE
 
 log = logging.getLogger("lorm.serve")
 M = TypeVar("M")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from common.tls import Security, SecurityError
+from common.infra.tls import Security, SecurityError
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import grpc
 
-from common.tls import CLIENT_URI_SCHEME, Security, read_token_digests, token_digest
+from common.infra.tls import CLIENT_URI_SCHEME, Security, read_token_digests, token_digest
 
 log = logging.getLogger("lorm.server.auth")
 

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.tls import CLIENT_URI_SCHEME, token_digest
+from common.infra.tls import CLIENT_URI_SCHEME, token_digest
 
 CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # fits a CN and the host part of a URI
 

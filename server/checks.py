@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config import RunConfig
-from common.messages import EvalReport, ModelSpec, Phase
-from common.tensors import DEFAULT_MAX_TOTAL_BYTES
+from common.run.config import RunConfig
+from common.wire.messages import EvalReport, ModelSpec, Phase
+from common.wire.tensors import DEFAULT_MAX_TOTAL_BYTES
 
 
 class Refused(Exception):

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from common.aggregation.validate import UpdateRejected, check_declared
-from common.config import RunConfig
-from common.faults import fault_point
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
-from common.metrics import AccuracyMatrix
-from common.partition import describe_tasks
-from common.progress import Progress, kind_of
-from common.secagg_rounds import Keys
-from common.secure_terms import declared_layout
-from common.settings import RobustSettings, SecAggSettings
+from common.infra.faults import fault_point
+from common.infra.progress import Progress, kind_of
+from common.run.config import RunConfig
+from common.run.metrics import AccuracyMatrix
+from common.run.partition import describe_tasks
+from common.run.settings import RobustSettings, SecAggSettings
+from common.secagg.rounds import Keys
+from common.secagg.terms import declared_layout
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from server.checks import (
     Options,
     Refused,

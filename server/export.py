@@ -5,7 +5,7 @@
   ``k = T * r``, loadable with ``PeftModel.from_pretrained(base, out_dir)``, or by hand:
   ``W = W0 + lora_scale * lora_B @ lora_A`` with safetensors alone;
 - :func:`export_head`: the classifier head as a safetensors file;
-- :func:`export_card`: ``model.json`` (``common.model_card``), written last: the classes in head order, the
+- :func:`export_card`: ``model.json`` (``common.wire.model_card``), written last: the classes in head order, the
   backbone and the preprocessing, so that the directory alone rebuilds and serves the model
   (:func:`model_card` fills it from what the coordinator knows);
 - :func:`write_metrics`: the run summary as JSON.
@@ -26,11 +26,11 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from common.config import RunConfig
-from common.messages import LowRank, ModelSpec
-from common.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
-from common.partition import task_ranges
-from common.settings import DataSettings, ModelSettings
+from common.run.config import RunConfig
+from common.run.partition import task_ranges
+from common.run.settings import DataSettings, ModelSettings
+from common.wire.messages import LowRank, ModelSpec
+from common.wire.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
 from server.store import atomic_write_bytes
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for

@@ -17,7 +17,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.tls import Security, add_security_arguments
+from common.infra.tls import Security, add_security_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:

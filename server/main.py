@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from common.config import CLIENT_LOCAL, add_config_arguments, client_local_values, config_from_args
-from common.logs import add_logging_arguments, set_context, setup_logging
-from common.messages import ModelSpec
-from common.metrics import format_summary
-from common.tls import SecurityError, add_security_arguments, security_from_args
+from common.infra.logs import add_logging_arguments, set_context, setup_logging
+from common.infra.tls import SecurityError, add_security_arguments, security_from_args
+from common.run.config import CLIENT_LOCAL, add_config_arguments, client_local_values, config_from_args
+from common.run.metrics import format_summary
+from common.wire.messages import ModelSpec
 from server.admission import Limits
 from server.checks import Options, Refused
 from server.coordinator import Coordinator, State

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import grpc
 
-from common.tls import token_digest
+from common.infra.tls import token_digest
 from server.auth import bearer_token
 
 log = logging.getLogger("lorm.server.operator")

@@ -7,7 +7,7 @@
 - ``adapter/`` (standard PEFT LoRA adapter) — or, for full fine-tuning baselines,
   ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``;
 - ``model.json`` (written after them): the card that makes the directory a self-contained export
-  (``common/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it).
+  (``common/wire/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from torch import Tensor
 
-from common.config import RunConfig
-from common.faults import fault_point
-from common.messages import LowRank, ModelSpec
-from common.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
+from common.infra.faults import fault_point
+from common.run.config import RunConfig
+from common.wire.messages import LowRank, ModelSpec
+from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
 from server.export import (
     export_adapter,
     export_card,

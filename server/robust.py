@@ -66,10 +66,10 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
-from common.declared import GRAM_FACTOR
-from common.messages import ClientUpdate, RoundPlan
-from common.settings import RobustSettings
-from common.tensors import (
+from common.aggregation.declared import GRAM_FACTOR
+from common.run.settings import RobustSettings
+from common.wire.messages import ClientUpdate, RoundPlan
+from common.wire.tensors import (
     DELTA,
     FACTOR,
     FISHER,

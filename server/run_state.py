@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from common.config import RunConfig
-from common.messages import ModelSpec
-from common.metrics import AccuracyMatrix
+from common.run.config import RunConfig
+from common.run.metrics import AccuracyMatrix
+from common.wire.messages import ModelSpec
 
 SCHEMA = 1  # meta.json's "schema"; absent: one of the two unversioned forms above
 

@@ -8,9 +8,9 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common.faults import after_items
-from common.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
-from common.tls import Security
+from common.infra.faults import after_items
+from common.infra.tls import Security
+from common.wire.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

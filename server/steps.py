@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from common.aggregation.base import Aggregator
-from common.faults import fault_point
-from common.logs import plan_name, report_text, step_loss
-from common.messages import ClientUpdate, EvalReport, Phase, RoundPlan
-from common.metrics import AccuracyMatrix
-from common.settings import RobustSettings
+from common.infra.faults import fault_point
+from common.infra.logs import plan_name, report_text, step_loss
+from common.run.metrics import AccuracyMatrix
+from common.run.settings import RobustSettings
+from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from server.robust import robust_text, screen_and_fold
 from server.secure import SecureStep, secagg_text
 from server.store import step_key

@@ -26,9 +26,9 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from common.config import RunConfig
-from common.faults import fault_point
-from common.messages import ClientUpdate, Phase
+from common.infra.faults import fault_point
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, Phase
 from server.run_state import RunMeta
 
 

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]

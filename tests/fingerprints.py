@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.config import RunConfig  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
 from engine.simulation import run_inprocess  # noqa: E402
 from server.strategies import STRATEGIES  # noqa: E402
 

@@ -4,8 +4,8 @@ synthetic run (the client tests that check what one update carries)."""
 from __future__ import annotations
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import Phase
+from common.run.config import RunConfig
+from common.wire.messages import Phase
 from server.strategies import make_strategy
 
 TINY = dict(

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import LoraStep, Phase, RoundPlan
 from common.methods import method
 from common.methods.fedprox import FedProxStep
-from common.tensors import FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA
+from common.run.config import RunConfig
+from common.wire.messages import LoraStep, Phase, RoundPlan
+from common.wire.tensors import FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from proto import codec
 from server.strategies import make_strategy

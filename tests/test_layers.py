@@ -65,3 +65,97 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from client.runtime import build_runtime\n    import proto.codec\n")
     assert imports(source) == {"client.runtime", "proto.codec"}
+
+
+# common/ by concern: each package may import (when its modules load) only the packages listed. The methods'
+# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all six.
+CONCERNS = {
+    "wire": set(),  # the envelopes, named tensors and the model card
+    "run": set(),  # RunConfig, the typed settings, presets, partition, metrics
+    "merges": set(),  # the closed-form merges: pure math
+    "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
+    "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
+    "secagg": {"infra", "wire", "run", "merges"},  # the protocol, and the terms a client masks
+}
+
+
+def load_time_imports(path: Path) -> set[str]:
+    """Modules of the project ``path`` imports when it loads: module and class bodies, not function bodies
+    (the registry's lazy imports) nor ``if TYPE_CHECKING:`` blocks. ``from a.b import c`` names ``a.b.c``
+    where that is a module, else ``a.b``."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    as_path = ROOT / sub.replace(".", "/")
+                    found.add(sub if as_path.with_suffix(".py").is_file() or as_path.is_dir() else node.module)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.ClassDef | ast.With | ast.Try):
+                visit(node.body)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return {m for m in found if m.split(".")[0] == "common"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_common_is_split_by_concern_and_each_concern_imports_only_those_below_it():
+    wrong = {}
+    for concern, allowed in CONCERNS.items():
+        for path in modules(f"common/{concern}"):
+            outside = {
+                m for m in load_time_imports(path) if m.split(".")[1] not in allowed | {concern} and m != "common"
+            }
+            if outside:
+                wrong[str(path.relative_to(ROOT))] = sorted(outside)
+    assert wrong == {}
+    flat = sorted(p.name for p in (ROOT / "common").glob("*.py") if p.name != "__init__.py")
+    assert flat == [], "common/ holds packages by concern only"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (module -> modules it imports), as a path that ends where it starts."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep in graph and dep not in state and (cycle := visit(dep, [*path, dep])):
+                return cycle
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name, [name])):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_common():
+    cycle = find_cycle({module_name(p): load_time_imports(p) for p in modules("common")})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_checker_reads_load_time_imports_and_finds_a_cycle(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from common.b import x\n")
+    b.write_text("import common.a\nif TYPE_CHECKING:\n    import common.c\ndef f():\n    import common.d\n")
+    graph = {"common.a": load_time_imports(a), "common.b": load_time_imports(b)}
+    assert graph == {"common.a": {"common.b"}, "common.b": {"common.a"}}
+    assert find_cycle(graph) == ["common.a", "common.b", "common.a"]
+    assert find_cycle({"common.a": {"common.b"}, "common.b": set()}) is None

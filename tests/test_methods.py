@@ -3,9 +3,9 @@
 import pytest
 
 from client.methods import ClientMethod, client_method
-from common.config import RunConfig
-from common.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
 from common.methods import load_half, method, registry
+from common.run.config import RunConfig
+from common.wire.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
 from server.strategies import STRATEGIES, Strategy
 
 

@@ -13,7 +13,7 @@ def test_a_child_imports_the_project_and_what_the_parents_pythonpath_holds(tmp_p
     (tmp_path / "installed_beside.py").write_text("WHERE = 'parent path'\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert project_pythonpath().split(os.pathsep)[0] == str(ROOT)
-    script = "import common.config, installed_beside; print(installed_beside.WHERE)"
+    script = "import common.run.config, installed_beside; print(installed_beside.WHERE)"
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=tmp_path,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from client.methods.base import ClientMethod
-from common.config import RunConfig
 from common.methods import load_half, method
+from common.run.config import RunConfig
 
 
 def client_method(config: RunConfig) -> ClientMethod:

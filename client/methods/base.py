@@ -2,7 +2,7 @@
 
 ``ClientWorker`` (``client/worker.py``) owns the data and the model and calls the method's
 client half for every step; the half never branches on other methods. A half serves one
-:class:`~common.messages.Mode` (:attr:`ClientMethod.mode`); the plans of its method ask for
+:class:`~common.wire.messages.Mode` (:attr:`ClientMethod.mode`); the plans of its method ask for
 that mode (a method whose steps differ in mode combines halves, see
 ``client.methods.features.LoRAThenFeatures``).
 
@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client.backbones import ClassifierModel
-from common.config import RunConfig
-from common.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
-from common.tensors import (
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
+from common.wire.tensors import (
     EXTRA,
     HEAD_BIAS,
     HEAD_WEIGHT,
@@ -133,7 +133,7 @@ class ClientMethod:
         return None
 
     def outputs(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
-        """What the update carries after training: its tensors by wire name (``common/tensors.py``)."""
+        """What the update carries after training: its tensors by wire name (``common/wire/tensors.py``)."""
         return {}
 
     def forward(self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor]) -> Tensor:

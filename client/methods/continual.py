@@ -31,9 +31,9 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from client.methods.base import Client, load_dense
 from client.methods.dense import DenseTrainer
-from common.messages import ANCHOR_HEAD, RoundPlan
-from common.settings import EwcSettings, LwfSettings
-from common.tensors import ANCHOR, FISHER
+from common.run.settings import EwcSettings, LwfSettings
+from common.wire.messages import ANCHOR_HEAD, RoundPlan
+from common.wire.tensors import ANCHOR, FISHER
 
 
 def ewc_penalty(

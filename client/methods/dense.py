@@ -18,9 +18,9 @@ from torch import Tensor
 from client.methods.base import Client, ClientMethod, load_head, load_lora, sent_head, set_view
 from client.methods.lora import gram_pass
 from client.persample import PerSampleSquares
-from common.config import FISHER_SUMMED
-from common.messages import DenseStep, Mode, Phase, RoundPlan
-from common.tensors import DELTA, pack
+from common.run.config import FISHER_SUMMED
+from common.wire.messages import DenseStep, Mode, Phase, RoundPlan
+from common.wire.tensors import DELTA, pack
 
 
 class DenseTrainer(ClientMethod):
@@ -63,7 +63,7 @@ FLUSH_EVERY = 64  # squared-gradient terms summed in float32 before they join th
 def fisher(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> dict[str, Tensor]:
     """Diagonal Fisher of the ACE model ``p(y|x)`` (the task's classes) at the trained weights.
 
-    ``config.fisher`` picks the estimator (``common.config.FISHER_ESTIMATORS``), with
+    ``config.fisher`` picks the estimator (``common.run.config.FISHER_ESTIMATORS``), with
     ``g_y = d log p(y|x) / d theta`` per sample ``x`` (eval mode, no dropout):
 
     - ``sampled``: ``mean_x g_y^2``, ``y ~ p(.|x)`` (Matena & Raffel's Monte Carlo estimate);

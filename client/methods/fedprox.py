@@ -12,8 +12,8 @@ from torch import Tensor
 
 from client.methods.base import Client
 from client.methods.lora import LoRATrainer
-from common.messages import RoundPlan
 from common.methods.fedprox import FedProxStep
+from common.wire.messages import RoundPlan
 
 
 class FedProxTrainer(LoRATrainer):

@@ -4,7 +4,7 @@ The plan carries the current vector of the trained side (``plan.vectors[layer]["
 output, ``["A"]`` on the input) and the frozen ``"E"`` (earlier tasks, for Gram passes and
 evaluation). Training sees ``W0 + s dW`` as LoRM's does; the Gram pass
 ``W0 + extra + view_scale * s dW`` with this client's trained vector; each layer's Gram is then
-reduced here to the weights of the exact merge (``common.adapter_merge.ia3_statistic``), with
+reduced here to the weights of the exact merge (``common.merges.vectors.ia3_statistic``), with
 ``W0`` that only clients hold.
 """
 
@@ -15,12 +15,12 @@ from torch import Tensor
 
 from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
-from common.adapter_merge import ia3_statistic
-from common.ia3 import IA3Linear
-from common.merge import decay_gram
-from common.messages import LoraStep, Mode, Phase, RoundPlan
-from common.settings import Ia3Settings
-from common.tensors import VECTOR, pack
+from common.adapters.ia3 import IA3Linear
+from common.merges.regmean import decay_gram
+from common.merges.vectors import ia3_statistic
+from common.run.settings import Ia3Settings
+from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
+from common.wire.tensors import VECTOR, pack
 
 
 def ia3_layers(client: Client) -> dict[str, IA3Linear]:

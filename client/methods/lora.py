@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from client.methods.base import Client, ClientMethod, sent_head, set_view
-from common.lora import GramRecorder
-from common.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
-from common.tensors import pack
+from common.adapters.lora import GramRecorder
+from common.wire.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
+from common.wire.tensors import pack
 
 GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums
 

@@ -29,10 +29,10 @@ from torch import Tensor, nn
 from client.features import class_sums
 from client.methods.base import Client
 from client.methods.lora import LoRATrainer
-from common.messages import Phase, RoundPlan
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraSettings
-from common.tensors import EXTRA, STAT, named_tensors
+from common.wire.messages import Phase, RoundPlan
+from common.wire.tensors import EXTRA, STAT, named_tensors
 
 
 def scaled_distance(features: Tensor, prototypes: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """The client halves of the prompt-based continual learners: L2P and CODA-Prompt.
 
 The backbone stays ``W0`` (no LoRA, no dense delta); a step trains the plan's prompt
-components that are not frozen (``RoundPlan.prompt``, ``prompt_frozen``; ``common/prompts.py``)
+components that are not frozen (``RoundPlan.prompt``, ``prompt_frozen``; ``common/adapters/prompts.py``)
 at ``lora_lr`` and the head with ACE at ``lr``, and sends the change of the trained components
 (``delta/<name>``) and the head. Every forward first computes the **query** ``q``: the frozen
 backbone's features of the unprompted input (eval mode, no gradient): the class token of a ViT,
@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from client.methods.base import Client, ClientMethod, load_head, load_lora, sent_head
-from common.messages import Mode, Phase, PromptStep, RoundPlan
-from common.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
-from common.settings import CodaSettings, L2pSettings
-from common.tensors import PROMPT, pack
+from common.adapters.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
+from common.run.settings import CodaSettings, L2pSettings
+from common.wire.messages import Mode, Phase, PromptStep, RoundPlan
+from common.wire.tensors import PROMPT, pack
 
 
 def l2p_select(query: Tensor, keys: Tensor, top_k: int) -> tuple[Tensor, Tensor]:

@@ -20,9 +20,9 @@ from torch import Tensor
 from client.features import class_sums
 from client.methods.base import Client
 from client.methods.dense import DenseTrainer
-from common.messages import Phase, RoundPlan
 from common.methods.fedproto import PROTO, FedProtoSettings
-from common.tensors import STAT, named_tensors
+from common.wire.messages import Phase, RoundPlan
+from common.wire.tensors import STAT, named_tensors
 
 
 def prototype_loss(features: Tensor, labels: Tensor, mean: Tensor, count: Tensor) -> Tensor | None:

@@ -33,9 +33,9 @@ from client.backbones import ClassifierModel
 from client.methods.base import Client
 from client.methods.continual import distillation, previous_model
 from client.methods.dense import DenseTrainer
-from common.messages import RoundPlan
-from common.settings import TargetSettings
-from common.tensors import ANCHOR
+from common.run.settings import TargetSettings
+from common.wire.messages import RoundPlan
+from common.wire.tensors import ANCHOR
 
 _POOLS: dict[str, Tensor] = {}  # (run, task, teacher) digest -> synthetic inputs, this process's
 

@@ -1,10 +1,10 @@
 """The client half of ``lorm-vera``: train one VeRA vector per layer and the head, then its merge statistics.
 
 The plan carries the shared vectors (``plan.vectors``: ``lb`` as side ``"B"``, ``ld`` as ``"A"``);
-the frozen ``B, A`` are the layers' own, rebuilt from the run's seed (``common/vera.py``). After
+the frozen ``B, A`` are the layers' own, rebuilt from the run's seed (``common/adapters/vera.py``). After
 training, a Gram pass in the view ``W0 + extra + view_scale * s diag(lb) B diag(ld) A`` (as LoRM's),
 and each layer's Gram is reduced on this side to what the merge needs
-(``common.adapter_merge.vera_statistic``): the dense Gram never leaves the client.
+(``common.merges.vectors.vera_statistic``): the dense Gram never leaves the client.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from torch import Tensor
 
 from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
-from common.adapter_merge import vera_statistic
-from common.merge import decay_gram
-from common.messages import LoraStep, Mode, Phase, RoundPlan
-from common.settings import VeraSettings
-from common.tensors import EXTRA, VECTOR, pack
-from common.vera import VeRALinear
+from common.adapters.vera import VeRALinear
+from common.merges.regmean import decay_gram
+from common.merges.vectors import vera_statistic
+from common.run.settings import VeraSettings
+from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
+from common.wire.tensors import EXTRA, VECTOR, pack
 
 
 def vera_layers(client: Client) -> dict[str, VeRALinear]:

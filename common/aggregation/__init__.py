@@ -3,7 +3,7 @@
 A step's aggregator comes from its method's factory (``Method.aggregator`` in ``common.methods``; built by
 ``common.methods.make_aggregator``), a pure function of ``(plan, model spec, run config)``. The coordinator
 folds every client's update into it and hands it to the method's server half to solve; a client in a secure
-step folds its own update into a fresh one, whose running sums are what it masks (``common/secure_terms.py``),
+step folds its own update into a fresh one, whose running sums are what it masks (``common/secagg/terms.py``),
 so what a client masks is by construction what the coordinator would have folded.
 
 - ``base.py``: the :class:`~common.aggregation.base.Aggregator` interface;

@@ -17,17 +17,17 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from common.aggregation.declared import Shapes
 from common.aggregation.validate import UpdateRejected, check_scalars, check_tensors
-from common.config import RunConfig
-from common.declared import Shapes
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 
 
 class Aggregator(ABC):
     """Folds the updates of one step; validates each before touching any running sum.
 
     An aggregator whose state is running sums of per-client terms names its accumulators in
-    ``PARTS`` (``common/sums.py``); only such an aggregator supports secure aggregation, where
+    ``PARTS`` (``common/merges/sums.py``); only such an aggregator supports secure aggregation, where
     the coordinator loads the unmasked sum of the clients' terms instead of folding updates.
     """
 
@@ -36,7 +36,9 @@ class Aggregator(ABC):
 
     def __init__(self, plan: RoundPlan, declared: Shapes) -> None:
         self.plan = plan
-        self.declared = declared  # every tensor an update of this step carries (common.declared.declared_tensors)
+        self.declared = (
+            declared  # every tensor an update of this step carries (common.aggregation.declared.declared_tensors)
+        )
         self.count = 0
         self.num_samples = 0
         self.loss_sum = 0.0
@@ -80,7 +82,7 @@ class Aggregator(ABC):
 
     def expected(self) -> Shapes:
         """Every tensor an update of this step carries: wire name -> shape, as the plan declares it
-        (``common.declared.declared_tensors``, the declaration the clients' updates are built to)."""
+        (``common.aggregation.declared.declared_tensors``, the declaration the clients' updates are built to)."""
         return self.declared
 
     def _check(self, update: ClientUpdate) -> None:  # noqa: B027 (an optional hook: most methods need none)

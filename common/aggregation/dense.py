@@ -13,15 +13,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from common.adapters.prompts import trained_shapes
 from common.aggregation.base import Aggregator, present
-from common.config import FISHER_SUMMED, RunConfig
-from common.declared import HEAD_FISHER, Shapes, declared_tensors
-from common.dense_merge import FisherMeanAccumulator, TiesAccumulator
-from common.merge import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
-from common.messages import ClientUpdate, ModelSpec, Phase, PromptStep, RoundPlan
-from common.prompts import trained_shapes
-from common.settings import TiesSettings
-from common.tensors import DELTA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, PROMPT
+from common.aggregation.declared import HEAD_FISHER, Shapes, declared_tensors
+from common.merges.dense import FisherMeanAccumulator, TiesAccumulator
+from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
+from common.run.config import FISHER_SUMMED, RunConfig
+from common.run.settings import TiesSettings
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, PromptStep, RoundPlan
+from common.wire.tensors import DELTA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, PROMPT
 
 HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of TIES' task vector
 
@@ -46,7 +46,7 @@ class FedAvgAggregator(Aggregator):
     """Sample-weighted means of the updates' ``delta`` entries (``shapes``: every backbone parameter
     unless given) and of their heads."""
 
-    PARTS: ClassVar[tuple[str, ...]] = ("delta", "head", "bias")  # running sums (common/sums.py)
+    PARTS: ClassVar[tuple[str, ...]] = ("delta", "head", "bias")  # running sums (common/merges/sums.py)
 
     def __init__(
         self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, shapes: dict[str, tuple[int, ...]] | None = None
@@ -71,7 +71,12 @@ class RegMeanAggregator(Aggregator):
     """RegMean of every linear layer's delta with its decayed Gram, sample-weighted means of the other
     parameters' deltas, RegMean of the head weight with the head Gram and the bias's mean."""
 
-    PARTS = ("layers", "others", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = (
+        "layers",
+        "others",
+        "head",
+        "bias",
+    )  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
         super().__init__(plan, declared)
@@ -100,7 +105,7 @@ class FisherAvgAggregator(Aggregator):
     """Fisher-weighted means of the deltas and of the head's change, per entry (the sample-weighted mean where
     no client's Fisher weighs an entry)."""
 
-    PARTS = ("delta", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("delta", "head", "bias")  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
         super().__init__(plan, declared)
@@ -144,7 +149,7 @@ class TiesAggregator(Aggregator):
 class FisherAggregator(Aggregator):
     """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
 
-    PARTS = ("fisher",)  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("fisher",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, summed: bool) -> None:
         super().__init__(plan, declared)

@@ -17,16 +17,16 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
+from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
+from common.aggregation.declared import HOLDOUT, Shapes, average_rule, declared_tensors, feature_stat_shapes
 from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig
-from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.declared import HOLDOUT, Shapes, average_rule, declared_tensors, feature_stat_shapes
-from common.merge import BlockGramSum, GramRows, GramSum
-from common.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
-from common.settings import NcmSettings, RidgeSettings
-from common.tensors import STAT
+from common.merges.regmean import BlockGramSum, GramRows, GramSum
+from common.run.config import RunConfig
+from common.run.settings import NcmSettings, RidgeSettings
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import STAT
 
 DTYPE = torch.float64
 
@@ -56,7 +56,7 @@ class StatSums:
     ``(F', F')``), their diagonal blocks in :class:`BlockGramSum` (``(K, d, d)``), or their factor's rows in
     :class:`GramRows` (``(F',)``: :meth:`value` gives it as ``name + FACTOR``)."""
 
-    SUMS = ("plain",)  # running sums (common/sums.py)
+    SUMS = ("plain",)  # running sums (common/merges/sums.py)
     PARTS = ("grams",)
 
     def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -121,7 +121,7 @@ def check_class_counts(update: ClientUpdate) -> None:
 class FeatureStatsAggregator(Aggregator):
     """One features step: the clients' statistics, summed."""
 
-    PARTS = ("sums",)  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("sums",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
         super().__init__(plan, declared)
@@ -185,7 +185,7 @@ def head_sum_shapes(spec: ModelSpec, settings: NcmSettings) -> Shapes:
 def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
     """Ridge's sums (``ridge.*``): the class sums and counts, the Gram ``(F', F')`` (with ``ridge.blocks = K``,
     its diagonal blocks ``(K, F'/K, F'/K)``), and with ``ridge.holdout`` the held-out samples' alike (by the
-    ensemble's own held-out error, ``common.declared.average_rule``: their whole Gram, as its factor's rows
+    ensemble's own held-out error, ``common.aggregation.declared.average_rule``: their whole Gram, as its factor's rows
     ``(F',)``)."""
     ridge = config.section(RidgeSettings)
     dim = ridge.head_width(spec.feature_dim)

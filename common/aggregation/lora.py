@@ -11,11 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.adapter_merge import ia3_accumulator, vera_accumulator
+from common.adapters.vera import frozen_matrices
 from common.aggregation.base import Aggregator, present
-from common.config import RunConfig
-from common.declared import Shapes, declared_tensors
-from common.merge import (
+from common.aggregation.declared import Shapes, declared_tensors
+from common.merges.regmean import (
     GramSum,
     LoraAAccumulator,
     LoraBAccumulator,
@@ -23,10 +22,11 @@ from common.merge import (
     WeightedMeanAccumulator,
     decay_gram,
 )
-from common.messages import ClientUpdate, GramKind, LoraStep, ModelSpec, Phase, RoundPlan
-from common.settings import Ia3Settings, VeraSettings
-from common.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, VECTOR
-from common.vera import frozen_matrices
+from common.merges.vectors import ia3_accumulator, vera_accumulator
+from common.run.config import RunConfig
+from common.run.settings import Ia3Settings, VeraSettings
+from common.wire.messages import ClientUpdate, GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, VECTOR
 
 F64 = torch.float64
 
@@ -35,7 +35,7 @@ class RoundAggregator(Aggregator):
     """A training round of a LoRM-style method: the trained part of every layer (``layers``, one accumulator
     each, fed the update's trained tensor and its Gram statistic), the head by RegMean, the bias by samples."""
 
-    PARTS = ("layers", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("layers", "head", "bias")  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig, layers: dict) -> None:
         super().__init__(plan, declared)
@@ -78,7 +78,7 @@ class LoRMRoundAggregator(RoundAggregator):
 class TaskGramAggregator(Aggregator):
     """End of task: the global Gram ``G^t = sum_i G_i^t`` per layer."""
 
-    PARTS = ("grams",)  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("grams",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)
@@ -115,7 +115,7 @@ class VeRARoundAggregator(RoundAggregator):
 
 def vera_frozen(spec: ModelSpec, config: RunConfig) -> dict[str, tuple[Tensor, Tensor]]:
     """VeRA's frozen ``B (d_out, r)``, ``A (r, d_in)`` per layer, float64: drawn from the run's seed and the
-    layer's name alone (``common.vera.frozen_matrices``), as every client draws them."""
+    layer's name alone (``common.adapters.vera.frozen_matrices``), as every client draws them."""
     rank = config.section(VeraSettings).rank
     frozen = {}
     for name, (d_out, d_in) in spec.layers.items():
@@ -138,7 +138,7 @@ class IA3RoundAggregator(RoundAggregator):
 class IA3TaskAggregator(Aggregator):
     """End of task: each layer's statistic summed over clients (the task's weights in the task merge)."""
 
-    PARTS = ("stats",)  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("stats",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)
@@ -153,7 +153,7 @@ class IA3TaskAggregator(Aggregator):
 class MeanAggregator(Aggregator):
     """FedAvg of LoRA factors: sample-weighted means of both factors of every layer and of the head."""
 
-    PARTS = ("b", "a", "head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("b", "a", "head", "bias")  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, rank: int) -> None:
         super().__init__(plan, declared)
@@ -176,7 +176,7 @@ class MeanAggregator(Aggregator):
 class HeadMeanAggregator(Aggregator):
     """The sample-weighted mean of the clients' heads: weight ``(C, F)``, bias ``(C,)``."""
 
-    PARTS = ("head", "bias")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = ("head", "bias")  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared)

@@ -1,7 +1,7 @@
 """What a client update must satisfy before anything is folded into a merge: one place for every method.
 
 Each aggregator declares the tensors its step expects as ``wire name -> shape``
-(:func:`factor_shapes`, :func:`gram_shapes`, ...; wire names as in :mod:`common.tensors`), and
+(:func:`factor_shapes`, :func:`gram_shapes`, ...; wire names as in :mod:`common.wire.tensors`), and
 :func:`check_tensors` holds an update to it: exactly those names, those shapes, the dtype of
 the tensor's kind, and the values its kind allows. :func:`check_declared` applies the same
 names, shapes, dtypes and a byte limit to a push's declared headers, before any byte of it
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from common.tensors import (
+from common.wire.tensors import (
     DELTA,
     FACTOR,
     FISHER,

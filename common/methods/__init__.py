@@ -16,7 +16,7 @@ that trains like an existing one adds only its server half and one line here.
 
 A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
 shared part, which both halves import: its typed settings, its steps' instruction (a
-``common.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
+``common.wire.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
 aggregator, and its registration, ``METHOD = Method(...)``. The registry finds every slice here
 (:func:`registry`): adding a method is then its slice, its server half and its client half, three files.
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.settings import (
+from common.run.settings import (
     CcvrSettings,
     CodaSettings,
     DataSettings,
@@ -51,8 +51,8 @@ from common.settings import (
 
 if TYPE_CHECKING:
     from common.aggregation.base import Aggregator
-    from common.config import RunConfig
-    from common.messages import ModelSpec, RoundPlan
+    from common.run.config import RunConfig
+    from common.wire.messages import ModelSpec, RoundPlan
 
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
@@ -78,11 +78,12 @@ class Method:
     server: str  # "server.strategies.<module>:<Strategy subclass>"
     client: str  # "client.methods.<module>:<ClientMethod subclass>"
     help: str
-    settings: type[Settings] | None = None  # its typed settings (common/settings.py), read by both halves
-    # the layers on the target modules: "lora" (common/lora.py), "vera" (common/vera.py) or "ia3" (common/ia3.py)
+    settings: type[Settings] | None = None  # its typed settings (common/run/settings.py), read by both halves
+    # the layers on the target modules: "lora", "vera" or "ia3" (the modules of common/adapters/)
     adapter: str = "lora"
-    # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way of
-    # training's declaration, common.declared.declared_tensors): (plan, model spec, run config) -> name -> shape
+    # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way
+    # of training's declaration, common.aggregation.declared.declared_tensors):
+    # (plan, model spec, run config) -> name -> shape
     declare: Callable[[RoundPlan, ModelSpec, RunConfig], dict[str, tuple[int, ...]]] | None = None
     # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
     # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)

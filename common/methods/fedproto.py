@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from common.aggregation.base import Aggregator
+from common.aggregation.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
 from common.aggregation.dense import FedAvgAggregator
 from common.aggregation.features import StatSums, check_class_counts
-from common.config import RunConfig
-from common.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
-from common.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
 from common.methods import Method
-from common.settings import Settings, finite_number, setting
-from common.tensors import STAT
+from common.run.config import RunConfig
+from common.run.settings import Settings, finite_number, setting
+from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import STAT
 
 PROTO = "proto"  # a plan's global prototypes: proto/mean (C, F) and proto/count (C,)
 
@@ -57,7 +57,12 @@ def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
 class FedProtoAggregator(FedAvgAggregator):
     """FedAvg's means, and the sums of the clients' class sums and counts."""
 
-    PARTS = ("delta", "head", "bias", "sums")  # its running sums (common/sums.py): what secure aggregation adds up
+    PARTS = (
+        "delta",
+        "head",
+        "bias",
+        "sums",
+    )  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
         super().__init__(plan, declared, spec)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.messages import LoraStep
 from common.methods import Method
-from common.settings import Settings, finite_number, setting
+from common.run.settings import Settings, finite_number, setting
+from common.wire.messages import LoraStep
 
 
 @dataclass(frozen=True)

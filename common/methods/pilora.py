@@ -17,14 +17,14 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
+from common.aggregation.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
 from common.aggregation.features import check_class_counts
-from common.config import RunConfig
-from common.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
-from common.merge import WeightedMeanAccumulator
-from common.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.merges.regmean import WeightedMeanAccumulator
 from common.methods import Method
-from common.settings import Settings, finite_number, setting
-from common.tensors import FACTOR, LORA, STAT
+from common.run.config import RunConfig
+from common.run.settings import Settings, finite_number, setting
+from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import FACTOR, LORA, STAT
 
 DTYPE = torch.float64
 

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from common.aggregation.base import Aggregator
-from common.messages import ClientUpdate
-from common.secagg import decode, encode
-from common.secagg_rounds import ClientSession, ServerSession
-from common.secure_terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
-from common.settings import SecAggSettings
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import decode, encode
+from common.secagg.rounds import ClientSession, ServerSession
+from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.wire.messages import ClientUpdate
 from server.secure.sums import load_sums
 from server.strategies.base import Strategy
 

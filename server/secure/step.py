@@ -1,6 +1,6 @@
 """The coordinator's secure aggregation of one step, as a state machine of its own (issue 42).
 
-SecAgg's rounds (``common/secagg_rounds.py``) as the coordinator runs them over the wire: one handler
+SecAgg's rounds (``common/secagg/rounds.py``) as the coordinator runs them over the wire: one handler
 per stage a client calls (:meth:`SecureStep.call`), the rounds closing as their answers arrive or their
 deadline passes (:meth:`SecureStep.advance`), the masked inputs held to the step's declared layout
 (:meth:`SecureStep.check_push`, :meth:`SecureStep.submit`), and the unmasked sum loaded into the step's
@@ -23,13 +23,13 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.validate import UpdateRejected
-from common.faults import fault_point
-from common.messages import ClientUpdate, RoundPlan
-from common.secagg import SecAggError, decode
-from common.secagg_rounds import Culprits, Keys, ServerSession, session_from_state, session_state
-from common.secure_terms import Layout, context, fixed_point, threshold, unpack
-from common.settings import SecAggSettings
-from common.tensors import MASKED
+from common.infra.faults import fault_point
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError, decode
+from common.secagg.rounds import Culprits, Keys, ServerSession, session_from_state, session_state
+from common.secagg.terms import Layout, context, fixed_point, threshold, unpack
+from common.wire.messages import ClientUpdate, RoundPlan
+from common.wire.tensors import MASKED
 from server.checks import Refused
 from server.secure.report import added_counts, secagg_report
 from server.secure.sums import load_sums

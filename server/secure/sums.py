@@ -1,6 +1,6 @@
 """What secure aggregation asks of a method, and how the coordinator takes in an unmasked sum.
 
-A step's aggregator keeps running sums of per-client terms (``common/sums.py``). The coordinator loads
+A step's aggregator keeps running sums of per-client terms (``common/merges/sums.py``). The coordinator loads
 the survivors' unmasked sum into a fresh aggregator of the step (:func:`load_sums`) and checks it
 (:func:`check_sums`), since it can no longer check one update; methods whose merge needs an individual
 update (TIES' sign election, PILoRA's per-client prototypes, the robust mode's screening) refuse before
@@ -14,10 +14,10 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig
-from common.secagg import SecAggError
-from common.settings import RobustSettings
-from common.sums import load_running_sums, not_summable
+from common.merges.sums import load_running_sums, not_summable
+from common.run.config import RunConfig
+from common.run.settings import RobustSettings
+from common.secagg.primitives import SecAggError
 from server.strategies.base import Strategy
 
 

@@ -6,9 +6,9 @@ resolves the server halves only.
 
 from __future__ import annotations
 
-from common.config import RunConfig
-from common.messages import ModelSpec
 from common.methods import load_half, registry
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec
 from server.strategies.base import Strategy
 
 

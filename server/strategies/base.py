@@ -18,11 +18,11 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
-from common.config import RunConfig
-from common.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.methods import make_aggregator
-from common.partition import task_ranges
-from common.tensors import EXTRA, head_tensors, low_rank_tensors
+from common.run.config import RunConfig
+from common.run.partition import task_ranges
+from common.wire.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
 
 
 class Strategy(ABC):

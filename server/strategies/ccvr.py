@@ -29,10 +29,10 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.features import CcvrStatsAggregator
-from common.config import RunConfig
-from common.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
-from common.settings import CcvrSettings
-from common.tensors import DELTA, named_tensors
+from common.run.config import RunConfig
+from common.run.settings import CcvrSettings
+from common.wire.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import DELTA, named_tensors
 from server.strategies.fedavg import FedAvg
 
 DTYPE = torch.float64

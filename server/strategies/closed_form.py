@@ -10,7 +10,7 @@ Shapes: ``C`` classes of all tasks, ``F'`` the head's input width (the backbone'
 ``feature_dim``, or the setting ``rp_dim`` with the random projection + ReLU);
 ``S: (C, F')`` class sums ``(X^T Y)^T``, ``n: (C,)`` class counts, ``G: (F', F')`` the Gram
 ``X^T X``. Memory grows with ``F'`` and ``C`` only. A client sends each Gram as its factor
-``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merge.gram_factor``; wire name
+``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merges.regmean.gram_factor``; wire name
 ``*gram_factor``): the same information in ``n F'`` numbers instead of ``F'^2``, and positive
 semidefinite by construction; the coordinator folds ``R^T R`` into its one ``(F', F')`` sum.
 Class sums and counts come as the rows of the current task's classes only (the others' are
@@ -21,7 +21,7 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   cosine nearest class mean.
 - ``ridge``: ``W = S (G + lam I)^-1``, i.e. ``W^T = (G + lam I)^-1 X^T Y``, bias 0. ``lam`` is
   the setting ``ridge.fixed_lambda`` if set, else the value of ``ridge.lambdas`` (default
-  :data:`~common.settings.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
+  :data:`~common.run.settings.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
   training samples (global training index ``i % k == 0``, ``k = ridge.holdout``, default 5)
   of the head fitted on the rest; the squared error comes from the held-out sums
   alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
@@ -35,7 +35,7 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   squared errors summed (``members``, from the held-out Gram's diagonal blocks), or the ensemble's own
   (``average``, and ``auto`` without secure aggregation: ``sum_i |W x_i - y_i|^2`` with the averaged head
   ``W``; clients then send the held-out
-  samples' whole-width factor, kept stacked as :class:`~common.merge.GramRows`, ``min(n_held, K d)``
+  samples' whole-width factor, kept stacked as :class:`~common.merges.regmean.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 """
 
@@ -49,14 +49,14 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
+from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
+from common.aggregation.declared import HOLDOUT, average_rule
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
-from common.config import RunConfig
-from common.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.declared import HOLDOUT, average_rule
-from common.merge import right_solve
-from common.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.settings import NcmSettings, RidgeSettings, SecAggSettings
-from common.tensors import without_head
+from common.merges.regmean import right_solve
+from common.run.config import RunConfig
+from common.run.settings import NcmSettings, RidgeSettings, SecAggSettings
+from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import without_head
 from server.strategies.base import Strategy
 
 DTYPE = torch.float64

@@ -17,9 +17,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from common.config import RunConfig
-from common.messages import DenseStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import DELTA, named_tensors
+from common.run.config import RunConfig
+from common.wire.messages import DenseStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import DELTA, named_tensors
 from server.strategies.base import Strategy
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator
 from common.aggregation.dense import FedAvgAggregator
-from common.messages import RoundPlan
+from common.wire.messages import RoundPlan
 from server.strategies.dense import DenseStrategy
 
 

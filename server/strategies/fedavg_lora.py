@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from common.adapters.lora import init_lora_a
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import MeanAggregator
-from common.config import RunConfig
-from common.lora import init_lora_a
-from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import LORA, low_rank_tensors
+from common.run.config import RunConfig
+from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 

@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
-from common.config import RunConfig
-from common.messages import ModelSpec, RoundPlan
 from common.methods.fedproto import PROTO, FedProtoAggregator
-from common.tensors import named_tensors
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec, RoundPlan
+from common.wire.tensors import named_tensors
 from server.strategies.fedavg import FedAvg
 
 

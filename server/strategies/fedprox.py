@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.messages import Phase, RoundPlan
 from common.methods.fedprox import FedProxSettings, FedProxStep
+from common.wire.messages import Phase, RoundPlan
 from server.strategies.fedavg_lora import FedAvgLoRA
 
 

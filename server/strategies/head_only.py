@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import HeadMeanAggregator
-from common.messages import LoraStep, LowRank, Phase, RoundPlan
+from common.wire.messages import LoraStep, LowRank, Phase, RoundPlan
 from server.strategies.base import Strategy
 
 

@@ -1,9 +1,9 @@
 """LoRM with (IA)^3 modules (issue 20; ``../shared/SPEC.md`` §5): one trained vector per layer, merged exactly.
 
 Each target layer's update is ``dW = diag(l) W0`` (``ia3.side=output``, the paper's appendix) or
-``W0 diag(l)`` (``input``), ``l`` zero at a task's start (``common/ia3.py``). Every training round
+``W0 diag(l)`` (``input``), ``l`` zero at a task's start (``common/adapters/ia3.py``). Every training round
 trains ``l`` (there is one vector: nothing to alternate) and merges the clients' vectors in
-closed form from their statistics (``common.adapter_merge.ia3_statistic``: ``e_i`` of length
+closed form from their statistics (``common.merges.vectors.ia3_statistic``: ``e_i`` of length
 ``d_out``, or ``(W0^T W0) o G_i``): the coordinator never holds ``W0`` nor a dense Gram.
 
 Across tasks, as LoRM, every task's delta is merged by minimising ``sum_t ||dW X_t - dW_t X_t||^2``
@@ -20,14 +20,14 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from common.adapter_merge import ia3_accumulator
+from common.adapters.ia3 import SIDE
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
-from common.config import RunConfig
-from common.ia3 import SIDE
-from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.settings import Ia3Settings
-from common.tensors import VECTOR, layered
+from common.merges.vectors import ia3_accumulator
+from common.run.config import RunConfig
+from common.run.settings import Ia3Settings
+from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import VECTOR, layered
 from server.strategies.lorm import TaskGramStrategy
 
 F64 = torch.float64

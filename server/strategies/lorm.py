@@ -7,17 +7,17 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from common.adapters.lora import init_lora_a
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator
-from common.config import RunConfig
-from common.lora import init_lora_a
-from common.merge import (
+from common.merges.regmean import (
     LoraBAccumulator,
     TaskMergeAccumulator,
     decay_gram,
 )
-from common.messages import GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
-from common.tensors import EXTRA, LORA, low_rank_tensors
+from common.run.config import RunConfig
+from common.wire.messages import GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import EXTRA, LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 

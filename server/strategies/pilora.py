@@ -22,13 +22,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.adapters.lora import init_lora_a
 from common.aggregation.base import Aggregator
-from common.config import RunConfig
-from common.lora import init_lora_a
-from common.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraAggregator, PiLoraSettings
-from common.tensors import EXTRA, LORA, low_rank_tensors, named_tensors
+from common.run.config import RunConfig
+from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import EXTRA, LORA, low_rank_tensors, named_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 
 DTYPE = torch.float64

@@ -1,6 +1,6 @@
 """The prompt-based continual learners of the paper, federated by FedAvg: L2P and CODA-Prompt.
 
-Both keep the backbone at ``W0`` and train a pool of prompts (``common/prompts.py``) and the
+Both keep the backbone at ``W0`` and train a pool of prompts (``common/adapters/prompts.py``) and the
 head with ACE on the clients (``client/methods/prompts.py``). The coordinator holds the pool
 in float64, hands it out in every plan (a ``PromptStep``, float32) with the number of its
 leading components that are frozen, and merges by FedAvg: the sample-weighted mean of the
@@ -22,13 +22,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from common.adapters.prompts import grow_coda, init_l2p
 from common.aggregation.base import Aggregator
 from common.aggregation.dense import FedAvgAggregator
-from common.config import RunConfig
-from common.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
-from common.prompts import grow_coda, init_l2p
-from common.settings import CodaSettings, L2pSettings
-from common.tensors import PROMPT, named_tensors
+from common.run.config import RunConfig
+from common.run.settings import CodaSettings, L2pSettings
+from common.wire.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
+from common.wire.tensors import PROMPT, named_tensors
 from server.strategies.base import Strategy
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator
 from common.aggregation.dense import RegMeanAggregator, weight_param
-from common.config import RunConfig
-from common.messages import DenseStep, GramKind, ModelSpec, RoundPlan
+from common.run.config import RunConfig
+from common.wire.messages import DenseStep, GramKind, ModelSpec, RoundPlan
 from server.strategies.dense import DenseStrategy
 
 

@@ -1,9 +1,9 @@
 """LoRM with VeRA modules (issue 20; ``../shared/SPEC.md`` §5): LoRM's rounds and task merge, VeRA's vectors.
 
-Each layer's update is ``diag(lb) B diag(ld) A`` with frozen seeded ``B, A`` (``common/vera.py``).
+Each layer's update is ``diag(lb) B diag(ld) A`` with frozen seeded ``B, A`` (``common/adapters/vera.py``).
 Rounds alternate the trained vector as LoRM alternates its factors: ``lb`` (side ``"B"``) with
 ``ld`` shared, then ``ld`` (side ``"A"``) with ``lb`` shared. Each round merges in closed form
-(``common.adapter_merge``): exactly (least squares, ``vera.form=exact``) or by the paper's appendix
+(``common.merges.vectors``): exactly (least squares, ``vera.form=exact``) or by the paper's appendix
 formulas (``vera.form=appendix``). Clients send their vector and a statistic of their Gram (``c_i``
 or ``A G_i A^T``), never a dense Gram. A finished task's delta is the low-rank product
 ``(diag(lb) B diag(ld)) A``, so the task-level RegMean, the Gram views and the export are LoRM's.
@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from common.adapters.vera import SIDES, product
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import VeRARoundAggregator, vera_frozen
-from common.config import RunConfig
-from common.messages import LowRank, ModelSpec, Phase, RoundPlan
-from common.settings import VeraSettings
-from common.tensors import LORA, VECTOR, layered
-from common.vera import SIDES, product
+from common.run.config import RunConfig
+from common.run.settings import VeraSettings
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import LORA, VECTOR, layered
 from server.strategies.lorm import LoRM
 
 F64 = torch.float64

@@ -11,11 +11,11 @@ from types import ModuleType
 
 import pytest
 
-from common.config import RunConfig
-from common.messages import ModelSpec
-from common.secagg_rounds import BOX_BYTES, KEY_BYTES
-from common.settings import SecAggSettings
-from common.sums import running_sums
+from common.merges.sums import running_sums
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.rounds import BOX_BYTES, KEY_BYTES
+from common.wire.messages import ModelSpec
 from server.strategies import make_strategy
 
 SPEC = ModelSpec(

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from client.backbones import build_backbone, build_model
-from common.config import RunConfig
+from common.run.config import RunConfig
 
 
 def test_tiny_t5_one_decoder_token_features_and_lora_everywhere():

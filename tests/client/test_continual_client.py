@@ -12,9 +12,9 @@ import torch
 from client.methods.base import load_dense
 from client.methods.continual import EwcTrainer, LwfTrainer, distillation, ewc_penalty
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import ANCHOR_HEAD, Phase, RoundPlan
-from common.tensors import ANCHOR, FISHER, HEAD_BIAS, HEAD_WEIGHT, named_tensors
+from common.run.config import RunConfig
+from common.wire.messages import ANCHOR_HEAD, Phase, RoundPlan
+from common.wire.tensors import ANCHOR, FISHER, HEAD_BIAS, HEAD_WEIGHT, named_tensors
 from server.strategies import make_strategy
 
 BASE = dict(

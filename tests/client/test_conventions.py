@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.config import RunConfig
-from common.tensors import FACTOR, FISHER, GRAM, HEAD_GRAM
+from common.run.config import RunConfig
+from common.wire.tensors import FACTOR, FISHER, GRAM, HEAD_GRAM
 
 from first_round import TINY, first_update
 

@@ -12,8 +12,8 @@ from PIL import Image
 from client.datasets import load_dataset
 from client.images import ImageData, image_transforms
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.partition import task_ranges
+from common.run.config import RunConfig
+from common.run.partition import task_ranges
 from engine.simulation import run_inprocess
 
 CPU = torch.device("cpu")
@@ -442,7 +442,7 @@ def test_own_data_on_a_random_init_backbone_is_warned_with_the_preset_to_use(cap
 
 
 def test_the_own_data_presets_name_pretrained_backbones_and_leave_tasks_to_the_data():
-    from common.presets import preset
+    from common.run.presets import preset
 
     for name, dataset, backbone in (("text", "textfile", "minilm"), ("images", "imagefolder", "vit-b16-in21k")):
         config = RunConfig.from_dict(preset(name))

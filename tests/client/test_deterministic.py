@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from client.runtime import CUBLAS_DETERMINISTIC, process_settings_kept, use_deterministic
-from common.config import RunConfig
 from common.methods import registry
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
 from fingerprints import TINY, fingerprint

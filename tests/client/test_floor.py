@@ -9,9 +9,9 @@ import pytest
 
 from client.floor import Floor, FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
 from client.local import LocalSettingError, LocalSettings, applied, refuse_coordinator_local, split
-from common.config import RunConfig
-from common.secure_terms import threshold
-from common.settings import DataSettings, ModelSettings, SecAggSettings
+from common.run.config import RunConfig
+from common.run.settings import DataSettings, ModelSettings, SecAggSettings
+from common.secagg.terms import threshold
 
 
 def run(n: int = 10, **secagg) -> RunConfig:

@@ -9,8 +9,8 @@ from torch import nn
 
 from client.backbones import ClassifierModel, build_backbone
 from client.persample import PerSampleSquares
-from common.config import RunConfig
-from common.tensors import FISHER
+from common.run.config import RunConfig
+from common.wire.tensors import FISHER
 
 from first_round import TINY, first_update
 

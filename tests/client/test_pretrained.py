@@ -13,7 +13,7 @@ import torch
 from client import pretrained
 from client.backbones import build_backbone, build_model
 from client.pretrained import PackagedModel, fetch, pretrained_path
-from common.config import RunConfig
+from common.run.config import RunConfig
 
 FILES = {"config.json": b'{"model_type": "toy"}', "model.safetensors": os.urandom(50_000), "vocab.txt": b"a\nb\n"}
 

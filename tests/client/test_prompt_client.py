@@ -11,10 +11,10 @@ from test_continual_client import BASE
 from client.backbones import build_model
 from client.methods.prompts import coda_weights, l2p_select, matching_loss, ortho_penalty
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import Phase, PromptStep
-from common.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
-from common.tensors import DELTA, PROMPT, named_tensors, tensor_name
+from common.adapters.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
+from common.run.config import RunConfig
+from common.wire.messages import Phase, PromptStep
+from common.wire.tensors import DELTA, PROMPT, named_tensors, tensor_name
 from server.strategies import make_strategy
 
 EPS = torch.finfo(torch.float32).eps

@@ -11,10 +11,10 @@ from test_continual_client import BASE
 from client.features import extract
 from client.methods.prototypes import FedProtoTrainer
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import Phase
 from common.methods.fedproto import PROTO
-from common.tensors import DELTA, STAT, named_tensors
+from common.run.config import RunConfig
+from common.wire.messages import Phase
+from common.wire.tensors import DELTA, STAT, named_tensors
 from server.strategies import make_strategy
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"

@@ -5,9 +5,9 @@ import dataclasses
 import torch
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import LoraStep, LowRank, Phase, RoundPlan
-from common.tensors import EXTRA, low_rank_tensors
+from common.run.config import RunConfig
+from common.wire.messages import LoraStep, LowRank, Phase, RoundPlan
+from common.wire.tensors import EXTRA, low_rank_tensors
 from server.strategies import make_strategy
 
 CONFIG = RunConfig(

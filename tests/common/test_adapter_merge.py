@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from common.adapter_merge import (
+from common.merges.sums import running_sums, summable
+from common.merges.vectors import (
     VectorMeanAccumulator,
     ia3_input,
     ia3_output,
@@ -17,7 +18,6 @@ from common.adapter_merge import (
     vera_d,
     vera_statistic,
 )
-from common.sums import running_sums, summable
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

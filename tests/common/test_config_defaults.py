@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import RunConfig, add_config_arguments, config_from_args
+from common.run.config import RunConfig, add_config_arguments, config_from_args
 
 
 def from_flags(*flags: str) -> RunConfig:

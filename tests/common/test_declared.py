@@ -6,10 +6,10 @@ import torch
 
 from client.methods.lora import LoRATrainer
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.declared import check_declared_shapes, declared_tensors
-from common.messages import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, ModelSpec, Phase, RoundPlan
-from common.tensors import UpTo
+from common.aggregation.declared import check_declared_shapes, declared_tensors
+from common.run.config import RunConfig
+from common.wire.messages import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import UpTo
 
 SPEC = ModelSpec(
     layers={"l1": (3, 4), "l2": (2, 3)},

@@ -12,7 +12,7 @@ from procenv import project_pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
-from common.faults import after_items, fault_point
+from common.infra.faults import after_items, fault_point
 for i in range(3):
     print("before", i, flush=True)
     fault_point("merge.fold")

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from client.backbones import build_model
-from common.adapter_merge import ia3_accumulator, ia3_input, ia3_output, ia3_statistic, ia3_statistic_shape
-from common.config import RunConfig
-from common.ia3 import IA3Linear
-from common.sums import running_sums, summable
+from common.adapters.ia3 import IA3Linear
+from common.merges.sums import running_sums, summable
+from common.merges.vectors import ia3_accumulator, ia3_input, ia3_output, ia3_statistic, ia3_statistic_shape
+from common.run.config import RunConfig
 
 F32, F64 = torch.float32, torch.float64
 TOL32, EPS = 100 * torch.finfo(F32).eps, torch.finfo(F64).eps

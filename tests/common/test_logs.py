@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from common import logs
+from common.infra import logs
 
 
 @pytest.fixture

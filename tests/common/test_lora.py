@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from common.lora import GramRecorder, LoRALinear, apply_lora, init_lora_a, lora_layers
+from common.adapters.lora import GramRecorder, LoRALinear, apply_lora, init_lora_a, lora_layers
 
 from tolerance import assert_close_to_dtype
 

@@ -1,4 +1,4 @@
-"""The closed forms of common/merge.py are exact least-squares minimisers (docs/METHOD.md §2).
+"""The closed forms of common/merges/regmean.py are exact least-squares minimisers (docs/METHOD.md §2).
 
 Each merge is checked against an independent generic solve: the per-client problems are
 stacked into one ``torch.linalg.lstsq`` in float64. Client ``i`` is described by its input
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from common.merge import (
+from common.merges.regmean import (
     GramSum,
     LoraAAccumulator,
     LoraBAccumulator,
@@ -547,7 +547,7 @@ def test_empty_or_unequal_lists_raise(call: Callable[[], object]) -> None:
 
 def test_singular_full_gram_gives_the_pseudo_inverse_solution():
     """Rank-deficient inputs: the minimum-norm minimiser ``M pinv(S)``, as the reference's pinv."""
-    from common.merge import right_solve
+    from common.merges.regmean import right_solve
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(3, 6, generator=g, dtype=torch.float64)  # 3 rows in 6 dims: rank 3

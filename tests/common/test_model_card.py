@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from common.model_card import FORMAT, VERSION, Backbone, ModelCard, Preprocessing
+from common.wire.model_card import FORMAT, VERSION, Backbone, ModelCard, Preprocessing
 
 
 def card(**changes) -> ModelCard:

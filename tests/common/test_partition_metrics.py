@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from common.metrics import AccuracyMatrix
-from common.partition import client_test_indices, dirichlet_partition, task_ranges
+from common.run.metrics import AccuracyMatrix
+from common.run.partition import client_test_indices, dirichlet_partition, task_ranges
 
 
 def test_task_ranges_contiguous_and_covering():
@@ -75,8 +75,8 @@ def test_metrics_by_hand():
 
 
 def test_num_tasks_zero_takes_the_number_from_the_data():
-    from common.config import RunConfig
-    from common.partition import auto_num_tasks, describe_tasks
+    from common.run.config import RunConfig
+    from common.run.partition import auto_num_tasks, describe_tasks
 
     assert [auto_num_tasks(c) for c in (150, 10, 9, 6, 3, 1)] == [5, 5, 4, 3, 1, 1]  # 5, each task >= 2 classes
     assert auto_num_tasks(196, [20] * 9 + [16]) == 10  # task sizes name the tasks

@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.presets import PRESETS
+from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.presets import PRESETS
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

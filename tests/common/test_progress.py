@@ -1,4 +1,4 @@
-"""Progress inside a run (common/progress.py): the ETA from finished units, and what is written where."""
+"""Progress inside a run (common/infra/progress.py): the ETA from finished units, and what is written where."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from common.progress import Progress, duration_text, kind_of
+from common.infra.progress import Progress, duration_text, kind_of
 
 
 class Clock:

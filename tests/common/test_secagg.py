@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.secagg import (
+from common.secagg.primitives import (
     FixedPoint,
     SecAggError,
     combine,
@@ -117,7 +117,7 @@ def test_a_step_survives_dropped_clients_and_yields_the_survivors_sum():
 
 
 def _rounds(n: int, t: int):
-    from common.secagg_rounds import ClientSession, ServerSession
+    from common.secagg.rounds import ClientSession, ServerSession
 
     clients = {i: ClientSession(i, t, CONTEXT) for i in range(n)}
     server = ServerSession(expected=list(range(n)), threshold=t, context=CONTEXT, size=3)
@@ -149,7 +149,7 @@ def test_a_client_refuses_unmask_requests_that_could_reveal_an_input():
 
 
 def test_the_rounds_give_the_survivors_sum_and_refuse_late_or_foreign_messages():
-    from common.secagg_rounds import Keys
+    from common.secagg.rounds import Keys
 
     clients, server, sharers = _rounds(5, 3)
     xs = {i: np.array([[i, 0], [10 * i, 3], [2**63 + i, 2**63]], dtype=np.uint64) for i in range(5)}

@@ -15,9 +15,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import common.secagg_signing as signing
-from common.secagg import SecAggError
-from common.secagg_signing import (
+import common.secagg.signing as signing
+from common.secagg.primitives import SecAggError
+from common.secagg.signing import (
     KEYS,
     MAX_CERTIFICATE_BYTES,
     MAX_SIGNATURE_BYTES,

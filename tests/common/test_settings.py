@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.settings import DataSettings, NcmSettings, RidgeSettings, SecAggSettings, TiesSettings
+from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.settings import DataSettings, NcmSettings, RidgeSettings, SecAggSettings, TiesSettings
 from engine.simulation import main as lorm_sim
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from common.tls import Security, SecurityError, add_security_arguments, read_token_digests, security_from_args
+from common.infra.tls import Security, SecurityError, add_security_arguments, read_token_digests, security_from_args
 
 
 @pytest.fixture

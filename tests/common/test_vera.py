@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from client.backbones import build_model, model_spec
-from common.config import RunConfig
-from common.vera import VeRALinear, frozen_matrices, product
+from common.adapters.vera import VeRALinear, frozen_matrices, product
+from common.run.config import RunConfig
 from server.strategies.vera import LoRMVeRA
 
 F32 = torch.float32

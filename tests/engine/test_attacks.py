@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from common.aggregation.validate import UpdateRejected
-from common.settings import RobustSettings
-from common.tensors import GRAM
+from common.run.settings import RobustSettings
+from common.wire.tensors import GRAM
 from engine.attacks import (
     COLLUDE_SEED,
     DRIFT,

@@ -23,8 +23,8 @@ import torch
 import engine.benchmark as bench
 import engine.benchmark_report as report
 import engine.cells as runner
-from common.config import RunConfig
-from common.presets import preset
+from common.run.config import RunConfig
+from common.run.presets import preset
 from engine.simulation import run_inprocess
 
 from procenv import project_pythonpath
@@ -436,7 +436,7 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     read by lorm-bench --method-config over the preset paper-<dataset>-b<beta>."""
     from pathlib import Path
 
-    from common.presets import PRESETS
+    from common.run.presets import PRESETS
 
     root = Path(__file__).resolve().parents[2] / "bench" / "paper"
     datasets = {name.split("-b")[0].removeprefix("paper-") for name in PRESETS if name.startswith("paper-")}

@@ -30,12 +30,12 @@ import torch
 from client.runtime import build_runtime
 from client.secure import signing
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
+from common.infra.tls import Security
 from common.methods import make_aggregator
-from common.secagg_rounds import ClientSession
-from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
-from common.settings import SecAggSettings
-from common.tls import Security
+from common.run.settings import SecAggSettings
+from common.secagg.rounds import ClientSession
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 
 MAX_CALLS = 2000  # polls of one stage, and pulls of the whole run, at most
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import RunConfig
-from common.tls import Security
+from common.infra.tls import Security
+from common.run.config import RunConfig
 from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import Busy, CallLimiter, Limits
 from server.service import SERVICE_NAME

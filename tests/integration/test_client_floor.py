@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from common.config import RunConfig
-from common.tls import Security
+from common.infra.tls import Security
+from common.run.config import RunConfig
 from engine.launch import launch
 from server.coordinator import Coordinator
 from server.service import create_server

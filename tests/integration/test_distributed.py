@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from client.runtime import build_runtime
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 from server.export import export_adapter
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
 TINY = dict(

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from test_engine import TINY
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import ClientUpdate, Phase, RoundPlan
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
 from server.coordinator import Coordinator

@@ -1,6 +1,6 @@
 """Crash consistency and stalls with real processes on loopback.
 
-The coordinator is SIGKILLed at one named step of the protocol (``common.faults``), started
+The coordinator is SIGKILLed at one named step of the protocol (``common.infra.faults``), started
 again on the same state directory, and the run must finish with results bit-identical to a
 fault-free run of the same configuration (the in-process engine, which the distributed run
 equals: ``test_distributed.py``). A stalled client (SIGSTOP) must not block a round once
@@ -15,7 +15,7 @@ import struct
 
 import pytest
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
 CONFIG = RunConfig(

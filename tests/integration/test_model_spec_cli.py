@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from common.config import RunConfig
-from common.messages import ModelSpec
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec
 
 from procs import ProjectProc as Proc
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from client.telemetry import ClientMetrics
-from common.config import RunConfig
+from common.run.config import RunConfig
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 

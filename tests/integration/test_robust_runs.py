@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import ClientUpdate, Phase, RoundPlan
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from engine.attacks import HostileWorker, wrap_hostile
 from engine.poisoning import main as poison_main
 from engine.simulation import run_inprocess

@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from test_distributed import CONFIG, same_counts_and_head
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import Phase
-from common.secagg import encode
-from common.secure_terms import Layout, client_terms, fixed_point
-from common.settings import SecAggSettings
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import encode
+from common.secagg.terms import Layout, client_terms, fixed_point
+from common.wire.messages import Phase
 from server.strategies import make_strategy
 
 SECURE = {"secagg": {"enabled": True}}

@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from engine import simulation
 from server.secure import secure_step
 

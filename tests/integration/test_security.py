@@ -14,10 +14,10 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.config import RunConfig
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
-from common.tensors import head_tensors, pack
-from common.tls import Security, SecurityError
+from common.infra.tls import Security, SecurityError
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import head_tensors, pack
 from engine.launch import launch
 from proto import codec
 from proto import lorm_pb2 as pb

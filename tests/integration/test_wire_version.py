@@ -10,7 +10,7 @@ from concurrent import futures
 
 import grpc
 
-from common.config import RunConfig
+from common.run.config import RunConfig
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.messages import (
+from common.methods.fedproto import PROTO
+from common.wire.messages import (
     ClientUpdate,
     DenseStep,
     EvalReport,
@@ -23,8 +24,7 @@ from common.messages import (
     RoundPlan,
     Wait,
 )
-from common.methods.fedproto import PROTO
-from common.tensors import (
+from common.wire.tensors import (
     ANCHOR,
     DELTA,
     EXTRA,

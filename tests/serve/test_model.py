@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from client.backbones import build_model, model_spec
-from common.lora import lora_layers
-from common.messages import LowRank
-from common.model_card import CARD_FILE, ModelCard
+from common.adapters.lora import lora_layers
+from common.wire.messages import LowRank
+from common.wire.model_card import CARD_FILE, ModelCard
 from serve.model import Classifier, ExportError
 from server.export import export_adapter, export_card, export_dense_delta, export_head, model_card
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from common.methods import registry
-from common.model_card import CARD_FILE, ModelCard
+from common.wire.model_card import CARD_FILE, ModelCard
 from serve.model import SERVED_HALVES
 
 from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task

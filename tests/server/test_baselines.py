@@ -5,10 +5,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig
-from common.merge import decay_gram, regmean
-from common.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, Phase
-from common.tensors import DELTA, EXTRA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, head_tensors, pack
+from common.merges.regmean import decay_gram, regmean
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, Phase
+from common.wire.tensors import DELTA, EXTRA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, head_tensors, pack
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 

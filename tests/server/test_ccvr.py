@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
-from common.config import RunConfig
-from common.messages import FeaturesStep, Mode, Phase
-from common.settings import CcvrSettings
-from common.tensors import DELTA
+from common.run.config import RunConfig
+from common.run.settings import CcvrSettings
+from common.wire.messages import FeaturesStep, Mode, Phase
+from common.wire.tensors import DELTA
 from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features
 

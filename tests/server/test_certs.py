@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.tls import token_digest
+from common.infra.tls import token_digest
 from server.auth import certificate_identity
 from server.certs import create_dev_pki, main
 

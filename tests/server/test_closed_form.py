@@ -10,14 +10,14 @@ import torch
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
+from common.aggregation.declared import closed_form_settings
 from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig
-from common.declared import closed_form_settings
-from common.merge import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
-from common.messages import FeaturesStep, Phase
-from common.settings import ACTIVATIONS
-from common.tensors import HEAD_WEIGHT, STAT
+from common.merges.regmean import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
+from common.run.config import RunConfig
+from common.run.settings import ACTIVATIONS
+from common.wire.messages import FeaturesStep, Phase
+from common.wire.tensors import HEAD_WEIGHT, STAT
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
@@ -298,7 +298,7 @@ def fold_task(strategy, task, seed):
     ids=["one", "blocks", "blocks-average"],
 )
 def test_restart_from_state_gives_the_same_heads(settings):
-    from common.messages import ModelSpec
+    from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     config = RunConfig(strategy="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)}, settings=settings)
@@ -329,7 +329,7 @@ def test_restart_from_state_gives_the_same_heads(settings):
     ],
 )
 def test_rejected_statistics(break_it, field):
-    from common.messages import ModelSpec
+    from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2), spec)
@@ -352,7 +352,7 @@ def test_rejected_statistics(break_it, field):
     ids=["whole-gram", "rows-over-samples", "narrow-blocks"],
 )
 def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
-    from common.messages import ModelSpec
+    from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "members"}
@@ -377,7 +377,7 @@ def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
 def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
     """``ridge.lambda_rule = 'average'``: the held-out samples' factor spans all ``K d`` columns, the training
     Gram's factors stay the diagonal blocks'; the coordinator keeps the held-out rows stacked."""
-    from common.messages import ModelSpec
+    from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}
@@ -415,7 +415,7 @@ def test_gram_rows_stack_factors_and_stay_within_the_width(n):
 
 def test_features_step_travels_over_the_wire():
     """The plans (features mode, a head of width F' at evaluation) and the statistics survive the codec."""
-    from common.messages import ModelSpec
+    from common.wire.messages import ModelSpec
     from proto import codec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)

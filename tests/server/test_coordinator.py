@@ -10,12 +10,12 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.transport import Backoff, CoordinatorClient, Rejected
-from common.messages import ClientUpdate, LoraStep, ModelSpec, Phase, RoundPlan, Wait
-from common.secagg_rounds import ClientSession
-from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
-from common.settings import SecAggSettings
-from common.tensors import FACTOR, GRAM, LORA, tensor_name
-from common.tls import Security
+from common.infra.tls import Security
+from common.run.settings import SecAggSettings
+from common.secagg.rounds import ClientSession
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import ClientUpdate, LoraStep, ModelSpec, Phase, RoundPlan, Wait
+from common.wire.tensors import FACTOR, GRAM, LORA, tensor_name
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

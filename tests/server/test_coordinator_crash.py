@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from test_coordinator import config, started, update_for
 
 import server.results
-from common.messages import EvalReport, Phase, RoundPlan
+from common.wire.messages import EvalReport, Phase, RoundPlan
 from server.coordinator import Coordinator
 
 

@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from client.backbones import build_backbone, build_model, model_spec
-from common.config import RunConfig
-from common.messages import LowRank, ModelSpec
+from common.run.config import RunConfig
+from common.wire.messages import LowRank, ModelSpec
 from server.export import export_adapter, export_head, write_metrics
 
 from tolerance import assert_close_to_dtype

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from client.datasets import load_dataset
-from common.config import RunConfig
-from common.messages import LowRank, ModelSpec
-from common.model_card import CARD_FILE, ModelCard
+from common.run.config import RunConfig
+from common.wire.messages import LowRank, ModelSpec
+from common.wire.model_card import CARD_FILE, ModelCard
 from server import results
 from server.export import configured_classes, model_card
 from server.results import RunReporter

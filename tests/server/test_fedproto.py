@@ -7,11 +7,11 @@ import torch
 from test_baselines import SPEC, fake_update
 
 from client.methods.prototypes import prototype_loss
-from common.config import RunConfig
-from common.declared import declared_tensors
-from common.messages import Phase
+from common.aggregation.declared import declared_tensors
 from common.methods.fedproto import PROTO
-from common.tensors import STAT, named_tensors, tensor_name
+from common.run.config import RunConfig
+from common.wire.messages import Phase
+from common.wire.tensors import STAT, named_tensors, tensor_name
 from server.strategies import make_strategy
 
 F64 = torch.float64

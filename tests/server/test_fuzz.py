@@ -29,13 +29,13 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import RunConfig
-from common.messages import ClientUpdate, RoundPlan
-from common.secagg_rounds import ClientSession
-from common.secure_terms import context, threshold
-from common.settings import SecAggSettings
-from common.tensors import HEAD_GRAM
-from common.tls import Security, token_digest
+from common.infra.tls import Security, token_digest
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.rounds import ClientSession
+from common.secagg.terms import context, threshold
+from common.wire.messages import ClientUpdate, RoundPlan
+from common.wire.tensors import HEAD_GRAM
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

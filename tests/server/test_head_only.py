@@ -4,9 +4,9 @@ the coordinator averages the heads by sample counts, the backbone stays ``W0``."
 import torch
 
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import Phase
-from common.tensors import HEAD_BIAS, HEAD_WEIGHT
+from common.run.config import RunConfig
+from common.wire.messages import Phase
+from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import RunConfig
-from common.tls import Security
+from common.infra.tls import Security
+from common.run.config import RunConfig
 from server.certs import create_dev_pki
 from server.coordinator import Coordinator
 from server.health import main as health

@@ -10,9 +10,9 @@ import torch
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
-from common.config import RunConfig
-from common.messages import FeaturesStep, LoraStep, LowRank, Phase
-from common.tensors import EXTRA, HEAD_WEIGHT, LORA
+from common.run.config import RunConfig
+from common.wire.messages import FeaturesStep, LoraStep, LowRank, Phase
+from common.wire.tensors import EXTRA, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from common.config import RunConfig
-from common.messages import ModelSpec
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 
@@ -63,7 +63,7 @@ def test_the_operators_spec_fixes_the_model_and_another_is_refused_naming_the_di
 
 def test_over_grpc_the_attack_is_invalid_argument_and_the_run_goes_on(tmp_path):
     from client.transport import Backoff, CoordinatorClient, Rejected
-    from common.tls import Security
+    from common.infra.tls import Security
     from proto import lorm_pb2 as pb
     from server.service import create_server
 

@@ -10,12 +10,12 @@ import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
 from client.methods.pilora import orthogonality, scaled_distance
-from common.config import RunConfig
-from common.declared import declared_tensors
-from common.messages import LoraStep, Phase
+from common.aggregation.declared import declared_tensors
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraSettings
-from common.tensors import EXTRA, STAT, tensor_name
+from common.run.config import RunConfig
+from common.wire.messages import LoraStep, Phase
+from common.wire.tensors import EXTRA, STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
-from common.config import RunConfig
-from common.declared import declared_tensors
-from common.messages import Mode, Phase, PromptStep
-from common.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS, orthonormal_rows
-from common.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, PROMPT, tensor_name
+from common.adapters.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS, orthonormal_rows
+from common.aggregation.declared import declared_tensors
+from common.run.config import RunConfig
+from common.wire.messages import Mode, Phase, PromptStep
+from common.wire.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, PROMPT, tensor_name
 from server.strategies import make_strategy
 
 from unit_helpers import plan_update

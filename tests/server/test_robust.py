@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from common.config import RunConfig
-from common.messages import ClientUpdate, LoraStep, LowRank, Phase, RoundPlan
-from common.settings import RobustSettings
-from common.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
+from common.run.config import RunConfig
+from common.run.settings import RobustSettings
+from common.wire.messages import ClientUpdate, LoraStep, LowRank, Phase, RoundPlan
+from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
 from engine.attacks import GRAM_SCALE, tamper
 from server.robust import Screen, screen_and_fold
 from server.strategies import make_strategy

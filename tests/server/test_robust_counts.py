@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_robust import CLIENTS, b_of, b_round, honest, screened
 
-from common.merge import gram_factor
-from common.messages import ClientUpdate, Phase, RoundPlan
-from common.settings import RobustSettings
-from common.tensors import GRAM, HEAD_GRAM, STAT
+from common.merges.regmean import gram_factor
+from common.run.settings import RobustSettings
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
+from common.wire.tensors import GRAM, HEAD_GRAM, STAT
 from engine.attacks import INFLATE, tamper
 from server.robust import CLASS_COUNT, Screen, measure, reweigh, screen_and_fold, tensor_role
 from server.strategies import make_strategy

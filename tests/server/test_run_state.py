@@ -10,8 +10,8 @@ from test_coordinator import config, started, update_for
 from test_validation import SPEC as FULL_SPEC
 from test_validation import config as full_config
 
-from common.messages import EvalReport, Phase, RoundPlan
-from common.metrics import AccuracyMatrix
+from common.run.metrics import AccuracyMatrix
+from common.wire.messages import EvalReport, Phase, RoundPlan
 from server.coordinator import Coordinator
 from server.run_state import SCHEMA, RunMeta, State
 from server.steps import open_step

@@ -15,13 +15,13 @@ import torch
 from test_coordinator import SPEC, config, update_for
 
 from common.aggregation.validate import UpdateRejected
-from common.messages import ClientUpdate, Phase, RoundPlan
-from common.secagg import SecAggError
-from common.secagg_rounds import BOX_BYTES, ClientSession, Keys, seal
-from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
-from common.settings import SecAggSettings
-from common.sums import running_sums
-from common.tensors import MASKED
+from common.merges.sums import running_sums
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError
+from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, seal
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
+from common.wire.tensors import MASKED
 from server import coordinator as coordinator_module
 from server.checks import Options, Refused
 from server.coordinator import Coordinator, State

@@ -13,13 +13,13 @@ import pytest
 import torch
 from test_coordinator import SPEC, config, update_for
 
-from common.messages import Phase, RoundPlan
-from common.secagg import SecAggError
-from common.secagg_rounds import ClientSession, default_threshold
-from common.secagg_signing import Signer, Verifier
-from common.secure_terms import client_terms, context, fixed_point, masked_update, threshold
-from common.settings import SecAggSettings
-from common.sums import running_sums
+from common.merges.sums import running_sums
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError
+from common.secagg.rounds import ClientSession, default_threshold
+from common.secagg.signing import Signer, Verifier
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import Phase, RoundPlan
 from server.certs import create_dev_pki
 from server.checks import Options
 from server.coordinator import Coordinator

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from common.aggregation.validate import UpdateRejected
-from common.config import RunConfig
-from common.messages import LoraStep, ModelSpec
-from common.secagg import SecAggError, encode
-from common.secure_terms import Layout, client_terms, context, fixed_point, pack, unpack
-from common.settings import SecAggSettings
-from common.sums import running_sums, summable
-from common.tensors import HEAD_BIAS
+from common.merges.sums import running_sums, summable
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import SecAggError, encode
+from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, unpack
+from common.wire.messages import LoraStep, ModelSpec
+from common.wire.tensors import HEAD_BIAS
 from server.secure import Timings, require_secure, secure_step
 from server.strategies import STRATEGIES, make_strategy
 

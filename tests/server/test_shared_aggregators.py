@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from common.aggregation.base import Aggregator
-from common.config import RunConfig
-from common.messages import ModelSpec, Phase, RoundPlan
+from common.merges.sums import running_sums, summable
 from common.methods import load_half, make_aggregator, registry
-from common.sums import running_sums, summable
+from common.run.config import RunConfig
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from proto import codec
 from server.strategies import make_strategy
 

@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from common.messages import RoundPlan
-from common.tls import Security
+from common.infra.tls import Security
+from common.wire.messages import RoundPlan
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

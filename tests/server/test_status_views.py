@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 
-from common.tls import Security, token_digest
+from common.infra.tls import Security, token_digest
 from proto import lorm_pb2 as pb
 from server.admin import main as admin
 from server.coordinator import Coordinator

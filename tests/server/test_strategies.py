@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from common.aggregation.validate import UpdateRejected
-from common.merge import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
-from common.messages import GramKind, LoraStep, Phase
-from common.tensors import EXTRA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA
+from common.merges.regmean import decay_gram, merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
+from common.wire.messages import GramKind, LoraStep, Phase
+from common.wire.tensors import EXTRA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA
 from server.strategies import make_strategy
 
 from unit_helpers import LORA_SPEC, plan_update, unit_config

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from common.aggregation.validate import PSD_RTOL, UpdateRejected, check_gram, field_of
-from common.config import RunConfig
-from common.messages import ClientUpdate, EvalReport, ModelSpec, Phase
-from common.tensors import (
+from common.infra.tls import Security
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase
+from common.wire.tensors import (
     DELTA,
     FACTOR,
     FISHER,
@@ -32,7 +33,6 @@ from common.tensors import (
     parse_tensor_name,
     tensor_name,
 )
-from common.tls import Security
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import torch
 
-from common.config import RunConfig
-from common.merge import block_gram_factor, gram_factor
-from common.messages import ClientUpdate, ModelSpec, RoundPlan
-from common.tensors import (
+from common.merges.regmean import block_gram_factor, gram_factor
+from common.run.config import RunConfig
+from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.wire.tensors import (
     DELTA,
     FACTOR,
     FISHER,
@@ -75,7 +75,7 @@ def plan_update(
     **parts,
 ) -> ClientUpdate:
     """Client ``index``'s update (id ``c<index>``) of ``plan``'s step, with ``num_samples``, ``train_loss`` and
-    its tensors as the shared client halves name them (``common.tensors.pack``: ``factors``, ``grams``,
+    its tensors as the shared client halves name them (``common.wire.tensors.pack``: ``factors``, ``grams``,
     ``delta``, ``fisher``, ``stats``, ``head_gram``; and ``head_weight``, ``head_bias``)."""
     head = {HEAD_WEIGHT: head_weight} if head_weight is not None else {}
     head |= {HEAD_BIAS: head_bias} if head_bias is not None else {}

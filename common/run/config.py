@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.settings import LEGACY_EXTRA, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -48,7 +48,7 @@ def _integer(value: Any) -> bool:
 
 
 # What a value of each kind of RunConfig field (its annotation) must be; settings sections check their own
-# (common/settings.py). A float field takes an integer too.
+# (common/run/settings.py). A float field takes an integer too.
 FIELD_KINDS: dict[str, Callable[[Any], bool]] = {
     "bool": lambda v: isinstance(v, bool),
     "int": _integer,
@@ -107,9 +107,9 @@ class RunConfig:
     deterministic: bool = False  # clients use deterministic kernels only (client.runtime.use_deterministic):
     #                              a GPU run then repeats bit for bit; slower, and an op without one fails by name
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # typed settings set by section -> key
-    #   (common/settings.py: "data" and each method's, e.g. {"ridge": {"rp_dim": 5000}}; --set ridge.rp_dim=5000)
+    #   (common/run/settings.py: "data" and each method's, e.g. {"ridge": {"rp_dim": 5000}}; --set ridge.rp_dim=5000)
     extra: dict[str, Any] = field(default_factory=dict)  # earlier versions' untyped settings: each key moves into
-    #   its section of ``settings`` (common.settings.LEGACY_EXTRA), over what ``settings`` has; left empty
+    #   its section of ``settings`` (common.run.settings.LEGACY_EXTRA), over what ``settings`` has; left empty
 
     def __post_init__(self) -> None:
         problems = self._check_types()
@@ -258,7 +258,7 @@ def without_client_local(config: RunConfig) -> RunConfig:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` (JSON) and repeatable ``--set KEY=VALUE`` overrides of :class:`RunConfig`."""
-    parser.add_argument("--preset", default="", help="start from a named configuration (common/presets.py)")
+    parser.add_argument("--preset", default="", help="start from a named configuration (common/run/presets.py)")
     parser.add_argument("--config", help="JSON file with RunConfig values")
     parser.add_argument(
         "--set",
@@ -304,7 +304,7 @@ def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
     """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key)."""
-    from common.presets import preset
+    from common.run.presets import preset
 
     values = dict(base or {})
     if args.preset:

@@ -11,7 +11,7 @@ certificate from the run's CA (``server/certs.py``), so no extra PKI is needed:
   SHA-256, DER; Ed25519; RSA-PSS with SHA-256 for RSA keys of at least 2048 bits).
 - :class:`Verifier`: the run's CA; ``identity(certificate)`` checks the certificate is a client
   certificate of that CA and returns its client id, ``verify(certificate, message, signature)``
-  also checks the signature. Every failure is a :class:`~common.secagg.SecAggError` naming it.
+  also checks the signature. Every failure is a :class:`~common.secagg.primitives.SecAggError` naming it.
 - :func:`keys_message`, :func:`survivors_message`: the only byte strings a client signs.
 
 Message format: ``PREFIX || field(kind) || field(f_1) || ... || field(f_k)`` with
@@ -40,8 +40,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.secagg import SecAggError
-from common.tls import CLIENT_URI_SCHEME
+from common.infra.tls import CLIENT_URI_SCHEME
+from common.secagg.primitives import SecAggError
 
 MAX_CERTIFICATE_BYTES = 16 * 1024  # a P-256 client certificate in PEM is under 1 KiB
 MAX_SIGNATURE_BYTES = 512  # RSA-4096 (512 bytes); ECDSA P-256 DER is at most 72, Ed25519 64

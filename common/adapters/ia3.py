@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.lora import LoRALinear, replace_lora_layers
+from common.adapters.lora import LoRALinear, replace_lora_layers
 
 SIDE = {"output": "B", "input": "A"}  # setting ia3.side -> the trained side's name
 
@@ -29,7 +29,7 @@ class IA3Linear(LoRALinear):
     """``nn.Linear`` rescaled on its output (``side="B"``) or input (``side="A"``) by ``1 + s l + l_e``.
 
     The inherited LoRA factors are unused (rank 1, scale of their product 0) so that the layer
-    keeps :class:`~common.lora.LoRALinear`'s interface (Gram hooks, frozen low-rank extra).
+    keeps :class:`~common.adapters.lora.LoRALinear`'s interface (Gram hooks, frozen low-rank extra).
     """
 
     lora_le: Tensor  # the frozen extra vector l_e (a buffer)

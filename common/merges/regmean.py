@@ -149,7 +149,9 @@ def _add_gram(total: Tensor | None, g: Tensor) -> Tensor:
 class GramSum:
     """Running sum of Grams ``S = sum_i G_i`` (diagonal stays diagonal until a full one arrives)."""
 
-    SUMS: ClassVar[tuple[str, ...]] = ("total",)  # running sums (common/sums.py): secure aggregation adds these up
+    SUMS: ClassVar[tuple[str, ...]] = (
+        "total",
+    )  # running sums (common/merges/sums.py): secure aggregation adds these up
     PARTS: ClassVar[tuple[str, ...]] = ()
 
     d_in: int
@@ -223,7 +225,7 @@ class GramRows:
     ``m <= min(n, d_in)`` for ``n`` samples (not a function of the number of clients). What an ensemble's own
     held-out error needs (``ridge.lambda_rule = 'average'``): the off-diagonal blocks too, in ``m d_in``
     numbers instead of ``d_in^2``. A stack, not a sum of per-client terms: no ``SUMS``, so no secure
-    aggregation (``common/sums.py``)."""
+    aggregation (``common/merges/sums.py``)."""
 
     d_in: int
     total: Tensor | None = None

@@ -3,7 +3,7 @@
 :func:`declared_tensors` reads the plan's instruction (its kind: ``LoraStep``, ``DenseStep``, ``PromptStep``,
 ``FeaturesStep``; and its fields), its class range and prompt pool, or the method's slice's own
 declaration (``Method.declare``), the model's shapes
-(:class:`~common.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
+(:class:`~common.wire.messages.ModelSpec`) and the run's settings, and returns ``wire name ->
 shape``. The coordinator validates every update against it (``Aggregator.expected``, then
 ``common.aggregation.validate``), and a client checks its own update against it before
 sending (``ClientWorker.update``, :func:`check_declared_shapes`), so both sides derive the
@@ -20,10 +20,20 @@ F'/K)`` with ``ridge.blocks = K``), CCVR's
 
 from __future__ import annotations
 
-from common.adapter_merge import ia3_statistic_shape, vera_sends_diagonal
-from common.config import RunConfig
-from common.ia3 import SIDE
-from common.messages import (
+from common.adapters.ia3 import SIDE
+from common.adapters.prompts import trained_shapes
+from common.merges.vectors import ia3_statistic_shape, vera_sends_diagonal
+from common.methods import method
+from common.run.config import RunConfig
+from common.run.settings import (
+    CcvrSettings,
+    Ia3Settings,
+    NcmSettings,
+    RidgeSettings,
+    SecAggSettings,
+    VeraSettings,
+)
+from common.wire.messages import (
     DenseStep,
     FeaturesStep,
     GramKind,
@@ -34,17 +44,7 @@ from common.messages import (
     RoundPlan,
     TrainInstruction,
 )
-from common.methods import method
-from common.prompts import trained_shapes
-from common.settings import (
-    CcvrSettings,
-    Ia3Settings,
-    NcmSettings,
-    RidgeSettings,
-    SecAggSettings,
-    VeraSettings,
-)
-from common.tensors import (
+from common.wire.tensors import (
     DELTA,
     FACTOR,
     FISHER,
@@ -197,8 +197,8 @@ def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]
 
 
 def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Shapes:
-    """VeRA's step (``common/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
-    (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.adapter_merge.vera_statistic``:
+    """VeRA's step (``common/adapters/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
+    (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.merges.vectors.vera_statistic``:
     exact ``(d_out,)``, ``(r, r)`` or the diagonal Gram; appendix ``(r, r)`` or the Gram); a task's Gram
     step: the Grams."""
     step = plan.expect(LoraStep)
@@ -219,9 +219,9 @@ def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Sha
 
 
 def ia3_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
-    """(IA)^3's step (``common/ia3.py``): a training round's trained vector per layer (``(d_out,)`` on the
+    """(IA)^3's step (``common/adapters/ia3.py``): a training round's trained vector per layer (``(d_out,)`` on the
     output, ``(d_in,)`` on the input), and in every step its Gram statistic
-    (``common.adapter_merge.ia3_statistic``)."""
+    (``common.merges.vectors.ia3_statistic``)."""
     settings = config.section(Ia3Settings)
     step = plan.expect(LoraStep)
     side, full = SIDE[settings.side], step.gram == GramKind.FULL

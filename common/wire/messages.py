@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from common.tensors import PARTS
+from common.wire.tensors import PARTS
 
 
 class Phase(str, Enum):
@@ -304,7 +304,7 @@ Step = typing.TypeVar("Step", bound=Instruction)
 
 
 class Tensors:
-    """Named tensors (``<kind>/<name>`` or ``<kind>/<layer>/<part>``, :mod:`common.tensors`) read by kind."""
+    """Named tensors (``<kind>/<name>`` or ``<kind>/<layer>/<part>``, :mod:`common.wire.tensors`) read by kind."""
 
     tensors: dict[str, Tensor]
 
@@ -369,7 +369,7 @@ class RoundPlan(Tensors):
 @dataclass
 class ClientUpdate(Tensors):
     """What a client pushes after a TRAIN, TASK_GRAM or FEATURES step: who, which step, its sample count and
-    loss, and named tensors (what the step declares, ``common/declared.py``)."""
+    loss, and named tensors (what the step declares, ``common/aggregation/declared.py``)."""
 
     run_id: str
     client_id: str

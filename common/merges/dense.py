@@ -1,6 +1,6 @@
 """Merges of dense task vectors for the full fine-tuning baselines: Fisher averaging and TIES.
 
-Pure math, float64 inside, like :mod:`common.merge` (whose RegMean and weighted mean the
+Pure math, float64 inside, like :mod:`common.merges.regmean` (whose RegMean and weighted mean the
 baselines reuse). A *task vector* here is one client's update of one round: a named set of
 tensors ``name -> delta`` (trained minus starting weights). Both merges fold one client at a
 time into running sums whose size does not depend on how many clients were folded.
@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from common.merge import DTYPE, WeightedMeanAccumulator
+from common.merges.regmean import DTYPE, WeightedMeanAccumulator
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -31,7 +31,7 @@ class FisherMeanAccumulator:
     sample-weighted mean ``sum_i n_i x_i / sum_i n_i`` is used instead.
     """
 
-    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "fisher")  # running sums (common/sums.py)
+    SUMS: ClassVar[tuple[str, ...]] = ("numerator", "fisher")  # running sums (common/merges/sums.py)
     PARTS: ClassVar[tuple[str, ...]] = ("fallback",)
 
     shape: tuple[int, ...]

@@ -8,7 +8,7 @@
 - ``lb: (d_out,)`` (zero at a task's start) and ``ld: (r,)`` (``vera.d_init``) are the trained
   vectors. Rounds train one of them, as LoRM trains ``B`` or ``A``: the ``"B"`` side is ``lb``
   (it scales ``B``'s output), the ``"A"`` side is ``ld``;
-- ``B_e A_e`` is the frozen low-rank delta of :class:`~common.lora.LoRALinear` (earlier tasks).
+- ``B_e A_e`` is the frozen low-rank delta of :class:`~common.adapters.lora.LoRALinear` (earlier tasks).
 
 Its delta is the low-rank product ``(diag(lb) B diag(ld)) A`` (:func:`product`): everything that
 works on LoRA factors (Gram views, the task-level RegMean, export) works on it unchanged. The
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.lora import LoRALinear, init_lora_a, replace_lora_layers
+from common.adapters.lora import LoRALinear, init_lora_a, replace_lora_layers
 
 SIDES = ("B", "A")  # the trained vector of each side: "B" -> lb (d_out,), "A" -> ld (r,)
 

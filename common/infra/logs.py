@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from common.messages import DenseStep
+from common.wire.messages import DenseStep
 
 FORMATS = ("plain", "json")
 FIELDS = ("run", "task", "round", "client")

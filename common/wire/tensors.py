@@ -34,7 +34,7 @@ class WireError(ValueError):
 # A tensor is "<kind>/<name>" or, for the kinds of PARTED, "<kind>/<layer>/<part>"; the head's are fixed.
 # Layer and parameter names are dotted module names, never empty. The kinds below are the ones the shared
 # client halves use; a method may send any other kind ("<kind>/<name>"), declared by its step
-# (common/declared.py or its slice): no list here names every kind a message may carry.
+# (common/aggregation/declared.py or its slice): no list here names every kind a message may carry.
 
 LORA, EXTRA, FACTOR, GRAM, DELTA, FISHER, STAT = "lora", "extra", "factor", "gram", "delta", "fisher", "stat"
 ANCHOR = "anchor"  # a plan's reference weights (W0 + anchor): EWC's penalty centre, LwF's teacher

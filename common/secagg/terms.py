@@ -4,7 +4,7 @@ The fixed point of a run (:func:`fixed_point`), the threshold (:func:`threshold`
 step's masks to it (:func:`context`), a client's terms (:func:`client_terms`: its update folded
 into a fresh aggregator of the step, as running sums), square Grams packed to their lower triangle
 (:func:`pack`), the flat order of a step's sums (:class:`Layout`), and the masked update a client
-pushes (:func:`masked_update`). The rounds are in ``common/secagg_rounds.py``; the coordinator's
+pushes (:func:`masked_update`). The rounds are in ``common/secagg/rounds.py``; the coordinator's
 side in ``server/secure.py``.
 """
 
@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from common.messages import ClientUpdate, RoundPlan
-from common.secagg import FixedPoint, SecAggError, encode
-from common.secagg_rounds import ClientSession, default_threshold
-from common.settings import SecAggSettings
-from common.sums import running_sums
-from common.tensors import MASKED
+from common.merges.sums import running_sums
+from common.run.settings import SecAggSettings
+from common.secagg.primitives import FixedPoint, SecAggError, encode
+from common.secagg.rounds import ClientSession, default_threshold
+from common.wire.messages import ClientUpdate, RoundPlan
+from common.wire.tensors import MASKED
 
 DTYPE = torch.float64
 

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from common.merge import RegMeanAccumulator, gram_times, right_solve
+from common.merges.regmean import RegMeanAccumulator, gram_times, right_solve
 
 F64 = torch.float64
 
@@ -116,7 +116,7 @@ def vera_b(
 
 # ----------------------------------------------------------------------------- running sums
 #
-# The same merges as running sums over clients (``common/sums.py``), for the coordinator: each client
+# The same merges as running sums over clients (``common/merges/sums.py``), for the coordinator: each client
 # sends its trained vector and a statistic of its Gram computed on its side (:func:`vera_statistic`),
 # never the Gram itself, and the coordinator's memory does not grow with the number of clients.
 

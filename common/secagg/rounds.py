@@ -1,7 +1,7 @@
 """Secure aggregation's rounds: one client's side and the coordinator's side of one step.
 
 SecAgg (Bonawitz et al., CCS 2017) against an honest-but-curious coordinator, on the primitives of
-``common/secagg.py``. For the clients ``U0`` a step expects:
+``common/secagg/primitives.py``. For the clients ``U0`` a step expects:
 
 0. **advertise**: client ``i`` sends two fresh X25519 public keys, ``c_i`` (its shares travel
    encrypted under it) and ``s_i`` (its pairwise masks). The coordinator fixes the roster ``U1``
@@ -49,8 +49,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from common.secagg import SecAggError, combine, keypair, masked, ring_add, ring_zeros, share, unmask
-from common.secagg_signing import Signer, Verifier, keys_message, survivors_message
+from common.secagg.primitives import SecAggError, combine, keypair, masked, ring_add, ring_zeros, share, unmask
+from common.secagg.signing import Signer, Verifier, keys_message, survivors_message
 
 
 def default_threshold(clients: int, signed: bool = False) -> int:

@@ -1,0 +1,1 @@
+"""The parameter-efficient modules a client trains: LoRA, VeRA, (IA)^3 and prompts."""

@@ -1,0 +1,3 @@
+"""The closed-form merges, pure math in float64: RegMean and LoRM's LoRA merges (``regmean``), the
+dense task-vector merges (``dense``), the VeRA and (IA)^3 vector merges (``vectors``), and the running sums
+secure aggregation adds up (``sums``)."""
