@@ -28,15 +28,11 @@ from torch import Tensor, nn
 from client.backbones import Backbone, build_backbone
 from client.images import image_size, image_transforms, open_rgb
 from client.worker import resolve_device
-from common.methods import DENSE, EWC, LORA, LWF, TARGET, VERA, registry
+from common.methods import registry
 from common.run.config import RunConfig
 from common.run.settings import DataSettings
 from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE, HEAD_FILE, ModelCard
 
-# The client halves whose evaluation scores a sample by the head on the backbone's own features,
-# ``head(backbone(x))`` with the backbone ``W0`` plus the exported delta: what this module rebuilds.
-# Prototypes, prompts, (IA)^3 vectors and the closed-form heads' projected features are not that model.
-SERVED_HALVES = frozenset({LORA, DENSE, EWC, LWF, TARGET, VERA, "client.methods.fedprox:FedProxTrainer"})
 PEFT_PREFIX = "base_model.model."  # server/export.py writes adapter keys under it, as PEFT does
 
 
@@ -62,13 +58,14 @@ def read_card(export: Path) -> ModelCard:
         raise ExportError(f"{path}: {err}") from err
     if card.missing():
         raise ExportError(f"{path} does not name {' and '.join(card.missing())}; export a run that fixes them")
-    methods = registry()
-    half = methods[card.strategy].client if card.strategy in methods else ""
-    if half not in SERVED_HALVES or card.parts:
+    # what this module rebuilds: the head on the backbone's own features, head(backbone(x)) with the backbone
+    # W0 plus the exported delta; the registry says which methods' clients score so (Method.servable)
+    method = registry().get(card.strategy)
+    if method is None or not method.servable or card.parts:
         raise ExportError(
             f"{path}: method {card.strategy!r} classifies with more than the head on the backbone's features "
-            f"(parts {card.parts or half or 'unknown'}); only methods whose clients train LoRA or every weight "
-            "and score with the head are served"
+            f"(parts {card.parts or (method.client if method else 'unknown')}); only methods whose clients train "
+            "LoRA or every weight and score with the head are served"
         )
     return card
 

@@ -88,6 +88,10 @@ class Method:
     # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
     # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)
     aggregator: str = field(kw_only=True)
+    # its export is the head on the backbone's own features, head(backbone W0 + delta), which is how its client
+    # half scores a sample: lorm-predict and lorm-serve (serve/model.py) rebuild and serve it. Not so for
+    # prototypes, prompt pools, (IA)^3 vectors or the closed-form heads' projected features.
+    servable: bool = field(default=False, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
@@ -99,6 +103,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "LoRM: alternating B/A rounds, closed-form merges",
             aggregator="common.aggregation.lora:lorm",
+            servable=True,
         ),
         Method(
             "lorm-b-only",
@@ -106,6 +111,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "ablation: LoRM training B every round (A stays its init)",
             aggregator="common.aggregation.lora:lorm",
+            servable=True,
         ),
         Method(
             "lorm-avg-tasks",
@@ -113,6 +119,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "ablation: tasks' residuals averaged instead of the task RegMean",
             aggregator="common.aggregation.lora:lorm",
+            servable=True,
         ),
         Method(
             "lorm-seq",
@@ -120,6 +127,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "variant: each task's LoRA a residual on the earlier tasks'",
             aggregator="common.aggregation.lora:lorm",
+            servable=True,
         ),
         Method(
             "lorm-vera",
@@ -129,6 +137,7 @@ BUILT_IN: dict[str, Method] = {
             VeraSettings,
             adapter="vera",
             aggregator="common.aggregation.lora:vera",
+            servable=True,
         ),
         Method(
             "lorm-ia3",
@@ -145,6 +154,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "FedAvg of LoRA factors and head",
             aggregator="common.aggregation.lora:fedavg_lora",
+            servable=True,
         ),
         Method(
             "fedavg",
@@ -152,6 +162,7 @@ BUILT_IN: dict[str, Method] = {
             DENSE,
             "FedAvg, full fine-tuning",
             aggregator="common.aggregation.dense:fedavg",
+            servable=True,
         ),
         Method(
             "regmean",
@@ -159,6 +170,7 @@ BUILT_IN: dict[str, Method] = {
             DENSE,
             "RegMean, full fine-tuning",
             aggregator="common.aggregation.dense:regmean",
+            servable=True,
         ),
         Method(
             "fisheravg",
@@ -166,6 +178,7 @@ BUILT_IN: dict[str, Method] = {
             DENSE,
             "Fisher averaging, full fine-tuning",
             aggregator="common.aggregation.dense:fisheravg",
+            servable=True,
         ),
         Method(
             "ties",
@@ -174,6 +187,7 @@ BUILT_IN: dict[str, Method] = {
             "TIES merging, full fine-tuning",
             TiesSettings,
             aggregator="common.aggregation.dense:ties",
+            servable=True,
         ),
         Method(
             "ncm",
@@ -221,6 +235,7 @@ BUILT_IN: dict[str, Method] = {
             LORA,
             "toy: the head alone on W0, heads averaged",
             aggregator="common.aggregation.lora:head_only",
+            servable=True,
         ),
         Method(
             "ewc",
@@ -229,6 +244,7 @@ BUILT_IN: dict[str, Method] = {
             "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
             EwcSettings,
             aggregator="common.aggregation.dense:ewc",
+            servable=True,
         ),
         Method(
             "lwf",
@@ -237,6 +253,7 @@ BUILT_IN: dict[str, Method] = {
             "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
             LwfSettings,
             aggregator="common.aggregation.dense:fedavg",
+            servable=True,
         ),
         Method(
             "ccvr",
@@ -253,6 +270,7 @@ BUILT_IN: dict[str, Method] = {
             "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
             TargetSettings,
             aggregator="common.aggregation.dense:fedavg",
+            servable=True,
         ),
         Method(
             "l2p",

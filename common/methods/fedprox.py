@@ -47,4 +47,5 @@ METHOD = Method(
     "FedProx: FedAvg of LoRA factors and head, each client's loss with the proximal term mu/2 ||w - w_global||^2",
     FedProxSettings,
     aggregator="common.aggregation.lora:fedavg_lora",
+    servable=True,
 )

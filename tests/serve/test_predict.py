@@ -11,7 +11,6 @@ import pytest
 
 from common.methods import registry
 from common.wire.model_card import CARD_FILE, ModelCard
-from serve.model import SERVED_HALVES
 
 from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task
 from procenv import ROOT, project_pythonpath
@@ -98,7 +97,7 @@ def test_a_full_fine_tuning_export_predicts_what_its_evaluation_counted(strategy
     check_method(strategy, tmp_path)
 
 
-SERVED = sorted(name for name, m in registry().items() if m.client in SERVED_HALVES and name not in ("lorm", "fedavg"))
+SERVED = sorted(name for name, m in registry().items() if m.servable and name not in ("lorm", "fedavg"))
 
 
 @pytest.mark.slow
