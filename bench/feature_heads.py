@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.backbones import pool_states  # noqa: E402
 from client.features import ACTIVATION_FUNCTIONS, normalise_layers  # noqa: E402
 from client.pretrained import MPNET, pretrained_path  # noqa: E402
-from common.run.settings import ACTIVATIONS  # noqa: E402
+from common.methods.closed_form import ACTIVATIONS  # noqa: E402
 from server.strategies.closed_form import ridge_head, squared_error  # noqa: E402
 
 SPLITS = ("train", "val", "test")

@@ -49,8 +49,8 @@ from common.aggregation.declared import (
     holdout_every,
 )
 from common.merges.regmean import block_gram_factor, gram_factor
+from common.methods.closed_form import NcmSettings
 from common.run.config import RunConfig
-from common.run.settings import NcmSettings
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 
@@ -99,7 +99,7 @@ def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
     return _projection(config.seed, dim, d_in) if dim else None
 
 
-# The function of each setting ``activation`` (its names: ``common.run.settings.ACTIVATIONS``).
+# The function of each setting ``activation`` (its names: ``common.methods.closed_form.ACTIVATIONS``).
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,

@@ -1,9 +1,11 @@
 """The method registry: every method has both halves, each resolvable by its own layer only."""
 
+from types import ModuleType
+
 import pytest
 
 from client.methods import ClientMethod, client_method
-from common.methods import load_half, method, registry
+from common.methods import Method, load_half, method, registry, slice_methods
 from common.run.config import RunConfig
 from common.wire.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
 from server.strategies import STRATEGIES, Strategy
@@ -22,6 +24,27 @@ def test_every_method_resolves_both_halves(name):
 def test_a_layer_loads_only_its_own_half():
     with pytest.raises(ValueError, match="inside package 'client'"):
         load_half(registry()["lorm"].server, "client")
+
+
+def test_a_slice_registers_one_method_or_a_family():
+    one, two = (Method(name, "server.x:X", "client.x:X", "help", aggregator="common.x:x") for name in ("a", "b"))
+    slice_of = {"METHOD": one}, {"METHODS": (one, two)}
+    wrong = {}, {"METHOD": (one,)}, {"METHODS": ()}, {"METHODS": [one]}, {"METHOD": one, "METHODS": (two,)}
+
+    def module(**names: object) -> ModuleType:
+        m = ModuleType("common.methods.x")
+        m.__dict__.update(names)
+        return m
+
+    assert [slice_methods(module(**names)) for names in slice_of] == [(one,), (one, two)]
+    for names in wrong:
+        with pytest.raises(TypeError, match="slice common.methods.x must define METHOD"):
+            slice_methods(module(**names))
+    assert {m.name for m in registry().values() if m.settings is not None and m.settings.section == "ridge"} == {
+        "ridge",
+        "lorm-ridge",
+        "lorm-ridge-first",
+    }  # one slice, common/methods/closed_form.py, registers the closed-form heads
 
 
 def test_unknown_method_names_the_known_ones():

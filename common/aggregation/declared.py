@@ -24,15 +24,9 @@ from common.adapters.ia3 import SIDE
 from common.adapters.prompts import trained_shapes
 from common.merges.vectors import ia3_statistic_shape, vera_sends_diagonal
 from common.methods import method
+from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
-from common.run.settings import (
-    CcvrSettings,
-    Ia3Settings,
-    NcmSettings,
-    RidgeSettings,
-    SecAggSettings,
-    VeraSettings,
-)
+from common.run.settings import CcvrSettings, Ia3Settings, SecAggSettings, VeraSettings
 from common.wire.messages import (
     DenseStep,
     FeaturesStep,

@@ -23,8 +23,8 @@ from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
 from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import BlockGramSum, GramRows, GramSum
+from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
-from common.run.settings import NcmSettings, RidgeSettings
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import STAT
 

@@ -17,8 +17,10 @@ that trains like an existing one adds only its server half and one line here.
 A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
 shared part, which both halves import: its typed settings, its steps' instruction (a
 ``common.wire.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
-aggregator, and its registration, ``METHOD = Method(...)``. The registry finds every slice here
-(:func:`registry`): adding a method is then its slice, its server half and its client half, three files.
+aggregator, and its registration, ``METHOD = Method(...)``; a family of methods that share a slice (the
+closed-form heads share their settings) registers them all, ``METHODS = (Method(...), ...)``. The registry finds
+every slice here (:func:`registry`): adding a method is then its slice, its server half and its client half, three
+files.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from common.run.settings import (
@@ -39,8 +42,6 @@ from common.run.settings import (
     L2pSettings,
     LwfSettings,
     ModelSettings,
-    NcmSettings,
-    RidgeSettings,
     RobustSettings,
     SecAggSettings,
     Settings,
@@ -64,8 +65,6 @@ TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous
 IA3 = "client.methods.ia3:IA3Trainer"  # the (IA)^3 vector + head with ACE, then its merge statistic
 VERA = "client.methods.vera:VeRATrainer"  # VeRA's vectors lb or ld + head with ACE, then their merge statistics
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
-FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
-LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
 DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-tuning steps, then features steps
 
 
@@ -190,46 +189,6 @@ BUILT_IN: dict[str, Method] = {
             servable=True,
         ),
         Method(
-            "ncm",
-            "server.strategies.closed_form:NearestClassMean",
-            FEATURES,
-            "cosine nearest class mean on W0",
-            NcmSettings,
-            aggregator="common.aggregation.features:ncm",
-        ),
-        Method(
-            "ridge",
-            "server.strategies.closed_form:RidgeHead",
-            FEATURES,
-            "ridge regression head on W0",
-            RidgeSettings,
-            aggregator="common.aggregation.features:ridge",
-        ),
-        Method(
-            "lorm-ridge",
-            "server.strategies.lorm_closed_form:LoRMClosedForm",
-            LORA_THEN_FEATURES,
-            "LoRM's backbone with a ridge head",
-            RidgeSettings,
-            aggregator="common.aggregation.features:lorm_ridge",
-        ),
-        Method(
-            "lorm-ncm",
-            "server.strategies.lorm_closed_form:LoRMNearestClassMean",
-            LORA_THEN_FEATURES,
-            "LoRM's backbone with a cosine NCM head",
-            NcmSettings,
-            aggregator="common.aggregation.features:lorm_ncm",
-        ),
-        Method(
-            "lorm-ridge-first",
-            "server.strategies.lorm_closed_form:LoRMRidgeFirstTask",
-            LORA_THEN_FEATURES,
-            "LoRM on task 0 only, then ridge heads",
-            RidgeSettings,
-            aggregator="common.aggregation.features:lorm_ridge",
-        ),
-        Method(
             "head-only",
             "server.strategies.head_only:HeadOnly",
             LORA,
@@ -294,18 +253,27 @@ BUILT_IN: dict[str, Method] = {
 
 @functools.cache
 def registry() -> dict[str, Method]:
-    """Every method: the built-in ones, then each slice of this package (its ``METHOD``), imported on the first
-    call (a slice imports the shared modules that import this one)."""
+    """Every method: the built-in ones, then each slice of this package (its ``METHOD``, or its ``METHODS``),
+    imported on the first call (a slice imports the shared modules that import this one)."""
     methods = dict(BUILT_IN)
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")
-        found = getattr(module, "METHOD", None)
-        if not isinstance(found, Method):
-            raise TypeError(f"slice {module.__name__} must define METHOD = Method(...)")
-        if found.name in methods:
-            raise ValueError(f"method {found.name!r} of {module.__name__} is registered twice")
-        methods[found.name] = found
+        for found in slice_methods(module):
+            if found.name in methods:
+                raise ValueError(f"method {found.name!r} of {module.__name__} is registered twice")
+            methods[found.name] = found
     return methods
+
+
+def slice_methods(module: ModuleType) -> tuple[Method, ...]:
+    """What the slice ``module`` registers: its ``METHOD``, or its ``METHODS``, a tuple of the methods of a family
+    that shares one slice (the closed-form heads share their settings); ``TypeError`` for anything else."""
+    one, family = getattr(module, "METHOD", None), getattr(module, "METHODS", None)
+    if isinstance(one, Method) and family is None:
+        return (one,)
+    if one is None and isinstance(family, tuple) and family and all(isinstance(m, Method) for m in family):
+        return family
+    raise TypeError(f"slice {module.__name__} must define METHOD = Method(...) or METHODS = (Method(...), ...)")
 
 
 @functools.cache

@@ -6,10 +6,10 @@ text (:func:`setting`); ``__post_init__`` checks what one field cannot say alone
 the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON) and reads them
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
-Sections: ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`), ``robust``
-(:class:`RobustSettings`), ``secagg`` (:class:`SecAggSettings`) and those the method registry
-(``common.methods``)
-names for its methods: ``ridge``, ``ncm``, ``ties`` (``common.methods.sections()``).
+Sections here: the run's own, ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`),
+``robust`` (:class:`RobustSettings`) and ``secagg`` (:class:`SecAggSettings`). Each method's section lives
+in its slice (``common/methods/<name>.py``, e.g. ``ridge`` and ``ncm`` in ``closed_form.py``), and the
+registry lists them all (``common.methods.sections()``).
 """
 
 from __future__ import annotations
@@ -83,14 +83,15 @@ def finite_number(key: str, value: float, low: float, strict: bool = False) -> N
         raise ValueError(f"setting {key} must be a finite number {'>' if strict else '>='} {low:g}, got {value}")
 
 
-def _at_least_one(section: Settings, *keys: str) -> None:
+def at_least_one(section: Settings, *keys: str) -> None:
     """``ValueError`` naming the first of ``keys`` (integer settings of ``section``) that is below 1."""
     for key in keys:
         if getattr(section, key) < 1:
             raise ValueError(f"setting {section.section}.{key} must be a positive integer, got {getattr(section, key)}")
 
 
-def _positive_int(key: str, value: int, zero: str) -> None:
+def non_negative_int(key: str, value: int, zero: str) -> None:
+    """``ValueError`` naming ``key`` unless ``value >= 0``; ``zero`` says what 0 means."""
     if value < 0:
         raise ValueError(f"setting {key} must be a non-negative integer ({zero}), got {value}")
 
@@ -125,8 +126,8 @@ class DataSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        _positive_int("data.image_size", self.image_size, "0: the backbone's")
-        _positive_int("data.validation", self.validation, "0: the test split")
+        non_negative_int("data.image_size", self.image_size, "0: the backbone's")
+        non_negative_int("data.validation", self.validation, "0: the test split")
         if self.validation == 1:
             raise ValueError("setting data.validation=1 would hold out every training sample; use k >= 2 (or 0)")
         for key in ("synthetic_classes", "synthetic_train", "synthetic_test"):
@@ -202,7 +203,7 @@ class SecAggSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        _positive_int("secagg.threshold", self.threshold, "0: a majority")
+        non_negative_int("secagg.threshold", self.threshold, "0: a majority")
         finite_number("secagg.bound", self.bound, 0.0, strict=True)
         if not 0 <= self.frac_bits <= 96:
             raise ValueError(f"setting secagg.frac_bits must lie in [0, 96] (0: chosen), got {self.frac_bits}")
@@ -227,134 +228,6 @@ class SecAggSettings(Settings):
                 f"{self.threshold} colluding shares would unmask one client's input; use more than {clients // 2} "
                 "(0: a majority), or secagg.unsafe_low_threshold=true for a test of the protocol"
             )
-
-
-POOLS = ("mean", "first")
-LAMBDA_RULES = ("auto", "members", "average")
-NORMS = ("none", "layer")
-ACTIVATIONS = ("relu", "gelu", "tanh", "none")
-
-
-@dataclass(frozen=True)
-class NcmSettings(Settings):
-    """Cosine nearest class mean (``ncm``, ``lorm-ncm``): the feature map of the closed-form head."""
-
-    section: ClassVar[str] = "ncm"
-    rp_dim: int = setting(0, "width F' of the random projection + activation before the head (0: none, F' = F)")
-    activation: str = setting(
-        "relu",
-        "with rp_dim: the function of each projected feature, 'relu' max(0, z) (the arc-cosine kernel's random "
-        "features), 'gelu', 'tanh', or 'none' (a linear projection); the projection is unscaled N(0, 1), so z has "
-        "a deviation of |x| (about 34 for three layer-normed MiniLM layers): there gelu acts as relu, tanh as sign",
-    )
-    layers: tuple[int, ...] = setting(
-        (),
-        "hidden states pooled and concatenated as the head's features, indexed as the backbone's hidden "
-        "states (0: the embeddings, 1..L: the blocks, -1: the last); empty: the backbone's own features",
-    )
-    pool: str = setting(
-        "mean", "with layers: pool each hidden state by its 'mean' over the tokens kept, or 'first' token"
-    )
-    norm: str = setting(
-        "none",
-        "with layers: 'layer' scales each pooled vector to mean 0 and deviation 1 over its dimensions "
-        "(per sample: no statistics, exact under any split); 'none' leaves them",
-    )
-
-    def __post_init__(self) -> None:
-        _positive_int(f"{self.section}.rp_dim", self.rp_dim, "0: no projection")
-        if self.pool not in POOLS:
-            raise ValueError(f"setting {self.section}.pool must be one of {list(POOLS)}, got {self.pool!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"setting {self.section}.norm must be one of {list(NORMS)}, got {self.norm!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"setting {self.section}.activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}"
-            )
-        if self.activation != "relu" and not self.rp_dim:
-            raise ValueError(
-                f"setting {self.section}.activation applies to the random projection: "
-                f"it needs {self.section}.rp_dim > 0"
-            )
-        if len(set(self.layers)) != len(self.layers):
-            raise ValueError(f"setting {self.section}.layers names a layer twice: {list(self.layers)}")
-        if not self.layers and (self.pool, self.norm) != ("mean", "none"):
-            raise ValueError(
-                f"settings {self.section}.pool and {self.section}.norm apply to the pooled hidden states of "
-                f"{self.section}.layers, which is empty (the backbone's own features)"
-            )
-
-    def feature_width(self, hidden: int) -> int:
-        """``F``: the head's features before the projection, for hidden states of width ``hidden``."""
-        return hidden * len(self.layers) if self.layers else hidden
-
-    def head_width(self, hidden: int) -> int:
-        """``F'``: the head's input width."""
-        return self.rp_dim or self.feature_width(hidden)
-
-
-DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 8))  # a decade grid; one Cholesky each (F'=10,000: ~15 s)
-
-
-@dataclass(frozen=True)
-class RidgeSettings(NcmSettings):
-    """Ridge regression heads (``ridge``, ``lorm-ridge``, ``lorm-ridge-first``)."""
-
-    section: ClassVar[str] = "ridge"
-    fixed_lambda: float = setting(0.0, "the ridge lambda (0: choose it from `lambdas` on held-out samples)")
-    lambdas: tuple[float, ...] = setting(DEFAULT_LAMBDAS, "the lambdas to choose from (held-out squared error)")
-    holdout: int = setting(
-        5,
-        "hold out training samples with global index i % holdout == 0 to choose lambda "
-        "(0: none; then fixed_lambda is needed)",
-    )
-    blocks: int = setting(
-        1,
-        "K: an ensemble of K ridge heads, each on its own rp_dim-wide random projection, outputs averaged; "
-        "clients send and the coordinator keeps only the K diagonal rp_dim x rp_dim blocks of the Gram "
-        "(needs rp_dim; lambda is shared, chosen by lambda_rule)",
-    )
-    lambda_rule: str = setting(
-        "auto",
-        "with blocks > 1, the held-out error that chooses lambda: 'average' (the ensemble's own, averaged "
-        "scores: clients send the held-out samples' whole-width Gram factor, the same bytes when a client holds "
-        "out at most rp_dim samples; not with secure aggregation), 'members' (the K members' errors summed, from "
-        "the held-out Gram's diagonal blocks), or 'auto' (average, members with secure aggregation); with "
-        "blocks = 1 all are the same",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.blocks < 1:
-            raise ValueError(f"setting ridge.blocks must be a positive integer (1: one head), got {self.blocks}")
-        if self.lambda_rule not in LAMBDA_RULES:
-            raise ValueError(f"setting ridge.lambda_rule must be one of {list(LAMBDA_RULES)}, got {self.lambda_rule!r}")
-        if self.blocks > 1 and not self.rp_dim:
-            raise ValueError(
-                f"setting ridge.blocks = {self.blocks} needs ridge.rp_dim > 0: each member of the ensemble is a "
-                "ridge head on its own random projection"
-            )
-        if self.fixed_lambda < 0 or not math.isfinite(self.fixed_lambda):
-            raise ValueError(
-                f"setting ridge.fixed_lambda must be a positive number (0: choose it), got {self.fixed_lambda}"
-            )
-        if self.holdout < 0 or self.holdout == 1:
-            raise ValueError(f"setting ridge.holdout must be 0 (none) or >= 2, got {self.holdout}")
-        if not self.fixed_lambda and (self.holdout < 2 or not self.lambdas or min(self.lambdas) <= 0):
-            raise ValueError(
-                "ridge chooses lambda on held-out training samples: it needs ridge.holdout >= 2 "
-                f"(got {self.holdout}) and positive ridge.lambdas (got {list(self.lambdas)}), "
-                "or a fixed ridge.fixed_lambda > 0"
-            )
-
-    def head_width(self, hidden: int) -> int:
-        """``K F'``: the K members' projections side by side."""
-        return self.rp_dim * self.blocks if self.rp_dim else self.feature_width(hidden)
-
-    def average_rule(self, secure: bool) -> bool:
-        """Lambda by the ensemble's own held-out error: ``blocks > 1`` and ``lambda_rule`` 'average', or 'auto'
-        without secure aggregation (``secure``), which can add up only the members' Gram blocks."""
-        return self.blocks > 1 and (self.lambda_rule == "average" or (self.lambda_rule == "auto" and not secure))
 
 
 @dataclass(frozen=True)
@@ -426,7 +299,7 @@ class L2pSettings(Settings):
     def __post_init__(self) -> None:
         if self.features not in ("prompts", "pooled"):
             raise ValueError(f"setting l2p.features must be 'prompts' or 'pooled', got {self.features!r}")
-        _at_least_one(self, "pool", "length", "top_k")
+        at_least_one(self, "pool", "length", "top_k")
         if self.top_k > self.pool:
             raise ValueError(f"setting l2p.top_k ({self.top_k}) must not exceed l2p.pool ({self.pool})")
         finite_number("l2p.pull", self.pull, 0.0)
@@ -443,7 +316,7 @@ class CodaSettings(Settings):
     ortho: float = setting(0.0, "weight of the orthogonality penalty on components, keys, attention (0: CODA-P's)")
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "components", "length")
+        at_least_one(self, "components", "length")
         finite_number("coda.ortho", self.ortho, 0.0)
 
 
@@ -465,7 +338,7 @@ class CcvrSettings(Settings):
     def __post_init__(self) -> None:
         if self.covariance not in ("full", "diag"):
             raise ValueError(f"setting ccvr.covariance must be 'full' or 'diag', got {self.covariance!r}")
-        _at_least_one(self, "samples", "epochs")
+        at_least_one(self, "samples", "epochs")
         finite_number("ccvr.lr", self.lr, 0.0, strict=True)
         finite_number("ccvr.momentum", self.momentum, 0.0)
         finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
@@ -486,7 +359,7 @@ class VeraSettings(Settings):
     )
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "rank")
+        at_least_one(self, "rank")
         finite_number("vera.d_init", self.d_init, 0.0)
         if self.form not in ("exact", "appendix"):
             raise ValueError(f"setting vera.form should be 'exact' or 'appendix', got {self.form!r}")
@@ -543,7 +416,7 @@ class TargetSettings(Settings):
     latent: int = setting(256, "dimension of the generator's latent code (256)")
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "rounds", "steps", "batch", "tokens", "latent")
+        at_least_one(self, "rounds", "steps", "batch", "tokens", "latent")
         if not 0 <= self.warmup or self.student_steps < 0:
             raise ValueError("settings target.warmup and target.student_steps must be non-negative")
         for key in ("kd_alpha", "ce", "adv"):

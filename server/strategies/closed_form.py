@@ -21,7 +21,7 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   cosine nearest class mean.
 - ``ridge``: ``W = S (G + lam I)^-1``, i.e. ``W^T = (G + lam I)^-1 X^T Y``, bias 0. ``lam`` is
   the setting ``ridge.fixed_lambda`` if set, else the value of ``ridge.lambdas`` (default
-  :data:`~common.run.settings.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
+  :data:`~common.methods.closed_form.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
   training samples (global training index ``i % k == 0``, ``k = ridge.holdout``, default 5)
   of the head fitted on the rest; the squared error comes from the held-out sums
   alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
@@ -53,8 +53,9 @@ from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a 
 from common.aggregation.declared import HOLDOUT, average_rule
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
+from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
-from common.run.settings import NcmSettings, RidgeSettings, SecAggSettings
+from common.run.settings import SecAggSettings
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy

@@ -5,8 +5,8 @@ import torch
 
 from client.backbones import build_model, masked_mean
 from client.features import backbone_features
+from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
-from common.run.settings import NcmSettings, RidgeSettings
 
 from tolerance import assert_close_to_dtype
 

@@ -14,8 +14,8 @@ from common.aggregation.declared import closed_form_settings
 from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
+from common.methods.closed_form import ACTIVATIONS
 from common.run.config import RunConfig
-from common.run.settings import ACTIVATIONS
 from common.wire.messages import FeaturesStep, Phase
 from common.wire.tensors import HEAD_WEIGHT, STAT
 from engine.simulation import run_inprocess
