@@ -21,8 +21,10 @@ from common.adapters.ia3 import SIDE, apply_ia3
 from common.adapters.lora import LoRALinear, apply_lora, lora_layers
 from common.adapters.vera import apply_vera
 from common.methods import method
+from common.methods.ia3 import Ia3Settings
+from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
-from common.run.settings import DataSettings, Ia3Settings, ModelSettings, VeraSettings
+from common.run.settings import DataSettings, ModelSettings
 from common.wire.messages import ModelSpec
 
 

@@ -18,7 +18,7 @@ from client.methods.lora import LoRATrainer, gram_pass
 from common.adapters.ia3 import IA3Linear
 from common.merges.regmean import decay_gram
 from common.merges.vectors import ia3_statistic
-from common.run.settings import Ia3Settings
+from common.methods.ia3 import Ia3Settings
 from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
 from common.wire.tensors import VECTOR, pack
 

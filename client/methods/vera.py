@@ -17,7 +17,7 @@ from client.methods.lora import LoRATrainer, gram_pass
 from common.adapters.vera import VeRALinear
 from common.merges.regmean import decay_gram
 from common.merges.vectors import vera_statistic
-from common.run.settings import VeraSettings
+from common.methods.vera import VeraSettings
 from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
 from common.wire.tensors import EXTRA, VECTOR, pack
 

@@ -38,7 +38,6 @@ from common.run.settings import (
     CodaSettings,
     DataSettings,
     EwcSettings,
-    Ia3Settings,
     L2pSettings,
     LwfSettings,
     ModelSettings,
@@ -47,7 +46,6 @@ from common.run.settings import (
     Settings,
     TargetSettings,
     TiesSettings,
-    VeraSettings,
 )
 
 if TYPE_CHECKING:
@@ -62,8 +60,6 @@ EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and it
 LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
 TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
-IA3 = "client.methods.ia3:IA3Trainer"  # the (IA)^3 vector + head with ACE, then its merge statistic
-VERA = "client.methods.vera:VeRATrainer"  # VeRA's vectors lb or ld + head with ACE, then their merge statistics
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-tuning steps, then features steps
 
@@ -127,25 +123,6 @@ BUILT_IN: dict[str, Method] = {
             "variant: each task's LoRA a residual on the earlier tasks'",
             aggregator="common.aggregation.lora:lorm",
             servable=True,
-        ),
-        Method(
-            "lorm-vera",
-            "server.strategies.vera:LoRMVeRA",
-            VERA,
-            "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
-            VeraSettings,
-            adapter="vera",
-            aggregator="common.aggregation.lora:vera",
-            servable=True,
-        ),
-        Method(
-            "lorm-ia3",
-            "server.strategies.ia3:LoRMIA3",
-            IA3,
-            "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
-            Ia3Settings,
-            adapter="ia3",
-            aggregator="common.aggregation.lora:ia3",
         ),
         Method(
             "fedavg-lora",

@@ -345,49 +345,6 @@ class CcvrSettings(Settings):
 
 
 @dataclass(frozen=True)
-class VeraSettings(Settings):
-    """LoRM with VeRA modules (``lorm-vera``): frozen seeded random ``B, A`` per layer, trained vectors
-    ``lb`` and ``ld`` merged in closed form (``../shared/SPEC.md`` §5)."""
-
-    section: ClassVar[str] = "vera"
-    rank: int = setting(64, "r: the width of the frozen random B (d_out, r) and A (r, d_in); ld has r entries")
-    d_init: float = setting(0.1, "the value of every entry of ld at a task's start (lb starts at 0), as VeRA")
-    form: str = setting(
-        "exact",
-        "exact: the least-squares merges of SPEC §5; appendix: the paper's appendix formulas "
-        "(RegMean of the dense deltas, divided element-wise by the frozen matrix, row means)",
-    )
-
-    def __post_init__(self) -> None:
-        at_least_one(self, "rank")
-        finite_number("vera.d_init", self.d_init, 0.0)
-        if self.form not in ("exact", "appendix"):
-            raise ValueError(f"setting vera.form should be 'exact' or 'appendix', got {self.form!r}")
-
-
-@dataclass(frozen=True)
-class Ia3Settings(Settings):
-    """LoRM with (IA)^3 modules (``lorm-ia3``): a trained vector rescales each target layer's output or input,
-    merged in closed form (``../shared/SPEC.md`` §5)."""
-
-    section: ClassVar[str] = "ia3"
-    side: str = setting("output", "output: l o (W0 x), the paper's appendix; input: W0 (l o x)")
-    form: str = setting(
-        "exact",
-        "exact: the least-squares merges of SPEC §5; appendix: the paper's appendix formula (output side, "
-        "diagonal Grams: RegMean of the dense deltas, divided element-wise by W0, row means)",
-    )
-
-    def __post_init__(self) -> None:
-        if self.side not in ("output", "input"):
-            raise ValueError(f"setting ia3.side should be 'output' or 'input', got {self.side!r}")
-        if self.form not in ("exact", "appendix"):
-            raise ValueError(f"setting ia3.form should be 'exact' or 'appendix', got {self.form!r}")
-        if self.form == "appendix" and self.side == "input":
-            raise ValueError("setting ia3.form=appendix: the paper's appendix gives a formula for the output side only")
-
-
-@dataclass(frozen=True)
 class TargetSettings(Settings):
     """TARGET (``target``): FedAvg, with distillation on synthetic inputs of the old classes drawn data-free
     from the previous task's model (defaults: the paper's code's)."""

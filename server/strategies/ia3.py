@@ -24,8 +24,8 @@ from common.adapters.ia3 import SIDE
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
 from common.merges.vectors import ia3_accumulator
+from common.methods.ia3 import Ia3Settings
 from common.run.config import RunConfig
-from common.run.settings import Ia3Settings
 from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import VECTOR, layered
 from server.strategies.lorm import TaskGramStrategy

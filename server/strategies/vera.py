@@ -17,8 +17,8 @@ from torch import Tensor
 from common.adapters.vera import SIDES, product
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import VeRARoundAggregator, vera_frozen
+from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
-from common.run.settings import VeraSettings
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import LORA, VECTOR, layered
 from server.strategies.lorm import LoRM

@@ -1,0 +1,47 @@
+"""LoRM with (IA)^3 modules (``lorm-ia3``), the shared part of its slice: its settings and its registration.
+The server half is ``server/strategies/ia3.py``, the client half ``client/methods/ia3.py``; the layer is
+``common/adapters/ia3.py`` (``adapter="ia3"``), its merges ``common/merges/vectors.py``, and what its steps
+declare and how they fold live with the other adapters' in ``common/aggregation/declared.py`` and
+``common/aggregation/lora.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from common.methods import Method
+from common.run.settings import Settings, setting
+
+
+@dataclass(frozen=True)
+class Ia3Settings(Settings):
+    """LoRM with (IA)^3 modules (``lorm-ia3``): a trained vector rescales each target layer's output or input,
+    merged in closed form (``../shared/SPEC.md`` §5)."""
+
+    section: ClassVar[str] = "ia3"
+    side: str = setting("output", "output: l o (W0 x), the paper's appendix; input: W0 (l o x)")
+    form: str = setting(
+        "exact",
+        "exact: the least-squares merges of SPEC §5; appendix: the paper's appendix formula (output side, "
+        "diagonal Grams: RegMean of the dense deltas, divided element-wise by W0, row means)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.side not in ("output", "input"):
+            raise ValueError(f"setting ia3.side should be 'output' or 'input', got {self.side!r}")
+        if self.form not in ("exact", "appendix"):
+            raise ValueError(f"setting ia3.form should be 'exact' or 'appendix', got {self.form!r}")
+        if self.form == "appendix" and self.side == "input":
+            raise ValueError("setting ia3.form=appendix: the paper's appendix gives a formula for the output side only")
+
+
+METHOD = Method(
+    "lorm-ia3",
+    "server.strategies.ia3:LoRMIA3",
+    "client.methods.ia3:IA3Trainer",
+    "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
+    Ia3Settings,
+    adapter="ia3",
+    aggregator="common.aggregation.lora:ia3",
+)
