@@ -31,7 +31,8 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from client.methods.base import Client, load_dense
 from client.methods.dense import DenseTrainer
-from common.run.settings import EwcSettings, LwfSettings
+from common.methods.ewc import EwcSettings
+from common.methods.lwf import LwfSettings
 from common.wire.messages import ANCHOR_HEAD, RoundPlan
 from common.wire.tensors import ANCHOR, FISHER
 

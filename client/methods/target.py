@@ -33,7 +33,7 @@ from client.backbones import ClassifierModel
 from client.methods.base import Client
 from client.methods.continual import distillation, previous_model
 from client.methods.dense import DenseTrainer
-from common.run.settings import TargetSettings
+from common.methods.target import TargetSettings
 from common.wire.messages import RoundPlan
 from common.wire.tensors import ANCHOR
 

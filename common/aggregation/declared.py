@@ -24,11 +24,12 @@ from common.adapters.ia3 import SIDE
 from common.adapters.prompts import trained_shapes
 from common.merges.vectors import ia3_statistic_shape, vera_sends_diagonal
 from common.methods import method
+from common.methods.ccvr import CcvrSettings
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.methods.ia3 import Ia3Settings
 from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
-from common.run.settings import CcvrSettings, SecAggSettings
+from common.run.settings import SecAggSettings
 from common.wire.messages import (
     DenseStep,
     FeaturesStep,

@@ -18,8 +18,8 @@ from common.aggregation.base import Aggregator, present
 from common.aggregation.declared import HEAD_FISHER, Shapes, declared_tensors
 from common.merges.dense import FisherMeanAccumulator, TiesAccumulator
 from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
+from common.methods.ties import TiesSettings
 from common.run.config import FISHER_SUMMED, RunConfig
-from common.run.settings import TiesSettings
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, PromptStep, RoundPlan
 from common.wire.tensors import DELTA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, PROMPT
 

@@ -34,18 +34,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from common.run.settings import (
-    CcvrSettings,
     CodaSettings,
     DataSettings,
-    EwcSettings,
     L2pSettings,
-    LwfSettings,
     ModelSettings,
     RobustSettings,
     SecAggSettings,
     Settings,
-    TargetSettings,
-    TiesSettings,
 )
 
 if TYPE_CHECKING:
@@ -56,12 +51,8 @@ if TYPE_CHECKING:
 # The client halves (client/methods/): one per way of training.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
-EWC = "client.methods.continual:EwcTrainer"  # DENSE, with EWC's penalty, and its Fisher at a task's end
-LWF = "client.methods.continual:LwfTrainer"  # DENSE, with distillation from the previous task's model
 L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
-TARGET = "client.methods.target:TargetTrainer"  # DENSE, distilling the previous model on synthetic old-class inputs
 CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
-DENSE_THEN_FEATURES = "client.methods.features:DenseThenFeatures"  # full fine-tuning steps, then features steps
 
 
 @dataclass(frozen=True)
@@ -157,55 +148,11 @@ BUILT_IN: dict[str, Method] = {
             servable=True,
         ),
         Method(
-            "ties",
-            "server.strategies.ties:Ties",
-            DENSE,
-            "TIES merging, full fine-tuning",
-            TiesSettings,
-            aggregator="common.aggregation.dense:ties",
-            servable=True,
-        ),
-        Method(
             "head-only",
             "server.strategies.head_only:HeadOnly",
             LORA,
             "toy: the head alone on W0, heads averaged",
             aggregator="common.aggregation.lora:head_only",
-            servable=True,
-        ),
-        Method(
-            "ewc",
-            "server.strategies.continual:EWC",
-            EWC,
-            "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
-            EwcSettings,
-            aggregator="common.aggregation.dense:ewc",
-            servable=True,
-        ),
-        Method(
-            "lwf",
-            "server.strategies.continual:LwF",
-            LWF,
-            "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
-            LwfSettings,
-            aggregator="common.aggregation.dense:fedavg",
-            servable=True,
-        ),
-        Method(
-            "ccvr",
-            "server.strategies.ccvr:CCVR",
-            DENSE_THEN_FEATURES,
-            "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
-            CcvrSettings,
-            aggregator="common.aggregation.features:ccvr",
-        ),
-        Method(
-            "target",
-            "server.strategies.continual:Target",
-            TARGET,
-            "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
-            TargetSettings,
-            aggregator="common.aggregation.dense:fedavg",
             servable=True,
         ),
         Method(

@@ -231,52 +231,6 @@ class SecAggSettings(Settings):
 
 
 @dataclass(frozen=True)
-class TiesSettings(Settings):
-    """TIES merging (``ties``)."""
-
-    section: ClassVar[str] = "ties"
-    density: float = setting(0.3, "k: the fraction of entries of largest magnitude each client keeps, in (0, 1]")
-    scale: float = setting(0.4, "lambda: the merged task vector's step size")
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.density <= 1.0:
-            raise ValueError(f"setting ties.density should lie in (0, 1], got {self.density}")
-        if not math.isfinite(self.scale):
-            raise ValueError(f"setting ties.scale should be finite, got {self.scale}")
-
-
-@dataclass(frozen=True)
-class EwcSettings(Settings):
-    """Elastic weight consolidation (``ewc``), federated: FedAvg of the weights, the penalty on clients."""
-
-    section: ClassVar[str] = "ewc"
-    strength: float = setting(
-        2.0, "lambda of the penalty lambda/2 sum_k F_k (theta_k - theta*_k)^2 (2: the paper's code's ewc_lambda 1)"
-    )
-    decay: float = setting(
-        0.9, "F <- decay F + F_task at each task's end (the paper's code's ewc_gamma; 1: a plain sum)"
-    )
-
-    def __post_init__(self) -> None:
-        finite_number("ewc.strength", self.strength, 0.0)
-        if not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"setting ewc.decay must lie in [0, 1], got {self.decay}")
-
-
-@dataclass(frozen=True)
-class LwfSettings(Settings):
-    """Learning without forgetting (``lwf``), federated: FedAvg of the weights, distillation on clients."""
-
-    section: ClassVar[str] = "lwf"
-    alpha: float = setting(0.5, "weight of the distillation loss (the paper's code's alpha)")
-    temperature: float = setting(2.0, "softmax temperature of teacher and student on the old classes")
-
-    def __post_init__(self) -> None:
-        finite_number("lwf.alpha", self.alpha, 0.0)
-        finite_number("lwf.temperature", self.temperature, 0.0, strict=True)
-
-
-@dataclass(frozen=True)
 class L2pSettings(Settings):
     """Learning to prompt (``l2p``), federated: FedAvg of the prompt pool, its keys and the head."""
 
@@ -318,68 +272,6 @@ class CodaSettings(Settings):
     def __post_init__(self) -> None:
         at_least_one(self, "components", "length")
         finite_number("coda.ortho", self.ortho, 0.0)
-
-
-@dataclass(frozen=True)
-class CcvrSettings(Settings):
-    """Classifier calibration with virtual representations (``ccvr``): FedAvg, then the head re-trained
-    at each task's end on features drawn from the merged per-class Gaussians."""
-
-    section: ClassVar[str] = "ccvr"
-    covariance: str = setting("full", "'full' per-class covariances (CCVR's), or 'diag' (the paper's code)")
-    samples: int = setting(256, "virtual features per class and epoch (the paper's code: 256)")
-    epochs: int = setting(5, "epochs of head training on virtual features (5)")
-    lr: float = setting(0.01, "SGD learning rate of that training, cosine-annealed over the epochs (0.01)")
-    momentum: float = setting(0.9, "SGD momentum (0.9)")
-    logit_norm: float = setting(
-        0.1, "temperature of the logits divided by their norm (the paper's code: 0.1); 0: plain cross-entropy"
-    )
-
-    def __post_init__(self) -> None:
-        if self.covariance not in ("full", "diag"):
-            raise ValueError(f"setting ccvr.covariance must be 'full' or 'diag', got {self.covariance!r}")
-        at_least_one(self, "samples", "epochs")
-        finite_number("ccvr.lr", self.lr, 0.0, strict=True)
-        finite_number("ccvr.momentum", self.momentum, 0.0)
-        finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
-
-
-@dataclass(frozen=True)
-class TargetSettings(Settings):
-    """TARGET (``target``): FedAvg, with distillation on synthetic inputs of the old classes drawn data-free
-    from the previous task's model (defaults: the paper's code's)."""
-
-    section: ClassVar[str] = "target"
-    kd_alpha: float = setting(25.0, "lambda_KL: weight of the clients' distillation on synthetic inputs (25)")
-    kd_temperature: float = setting(2.0, "temperature of that distillation (2)")
-    rounds: int = setting(30, "g_ep: synthesis rounds, each adding one batch of synthetic inputs (30)")
-    steps: int = setting(80, "generator steps per synthesis round (80)")
-    batch: int = setting(16, "synthetic inputs per synthesis round, and per training batch's distillation (16)")
-    warmup: int = setting(20, "synthesis rounds before the adversarial term and the student's training (20)")
-    lr_generator: float = setting(
-        0.002, "Adam learning rate of the generator (0.002; its meta-learned copy: steps times that)"
-    )
-    lr_z: float = setting(0.01, "Adam learning rate of the latent codes (0.01)")
-    ce: float = setting(0.5, "weight of the teacher's cross-entropy on the requested classes (oh: 0.5)")
-    adv: float = setting(1.0, "weight of the adversarial term, the student's disagreement with the teacher (1)")
-    student_steps: int = setting(50, "the student's distillation steps per synthesis round after the warm-up (50)")
-    student_temperature: float = setting(20.0, "temperature of the student's distillation (20)")
-    student_lr: float = setting(
-        0.002,
-        "SGD learning rate of the student's distillation, momentum 0.9, weight decay 1e-4, constant (0.002, "
-        "the paper's code's; TARGET's own code: 0.2, cosine-annealed)",
-    )
-    tokens: int = setting(16, "text: synthetic token embeddings per input (16)")
-    latent: int = setting(256, "dimension of the generator's latent code (256)")
-
-    def __post_init__(self) -> None:
-        at_least_one(self, "rounds", "steps", "batch", "tokens", "latent")
-        if not 0 <= self.warmup or self.student_steps < 0:
-            raise ValueError("settings target.warmup and target.student_steps must be non-negative")
-        for key in ("kd_alpha", "ce", "adv"):
-            finite_number(f"target.{key}", getattr(self, key), 0.0)
-        for key in ("kd_temperature", "lr_generator", "lr_z", "student_temperature", "student_lr"):
-            finite_number(f"target.{key}", getattr(self, key), 0.0, strict=True)
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

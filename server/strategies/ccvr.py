@@ -29,8 +29,8 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.features import CcvrStatsAggregator
+from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
-from common.run.settings import CcvrSettings
 from common.wire.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, named_tensors
 from server.strategies.fedavg import FedAvg

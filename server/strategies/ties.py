@@ -6,7 +6,7 @@ the head change ``(w_i - w_g, b_i - b_g)``. Per round (Yadav et al., 2023; see
 entries by magnitude (default 0.3), elect a sign per entry from the sum of the trimmed
 vectors, average the entries that agree with it (disjoint mean), and add ``ties.scale``
 (lambda, default 0.4) times the result to the global delta and head: the settings
-:class:`common.run.settings.TiesSettings`.
+:class:`common.methods.ties.TiesSettings`.
 
 The fold keeps per-sign running sums and counts, so memory does not depend on the number of
 clients; only the trimming threshold needs one client's whole vector at a time. Clients send
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator, present
 from common.aggregation.dense import HEAD_B, HEAD_W, TiesAggregator
+from common.methods.ties import TiesSettings
 from common.run.config import RunConfig
-from common.run.settings import TiesSettings
 from common.wire.messages import ModelSpec, RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 from server.strategies.dense import DenseStrategy

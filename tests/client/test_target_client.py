@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from client.backbones import build_model
 from client.methods.target import logits_of, synthesize
+from common.methods.target import TargetSettings
 from common.run.config import RunConfig
-from common.run.settings import TargetSettings
 
 CPU = torch.device("cpu")
 

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from common.methods.closed_form import NcmSettings, RidgeSettings
+from common.methods.ties import TiesSettings
 from common.run.config import RunConfig, add_config_arguments, config_from_args
-from common.run.settings import DataSettings, SecAggSettings, TiesSettings
+from common.run.settings import DataSettings, SecAggSettings
 from engine.simulation import main as lorm_sim
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
+from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
-from common.run.settings import CcvrSettings
 from common.wire.messages import FeaturesStep, Mode, Phase
 from common.wire.tensors import DELTA
 from server.strategies import make_strategy
