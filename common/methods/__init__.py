@@ -12,7 +12,8 @@ which both sides build with :func:`make_aggregator` (a client in a secure step m
 coordinator would have folded).
 
 Several methods share a client half: every LoRA method trains the same way, so a new method
-that trains like an existing one adds only its server half and one line here.
+that trains like an existing one and has no shared part of its own (no settings, no instruction, no
+declaration or aggregator of its own) adds only its server half and one line here (:data:`BUILT_IN`).
 
 A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
 shared part, which both halves import: its typed settings, its steps' instruction (a
@@ -34,9 +35,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from common.run.settings import (
-    CodaSettings,
     DataSettings,
-    L2pSettings,
     ModelSettings,
     RobustSettings,
     SecAggSettings,
@@ -48,11 +47,9 @@ if TYPE_CHECKING:
     from common.run.config import RunConfig
     from common.wire.messages import ModelSpec, RoundPlan
 
-# The client halves (client/methods/): one per way of training.
+# The client halves (client/methods/) that several methods train with; a slice names its own.
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
-L2P = "client.methods.prompts:L2pTrainer"  # a prompt pool + head on the frozen W0, top-k prompts by key matching
-CODA = "client.methods.prompts:CodaTrainer"  # prompt components + head on the frozen W0, weighted by attended keys
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class Method:
     server: str  # "server.strategies.<module>:<Strategy subclass>"
     client: str  # "client.methods.<module>:<ClientMethod subclass>"
     help: str
-    settings: type[Settings] | None = None  # its typed settings (common/run/settings.py), read by both halves
+    settings: type[Settings] | None = None  # its typed settings (its slice's), read by both halves
     # the layers on the target modules: "lora", "vera" or "ia3" (the modules of common/adapters/)
     adapter: str = "lora"
     # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way
@@ -154,22 +151,6 @@ BUILT_IN: dict[str, Method] = {
             "toy: the head alone on W0, heads averaged",
             aggregator="common.aggregation.lora:head_only",
             servable=True,
-        ),
-        Method(
-            "l2p",
-            "server.strategies.prompts:L2P",
-            L2P,
-            "L2P: a prompt pool on the frozen backbone, top-k prompts by query-key matching, FedAvg",
-            L2pSettings,
-            aggregator="common.aggregation.dense:prompts",
-        ),
-        Method(
-            "coda-p",
-            "server.strategies.prompts:CodaPrompt",
-            CODA,
-            "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
-            CodaSettings,
-            aggregator="common.aggregation.dense:prompts",
         ),
     )
 }

@@ -230,50 +230,6 @@ class SecAggSettings(Settings):
             )
 
 
-@dataclass(frozen=True)
-class L2pSettings(Settings):
-    """Learning to prompt (``l2p``), federated: FedAvg of the prompt pool, its keys and the head."""
-
-    section: ClassVar[str] = "l2p"
-    pool: int = setting(10, "prompts in the pool (the paper's code: 10)")
-    length: int = setting(5, "tokens per prompt (the paper's code: 5)")
-    top_k: int = setting(5, "prompts chosen per sample by query-key matching, prepended together (5)")
-    pull: float = setting(
-        0.1, "weight of the surrogate matching loss sum_i (1 - cos(q, k_si)) (L2P's 0.1; the paper's code: none)"
-    )
-    init: float = setting(
-        1.0, "prompts and keys start U(-init, init) (L2P's: 1; a prompt token's norm is then sqrt(F/3) init)"
-    )
-    features: str = setting(
-        "prompts",
-        "the head's input: 'prompts', the mean of the prompt positions' states (L2P's), or 'pooled', "
-        "the backbone's own pooling of the prompted sequence",
-    )
-
-    def __post_init__(self) -> None:
-        if self.features not in ("prompts", "pooled"):
-            raise ValueError(f"setting l2p.features must be 'prompts' or 'pooled', got {self.features!r}")
-        at_least_one(self, "pool", "length", "top_k")
-        if self.top_k > self.pool:
-            raise ValueError(f"setting l2p.top_k ({self.top_k}) must not exceed l2p.pool ({self.pool})")
-        finite_number("l2p.pull", self.pull, 0.0)
-        finite_number("l2p.init", self.init, 0.0, strict=True)
-
-
-@dataclass(frozen=True)
-class CodaSettings(Settings):
-    """CODA-Prompt (``coda-p``), federated: FedAvg of the current task's prompt components and the head."""
-
-    section: ClassVar[str] = "coda"
-    components: int = setting(100, "prompt components of all tasks, components // tasks per task (100)")
-    length: int = setting(8, "tokens per prompt (8)")
-    ortho: float = setting(0.0, "weight of the orthogonality penalty on components, keys, attention (0: CODA-P's)")
-
-    def __post_init__(self) -> None:
-        at_least_one(self, "components", "length")
-        finite_number("coda.ortho", self.ortho, 0.0)
-
-
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {
     **{

@@ -25,8 +25,9 @@ from torch import Tensor
 from common.adapters.prompts import grow_coda, init_l2p
 from common.aggregation.base import Aggregator
 from common.aggregation.dense import FedAvgAggregator
+from common.methods.coda import CodaSettings
+from common.methods.l2p import L2pSettings
 from common.run.config import RunConfig
-from common.run.settings import CodaSettings, L2pSettings
 from common.wire.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
 from common.wire.tensors import PROMPT, named_tensors
 from server.strategies.base import Strategy
