@@ -68,10 +68,11 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
 
 
 # common/ by concern: each package may import (when its modules load) only the packages listed. The methods'
-# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all six.
+# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all seven.
 CONCERNS = {
-    "wire": set(),  # the envelopes, named tensors and the model card
-    "run": set(),  # RunConfig, the typed settings, presets, partition, metrics
+    "typed": set(),  # a frozen dataclass from decoded JSON: the one parser of the settings and the instructions
+    "wire": {"typed"},  # the envelopes, named tensors and the model card
+    "run": {"typed"},  # RunConfig, the typed settings, presets, partition, metrics
     "merges": set(),  # the closed-form merges: pure math
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS

@@ -2,7 +2,8 @@
 
 A section is a frozen dataclass whose fields are the settings: a type annotation (``int``,
 ``float``, ``bool``, ``str``, ``tuple[float, ...]`` or ``list[str]``), a default and a help
-text (:func:`setting`); ``__post_init__`` checks what one field cannot say alone. A run keeps
+text (:func:`setting`); values are parsed by their annotations (``common.typed.fields``, which
+parses the steps' instructions too), and ``__post_init__`` checks what one field cannot say alone. A run keeps
 the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON) and reads them
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
@@ -19,6 +20,8 @@ import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+from common.typed.fields import parse_fields, type_name
 
 T = TypeVar("T", bound="Settings")
 
@@ -41,12 +44,8 @@ class Settings:
         """The section from JSON values; ``ValueError`` naming the key and the expected type or range."""
         if not isinstance(values, dict):
             raise ValueError(f"settings section {cls.section!r} expects an object of settings, got {values!r}")
-        hints = typing.get_type_hints(cls)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown setting {cls.section}.{unknown[0]}; {cls.section} has {sorted(known)}")
-        return cls(**{key: _coerce(f"{cls.section}.{key}", hints[key], value) for key, value in values.items()})
+        # a float's range, finiteness included, is each section's to check (finite_number in __post_init__)
+        return parse_fields(cls, values, cls.section, lambda key: f"setting {cls.section}.{key}", finite=False)
 
     @classmethod
     def describe(cls) -> list[str]:
@@ -54,27 +53,10 @@ class Settings:
         hints = typing.get_type_hints(cls)
         defaults = cls()
         return [
-            f"{cls.section}.{f.name} ({_type_name(hints[f.name])}, default {getattr(defaults, f.name)!r}): "
+            f"{cls.section}.{f.name} ({type_name(hints[f.name])}, default {getattr(defaults, f.name)!r}): "
             f"{f.metadata.get('help', '')}"
             for f in dataclasses.fields(cls)
         ]
-
-
-def _type_name(kind: Any) -> str:
-    return str(getattr(kind, "__name__", kind)) if typing.get_origin(kind) is None else str(kind).replace("typing.", "")
-
-
-def _coerce(key: str, kind: Any, value: Any) -> Any:
-    """``value`` as ``kind`` when it is one (an int is a float too); else ``ValueError`` naming ``key``."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (list, tuple) and isinstance(value, (list, tuple)):
-        item = args[0]
-        return origin(_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value))
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind in (int, str, bool) and type(value) is kind:
-        return value
-    raise ValueError(f"setting {key} expects {_type_name(kind)}, got {type(value).__name__} {value!r}")
 
 
 def finite_number(key: str, value: float, low: float, strict: bool = False) -> None:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from common.typed.fields import parse_fields
 from common.wire.tensors import PARTS
 
 
@@ -151,7 +152,6 @@ ANCHOR_HEAD = ("head/weight", "head/bias")
 # changes no shared message, no .proto and no codec.
 
 _INSTRUCTIONS: dict[str, type[Instruction]] = {}
-_JSON_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
 @dataclass(frozen=True)
@@ -198,37 +198,11 @@ class Instruction:
             raise ValueError(f"instruction {kind!r}: not JSON ({err})") from err
         if not isinstance(values, dict):
             raise ValueError(f"instruction {kind!r}: expected a JSON object, got {type(values).__name__}")
-        hints = typing.get_type_hints(cls)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ValueError(f"instruction {kind!r} has no field {unknown[0]!r}; its fields: {sorted(fields)}")
-        return cls(**{name: _from_json(kind, name, hints[name], value) for name, value in values.items()})
+        return parse_fields(cls, values, f"instruction {kind!r}", lambda name: f"instruction {kind!r} field {name!r}")
 
 
 def _json_value(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else list(value) if isinstance(value, tuple) else value
-
-
-def _from_json(kind: str, name: str, hint: Any, value: Any) -> Any:
-    """``value`` (decoded JSON) as the field's type, or ``ValueError``; ``bool`` is never taken for a number."""
-    where = f"instruction {kind!r} field {name!r}"
-    if isinstance(hint, type) and issubclass(hint, Enum):
-        try:
-            return hint(value)
-        except ValueError as err:
-            raise ValueError(f"{where}: expected one of {[m.value for m in hint]}, got {value!r}") from err
-    if typing.get_origin(hint) is tuple:
-        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            raise ValueError(f"{where}: expected a list of strings, got {value!r}")
-        return tuple(value)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if type(value) is not hint:
-        raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    if hint is float and not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
