@@ -20,14 +20,10 @@ F'/K)`` with ``ridge.blocks = K``), CCVR's
 
 from __future__ import annotations
 
-from common.adapters.ia3 import SIDE
 from common.adapters.prompts import trained_shapes
-from common.merges.vectors import ia3_statistic_shape, vera_sends_diagonal
 from common.methods import method
 from common.methods.ccvr import CcvrSettings
 from common.methods.closed_form import NcmSettings, RidgeSettings
-from common.methods.ia3 import Ia3Settings
-from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.wire.messages import (
@@ -71,18 +67,11 @@ def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Sha
 
 def trained_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     """What a step of a shared way of training sends, read from its instruction: the trained factors, Grams,
-    head and head Gram of a ``LoraStep`` (VeRA's and (IA)^3's vectors and statistics on their adapters), the
-    delta (and Fisher) of a ``DenseStep``, the trained prompt components' change of a ``PromptStep``, the
-    feature statistics of a ``FeaturesStep``."""
+    head and head Gram of a ``LoraStep``, the delta (and Fisher) of a ``DenseStep``, the trained prompt
+    components' change of a ``PromptStep``, the feature statistics of a ``FeaturesStep``."""
     step = plan.expect(TrainInstruction)
     if isinstance(step, FeaturesStep):
         return stat_shapes(feature_stat_shapes(plan, spec, config))
-    head = (head_shapes(spec) if step.send_head else {}) | (head_gram_shape(spec) if step.head_gram else {})
-    adapter = method(config.strategy).adapter
-    if adapter == "vera":
-        return vera_shapes(plan, spec, config.section(VeraSettings)) | head
-    if adapter == "ia3":
-        return ia3_shapes(plan, spec, config) | head
     shapes = factor_shapes(spec, config.rank, step.train_factors) if isinstance(step, LoraStep) else {}
     if isinstance(step, DenseStep) and plan.phase == Phase.TRAIN:
         shapes |= delta_shapes(spec)
@@ -91,7 +80,7 @@ def trained_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shap
         shapes |= {tensor_name(DELTA, name): shape for name, shape in trained_shapes(pool, step.prompt_frozen).items()}
     if step.gram != GramKind.NONE:
         shapes |= gram_shapes(spec, full=step.gram == GramKind.FULL)
-    shapes |= head
+    shapes |= step_head_shapes(step, spec)
     if isinstance(step, DenseStep) and step.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
         shapes |= fisher_shapes(spec, HEAD_FISHER)
     return shapes
@@ -193,44 +182,6 @@ def factor_shapes(spec: ModelSpec, rank: int, parts: tuple[str, ...] | list[str]
     }
 
 
-def vera_shapes(plan: RoundPlan, spec: ModelSpec, settings: VeraSettings) -> Shapes:
-    """VeRA's step (``common/adapters/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
-    (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.merges.vectors.vera_statistic``:
-    exact ``(d_out,)``, ``(r, r)`` or the diagonal Gram; appendix ``(r, r)`` or the Gram); a task's Gram
-    step: the Grams."""
-    step = plan.expect(LoraStep)
-    full, r = step.gram == GramKind.FULL, settings.rank
-    if plan.phase != Phase.TRAIN:
-        return gram_shapes(spec, full) if step.gram != GramKind.NONE else {}
-    shapes: Shapes = {}
-    for name, (d_out, d_in) in spec.layers.items():
-        for side in step.train_factors:
-            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (r,)
-            if side == "A" and settings.form == "appendix":
-                shapes[tensor_name(GRAM, name)] = (d_in, d_in) if full else (d_in,)
-            elif side == "A" and vera_sends_diagonal(settings.form, full, r, d_in):
-                shapes[tensor_name(GRAM, name)] = (d_in,)
-            else:
-                shapes[tensor_name(GRAM, name)] = (d_out,) if side == "B" and settings.form == "exact" else (r, r)
-    return shapes
-
-
-def ia3_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
-    """(IA)^3's step (``common/adapters/ia3.py``): a training round's trained vector per layer (``(d_out,)`` on the
-    output, ``(d_in,)`` on the input), and in every step its Gram statistic
-    (``common.merges.vectors.ia3_statistic``)."""
-    settings = config.section(Ia3Settings)
-    step = plan.expect(LoraStep)
-    side, full = SIDE[settings.side], step.gram == GramKind.FULL
-    shapes: Shapes = {}
-    for name, (d_out, d_in) in spec.layers.items():
-        if plan.phase == Phase.TRAIN:
-            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (d_in,)
-        if step.gram != GramKind.NONE:
-            shapes[tensor_name(GRAM, name)] = ia3_statistic_shape(side, settings.form, d_out, d_in, full)
-    return shapes
-
-
 def gram_shapes(spec: ModelSpec, full: bool) -> Shapes:
     """A Gram per LoRA layer: ``(d_in, d_in)`` when ``full``, else its diagonal ``(d_in,)``."""
     return {tensor_name(GRAM, name): ((d_in, d_in) if full else (d_in,)) for name, (_, d_in) in spec.layers.items()}
@@ -244,6 +195,12 @@ def head_shapes(spec: ModelSpec) -> Shapes:
 def head_gram_shape(spec: ModelSpec) -> Shapes:
     """The full Gram ``(F, F)`` of the head's input."""
     return {HEAD_GRAM: (spec.feature_dim, spec.feature_dim)}
+
+
+def step_head_shapes(step: TrainInstruction, spec: ModelSpec) -> Shapes:
+    """What a trained step sends of the head: weight and bias with ``send_head``, the Gram of its input with
+    ``head_gram``."""
+    return (head_shapes(spec) if step.send_head else {}) | (head_gram_shape(spec) if step.head_gram else {})
 
 
 def delta_shapes(spec: ModelSpec) -> Shapes:

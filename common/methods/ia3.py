@@ -1,8 +1,7 @@
-"""LoRM with (IA)^3 modules (``lorm-ia3``), the shared part of its slice: its settings and its registration.
-The server half is ``server/strategies/ia3.py``, the client half ``client/methods/ia3.py``; the layer is
-``common/adapters/ia3.py`` (``adapter="ia3"``), its merges ``common/merges/vectors.py``, and what its steps
-declare and how they fold live with the other adapters' in ``common/aggregation/declared.py`` and
-``common/aggregation/lora.py``.
+"""LoRM with (IA)^3 modules (``lorm-ia3``), the shared part of its slice: its settings, what its steps declare
+and its registration. The server half is ``server/strategies/ia3.py``, the client half ``client/methods/ia3.py``;
+the layer is ``common/adapters/ia3.py`` (``adapter="ia3"``), its merges ``common/merges/vectors.py``, and how its
+steps fold lives with the other adapters' in ``common/aggregation/lora.py``.
 """
 
 from __future__ import annotations
@@ -10,8 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.adapters.ia3 import SIDE
+from common.aggregation.declared import Shapes, step_head_shapes
+from common.merges.vectors import ia3_statistic_shape
 from common.methods import Method
+from common.run.config import RunConfig
 from common.run.settings import Settings, setting
+from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import FACTOR, GRAM, tensor_name
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,22 @@ class Ia3Settings(Settings):
             raise ValueError("setting ia3.form=appendix: the paper's appendix gives a formula for the output side only")
 
 
+def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """A step's tensors (``common/adapters/ia3.py``): a training round's trained vector per layer (``(d_out,)`` on
+    the output, ``(d_in,)`` on the input), in every step its Gram statistic
+    (``common.merges.vectors.ia3_statistic``), and the head the step asks for."""
+    settings = config.section(Ia3Settings)
+    step = plan.expect(LoraStep)
+    side, full = SIDE[settings.side], step.gram == GramKind.FULL
+    shapes: Shapes = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        if plan.phase == Phase.TRAIN:
+            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (d_in,)
+        if step.gram != GramKind.NONE:
+            shapes[tensor_name(GRAM, name)] = ia3_statistic_shape(side, settings.form, d_out, d_in, full)
+    return shapes | step_head_shapes(step, spec)
+
+
 METHOD = Method(
     "lorm-ia3",
     "server.strategies.ia3:LoRMIA3",
@@ -43,5 +64,6 @@ METHOD = Method(
     "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
     Ia3Settings,
     adapter="ia3",
+    declare=declare,
     aggregator="common.aggregation.lora:ia3",
 )

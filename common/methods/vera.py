@@ -1,7 +1,7 @@
-"""LoRM with VeRA modules (``lorm-vera``), the shared part of its slice: its settings and its registration.
-The server half is ``server/strategies/vera.py``, the client half ``client/methods/vera.py``; the layer is
-``common/adapters/vera.py`` (``adapter="vera"``), its merges ``common/merges/vectors.py``, and what its steps
-declare and how they fold live with the other adapters' in ``common/aggregation/declared.py`` and
+"""LoRM with VeRA modules (``lorm-vera``), the shared part of its slice: its settings, what its steps declare
+and its registration. The server half is ``server/strategies/vera.py``, the client half
+``client/methods/vera.py``; the layer is ``common/adapters/vera.py`` (``adapter="vera"``), its merges
+``common/merges/vectors.py``, and how its steps fold lives with the other adapters' in
 ``common/aggregation/lora.py``.
 """
 
@@ -10,8 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.aggregation.declared import Shapes, gram_shapes, step_head_shapes
+from common.merges.vectors import vera_sends_diagonal
 from common.methods import Method
+from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
+from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import FACTOR, GRAM, tensor_name
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,28 @@ class VeraSettings(Settings):
             raise ValueError(f"setting vera.form should be 'exact' or 'appendix', got {self.form!r}")
 
 
+def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
+    """A step's tensors (``common/adapters/vera.py``): a training round's trained vector per layer (``"B"``: ``lb
+    (d_out,)``, ``"A"``: ``ld (r,)``) and its Gram statistic (``common.merges.vectors.vera_statistic``: exact
+    ``(d_out,)``, ``(r, r)`` or the diagonal Gram; appendix ``(r, r)`` or the Gram); a task's Gram step: the
+    Grams; and the head the step asks for."""
+    settings, step = config.section(VeraSettings), plan.expect(LoraStep)
+    full, r, head = step.gram == GramKind.FULL, settings.rank, step_head_shapes(step, spec)
+    if plan.phase != Phase.TRAIN:
+        return (gram_shapes(spec, full) if step.gram != GramKind.NONE else {}) | head
+    shapes: Shapes = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        for side in step.train_factors:
+            shapes[tensor_name(FACTOR, name, side)] = (d_out,) if side == "B" else (r,)
+            if side == "A" and settings.form == "appendix":
+                shapes[tensor_name(GRAM, name)] = (d_in, d_in) if full else (d_in,)
+            elif side == "A" and vera_sends_diagonal(settings.form, full, r, d_in):
+                shapes[tensor_name(GRAM, name)] = (d_in,)
+            else:
+                shapes[tensor_name(GRAM, name)] = (d_out,) if side == "B" and settings.form == "exact" else (r, r)
+    return shapes | head
+
+
 METHOD = Method(
     "lorm-vera",
     "server.strategies.vera:LoRMVeRA",
@@ -42,6 +69,7 @@ METHOD = Method(
     "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
     VeraSettings,
     adapter="vera",
+    declare=declare,
     aggregator="common.aggregation.lora:vera",
     servable=True,
 )
