@@ -8,8 +8,8 @@ head solved from them is the same for every split of the data:
 - ``class_sum: (C_t, F')``, the per-class feature sums, i.e. ``(X^T Y)^T`` with ``Y: (n, C_t)``
   one-hot over the current task's ``C_t`` classes ``[lo, hi)`` (the only ones its data has), and
   ``class_count: (C_t,)``;
-- CCVR (``class_moments``): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``, or of
-  ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
+- with ``FeatureStats.moments`` (CCVR's): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``,
+  or of ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
 - with ``FeaturesStep.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
   with ``R^T R = X^T X`` (``common.merges.regmean.gram_factor``: n F' numbers instead of F'^2; with the setting
   ``ridge.blocks = K``, ``(K, min(n, F'/K), F'/K)``, the factors of the Gram's K diagonal blocks, all an
@@ -39,17 +39,8 @@ import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel
-from common.aggregation.declared import (
-    GRAM_FACTOR,
-    HOLDOUT,
-    class_moments,
-    closed_form_settings,
-    gram_blocks,
-    holdout_blocks,
-    holdout_every,
-)
+from common.aggregation.declared import GRAM_FACTOR, HOLDOUT, FeatureMap, feature_stats_of
 from common.merges.regmean import block_gram_factor, gram_factor
-from common.methods.closed_form import NcmSettings
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -65,13 +56,7 @@ class Batches(Protocol):
     def batch(self, idx: Tensor, device: torch.device) -> tuple[dict[str, Tensor], Tensor]: ...
 
 
-def rp_dim(config: RunConfig) -> int:
-    """``F'`` of the random projection, 0 for none; with ``ridge.blocks = K`` the ``K`` members' projections of
-    ``rp_dim`` rows each, side by side (the rows of one ``P``, ``K rp_dim`` in all)."""
-    return closed_form_settings(config).rp_dim * gram_blocks(config)
-
-
-def backbone_features(model: ClassifierModel, inputs: dict[str, Tensor], settings: NcmSettings | None) -> Tensor:
+def backbone_features(model: ClassifierModel, inputs: dict[str, Tensor], settings: FeatureMap | None) -> Tensor:
     """The head's features before the projection, ``(batch, F)``: the backbone's own (no ``settings``, or
     ``layers`` empty), or its pooled hidden states ``layers`` side by side, each scaled to mean 0 and
     deviation 1 over its dimensions with ``norm=layer``."""
@@ -94,8 +79,10 @@ def _projection(seed: int, dim: int, d_in: int) -> Tensor:
 
 
 def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
-    """The seeded ``P: (F', F)``, float64, or ``None`` without ``rp_dim``."""
-    dim = rp_dim(config)
+    """The seeded ``P: (F', F)``, float64, or ``None`` without ``rp_dim``: the run's features step's
+    (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of ``ridge.rp_dim`` rows
+    each, side by side, the rows of one ``P``)."""
+    dim = feature_stats_of(config).features.rp_dim
     return _projection(config.seed, dim, d_in) if dim else None
 
 
@@ -117,7 +104,7 @@ def feature_map(features: Tensor, projection: Tensor | None, activation: str = "
 
 @torch.no_grad()
 def extract(
-    model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device, settings: NcmSettings | None = None
+    model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device, settings: FeatureMap | None = None
 ) -> Tensor:
     """The head's features ``(n, F)`` of the samples ``idx`` (:func:`backbone_features`), in the model's
     current view, float64."""
@@ -135,7 +122,7 @@ def sums(
 ) -> dict[str, Tensor]:
     """``class_sum: (C_t, F') = (X^T Y)^T``, ``class_count: (C_t,)`` over the classes ``[lo, hi)``,
     optionally ``gram_factor`` with ``R^T R = X^T X`` (``blocks = K > 1``: the factors ``(K, m, F'/K)`` of the
-    Gram's ``K`` diagonal blocks only), and with ``moments`` (``class_moments``: "full" or "diag") CCVR's
+    Gram's ``K`` diagonal blocks only), and with ``moments`` ("full" or "diag": ``FeatureStats.moments``)
     ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``."""
     lo, hi = classes
     if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
@@ -160,17 +147,16 @@ def feature_stats(
     classes: tuple[int, int],
     gram: bool,
 ) -> dict[str, Tensor]:
-    """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step."""
-    settings = closed_form_settings(config)
-    features = extract(model, data, shard, device, settings)  # (n, F)
-    x = feature_map(features, random_projection(config, features.shape[1]), settings.activation)
+    """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step,
+    as the run's method describes them (``common.aggregation.declared.feature_stats_of``)."""
+    wanted = feature_stats_of(config)
+    features = extract(model, data, shard, device, wanted.features)  # (n, F)
+    x = feature_map(features, random_projection(config, features.shape[1]), wanted.features.activation)
     labels = data.labels[shard]
-    blocks = gram_blocks(config)
-    stats = sums(x, labels, classes, gram, class_moments(config), blocks)
-    k = holdout_every(config)
-    if gram and k:
-        held = shard % k == 0
-        held_stats = sums(x[held], labels[held], classes, gram, blocks=holdout_blocks(config))
+    stats = sums(x, labels, classes, gram, wanted.moments, wanted.blocks)
+    if gram and wanted.holdout:
+        held = shard % wanted.holdout == 0
+        held_stats = sums(x[held], labels[held], classes, gram, blocks=wanted.holdout_blocks)
         stats |= {HOLDOUT + name: t for name, t in held_stats.items()}
     return stats
 
@@ -185,9 +171,9 @@ def class_sums(
 
 def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
-    settings = closed_form_settings(config)
-    features = backbone_features(model, inputs, settings)  # (batch, F)
-    x = feature_map(features, random_projection(config, features.shape[1]), settings.activation)  # (batch, F')
+    mapped = feature_stats_of(config).features
+    features = backbone_features(model, inputs, mapped)  # (batch, F)
+    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation)  # (batch, F')
     weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
     assert weight is not None and bias is not None
     logits = x @ weight.to(torch.float64).T + bias.to(torch.float64)

@@ -14,18 +14,18 @@ Shapes (``C`` classes, ``F`` the head's input, ``r`` the rank): LoRA factors ``B
 ``(F, F)``; dense deltas and Fisher shaped like their parameters (Fisher also for the head, as
 ``head.weight``, ``head.bias``); feature statistics of the ``C_t`` classes of the task:
 ``class_sum: (C_t, F')``, ``class_count: (C_t,)``, ``gram_factor: (<= F', F')`` (``UpTo``; ``(K, <= F'/K,
-F'/K)`` with ``ridge.blocks = K``), CCVR's
-``class_moment: (C_t, F, F)`` or ``(C_t, F)``; prompt deltas shaped like the trained components.
+F'/K)`` in ``K`` diagonal blocks), ``class_moment: (C_t, F', F')`` or ``(C_t, F')``, as the method's settings
+describe its features step (:class:`FeatureStats`); prompt deltas shaped like the trained components.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
 from common.adapters.prompts import trained_shapes
 from common.methods import method
-from common.methods.ccvr import CcvrSettings
-from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
 from common.wire.messages import (
     DenseStep,
     FeaturesStep,
@@ -55,7 +55,7 @@ from common.wire.tensors import (
 Shapes = dict[str, tuple[int, ...]]
 HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
 GRAM_FACTOR = "_factor"  # suffix of a statistic's Gram sent as its factor R (R^T R = G)
-HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (ridge's lambda)
+HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (FeatureStats.holdout)
 
 
 def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
@@ -81,13 +81,13 @@ def trained_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shap
     if step.gram != GramKind.NONE:
         shapes |= gram_shapes(spec, full=step.gram == GramKind.FULL)
     shapes |= step_head_shapes(step, spec)
-    if isinstance(step, DenseStep) and step.send_fisher:  # FisherAvg's rounds, EWC's step at a task's end
+    if isinstance(step, DenseStep) and step.send_fisher:  # a merge or a penalty weighted by the Fisher
         shapes |= fisher_shapes(spec, HEAD_FISHER)
     return shapes
 
 
 def class_sum_shapes(plan: RoundPlan, spec: ModelSpec) -> Shapes:
-    """The task's per-class feature sums ``(C_t, F)`` and counts ``(C_t,)`` (FedProto, PILoRA: their prototypes)."""
+    """The task's per-class feature sums ``(C_t, F)`` and counts ``(C_t,)`` (prototypes, in a slice's declaration)."""
     lo, hi = plan.class_range
     return {"class_sum": (hi - lo, spec.feature_dim), "class_count": (hi - lo,)}
 
@@ -103,45 +103,66 @@ def check_declared_shapes(got: dict[str, tuple[int, ...]], declared: Shapes, who
         )
 
 
-# ------------------------------------------------------------------ closed-form heads' statistics
+# ------------------------------------------------------------------ a features step's statistics
 
 
-def closed_form_settings(config: RunConfig) -> NcmSettings:
-    """The run's closed-form head settings (``ridge`` or ``ncm``; a method with neither: NCM's defaults)."""
+@dataclass(frozen=True)
+class FeatureMap:
+    """How a features step turns a sample into the head's ``F'`` features: the backbone's own ``(F,)``, or its
+    hidden states ``layers`` (indexed as the backbone's: 0 the embeddings, -1 the last), each pooled by ``pool``
+    and normalised per sample by ``norm``, side by side; then, with ``rp_dim = F' > 0``, ``activation`` of a
+    seeded random projection (``client/features.py``). The defaults: the backbone's own features."""
+
+    rp_dim: int = 0  # F', every row of the random projection (0: none, F' = F)
+    activation: str = "relu"  # of each projected feature: "relu", "gelu", "tanh" or "none"
+    layers: tuple[int, ...] = ()  # the hidden states pooled (empty: the backbone's own features)
+    pool: str = "mean"  # each hidden state's "mean" over the tokens kept, or its "first" token
+    norm: str = "none"  # "layer": each pooled vector to mean 0 and deviation 1 over its dimensions
+
+    def feature_width(self, hidden: int) -> int:
+        """``F``: the features before the projection, for hidden states of width ``hidden``."""
+        return hidden * len(self.layers) if self.layers else hidden
+
+    def head_width(self, hidden: int) -> int:
+        """``F'``: the head's input width."""
+        return self.rp_dim or self.feature_width(hidden)
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    """What a features step (``FeaturesStep``) computes and sends, as its method's settings describe it
+    (:class:`DescribesFeatureStats`): the per-class sums and counts of the task's samples over the ``F'``
+    features of ``features``; with the step's ``head_gram`` their Gram's factor (in ``blocks`` diagonal blocks),
+    and with ``holdout`` the held-out samples' alike; the per-class second ``moments``."""
+
+    features: FeatureMap = field(default_factory=FeatureMap)
+    blocks: int = 1  # K: the factors of the Gram's K diagonal blocks, each F'/K wide (1: the whole Gram)
+    holdout: int = 0  # k of the held-out rule i % k == 0 on global training indices (0: none held out)
+    average_rule: bool = False  # the held-out Gram factor whole (lambda by the ensemble's own held-out error)
+    moments: str = ""  # "full": the sums of x x^T (C_t, F', F'); "diag": of x * x (C_t, F'); "": none
+
+    @property
+    def holdout_blocks(self) -> int:
+        """The blocks of the held-out samples' Gram factor: :attr:`blocks`, or 1 (the whole width) with
+        :attr:`average_rule`."""
+        return 1 if self.average_rule else self.blocks
+
+
+@runtime_checkable
+class DescribesFeatureStats(Protocol):
+    """The settings of a method with a features step (its slice's ``Method.settings``): what that step computes
+    and sends, by the run's configuration."""
+
+    def feature_stats(self, config: RunConfig) -> FeatureStats: ...
+
+
+def feature_stats_of(config: RunConfig) -> FeatureStats:
+    """What the run's features step computes and sends, as its method's settings describe it
+    (:class:`DescribesFeatureStats`); settings that describe none: the class sums and counts of the backbone's
+    own features."""
     own = method(config.strategy).settings
-    return config.section(own if own is not None and issubclass(own, NcmSettings) else NcmSettings)
-
-
-def class_moments(config: RunConfig) -> str:
-    """Which per-class second moments a features step sends: ``"full"`` (``class_moment: (C_t, F, F)``,
-    the sums of ``x x^T``), ``"diag"`` (``(C_t, F)``, of ``x * x``), or ``""`` (none: the closed-form heads)."""
-    own = method(config.strategy).settings
-    return config.section(CcvrSettings).covariance if own is CcvrSettings else ""
-
-
-def holdout_every(config: RunConfig) -> int:
-    """``k`` of the held-out rule ``i % k == 0``; 0 holds nothing out (and NCM, which needs no lambda)."""
-    settings = closed_form_settings(config)
-    return settings.holdout if isinstance(settings, RidgeSettings) else 0
-
-
-def gram_blocks(config: RunConfig) -> int:
-    """``K`` of ``ridge.blocks``: the Gram's diagonal blocks a features step sends (1: the whole Gram)."""
-    settings = closed_form_settings(config)
-    return settings.blocks if isinstance(settings, RidgeSettings) else 1
-
-
-def average_rule(config: RunConfig) -> bool:
-    """Whether ridge chooses lambda by the ensemble's own held-out error (``RidgeSettings.average_rule``)."""
-    settings = closed_form_settings(config)
-    secure = config.section(SecAggSettings).enabled
-    return isinstance(settings, RidgeSettings) and settings.average_rule(secure)
-
-
-def holdout_blocks(config: RunConfig) -> int:
-    """The blocks of the held-out samples' Gram factor: :func:`gram_blocks`, or 1 (the whole width) when the
-    ensemble's own held-out error (:func:`average_rule`) needs the held-out Gram's off-diagonal blocks too."""
-    return 1 if average_rule(config) else gram_blocks(config)
+    settings = config.section(own) if own is not None else None
+    return settings.feature_stats(config) if isinstance(settings, DescribesFeatureStats) else FeatureStats()
 
 
 def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
@@ -153,20 +174,21 @@ def gram_factor_shape(width: int, blocks: int) -> tuple[int, ...]:
 
 
 def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
-    """A features step's statistics by name: the sums of the task's ``C_t`` classes over ``F'`` features,
-    with ``plan.head_gram`` the Gram's factor (with ``ridge.blocks``, its diagonal blocks'), and (ridge,
-    ``holdout > 0``) the held-out samples' alike (with :func:`average_rule`, their whole Gram's)."""
+    """A features step's statistics by name (:func:`feature_stats_of`): the sums of the task's ``C_t`` classes
+    over ``F'`` features and their second moments if asked, with ``plan.head_gram`` the Gram's factor (its
+    diagonal blocks'), and with a held-out rule the held-out samples' alike (by the average rule, their whole
+    Gram's)."""
     lo, hi = plan.class_range
-    width = closed_form_settings(config).head_width(spec.feature_dim)  # F' (K members' side by side)
+    stats = feature_stats_of(config)
+    width = stats.features.head_width(spec.feature_dim)  # F'
     shapes: Shapes = {"class_sum": (hi - lo, width), "class_count": (hi - lo,)}
-    moments = class_moments(config)
-    if moments:  # CCVR's Gaussians
-        shapes["class_moment"] = (hi - lo, width, width) if moments == "full" else (hi - lo, width)
+    if stats.moments:
+        shapes["class_moment"] = (hi - lo, width, width) if stats.moments == "full" else (hi - lo, width)
     if plan.expect(TrainInstruction).head_gram:
-        shapes["gram" + GRAM_FACTOR] = gram_factor_shape(width, gram_blocks(config))
-        if holdout_every(config):
+        shapes["gram" + GRAM_FACTOR] = gram_factor_shape(width, stats.blocks)
+        if stats.holdout:
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
-            shapes[HOLDOUT + "gram" + GRAM_FACTOR] = gram_factor_shape(width, holdout_blocks(config))
+            shapes[HOLDOUT + "gram" + GRAM_FACTOR] = gram_factor_shape(width, stats.holdout_blocks)
     return shapes
 
 

@@ -4,7 +4,8 @@ A features step (``FeaturesStep``: no training) sends per-class sums and counts 
 classes and, where the solve needs it, the Gram of the features as its factor ``R`` (``R^T R = X^T X``;
 wire suffix ``_factor``), and CCVR's per-class second moments. Sums do not care how the samples were
 split, so the coordinator's sums are the centralised ones. Shapes: ``C`` classes, ``C_t`` of the task,
-``F'`` the head's input width (``NcmSettings.head_width``).
+``F'`` the head's input width (``FeatureMap.head_width``), all as the method's settings describe its features
+step (``common.aggregation.declared.feature_stats_of``).
 
 Factories (``Method.aggregator``): :func:`ncm`, :func:`ridge` (the closed-form heads on ``W0``),
 :func:`lorm_ncm` and :func:`lorm_ridge` (``lorm-ridge``, ``lorm-ridge-first``: LoRM's steps, then the closed-form
@@ -18,12 +19,11 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.aggregation.declared import HOLDOUT, Shapes, average_rule, declared_tensors, feature_stat_shapes
+from common.aggregation.declared import HOLDOUT, Shapes, declared_tensors, feature_stat_shapes, feature_stats_of
 from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
 from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import BlockGramSum, GramRows, GramSum
-from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import STAT
@@ -175,25 +175,24 @@ class CcvrStatsAggregator(FeatureStatsAggregator):
 # ----------------------------------------------------------------------------- what a closed-form head sums
 
 
-def head_sum_shapes(spec: ModelSpec, settings: NcmSettings) -> Shapes:
+def head_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
     """A closed-form head's sums over clients and tasks: ``class_sum (C, F')`` and ``class_count (C,)``, ``F'``
-    the head's width by ``settings`` (``ncm.*`` or ``ridge.*``)."""
-    width = settings.head_width(spec.feature_dim)
+    the width of the run's features step (:func:`~common.aggregation.declared.feature_stats_of`)."""
+    width = feature_stats_of(config).features.head_width(spec.feature_dim)
     return {"class_sum": (spec.num_classes, width), "class_count": (spec.num_classes,)}
 
 
 def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
-    """Ridge's sums (``ridge.*``): the class sums and counts, the Gram ``(F', F')`` (with ``ridge.blocks = K``,
-    its diagonal blocks ``(K, F'/K, F'/K)``), and with ``ridge.holdout`` the held-out samples' alike (by the
-    ensemble's own held-out error, ``common.aggregation.declared.average_rule``: their whole Gram, as its factor's rows
-    ``(F',)``)."""
-    ridge = config.section(RidgeSettings)
-    dim = ridge.head_width(spec.feature_dim)
-    d = dim // ridge.blocks
-    shapes = head_sum_shapes(spec, ridge) | {"gram": (dim, dim) if ridge.blocks == 1 else (ridge.blocks, d, d)}
-    if ridge.holdout:
+    """Ridge's sums: the class sums and counts, the Gram ``(F', F')`` (in ``K`` diagonal blocks ``(K, F'/K,
+    F'/K)``), and with a held-out rule the held-out samples' alike (by the average rule: their whole Gram, as its
+    factor's rows ``(F',)``), as the run's features step sends them (``feature_stats_of``)."""
+    stats = feature_stats_of(config)
+    dim = stats.features.head_width(spec.feature_dim)
+    d = dim // stats.blocks
+    shapes = head_sum_shapes(spec, config) | {"gram": (dim, dim) if stats.blocks == 1 else (stats.blocks, d, d)}
+    if stats.holdout:
         shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
-        if average_rule(config):  # the held-out Gram whole, as its factor's rows
+        if stats.average_rule:  # the held-out Gram whole, as its factor's rows
             shapes[HOLDOUT + "gram"] = (dim,)
     return shapes
 
@@ -203,9 +202,7 @@ def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
 
 def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
     """The cosine nearest-class-mean head's features step: class sums and counts."""
-    return FeatureStatsAggregator(
-        plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config.section(NcmSettings))
-    )
+    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config))
 
 
 def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:

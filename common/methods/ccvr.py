@@ -1,8 +1,8 @@
 """CCVR (Luo et al. 2021): FedAvg, then the head calibrated on virtual representations; the shared part of its
 slice, its settings and its registration. The server half is ``server/strategies/ccvr.py``, the client half
 ``client/methods/features.py`` (``DenseThenFeatures``: full fine-tuning steps, then a features step with the
-per-class second moments); what that step declares and how it folds live with the closed-form heads' in
-``common/aggregation/declared.py`` and ``common/aggregation/features.py``.
+per-class second moments, which the settings describe, ``feature_stats``); that step is the closed-form heads'
+way of training, declared in ``common/aggregation/declared.py`` and folded in ``common/aggregation/features.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.aggregation.declared import FeatureStats
 from common.methods import Method
+from common.methods.closed_form import NcmSettings
+from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
 
 
@@ -36,6 +39,11 @@ class CcvrSettings(Settings):
         finite_number("ccvr.lr", self.lr, 0.0, strict=True)
         finite_number("ccvr.momentum", self.momentum, 0.0)
         finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
+
+    def feature_stats(self, config: RunConfig) -> FeatureStats:
+        """Its features step: the class sums, counts and second moments (``covariance``) of the features as the
+        run's ``ncm`` section maps them, whose defaults are the backbone's own (the features its head scores)."""
+        return FeatureStats(config.section(NcmSettings).feature_map(), moments=self.covariance)
 
 
 METHOD = Method(

@@ -3,19 +3,22 @@
 registration of the five methods that solve such a head: ``ncm`` and ``ridge`` on ``W0``, and ``lorm-ncm``,
 ``lorm-ridge`` and ``lorm-ridge-first`` on LoRM's backbone. Their server halves are
 ``server/strategies/closed_form.py`` and ``lorm_closed_form.py``, the client halves
-``client/methods/features.py`` (the statistics of ``client/features.py``); what a features step declares
-and how its sums fold live in ``common/aggregation/declared.py`` and ``common/aggregation/features.py``,
-which CCVR's features step shares.
+``client/methods/features.py`` (the statistics of ``client/features.py``). The settings describe what their
+features step computes and sends (``feature_stats``: the feature map, the Gram's blocks, the held-out rule), the
+way of training's declaration in ``common/aggregation/declared.py`` reads it, and the sums fold in
+``common/aggregation/features.py``, which CCVR's features step shares.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from common.aggregation.declared import FeatureMap, FeatureStats
 from common.methods import Method
-from common.run.settings import Settings, non_negative_int, setting
+from common.run.config import RunConfig
+from common.run.settings import SecAggSettings, Settings, non_negative_int, setting
 
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -75,13 +78,22 @@ class NcmSettings(Settings):
                 f"{self.section}.layers, which is empty (the backbone's own features)"
             )
 
+    def feature_map(self) -> FeatureMap:
+        """How its features step maps a sample to the head's features."""
+        return FeatureMap(self.rp_dim, self.activation, self.layers, self.pool, self.norm)
+
     def feature_width(self, hidden: int) -> int:
         """``F``: the head's features before the projection, for hidden states of width ``hidden``."""
-        return hidden * len(self.layers) if self.layers else hidden
+        return self.feature_map().feature_width(hidden)
 
     def head_width(self, hidden: int) -> int:
         """``F'``: the head's input width."""
-        return self.rp_dim or self.feature_width(hidden)
+        return self.feature_map().head_width(hidden)
+
+    def feature_stats(self, config: RunConfig) -> FeatureStats:
+        """Its features step: the class sums and counts of the mapped features (and their Gram's factor when the
+        step asks)."""
+        return FeatureStats(self.feature_map())
 
 
 DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 8))  # a decade grid; one Cholesky each (F'=10,000: ~15 s)
@@ -138,9 +150,15 @@ class RidgeSettings(NcmSettings):
                 "or a fixed ridge.fixed_lambda > 0"
             )
 
-    def head_width(self, hidden: int) -> int:
-        """``K F'``: the K members' projections side by side."""
-        return self.rp_dim * self.blocks if self.rp_dim else self.feature_width(hidden)
+    def feature_map(self) -> FeatureMap:
+        """The K members' projections side by side: ``K rp_dim`` rows of one projection, ``F' = K rp_dim``."""
+        return replace(super().feature_map(), rp_dim=self.rp_dim * self.blocks)
+
+    def feature_stats(self, config: RunConfig) -> FeatureStats:
+        """Its features step: the Gram's ``K`` diagonal blocks, and the held-out samples' statistics too, their Gram
+        whole by the ensemble's own held-out error (:meth:`average_rule`, by the run's secure aggregation)."""
+        secure = config.section(SecAggSettings).enabled
+        return FeatureStats(self.feature_map(), self.blocks, self.holdout, self.average_rule(secure))
 
     def average_rule(self, secure: bool) -> bool:
         """Lambda by the ensemble's own held-out error: ``blocks > 1`` and ``lambda_rule`` 'average', or 'auto'

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.aggregation.declared import HOLDOUT, average_rule
+from common.aggregation.declared import HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
@@ -189,7 +189,7 @@ class ClosedFormHead(Strategy):
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
-        return head_sum_shapes(self.spec, self.settings)
+        return head_sum_shapes(self.spec, self.config)
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
         return [(Phase.FEATURES, 0)]
@@ -249,7 +249,7 @@ class RidgeHead(ClosedFormHead):
                 "setting ridge.lambda_rule = 'average' needs the held-out samples' Gram whole, which secure "
                 "aggregation cannot add up: use 'members' or 'auto' (the members' rule under secure aggregation)"
             )
-        self.average_rule = average_rule(config)  # lambda by the ensemble's own held-out error
+        self.average_rule = feature_stats_of(config).average_rule  # lambda by the ensemble's own held-out error
         super().__init__(config, spec)
         self.lam = self.fixed_lambda  # the lambda of the current head (0 before the first task)
         self.errors: list[float] = []  # held-out squared error per grid value, at the last solve

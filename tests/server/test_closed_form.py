@@ -10,7 +10,7 @@ import torch
 import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
-from common.aggregation.declared import closed_form_settings
+from common.aggregation.declared import feature_stats_of
 from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
@@ -64,7 +64,7 @@ def federated(config: RunConfig):
     strategy = make_strategy(config, runtime.spec)
     workers = [runtime.worker(i, f"c{i}") for i in range(config.num_clients)]
     rows = []  # per task: (features (n, F'), labels (n,), global indices (n,)), clients in order
-    settings = closed_form_settings(config)
+    settings = feature_stats_of(config).features  # the feature map the clients apply
     projection = random_projection(config, settings.feature_width(runtime.spec.feature_dim))
     for task in range(config.num_tasks):
         strategy.begin_task(task)
@@ -99,7 +99,7 @@ def centralised_ridge(x, y, lam, num_classes):
 
 
 def blocks_of(strategy) -> int:
-    return closed_form_settings(strategy.config).blocks
+    return feature_stats_of(strategy.config).blocks
 
 
 def worst_condition(gram, lam) -> float:
