@@ -1,12 +1,17 @@
 """The tensors a step declares: one declaration, read by the client that builds an update and the
 coordinator that validates it."""
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 from client.methods.lora import LoRATrainer
 from client.runtime import build_runtime
+from common.aggregation import declared
 from common.aggregation.declared import check_declared_shapes, declared_tensors
+from common.methods import registry
 from common.run.config import RunConfig
 from common.wire.messages import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import UpTo
@@ -107,6 +112,28 @@ def test_a_ridge_blocks_step_declares_one_factor_per_diagonal_block_up_to_its_wi
     average = declared_tensors(step, SPEC, RunConfig(strategy="ridge", settings=auto))
     assert average["stat/gram_factor"] == (3, 4, 4) and average["stat/holdout_gram_factor"] == (12, 12)
     assert isinstance(average["stat/holdout_gram_factor"][0], UpTo)
+
+
+@pytest.mark.parametrize("covariance, moment", [("full", (2, 5, 5)), ("diag", (2, 5))])
+def test_a_ccvr_features_step_declares_the_moments_its_settings_describe(covariance, moment):
+    config = RunConfig(strategy="ccvr", settings={"ccvr": {"covariance": covariance}})
+
+    got = declared_tensors(plan(FeaturesStep()), SPEC, config)
+
+    assert got == {"stat/class_sum": (2, 5), "stat/class_count": (2,), "stat/class_moment": moment}
+
+
+def test_the_declaration_names_no_method():
+    """The shared declaration knows the ways of training: of the methods it imports only the registry, and no
+    method's name or settings section appears in it (a slice declares its own, its settings describe its
+    features step)."""
+    tree = ast.parse(Path(declared.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    words = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    names = set(registry()) | {m.settings.section for m in registry().values() if m.settings is not None}
+
+    assert {m for m in imported if m.startswith("common.methods")} == {"common.methods"}
+    assert not words & names
 
 
 def test_the_check_names_missing_unexpected_and_misshapen_tensors():
