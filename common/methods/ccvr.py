@@ -12,7 +12,6 @@ from typing import ClassVar
 
 from common.aggregation.declared import FeatureStats
 from common.methods import Method
-from common.methods.closed_form import NcmSettings
 from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
 
@@ -41,9 +40,10 @@ class CcvrSettings(Settings):
         finite_number("ccvr.logit_norm", self.logit_norm, 0.0)
 
     def feature_stats(self, config: RunConfig) -> FeatureStats:
-        """Its features step: the class sums, counts and second moments (``covariance``) of the features as the
-        run's ``ncm`` section maps them, whose defaults are the backbone's own (the features its head scores)."""
-        return FeatureStats(config.section(NcmSettings).feature_map(), moments=self.covariance)
+        """Its features step: the class sums, counts and second moments (``covariance``) of the backbone's own
+        features, the ones its head scores (never mapped by the closed-form heads' ``ncm`` section: a ``ncm.rp_dim``
+        there once made the moments wider than the head they calibrate)."""
+        return FeatureStats(moments=self.covariance)
 
 
 METHOD = Method(

@@ -123,6 +123,16 @@ def test_a_ccvr_features_step_declares_the_moments_its_settings_describe(covaria
     assert got == {"stat/class_sum": (2, 5), "stat/class_count": (2,), "stat/class_moment": moment}
 
 
+def test_ccvr_sends_moments_of_the_features_its_head_scores_whatever_the_ncm_section_says():
+    """CCVR calibrates a head on the backbone's own features (F = 5 here): a closed-form head's projection in
+    the ``ncm`` section must not widen its statistics (it once did, 160 wide, against a head 5 wide)."""
+    config = RunConfig(strategy="ccvr", settings={"ncm": {"rp_dim": 160}})
+
+    got = declared_tensors(plan(FeaturesStep()), SPEC, config)
+
+    assert got["stat/class_sum"] == (2, 5) and got["stat/class_moment"] == (2, 5, 5)
+
+
 def test_the_declaration_names_no_method():
     """The shared declaration knows the ways of training: of the methods it imports only the registry, and no
     method's name or settings section appears in it (a slice declares its own, its settings describe its
