@@ -509,13 +509,10 @@ class Coordinator:
                 self._secure_advance()
                 return True
             try:
-                tensors = update.tensors  # validated and staged as they are: no copy
-                step.aggregator.check(
-                    update, samples=sample_bounds(self.config, self.options, step.plan.class_range), tensors=tensors
-                )
+                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range))
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
-            self.store.stage_update(step.key, update, idempotency_key, tensors)
+            self.store.stage_update(step.key, update, idempotency_key)
             fault_point("push.staged")
             step.submitted.add(update.client_index)
             self._fold_ready(update)

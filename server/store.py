@@ -170,14 +170,11 @@ class Store:
     def _staging(self, key: str) -> Path:
         return self.root / "staging" / key
 
-    def stage_update(
-        self, key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
-    ) -> None:
-        """Persist one accepted update of step ``key`` (durable before it is acknowledged); ``tensors``:
-        its tensors when the caller holds them already (``ClientUpdate.tensors``)."""
+    def stage_update(self, key: str, update: ClientUpdate, idempotency_key: str) -> None:
+        """Persist one accepted update of step ``key`` (durable before it is acknowledged)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = update.tensors if tensors is None else tensors
+        tensors = update.tensors
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)
