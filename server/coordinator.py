@@ -200,12 +200,8 @@ class Coordinator:
         step = self.step
         assert step is not None
         for index in self.store.staged_indices(step.key):
-            meta = self.store.staged_meta(step.key, index)
             if step.phase == Phase.EVALUATE:
-                assert meta is not None  # staged means its meta was written
-                step.reports[index] = EvalReport(
-                    meta["run_id"], meta["client_id"], index, meta["task"], meta["correct"], meta["total"]
-                )
+                step.reports[index] = self.store.load_eval(step.key, index)
             step.submitted.add(index)
         if step.secure is not None:
             step.secure.resume()
@@ -570,18 +566,7 @@ class Coordinator:
                 return False
             assert self.strategy is not None
             check_counts(report, self.config, self.options, self.strategy.tasks)
-            self.store.stage_eval(
-                step.key,
-                report.client_index,
-                {
-                    "idempotency_key": idempotency_key,
-                    "run_id": report.run_id,
-                    "client_id": report.client_id,
-                    "task": report.task,
-                    "correct": list(report.correct),
-                    "total": list(report.total),
-                },
-            )
+            self.store.stage_eval(step.key, report, idempotency_key)
             fault_point("eval.staged")
             step.submitted.add(report.client_index)
             step.reports[report.client_index] = report
