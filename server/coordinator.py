@@ -51,6 +51,7 @@ from server.checks import (
     sample_bounds,
 )
 from server.results import RunReporter
+from server.roster import Roster
 from server.run_state import RunMeta, State
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
 from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
@@ -82,7 +83,7 @@ class Coordinator:
         self.folding = fold_policy(self.robust, config.section(SecAggSettings).enabled, config.num_clients)
         self.secagg_settings = config.section(SecAggSettings)
         self.progress: Progress | None = None
-        self.clients: dict[str, int] = {}  # client id -> client index
+        self.roster = Roster(config.num_clients)  # the client slots, committed in the meta
         self.spec: ModelSpec | None = None
         self.strategy: Strategy | None = None
         self.matrix = AccuracyMatrix()
@@ -117,7 +118,7 @@ class Coordinator:
             pointer=self.pointer,
             matrix=self.matrix,
             history=self.history,
-            clients=self.clients,
+            clients=self.roster.clients,
             spec=self.spec,
             started=self.started,
             seconds=self.seconds_before + time.perf_counter() - self.clock,
@@ -149,7 +150,8 @@ class Coordinator:
                 f"{meta.pointer[1]} with no model description (the in-process engine's unversioned meta): go on "
                 "with lorm-sim --state-dir, which migrates it"
             )
-        self.clients, self.spec, self.state, self.pointer = meta.clients, meta.spec, meta.state, meta.pointer
+        self.roster = Roster(self.config.num_clients, meta.clients)
+        self.spec, self.state, self.pointer = meta.spec, meta.state, meta.pointer
         self.matrix, self.history = meta.matrix, meta.history
         self.started = meta.started if meta.started is not None else self.started
         self.seconds_before, self.resumes = meta.seconds, meta.resumes + 1
@@ -343,41 +345,19 @@ class Coordinator:
     # ---------------------------------------------------------------- client calls
 
     def join(self, client_id: str, requested_index: int | None = None) -> int:
+        """The client slot ``client_id`` holds (``server/roster.py``), committed before it is answered."""
         with self.lock:
-            if client_id in self.clients:
-                index = self.clients[client_id]
-                if requested_index is not None and requested_index != index:
-                    raise Refused(
-                        "FAILED_PRECONDITION",
-                        f"client {client_id!r} already holds index {index}, not {requested_index}",
-                    )
-                return index
-            taken = set(self.clients.values())
-            if requested_index is not None:
-                if not 0 <= requested_index < self.config.num_clients:
-                    raise Refused(
-                        "INVALID_ARGUMENT",
-                        f"requested_index must lie in 0..{self.config.num_clients - 1}, got {requested_index}",
-                    )
-                if requested_index in taken:
-                    raise Refused("ALREADY_EXISTS", f"client index {requested_index} is held by another client")
-                index = requested_index
-            else:
-                free = [i for i in range(self.config.num_clients) if i not in taken]
-                if not free:
-                    # Final for this run: retrying cannot free a slot (RESOURCE_EXHAUSTED would be retried).
-                    raise Refused("FAILED_PRECONDITION", f"all {self.config.num_clients} client slots are taken")
-                index = free[0]
-            self.clients[client_id] = index
-            self._commit()
-            fault_point("join.committed")
-            self.emit(f"client {client_id} joined as index {index} ({len(self.clients)}/{self.config.num_clients})")
+            index, new = self.roster.join(client_id, requested_index)
+            if new:
+                self._commit()
+                fault_point("join.committed")
+                self.emit(f"client {client_id} joined as index {index} ({len(self.roster.clients)}/{self.roster.size})")
             return index
 
     def describe(self, client_id: str, spec: ModelSpec) -> None:
         """A client's model: it must be the run's (fixed by --model-spec or by the first Describe)."""
         with self.lock:
-            self._index_of(client_id)
+            self.roster.index_of(client_id)
             if self.spec is None:
                 admit_spec(spec, self.config, self.options, "model_spec_json")
                 self.spec, self.strategy = spec, self._strategy_for(spec, "model_spec_json")
@@ -395,7 +375,7 @@ class Coordinator:
             raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
 
     def _maybe_start(self) -> None:
-        if self.state == State.WAITING and self.strategy is not None and len(self.clients) == self.config.num_clients:
+        if self.state == State.WAITING and self.strategy is not None and self.roster.full:
             self.state = State.RUNNING
             self._commit()  # at (0, 0), task 0 not begun: opening the step begins it
             self._open_step(0, 0)
@@ -405,14 +385,9 @@ class Coordinator:
     def check_run_id(self, run_id: str) -> None:
         check_run_id(self.config, run_id)
 
-    def _index_of(self, client_id: str) -> int:
-        if client_id not in self.clients:
-            raise Refused("PERMISSION_DENIED", f"client {client_id!r} has not joined this run")
-        return self.clients[client_id]
-
     def pull(self, client_id: str) -> RoundPlan | Wait:
         with self.lock:
-            index = self._index_of(client_id)
+            index = self.roster.index_of(client_id)
             self._tick()
             if self.state in (State.DONE, State.FAILED):  # over either way: the client stops
                 self.released.add(client_id)
@@ -425,7 +400,7 @@ class Coordinator:
                     seen_classes=0,
                 )
             if self.state == State.WAITING:
-                return Wait(self.options.retry_after_s, f"{len(self.clients)}/{self.config.num_clients} clients joined")
+                return Wait(self.options.retry_after_s, f"{len(self.roster.clients)}/{self.roster.size} clients joined")
             step = self.step
             assert step is not None
             if index in step.submitted:
@@ -443,7 +418,7 @@ class Coordinator:
     def _check_step(
         self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase
     ) -> StepState:
-        index = self._index_of(client_id)
+        index = self.roster.index_of(client_id)
         if client_index != index:
             raise Refused("PERMISSION_DENIED", f"client {client_id!r} holds index {index}, not {client_index}")
         check_run_id(self.config, run_id)
@@ -583,7 +558,7 @@ class Coordinator:
 
     def all_clients_released(self) -> bool:
         with self.lock:
-            return self.state in (State.DONE, State.FAILED) and set(self.clients) <= self.released
+            return self.state in (State.DONE, State.FAILED) and set(self.roster.clients) <= self.released
 
     def tick(self) -> None:
         """Close a step whose deadline has passed with a quorum (called periodically)."""
@@ -601,7 +576,7 @@ class Coordinator:
         with self.lock:
             step = self.step
             metrics: dict[str, Any] = {"accuracy": self.matrix.accuracy()}
-            index = self.clients.get(client_id) if client_id is not None else None
+            index = self.roster.clients.get(client_id) if client_id is not None else None
             if index is not None:
                 metrics["client"] = {
                     "client_id": client_id,
@@ -618,7 +593,7 @@ class Coordinator:
                 "phase": (
                     step.phase if step else Phase.DONE if self.state in (State.DONE, State.FAILED) else Phase.TRAIN
                 ),
-                "clients_joined": len(self.clients),
+                "clients_joined": len(self.roster.clients),
                 "clients_done": len(step.submitted) if step else 0,
                 "metrics": metrics,
             }

@@ -64,8 +64,8 @@ def coordinator_status(coordinator) -> dict:
         "task": step.task if step else coordinator.pointer[0],
         "round": step.round if step else 0,
         "steps_completed": len(coordinator.history),
-        "clients_joined": len(coordinator.clients),
-        "client_ids": list(coordinator.clients),  # one C-level copy: atomic under the GIL
+        "clients_joined": len(coordinator.roster.clients),
+        "client_ids": list(coordinator.roster.clients),  # one C-level copy: atomic under the GIL
         "clients_done": len(step.submitted) if step else 0,
     }
 

@@ -136,7 +136,7 @@ class Harness:
             return (
                 coord.status(),
                 list(coord.history),
-                dict(coord.clients),
+                dict(coord.roster.clients),
                 coord.spec,
                 coord.state,
                 step.next_fold,
@@ -631,7 +631,7 @@ class SecAggHarness:
             return (
                 coord.status(operator=True),
                 json.dumps(step.secure.state(), sort_keys=True),
-                dict(coord.clients),
+                dict(coord.roster.clients),
                 coord.state,
                 sorted(step.submitted),
                 files,
