@@ -33,6 +33,7 @@ from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, Rou
 from server.checks import Options, Refused, check_counts, check_run_id, check_same_spec, check_step, sample_bounds
 from server.run import Run
 from server.run_state import State
+from server.status import run_status
 from server.steps import StepState
 from server.store import Store
 
@@ -342,34 +343,6 @@ class Coordinator:
             self._tick()
 
     def status(self, client_id: str | None = None, *, operator: bool = False) -> dict:
-        """Where the run stands: its progress and the accuracy matrix, for any caller of Status. The
-        matrix is the run's published result, summed over every client's test counts, of models each
-        client is sent anyway. ``client_id``: with that client's own figures (its index, and whether the
-        open step holds its submission). ``operator``: with the last five history entries, which hold
-        per-step sample counts, dropped clients and the robust mode's per-client cosines and ratios:
-        one client differencing two steps would learn another's shard size, or calibrate a poisoned
-        update just under the bounds, so only the operator may read them (issue 41, M2)."""
+        """Where the run stands, as Status tells ``client_id`` or the ``operator`` (``server/status.py``)."""
         with self.lock:
-            step = self.step
-            metrics: dict[str, Any] = {"accuracy": self.run.matrix.accuracy()}
-            index = self.run.roster.clients.get(client_id) if client_id is not None else None
-            if index is not None:
-                metrics["client"] = {
-                    "client_id": client_id,
-                    "index": index,
-                    "submitted": step is not None and index in step.submitted,
-                }
-            if operator:
-                metrics["history"] = self.run.history[-5:]
-            return {
-                "run_id": self.config.run_id,
-                "state": self.run.state.value,
-                "task": step.task if step else self.run.pointer[0],
-                "round": step.round if step else 0,
-                "phase": (
-                    step.phase if step else Phase.DONE if self.run.state in (State.DONE, State.FAILED) else Phase.TRAIN
-                ),
-                "clients_joined": len(self.run.roster.clients),
-                "clients_done": len(step.submitted) if step else 0,
-                "metrics": metrics,
-            }
+            return run_status(self.run, self.step, client_id, operator=operator)
