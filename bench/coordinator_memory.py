@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING
 
 import psutil
 import torch
-from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -81,10 +80,8 @@ def build_coordinator(n: int, state: Path) -> tuple[Coordinator, list[int]]:
     staged: list[int] = []  # bytes of each staged submission's files
     original = coordinator.store.stage_update
 
-    def stage_and_measure(
-        key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
-    ) -> None:
-        original(key, update, idempotency_key, tensors)
+    def stage_and_measure(key: str, update: ClientUpdate, idempotency_key: str) -> None:
+        original(key, update, idempotency_key)
         folder = coordinator.store.root / "staging" / key
         i = update.client_index
         staged.append(sum((folder / f"{i}{ext}").stat().st_size for ext in (".safetensors", ".json")))

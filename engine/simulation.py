@@ -141,7 +141,6 @@ def _run(
     robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
     if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
         require_secure(config, make_strategy(config, runtime.spec))
-        as_client = make_strategy(config, runtime.spec)  # builds a client's fresh aggregator of each step
     honest = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
     workers: list[Worker] = list(honest)
     if wrap is not None:
@@ -218,7 +217,7 @@ def _run(
         """The clients' terms masked; only their sum unmasked (server.secure)."""
         assert step.aggregator is not None
         updates = {i: train(i, step.plan) for i in range(len(workers))}
-        session = secure_step(step.aggregator, as_client, updates, secagg, config.num_clients)
+        session = secure_step(step.aggregator, runtime.spec, config, updates, secagg, config.num_clients)
         return {"secagg": secagg_report(session, config.num_clients, step.aggregator)}
 
     fold = masked if secagg.enabled else screened if robust.enabled else ordered  # the fold policy, chosen once

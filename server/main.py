@@ -222,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         _serve_until_terminated(log)
     server.stop(grace=2).wait()
     if args.log_format == "json":
-        log.info(format_summary(coordinator.summary()))  # one record: every output line stays JSON
+        log.info(format_summary(coordinator.run.summary()))  # one record: every output line stays JSON
     else:
-        print(format_summary(coordinator.summary()), flush=True)
-    if coordinator.state == State.FAILED:
+        print(format_summary(coordinator.run.summary()), flush=True)
+    if coordinator.run.state == State.FAILED:
         log.error("run %s failed: a step could not be completed (its history entry says why)", config.run_id)
         return 1
     return 0

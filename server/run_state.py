@@ -1,7 +1,7 @@
 """What a state directory says of its run: one schema, written and read by both drivers (issue 42).
 
 Each generation of a :class:`server.store.Store` holds the strategy's tensors and a ``meta.json``, a
-:class:`RunMeta`. The coordinator (``server/coordinator.py``) and the in-process engine
+:class:`RunMeta`. The coordinator (its run, ``server/run.py``) and the in-process engine
 (``engine/simulation.py``) commit at the same point of the step lifecycle (``server/steps.py``): after a
 step's history entry, before the next step opens. So the tensors are the strategy's state after the
 history's last step, and ``pointer`` names the step to run next, of which nothing has happened yet (a

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from common.infra.faults import fault_point
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, Phase
+from common.wire.messages import ClientUpdate, EvalReport, Phase
 from server.run_state import RunMeta
 
 
@@ -170,14 +170,11 @@ class Store:
     def _staging(self, key: str) -> Path:
         return self.root / "staging" / key
 
-    def stage_update(
-        self, key: str, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor] | None = None
-    ) -> None:
-        """Persist one accepted update of step ``key`` (durable before it is acknowledged); ``tensors``:
-        its tensors when the caller holds them already (``ClientUpdate.tensors``)."""
+    def stage_update(self, key: str, update: ClientUpdate, idempotency_key: str) -> None:
+        """Persist one accepted update of step ``key`` (durable before it is acknowledged)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = update.tensors if tensors is None else tensors
+        tensors = update.tensors
         i = update.client_index
         if tensors:
             _save_tensors(folder / f"{i}.safetensors", tensors)
@@ -194,10 +191,6 @@ class Store:
             "has_tensors": bool(tensors),
         }
         atomic_write_json(folder / f"{i}.json", meta)  # written last: its presence marks the update complete
-
-    def staged_meta(self, key: str, index: int) -> dict | None:
-        path = self._staging(key) / f"{index}.json"
-        return json.loads(path.read_text()) if path.exists() else None
 
     def staged_indices(self, key: str) -> list[int]:
         folder = self._staging(key)
@@ -239,8 +232,21 @@ class Store:
         path = self._staging(key) / "secagg.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def stage_eval(self, key: str, index: int, report: dict) -> None:
-        atomic_write_json(self._staging(key) / f"{index}.json", report)
+    def stage_eval(self, key: str, report: EvalReport, idempotency_key: str) -> None:
+        """Persist one accepted evaluation report of step ``key`` (durable before it is acknowledged)."""
+        meta = {
+            "idempotency_key": idempotency_key,
+            "run_id": report.run_id,
+            "client_id": report.client_id,
+            "task": report.task,
+            "correct": list(report.correct),
+            "total": list(report.total),
+        }
+        atomic_write_json(self._staging(key) / f"{report.client_index}.json", meta)
+
+    def load_eval(self, key: str, index: int) -> EvalReport:
+        meta = json.loads((self._staging(key) / f"{index}.json").read_text())
+        return EvalReport(meta["run_id"], meta["client_id"], index, meta["task"], meta["correct"], meta["total"])
 
     def drop_staging(self, keep: str | None = None) -> None:
         """Delete every staged step except ``keep`` (after a generation made them redundant)."""

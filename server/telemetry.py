@@ -17,12 +17,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from server.coordinator import Coordinator
 
 SUBMISSIONS = ("Push", "ReportEval")  # the calls whose refusals count as rejected submissions
 CONNECTED_WINDOW_S = 60.0  # a client heard from within this many seconds counts as connected
@@ -54,18 +57,18 @@ class _StatusCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=float(value))
 
 
-def coordinator_status(coordinator) -> dict:
+def coordinator_status(coordinator: Coordinator) -> dict:
     """What the collector reports, read without the coordinator's lock: a scrape never waits
     for a long merge (the values are each current, if not all from the same instant)."""
-    step = coordinator.step
+    step, run = coordinator.step, coordinator.run
     return {
-        "run_id": coordinator.config.run_id,
-        "state": coordinator.state.value,
-        "task": step.task if step else coordinator.pointer[0],
+        "run_id": run.config.run_id,
+        "state": run.state.value,
+        "task": step.task if step else run.pointer[0],
         "round": step.round if step else 0,
-        "steps_completed": len(coordinator.history),
-        "clients_joined": len(coordinator.clients),
-        "client_ids": list(coordinator.clients),  # one C-level copy: atomic under the GIL
+        "steps_completed": len(run.history),
+        "clients_joined": len(run.roster.clients),
+        "client_ids": list(run.roster.clients),  # one C-level copy: atomic under the GIL
         "clients_done": len(step.submitted) if step else 0,
     }
 

@@ -57,15 +57,12 @@ class Aggregator(ABC):
             self.loss_sum += update.train_loss * update.num_samples
             self.loss_samples += update.num_samples
 
-    def check(
-        self, update: ClientUpdate, *, samples: tuple[int, int] | None = None, tensors: dict[str, Tensor] | None = None
-    ) -> None:
+    def check(self, update: ClientUpdate, *, samples: tuple[int, int] | None = None) -> None:
         """Raise :class:`UpdateRejected` unless ``update`` answers this step; changes nothing.
 
         The step's fields, ``num_samples`` (within ``samples = (lo, hi)`` when given) and the
         loss, then every tensor against :meth:`expected` (``common.aggregation.validate``), then
-        what only this method knows (:meth:`_check`). ``tensors``: the update's tensors when the caller
-        holds them (by default ``update.tensors``).
+        what only this method knows (:meth:`_check`).
         """
         plan = self.plan
         for field in ("run_id", "task", "round", "phase"):
@@ -73,7 +70,7 @@ class Aggregator(ABC):
             if want != got:
                 raise UpdateRejected(field, f"this step expects {want!r}, the update has {got!r}")
         check_scalars(update.num_samples, update.train_loss, samples)
-        check_tensors(update.tensors if tensors is None else tensors, self.expected())
+        check_tensors(update.tensors, self.expected())
         self._check(update)
 
     @property

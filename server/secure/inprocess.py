@@ -9,13 +9,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from common.aggregation.base import Aggregator
+from common.methods import make_aggregator
+from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.secagg.primitives import decode, encode
 from common.secagg.rounds import ClientSession, ServerSession
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
-from common.wire.messages import ClientUpdate
+from common.wire.messages import ClientUpdate, ModelSpec
 from server.secure.sums import load_sums
-from server.strategies.base import Strategy
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Timings:
 
 def secure_step(
     aggregator: Aggregator,
-    as_client: Strategy,
+    spec: ModelSpec,
+    config: RunConfig,
     updates: dict[int, ClientUpdate],
     settings: SecAggSettings,
     clients: int,
@@ -51,8 +53,8 @@ def secure_step(
 ) -> ServerSession:
     """One step's secure aggregation among in-process clients: every round of the protocol, with the
     clients ``drop_after_sharing`` vanishing after the share round (their masks are removed from the
-    sum). ``as_client``: the method as a client builds it from the run's configuration (no state),
-    whose ``aggregator(plan)`` is the fresh aggregator a client folds its update into.
+    sum). Each client folds its update into a fresh aggregator of the step, built as a client builds it
+    (``common.methods.make_aggregator`` of the plan, the model ``spec`` and the run's ``config``).
     Loads the survivors' sum into ``aggregator``; returns the coordinator's session (what it held).
     ``timings``: the parties' seconds are added to it."""
     clock = timings or Timings()
@@ -61,7 +63,7 @@ def secure_step(
     terms, sessions = {}, {}
     for i, u in sorted(updates.items()):
         with clock.of(i):
-            terms[i] = pack(client_terms(as_client.aggregator(plan), u))
+            terms[i] = pack(client_terms(make_aggregator(plan, spec, config), u))
             sessions[i] = ClientSession(i, t, ctx)
     layout = Layout.of(next(iter(terms.values())))
     server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size)

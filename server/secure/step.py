@@ -51,8 +51,8 @@ class Staging:
     def load(self, index: int) -> ClientUpdate:
         return self.store.load_update(self.key, index)
 
-    def stage(self, update: ClientUpdate, idempotency_key: str, tensors: dict[str, Tensor]) -> None:
-        self.store.stage_update(self.key, update, idempotency_key, tensors)
+    def stage(self, update: ClientUpdate, idempotency_key: str) -> None:
+        self.store.stage_update(self.key, update, idempotency_key)
         fault_point("push.staged")
         self.submitted.add(update.client_index)
 
@@ -323,14 +323,13 @@ class SecureStep:
         """A masked input: checked for form only (its values say nothing), staged; the inputs close when
         every client that shared has sent one (or late, with the threshold)."""
         self._same_session(update.secure_attempt)
-        tensors = update.tensors  # checked and staged as they are: no copy
         try:
-            self.check_masked(update.client_index, tensors)
+            self.check_masked(update.client_index, update.tensors)
         except SecAggError as err:  # not this client's turn: the round is over, or it never shared keys
             raise Refused("FAILED_PRECONDITION", str(err)) from err
         except UpdateRejected as err:
             raise Refused("INVALID_ARGUMENT", str(err)) from err
-        self.staging.stage(update, idempotency_key, tensors)
+        self.staging.stage(update, idempotency_key)
 
     def call(
         self, stage: str, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes], attempt: int

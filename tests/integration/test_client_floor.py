@@ -67,7 +67,8 @@ def test_a_client_refuses_before_sending_anything(tmp_path, config, flags, named
         assert "Traceback" not in out and "model:" not in out
         # Joined, then nothing: no model described (the run's model would be fixed by it), no step begun.
         status = coordinator.status()
-        assert status["clients_joined"] == 1 and coordinator.spec is None and status["state"] == "waiting_for_clients"
+        assert status["clients_joined"] == 1 and status["state"] == "waiting_for_clients"
+        assert coordinator.run.spec is None
     finally:
         server.stop(0)
 

@@ -142,7 +142,7 @@ def through_coordinator(cfg: RunConfig, state_dir, plans: int | None = None) -> 
         coord.describe(f"client-{i}", runtime.spec)
     handled = 0
     for _turn in range(100):  # bounded: 2 tasks x 4 steps x 3 clients is 24 turns
-        if coord.state != State.RUNNING:
+        if coord.run.state != State.RUNNING:
             break
         for i, worker in enumerate(workers):
             plan = coord.pull(f"client-{i}")
@@ -154,19 +154,20 @@ def through_coordinator(cfg: RunConfig, state_dir, plans: int | None = None) -> 
             handled += 1
             key = f"{i}-{plan.task}-{plan.round}-{plan.phase.value}"
             coord.submit(out, key) if isinstance(out, ClientUpdate) else coord.report_eval(out, key)
-    assert coord.state == State.DONE
+    assert coord.run.state == State.DONE
     return coord
 
 
 def same_as_coordinator(run, coord: Coordinator) -> None:
-    assert coord.strategy is not None
-    assert coord.matrix.correct == run.matrix.correct and coord.matrix.total == run.matrix.total
-    assert json.dumps(coord.history, sort_keys=True) == json.dumps(run.history, sort_keys=True)
-    adapter = coord.strategy.adapter()
+    assert coord.run.strategy is not None
+    assert coord.run.matrix.correct == run.matrix.correct and coord.run.matrix.total == run.matrix.total
+    assert json.dumps(coord.run.history, sort_keys=True) == json.dumps(run.history, sort_keys=True)
+    adapter = coord.run.strategy.adapter()
     assert adapter.keys() == run.adapter.keys()
     for name in adapter:
         assert torch.equal(adapter[name].b, run.adapter[name].b) and torch.equal(adapter[name].a, run.adapter[name].a)
-    assert torch.equal(coord.strategy.head_w, run.head_weight) and torch.equal(coord.strategy.head_b, run.head_bias)
+    assert torch.equal(coord.run.strategy.head_w, run.head_weight)
+    assert torch.equal(coord.run.strategy.head_b, run.head_bias)
 
 
 def meta_of(state_dir) -> dict:
@@ -184,7 +185,7 @@ def test_a_run_cut_short_in_the_engine_is_finished_by_the_coordinator(tmp_path, 
         run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(calls))
     engine_meta = meta_of(tmp_path)
     coord = through_coordinator(cfg, tmp_path)
-    assert coord.resumes == 1
+    assert coord.run.resumes == 1
     same_as_coordinator(straight, coord)
     assert meta_of(tmp_path).keys() == engine_meta.keys()  # one schema, whoever wrote it
     assert meta_of(tmp_path)["state"] == "done" and engine_meta["state"] == "running"
@@ -195,12 +196,12 @@ def test_a_run_cut_short_in_the_coordinator_is_finished_by_the_engine(tmp_path, 
     cfg = config("lorm")
     straight = run_inprocess(cfg)
     coord = through_coordinator(cfg, tmp_path, plans=plans)
-    assert coord.state == State.RUNNING
+    assert coord.run.state == State.RUNNING
     resumed = run_inprocess(cfg, state_dir=tmp_path)
     assert resumed.resumes == 1
     same_run(straight, resumed)
     assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())  # past: dropped
-    assert through_coordinator(cfg, tmp_path).state == State.DONE  # and the coordinator sees it done
+    assert through_coordinator(cfg, tmp_path).run.state == State.DONE  # and the coordinator sees it done
 
 
 def test_the_engines_unversioned_meta_goes_on(tmp_path):

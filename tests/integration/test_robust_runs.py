@@ -46,7 +46,7 @@ def through_coordinator(cfg: RunConfig, attack: str, state_dir) -> tuple[Coordin
         coord.join(f"client-{i}", i)
         coord.describe(f"client-{i}", runtime.spec)
     for _turn in range(200):  # bounded: 2 tasks x 4 steps x 5 clients is 40 turns
-        if coord.state == State.DONE:
+        if coord.run.state == State.DONE:
             break
         for i, worker in enumerate(workers):
             plan = coord.pull(f"client-{i}")
@@ -55,8 +55,8 @@ def through_coordinator(cfg: RunConfig, attack: str, state_dir) -> tuple[Coordin
             out = worker.handle(plan)
             key = f"{i}-{plan.task}-{plan.round}-{plan.phase.value}"
             coord.submit(out, key) if isinstance(out, ClientUpdate) else coord.report_eval(out, key)
-    assert coord.state == State.DONE
-    return coord, coord.history
+    assert coord.run.state == State.DONE
+    return coord, coord.run.history
 
 
 @pytest.mark.parametrize("attack", ["scale-grams", "flip-sign", "inflate-samples"])
@@ -64,15 +64,15 @@ def test_coordinator_screens_exactly_as_the_engine(tmp_path, attack):
     cfg = config()
     inprocess = run_inprocess(cfg, wrap=wrap_hostile(attack, ATTACKER))
     coord, history = through_coordinator(cfg, attack, tmp_path / "state")
-    summary = coord.summary()
+    summary = coord.run.summary()
     assert summary["correct"] == inprocess.matrix.correct and summary["total"] == inprocess.matrix.total
-    assert coord.strategy is not None
-    adapter = coord.strategy.adapter()
+    assert coord.run.strategy is not None
+    adapter = coord.run.strategy.adapter()
     assert adapter.keys() == inprocess.adapter.keys()
     for name in adapter:
         assert torch.equal(adapter[name].b, inprocess.adapter[name].b), name
         assert torch.equal(adapter[name].a, inprocess.adapter[name].a), name
-    assert torch.equal(coord.strategy.head_w, inprocess.head_weight)
+    assert torch.equal(coord.run.strategy.head_w, inprocess.head_weight)
     reports = [h["robust"] for h in history if "robust" in h]
     assert reports == [h["robust"] for h in inprocess.history if "robust" in h]
     assert ATTACKER in {i for r in reports for i in r["refused"] + r["clipped"]}  # the guard acted on it

@@ -131,7 +131,7 @@ def test_out_of_order_arrivals_fold_in_index_order(tmp_path):
         plan = coord.pull("c0")
         for i in order:
             coord.submit(update_for(plan, i), f"k{i}")
-        results.append(coord.strategy.shared)
+        results.append(coord.run.strategy.shared)
     for layer in SPEC.layers:
         assert torch.equal(results[0][layer].b, results[1][layer].b)
 
@@ -149,7 +149,7 @@ def test_restart_refolds_staged_submissions(tmp_path):
     for i in range(3):
         ref.submit(update_for(plan, i), f"k{i}")
     for layer in SPEC.layers:
-        assert torch.equal(again.strategy.shared[layer].b, ref.strategy.shared[layer].b)
+        assert torch.equal(again.run.strategy.shared[layer].b, ref.run.strategy.shared[layer].b)
 
 
 def test_other_configuration_on_same_state_dir_is_refused(tmp_path):
@@ -174,7 +174,7 @@ def test_grpc_push_duplicate_stale_malformed_and_health(served):
     assert index == 0 and config_back == coord.config
     plan = client.pull()
     assert isinstance(plan, RoundPlan) and plan.expect(LoraStep).train_factors == ("B",)
-    assert torch.equal(plan.low_rank(LORA)["l1"].a, coord.strategy.shared["l1"].a)  # byte-exact over the wire
+    assert torch.equal(plan.low_rank(LORA)["l1"].a, coord.run.strategy.shared["l1"].a)  # byte-exact over the wire
     update = update_for(plan, 0)
     assert client.push(update, "key-0") is False
     assert client.push(update, "key-0") is True  # a retried push is acknowledged as a duplicate
@@ -361,6 +361,6 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
     for i in new:
         inbox = call(i, "inbox", 1)["shares"]
         call(i, "reveal", 1, shares=new[i].reveal(inbox, request["survivors"], request["dropped"]))
-    entry = coord.history[0]["secagg"]
+    entry = coord.run.history[0]["secagg"]
     assert entry["attempt"] == 1 and entry["survivors"] == 3 and entry["samples"] == 10 + 11 + 12
     assert entry["bytes_received"]["masked"] > 0 and coord.step is not step  # the step finished

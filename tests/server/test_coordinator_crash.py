@@ -12,6 +12,7 @@ from test_coordinator import config, started, update_for
 import server.results
 from common.wire.messages import EvalReport, Phase, RoundPlan
 from server.coordinator import Coordinator
+from server.run import Run
 
 
 class Crash(BaseException):
@@ -69,10 +70,10 @@ def test_restart_leaves_each_committed_step_in_tensorboard_once(tmp_path, monkey
     coord = started(tmp_path, cfg={"num_tasks": 1})
     plan = coord.pull("c0")
 
-    def crash(self):
+    def crash(self, keep=None):
         raise Crash()
 
-    monkeypatch.setattr(Coordinator, "_commit", crash)  # step 0 reaches the event file, its state never commits
+    monkeypatch.setattr(Run, "commit", crash)  # step 0 reaches the event file, its state never commits
     with pytest.raises(Crash):
         for i in range(3):
             coord.submit(update_for(plan, i), f"k{plan.round}/{i}")

@@ -135,10 +135,10 @@ class Harness:
                 sums.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
             return (
                 coord.status(),
-                list(coord.history),
-                dict(coord.clients),
-                coord.spec,
-                coord.state,
+                list(coord.run.history),
+                dict(coord.run.roster.clients),
+                coord.run.spec,
+                coord.run.state,
                 step.next_fold,
                 sorted(step.submitted),
                 step.aggregator.count,
@@ -631,8 +631,8 @@ class SecAggHarness:
             return (
                 coord.status(operator=True),
                 json.dumps(step.secure.state(), sort_keys=True),
-                dict(coord.clients),
-                coord.state,
+                dict(coord.run.roster.clients),
+                coord.run.state,
                 sorted(step.submitted),
                 files,
             )

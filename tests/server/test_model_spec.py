@@ -36,7 +36,7 @@ def test_an_impossible_model_is_refused_before_anything_is_allocated(tmp_path):
     wide = ModelSpec(layers=SPEC.layers, feature_dim=4, num_classes=6, params={"w": (200_000, 200_000)})
     with pytest.raises(Refused, match="one step of this model needs about .* bytes, over the cap"):
         coord.describe("c0", wide)
-    assert state_files(coord) == before and coord.spec is None and coord.strategy is None
+    assert state_files(coord) == before and coord.run.spec is None and coord.run.strategy is None
     coord.describe("c0", SPEC)  # the real model still fixes the run
     coord.join("c1", 1)
     coord.describe("c1", SPEC)
@@ -45,7 +45,7 @@ def test_an_impossible_model_is_refused_before_anything_is_allocated(tmp_path):
 
 def test_the_operators_spec_fixes_the_model_and_another_is_refused_naming_the_difference(tmp_path):
     coord = Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC))
-    assert coord.spec == SPEC and coord.strategy is not None  # known before any client describes
+    assert coord.run.spec == SPEC and coord.run.strategy is not None  # known before any client describes
     coord.join("c0", 0)
     other = ModelSpec(layers={"l1": (5, 4), "l2": (3, 7)}, feature_dim=4, num_classes=6)
     with pytest.raises(Refused) as err:
@@ -58,7 +58,7 @@ def test_the_operators_spec_fixes_the_model_and_another_is_refused_naming_the_di
     # A restart with another --model-spec than the state's is refused at start-up.
     with pytest.raises(ValueError, match="differs from --model-spec"):
         Coordinator(CONFIG, tmp_path / "state", Options(model_spec=other))
-    assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC)).spec == SPEC
+    assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC)).run.spec == SPEC
 
 
 def test_over_grpc_the_attack_is_invalid_argument_and_the_run_goes_on(tmp_path):

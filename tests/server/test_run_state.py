@@ -23,7 +23,7 @@ from unit_helpers import LORA_SPEC, valid_update
 def drive(coord: Coordinator, steps: int | None = None) -> None:
     """Run the unit coordinator's 3 clients through ``steps`` steps (``None``: to the end)."""
     done = 0
-    while coord.state == State.RUNNING and (steps is None or done < steps):
+    while coord.run.state == State.RUNNING and (steps is None or done < steps):
         plan = coord.pull("c0")
         assert isinstance(plan, RoundPlan), plan
         if plan.phase == Phase.EVALUATE:
@@ -71,11 +71,11 @@ def test_the_coordinator_commits_before_it_opens_a_task(tmp_path):
     raw, tensors = generation(coord)
     assert raw["schema"] == SCHEMA and raw["pointer"] == [1, 0] and raw["state"] == "running"
     assert coord.step is not None and coord.step.task == 1  # open in memory, begun
-    assert not same_state(tensors, coord.strategy.state_tensors())
+    assert not same_state(tensors, coord.run.strategy.state_tensors())
     fresh = make_strategy(coord.config, LORA_SPEC)
     fresh.load_state_tensors(tensors)
     fresh.begin_task(1)
-    assert same_state(fresh.state_tensors(), coord.strategy.state_tensors())
+    assert same_state(fresh.state_tensors(), coord.run.strategy.state_tensors())
 
 
 def test_the_coordinators_unversioned_meta_goes_on_as_the_run_would_have(tmp_path):
@@ -86,13 +86,13 @@ def test_the_coordinators_unversioned_meta_goes_on_as_the_run_would_have(tmp_pat
     drive(coord, steps=4)
     raw, _ = generation(coord)
     old = {k: v for k, v in raw.items() if k not in ("schema", "seconds", "resumes")}
-    coord.store.commit(old, coord.strategy.state_tensors())  # as it was written: task 1 begun
+    coord.store.commit(old, coord.run.strategy.state_tensors())  # as it was written: task 1 begun
     resumed = Coordinator(config(), tmp_path / "old" / "state")
-    assert resumed.pointer == (1, 0) and resumed.resumes == 1
+    assert resumed.run.pointer == (1, 0) and resumed.run.resumes == 1
     drive(resumed)
-    assert resumed.state == State.DONE and resumed.history == straight.history
-    assert resumed.matrix == straight.matrix
-    assert same_state(resumed.strategy.state_tensors(), straight.strategy.state_tensors())
+    assert resumed.run.state == State.DONE and resumed.run.history == straight.run.history
+    assert resumed.run.matrix == straight.run.matrix
+    assert same_state(resumed.run.strategy.state_tensors(), straight.run.strategy.state_tensors())
     assert generation(resumed)[0]["schema"] == SCHEMA  # written in the new schema from its first commit
 
 

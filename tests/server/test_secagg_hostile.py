@@ -129,14 +129,14 @@ def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes
     coord, plan = secure_run(tmp_path)
     session(coord, list(range(N)), liar=0)
     step = coord.step
-    assert step is not None and step.secure is not None and coord.state == State.RUNNING
+    assert step is not None and step.secure is not None and coord.run.state == State.RUNNING
     assert step.secure.attempt == 1 and list(step.secure.excluded) == [0]
     assert "revealed a wrong share" in step.secure.excluded[0]
-    assert not coord.history
+    assert not coord.run.history
     fresh = coord.pull("c0")
     assert isinstance(fresh, coordinator_module.Wait)  # client 0 is out of this step's sessions
     session(coord, [1, 2, 3, 4])
-    entry = coord.history[0]
+    entry = coord.run.history[0]
     assert entry["secagg"]["attempt"] == 1 and entry["secagg"]["survivors"] == 4
     assert entry["secagg"]["samples"] == sum(10 + i for i in range(1, N))
     merged = make_strategy(coord.config, SPEC)
@@ -144,7 +144,7 @@ def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes
     for i in range(1, N):
         agg.fold(update_for(plan, i))
     merged.aggregate(plan, agg)
-    have = coord.strategy.state_tensors()
+    have = coord.run.strategy.state_tensors()
     for name, want in merged.state_tensors().items():  # float64 rounding of the fixed point, through the solves
         assert torch.allclose(have[name].double(), want.double(), rtol=1e-9, atol=1e-12), name
 
@@ -158,9 +158,9 @@ def test_h2_a_wrong_share_from_the_last_answerer_is_named_too(tmp_path):
     session(coord, list(range(N)), liar=N - 1)
     step = coord.step
     assert step is not None and step.secure is not None and step.secure.attempt == 1
-    assert list(step.secure.excluded) == [N - 1] and not coord.history
+    assert list(step.secure.excluded) == [N - 1] and not coord.run.history
     session(coord, list(range(N - 1)))
-    record = coord.history[0]["secagg"]
+    record = coord.run.history[0]["secagg"]
     assert record["attempt"] == 1 and record["survivors"] == N - 1 and record["dropped"] == []
     assert list(record["excluded"]) == [str(N - 1)] and "revealed a wrong share" in record["excluded"][str(N - 1)]
     assert len(record["failed"]) == 1 and "Culprits" in record["failed"][0]
@@ -172,20 +172,20 @@ def test_h2_a_garbage_input_restarts_the_session_then_ends_the_round_unmerged(tm
     fresh keys; after ``max_attempts`` (2) failed sessions the training round ends without a merge, recorded
     in the history, and the next step opens. Nothing raises; ``tick`` keeps working."""
     coord, plan = secure_run(tmp_path, max_attempts=2)
-    before = {k: v.clone() for k, v in coord.strategy.state_tensors().items()}
+    before = {k: v.clone() for k, v in coord.run.strategy.state_tensors().items()}
     session(coord, list(range(N)), garbage=0)
     step = coord.step
     assert step is not None and step.secure is not None and step.secure.attempt == 1 and not step.secure.excluded
     session(coord, list(range(N)), garbage=0)
     coord.tick()
-    entry = coord.history[0]
+    entry = coord.run.history[0]
     assert entry["clients"] == 0 and len(entry["secagg"]["failed"]) == 2
     assert "SecAggError" in entry["secagg"]["failed"][0]
-    assert coord.step is not None and coord.step.index == 1 and coord.state == State.RUNNING
-    after = coord.strategy.state_tensors()
+    assert coord.step is not None and coord.step.index == 1 and coord.run.state == State.RUNNING
+    after = coord.run.strategy.state_tensors()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the round merged nothing
     resumed = Coordinator(coord.config, tmp_path / "state", Options())
-    assert resumed.history == coord.history and resumed.pointer == coord.pointer
+    assert resumed.run.history == coord.run.history and resumed.run.pointer == coord.run.pointer
 
 
 def test_h2_a_gram_step_that_fails_past_its_attempts_ends_the_run_failed_not_wedged(tmp_path):
@@ -196,15 +196,15 @@ def test_h2_a_gram_step_that_fails_past_its_attempts_ends_the_run_failed_not_wed
     gram = coord.pull("c0")
     assert isinstance(gram, RoundPlan) and gram.phase == Phase.TASK_GRAM
     session(coord, list(range(N)), garbage=3)
-    assert coord.state == State.FAILED and coord.done.is_set() and coord.step is None
-    assert coord.history[-1]["phase"] == Phase.TASK_GRAM.value and coord.history[-1]["secagg"]["failed"]
+    assert coord.run.state == State.FAILED and coord.done.is_set() and coord.step is None
+    assert coord.run.history[-1]["phase"] == Phase.TASK_GRAM.value and coord.run.history[-1]["secagg"]["failed"]
     for i in range(N):
         over = coord.pull(f"c{i}")
         assert isinstance(over, RoundPlan) and over.phase == Phase.DONE
     assert coord.all_clients_released()
     coord.tick()
     resumed = Coordinator(coord.config, tmp_path / "state", Options())
-    assert resumed.state == State.FAILED and resumed.done.is_set()
+    assert resumed.run.state == State.FAILED and resumed.done.is_set()
 
 
 def test_h2_a_restarted_coordinator_resumes_a_step_whose_sum_fails(tmp_path, monkeypatch):
@@ -230,10 +230,10 @@ def test_h2_a_restarted_coordinator_resumes_a_step_whose_sum_fails(tmp_path, mon
     monkeypatch.undo()
     resumed = Coordinator(coord.config, tmp_path / "state", Options())
     step = resumed.step
-    assert step is not None and step.secure is not None and resumed.state == State.RUNNING
+    assert step is not None and step.secure is not None and resumed.run.state == State.RUNNING
     assert step.secure.attempt == 1 and list(step.secure.excluded) == [2]
     session(resumed, [0, 1, 3, 4])
-    assert resumed.history[0]["secagg"]["survivors"] == 4
+    assert resumed.run.history[0]["secagg"]["survivors"] == 4
 
 
 def test_m1_the_first_pusher_cannot_fix_the_steps_layout(tmp_path):

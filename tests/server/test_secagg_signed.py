@@ -157,7 +157,7 @@ def test_a_signed_step_over_the_coordinator_merges_the_clients_sum(tmp_path, pki
     assert sorted(confirmations) == list(range(N))
     for p in parties:
         call(p.index, "reveal", shares=p.reveal(inbox[p.index]["shares"], survivors, dropped, confirmations))
-    entry = coord.history[0]["secagg"]
+    entry = coord.run.history[0]["secagg"]
     assert entry["survivors"] == N and entry["threshold"] == 4 and entry["bytes_received"]["confirm"] > 0
     plain = strategy.aggregator(plan)
     for i in range(N):

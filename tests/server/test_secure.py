@@ -11,6 +11,7 @@ import torch
 
 from common.aggregation.validate import UpdateRejected
 from common.merges.sums import running_sums, summable
+from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.secagg.primitives import SecAggError, encode
@@ -82,8 +83,7 @@ def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
         for update in updates.values():
             folded.fold(update)
         got = secure.aggregator(plan)
-        fresh = make_strategy(cfg, SPEC)  # what a client builds: the method from its config, no state
-        secure_step(got, fresh, updates, SETTINGS, cfg.num_clients)
+        secure_step(got, SPEC, cfg, updates, SETTINGS, cfg.num_clients)
         want, have = running_sums(folded), running_sums(got)
         assert want.keys() == have.keys()
         fp = fixed_point(SETTINGS, cfg.num_clients)
@@ -129,9 +129,8 @@ def test_clients_dropped_after_sharing_leave_the_survivors_sums(name):
     those of the three survivors folded plainly."""
     for cfg, plain, secure, plan, updates in steps(name, clients=5):
         got = secure.aggregator(plan)
-        fresh = make_strategy(cfg, SPEC)
         clock = Timings()
-        server = secure_step(got, fresh, updates, SETTINGS, 5, drop_after_sharing=(1, 3), timings=clock)
+        server = secure_step(got, SPEC, cfg, updates, SETTINGS, 5, drop_after_sharing=(1, 3), timings=clock)
         assert server.close_inputs() == ([0, 2, 4], [1, 3])
         assert sorted(clock.client) == [0, 1, 2, 3, 4] and min(clock.client.values()) > 0 and clock.server > 0
         survivors = plain.aggregator(plan)
@@ -148,9 +147,8 @@ def test_clients_dropped_after_sharing_leave_the_survivors_sums(name):
 
 def test_too_many_dropped_fails_the_step_with_a_reason():
     cfg, plain, secure, plan, updates = next(steps("lorm", clients=5))
-    fresh = make_strategy(cfg, SPEC)
     with pytest.raises(SecAggError, match="fewer than the threshold 3"):
-        secure_step(secure.aggregator(plan), fresh, updates, SETTINGS, 5, (0, 1, 2))
+        secure_step(secure.aggregator(plan), SPEC, cfg, updates, SETTINGS, 5, (0, 1, 2))
 
 
 def test_the_coordinators_session_holds_no_individual_term():
@@ -158,13 +156,12 @@ def test_the_coordinators_session_holds_no_individual_term():
     shares) and the aggregator it loads: no array equals, and no byte string contains, one client's
     encoded terms or any 8-byte word of them; the sealed shares do not contain the plain shares."""
     cfg, plain, secure, plan, updates = next(steps("lorm", clients=4))
-    fresh = make_strategy(cfg, SPEC)
     got = secure.aggregator(plan)
-    server = secure_step(got, fresh, updates, SETTINGS, 4, drop_after_sharing=(2,))
+    server = secure_step(got, SPEC, cfg, updates, SETTINGS, 4, drop_after_sharing=(2,))
     fp = fixed_point(SETTINGS, 4)
     encoded = []
     for u in updates.values():
-        terms = client_terms(fresh.aggregator(plan), u)
+        terms = client_terms(make_aggregator(plan, SPEC, cfg), u)  # what the client masked
         encoded.append(encode(Layout.of(terms).flatten(terms), fp))
     stored: list[bytes] = [server.total.tobytes()]
     stored += [k.cipher_public + k.mask_public for k in server.keys.values()]

@@ -41,8 +41,8 @@ def robust_run(tmp_path) -> Coordinator:
     assert step is not None and step.aggregator is not None
     for i in range(len(CLIENTS)):
         assert coord.submit(valid_update(step.plan, step.aggregator.expected(), i, seed=i), f"k{i}")
-    assert coord.history and "cosine" in json.dumps(coord.history[0]["robust"])  # the step was screened
-    coord.history.append(SECURE_ENTRY)
+    assert coord.run.history and "cosine" in json.dumps(coord.run.history[0]["robust"])  # the step was screened
+    coord.run.history.append(SECURE_ENTRY)
     return coord
 
 
@@ -81,7 +81,7 @@ def test_a_clients_status_holds_its_own_figures_and_no_other_clients(served):
     metrics = json.loads(reply.metrics_json)
     assert (reply.run_id, reply.state, reply.clients_joined) == ("views", "running", 3)
     assert (reply.task, reply.round) == (0, 1)  # run-level progress: the step after the screened one
-    assert metrics["accuracy"] == coord.matrix.accuracy()  # the run's own published result
+    assert metrics["accuracy"] == coord.run.matrix.accuracy()  # the run's own published result
     assert metrics["client"] == {"client_id": "c1", "index": 1, "submitted": False}
     leaked = [w for w in PRIVATE_WORDS if w in reply.metrics_json]
     assert not leaked, f"a client's Status should hold no other client's figures, but it names {leaked}"
@@ -91,7 +91,7 @@ def test_the_operators_status_needs_the_operators_token(served):
     coord, channel, _ = served
     reply = call(channel, OPERATOR_STATUS, OPERATOR_TOKEN)
     history = json.loads(reply.metrics_json)["history"]
-    assert history == json.loads(json.dumps(coord.history[-5:]))
+    assert history == json.loads(json.dumps(coord.run.history[-5:]))
     assert set(history[0]["robust"]["clients"]) == {"0", "1", "2"} and history[1] == SECURE_ENTRY
     for token, code in (
         ("token-c1", grpc.StatusCode.PERMISSION_DENIED),  # a client's own token is not the operator's

@@ -255,7 +255,7 @@ def snapshot(coord: Coordinator) -> tuple:
     files = sorted(
         (str(p.relative_to(coord.store.root)), p.stat().st_size) for p in coord.store.root.rglob("*") if p.is_file()
     )
-    return coord.status(), list(coord.history), files, coord.step.next_fold, set(coord.step.submitted)
+    return coord.status(), list(coord.run.history), files, coord.step.next_fold, set(coord.step.submitted)
 
 
 def _replace(name: str, bad):
@@ -327,7 +327,7 @@ def run_step(path, bad_first: bool, options=None, skip: int | None = None) -> di
         time.sleep(options.round_deadline_s + 0.05)
         coord.tick()
     assert coord.status()["phase"] == Phase.TASK_GRAM  # the round merged
-    return coord.strategy.state_tensors() | {"history": coord.history}
+    return coord.run.strategy.state_tensors() | {"history": coord.run.history}
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -395,7 +395,7 @@ def test_describe_with_an_impossible_model_changes_nothing(tmp_path):
     coord.join("c0", 0)
     bad = ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=1)  # 1 class cannot make 2 tasks
     assert refused(lambda: coord.describe("c0", bad)).code == "INVALID_ARGUMENT"
-    assert coord.spec is None and coord.strategy is None
+    assert coord.run.spec is None and coord.run.strategy is None
     for text in [
         '{"layers": {"l": [0, 4]}, "feature_dim": 4, "num_classes": 6}',
         "[]",

@@ -1,0 +1,279 @@
+"""The coordinator's run: the step lifecycle (``server/steps.py``) driven from the first step to the export,
+committed after every step and resumed from the last commit.
+
+A :class:`Run` holds what a state directory holds of the run (``server/run_state.py``: where it stands, the
+history and accuracy matrix, the client slots, the model, the strategy's state) and moves it on: it opens
+a step (:meth:`Run.open`), closes one through the run's fold policy into one history entry and commits
+before the next step opens (:meth:`Run.close`), and exports the model (:meth:`Run.export`). The commit
+comes first, as the engine's does: the committed pointer names a step nothing of which has happened (at a
+task's first step, the task is not begun), so a restarted coordinator resumes by opening it
+(:meth:`Run.resume`). The open step's submissions are the coordinator's (``server/coordinator.py``): it
+checks and stages them, hands them to the fold policy and watches the step's deadline, under its lock; a
+Run is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from common.infra.faults import fault_point
+from common.infra.progress import Progress, kind_of
+from common.run.config import RunConfig
+from common.run.metrics import AccuracyMatrix
+from common.run.settings import RobustSettings, SecAggSettings
+from common.secagg.terms import declared_layout
+from common.wire.messages import ClientUpdate, ModelSpec, Phase
+from server.checks import Options, Refused, admit_spec
+from server.results import RunReporter
+from server.roster import Roster
+from server.run_state import RunMeta, State
+from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
+from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
+from server.store import Store
+from server.strategies import Strategy, make_strategy
+
+log = logging.getLogger("lorm.coordinator")
+
+
+class Run:
+    def __init__(
+        self,
+        config: RunConfig,
+        store: Store,
+        options: Options,
+        emit: Callable[[str], None],
+        on_fatal: Callable[[BaseException], None],
+        on_merge: Callable[[str, float], None],
+    ) -> None:
+        self.config, self.store, self.options = config, store, options
+        self.emit = emit
+        self.on_fatal = on_fatal
+        self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
+        self.secagg = config.section(SecAggSettings)
+        self.folding = fold_policy(config.section(RobustSettings), self.secagg.enabled, config.num_clients)
+        self.roster = Roster(config.num_clients)
+        self.spec: ModelSpec | None = None
+        self.strategy: Strategy | None = None
+        self.matrix = AccuracyMatrix()
+        self.history: list[dict] = []
+        self.state = State.WAITING
+        self.pointer = (0, 0)  # (task, step index) of the step in progress, or the next to open
+        self.started = time.time()
+        self.clock = time.perf_counter()  # this process's start: seconds run, for the meta
+        self.seconds_before = 0.0  # what the run's earlier processes ran
+        self.resumes = 0
+        self.progress: Progress | None = None
+        self.reporter = RunReporter(options.results_dir or store.root / "results")
+
+    # ---------------------------------------------------------------- persistence
+
+    def _meta(self) -> RunMeta:
+        return RunMeta(
+            config=self.config,
+            state=self.state,
+            pointer=self.pointer,
+            matrix=self.matrix,
+            history=self.history,
+            clients=self.roster.clients,
+            spec=self.spec,
+            started=self.started,
+            seconds=self.seconds_before + time.perf_counter() - self.clock,
+            resumes=self.resumes,
+        )
+
+    def commit(self, keep: str | None = None) -> None:
+        """Commit the run as it stands; the staged submissions of any step but ``keep`` (the open one's key)
+        are dropped."""
+        try:
+            self.store.commit(self._meta().to_json(), self.strategy.state_tensors() if self.strategy else {})
+            self.store.drop_staging(keep=keep)
+        except BaseException as err:
+            # Memory has moved past what is on disk: stop rather than serve a state that a
+            # restart would not reproduce. A restart resumes from the last commit.
+            log.critical("could not persist the run state (%s); stopping", err)
+            self.on_fatal(err)
+            raise
+
+    def resume(self) -> StepState | None:
+        """Go on from the newest generation (the engine's too); the step it names, opened (the coordinator
+        folds again what was staged for it). A state directory with none: the run's first commit."""
+        saved = self.store.latest_run(self.config)
+        if saved is None:
+            self.commit()
+            return None
+        meta, tensors = saved
+        if meta.spec is None and meta.state != State.WAITING:
+            raise ValueError(
+                f"state directory {self.store.root} holds a run at {meta.state.value} task {meta.pointer[0]} step "
+                f"{meta.pointer[1]} with no model description (the in-process engine's unversioned meta): go on "
+                "with lorm-sim --state-dir, which migrates it"
+            )
+        self.roster = Roster(self.config.num_clients, meta.clients)
+        self.spec, self.state, self.pointer = meta.spec, meta.state, meta.pointer
+        self.matrix, self.history = meta.matrix, meta.history
+        self.started = meta.started if meta.started is not None else self.started
+        self.seconds_before, self.resumes = meta.seconds, meta.resumes + 1
+        self.reporter.replay(self.history)
+        if self.spec is not None:
+            self.strategy = make_strategy(self.config, self.spec)
+            self.strategy.load_state_tensors(tensors)
+        return self.open(*self.pointer) if self.state == State.RUNNING else None
+
+    # ---------------------------------------------------------------- the model
+
+    def admit_model(self, spec: ModelSpec, what: str) -> None:
+        """Make ``spec`` the run's model (``what``: where it was given) and commit: within the caps, and with
+        a strategy built for it, else ``Refused`` with nothing changed."""
+        admit_spec(spec, self.config, self.options, what)
+        try:
+            if self.secagg.enabled:  # a method whose merge needs individual updates refuses here
+                require_secure(self.config, make_strategy(self.config, spec))
+            strategy = make_strategy(self.config, spec)
+        except (ValueError, RuntimeError) as err:
+            raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
+        self.spec, self.strategy = spec, strategy
+        self.commit()
+
+    def fix_model(self, fixed: ModelSpec) -> None:
+        """The operator's model (``--model-spec``): the run's from the start; a resumed run must have it."""
+        if self.spec is None:
+            self.admit_model(fixed, "--model-spec")
+        elif fixed != self.spec:
+            raise ValueError(
+                f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
+                f"{self.spec.difference(fixed)}"
+            )
+
+    # ---------------------------------------------------------------- steps
+
+    def start(self) -> StepState:
+        """Every client has joined and the model is known: the run's first step, opened."""
+        self.state = State.RUNNING
+        self.commit()  # at (0, 0), task 0 not begun: opening the step begins it
+        return self.open(0, 0)
+
+    def open(self, task: int, index: int) -> StepState:
+        """Step ``index`` of task ``task``: its plan, a fresh aggregator, and its secure aggregation when the
+        run has it."""
+        assert self.strategy is not None
+        if self.progress is None:  # the run's steps, for its ETA in the log (timed from this process's start)
+            kinds = [kind_of(p.value) for p in self.strategy.schedule()]
+            self.progress = Progress(kinds, interactive=False, every_s=math.inf)  # no lines of its own
+        self.progress.done = sum(len(self.strategy.steps(t)) + 1 for t in range(task)) + index
+        self.progress.begin(f"task {task} step {index}")
+        opened = open_step(self.strategy, self.config.rounds_per_task, task, index)
+        plan = opened.plan
+        self.pointer = (task, index)
+        step = StepState(task, index, opened.phase, opened.round, plan, opened.aggregator, time.monotonic())
+        if self.secagg.enabled and opened.phase != Phase.EVALUATE:
+            step.secure = SecureStep(
+                self.secagg,
+                self.config.num_clients,
+                plan,
+                declared_layout(self.strategy.aggregator(plan)),
+                Staging(self.store, step.key, step.submitted),
+                Timing(self.options.round_deadline_s, self.options.retry_after_s),
+                where=f"task {task} step {index} secure aggregation",
+                emit=self.emit,
+                state=self.store.load_secagg(step.key),
+            )
+        return step
+
+    def staged(self, step: StepState) -> Callable[[int], ClientUpdate]:
+        """Client ``i``'s staged update of ``step``, read from disk."""
+        return functools.partial(self.store.load_update, step.key)
+
+    def close(self, step: StepState) -> StepState | None:
+        """Close ``step`` through the run's fold policy, merge and record it (``server/steps.py``: the lifecycle
+        the engine shares), commit and open the next one. Returns the step open after it: ``step`` itself
+        while its secure aggregation runs a fresh session, ``None`` once the run is over."""
+        assert self.strategy is not None
+        eta = ""
+        if self.progress is not None:
+            self.progress.end()
+            eta = f"; {self.progress.run_text()}"
+        opened = OpenStep(step.task, step.index, step.phase, step.round, step.plan, step.aggregator)
+        if step.aggregator is None:
+            entry, line = evaluate(opened, self.matrix, (step.reports[i] for i in sorted(step.reports)))
+        else:
+            try:
+                extras = self.folding.close(step, step.aggregator, self.staged(step))
+            except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
+                return step if failed.record is None else self._end_unmerged(step, failed.record)
+
+            def merged(seconds: float) -> None:
+                fault_point("merge.aggregated")
+                self.on_merge(step.phase.value, seconds)
+
+            entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
+        self.emit(line + eta)
+        self.history.append(entry)
+        self.reporter.step(len(self.history) - 1, entry)
+        return self._advance(step)
+
+    def _end_unmerged(self, step: StepState, failed: dict) -> StepState | None:
+        """``step``'s secure aggregation gave up (``failed``: why each session failed, whom it excluded): the
+        step ends without a merge, recorded in the history. A training round keeps the last merged state;
+        any other step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised:
+        one party's failure must not stop the coordinator, its ticker or a restart of it."""
+        where = f"task {step.task} step {step.index} secure aggregation"
+        entry = record(step.task, step.round, step.phase, step.plan, clients=0) | {"secagg": failed}
+        self.history.append(entry)
+        self.reporter.step(len(self.history) - 1, entry)
+        if step.phase == Phase.TRAIN:
+            self.emit(f"{where}: {len(failed['failed'])} sessions failed; the round ends without a merge")
+            return self._advance(step)
+        self.emit(
+            f"{where}: {len(failed['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
+            "the steps after it: the run ends (failed)"
+        )
+        self.state = State.FAILED
+        self.commit()
+        return None
+
+    def _advance(self, step: StepState) -> StepState | None:
+        """Commit the run past ``step`` (recorded in the history), then open the step after it; after the last
+        one the run is ``DONE``."""
+        assert self.strategy is not None
+        after = following(self.strategy, self.config.rounds_per_task, step.task, step.index)
+        if after is None:
+            self.state = State.DONE
+        else:
+            self.pointer = after
+        self.commit()
+        return self.open(*after) if after is not None else None
+
+    # ---------------------------------------------------------------- the end
+
+    def export(self) -> None:
+        """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
+        short writes it again."""
+        assert self.strategy is not None and self.spec is not None
+        out = self.reporter.finish(
+            self.config,
+            self.spec,
+            self.strategy.adapter(),
+            self.strategy.head_w,
+            self.strategy.head_b,
+            self.summary(),
+            self.strategy.dense_delta(),
+            self.strategy.exports(),
+        )
+        self.emit(
+            f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
+            f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}"
+        )
+
+    def summary(self) -> dict:
+        return {
+            "run_id": self.config.run_id,
+            "config": json.loads(self.config.to_json()),
+            "seconds": time.time() - self.started,
+            "history": self.history,
+            **self.matrix.summary(),
+        }
