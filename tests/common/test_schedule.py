@@ -91,3 +91,13 @@ def test_a_client_learns_the_schedule_at_join_from_a_coordinator_without_data(tm
         client.close()
     finally:
         server.stop(0)
+
+
+def test_a_run_on_the_clients_own_data_must_name_its_classes():
+    with pytest.raises(ValueError, match="data.owned: .*data.classes, with dataset one of"):
+        RunConfig(settings={"data": {"owned": True}})
+    with pytest.raises(ValueError, match="data.owned: .*got dataset 'textfile', 0 classes"):
+        RunConfig(dataset="textfile", settings={"data": {"owned": True}})
+    with pytest.raises(ValueError, match="data.clients_dir is the clients' own data: set data.owned=true"):
+        named(settings={"data": {"classes": NAMES, "clients_dir": "/x"}})
+    assert class_schedule(named(num_tasks=2, settings={"data": {"classes": NAMES, "owned": True}})) is not None
