@@ -179,11 +179,11 @@ def _lookup(labels: Iterable[Label], index: dict[Label, int], where: str) -> np.
     return np.array([index[label] for label in labels], dtype=np.int64)
 
 
-def _image_files(folder: Path) -> list[str]:
+def image_files(folder: Path) -> list[str]:
     return [str(p) for p in sorted(folder.iterdir()) if is_image_file(p)] if folder.is_dir() else []
 
 
-def _class_folders(root: Path) -> list[str]:
+def class_folders(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
@@ -348,7 +348,7 @@ def _label_name(found: list[str], chosen: str, where: str) -> str:
     return name
 
 
-def _text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
+def text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
     """``(text, label)`` rows of a CSV or JSONL file, UTF-8 with or without a byte-order mark.
 
     CSV: a header with ``text`` and a label column (``label``, ``intent`` or ``category``, or
@@ -399,7 +399,7 @@ def textfile(config: RunConfig) -> Splits:
             _resolve(config, key), f"a .csv (columns text,label) or .jsonl file (the setting data.{key})"
         )
     label_column = config.section(DataSettings).label_column
-    train, test = _text_rows(paths["train_file"], label_column), _text_rows(paths["test_file"], label_column)
+    train, test = text_rows(paths["train_file"], label_column), text_rows(paths["test_file"], label_column)
     given = config.section(DataSettings).classes
     names = list(given) if given else list(dict.fromkeys(label for _, label in train))
     index = _class_index(names, "the setting data.classes")
@@ -455,10 +455,10 @@ def _folder_per_class(config: RunConfig, name: str, subdir: str, contents: str) 
     """One folder of images per class under ``name/subdir``, classes sorted, ``holdout_split``."""
     root, hint = _dataset_root(config, name)
     folder = _need_dir(root / subdir if subdir else root, contents, hint)
-    names = _class_folders(folder)
+    names = class_folders(folder)
     if not names:
         raise FileNotFoundError(f"{folder} holds no class folders: it should contain {contents}")
-    train_x, train_y, test_x, test_y = holdout_split([_image_files(folder / c) for c in names], names)
+    train_x, train_y, test_x, test_y = holdout_split([image_files(folder / c) for c in names], names)
     return _images(config, name, (train_x, train_y), (test_x, test_y), names)
 
 
@@ -565,13 +565,13 @@ def imagefolder(config: RunConfig) -> Splits:
     layout = "train/<class>/<images> and test/<class>/<images> (the setting data.root)"
     train_dir, test_dir = _need_dir(root / "train", layout), _need_dir(root / "test", layout)
     given = config.section(DataSettings).classes
-    names = list(given) if given else _class_folders(train_dir)
+    names = list(given) if given else class_folders(train_dir)
     index = _class_index(names, "the setting data.classes")
 
     def read(folder: Path) -> tuple[list[str], np.ndarray]:
-        found = _class_folders(folder)
+        found = class_folders(folder)
         _lookup(found, index, f"{folder} (class folders)")
-        paths = [_image_files(folder / c) for c in names]
+        paths = [image_files(folder / c) for c in names]
         return [p for ps in paths for p in ps], np.repeat(np.arange(len(names)), [len(ps) for ps in paths])
 
     transforms = config.section(DataSettings).transforms

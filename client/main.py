@@ -13,7 +13,14 @@ import time
 
 from client.datasets import DatasetError
 from client.floor import FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
-from client.local import LocalSettingError, add_local_arguments, applied, local_from_args, refuse_coordinator_local
+from client.local import (
+    LocalSettingError,
+    add_local_arguments,
+    applied,
+    check_own_data,
+    local_from_args,
+    refuse_coordinator_local,
+)
 from client.runtime import build_runtime
 from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
@@ -102,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         security = security_from_args(args, "client")
         floor = floor_from_args(args)
-    except (SecurityError, FloorError) as err:
+        local = local_from_args(args)
+    except (SecurityError, FloorError, ValueError) as err:
         parser.error(str(err))
-    local = local_from_args(args)
     setup_logging(args.log_format)
     set_context(client=args.client_id)
     log = logging.getLogger("lorm.client")
@@ -132,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     # Checked before this client sends anything more: what it accepts is its own decision, not the coordinator's.
     try:
         refuse_coordinator_local(config, local)
+        check_own_data(config, local)
         accepted = check_floor(config, floor)
     except (LocalSettingError, FloorError) as err:
         log.error("refusing run %s: %s", config.run_id, err)
@@ -140,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("accepted %s", accepted.describe())
     config = applied(pinned(config, accepted), local)  # masks with the threshold it checked
     try:
-        runtime = build_runtime(config)
+        runtime = build_runtime(config, local.own(), client.schedule)
     except (DatasetError, FileNotFoundError) as err:  # this client's data as configured: say what, and stop
         log.error("cannot load this client's data: %s", err)
         client.close()

@@ -15,10 +15,12 @@ import numpy as np
 import torch
 
 from client.backbones import ClassifierModel, build_backbone, build_model, model_spec
-from client.datasets import Splits, load_dataset
+from client.datasets import DatasetError, Splits, load_dataset
 from client.images import ImageData
+from client.owned import OwnData, load_owned
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.run.config import RunConfig
+from common.run.schedule import Schedule
 from common.wire.messages import ModelSpec
 
 log = logging.getLogger("lorm.client")
@@ -31,13 +33,16 @@ class ClientRuntime:
     train: SampleData
     test: SampleData
     device: torch.device
+    owned: bool = False  # the client's own data (client/owned.py), not a Dirichlet shard of a common dataset
 
     @property
     def spec(self) -> ModelSpec:
         return model_spec(self.model)
 
     def worker(self, client_index: int, client_id: str) -> ClientWorker:
-        return ClientWorker(self.config, client_index, client_id, self.model, self.train, self.test, self.device)
+        return ClientWorker(
+            self.config, client_index, client_id, self.model, self.train, self.test, self.device, owned=self.owned
+        )
 
 
 def sample_data(
@@ -56,9 +61,15 @@ def sample_data(
         t = splits.transforms
         assert t is not None  # Splits.__post_init__: image splits carry transforms
         return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
-    if max_length:
+    if max_length and splits.train_x:
         warn_truncation(model, splits.train_x, max_length, lengths)
-    encode = model.backbone.encode
+
+    def encode(texts: list[Any]) -> dict[str, torch.Tensor]:
+        # A client's own data may hold no test split (or no training sample): encode one empty text for the
+        # inputs' names and widths, and keep none of its rows (a tokenizer may refuse an empty batch).
+        inputs = model.backbone.encode(texts or [""])
+        return {name: t[: len(texts)] for name, t in inputs.items()}
+
     return EncodedData(encode(splits.train_x), train_y), EncodedData(encode(splits.test_x), test_y)
 
 
@@ -178,17 +189,44 @@ def process_settings_kept() -> Iterator[None]:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
 
 
-def build_runtime(config: RunConfig) -> ClientRuntime:
-    """Load the dataset, build the model (seeded), and prepare both splits' samples."""
+def build_runtime(config: RunConfig, own: OwnData | None = None, schedule: Schedule | None = None) -> ClientRuntime:
+    """Load the dataset, build the model (seeded), and prepare both splits' samples.
+
+    ``own``: this client's own data instead (``lorm-client --data``), its labels matched by name to
+    ``schedule``, the run's classes task by task (from the coordinator's Join reply, or the configuration)."""
     if config.threads:
         torch.set_num_threads(config.threads)
     use_deterministic(config.deterministic)
     warn_random_backbone(config)
-    splits = load_dataset(config)
+    splits = load_dataset(config) if own is None else load_owned(config, needed_schedule(schedule), own)
     lengths = None
     if config.max_length == 0:
         chosen, lengths = chosen_max_length(config, splits)
         config = dataclasses.replace(config, max_length=chosen)
     model = build_model(config, splits.num_classes)
     train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
-    return ClientRuntime(config, model, train, test, resolve_device(config.device))
+    return ClientRuntime(config, model, train, test, resolve_device(config.device), owned=own is not None)
+
+
+def needed_schedule(schedule: Schedule | None) -> Schedule:
+    """The run's schedule of classes, which a client's own data needs to name its labels by."""
+    if schedule is None:
+        raise DatasetError(
+            "this client's own data (--data) is labelled by class name, but the run names no classes: the "
+            "coordinator's configuration must set data.classes (dataset textfile or imagefolder), in task order"
+        )
+    return schedule
+
+
+def owned_runtimes(config: RunConfig, schedule: Schedule | None, owns: list[OwnData]) -> list[ClientRuntime]:
+    """Each client's runtime in one process (``lorm-sim`` with ``data.clients_dir``), client ``i`` on its own
+    data ``owns[i]``: one model for all when the configuration fixes ``max_length`` (each client process
+    builds the same one), else each client's own, at the length its own samples choose."""
+    first = build_runtime(config, owns[0], schedule)
+    if config.max_length == 0:
+        return [first] + [build_runtime(config, own, schedule) for own in owns[1:]]
+    runtimes = [first]
+    for own in owns[1:]:
+        train, test = sample_data(load_owned(config, needed_schedule(schedule), own), first.model, config.max_length)
+        runtimes.append(dataclasses.replace(first, train=train, test=test))
+    return runtimes

@@ -15,12 +15,15 @@ from pathlib import Path
 from client.backbones import build_model, model_spec
 from client.datasets import load_dataset
 from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.schedule import configured_classes
 from common.wire.messages import ModelSpec
 
 
 def describe(config: RunConfig) -> ModelSpec:
-    """The spec a client of ``config`` describes (it needs the dataset only for its number of classes)."""
-    return model_spec(build_model(config, load_dataset(config).num_classes))
+    """The spec a client of ``config`` describes. Its number of classes is the configuration's when it names
+    them (``data.classes``: no data is read, as for clients with their own data), else the dataset's."""
+    names = configured_classes(config)
+    return model_spec(build_model(config, len(names) if names is not None else load_dataset(config).num_classes))
 
 
 def main(argv: list[str] | None = None) -> int:

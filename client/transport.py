@@ -14,6 +14,7 @@ import grpc
 
 from common.infra.tls import Security
 from common.run.config import RunConfig
+from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
 from proto import codec
@@ -79,6 +80,7 @@ class CoordinatorClient:
         self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""
+        self.schedule: Schedule | None = None  # the run's classes by name, from the Join reply
 
     def close(self) -> None:
         self.channel.close()
@@ -110,6 +112,7 @@ class CoordinatorClient:
         )
         codec.check_wire_version(reply.wire_version, "coordinator")
         self.run_id = reply.run_id
+        self.schedule = codec.schedule_from_proto(reply.tasks)
         return RunConfig.from_json(reply.config_json), reply.client_index
 
     def describe(self, spec: ModelSpec) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,7 +74,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 class ClientWorker:
-    """Client ``client_index`` of ``config.num_clients``, with its shard of ``train`` and ``test``."""
+    """Client ``client_index`` of ``config.num_clients``, with its shard of ``train`` and ``test``; with
+    ``owned``, ``train`` and ``test`` are this client's own data, all of it its shard."""
 
     def __init__(
         self,
@@ -84,16 +86,25 @@ class ClientWorker:
         train: SampleData,
         test: SampleData,
         device: torch.device,
+        *,
+        owned: bool = False,
     ) -> None:
         self.config, self.index, self.client_id = config, client_index, client_id
         self.model, self.train, self.test, self.device = model, train, test, device
         num_classes = model.head.out_features
         self.tasks = task_ranges(num_classes, config.num_tasks, config.task_sizes)
-        shards = dirichlet_partition(
-            train.labels.numpy(), self.tasks, config.num_clients, config.beta, config.seed, config.min_client_samples
-        )
-        self.shards = [torch.from_numpy(s[client_index]) for s in shards]  # per task: sample indices
-        self.test_idx = torch.from_numpy(client_test_indices(len(test), config.num_clients, client_index))
+        labels = train.labels.numpy()
+        if owned:  # task t's shard: every sample of its classes this client holds (maybe none)
+            shards = [np.flatnonzero((labels >= lo) & (labels < hi)) for lo, hi in self.tasks]
+            test_idx = np.arange(len(test))
+        else:
+            partition = dirichlet_partition(
+                labels, self.tasks, config.num_clients, config.beta, config.seed, config.min_client_samples
+            )
+            shards = [s[client_index] for s in partition]
+            test_idx = client_test_indices(len(test), config.num_clients, client_index)
+        self.shards = [torch.from_numpy(s) for s in shards]  # per task: sample indices
+        self.test_idx = torch.from_numpy(test_idx)
         self.method = client_method(config)  # the client half of the run's method
         self.on_batch: Callable[[int, int], None] | None = None  # progress: (batches done, of total)
         self.spec = model_spec(model)  # the shapes the coordinator knows the model by

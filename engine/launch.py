@@ -138,7 +138,7 @@ def launch(
                 _spawn(
                     CLIENT
                     + ["--server", target, "--client-id", f"client-{i}", "--index", str(i)]
-                    + local.args()
+                    + local.for_client(i).args()
                     + client_security[i],
                     f"client-{i}",
                     env,

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from client.datasets import DatasetError
-from client.runtime import build_runtime, process_settings_kept
+from client.owned import client_files
+from client.runtime import ClientRuntime, build_runtime, owned_runtimes, process_settings_kept
 from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, plan_name, setup_logging
 from common.infra.progress import Progress, kind_of
@@ -33,7 +34,8 @@ from common.methods import describe, overview
 from common.run.config import RunConfig, add_config_arguments, config_from_args
 from common.run.metrics import AccuracyMatrix, format_summary
 from common.run.partition import describe_tasks
-from common.run.settings import RobustSettings, SecAggSettings
+from common.run.schedule import class_schedule
+from common.run.settings import DataSettings, RobustSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
 from common.wire.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
 from server.results import RunReporter
@@ -103,6 +105,22 @@ def _saved_run(store: Store, config: RunConfig, spec: ModelSpec) -> tuple[RunMet
     return run, tensors
 
 
+def client_runtimes(config: RunConfig) -> list[ClientRuntime]:
+    """Each client's runtime: one that every client's shard of the dataset shares, or with ``data.owned``
+    each client's own data in the folder ``data.clients_dir`` (``client.owned.client_files``), labelled by
+    the configuration's schedule of classes as the coordinator sends it at Join."""
+    data = config.section(DataSettings)
+    if not data.owned:
+        return [build_runtime(config)] * config.num_clients
+    if not data.clients_dir:
+        raise DatasetError(
+            "data.owned: in one process the clients' own data comes from a folder of every client's files: "
+            "set data.clients_dir=DIR (DIR/client0.csv, DIR/client1.csv, ...)"
+        )
+    owns = [client_files(data.clients_dir, i) for i in range(config.num_clients)]
+    return owned_runtimes(config, class_schedule(config), owns)
+
+
 def run_inprocess(
     config: RunConfig,
     log: Log = lambda _: None,
@@ -134,14 +152,15 @@ def _run(
 ) -> RunResult:
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
-    runtime = build_runtime(config)
+    runtimes = client_runtimes(config)
+    runtime = runtimes[0]  # its model is the one every client builds
     strategy = make_strategy(config, runtime.spec)
     store = Store(state_dir) if state_dir is not None else None
     saved = _saved_run(store, config, runtime.spec) if store is not None else None
     robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
     if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
         require_secure(config, make_strategy(config, runtime.spec))
-    honest = [runtime.worker(i, f"client-{i}") for i in range(config.num_clients)]
+    honest = [rt.worker(i, f"client-{i}") for i, rt in enumerate(runtimes)]
     workers: list[Worker] = list(honest)
     if wrap is not None:
         workers = [wrap(i, w) for i, w in enumerate(honest)]

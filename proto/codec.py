@@ -29,6 +29,7 @@ import torch
 from google.protobuf.message import Message
 from torch import Tensor
 
+from common.run.schedule import Schedule, check_schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import (
     ClientUpdate,
@@ -259,6 +260,24 @@ def check_wire_version(theirs: int, who: str) -> None:
             f"the {who} speaks wire contract {spoken}, this one speaks version {WIRE_VERSION}: run the same "
             "release of lorm on both sides",
         )
+
+
+def schedule_to_proto(schedule: Schedule | None) -> list[pb.TaskClasses]:
+    """``JoinReply.tasks`` of a schedule (none: the configuration names no classes)."""
+    return [pb.TaskClasses(classes=task) for task in schedule or []]
+
+
+def schedule_from_proto(tasks: Iterable[pb.TaskClasses]) -> Schedule | None:
+    """The schedule of ``JoinReply.tasks`` (``None`` when it holds none), checked before it is used: tasks of
+    classes, each name once, bounded in number and length (``common.run.schedule.check_schedule``)."""
+    schedule = [list(task.classes) for task in tasks]
+    if not schedule:
+        return None
+    try:
+        check_schedule(schedule, "the run's schedule of classes")
+    except ValueError as err:
+        raise WireError("tasks", str(err)) from err
+    return schedule
 
 
 def phase_to_proto(phase: Phase) -> pb.Phase:

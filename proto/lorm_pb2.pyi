@@ -98,18 +98,26 @@ class ModelDescription(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., client_id: _Optional[str] = ..., model_spec_json: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("run_id", "config_json", "client_index", "num_clients", "wire_version")
+    __slots__ = ("run_id", "config_json", "client_index", "num_clients", "wire_version", "tasks")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_json: str
     client_index: int
     num_clients: int
     wire_version: int
-    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., client_index: _Optional[int] = ..., num_clients: _Optional[int] = ..., wire_version: _Optional[int] = ...) -> None: ...
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskClasses]
+    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., client_index: _Optional[int] = ..., num_clients: _Optional[int] = ..., wire_version: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskClasses, _Mapping]]] = ...) -> None: ...
+
+class TaskClasses(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, classes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("run_id", "client_id", "last_completed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.run.config import RunConfig
+from common.run.settings import DataSettings
 from common.wire.messages import EvalReport, ModelSpec, Phase
 from common.wire.tensors import DEFAULT_MAX_TOTAL_BYTES
 
@@ -57,14 +58,15 @@ def sample_bounds(config: RunConfig, options: Options, class_range: tuple[int, i
     """``(lo, hi)`` for one client's ``num_samples`` of a task with ``class_range``, from what the run fixes.
 
     Every client holds at least ``min_client_samples`` of each task (the partition redraws until it
-    does); with ``train_per_class`` no client can hold more than that many per class of the task;
-    ``Options.max_num_samples`` caps it in any case.
+    does), or on its own data (``data.owned``) none or more; with ``train_per_class`` no client can hold
+    more than that many per class of the task; ``Options.max_num_samples`` caps it in any case.
     """
     lo, hi = class_range
     cap = options.max_num_samples
     if config.train_per_class > 0:
         cap = min(cap, config.train_per_class * (hi - lo))
-    return max(config.min_client_samples, 1), cap
+    least = 0 if config.section(DataSettings).owned else max(config.min_client_samples, 1)
+    return least, cap
 
 
 def check_counts(report: EvalReport, config: RunConfig, options: Options, tasks: list[tuple[int, int]]) -> None:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from common.run.config import RunConfig
 from common.run.partition import task_ranges
+from common.run.schedule import configured_classes
 from common.run.settings import DataSettings, ModelSettings
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
@@ -35,9 +36,6 @@ from server.store import atomic_write_bytes
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
 ADAPTER_CONFIG = "adapter_config.json"
-# The datasets whose class order the setting data.classes sets (client/datasets.py: textfile, imagefolder);
-# the others take theirs from their own files, which the coordinator never reads.
-CLASSES_FROM_SETTING = ("textfile", "imagefolder")
 METRICS_FILE = "metrics.json"
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the base model, as PEFT saves keys
 
@@ -162,19 +160,6 @@ def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tenso
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": kind}))
     return path
-
-
-def configured_classes(config: RunConfig) -> list[str] | None:
-    """The class names in head order when the configuration fixes them, else ``None``.
-
-    As ``client.datasets.load_dataset`` orders them: the setting ``data.classes`` (read by the datasets of
-    :data:`CLASSES_FROM_SETTING` only), sorted under ``class_order`` "alphabetical", the first
-    ``num_classes`` of them when that is set."""
-    given = config.section(DataSettings).classes
-    if config.dataset not in CLASSES_FROM_SETTING or not given:
-        return None
-    names = sorted(given) if config.class_order == "alphabetical" else list(given)
-    return names[: config.num_classes] if config.num_classes else names
 
 
 def model_card(

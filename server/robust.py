@@ -43,8 +43,14 @@ Every merge here weighs clients by their own statistics (``sum_i B_i A G_i A^T``
 ``sum_i A G_i A^T``), so clipping a client's Gram lowers its weight in numerator and denominator
 alike: the merge stays a proper weighted least-squares solution, with that client's weight bounded.
 
-At most a minority of a step's updates is refused, the farthest past its bound first: the medians
-assume an honest majority, and a step must keep one. Three passes over the updates (``observe``,
+3. **Updates of no samples** (a client on its own data that holds none of the task's classes) are
+   kept out of the medians, the sample count's and the directions: they would pull every bound
+   towards zero. Such an update adds nothing to the sums when it carries nothing: every sum over
+   samples zero and every trained tensor as the plan handed it out (:meth:`Screen.carried`); it is
+   folded then, and refused otherwise (a client claiming no samples while it moves the merge).
+
+At most a minority of the updates that hold samples is refused, the farthest past its bound first:
+the medians assume an honest majority, and a step must keep one. Three passes over the updates (``observe``,
 ``judge``, then ``apply`` and fold in index order; a features step one more, ``observe_classes``,
 after the centre is known), each loading one update at a time: the coordinator reads them back from
 its staging directory, so its memory still does not grow with the number of clients beyond a few
@@ -150,6 +156,13 @@ def measure(role: str, name: str, tensor: Tensor, starts: dict[str, Tensor], sam
     return float(t.norm())
 
 
+def is_sum(name: str, tensor: Tensor) -> bool:
+    """Whether ``name`` is a sum over the client's samples (zero when it has none): a Gram or Gram factor, a
+    class count, or a class's sums (``stat/<prefix>class_*``), as :func:`reweigh` scales them."""
+    kind, layer, _ = parse_tensor_name(name)
+    return tensor_role(name, tensor) == SECOND or (kind == STAT and layer is not None and "class_" in layer)
+
+
 def is_count(name: str) -> bool:
     """Whether a bound's ``name`` is a count (the claimed samples, or a class count), not a tensor's."""
     return name == SAMPLES or name.startswith(CLASS_COUNT)
@@ -247,6 +260,7 @@ class Screen:
         self.centre_sum: Tensor | None = None  # (F',) the clients' overall feature means, summed
         self.centres = 0  # how many clients the centre sums
         self.directions: Tensor | None = None  # (C_t, F') per class, the clients' unit centred class means, summed
+        self.empty: dict[int, str] = {}  # client index of an update of no samples -> what it carries ("": nothing)
 
     @property
     def has_classes(self) -> bool:
@@ -264,7 +278,24 @@ class Screen:
                     moved[name] = d / norm
         return moved
 
+    def carried(self, update: ClientUpdate) -> str:
+        """For an update of no samples: ``""`` when it carries nothing (every sum over samples zero, every
+        trained tensor whose start the plan holds, or that is a change itself, unchanged), else what it carries."""
+        for name, tensor in update.tensors.items():
+            if is_sum(name, tensor):
+                moved = tensor
+            elif tensor_role(name, tensor) == CHANGE and (name in self.starts or name.startswith(DELTA + "/")):
+                moved = change(name, tensor, self.starts)
+            else:
+                continue
+            if bool((moved != 0).any()):
+                return f"it claims no samples but carries {name} (norm {float(moved.to(torch.float64).norm()):.4g})"
+        return ""
+
     def observe(self, update: ClientUpdate) -> None:
+        if update.num_samples == 0:  # kept out of every median and direction
+            self.empty[update.client_index] = self.carried(update)
+            return
         tensors = dict(update.tensors)
         self.samples[update.client_index] = update.num_samples
         for name, tensor in tensors.items():
@@ -294,7 +325,7 @@ class Screen:
     def observe_classes(self, update: ClientUpdate) -> None:
         """The second pass of a features step: the client's unit class directions into the per-class sums."""
         tensors = dict(update.tensors)
-        if CLASS_COUNT in tensors and CLASS_SUM in tensors:
+        if update.num_samples and CLASS_COUNT in tensors and CLASS_SUM in tensors:
             units = self.class_directions(tensors)
             self.directions = units if self.directions is None else self.directions + units
 
@@ -337,6 +368,9 @@ class Screen:
         """The verdict on an observed update: its cosine, then each tensor and count against its bound."""
         i, kappa = update.client_index, self.settings.kappa
         verdict = Verdict(i)
+        if i in self.empty:  # nothing to measure: it adds nothing, or it is refused for what it carries
+            verdict.refused, verdict.severity = self.empty[i], math.inf if self.empty[i] else 0.0
+            return verdict
         tensors = dict(update.tensors)
         cosines = []
         for name, unit in self.changes(tensors).items():
@@ -445,9 +479,11 @@ def screen_and_fold(
             screen.observe_classes(load(i))
     verdicts = {i: screen.judge(load(i)) for i in indices}
     relative_to_median(settings, verdicts)
-    # The medians assume an honest majority: never drop more than a minority, the worst first.
-    most = (len(indices) - 1) // 2
-    worst = sorted((i for i in indices if verdicts[i].refused), key=lambda i: (-verdicts[i].severity, i))
+    # The medians assume an honest majority of the updates they measure: never drop more than a minority of
+    # them, the worst first (an update of no samples that carries something is refused in any case).
+    measured = [i for i in indices if i not in screen.empty]
+    most = (len(measured) - 1) // 2
+    worst = sorted((i for i in measured if verdicts[i].refused), key=lambda i: (-verdicts[i].severity, i))
     for i in worst[most:]:
         verdicts[i].refused, verdicts[i].spared = "", True
     for i in indices:

@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.infra.faults import after_items
 from common.infra.tls import Security
+from common.run.schedule import class_schedule
 from common.wire.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -73,6 +74,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             client_index=index,
             num_clients=coord.config.num_clients,
             wire_version=codec.WIRE_VERSION,
+            tasks=codec.schedule_to_proto(class_schedule(coord.config)),
         )
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:

@@ -92,6 +92,12 @@ def merge(
     policy's record (``robust``: the screening; ``secagg``: the secure session), kept where not empty."""
     aggregator = step.aggregator
     assert aggregator is not None, "an evaluation merges nothing"
+    if aggregator.count and not aggregator.num_samples:  # clients on their own data, none of it this task's
+        lo, hi = step.plan.class_range
+        raise ValueError(
+            f"task {step.task} {step.phase.value} step: its {aggregator.count} updates hold no sample of the "
+            f"task's classes [{lo}, {hi}): no client has data of this task, so there is nothing to merge"
+        )
     start = time.perf_counter()
     strategy.aggregate(step.plan, aggregator)
     after_merge(time.perf_counter() - start)

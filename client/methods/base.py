@@ -195,7 +195,7 @@ class ClientMethod:
             layer.set_trainable(())
         for p in model.dense_params().values():
             p.requires_grad_(False)
-        return loss_sum / max(batches, 1)
+        return loss_sum / batches if batches else float("nan")  # NaN: nothing trained (no epoch, or no sample)
 
 
 # --------------------------------------------------------------------- shared model set-up

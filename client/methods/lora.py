@@ -78,6 +78,6 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
                 model(inputs)
                 if client.on_batch is not None:
                     client.on_batch(done_passes * per_pass + batch + 1, config.gram_passes * per_pass)
-    grams = {name: g.cpu() for name, g in recorder.grams.items()}
+    grams = {name: g.cpu() for name, g in recorder.result().items()}
     head_gram = grams.pop("<head>", None)
     return grams, head_gram

@@ -214,6 +214,18 @@ class GramRecorder:
 
         return hook
 
+    def result(self) -> dict[str, Tensor]:
+        """Every module's Gram: what :meth:`recording` summed, and zeros ``(d_in,)`` or ``(d_in, d_in)`` for a
+        module that saw no rows (a client with no samples of the task)."""
+        grams = dict(self.grams)
+        for name, module in self.modules.items():
+            if name not in grams:
+                assert isinstance(module, (nn.Linear, LoRALinear))  # what Grams are recorded of
+                d_in = module.in_features
+                shape = (d_in, d_in) if self.full[name] else (d_in,)
+                grams[name] = torch.zeros(shape, dtype=torch.float64)
+        return grams
+
     @contextmanager
     def recording(self) -> Iterator[GramRecorder]:
         handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in self.modules.items()]

@@ -194,14 +194,15 @@ def check_gram(field: str, g: Tensor) -> None:
 
 
 def check_scalars(num_samples: int, train_loss: float, samples: tuple[int, int] | None = None) -> None:
-    """``num_samples`` positive (within ``samples = (lo, hi)`` when given); ``train_loss`` NaN or finite >= 0.
+    """``num_samples`` within ``samples = (lo, hi)`` (by default ``>= 0``: a client on its own data may hold
+    none of a task's classes; the coordinator gives the run's bounds); ``train_loss`` NaN or finite >= 0.
 
-    A NaN loss means "not measured" (Gram passes, features steps, zero local epochs); cross
-    entropy is never negative.
+    A NaN loss means "not measured" (Gram passes, features steps, zero local epochs, no samples);
+    cross entropy is never negative.
     """
-    lo, hi = samples or (1, None)
-    if num_samples < max(lo, 1) or (hi is not None and num_samples > hi):
-        within = f"in [{max(lo, 1)}, {hi}]" if hi is not None else f">= {max(lo, 1)}"
+    lo, hi = samples or (0, None)
+    if num_samples < max(lo, 0) or (hi is not None and num_samples > hi):
+        within = f"in [{max(lo, 0)}, {hi}]" if hi is not None else f">= {max(lo, 0)}"
         raise UpdateRejected("num_samples", f"expected a sample count {within}, got {num_samples}")
     if not math.isnan(train_loss) and not (math.isfinite(train_loss) and train_loss >= 0):
         raise UpdateRejected("train_loss", f"expected NaN (not measured) or a finite loss >= 0, got {train_loss}")

@@ -18,6 +18,7 @@ in the reference implementation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -411,7 +412,8 @@ class TaskMergeAccumulator:
 
 @dataclass
 class WeightedMeanAccumulator:
-    """``x = sum_i n_i x_i / sum_i n_i`` (e.g. the head bias weighted by sample counts)."""
+    """``x = sum_i n_i x_i / sum_i n_i`` (e.g. the head bias weighted by sample counts); a client of
+    ``n_i = 0`` (none of the task's samples) adds nothing."""
 
     SUMS: ClassVar[tuple[str, ...]] = ("numerator", "weight")
     PARTS: ClassVar[tuple[str, ...]] = ()
@@ -424,8 +426,8 @@ class WeightedMeanAccumulator:
     def fold(self, x: Tensor, n: float) -> None:
         if tuple(x.shape) != tuple(self.shape):
             raise ValueError(f"weighted mean: expected shape {tuple(self.shape)}, got {tuple(x.shape)}")
-        if not n > 0:
-            raise ValueError(f"weighted mean: weight must be positive, got {n}")
+        if not (n >= 0 and math.isfinite(n)):
+            raise ValueError(f"weighted mean: weight must be finite and >= 0, got {n}")
         term = _f64(x) * float(n)
         self.numerator = term if self.numerator is None else self.numerator + term
         self.weight += float(n)
@@ -434,6 +436,8 @@ class WeightedMeanAccumulator:
     def result(self) -> Tensor:
         if self.numerator is None:
             raise ValueError("WeightedMeanAccumulator: nothing folded yet")
+        if not self.weight > 0:
+            raise ValueError(f"weighted mean: the {self.count} updates folded all have weight 0 (no samples)")
         return self.numerator / self.weight
 
 

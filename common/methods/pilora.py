@@ -81,6 +81,8 @@ class PiLoraAggregator(Aggregator):
         for name, f in update.by_layer(FACTOR).items():
             self.b[name].fold(f["B"], n)
             self.a[name].fold(f["A"], n)
+        if n == 0:  # a client on its own data with none of the task's samples: its prototypes were not trained
+            return
         stats = update.named(STAT)
         self.prototypes.append(stats["prototype"].to(DTYPE))
         self.class_sums.append(stats["class_sum"].to(DTYPE))

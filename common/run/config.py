@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.run.settings import LEGACY_EXTRA, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, DataSettings, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -27,6 +27,9 @@ CLASS_ORDERS = {
     "(a harder, domain-grouped split than the paper's)",
 }
 DEFAULT_CLASS_ORDER = {"clinc150": "alphabetical"}  # every other dataset: "natural"
+# The datasets whose class order the setting data.classes sets (client/datasets.py: textfile, imagefolder);
+# the others take theirs from their own files, which the coordinator never reads.
+CLASSES_FROM_SETTING = ("textfile", "imagefolder")
 # The backbone of a run that names none: your own text gets the pretrained MiniLM (the text presets'), every
 # other dataset the random-init tiny BERT of the tests (the image presets name their ViT).
 DEFAULT_BACKBONE = {"textfile": "minilm"}  # every other dataset: "tiny-bert"
@@ -194,7 +197,22 @@ class RunConfig:
                 self.section(SecAggSettings).check_clients(self.num_clients)
             except ValueError as err:
                 problems.append(str(err))
+        if not problems:
+            problems += self._check_owned()
         return problems
+
+    def _check_owned(self) -> list[str]:
+        """A run on the clients' own data names its classes (they label the data by name)."""
+        data = self.section(DataSettings)
+        if data.clients_dir and not data.owned:
+            return ["data.clients_dir is the clients' own data: set data.owned=true too"]
+        if data.owned and (self.dataset not in CLASSES_FROM_SETTING or not data.classes):
+            return [
+                "data.owned: the clients' own data is labelled by class name, so the configuration names the run's "
+                f"classes in task order: data.classes, with dataset one of {list(CLASSES_FROM_SETTING)} "
+                f"(got dataset {self.dataset!r}, {len(data.classes)} classes)"
+            ]
+        return []
 
     def section(self, cls: type[S]) -> S:
         """The typed settings of section ``cls.section``: its defaults, with the values this run sets."""
@@ -231,6 +249,7 @@ CLIENT_LOCAL: dict[str, str] = {
     "data.train_file": "--train-file",
     "data.test_file": "--test-file",
     "data.root": "--image-root",
+    "data.clients_dir": "--data and --test-data",
     "model.weights": "--weights or LORM_MODEL_WEIGHTS",
 }
 

@@ -89,7 +89,17 @@ class DataSettings(Settings):
     train_file: str = setting("", "textfile: training samples, .csv (text,label) or .jsonl; relative to data_dir")
     test_file: str = setting("", "textfile: test samples, as train_file")
     root: str = setting("", "imagefolder: folder with train/<class>/* and test/<class>/*; relative to data_dir")
-    classes: list[str] = setting([], "textfile, imagefolder: the class order ([]: the files' own)")
+    classes: list[str] = setting(
+        [], "textfile, imagefolder: the class order ([]: the files' own); with num_tasks or task_sizes, the run's tasks"
+    )
+    owned: bool = setting(
+        False,
+        "the clients train on their own data (lorm-client --data), labelled by the names of data.classes, "
+        "instead of Dirichlet shards of one dataset; a client may hold none of a task's classes",
+    )
+    clients_dir: str = setting(
+        "", "lorm-sim, lorm-launch: each client's own data, DIR/client<i>.csv or DIR/client<i>/ (lorm-client --data)"
+    )
     label_column: str = setting("", "textfile: the label's column or key ('': the first of label, intent, category)")
     transforms: str = setting("imagefolder", "imagefolder: whose image transforms to use (a dataset name)")
     image_size: int = setting(0, "images: input side in pixels (0: the backbone's, 224 for ViT-B/16, 16 for tiny-vit)")

@@ -372,8 +372,14 @@ def test_weighted_mean() -> None:
     ns = [1, 3, 6]
     expected = torch.tensor([13.0 / 10, 2.0 / 10], dtype=F64)
     torch.testing.assert_close(weighted_mean(xs, ns), expected, rtol=0, atol=1e-15)
-    with pytest.raises(ValueError, match="positive, got 0"):
-        weighted_mean(xs, [1, 0, 2])
+    # weight 0 (a client with none of the task's samples) adds nothing, bit for bit
+    assert torch.equal(weighted_mean(xs, [1, 0, 2]), weighted_mean([xs[0], xs[2]], [1, 2]))
+    assert torch.equal(weighted_mean(xs, [0, 3, 6]), weighted_mean(xs[1:], [3, 6]))
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"finite and >= 0, got {bad}"):
+            weighted_mean(xs, [1, bad, 2])
+    with pytest.raises(ValueError, match="all have weight 0"):
+        weighted_mean(xs, [0, 0, 0])
 
 
 # ----------------------------------------------------------------------------- streaming

@@ -1,6 +1,7 @@
-"""Issue 41, H3 and M6 over a real client process: a coordinator's configuration below the client's
-floor, or one that picks the client's files, is refused right after Join, naming the setting, and the
-client sends nothing more (no Describe, no key, no share, no push)."""
+"""Issue 41, H3 and M6, and issue 43, over a real client process: a coordinator's configuration below the
+client's floor, one that picks the client's files, or one that disagrees with the client on whose data it
+trains on, is refused right after Join, naming the setting, and the client sends nothing more (no Describe,
+no key, no share, no push)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from procs import ROOT
 from procs import ProjectProc as Proc
 
 BASE = dict(num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1)
+OWNED = {"owned": True, "classes": ["alarm", "balance"]}
 
 
 @pytest.mark.parametrize(
@@ -47,8 +49,31 @@ BASE = dict(num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1)
             [],
             "sets backbone=bert:someone/model, a local path or hub repository",
         ),
+        # Issue 43: a coordinator that picks the folder of the clients' own data; a run and a client that
+        # disagree on whose data the client trains on
+        (
+            RunConfig(num_clients=2, dataset="textfile", settings={"data": {**OWNED, "clients_dir": "/x"}}),
+            ["--data", "/tmp/mine.csv"],
+            "sets data.clients_dir=/x: a client's data paths are its own; pass --data and --test-data",
+        ),
+        (
+            RunConfig(num_clients=2, dataset="textfile", settings={"data": OWNED}),
+            [],
+            "sets data.owned=true): pass --data PATH",
+        ),
+        (RunConfig(num_clients=2), ["--data", "/tmp/mine.csv"], "given --data, but the run's clients train on"),
     ],
-    ids=["low-threshold", "secagg-off", "few-clients", "data-dir", "train-file", "hub-backbone"],
+    ids=[
+        "low-threshold",
+        "secagg-off",
+        "few-clients",
+        "data-dir",
+        "train-file",
+        "hub-backbone",
+        "clients-dir",
+        "owned-without-data",
+        "data-in-a-shard-run",
+    ],
 )
 def test_a_client_refuses_before_sending_anything(tmp_path, config, flags, named):
     config = config.replace(run_id="floor", **BASE)

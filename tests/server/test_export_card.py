@@ -7,10 +7,11 @@ import torch
 
 from client.datasets import load_dataset
 from common.run.config import RunConfig
+from common.run.schedule import configured_classes
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import CARD_FILE, ModelCard
 from server import results
-from server.export import configured_classes, model_card
+from server.export import model_card
 from server.results import RunReporter
 
 from exports import CLASSES, own_text_config
