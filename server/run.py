@@ -33,7 +33,7 @@ from server.results import RunReporter
 from server.roster import Roster
 from server.run_state import RunMeta, State
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
-from server.steps import OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
+from server.steps import NothingToMerge, OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
 from server.store import Store
 from server.strategies import Strategy, make_strategy
 
@@ -210,27 +210,34 @@ class Run:
                 fault_point("merge.aggregated")
                 self.on_merge(step.phase.value, seconds)
 
-            entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
+            try:
+                entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
+            except NothingToMerge as empty:  # clients on their own data, none of it this task's
+                return self._end_unmerged(step, {"empty": str(empty)}, str(empty))
         self.emit(line + eta)
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         return self._advance(step)
 
-    def _end_unmerged(self, step: StepState, failed: dict) -> StepState | None:
-        """``step``'s secure aggregation gave up (``failed``: why each session failed, whom it excluded): the
-        step ends without a merge, recorded in the history. A training round keeps the last merged state;
-        any other step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised:
-        one party's failure must not stop the coordinator, its ticker or a restart of it."""
-        where = f"task {step.task} step {step.index} secure aggregation"
-        entry = record(step.task, step.round, step.phase, step.plan, clients=0) | {"secagg": failed}
+    def _end_unmerged(self, step: StepState, failed: dict, why: str | None = None) -> StepState | None:
+        """``step`` cannot merge: its secure aggregation gave up (``failed``: why each session failed, whom it
+        excluded), or (``why``, ``failed = {"empty": why}``) its updates hold no sample of the task. The step
+        ends without a merge, recorded in the history. A training round keeps the last merged state; any other
+        step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised: one party's
+        failure (or a task nobody holds data of) must not stop the coordinator, its ticker or a restart of it."""
+        where = f"task {step.task} step {step.index}"
+        if why is None:
+            where, why = f"{where} secure aggregation", f"{len(failed['failed'])} sessions failed"
+            entry = record(step.task, step.round, step.phase, step.plan, clients=0) | {"secagg": failed}
+        else:
+            entry = record(step.task, step.round, step.phase, step.plan, clients=len(step.submitted)) | failed
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
-            self.emit(f"{where}: {len(failed['failed'])} sessions failed; the round ends without a merge")
+            self.emit(f"{where}: {why}; the round ends without a merge")
             return self._advance(step)
         self.emit(
-            f"{where}: {len(failed['failed'])} sessions failed; a {step.phase.value} step's merge is needed by "
-            "the steps after it: the run ends (failed)"
+            f"{where}: {why}; a {step.phase.value} step's merge is needed by the steps after it: the run ends (failed)"
         )
         self.state = State.FAILED
         self.commit()

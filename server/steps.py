@@ -80,6 +80,10 @@ def record(task: int, round_: int, phase: Phase, plan: RoundPlan, clients: int) 
     }
 
 
+class NothingToMerge(ValueError):
+    """A step whose updates hold no sample of its task's classes: no client has data of the task."""
+
+
 def merge(
     strategy: Strategy,
     step: OpenStep,
@@ -94,7 +98,7 @@ def merge(
     assert aggregator is not None, "an evaluation merges nothing"
     if aggregator.count and not aggregator.num_samples:  # clients on their own data, none of it this task's
         lo, hi = step.plan.class_range
-        raise ValueError(
+        raise NothingToMerge(
             f"task {step.task} {step.phase.value} step: its {aggregator.count} updates hold no sample of the "
             f"task's classes [{lo}, {hi}): no client has data of this task, so there is nothing to merge"
         )

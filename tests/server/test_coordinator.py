@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -364,3 +365,23 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
     entry = coord.run.history[0]["secagg"]
     assert entry["attempt"] == 1 and entry["survivors"] == 3 and entry["samples"] == 10 + 11 + 12
     assert entry["bytes_received"]["masked"] > 0 and coord.step is not step  # the step finished
+
+
+def test_a_step_no_client_holds_data_of_ends_unmerged_and_the_coordinator_goes_on(tmp_path):
+    """Clients on their own data, none of it the task's: a training round ends without a merge (the last merged
+    state kept), the task's Gram step, whose merge the steps after it need, ends the run ``failed`` naming why;
+    the coordinator never raises out of a submit nor retries the merge forever."""
+    owned = {"data": {"owned": True, "classes": ["a", "b", "c", "d", "e", "f"]}}
+    coord = started(tmp_path, cfg={"dataset": "textfile", "settings": owned})
+    before = {layer: ab.b.clone() for layer, ab in coord.run.strategy.shared.items()}
+    for step in range(3):  # two training rounds, then the task's Gram step
+        plan = coord.pull("c0")
+        assert isinstance(plan, RoundPlan) and plan.task == 0
+        for i in range(3):
+            coord.submit(dataclasses.replace(update_for(plan, i), num_samples=0), f"k{step}-{i}")
+    entries = coord.run.history
+    assert [e["phase"] for e in entries] == ["train", "train", "task_gram"]
+    assert all("no sample of the task's classes [0, 3)" in e["empty"] for e in entries)
+    assert all(torch.equal(before[layer], ab.b) for layer, ab in coord.run.strategy.shared.items())
+    assert coord.run.state.value == "failed"
+    assert coord.pull("c0").phase == Phase.DONE  # told the run is over
