@@ -20,7 +20,7 @@ from client.images import ImageData
 from client.owned import OwnData, load_owned
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.run.config import RunConfig
-from common.run.schedule import Schedule
+from common.run.schedule import Schedule, head_classes
 from common.wire.messages import ModelSpec
 
 log = logging.getLogger("lorm.client")
@@ -203,7 +203,7 @@ def build_runtime(config: RunConfig, own: OwnData | None = None, schedule: Sched
     if config.max_length == 0:
         chosen, lengths = chosen_max_length(config, splits)
         config = dataclasses.replace(config, max_length=chosen)
-    model = build_model(config, splits.num_classes)
+    model = build_model(config, head_classes(config, splits.num_classes))  # rows past the schedule: capacity
     train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
     return ClientRuntime(config, model, train, test, resolve_device(config.device), owned=own is not None)
 

@@ -10,7 +10,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.infra.faults import after_items
 from common.infra.tls import Security
-from common.run.schedule import class_schedule
 from common.wire.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -68,13 +67,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             index = coord.join(request.client_id, wanted)
         except (Refused, ValueError) as err:
             _abort(context, err)
+        config, schedule = coord.joined()  # the tasks the operator appended included
         return pb.JoinReply(
-            run_id=coord.config.run_id,
-            config_json=coord.config.to_json(),
+            run_id=config.run_id,
+            config_json=config.to_json(),
             client_index=index,
-            num_clients=coord.config.num_clients,
+            num_clients=config.num_clients,
             wire_version=codec.WIRE_VERSION,
-            tasks=codec.schedule_to_proto(class_schedule(coord.config)),
+            tasks=codec.schedule_to_proto(schedule),
         )
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
