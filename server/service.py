@@ -165,21 +165,43 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 
 class OperatorServicer(pb_grpc.OperatorServicer):
-    """The operator's full view of the run, behind the operator's token (``server.operator``)."""
+    """The operator's full view of the run and its commands (an open run's next task, its end), behind the
+    operator's token (``server.operator``)."""
 
     def __init__(self, coordinator: Coordinator, operator: OperatorAuth | None) -> None:
         self.coordinator, self.operator = coordinator, operator
 
     def OperatorStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        self._authorize(request.run_id, context)
+        return codec.status_to_proto(self.coordinator.status(operator=True))
+
+    def _authorize(self, run_id: str, context: grpc.ServicerContext) -> None:
+        """The operator's token first, before the run is touched, even its id; then the run's id, if named."""
         if self.operator is None:
             refuse_without_operator(context)
-        self.operator.authorize(context)  # before the run is touched, even its id
-        if request.run_id:
+        self.operator.authorize(context)
+        if run_id:
             try:
-                self.coordinator.check_run_id(request.run_id)
+                self.coordinator.check_run_id(run_id)
             except Refused as err:
                 _abort(context, err)
-        return codec.status_to_proto(self.coordinator.status(operator=True))
+
+    def AddTask(self, request: pb.AddTaskRequest, context: grpc.ServicerContext) -> pb.AddTaskReply:
+        self._authorize(request.run_id, context)
+        try:
+            task = self.coordinator.add_task(list(request.classes))
+        except Refused as err:
+            _abort(context, err)
+        _, schedule = self.coordinator.joined()
+        return pb.AddTaskReply(task=task, tasks=codec.schedule_to_proto(schedule))
+
+    def Finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.Ack:
+        self._authorize(request.run_id, context)
+        try:
+            self.coordinator.finish()
+        except Refused as err:
+            _abort(context, err)
+        return pb.Ack(accepted=True)
 
 
 def create_server(
