@@ -288,13 +288,14 @@ class Run:
             self.pointer = after
         elif self.config.section(DataSettings).open and not self.closed:
             self.state, self.pointer = State.IDLE, (step.task + 1, 0)
+        else:
+            self.state = State.DONE
+        self.commit()
+        if self.state == State.IDLE:  # said once it is on disk: a restart from here resumes idle
             self.emit(
                 f"task {step.task} was the schedule's last: the run is open and waits for the operator's next task "
                 "(lorm-admin add-task) or its end (lorm-admin finish)"
             )
-        else:
-            self.state = State.DONE
-        self.commit()
         return self.open(*after) if after is not None else None
 
     # ---------------------------------------------------------------- the operator's schedule
