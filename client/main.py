@@ -21,7 +21,8 @@ from client.local import (
     local_from_args,
     refuse_coordinator_local,
 )
-from client.runtime import build_runtime
+from client.owned import OwnData
+from client.runtime import ClientRuntime, build_runtime, with_tasks
 from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
 from client.transport import Backoff, CoordinatorClient, Rejected
@@ -30,6 +31,7 @@ from common.infra.logs import add_logging_arguments, plan_name, set_context, set
 from common.infra.progress import Progress
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
 from common.run.config import RunConfig
+from common.run.schedule import same_but_schedule
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
 from common.wire.tensors import WireError
 
@@ -53,6 +55,25 @@ def _record(
 
 def push_as(client: CoordinatorClient, key: str, update: ClientUpdate) -> bool:
     return client.push(update, key)
+
+
+def refreshed(
+    client: CoordinatorClient, runtime: ClientRuntime, joined: RunConfig, index: int, own: OwnData | None
+) -> ClientRuntime:
+    """``runtime`` with the run's schedule as it now stands, learnt by joining again (the same slot): the same
+    model, this client's own data read against the longer schedule. ``LocalSettingError`` when the coordinator
+    now states another run than the one joined (anything but its schedule changed), or no own data."""
+    config, again = client.join(index)
+    if again != index or not same_but_schedule(config, joined):
+        raise LocalSettingError(
+            f"joined again for the run's next tasks, the coordinator sent index {again} (this client's is {index}) "
+            "or another configuration than the run's besides its schedule"
+        )
+    if own is None or client.schedule is None:
+        raise LocalSettingError("the run's schedule grew, but this client has no own data (--data) to match it")
+    log = logging.getLogger("lorm.client")
+    log.info("the run's schedule now has %d tasks: %s", len(client.schedule), client.schedule[-1])
+    return with_tasks(runtime, client.schedule, own)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing the run: the coordinator's configuration is invalid: %s", err)
         client.close()
         return 3
+    joined = config  # as the coordinator sent it: a later Join must send the same run, its schedule aside
     set_context(run=config.run_id)
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
     # Checked before this client sends anything more: what it accepts is its own decision, not the coordinator's.
@@ -172,16 +194,28 @@ def main(argv: list[str] | None = None) -> int:
     secure = accepted.enabled
     skipped: tuple | None = None  # a secure session (step, attempt) that went on without this client (it lost its keys)
     kept: tuple | None = None  # (step, result) of a secure step: kept, not recomputed, if its session restarts
+    waits = 0  # Wait answers in a row: a long idle is polled ever more slowly, up to a bound
     while True:
         answer = client.pull()
         if isinstance(answer, Wait):
-            time.sleep(answer.retry_after_s)
+            waits += 1
+            time.sleep(client.backoff.wait_s(answer.retry_after_s, waits))
             continue
+        waits = 0
         plan = answer
         if plan.phase == Phase.DONE:
             log.info("run %s is over", config.run_id)
             client.close()
             return 0
+        if plan.task >= len(worker.tasks):  # the operator appended tasks since this client joined
+            try:
+                runtime = refreshed(client, runtime, joined, index, local.own())
+            except (DatasetError, FileNotFoundError, LocalSettingError) as err:
+                log.error("refusing the run's longer schedule: %s", err)
+                client.close()
+                return 3
+            worker = runtime.worker(index, args.client_id)
+            worker.on_batch = progress.batch
         step = (plan.task, plan.round, plan.phase)
         if (*step, plan.secure_attempt) == skipped:
             time.sleep(1.0)

@@ -20,7 +20,7 @@ from client.images import ImageData
 from client.owned import OwnData, load_owned
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.run.config import RunConfig
-from common.run.schedule import Schedule
+from common.run.schedule import Schedule, head_classes, with_schedule
 from common.wire.messages import ModelSpec
 
 log = logging.getLogger("lorm.client")
@@ -203,9 +203,18 @@ def build_runtime(config: RunConfig, own: OwnData | None = None, schedule: Sched
     if config.max_length == 0:
         chosen, lengths = chosen_max_length(config, splits)
         config = dataclasses.replace(config, max_length=chosen)
-    model = build_model(config, splits.num_classes)
+    model = build_model(config, head_classes(config, splits.num_classes))  # rows past the schedule: capacity
     train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
     return ClientRuntime(config, model, train, test, resolve_device(config.device), owned=own is not None)
+
+
+def with_tasks(runtime: ClientRuntime, schedule: Schedule, own: OwnData) -> ClientRuntime:
+    """``runtime`` once the run's schedule grew (the operator appended tasks): the same model (its head has
+    the rows, ``data.max_classes``), the configuration cutting ``schedule``, and this client's own data read
+    again against it: the classes scheduled before keep their ids, a label now scheduled trains in its task."""
+    config = with_schedule(runtime.config, schedule)
+    train, test = sample_data(load_owned(config, schedule, own), runtime.model, config.max_length)
+    return dataclasses.replace(runtime, config=config, train=train, test=test)
 
 
 def needed_schedule(schedule: Schedule | None) -> Schedule:

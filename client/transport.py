@@ -36,6 +36,7 @@ RETRYABLE = {
 # The coordinator is busy (this client's calls in progress, or all of them, are at their bound):
 # retry, but not sooner than this, so that a refused client does not hammer it.
 BUSY_RETRY_S = 2.0
+LONG_WAIT_S = 1.0  # a Wait's hint from which the client backs off, waiting longer each time (Backoff.wait_s)
 
 
 @dataclass
@@ -44,6 +45,15 @@ class Backoff:
     max_s: float = 10.0  # cap on one delay
     factor: float = 2.0
     give_up_s: float = 600.0  # total time one call keeps retrying before it fails
+
+    def wait_s(self, retry_after_s: float, waits: int) -> float:
+        """Seconds to wait before pulling again after ``waits`` Wait answers in a row, the last hinting
+        ``retry_after_s``. A hint under :data:`LONG_WAIT_S` (a step's peers, its deadline) is taken as it is:
+        the client should see the step's end at once. A longer one (an open run idle between tasks) grows by
+        ``factor`` each time, up to ``max_s``: a long idle is polled every ``max_s`` seconds, not spun on."""
+        if retry_after_s < LONG_WAIT_S:
+            return max(retry_after_s, 0.0)
+        return max(retry_after_s, min(retry_after_s * self.factor ** min(waits - 1, 32), self.max_s))
 
     def delays(self) -> Iterator[float]:
         delay = self.initial_s

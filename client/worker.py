@@ -22,7 +22,8 @@ from client.methods import client_method
 from client.methods.base import Samples, set_view
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.run.config import RunConfig
-from common.run.partition import client_test_indices, dirichlet_partition, task_ranges
+from common.run.partition import client_test_indices, dirichlet_partition
+from common.run.schedule import run_tasks
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 
 
@@ -92,7 +93,7 @@ class ClientWorker:
         self.config, self.index, self.client_id = config, client_index, client_id
         self.model, self.train, self.test, self.device = model, train, test, device
         num_classes = model.head.out_features
-        self.tasks = task_ranges(num_classes, config.num_tasks, config.task_sizes)
+        self.tasks = run_tasks(config, num_classes)
         labels = train.labels.numpy()
         if owned:  # task t's shard: every sample of its classes this client holds (maybe none)
             shards = [np.flatnonzero((labels >= lo) & (labels < hi)) for lo, hi in self.tasks]

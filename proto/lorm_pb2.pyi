@@ -275,6 +275,28 @@ class RunStatus(_message.Message):
     metrics_json: str
     def __init__(self, run_id: _Optional[str] = ..., state: _Optional[str] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., clients_joined: _Optional[int] = ..., clients_done: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
 
+class AddTaskRequest(_message.Message):
+    __slots__ = ("run_id", "classes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., classes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AddTaskReply(_message.Message):
+    __slots__ = ("task", "tasks")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    task: int
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskClasses]
+    def __init__(self, task: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskClasses, _Mapping]]] = ...) -> None: ...
+
+class FinishRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
 class SecAggKeys(_message.Message):
     __slots__ = ("index", "cipher_public", "mask_public", "commitment", "certificate", "signature")
     INDEX_FIELD_NUMBER: _ClassVar[int]

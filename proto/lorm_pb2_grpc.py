@@ -385,6 +385,16 @@ class OperatorStub:
                 request_serializer=proto_dot_lorm__pb2.StatusRequest.SerializeToString,
                 response_deserializer=proto_dot_lorm__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.AddTask = channel.unary_unary(
+                '/lorm.v1.Operator/AddTask',
+                request_serializer=proto_dot_lorm__pb2.AddTaskRequest.SerializeToString,
+                response_deserializer=proto_dot_lorm__pb2.AddTaskReply.FromString,
+                _registered_method=True)
+        self.Finish = channel.unary_unary(
+                '/lorm.v1.Operator/Finish',
+                request_serializer=proto_dot_lorm__pb2.FinishRequest.SerializeToString,
+                response_deserializer=proto_dot_lorm__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -400,6 +410,21 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTask(self, request, context):
+        """Append a task to an open run's schedule (lorm-server --open): committed before the reply; an idle run
+        starts it. INVALID_ARGUMENT for a task of bad names, FAILED_PRECONDITION for a run that cannot take it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Finish(self, request, context):
+        """End an open run: at once when it idles past its last task, else after its last scheduled task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -407,6 +432,16 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.OperatorStatus,
                     request_deserializer=proto_dot_lorm__pb2.StatusRequest.FromString,
                     response_serializer=proto_dot_lorm__pb2.RunStatus.SerializeToString,
+            ),
+            'AddTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTask,
+                    request_deserializer=proto_dot_lorm__pb2.AddTaskRequest.FromString,
+                    response_serializer=proto_dot_lorm__pb2.AddTaskReply.SerializeToString,
+            ),
+            'Finish': grpc.unary_unary_rpc_method_handler(
+                    servicer.Finish,
+                    request_deserializer=proto_dot_lorm__pb2.FinishRequest.FromString,
+                    response_serializer=proto_dot_lorm__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -440,6 +475,60 @@ class Operator:
             '/lorm.v1.Operator/OperatorStatus',
             proto_dot_lorm__pb2.StatusRequest.SerializeToString,
             proto_dot_lorm__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lorm.v1.Operator/AddTask',
+            proto_dot_lorm__pb2.AddTaskRequest.SerializeToString,
+            proto_dot_lorm__pb2.AddTaskReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Finish(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lorm.v1.Operator/Finish',
+            proto_dot_lorm__pb2.FinishRequest.SerializeToString,
+            proto_dot_lorm__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

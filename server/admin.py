@@ -6,7 +6,13 @@ the run's full status as JSON: its progress, the accuracy matrix and the last fi
 ``Status`` does not hold. The coordinator must have been started with ``--operator-token-file``
 (the token's SHA-256); this command reads the token itself.
 
-Exit codes: 0 the status was printed, 2 the call failed (its status code and details on stderr).
+``lorm-admin add-task --classes a,b,c`` appends a task to an open run's schedule (``lorm-server --open``;
+``Operator/AddTask``) and prints the schedule as it now stands; an idle run starts the task at once.
+``lorm-admin finish`` ends an open run (``Operator/Finish``): at once when it idles, else after its last
+scheduled task.
+
+Exit codes: 0 done (the status or the schedule printed), 2 the call failed (its status code and details on
+stderr).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from common.infra.tls import Security, SecurityError
+from common.run.schedule import parse_task
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -31,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lorm-admin", description="The operator's commands to a LoRM coordinator.")
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="print the run's full status (the operator's view) as JSON")
+    _connection_arguments(status)
+    add = commands.add_parser("add-task", help="append a task to an open run's schedule; print the schedule")
+    add.add_argument("--classes", required=True, metavar="A,B,C", help="the task's class names, separated by commas")
+    _connection_arguments(add)
+    finish = commands.add_parser("finish", help="end an open run (at once when idle, else after its last task)")
+    _connection_arguments(finish)
+    return parser
+
+
+def _connection_arguments(status: argparse.ArgumentParser) -> None:
+    """Where the coordinator is, the operator's token and the connection's security: every command's."""
     status.add_argument(
         "--target",
         default=os.environ.get("LORM_SERVER", "127.0.0.1:50051"),
@@ -50,7 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls-key", default=os.environ.get("LORM_TLS_KEY", ""), metavar="FILE", help="its key (PEM)")
     g.add_argument("--tls-server-name", default="", metavar="NAME", help="name in the coordinator's certificate")
     g.add_argument("--insecure", action="store_true", help="plaintext (the token travels unencrypted)")
-    return parser
 
 
 def _security(args: argparse.Namespace) -> Security:
@@ -73,22 +90,32 @@ def _token(path: str) -> str:
     return token
 
 
-def status(args: argparse.Namespace) -> tuple[int, str]:
-    """(exit code, the status as JSON or what went wrong) for one OperatorStatus call."""
+def call(args: argparse.Namespace) -> tuple[int, str]:
+    """(exit code, what to print) for one operator command: the status as JSON, or the schedule after
+    add-task, or what went wrong."""
+    what = f"lorm-admin {args.command}"
     if not args.operator_token_file:
-        return 2, f"lorm-admin status: give --operator-token-file FILE (or ${ENV_TOKEN}): the operator's token"
+        return 2, f"{what}: give --operator-token-file FILE (or ${ENV_TOKEN}): the operator's token"
     try:
         security = _security(args)
         token = _token(args.operator_token_file)
-    except (SecurityError, OSError) as err:
-        return 2, f"lorm-admin status: {err}"
+        classes = parse_task(args.classes, "--classes") if args.command == "add-task" else []
+    except (SecurityError, OSError, ValueError) as err:
+        return 2, f"{what}: {err}"
+    metadata = (("authorization", f"Bearer {token}"),)
     with security.channel(args.target, []) as channel:
+        stub = pb_grpc.OperatorStub(channel)
         try:
-            reply = pb_grpc.OperatorStub(channel).OperatorStatus(
-                pb.StatusRequest(run_id=args.run_id),
-                timeout=args.timeout,
-                metadata=(("authorization", f"Bearer {token}"),),
-            )
+            if args.command == "add-task":
+                added = stub.AddTask(
+                    pb.AddTaskRequest(run_id=args.run_id, classes=classes), timeout=args.timeout, metadata=metadata
+                )
+                schedule = codec.schedule_from_proto(added.tasks)
+                return 0, json.dumps({"task": added.task, "schedule": schedule}, indent=2)
+            if args.command == "finish":
+                stub.Finish(pb.FinishRequest(run_id=args.run_id), timeout=args.timeout, metadata=metadata)
+                return 0, "the run ends: at once if it was idle, else after its last scheduled task"
+            reply = stub.OperatorStatus(pb.StatusRequest(run_id=args.run_id), timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as err:
             return 2, f"{args.target}: {err.code().name} ({err.details()})"
     return 0, json.dumps(codec.status_from_proto(reply), indent=2)
@@ -96,7 +123,7 @@ def status(args: argparse.Namespace) -> tuple[int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code, text = status(args)
+    code, text = call(args)
     print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code
 

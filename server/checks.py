@@ -28,6 +28,8 @@ class Options:
     quorum: int = 0  # minimum submissions to close a step at its deadline (0 -> all clients)
     round_deadline_s: float = 0.0  # seconds a step waits for all clients (0 -> forever)
     retry_after_s: float = 0.2  # what a waiting client is told
+    idle_retry_s: float = 2.0  # what a client is told while an open run waits for the operator's next task
+    start_with: int = 0  # clients joined that start the run; the others may join at any later step (0 -> all)
     results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
     max_push_bytes: int = DEFAULT_MAX_TOTAL_BYTES  # cap on the tensor bytes one push may declare, any step
     max_num_samples: int = 100_000_000  # cap on one client's samples per task and on eval totals per task

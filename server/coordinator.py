@@ -28,6 +28,7 @@ from common.aggregation.validate import UpdateRejected, check_declared
 from common.infra.faults import fault_point
 from common.run.config import RunConfig
 from common.run.partition import describe_tasks
+from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 from server.checks import Options, Refused, check_counts, check_run_id, check_same_spec, check_step, sample_bounds
@@ -168,10 +169,26 @@ class Coordinator:
                 run.admit_model(spec, "model_spec_json")
             else:
                 check_same_spec(run.spec, spec, client_id)
-            if run.state == State.WAITING and run.strategy is not None and run.roster.full:
+            if run.state == State.WAITING and run.strategy is not None and self._enough_joined():
                 self.step = run.start()
-                self.emit(f"all {self.config.num_clients} clients joined: task 0 starts")
+                joined = len(run.roster.clients)
+                self.emit(
+                    f"all {joined} clients joined: task 0 starts"
+                    if run.roster.full
+                    else f"{joined} of {self.config.num_clients} clients joined (--start-with): task 0 starts; "
+                    "the others may join at any step"
+                )
                 self.emit(describe_tasks(run.strategy.tasks, chosen=self.config.num_tasks == 0))
+
+    def _enough_joined(self) -> bool:
+        wanted = self.options.start_with or self.config.num_clients
+        return self.run.roster.full or len(self.run.roster.clients) >= wanted
+
+    def joined(self) -> tuple[RunConfig, Schedule | None]:
+        """What a Join reply carries of the run: its configuration and schedule as they stand, the tasks the
+        operator appended included."""
+        with self.lock:
+            return self.run.live_config, self.run.current_schedule()
 
     def check_run_id(self, run_id: str) -> None:
         check_run_id(self.config, run_id)
@@ -193,6 +210,9 @@ class Coordinator:
                 )
             if run.state == State.WAITING:
                 return Wait(self.options.retry_after_s, f"{len(run.roster.clients)}/{run.roster.size} clients joined")
+            if run.state == State.IDLE:
+                why = f"task {run.pointer[0]} is not scheduled yet: the run waits for the operator's next task"
+                return Wait(self.options.idle_retry_s, why)
             step = self.step
             assert step is not None
             if index in step.submitted:
@@ -332,6 +352,23 @@ class Coordinator:
             step.reports[report.client_index] = report
             self._maybe_finish()
             return True
+
+    def add_task(self, classes: list[str]) -> int:
+        """The operator appends a task of ``classes`` to the open run's schedule (``Run.add_task``, committed
+        before it is answered); an idle run opens its first step. Returns the task's number."""
+        with self.lock:
+            opened = self.run.add_task(classes, keep=self.step.key if self.step else None)
+            if opened is not None:
+                self.step = opened
+            schedule = self.run.current_schedule()
+            assert schedule is not None
+            return len(schedule) - 1
+
+    def finish(self) -> None:
+        """The operator ends the open run: at once when it is idle, else after its last scheduled task."""
+        with self.lock:
+            self.run.finish(keep=self.step.key if self.step else None)
+            self._if_over()
 
     def all_clients_released(self) -> bool:
         with self.lock:

@@ -17,6 +17,7 @@ from common.infra.logs import add_logging_arguments, set_context, setup_logging
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
 from common.run.config import CLIENT_LOCAL, add_config_arguments, client_local_values, config_from_args
 from common.run.metrics import format_summary
+from common.run.schedule import add_schedule_arguments, schedule_from_args
 from common.wire.messages import ModelSpec
 from server.admission import Limits
 from server.checks import Options, Refused
@@ -29,6 +30,7 @@ from server.telemetry import CoordinatorMetrics, coordinator_status
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lorm-server", description="Run the LoRM coordinator (gRPC).")
     add_config_arguments(parser)
+    add_schedule_arguments(parser)
     parser.add_argument("--state-dir", required=True, help="where the run's state is kept (resumed if present)")
     parser.add_argument(
         "--results-dir", default="", help="adapter, head and metrics at the end (default <state>/results)"
@@ -39,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quorum", type=int, default=0, help="submissions that close a step at its deadline (0: all)")
     parser.add_argument(
         "--round-deadline", type=float, default=0.0, help="seconds a step waits for all clients (0: forever)"
+    )
+    parser.add_argument(
+        "--start-with",
+        type=int,
+        default=0,
+        metavar="K",
+        help="start the run once K clients have joined; the others may join at any later step, and a step "
+        "without them closes at --round-deadline with --quorum (0: all num_clients)",
     )
     parser.add_argument(
         "--linger",
@@ -116,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_format)
     log = logging.getLogger("lorm.server")
     security.announce(log, "server")
-    config = config_from_args(args)
+    try:
+        config = schedule_from_args(args, config_from_args(args))
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
     for key, value in client_local_values(config).items():
         # Every client refuses a configuration that picks its files (client/local.py): say so before serving.
         parser.error(
@@ -145,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             fixed.num_classes,
         )
     options = Options(
-        quorum=args.quorum, round_deadline_s=args.round_deadline, results_dir=args.results_dir, model_spec=fixed
+        quorum=args.quorum,
+        round_deadline_s=args.round_deadline,
+        results_dir=args.results_dir,
+        model_spec=fixed,
+        start_with=args.start_with,
     )
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
 

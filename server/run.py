@@ -14,6 +14,7 @@ Run is not thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -25,7 +26,16 @@ from common.infra.faults import fault_point
 from common.infra.progress import Progress, kind_of
 from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
-from common.run.settings import RobustSettings, SecAggSettings
+from common.run.schedule import (
+    MAX_NAME,
+    MAX_TASK,
+    Schedule,
+    class_schedule,
+    head_classes,
+    scheduled_classes,
+    with_schedule,
+)
+from common.run.settings import DataSettings, RobustSettings, SecAggSettings
 from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from server.checks import Options, Refused, admit_spec
@@ -33,7 +43,18 @@ from server.results import RunReporter
 from server.roster import Roster
 from server.run_state import RunMeta, State
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
-from server.steps import NothingToMerge, OpenStep, StepState, evaluate, fold_policy, following, merge, open_step, record
+from server.steps import (
+    NothingToMerge,
+    OpenStep,
+    StepState,
+    evaluate,
+    fold_policy,
+    following,
+    merge,
+    open_step,
+    record,
+)
+from server.steps import schedule as task_steps
 from server.store import Store
 from server.strategies import Strategy, make_strategy
 
@@ -67,6 +88,8 @@ class Run:
         self.clock = time.perf_counter()  # this process's start: seconds run, for the meta
         self.seconds_before = 0.0  # what the run's earlier processes ran
         self.resumes = 0
+        self.schedule: Schedule | None = None  # the tasks by class name once the operator appended any
+        self.closed = False  # the operator finished this open run: it ends after its last task
         self.progress: Progress | None = None
         self.reporter = RunReporter(options.results_dir or store.root / "results")
 
@@ -84,7 +107,19 @@ class Run:
             started=self.started,
             seconds=self.seconds_before + time.perf_counter() - self.clock,
             resumes=self.resumes,
+            schedule=self.schedule,
+            closed=self.closed,
         )
+
+    @property
+    def live_config(self) -> RunConfig:
+        """The configuration the run goes by: its own, with the tasks the operator appended
+        (``common.run.schedule.with_schedule``); what a client is sent at Join."""
+        return self.config if self.schedule is None else with_schedule(self.config, self.schedule)
+
+    def current_schedule(self) -> Schedule | None:
+        """The run's tasks by class name (``None``: the configuration names no classes)."""
+        return self.schedule if self.schedule is not None else class_schedule(self.config)
 
     def commit(self, keep: str | None = None) -> None:
         """Commit the run as it stands; the staged submissions of any step but ``keep`` (the open one's key)
@@ -118,9 +153,10 @@ class Run:
         self.matrix, self.history = meta.matrix, meta.history
         self.started = meta.started if meta.started is not None else self.started
         self.seconds_before, self.resumes = meta.seconds, meta.resumes + 1
+        self.schedule, self.closed = meta.schedule, meta.closed
         self.reporter.replay(self.history)
         if self.spec is not None:
-            self.strategy = make_strategy(self.config, self.spec)
+            self.strategy = make_strategy(self.live_config, self.spec)
             self.strategy.load_state_tensors(tensors)
         return self.open(*self.pointer) if self.state == State.RUNNING else None
 
@@ -132,8 +168,8 @@ class Run:
         admit_spec(spec, self.config, self.options, what)
         try:
             if self.secagg.enabled:  # a method whose merge needs individual updates refuses here
-                require_secure(self.config, make_strategy(self.config, spec))
-            strategy = make_strategy(self.config, spec)
+                require_secure(self.config, make_strategy(self.live_config, spec))
+            strategy = make_strategy(self.live_config, spec)
         except (ValueError, RuntimeError) as err:
             raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
         self.spec, self.strategy = spec, strategy
@@ -248,12 +284,98 @@ class Run:
         one the run is ``DONE``."""
         assert self.strategy is not None
         after = following(self.strategy, self.config.rounds_per_task, step.task, step.index)
-        if after is None:
-            self.state = State.DONE
-        else:
+        if after is not None:
             self.pointer = after
+        elif self.config.section(DataSettings).open and not self.closed:
+            self.state, self.pointer = State.IDLE, (step.task + 1, 0)
+        else:
+            self.state = State.DONE
         self.commit()
+        if self.state == State.IDLE:  # said once it is on disk: a restart from here resumes idle
+            self.emit(
+                f"task {step.task} was the schedule's last: the run is open and waits for the operator's next task "
+                "(lorm-admin add-task) or its end (lorm-admin finish)"
+            )
         return self.open(*after) if after is not None else None
+
+    # ---------------------------------------------------------------- the operator's schedule
+
+    def add_task(self, classes: list[str], keep: str | None) -> StepState | None:
+        """Append a task of ``classes`` to an open run's schedule and commit (``keep``: the open step's key, whose
+        staged submissions stay). Returns its first step, opened, when the run was idle, else ``None`` (the run
+        reaches the task after those before it). ``Refused`` with nothing changed for a task the run cannot take."""
+        self._check_task(classes)
+        schedule = self.current_schedule()
+        assert schedule is not None  # an owned-data run names its classes (RunConfig's check)
+        self.schedule = [*schedule, list(classes)]
+        if self.strategy is not None:
+            self.strategy.extend(self.live_config)
+        self.progress = None  # the run's steps changed: counted again when the next step opens
+        task = len(self.schedule) - 1
+        self.emit(f"the operator appended task {task}: {', '.join(classes)}")
+        if self.state != State.IDLE:
+            self.commit(keep=keep)
+            return None
+        self.state, self.pointer = State.RUNNING, (task, 0)
+        self.commit()  # at (task, 0), the task not begun: opening the step begins it
+        return self.open(task, 0)
+
+    def _check_task(self, classes: list[str]) -> None:
+        """``Refused`` unless the run is open and not over, and ``classes`` a task it can learn: 1 to
+        :data:`MAX_TASK` names of 1 to :data:`MAX_NAME` characters, none twice nor already scheduled, within
+        the head's rows (``data.max_classes``)."""
+        if not self.config.section(DataSettings).open:
+            raise Refused(
+                "FAILED_PRECONDITION",
+                "this run's schedule is closed: a coordinator started with --open (data.open=true) takes more tasks",
+            )
+        if self.state in (State.DONE, State.FAILED) or self.closed:
+            why = "the operator finished it" if self.closed and self.state != State.FAILED else "it is over"
+            raise Refused("FAILED_PRECONDITION", f"no task can be added to run {self.config.run_id}: {why}")
+        if not 1 <= len(classes) <= MAX_TASK:
+            raise Refused("INVALID_ARGUMENT", f"a task has 1 to {MAX_TASK} classes, got {len(classes)}")
+        bad = [name for name in classes if not name or len(name) > MAX_NAME or name != name.strip() or "," in name]
+        if bad:
+            raise Refused(
+                "INVALID_ARGUMENT",
+                f"class names are 1 to {MAX_NAME} characters, without a comma or surrounding spaces; "
+                f"got {bad[:3]!r:.200}",
+            )
+        repeated = sorted({name for name in classes if classes.count(name) > 1})
+        if repeated:
+            raise Refused("INVALID_ARGUMENT", f"the task names a class twice: {repeated[:5]!r:.200}")
+        schedule = self.current_schedule() or []
+        taken = {name: t for t, task in enumerate(schedule) for name in task}
+        again = [f"{name!r} (task {taken[name]})" for name in classes if name in taken]
+        if again:
+            raise Refused("INVALID_ARGUMENT", f"already scheduled: {', '.join(again[:5]):.300}")
+        scheduled = len(scheduled_classes(schedule))
+        rows = self.spec.num_classes if self.spec is not None else head_classes(self.config, scheduled)
+        if scheduled + len(classes) > rows:
+            raise Refused(
+                "FAILED_PRECONDITION",
+                f"the model's head has {rows} rows (data.max_classes={self.config.section(DataSettings).max_classes}, "
+                f"fixed when the clients built it) and {scheduled} classes are scheduled: a task of {len(classes)} "
+                "more does not fit; start a run with a larger data.max_classes",
+            )
+
+    def finish(self, keep: str | None) -> None:
+        """The operator ends an open run: at once when it is idle (``DONE``), else after its last scheduled task.
+        ``Refused`` for a closed schedule or a run already over."""
+        if not self.config.section(DataSettings).open:
+            raise Refused("FAILED_PRECONDITION", "this run's schedule is closed: it ends after its last task anyway")
+        if self.state in (State.DONE, State.FAILED):
+            raise Refused("FAILED_PRECONDITION", f"run {self.config.run_id} is over ({self.state.value})")
+        self.closed = True
+        if self.state == State.IDLE:
+            assert self.strategy is not None  # idle: its tasks ran
+            last = self.pointer[0] - 1  # the step the run ended at: its last task's evaluation
+            steps = task_steps(self.strategy, last, self.config.rounds_per_task)
+            self.state, self.pointer = State.DONE, (last, len(steps) - 1)
+            self.emit("the operator finished the run")
+        else:
+            self.emit("the operator finished the run: it ends after its last scheduled task")
+        self.commit(keep=keep)
 
     # ---------------------------------------------------------------- the end
 
@@ -261,12 +383,15 @@ class Run:
         """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
         short writes it again."""
         assert self.strategy is not None and self.spec is not None
+        # A head of more rows than the schedule's classes (data.max_classes) is exported as the schedule's:
+        # the rows past them are in no task, never trained.
+        rows = self.strategy.tasks[-1][1]
         out = self.reporter.finish(
-            self.config,
-            self.spec,
+            self.live_config,
+            dataclasses.replace(self.spec, num_classes=rows),
             self.strategy.adapter(),
-            self.strategy.head_w,
-            self.strategy.head_b,
+            self.strategy.head_w[:rows],
+            self.strategy.head_b[:rows],
             self.summary(),
             self.strategy.dense_delta(),
             self.strategy.exports(),

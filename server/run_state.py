@@ -30,12 +30,13 @@ from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
 from common.wire.messages import ModelSpec
 
-SCHEMA = 1  # meta.json's "schema"; absent: one of the two unversioned forms above
+SCHEMA = 2  # meta.json's "schema" (2 added the schedule and closed; 1 is read too); absent: the unversioned forms above
 
 
 class State(str, Enum):
     WAITING = "waiting_for_clients"  # the coordinator's clients have not all joined and described their model
     RUNNING = "running"
+    IDLE = "idle"  # an open run (data.open) past its last scheduled task: it waits for the operator's next task
     DONE = "done"
     FAILED = "failed"  # a step could not be completed (secure aggregation failed past its attempts): the run ends
 
@@ -54,6 +55,9 @@ class RunMeta:
     started: float | None = None  # time.time() when the run began (None: not recorded, an unversioned engine meta)
     seconds: float = 0.0  # time the drivers ran it, summed over the resumed parts (not the time between them)
     resumes: int = 0  # how often the run went on from a state directory
+    schedule: list[list[str]] | None = None  # the run's tasks by class name when the operator appended any
+    #                                          (None: the configuration's, common.run.schedule.class_schedule)
+    closed: bool = False  # an open run the operator finished (lorm-admin finish): it ends after its last task
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +72,8 @@ class RunMeta:
             "started": self.started,
             "seconds": self.seconds,
             "resumes": self.resumes,
+            "schedule": self.schedule,
+            "closed": self.closed,
         }
 
     @classmethod
@@ -77,9 +83,9 @@ class RunMeta:
         schema = raw.get("schema")
         if schema is None:
             raw = _unversioned(raw)
-        elif schema != SCHEMA:
+        elif schema not in (1, SCHEMA):
             raise ValueError(
-                f"meta.json has schema {schema!r}; this version reads schema {SCHEMA} and the unversioned "
+                f"meta.json has schema {schema!r}; this version reads schemas 1 to {SCHEMA} and the unversioned "
                 "coordinator and engine metas before it: use the version that wrote it, or a fresh state directory"
             )
         return cls(
@@ -93,6 +99,8 @@ class RunMeta:
             started=raw["started"],
             seconds=float(raw["seconds"]),
             resumes=int(raw["resumes"]),
+            schedule=[[str(name) for name in task] for task in raw["schedule"]] if raw.get("schedule") else None,
+            closed=bool(raw.get("closed", False)),
         )
 
 

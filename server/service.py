@@ -10,7 +10,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.infra.faults import after_items
 from common.infra.tls import Security
-from common.run.schedule import class_schedule
 from common.wire.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -68,13 +67,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             index = coord.join(request.client_id, wanted)
         except (Refused, ValueError) as err:
             _abort(context, err)
+        config, schedule = coord.joined()  # the tasks the operator appended included
         return pb.JoinReply(
-            run_id=coord.config.run_id,
-            config_json=coord.config.to_json(),
+            run_id=config.run_id,
+            config_json=config.to_json(),
             client_index=index,
-            num_clients=coord.config.num_clients,
+            num_clients=config.num_clients,
             wire_version=codec.WIRE_VERSION,
-            tasks=codec.schedule_to_proto(class_schedule(coord.config)),
+            tasks=codec.schedule_to_proto(schedule),
         )
 
     def Describe(self, request: pb.ModelDescription, context: grpc.ServicerContext) -> pb.Ack:
@@ -165,21 +165,43 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 
 class OperatorServicer(pb_grpc.OperatorServicer):
-    """The operator's full view of the run, behind the operator's token (``server.operator``)."""
+    """The operator's full view of the run and its commands (an open run's next task, its end), behind the
+    operator's token (``server.operator``)."""
 
     def __init__(self, coordinator: Coordinator, operator: OperatorAuth | None) -> None:
         self.coordinator, self.operator = coordinator, operator
 
     def OperatorStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        self._authorize(request.run_id, context)
+        return codec.status_to_proto(self.coordinator.status(operator=True))
+
+    def _authorize(self, run_id: str, context: grpc.ServicerContext) -> None:
+        """The operator's token first, before the run is touched, even its id; then the run's id, if named."""
         if self.operator is None:
             refuse_without_operator(context)
-        self.operator.authorize(context)  # before the run is touched, even its id
-        if request.run_id:
+        self.operator.authorize(context)
+        if run_id:
             try:
-                self.coordinator.check_run_id(request.run_id)
+                self.coordinator.check_run_id(run_id)
             except Refused as err:
                 _abort(context, err)
-        return codec.status_to_proto(self.coordinator.status(operator=True))
+
+    def AddTask(self, request: pb.AddTaskRequest, context: grpc.ServicerContext) -> pb.AddTaskReply:
+        self._authorize(request.run_id, context)
+        try:
+            task = self.coordinator.add_task(list(request.classes))
+        except Refused as err:
+            _abort(context, err)
+        _, schedule = self.coordinator.joined()
+        return pb.AddTaskReply(task=task, tasks=codec.schedule_to_proto(schedule))
+
+    def Finish(self, request: pb.FinishRequest, context: grpc.ServicerContext) -> pb.Ack:
+        self._authorize(request.run_id, context)
+        try:
+            self.coordinator.finish()
+        except Refused as err:
+            _abort(context, err)
+        return pb.Ack(accepted=True)
 
 
 def create_server(

@@ -212,6 +212,13 @@ class RunConfig:
                 f"classes in task order: data.classes, with dataset one of {list(CLASSES_FROM_SETTING)} "
                 f"(got dataset {self.dataset!r}, {len(data.classes)} classes)"
             ]
+        if (data.open or data.max_classes) and not data.owned:
+            return ["data.open and data.max_classes are settings of a run on the clients' own data: set data.owned"]
+        if data.max_classes and data.max_classes < len(data.classes):
+            return [
+                f"data.max_classes={data.max_classes} is the head's rows, fewer than the {len(data.classes)} classes "
+                "of data.classes: raise it, or 0 for exactly those classes"
+            ]
         return []
 
     def section(self, cls: type[S]) -> S:

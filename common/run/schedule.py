@@ -10,7 +10,11 @@ a task appended is one more list.
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 from common.run.config import CLASSES_FROM_SETTING, RunConfig
 from common.run.partition import task_ranges
@@ -20,6 +24,7 @@ Schedule = list[list[str]]  # schedule[t]: task t's class names, in head order
 
 MAX_CLASSES = 100_000  # a schedule longer than this is refused on receipt (the head would not fit anyway)
 MAX_NAME = 1_000  # characters of one class name
+MAX_TASK = 10_000  # classes of one task appended while the run lives (lorm-admin add-task)
 
 
 def configured_classes(config: RunConfig) -> list[str] | None:
@@ -72,3 +77,122 @@ def check_schedule(schedule: Schedule, where: str) -> None:
     repeated = sorted(name for name, count in Counter(names).items() if count > 1)
     if repeated:
         raise ValueError(f"{where}: class names must be unique, repeated: {repeated[:5]}")
+
+
+def head_classes(config: RunConfig, scheduled: int) -> int:
+    """Rows of the model's head for a run of ``scheduled`` classes: ``data.max_classes`` when the clients own
+    their data and it is set (the capacity of a schedule that grows while the run lives; the rows past the
+    scheduled classes are in no task, so no loss or prediction reads them), else ``scheduled``."""
+    data = config.section(DataSettings)
+    return max(data.max_classes, scheduled) if data.owned else scheduled
+
+
+def run_tasks(config: RunConfig, head: int) -> list[tuple[int, int]]:
+    """The run's tasks as ``[lo, hi)`` class-id ranges, for a head of ``head`` rows: of the configured classes
+    when the clients own their data (the head may hold more rows: :func:`head_classes`), else of every row."""
+    names = configured_classes(config) if config.section(DataSettings).owned else None
+    return task_ranges(len(names) if names is not None else head, config.num_tasks, config.task_sizes)
+
+
+def with_schedule(config: RunConfig, schedule: Schedule) -> RunConfig:
+    """``config`` whose classes and tasks are ``schedule``'s (``data.classes`` in head order, ``task_sizes``
+    and ``num_tasks`` its cut): what a coordinator whose operator appended tasks sends at Join, so that
+    every party cuts the same ranges (:func:`run_tasks`, ``client.owned.check_tasks``). The configuration
+    itself when it cuts ``schedule`` already."""
+    if class_schedule(config) == schedule:
+        return config
+    settings = {name: dict(values) for name, values in config.settings.items()}
+    settings["data"] = {**settings.get("data", {}), "classes": scheduled_classes(schedule)}
+    return config.replace(
+        settings=settings,
+        class_order="natural",  # the names in the order given, as the schedule holds them
+        num_classes=0,
+        num_tasks=len(schedule),
+        task_sizes=[len(task) for task in schedule],
+    )
+
+
+def same_but_schedule(a: RunConfig, b: RunConfig) -> bool:
+    """Whether ``a`` and ``b`` are one run's configuration, but for its schedule (classes and their cut)."""
+
+    def bare(config: RunConfig) -> dict[str, Any]:
+        values = json.loads(config.to_json())
+        for key in ("class_order", "num_classes", "num_tasks", "task_sizes"):
+            values.pop(key)
+        values["settings"].get("data", {}).pop("classes", None)
+        return values
+
+    return bare(a) == bare(b)
+
+
+def parse_task(text: str, where: str) -> list[str]:
+    """One task written ``a,b,c``: its class names, stripped of surrounding spaces; ``ValueError`` naming
+    ``where`` when a name is empty."""
+    names = [name.strip() for name in text.split(",")]
+    if not text.strip() or any(not name for name in names):
+        raise ValueError(f"{where}: a task is class names separated by commas, got {text!r:.200}")
+    return names
+
+
+def read_schedule(path: str | Path) -> Schedule:
+    """A schedule file: one task per line, its class names separated by commas (``alarm,balance``); blank
+    lines and lines starting with ``#`` are skipped. A name cannot hold a comma or a line break."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    tasks = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            tasks.append(parse_task(line, f"{path} line {number}"))
+    check_schedule(tasks, f"--schedule {path}")
+    return tasks
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--schedule FILE``, repeated ``--task a,b,c`` and ``--open``: the run's schedule by name."""
+    g = parser.add_argument_group("the schedule of a run on the clients' own data (data.owned)")
+    g.add_argument(
+        "--schedule",
+        default="",
+        metavar="FILE",
+        help="the run's tasks: one per line, class names separated by commas (blank lines and # comments "
+        "skipped); sets data.owned, data.classes and task_sizes",
+    )
+    g.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="A,B,C",
+        help="one task's class names, separated by commas; repeat in task order (instead of --schedule)",
+    )
+    g.add_argument(
+        "--open",
+        action="store_true",
+        help="data.open=true: after its last task the run waits for the operator's next one (lorm-admin "
+        "add-task) or its end (lorm-admin finish) instead of ending",
+    )
+
+
+def schedule_from_args(args: argparse.Namespace, config: RunConfig) -> RunConfig:
+    """``config`` with the schedule of ``--schedule`` or ``--task`` (``data.owned``, ``data.classes`` in task
+    order, ``task_sizes``, ``num_tasks``) and ``--open``; ``ValueError`` for an unusable schedule."""
+    if args.schedule and args.task:
+        raise ValueError("--schedule FILE and --task A,B,C both give the schedule: pass one of them")
+    schedule: Schedule | None = None
+    if args.schedule:
+        schedule = read_schedule(args.schedule)
+    elif args.task:
+        schedule = [parse_task(text, f"--task {text!r:.100}") for text in args.task]
+        check_schedule(schedule, "--task")
+    settings = {name: dict(values) for name, values in config.settings.items()}
+    data = settings.setdefault("data", {})
+    if args.open:
+        data["open"] = True
+    if schedule is None:
+        return config.replace(settings=settings)
+    data.update(owned=True, classes=scheduled_classes(schedule))
+    return config.replace(
+        settings=settings,
+        class_order="natural",  # the names in the order given
+        num_classes=0,
+        num_tasks=len(schedule),
+        task_sizes=[len(task) for task in schedule],
+    )

@@ -97,6 +97,16 @@ class DataSettings(Settings):
         "the clients train on their own data (lorm-client --data), labelled by the names of data.classes, "
         "instead of Dirichlet shards of one dataset; a client may hold none of a task's classes",
     )
+    open: bool = setting(
+        False,
+        "data.owned: after its last task the run waits for the operator's next one (lorm-admin add-task) or "
+        "its end (lorm-admin finish) instead of ending",
+    )
+    max_classes: int = setting(
+        0,
+        "data.owned: the head's rows, fixed when the clients build the model: the most classes the schedule "
+        "may hold, tasks the operator appends included (0: the classes of data.classes)",
+    )
     clients_dir: str = setting(
         "", "lorm-sim, lorm-launch: each client's own data, DIR/client<i>.csv or DIR/client<i>/ (lorm-client --data)"
     )
@@ -120,6 +130,7 @@ class DataSettings(Settings):
     def __post_init__(self) -> None:
         non_negative_int("data.image_size", self.image_size, "0: the backbone's")
         non_negative_int("data.validation", self.validation, "0: the test split")
+        non_negative_int("data.max_classes", self.max_classes, "0: the classes of data.classes")
         if self.validation == 1:
             raise ValueError("setting data.validation=1 would hold out every training sample; use k >= 2 (or 0)")
         for key in ("synthetic_classes", "synthetic_train", "synthetic_test"):

@@ -20,7 +20,7 @@ from torch import Tensor
 from common.aggregation.base import Aggregator
 from common.methods import make_aggregator
 from common.run.config import RunConfig
-from common.run.partition import task_ranges
+from common.run.schedule import run_tasks
 from common.wire.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
 
@@ -33,8 +33,15 @@ class Strategy(ABC):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         self.config = config
         self.spec = spec
-        self.tasks = task_ranges(spec.num_classes, config.num_tasks, config.task_sizes)
+        self.tasks = run_tasks(config, spec.num_classes)
         self.head_w, self.head_b = init_head(spec, config.seed)
+
+    def extend(self, config: RunConfig) -> None:
+        """The run's schedule grew (the operator appended a task): ``config`` is the run's configuration with
+        the longer schedule (``common.run.schedule.with_schedule``); the tasks so far keep their ranges."""
+        tasks = run_tasks(config, self.spec.num_classes)
+        assert tasks[: len(self.tasks)] == self.tasks, "a schedule only grows"
+        self.config, self.tasks = config, tasks
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
         """The ``(phase, round)`` steps of one task before its evaluation."""

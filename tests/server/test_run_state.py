@@ -100,7 +100,7 @@ def test_another_schema_is_refused_naming_it(tmp_path):
     coord = started(tmp_path)
     raw, tensors = generation(coord)
     coord.store.commit(raw | {"schema": 99}, tensors)
-    with pytest.raises(ValueError, match=r"schema 99; this version reads schema 1"):
+    with pytest.raises(ValueError, match=r"schema 99; this version reads schemas 1 to 2"):
         Coordinator(config(), tmp_path / "state")
     coord.store.commit({"config": raw["config"], "steps": 3}, tensors)
     with pytest.raises(ValueError, match="meta.json has no schema and is neither"):
