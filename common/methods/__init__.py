@@ -75,6 +75,9 @@ class Method:
     # half scores a sample: lorm-predict and lorm-serve (serve/model.py) rebuild and serve it. Not so for
     # prototypes, prompt pools, (IA)^3 vectors or the closed-form heads' projected features.
     servable: bool = field(default=False, kw_only=True)
+    # whether it takes tasks an operator adds while the run lives (data.open): not a method that sizes its state by
+    # the number of tasks at the start (CODA-Prompt: each task's share of the prompt components)
+    open_schedule: bool = field(default=True, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {

@@ -35,4 +35,5 @@ METHOD = Method(
     "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
     CodaSettings,
     aggregator="common.aggregation.dense:prompts",
+    open_schedule=False,  # components // tasks per task, the tasks counted at the start
 )

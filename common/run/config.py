@@ -214,6 +214,11 @@ class RunConfig:
             ]
         if (data.open or data.max_classes) and not data.owned:
             return ["data.open and data.max_classes are settings of a run on the clients' own data: set data.owned"]
+        if data.open:
+            from common.methods import registry
+
+            if self.strategy in registry() and not registry()[self.strategy].open_schedule:
+                return [f"data.open: method {self.strategy!r} sizes its state by the tasks it starts with: none later"]
         if data.max_classes and data.max_classes < len(data.classes):
             return [
                 f"data.max_classes={data.max_classes} is the head's rows, fewer than the {len(data.classes)} classes "

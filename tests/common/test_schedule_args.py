@@ -19,6 +19,7 @@ from common.run.schedule import (
     schedule_from_args,
     with_schedule,
 )
+from common.run.settings import DataSettings
 
 
 def parsed(*argv: str) -> argparse.Namespace:
@@ -94,3 +95,10 @@ def test_the_live_configuration_cuts_the_longer_schedule_and_is_the_same_run():
     longer = with_schedule(config, [["a", "b"], ["c", "d", "e"]])
     assert class_schedule(longer) == [["a", "b"], ["c", "d", "e"]]
     assert same_but_schedule(config, longer) and not same_but_schedule(config, longer.replace(seed=1))
+
+
+def test_an_open_run_is_refused_for_a_method_that_sizes_its_state_by_the_tasks_it_starts_with():
+    config = schedule_from_args(parsed("--task", "a,b", "--open"), BASE)
+    with pytest.raises(ValueError, match="method 'coda-p' sizes its state by the tasks it starts with"):
+        config.replace(strategy="coda-p")
+    assert config.replace(strategy="l2p").section(DataSettings).open  # its pool does not depend on the tasks
