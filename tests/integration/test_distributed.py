@@ -27,6 +27,9 @@ CONFIG = RunConfig(
     seed=9,
     extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
 )
+# A run over the wire costs about 25 s of CPU, most of it its four processes importing torch and transformers:
+# variants whose wire fields another test here already sends run with -m slow.
+SLOW = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +62,19 @@ def start(c, clients=range(3)):
     return server, [c.client(i) for i in clients]
 
 
-def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
+def test_three_clients_two_tasks_identical_to_inprocess_one_killed_mid_round(cluster, reference):
+    """Client 1 is SIGKILLed once it has pushed round 0 and started again under the same identity (the same
+    shard): the run's results are still bit-identical to the in-process run's, with every output a clean
+    run writes (one run serves both claims: its four processes are most of a test's time)."""
     c = cluster(CONFIG.to_json())
     server, clients = start(c)
+    clients[1].wait_for(r"task 0 round 0 train B")  # it has pushed round 0 and is into round 1
+    clients[1].proc.send_signal(signal.SIGKILL)
+    clients[1].wait()
+    again = c.client(1)  # same identity, same shard
+    again.wait_for(r"joined run dist as client 1")
     assert server.wait() == 0
-    assert all(p.wait() == 0 for p in clients)
+    assert all(p.wait() == 0 for p in (clients[0], again, clients[2]))
     server_out = "".join(server.lines)
     assert "task 1 evaluated" in server_out and "FAA (mean over tasks, paper)" in server_out
     assert "merges on 1 torch thread(s)" in server_out  # config.threads, as the in-process engine merges
@@ -82,19 +93,6 @@ def test_three_clients_two_tasks_identical_to_inprocess(cluster, reference):
     assert [e.value for e in events.Scalars("accuracy/task1")] == pytest.approx([reference[0].matrix.accuracy()[1][1]])
 
 
-def test_client_killed_mid_round_rejoins(cluster, reference):
-    c = cluster(CONFIG.to_json())
-    server, clients = start(c)
-    clients[1].wait_for(r"task 0 round 0 train B")  # it has pushed round 0 and is into round 1
-    clients[1].proc.send_signal(signal.SIGKILL)
-    clients[1].wait()
-    again = c.client(1)  # same identity, same shard
-    again.wait_for(r"joined run dist as client 1")
-    assert server.wait() == 0
-    assert again.wait() == 0
-    assert_same_as_reference(c, reference)
-
-
 @pytest.mark.slow  # test_faults.py kills the coordinator at exact points of a round (default suite)
 def test_coordinator_killed_between_rounds_resumes(cluster, reference):
     c = cluster(CONFIG.to_json())
@@ -109,7 +107,12 @@ def test_coordinator_killed_between_rounds_resumes(cluster, reference):
     assert_same_as_reference(c, reference)
 
 
-@pytest.mark.parametrize("blocks, rule", [(1, "members"), (2, "members"), (2, "average")])
+# Two blocks with the average rule send both shapes of Gram factor: the two blocks' (2, <= 32, 32) and the held-out
+# samples' whole-width (<= 64, 64). The whole width alone (one block) and the blocks alone (the members rule) are
+# the same wire fields, so those two run with -m slow (the in-process tests check their merges).
+@pytest.mark.parametrize(
+    "blocks, rule", [pytest.param(1, "members", marks=SLOW), pytest.param(2, "members", marks=SLOW), (2, "average")]
+)
 def test_ridge_over_grpc_identical_to_inprocess(cluster, blocks, rule):
     """A closed-form head over the wire: each client sends its task's class sums and its Gram as a
     factor of fewer rows (about 40 samples) than the width (64), declared as such before its bytes;
@@ -171,9 +174,7 @@ def same_counts_and_head(cluster, config, results_dir):
 # The default suite keeps one method per kind of plan and update (EWC: anchor and Fisher step; CCVR:
 # features step and class sums; L2P: prompt pool); the ones whose wire fields those already cover run
 # with -m slow (LwF: anchor; FedProto: prototypes, i.e. class sums after training; PILoRA: prototypes
-# and extra; TARGET: anchor, synthesis per process; CODA-P: a growing pool). Each costs ~30 s of CI's
-# 15 minutes: four processes that import torch and transformers.
-SLOW = pytest.mark.slow
+# and extra; TARGET: anchor, synthesis per process; CODA-P: a growing pool).
 
 
 @pytest.mark.parametrize(

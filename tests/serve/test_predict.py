@@ -2,22 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 
 from common.methods import registry
 from common.wire.model_card import CARD_FILE, ModelCard
+from serve import predict
 
 from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task
 from procenv import ROOT, project_pythonpath
 
 
-def lorm_predict(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": project_pythonpath(), "PATH": "/usr/bin:/bin"}
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def lorm_predict(*args: str, stdin: str = "") -> Done:
+    """``lorm-predict args`` run in this process: the main its console script calls, its exit code and output.
+    A process of its own would spend seconds importing torch and transformers for each call;
+    :func:`lorm_predict_process` runs the program itself, once."""
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        mock.patch.object(sys, "stdin", io.StringIO(stdin)),
+    ):
+        returncode = predict.main(list(args))
+    return Done(returncode, out.getvalue(), err.getvalue())
+
+
+def lorm_predict_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m serve.predict args`` in a fresh process with a bare environment (one torch thread, as every
+    process the tests start)."""
+    env = {"PYTHONPATH": project_pythonpath(), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "serve.predict", *args],
         input=stdin,
@@ -61,9 +89,10 @@ def test_predictions_from_a_file_are_those_the_evaluation_counted(lorm_run, tmp_
 
 
 def test_arguments_standard_input_and_json_give_the_same_answers(lorm_run):
+    """The program as a process of its own, reading standard input, answers as its main does in the test's."""
     texts = [text for text, _ in held_out_rows()[:6]]
     by_args = lorm_predict(str(lorm_run), *texts)
-    by_stdin = lorm_predict(str(lorm_run), "--json", "--batch-size", "4", stdin="\n".join(texts) + "\n")
+    by_stdin = lorm_predict_process(str(lorm_run), "--json", "--batch-size", "4", stdin="\n".join(texts) + "\n")
     assert by_args.returncode == 0 and by_stdin.returncode == 0, (by_args.stderr, by_stdin.stderr)
     as_json = [json.loads(line) for line in by_stdin.stdout.splitlines()]
     assert [j["label"] for j in as_json] == predicted_labels(by_args.stdout)
