@@ -32,7 +32,7 @@ def secure_config(**kw) -> RunConfig:
 
 
 def test_secure_run_over_grpc_is_identical_to_the_secure_run_in_process(cluster, tmp_path):
-    config = secure_config(strategy="lorm", num_tasks=1)  # a B-round, an A-round, the task Gram
+    config = secure_config(method="lorm", num_tasks=1)  # a B-round, an A-round, the task Gram
     c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
     name = "adapter/adapter_model.safetensors"
     got, want = load_file(str(c.run_dir / "results" / name)), load_file(str(tmp_path / name))
@@ -80,7 +80,7 @@ def test_the_coordinators_state_and_log_hold_no_individual_term(cluster):
     """The coordinator is stopped right after the first unmask answer of the first step is persisted:
     every byte under its state directory (staged masked inputs, the session) and its log holds none of
     any client's terms of that step, neither as a fixed-point ring element nor as a float64."""
-    config = secure_config(strategy="lorm", num_tasks=1, rounds_per_task=1)
+    config = secure_config(method="lorm", num_tasks=1, rounds_per_task=1)
     c = cluster(config.to_json())
     server = c.server(env={"LORM_FAULT": "secagg.revealed:1:stop"})
     server.wait_for("serving on")
