@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as one client core would)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = RunConfig(**(preset(args.preset) | {"strategy": args.method}))
+    config = RunConfig(**(preset(args.preset) | {"method": args.method}))
     spec = build_runtime(config).spec
     print(
         f"{args.method} on {args.preset}: {len(spec.layers)} LoRA layers, head {spec.num_classes} x "

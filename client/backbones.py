@@ -443,7 +443,7 @@ def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.model_seed)
         model = ClassifierModel(build_backbone(config), num_classes, config.rank, config.lora_scale)
-    adapter = method(config.strategy).adapter
+    adapter = method(config.method).adapter
     if adapter == "vera":
         apply_vera(model.backbone, config.section(VeraSettings).rank, config.seed)
     elif adapter == "ia3":

@@ -4,7 +4,7 @@ The worker holds no state between steps except its data: every step starts from 
 plan carries (shared factors, head, frozen deltas), with a fresh optimiser and a seed derived
 from the plan, so the same plan gives the same update in any process. What a step trains,
 and what the update carries, is the method's client half (``client/methods/``, chosen by
-``config.strategy`` through ``common.methods``); evaluation is shared.
+``config.method`` through ``common.methods``); evaluation is shared.
 """
 
 from __future__ import annotations

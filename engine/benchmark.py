@@ -55,14 +55,14 @@ from engine.cells import RUNNERS, Cell, run_children, run_grid
 from server.strategies import STRATEGIES
 
 # Keys the grid itself sets in every cell; a method configuration may not.
-GRID_KEYS = ("strategy", "beta", "seed", "run_id")
+GRID_KEYS = ("method", "beta", "seed", "run_id")
 
 
 def known_methods() -> list[str]:
     return sorted(STRATEGIES) + [JOINT]
 
 
-def strategy_of(label: str) -> str:
+def method_of(label: str) -> str:
     """The method a grid label names: ``NAME``, or ``NAME@VARIANT`` (the same method with the overrides the
     method config gives under the whole label, e.g. ``lorm-vera@appendix``); ``ValueError`` if unknown."""
     name, _, variant = label.partition("@")
@@ -86,7 +86,7 @@ def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
         )
     for method, overrides in values.items():
         try:
-            strategy_of(method)
+            method_of(method)
         except ValueError as err:
             raise ValueError(f"--method-config {path}: {err}") from None
         if not isinstance(overrides, dict):
@@ -122,12 +122,12 @@ def cell_config(
         if key.startswith("beta=") and math.isclose(_beta_of(key, "method config"), beta):
             values = merged(values, per_beta)
     run_id = f"{base.run_id}-{method.replace('@', '-')}-b{beta}-s{seed}"
-    values.update(strategy=strategy_of(method), beta=beta, seed=seed, run_id=run_id)
-    if strategy_of(method) == JOINT:
+    values.update(method=method_of(method), beta=beta, seed=seed, run_id=run_id)
+    if method_of(method) == JOINT:
         # One client holds everything, one task has every class; beta then splits nothing, so
         # it is pinned and the joint cells of all betas share one configuration (a variant,
         # joint@VARIANT, is the same upper bound with its own overrides, e.g. a learning rate).
-        values.update(strategy="lorm", num_clients=1, num_tasks=1, task_sizes=[], beta=1.0)
+        values.update(method="lorm", num_clients=1, num_tasks=1, task_sizes=[], beta=1.0)
     return RunConfig.from_dict(values)
 
 
@@ -142,7 +142,7 @@ def overridden_sets(base: RunConfig, cells: list[Cell], sets: list[str]) -> list
     precedence: ``--set`` is the grid's base, the method config each method's own), so that a
     command-line value the grid does not use is never silent."""
     values = json.loads(base.to_json())
-    per_cell = [(cell, json.loads(cell.config.to_json())) for cell in cells if strategy_of(cell.method) != JOINT]
+    per_cell = [(cell, json.loads(cell.config.to_json())) for cell in cells if method_of(cell.method) != JOINT]
     lines = []
     for key in dict.fromkeys(item.partition("=")[0] for item in sets):
         path = key_path(key)
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         methods = _csv(",".join(args.methods), str, "--methods")
         for m in methods:
-            strategy_of(m)
+            method_of(m)
         base = config_from_args(args)
         betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
         seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from client.worker import resolve_device
-from common.run.config import RunConfig
+from common.run.config import RunConfig, current_keys
 from engine.benchmark_report import _duration, _pct, cell_seconds
 from engine.launch import launch
 from engine.simulation import run_inprocess, saved_config
@@ -231,7 +231,7 @@ def _comparable(config: dict) -> dict:
     """A cell's configuration as cells are compared (a changed grid, a twin): every field of today's
     RunConfig, one that a cell's stored configuration predates at its default (a field is added with
     the behaviour that was there before it), without the run's name."""
-    return {k: v for k, v in ({**FIELD_DEFAULTS, **config}).items() if k != "run_id"}
+    return {k: v for k, v in ({**FIELD_DEFAULTS, **current_keys(config)}).items() if k != "run_id"}
 
 
 def _config_changes(stored: dict, planned: RunConfig) -> list[str]:

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for guard in guards:
         if guard not in GUARDS:
             parser.error(f"--guards takes {', '.join(GUARDS)}, got {guard!r}")
-    base = RunConfig.from_dict(preset(args.preset) | {"strategy": args.method, "beta": args.beta, "seed": args.seed})
+    base = RunConfig.from_dict(preset(args.preset) | {"method": args.method, "beta": args.beta, "seed": args.seed})
     if not 0 <= args.attacker < base.num_clients:
         parser.error(f"--attacker must be a client index below {base.num_clients}, got {args.attacker}")
     out = Path(args.out)

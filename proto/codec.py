@@ -47,7 +47,7 @@ from proto import lorm_pb2 as pb
 if sys.byteorder != "little":  # the wire carries little-endian bytes, copied without swapping
     raise ImportError("proto.codec supports little-endian hosts only")
 
-WIRE_VERSION = 2  # the contract of proto/lorm.proto this codec speaks (its header says what changed)
+WIRE_VERSION = 3  # the contract of proto/lorm.proto this codec speaks (its header says what changed)
 DEFAULT_CHUNK_BYTES = 1 << 20  # payload per chunk message; well under gRPC's 4 MiB default
 
 # Every channel option once, with why. Chunks are <= 1 MiB, so 8 MiB leaves headroom.

@@ -60,10 +60,10 @@ def read_card(export: Path) -> ModelCard:
         raise ExportError(f"{path} does not name {' and '.join(card.missing())}; export a run that fixes them")
     # what this module rebuilds: the head on the backbone's own features, head(backbone(x)) with the backbone
     # W0 plus the exported delta; the registry says which methods' clients score so (Method.servable)
-    method = registry().get(card.strategy)
+    method = registry().get(card.method)
     if method is None or not method.servable or card.parts:
         raise ExportError(
-            f"{path}: method {card.strategy!r} classifies with more than the head on the backbone's features "
+            f"{path}: method {card.method!r} classifies with more than the head on the backbone's features "
             f"(parts {card.parts or (method.client if method else 'unknown')}); only methods whose clients train "
             "LoRA or every weight and score with the head are served"
         )
@@ -115,7 +115,7 @@ class Classifier:
         return {
             "path": str(self.path),
             "run_id": card.run_id,
-            "strategy": card.strategy,
+            "method": card.method,
             "backbone": card.backbone.name,
             "tasks_trained": card.tasks_trained,
             "tasks": len(card.tasks),

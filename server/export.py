@@ -183,7 +183,7 @@ def model_card(
         feature_dim=int(head_w.shape[1]),
         tasks=[[lo, hi] for lo, hi in task_ranges(spec.num_classes, config.num_tasks, config.task_sizes)],
         tasks_trained=tasks_trained,
-        strategy=config.strategy,
+        method=config.method,
         run_id=config.run_id,
         parts=sorted(parts),
     )

@@ -171,7 +171,7 @@ class Run:
                 require_secure(self.config, make_strategy(self.live_config, spec))
             strategy = make_strategy(self.live_config, spec)
         except (ValueError, RuntimeError) as err:
-            raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.strategy} model of it ({err})") from err
+            raise Refused("INVALID_ARGUMENT", f"{what}: no {self.config.method} model of it ({err})") from err
         self.spec, self.strategy = spec, strategy
         self.commit()
 

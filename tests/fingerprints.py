@@ -126,7 +126,7 @@ def tiny_run(method: str, **changes) -> tuple[dict[str, str], dict[str, torch.Te
     """The fingerprint of ``method``'s tiny run (with ``changes`` to its configuration, if any) and the
     values it hashes: every tensor the run ends with, under the fingerprint's field, and its counts and losses."""
     values = {**TINY, "settings": TINY_SETTINGS.get(method, {}), **changes}
-    config = RunConfig(run_id=f"fp-{method}", strategy=method, **values)
+    config = RunConfig(run_id=f"fp-{method}", method=method, **values)
     with tempfile.TemporaryDirectory() as out:
         result = run_inprocess(config, results_dir=out)
         delta = Path(out) / "delta.safetensors"

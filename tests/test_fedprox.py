@@ -33,7 +33,7 @@ BASE = dict(
 
 
 def first_plan(strategy: str, **settings: float) -> tuple[RoundPlan, object]:
-    config = RunConfig(**BASE, strategy=strategy, settings={"fedprox": settings} if settings else {})
+    config = RunConfig(**BASE, method=strategy, settings={"fedprox": settings} if settings else {})
     runtime = build_runtime(config)
     server = make_strategy(config, runtime.spec)
     server.begin_task(0)
@@ -83,13 +83,13 @@ def test_with_mu_zero_a_clients_update_is_fedavg_loras_bit_for_bit():
 @pytest.mark.parametrize("mu", [-1.0, float("nan")])
 def test_a_negative_or_non_finite_mu_is_refused_by_the_settings_and_the_instruction(mu):
     with pytest.raises(ValueError, match="mu"):
-        RunConfig(**BASE, strategy="fedprox", settings={"fedprox": {"mu": mu}}).section(method("fedprox").settings)
+        RunConfig(**BASE, method="fedprox", settings={"fedprox": {"mu": mu}}).section(method("fedprox").settings)
     with pytest.raises(ValueError, match="mu"):
         FedProxStep(train_factors=("B", "A"), mu=mu)
 
 
 def test_a_whole_run_in_process_learns():
-    result = run_inprocess(RunConfig(**BASE, strategy="fedprox", settings={"fedprox": {"mu": 0.1}}))
+    result = run_inprocess(RunConfig(**BASE, method="fedprox", settings={"fedprox": {"mu": 0.1}}))
     assert [e["phase"] for e in result.history] == ["train", "train", "evaluate"] * 2
     correct, total = result.matrix.correct[-1], result.matrix.total[-1]
     assert sum(correct) / sum(total) > 1 / 6  # above chance over the 6 classes

@@ -15,7 +15,7 @@ from server.strategies import STRATEGIES, Strategy
 def test_every_method_resolves_both_halves(name):
     entry = registry()[name]
 
-    server, client = load_half(entry.server, "server"), client_method(RunConfig(strategy=name))
+    server, client = load_half(entry.server, "server"), client_method(RunConfig(method=name))
 
     assert issubclass(server, Strategy) and server.name == name and STRATEGIES[name] is server
     assert isinstance(client, ClientMethod)
@@ -62,7 +62,7 @@ def test_unknown_method_names_the_known_ones():
     ],
 )
 def test_a_client_half_refuses_plans_of_another_mode(name, served, refused):
-    half = client_method(RunConfig(strategy=name))
+    half = client_method(RunConfig(method=name))
     steps = {Mode.LORA: LoraStep(), Mode.FULL: DenseStep(), Mode.FEATURES: FeaturesStep(), Mode.PROMPT: PromptStep()}
 
     def plan(mode: Mode) -> RoundPlan:

@@ -8,10 +8,10 @@ from common.run.config import RunConfig
 
 
 def client_method(config: RunConfig) -> ClientMethod:
-    """The client half of the run's method (``config.strategy``), from the registry."""
-    cls = load_half(method(config.strategy).client, "client")
+    """The client half of the run's method (``config.method``), from the registry."""
+    cls = load_half(method(config.method).client, "client")
     if not (isinstance(cls, type) and issubclass(cls, ClientMethod)):
-        raise TypeError(f"method {config.strategy!r}: its client half {cls!r} is not a ClientMethod subclass")
+        raise TypeError(f"method {config.method!r}: its client half {cls!r} is not a ClientMethod subclass")
     return cls()
 
 

@@ -61,7 +61,7 @@ HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (Featur
 def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     """Every tensor an update of ``plan`` carries: wire name -> shape. A method's slice declares its own
     (``Method.declare``); the others' follow from their way of training (:func:`trained_tensors`)."""
-    own = method(config.strategy).declare
+    own = method(config.method).declare
     return own(plan, spec, config) if own is not None else trained_tensors(plan, spec, config)
 
 
@@ -160,7 +160,7 @@ def feature_stats_of(config: RunConfig) -> FeatureStats:
     """What the run's features step computes and sends, as its method's settings describe it
     (:class:`DescribesFeatureStats`); settings that describe none: the class sums and counts of the backbone's
     own features."""
-    own = method(config.strategy).settings
+    own = method(config.method).settings
     settings = config.section(own) if own is not None else None
     return settings.feature_stats(config) if isinstance(settings, DescribesFeatureStats) else FeatureStats()
 

@@ -54,7 +54,7 @@ DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with
 
 @dataclass(frozen=True)
 class Method:
-    """One method: its name (``RunConfig.strategy``), its two halves, a line of help, its settings and its
+    """One method: its name (``RunConfig.method``), its two halves, a line of help, its settings and its
     aggregator."""
 
     name: str
@@ -206,7 +206,7 @@ def method(name: str) -> Method:
 def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
     """A fresh aggregator of ``plan``'s step: the run's method's factory (``Method.aggregator``) called with the
     plan, the model and the run's configuration, on the coordinator and on a client alike."""
-    factory = load_half(method(config.strategy).aggregator, "common")
+    factory = load_half(method(config.method).aggregator, "common")
     aggregator: Aggregator = factory(plan, spec, config)
     return aggregator
 

@@ -61,11 +61,25 @@ FIELD_KINDS: dict[str, Callable[[Any], bool]] = {
 }
 
 
+LEGACY_METHOD_KEY = "strategy"  # the key ``method`` had until wire version 3; still read, never written
+
+
+def current_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's values with the earlier name of ``method`` (:data:`LEGACY_METHOD_KEY`, in configuration
+    files, result cells and state directories written before wire version 3) read as ``method``."""
+    if LEGACY_METHOD_KEY not in values:
+        return values
+    if "method" in values:
+        raise ValueError(f"both 'method' and its earlier name {LEGACY_METHOD_KEY!r} are set: keep 'method'")
+    return {("method" if k == LEGACY_METHOD_KEY else k): v for k, v in values.items()}
+
+
 @dataclass
 class RunConfig:
     # --- run
     run_id: str = "run"  # names the run; every message carries it
-    strategy: str = "lorm"  # a method of common.methods.registry() (lorm-sim --help lists them)
+    method: str = "lorm"  # a method of common.methods.registry() (lorm-sim --help lists them); its server half is
+    #                       a Strategy (server/strategies), its client half a ClientMethod (client/methods)
     seed: int = 42  # seeds the partition, the LoRA inits, the head init and local training
     # --- data
     dataset: str = "synthetic-text"  # a key of client.datasets.DATASETS
@@ -170,7 +184,7 @@ class RunConfig:
         self.settings = {
             name: dict(values) if isinstance(values, dict) else values for name, values in self.settings.items()
         }
-        own = registry()[self.strategy].settings if self.strategy in registry() else None
+        own = registry()[self.method].settings if self.method in registry() else None
         problems = []
         for key, value in self.extra.items():
             if key not in LEGACY_EXTRA:
@@ -217,8 +231,8 @@ class RunConfig:
         if data.open:
             from common.methods import registry
 
-            if self.strategy in registry() and not registry()[self.strategy].open_schedule:
-                return [f"data.open: method {self.strategy!r} sizes its state by the tasks it starts with: none later"]
+            if self.method in registry() and not registry()[self.method].open_schedule:
+                return [f"data.open: method {self.method!r} sizes its state by the tasks it starts with: none later"]
         if data.max_classes and data.max_classes < len(data.classes):
             return [
                 f"data.max_classes={data.max_classes} is the head's rows, fewer than the {len(data.classes)} classes "
@@ -243,6 +257,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        values = current_keys(values)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -317,6 +332,8 @@ def key_path(key: str) -> list[str]:
     is no :class:`RunConfig` field is a settings section: ``ridge.rp_dim`` is ``settings.ridge.rp_dim``.
     """
     parts = key.split(".")
+    if parts[0] == LEGACY_METHOD_KEY:
+        parts[0] = "method"
     if len(parts) > 1 and parts[0] not in {f.name for f in dataclasses.fields(RunConfig)}:
         parts = ["settings", *parts]
     if not all(parts):
@@ -337,12 +354,12 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
     """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key)."""
     from common.run.presets import preset
 
-    values = dict(base or {})
+    values = current_keys(dict(base or {}))
     if args.preset:
-        values = merged(values, preset(args.preset))
+        values = merged(values, current_keys(preset(args.preset)))
     if args.config:
         with open(args.config) as f:
-            values = merged(values, json.load(f))
+            values = merged(values, current_keys(json.load(f)))
     for item in args.set:
         key, sep, raw = item.partition("=")
         if not sep:

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 FORMAT = "lorm-model"
-VERSION = 1  # a change a version-1 reader would misread raises it; readers refuse versions they do not know
+VERSION = 2  # a change an older reader would misread raises it; readers refuse versions they do not know
+# version 1 named the method ``strategy`` (the run configuration's earlier key); this reader reads it too
+READ_VERSIONS = (1, 2)
 CARD_FILE = "model.json"
 ADAPTER_DIR = "adapter"
 DELTA_FILE = "delta.safetensors"
@@ -64,7 +66,7 @@ class ModelCard:
     feature_dim: int  # the head's input width
     tasks: list[list[int]]  # the run's tasks as [lo, hi) class ranges
     tasks_trained: int  # how many of them the model has learned: it scores classes 0..seen_classes-1
-    strategy: str  # the method that trained it (RunConfig.strategy)
+    method: str  # the method that trained it (RunConfig.method)
     run_id: str
     parts: list[str] = field(default_factory=list)  # a method's own parts: <kind>.safetensors beside the card
 
@@ -120,9 +122,9 @@ class ModelCard:
             raise ValueError(f"{CARD_FILE} is not JSON ({err})") from err
         if not isinstance(v, dict) or v.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} card: expected a JSON object with format {FORMAT!r}")
-        if v.get("version") != VERSION:
+        if v.get("version") not in READ_VERSIONS:
             raise ValueError(
-                f"{FORMAT} version {v.get('version')!r}: this reader knows version {VERSION}; use the project "
+                f"{FORMAT} version {v.get('version')!r}: this reader knows versions {READ_VERSIONS}; use the project "
                 "version that exported it, or export the model again"
             )
         try:
@@ -136,7 +138,7 @@ class ModelCard:
                 feature_dim=int(v["feature_dim"]),
                 tasks=[[int(lo), int(hi)] for lo, hi in v["tasks"]],
                 tasks_trained=int(v["tasks_trained"]),
-                strategy=str(v["strategy"]),
+                method=str(v["method" if v["version"] >= 2 else "strategy"]),
                 run_id=str(v["run_id"]),
                 parts=[str(p) for p in v.get("parts", [])],
             )

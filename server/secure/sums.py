@@ -35,7 +35,7 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
         part = not_summable(aggregator)
         if part is not None:
             raise SecAggError(
-                f"{config.strategy} cannot run with secure aggregation: its {phase.value} step merges individual "
+                f"{config.method} cannot run with secure aggregation: its {phase.value} step merges individual "
                 f"updates ({type(aggregator).__name__}: {part} keeps more than sums), which the "
                 "coordinator would no longer see"
             )

@@ -23,9 +23,9 @@ STRATEGIES: dict[str, type[Strategy]] = {name: _server_half(name) for name in re
 
 
 def make_strategy(config: RunConfig, spec: ModelSpec) -> Strategy:
-    if config.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {config.strategy!r}; known: {sorted(STRATEGIES)}")
-    return STRATEGIES[config.strategy](config, spec)
+    if config.method not in STRATEGIES:
+        raise ValueError(f"unknown method {config.method!r}; known: {sorted(STRATEGIES)}")
+    return STRATEGIES[config.method](config, spec)
 
 
 __all__ = ["Strategy", "STRATEGIES", "make_strategy"]

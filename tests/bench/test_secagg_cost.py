@@ -45,7 +45,7 @@ def pki(bench, tmp_path_factory):
 
 
 def first_step(bench):
-    config = RunConfig(run_id="bench", strategy="lorm", num_clients=CLIENTS, num_tasks=1, rounds_per_task=1, rank=2)
+    config = RunConfig(run_id="bench", method="lorm", num_clients=CLIENTS, num_tasks=1, rounds_per_task=1, rank=2)
     strategy = make_strategy(config, SPEC)
     strategy.begin_task(0)
     phase, round_ = next(iter(strategy.steps(0)))

@@ -30,7 +30,7 @@ BASE = dict(
 
 
 def second_task_plan(method: str):
-    config = RunConfig(**BASE, strategy=method)
+    config = RunConfig(**BASE, method=method)
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     strategy.begin_task(1)

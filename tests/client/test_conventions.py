@@ -40,7 +40,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_expected_fisher_of_the_head_is_p_times_one_minus_p_times_features_squared():
-    cfg = RunConfig(strategy="fisheravg", fisher="expected", **TINY)
+    cfg = RunConfig(method="fisheravg", fisher="expected", **TINY)
     update, worker, plan = first_update(cfg)
     n = worker.shards[0].numel()
     # sum_y p_y (1[c=y] - p_c)^2 = p_c (1 - p_c)
@@ -49,7 +49,7 @@ def test_expected_fisher_of_the_head_is_p_times_one_minus_p_times_features_squar
 
 
 def test_reference_fisher_weighs_the_true_labels_gradient_by_its_probability_and_sums():
-    cfg = RunConfig(strategy="fisheravg", fisher="reference", **TINY)
+    cfg = RunConfig(method="fisheravg", fisher="reference", **TINY)
     update, worker, plan = first_update(cfg)
 
     def weigh(p, y):
@@ -63,10 +63,10 @@ def test_reference_fisher_weighs_the_true_labels_gradient_by_its_probability_and
 def test_sampled_fisher_is_reproducible_and_every_estimator_differs():
     fishers = {}
     for name in ("sampled", "expected", "reference", "batch"):
-        update, _, _ = first_update(RunConfig(strategy="fisheravg", fisher=name, **TINY))
+        update, _, _ = first_update(RunConfig(method="fisheravg", fisher=name, **TINY))
         fishers[name] = update.named(FISHER)["head.bias"]
         assert all(bool((f >= 0).all()) and bool(torch.isfinite(f).all()) for f in update.named(FISHER).values())
-    again, _, _ = first_update(RunConfig(strategy="fisheravg", fisher="sampled", **TINY))
+    again, _, _ = first_update(RunConfig(method="fisheravg", fisher="sampled", **TINY))
     assert torch.equal(again.named(FISHER)["head.bias"], fishers["sampled"])
     values = list(fishers.values())
     assert all(not torch.equal(a, b) for i, a in enumerate(values) for b in values[i + 1 :])
@@ -76,7 +76,7 @@ def test_sampled_fisher_is_reproducible_and_every_estimator_differs():
 
 def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     # Synthetic samples all have 9 tokens: no padding anywhere, so the setting changes nothing.
-    base = RunConfig(strategy="lorm", **TINY)
+    base = RunConfig(method="lorm", **TINY)
     plain, worker, _ = first_update(base)
     assert int(worker.train.inputs["attention_mask"].sum(1).min()) == int(
         worker.train.inputs["attention_mask"].sum(1).max()
@@ -88,7 +88,7 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
     rows = [f"{' '.join([f'w{c}'] * (1 + k % 6))},c{c}" for c in range(4) for k in range(8)]
     (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     text = RunConfig(
-        strategy="lorm",
+        method="lorm",
         dataset="textfile",
         backbone="tiny-bert",  # own text defaults to MiniLM; the test's word-level tokenizer is tiny-bert's
         data_dir=str(tmp_path),
@@ -118,7 +118,7 @@ def test_gram_padding_counts_the_padding_rows_and_nothing_else(tmp_path):
 
 
 def test_dropout_off_trains_a_different_deterministic_model():
-    base = RunConfig(strategy="lorm", **TINY)
+    base = RunConfig(method="lorm", **TINY)
     on, _, _ = first_update(base)
     off, _, _ = first_update(dataclasses.replace(base, train_dropout=False))
     off_again, _, _ = first_update(dataclasses.replace(base, train_dropout=False))

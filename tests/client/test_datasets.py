@@ -512,6 +512,6 @@ def test_the_vision_paths_of_the_new_competitors_train_end_to_end(tmp_path, meth
         "target": {"target": {"rounds": 2, "steps": 2, "warmup": 1, "student_steps": 1, "batch": 4}},
         "pilora": {},
     }[method]
-    cfg = tiny_vit_run(tmp_path, ["a", "b", "c", "d"], per_class=4, strategy=method, num_tasks=2, settings=settings)
+    cfg = tiny_vit_run(tmp_path, ["a", "b", "c", "d"], per_class=4, method=method, num_tasks=2, settings=settings)
     result = run_inprocess(cfg)
     assert len(result.matrix.accuracy()) == 2 and all(np.isfinite(h.get("loss", 0.0)) for h in result.history)

@@ -86,7 +86,7 @@ def test_an_inprocess_run_has_its_settings_while_it_runs_and_puts_the_process_ba
             seen.append((*state, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
             return self.worker.handle(plan)
 
-    config = RunConfig(**{**TINY, "threads": other}, strategy="lorm", deterministic=True)
+    config = RunConfig(**{**TINY, "threads": other}, method="lorm", deterministic=True)
     run_inprocess(config, wrap=lambda i, worker: Spy(worker))
 
     assert seen and set(seen) == {(True, other, CUBLAS_DETERMINISTIC[0])}

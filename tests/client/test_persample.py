@@ -146,7 +146,7 @@ def test_fisheravg_sends_the_same_fisher_a_sample_at_a_time_or_in_batches(estima
     remainder): the same labels drawn, the same weights, the same sums up to rounding."""
     fishers = []
     for size in (1, 5):
-        update, worker, _ = first_update(RunConfig(strategy="fisheravg", fisher=estimator, fisher_batch=size, **TINY))
+        update, worker, _ = first_update(RunConfig(method="fisheravg", fisher=estimator, fisher_batch=size, **TINY))
         assert worker.shards[0].numel() % 5  # the last pass is a part batch
         fishers.append(update.named(FISHER))
     one, many = fishers

@@ -53,7 +53,7 @@ def test_ortho_penalty_is_zero_on_orthonormal_rows_and_by_hand_otherwise():
 
 @pytest.mark.parametrize("backbone", ["tiny-bert", "tiny-t5", "tiny-vit"])
 def test_an_empty_prompt_leaves_the_features_unchanged_and_a_prompt_changes_them(backbone):
-    model = build_model(RunConfig(**BASE, backbone=backbone, strategy="l2p"), 6).eval()
+    model = build_model(RunConfig(**BASE, backbone=backbone, method="l2p"), 6).eval()
     gen = torch.Generator().manual_seed(1)
     inputs = (
         {"pixel_values": torch.randn(4, 3, 16, 16, generator=gen)}
@@ -73,7 +73,7 @@ def test_an_empty_prompt_leaves_the_features_unchanged_and_a_prompt_changes_them
 
 def trained_step(method: str, task: int, **settings):
     section = "l2p" if method == "l2p" else "coda"
-    config = RunConfig(**BASE, strategy=method, settings={section: settings})
+    config = RunConfig(**BASE, method=method, settings={section: settings})
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     for t in range(task + 1):
@@ -101,7 +101,7 @@ def test_coda_client_trains_only_the_current_tasks_components_and_uses_the_old_o
     doubled = {n: torch.cat([t[:frozen] * 2, t[frozen:]]) for n, t in old.items()}
     plan.tensors = {name: t for name, t in plan.tensors.items() if not name.startswith(PROMPT + "/")}
     plan.tensors |= named_tensors(PROMPT, doubled)
-    config = RunConfig(**BASE, strategy="coda-p", settings={"coda": {"components": 4, "length": 2}})
+    config = RunConfig(**BASE, method="coda-p", settings={"coda": {"components": 4, "length": 2}})
     other = build_runtime(config).worker(0, "c0").update(plan)
     assert not torch.equal(other.named(DELTA)[CODA_PROMPTS], delta[CODA_PROMPTS])
     assert tensor_name(DELTA, CODA_PROMPTS) == "delta/coda.prompts"

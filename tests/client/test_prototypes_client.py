@@ -19,7 +19,7 @@ from server.strategies import make_strategy
 
 
 def test_fedproto_sends_the_class_sums_of_its_trained_features_and_scores_by_the_nearest_prototype():
-    config = RunConfig(**BASE, strategy="fedproto", settings={"fedproto": {"classify": "prototype"}})
+    config = RunConfig(**BASE, method="fedproto", settings={"fedproto": {"classify": "prototype"}})
     runtime = build_runtime(config)
     strategy = make_strategy(config, runtime.spec)
     strategy.begin_task(0)

@@ -11,7 +11,7 @@ from common.wire.tensors import EXTRA, low_rank_tensors
 from server.strategies import make_strategy
 
 CONFIG = RunConfig(
-    strategy="lorm-seq",
+    method="lorm-seq",
     num_clients=2,
     num_tasks=2,
     rounds_per_task=1,

@@ -59,7 +59,7 @@ def test_a_lorm_round_declares_its_factor_grams_head_and_head_gram():
 def test_a_vera_ld_round_declares_the_smaller_of_the_diagonal_gram_and_a_g_a_t(gram, l2):
     # rank 2: A G A^T has 4 entries; l1's diagonal Gram has 4 too (not fewer: A G A^T), l2's 3 (sent
     # as it is, where diagonal: a full Gram never travels)
-    config = RunConfig(strategy="lorm-vera", settings={"vera": {"rank": 2}})
+    config = RunConfig(method="lorm-vera", settings={"vera": {"rank": 2}})
 
     got = declared_tensors(plan(LoraStep(train_factors=("A",), gram=gram, send_head=False)), SPEC, config)
 
@@ -67,7 +67,7 @@ def test_a_vera_ld_round_declares_the_smaller_of_the_diagonal_gram_and_a_g_a_t(g
 
 
 def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
-    got = declared_tensors(plan(DenseStep(send_fisher=True)), SPEC, RunConfig(strategy="fisheravg"))
+    got = declared_tensors(plan(DenseStep(send_fisher=True)), SPEC, RunConfig(method="fisheravg"))
 
     assert got == {
         "delta/emb.weight": (7, 4),
@@ -82,7 +82,7 @@ def test_a_fisheravg_round_declares_deltas_head_and_fisher_of_both():
 
 
 def test_a_ridge_features_step_declares_the_task_rows_and_gram_factors_up_to_the_projected_width():
-    config = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 9, "holdout": 3}})
+    config = RunConfig(method="ridge", settings={"ridge": {"rp_dim": 9, "holdout": 3}})
 
     got = declared_tensors(plan(FeaturesStep(head_gram=True, send_head=False)), SPEC, config)
 
@@ -101,22 +101,22 @@ def test_a_ridge_blocks_step_declares_one_factor_per_diagonal_block_up_to_its_wi
     """The training Gram as its K diagonal blocks' factors; the held-out one likewise under the members' rule
     (and ``auto`` with secure aggregation), whole under the average's (``auto`` without)."""
     step = plan(FeaturesStep(head_gram=True, send_head=False))
-    members = RunConfig(strategy="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3, "lambda_rule": "members"}})
+    members = RunConfig(method="ridge", settings={"ridge": {"rp_dim": 4, "blocks": 3, "lambda_rule": "members"}})
     got = declared_tensors(step, SPEC, members)
     assert got["stat/class_sum"] == (2, 12)  # the three members' projections side by side
     assert got["stat/gram_factor"] == got["stat/holdout_gram_factor"] == (3, 4, 4)
     assert [isinstance(dim, UpTo) for dim in got["stat/gram_factor"]] == [False, True, False]
     auto = {"ridge": {"rp_dim": 4, "blocks": 3}}
-    secure = declared_tensors(step, SPEC, RunConfig(strategy="ridge", settings=auto | {"secagg": {"enabled": True}}))
+    secure = declared_tensors(step, SPEC, RunConfig(method="ridge", settings=auto | {"secagg": {"enabled": True}}))
     assert secure["stat/holdout_gram_factor"] == (3, 4, 4)
-    average = declared_tensors(step, SPEC, RunConfig(strategy="ridge", settings=auto))
+    average = declared_tensors(step, SPEC, RunConfig(method="ridge", settings=auto))
     assert average["stat/gram_factor"] == (3, 4, 4) and average["stat/holdout_gram_factor"] == (12, 12)
     assert isinstance(average["stat/holdout_gram_factor"][0], UpTo)
 
 
 @pytest.mark.parametrize("covariance, moment", [("full", (2, 5, 5)), ("diag", (2, 5))])
 def test_a_ccvr_features_step_declares_the_moments_its_settings_describe(covariance, moment):
-    config = RunConfig(strategy="ccvr", settings={"ccvr": {"covariance": covariance}})
+    config = RunConfig(method="ccvr", settings={"ccvr": {"covariance": covariance}})
 
     got = declared_tensors(plan(FeaturesStep()), SPEC, config)
 
@@ -126,7 +126,7 @@ def test_a_ccvr_features_step_declares_the_moments_its_settings_describe(covaria
 def test_ccvr_sends_moments_of_the_features_its_head_scores_whatever_the_ncm_section_says():
     """CCVR calibrates a head on the backbone's own features (F = 5 here): a closed-form head's projection in
     the ``ncm`` section must not widen its statistics (it once did, 160 wide, against a head 5 wide)."""
-    config = RunConfig(strategy="ccvr", settings={"ncm": {"rp_dim": 160}})
+    config = RunConfig(method="ccvr", settings={"ncm": {"rp_dim": 160}})
 
     got = declared_tensors(plan(FeaturesStep()), SPEC, config)
 
@@ -167,7 +167,7 @@ class Chatty(LoRATrainer):
 
 def test_a_worker_refuses_to_send_what_the_step_does_not_declare():
     config = RunConfig(
-        strategy="head-only",
+        method="head-only",
         num_clients=2,
         local_epochs=0,
         threads=1,

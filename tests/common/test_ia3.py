@@ -81,7 +81,7 @@ def test_running_sums_from_client_statistics_equal_the_merges(side, form, diagon
 @pytest.mark.parametrize("side", ["output", "input"])
 def test_lorm_ia3_puts_an_ia3_layer_on_every_lora_target(backbone, side):
     lora = build_model(RunConfig(backbone=backbone), num_classes=4).lora()
-    model = build_model(RunConfig(backbone=backbone, strategy="lorm-ia3", settings={"ia3": {"side": side}}), 4)
+    model = build_model(RunConfig(backbone=backbone, method="lorm-ia3", settings={"ia3": {"side": side}}), 4)
     layers = model.lora()
     assert list(layers) == list(lora)
     assert all(

@@ -21,7 +21,7 @@ def card(**changes) -> ModelCard:
         feature_dim=384,
         tasks=[[0, 2], [2, 3]],
         tasks_trained=1,
-        strategy="lorm",
+        method="lorm",
         run_id="r",
     )
     return ModelCard(**{**base, **changes})
@@ -37,12 +37,20 @@ def test_round_trip_keeps_every_field_and_writes_format_and_version():
 
 def test_another_version_or_format_is_refused_by_name():
     v = json.loads(card().to_json())
-    with pytest.raises(ValueError, match=f"version 2: this reader knows version {VERSION}"):
-        ModelCard.from_json(json.dumps({**v, "version": 2}))
+    with pytest.raises(ValueError, match=r"version 3: this reader knows versions \(1, 2\)"):
+        ModelCard.from_json(json.dumps({**v, "version": 3}))
     with pytest.raises(ValueError, match="not a lorm-model card"):
         ModelCard.from_json(json.dumps({**v, "format": "peft"}))
     with pytest.raises(ValueError, match="preprocessing has no field 'tokenizer'"):
         ModelCard.from_json(json.dumps({**v, "preprocessing": {"max_length": 8, "tokenizer": "x"}}))
+
+
+def test_a_version_1_card_names_its_method_strategy_and_is_still_read():
+    v = json.loads(card().to_json())
+    old = {k: val for k, val in v.items() if k != "method"} | {"version": 1, "strategy": "lorm"}
+    assert ModelCard.from_json(json.dumps(old)) == card()
+    with pytest.raises(ValueError, match="KeyError: 'method'"):  # version 2 names it method
+        ModelCard.from_json(json.dumps({**old, "version": 2}))
 
 
 @pytest.mark.parametrize(

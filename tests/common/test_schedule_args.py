@@ -100,5 +100,5 @@ def test_the_live_configuration_cuts_the_longer_schedule_and_is_the_same_run():
 def test_an_open_run_is_refused_for_a_method_that_sizes_its_state_by_the_tasks_it_starts_with():
     config = schedule_from_args(parsed("--task", "a,b", "--open"), BASE)
     with pytest.raises(ValueError, match="method 'coda-p' sizes its state by the tasks it starts with"):
-        config.replace(strategy="coda-p")
-    assert config.replace(strategy="l2p").section(DataSettings).open  # its pool does not depend on the tasks
+        config.replace(method="coda-p")
+    assert config.replace(method="l2p").section(DataSettings).open  # its pool does not depend on the tasks

@@ -23,7 +23,7 @@ def test_a_dotted_override_changes_one_key_and_keeps_the_others():
         "--preset",
         "tiny",
         "--set",
-        "strategy=ridge",
+        "method=ridge",
         "--set",
         "ridge.rp_dim=5000",
         "--set",
@@ -51,7 +51,7 @@ def test_set_extra_merges_into_extra_instead_of_replacing_it(tmp_path):
 
 
 def test_legacy_extra_keys_move_into_their_sections():
-    config = RunConfig(strategy="ncm", extra={"rp_dim": 9, "ridge_lambda": 2.0, "ties_lambda": 0.1})
+    config = RunConfig(method="ncm", extra={"rp_dim": 9, "ridge_lambda": 2.0, "ties_lambda": 0.1})
 
     assert config.extra == {}
     assert config.settings == {"ncm": {"rp_dim": 9}, "ridge": {"fixed_lambda": 2.0}, "ties": {"scale": 0.1}}
@@ -116,7 +116,7 @@ def test_ridge_blocks_widen_the_head_to_the_members_projections_side_by_side():
 
 
 def test_ncm_and_ridge_read_their_own_rp_dim():
-    config = RunConfig(strategy="lorm-ncm", settings={"ncm": {"rp_dim": 7}})
+    config = RunConfig(method="lorm-ncm", settings={"ncm": {"rp_dim": 7}})
 
     assert config.section(NcmSettings).rp_dim == 7 and config.section(RidgeSettings).rp_dim == 0
 
@@ -155,3 +155,21 @@ def test_a_secagg_threshold_of_half_the_clients_or_less_is_refused_unless_declar
     assert RunConfig(num_clients=10, settings={"secagg": {"enabled": True}}).section(SecAggSettings).threshold == 0
     unsafe = RunConfig(num_clients=10, settings={"secagg": {"threshold": 5, "unsafe_low_threshold": True}})
     assert unsafe.section(SecAggSettings).threshold == 5
+
+
+def test_the_earlier_name_of_method_is_still_read_and_never_written(tmp_path):
+    """Configurations, result cells and state directories written before wire version 3 name the method
+    ``strategy``: read as ``method`` from a dict, a --config file and --set; written as ``method`` only; both
+    at once are refused."""
+    old = RunConfig.from_dict({"strategy": "ridge", "seed": 3})
+    assert old == RunConfig(method="ridge", seed=3)
+    assert '"strategy"' not in old.to_json() and json.loads(old.to_json())["method"] == "ridge"
+    with pytest.raises(ValueError, match="both 'method' and its earlier name 'strategy'"):
+        RunConfig.from_dict({"strategy": "ridge", "method": "ncm"})
+    file = tmp_path / "old.json"
+    file.write_text(json.dumps({"strategy": "ncm"}))
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    assert config_from_args(parser.parse_args(["--config", str(file)])).method == "ncm"
+    assert config_from_args(parser.parse_args(["--config", str(file), "--set", "method=ridge"])).method == "ridge"
+    assert config_from_args(parser.parse_args(["--set", "strategy=lorm-ncm"])).method == "lorm-ncm"

@@ -61,7 +61,7 @@ def test_frozen_matrices_depend_on_seed_and_name_only():
 
 @pytest.mark.parametrize("backbone", ["tiny-bert", "tiny-t5", "tiny-vit"])
 def test_lorm_vera_builds_vera_layers_whose_matrices_the_coordinator_rebuilds(backbone):
-    config = RunConfig(backbone=backbone, strategy="lorm-vera", seed=4, settings={"vera": {"rank": 5}})
+    config = RunConfig(backbone=backbone, method="lorm-vera", seed=4, settings={"vera": {"rank": 5}})
     model = build_model(config, num_classes=4)
     layers = model.lora()
     assert layers and all(isinstance(layer, VeRALinear) and layer.rank == 5 for layer in layers.values())

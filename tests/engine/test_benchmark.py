@@ -129,10 +129,10 @@ def test_grid_runs_every_cell_with_its_configuration(grid):
         assert (d / "run" / "results" / "metrics.json").exists() and (d / "log.txt").exists()
         if m["method"] == "joint":
             # The upper bound: LoRM, one client with all data, one task with all classes.
-            assert (m["config"]["strategy"], m["config"]["num_clients"], m["config"]["num_tasks"]) == ("lorm", 1, 1)
+            assert (m["config"]["method"], m["config"]["num_clients"], m["config"]["num_tasks"]) == ("lorm", 1, 1)
             assert len(m["accuracy"]) == 1 and m["faa"] == m["accuracy"][0][0] == pytest.approx(m["faa_weighted"])
         else:
-            assert m["config"]["strategy"] == m["method"] and m["config"]["num_clients"] == 3
+            assert m["config"]["method"] == m["method"] and m["config"]["num_clients"] == 3
     lorm = json.loads((grid.out / "cells/lorm/beta0.5/seed1/metrics.json").read_text())["config"]
     fedavg = json.loads((grid.out / "cells/fedavg-lora/beta0.5/seed1/metrics.json").read_text())["config"]
     assert lorm["lr_lora"] == 2e-3 and lorm["lr"] == preset("tiny")["lr"]  # per-method override
@@ -195,7 +195,7 @@ def test_a_deleted_cell_and_only_it_runs_again(grid, monkeypatch):
     )
     rc, printed = bench_main(grid.argv)
     assert rc == 0, printed
-    assert [(c.strategy, c.seed) for c in calls] == [("fedavg-lora", 2)]
+    assert [(c.method, c.seed) for c in calls] == [("fedavg-lora", 2)]
     after = mtimes(grid.out)
     assert {d for d in after if after[d] != before[d]} == {target}
     new = json.loads((target / "metrics.json").read_text())
@@ -245,14 +245,14 @@ def test_a_variant_is_its_method_with_the_overrides_under_its_label():
     overrides = {"lorm-vera@appendix": {"settings": {"vera": {"form": "appendix"}}}, "lorm-vera": {"lr": 0.02}}
     variant = bench.cell_config(base, "lorm-vera@appendix", 0.5, 0, overrides)
     plain = bench.cell_config(base, "lorm-vera", 0.5, 0, overrides)
-    assert variant.strategy == plain.strategy == "lorm-vera"
+    assert variant.method == plain.method == "lorm-vera"
     assert variant.settings["vera"] == {"form": "appendix"} and "vera" not in plain.settings
     assert (variant.lr, plain.lr) == (base.lr, 0.02)  # a variant takes only its own overrides
     assert "@" not in variant.run_id
     assert bench.Cell("lorm-vera@appendix", 0.5, 0, variant).dir(Path("g")).parts[2] == "lorm-vera@appendix"
     for bad in ("nosuch@x", "lorm@"):
         with pytest.raises(ValueError, match="unknown method"):
-            bench.strategy_of(bad)
+            bench.method_of(bad)
 
 
 def test_a_joint_variant_is_the_upper_bound_with_its_own_overrides():
@@ -263,7 +263,7 @@ def test_a_joint_variant_is_the_upper_bound_with_its_own_overrides():
     cells = [bench.cell_config(base, "joint@slow", beta, 0, overrides) for beta in (1.0, 0.2)]
     assert cells[0].to_json() != base.to_json() and cells[0].lr == 1e-3
     for cell in cells:
-        assert (cell.strategy, cell.num_clients, cell.num_tasks, cell.beta) == ("lorm", 1, 1, 1.0)
+        assert (cell.method, cell.num_clients, cell.num_tasks, cell.beta) == ("lorm", 1, 1, 1.0)
     assert json.loads(cells[0].to_json()) == json.loads(cells[1].to_json()) | {"run_id": cells[0].run_id}
     assert bench.cell_config(base, "joint", 0.5, 0, overrides).lr == base.lr
 
@@ -295,7 +295,7 @@ def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch,
         "lorm-bench: --set gamma_head=0.3 is overridden by --method-config for lorm at beta 0.2, seed 42: "
         "gamma_head=0.1"
     ]
-    assert sorted((c.strategy, c.beta, c.gamma_head) for c in calls) == [
+    assert sorted((c.method, c.beta, c.gamma_head) for c in calls) == [
         ("fedavg-lora", 0.2, 0.3),
         ("fedavg-lora", 0.5, 0.3),
         ("lorm", 0.2, 0.1),
@@ -336,7 +336,7 @@ def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
     rc, printed = bench_main(TINY + argv + ["--out", str(tmp_path / "g")])
     assert rc == 0, printed
     assert "12 cells (2 methods x 3 betas x 2 seeds)" in printed
-    assert sorted((c.strategy, c.beta, c.seed) for c in calls) == sorted(
+    assert sorted((c.method, c.beta, c.seed) for c in calls) == sorted(
         (m, b, s) for m in ("lorm", "fedavg-lora") for b in (1.0, 0.5, 0.2) for s in (1, 2)
     )
 
@@ -444,7 +444,7 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     grid = json.loads((root / "imagenet-r.json").read_text())
     base = RunConfig.from_dict(PRESETS["paper-imagenet-r-b0.05"])
     lwf = bench.cell_config(base, "lwf", 0.05, 0, grid)
-    assert (lwf.lr, lwf.lora_lr, lwf.strategy) == (3e-5, 3e-5, "lwf")  # the appendix's ImageNet-R table
+    assert (lwf.lr, lwf.lora_lr, lwf.method) == (3e-5, 3e-5, "lwf")  # the appendix's ImageNet-R table
     regmean = bench.cell_config(base, "regmean", 0.05, 0, grid)
     assert (regmean.lr, regmean.gamma_backbone, regmean.gamma_head) == (1e-5, 0.1, 0.1)
     ewc = bench.cell_config(
@@ -457,7 +457,7 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     assert (ewc.lr, ewc.fisher) == (1e-5, "reference")  # the paper's code's Fisher estimator
     imagenet_a = json.loads((root / "imagenet-a.json").read_text())
     l2p = bench.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
-    assert (l2p.lr, l2p.lora_lr, l2p.strategy) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr
+    assert (l2p.lr, l2p.lora_lr, l2p.method) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr
     from common.methods.pilora import PiLoraSettings
 
     pilora = bench.cell_config(base, "pilora", 0.05, 0, grid)
@@ -517,7 +517,7 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
         for label in method_config:
             for beta in (1.0, 0.5, 0.2):
                 cell = bench.cell_config(base, label, beta, 0, method_config)
-                assert cell.strategy == ("lorm" if label.startswith("joint") else bench.strategy_of(label))
+                assert cell.method == ("lorm" if label.startswith("joint") else bench.method_of(label))
 
 
 def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(grid, tmp_path):

@@ -121,7 +121,7 @@ def test_ridge_over_grpc_identical_to_inprocess(cluster, blocks, rule):
     base = json.loads(CONFIG.to_json())
     ridge = {"rp_dim": 64 // blocks, "blocks": blocks, "lambdas": [0.1, 1.0, 10.0], "lambda_rule": rule}
     config = RunConfig(
-        **{**base, "run_id": "ridge", "strategy": "ridge", "settings": base["settings"] | {"ridge": ridge}}
+        **{**base, "run_id": "ridge", "method": "ridge", "settings": base["settings"] | {"ridge": ridge}}
     )
     result = run_inprocess(config)
     c = cluster(config.to_json())
@@ -191,7 +191,7 @@ def test_continual_baselines_over_grpc_identical_to_inprocess(cluster, method, t
     values = json.loads(CONFIG.to_json())
     if method == "target":  # a short synthesis: each client process draws the same inputs
         values["settings"] = values["settings"] | {"target": {"rounds": 3, "steps": 4, "warmup": 1, "student_steps": 2}}
-    config = RunConfig(**{**values, "run_id": method, "strategy": method})
+    config = RunConfig(**{**values, "run_id": method, "method": method})
     c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
     if method in ("fedproto", "pilora"):
         got, want = (load_file(str(d / "prototypes.safetensors")) for d in (c.run_dir / "results", tmp_path))
@@ -207,7 +207,7 @@ def test_prompt_methods_over_grpc_identical_to_inprocess(cluster, method, tmp_pa
     """Plans that carry a prompt pool (CODA-P's growing, its old components frozen) and updates that carry
     the trained components' change, over the wire: the same counts, head and prompt pool as in-process."""
     settings = {"l2p": {"pool": 4, "top_k": 2, "length": 2}} if method == "l2p" else {"coda": {"components": 4}}
-    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method, "settings": settings})
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "method": method, "settings": settings})
     c, _, _ = same_counts_and_head(cluster, config, tmp_path)
     prompts, expected = (load_file(str(d / "prompts.safetensors")) for d in (c.run_dir / "results", tmp_path))
     assert prompts.keys() == expected.keys() and all(torch.equal(prompts[k], expected[k]) for k in expected)
@@ -231,7 +231,7 @@ def test_adapter_methods_over_grpc_identical_to_inprocess(cluster, method, setti
     carry one trained vector per layer and its Gram statistic (never a dense Gram; VeRA's frozen matrices
     rebuilt from the seed by every process), over the wire: the same counts, head and exported model
     (VeRA's task merge of low-rank products as an adapter, (IA)^3's merged vectors) as in-process."""
-    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "strategy": method, "settings": settings})
+    config = RunConfig(**{**json.loads(CONFIG.to_json()), "run_id": method, "method": method, "settings": settings})
     c, server, metrics = same_counts_and_head(cluster, config, tmp_path)
     exported = "ia3.safetensors" if method == "lorm-ia3" else "adapter/adapter_model.safetensors"
     got, want = (load_file(str(d / exported)) for d in (c.run_dir / "results", tmp_path))

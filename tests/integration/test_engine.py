@@ -39,7 +39,7 @@ def test_lorm_beats_plain_lora_averaging():
     """Closed-form merges (LoRM) against FedAvg of both LoRA factors, same data, model and seeds."""
     faa = {}
     for strategy in ("lorm", "fedavg-lora"):
-        runs = [run_inprocess(RunConfig(**{**TINY, "strategy": strategy, "seed": seed})) for seed in (1, 2)]
+        runs = [run_inprocess(RunConfig(**{**TINY, "method": strategy, "seed": seed})) for seed in (1, 2)]
         faa[strategy] = sum(r.matrix.faa() for r in runs) / len(runs)
     # measured: LoRM 62.2, FedAvg-LoRA 40.0 (mean FAA over seeds 1 and 2)
     assert faa["lorm"] > faa["fedavg-lora"] + 10.0, faa

@@ -46,7 +46,7 @@ def killed_after(calls: int):
 
 
 def config(strategy: str, **kw) -> RunConfig:
-    return RunConfig(**{**TINY, "strategy": strategy, "num_tasks": 2, "rounds_per_task": 2, "local_epochs": 1, **kw})
+    return RunConfig(**{**TINY, "method": strategy, "num_tasks": 2, "rounds_per_task": 2, "local_epochs": 1, **kw})
 
 
 def same_run(a, b) -> None:

@@ -81,7 +81,7 @@ def test_a_secure_run_is_the_in_process_run_and_the_coordinator_keeps_no_individ
     same secure run in process. Its coordinator is stopped right after the first unmask answer of the first
     step is persisted: every byte under its state directory (staged masked inputs, the session) and its log
     holds none of any client's terms of that step, neither as a fixed-point ring element nor as a float64."""
-    config = secure_config(strategy="lorm", num_tasks=1)
+    config = secure_config(method="lorm", num_tasks=1)
     c = cluster(config.to_json())
     server = c.server(env={"LORM_FAULT": "secagg.revealed:1:stop"})
     server.wait_for("serving on")

@@ -182,7 +182,7 @@ def test_a_newer_export_is_served_once_the_coordinator_has_written_it(tmp_path, 
         time.sleep(1.5)
         status, info = Caller(port, pki)("/v1/model")
         assert info["version"] == 1 and "broken" in info["error"]
-        second = finished_run(models / "second", run_id="second", seed=7, strategy="fedavg")  # exported here, live
+        second = finished_run(models / "second", run_id="second", seed=7, method="fedavg")  # exported here, live
         wait_serving(port, pki, version=2, timeout=60)
         status, body = Caller(port, pki)("/v1/predict", {"inputs": TEXTS})
         assert status == 200 and body["model"] == {"run_id": "second", "tasks_trained": 3, "version": 2}

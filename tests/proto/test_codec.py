@@ -758,16 +758,16 @@ def test_an_instruction_refuses_on_construction_what_the_wire_refuses():
         PromptStep(prompt_frozen=-1)
 
 
-def test_the_codec_speaks_wire_version_2():
-    assert codec.WIRE_VERSION == 2
-    codec.check_wire_version(2, "client")  # no error
+def test_the_codec_speaks_wire_version_3():
+    assert codec.WIRE_VERSION == 3
+    codec.check_wire_version(3, "client")  # no error
 
 
-@pytest.mark.parametrize("theirs, named", [(0, "version 1"), (3, "version 3")])
+@pytest.mark.parametrize("theirs, named", [(0, "version 1"), (2, "version 2"), (4, "version 4")])
 def test_another_wire_version_is_refused_naming_both(theirs, named):
     with pytest.raises(WireError) as caught:
         codec.check_wire_version(theirs, "client")
 
     message = str(caught.value)
     assert caught.value.field == "wire_version"
-    assert named in message and "version 2" in message and "client" in message
+    assert named in message and "version 3" in message and "client" in message

@@ -93,8 +93,8 @@ def rewrite_card(path, **changes) -> None:
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"strategy": "l2p"}, "method 'l2p' classifies with more than the head"),
-        ({"strategy": "ridge"}, "method 'ridge' classifies with more than the head"),
+        ({"method": "l2p"}, "method 'l2p' classifies with more than the head"),
+        ({"method": "ridge"}, "method 'ridge' classifies with more than the head"),
         ({"parts": ["prototypes"]}, r"parts \['prototypes'\]"),
         ({"classes": None}, "does not name the class names"),
     ],

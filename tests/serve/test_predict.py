@@ -136,7 +136,7 @@ def test_every_served_method_predicts_what_its_evaluation_counted(strategy, tmp_
 
 
 def check_method(strategy: str, tmp_path) -> None:
-    results = finished_run(tmp_path / "results", strategy=strategy, rounds_per_task=1, local_epochs=1)
+    results = finished_run(tmp_path / "results", method=strategy, rounds_per_task=1, local_epochs=1)
     rows = held_out_rows()
     done = lorm_predict(str(results), *[text for text, _ in rows])
     assert done.returncode == 0, done.stderr

@@ -74,7 +74,7 @@ def fake_update(plan, index, *, seed, spec=SPEC):
 
 def start(name, *, seed=7, spec=SPEC, **kw):
     """A strategy whose global delta and head are already non-zero (as after some rounds)."""
-    strategy = make_strategy(config(strategy=name, **kw), spec)
+    strategy = make_strategy(config(method=name, **kw), spec)
     g = torch.Generator().manual_seed(seed)
     tensors = {k: torch.randn(*v.shape, generator=g, dtype=v.dtype) for k, v in strategy.state_tensors().items()}
     strategy.load_state_tensors(tensors)
@@ -123,7 +123,7 @@ def test_plans_ask_only_for_what_each_method_needs():
         "ties": (GramKind.NONE, False, False),
     }
     assert start("regmean", gamma_backbone=0.5).configure(0, 0, Phase.TRAIN).expect(DenseStep).gram == GramKind.FULL
-    assert make_strategy(config(strategy="lorm"), SPEC).dense_delta() is None
+    assert make_strategy(config(method="lorm"), SPEC).dense_delta() is None
 
 
 def test_fedavg_is_the_sample_weighted_mean():
@@ -257,7 +257,7 @@ def test_ties_streaming_equals_direct_with_ties_and_zeros(flip, entry0):
     rows = [list(r) for r in VECTORS]
     if flip:  # elected signs then sum to 0 as well: the reference's negative branch
         rows[1][3] = -3
-    strategy = make_strategy(config(strategy="ties"), TINY)
+    strategy = make_strategy(config(method="ties"), TINY)
     strategy.head_w, strategy.head_b = torch.zeros(2, 1, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
     old = dict(strategy.delta)
     one_round(strategy, make=ties_update(rows))
@@ -301,7 +301,7 @@ def test_state_round_trips_exactly(name, tmp_path):
     assert {k for k in tensors if k.startswith("delta/")} == {f"delta/{p}" for p in SPEC.params}
     assert all(tensors[f"delta/{p}"].dtype == torch.float32 for p in SPEC.params)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "s.safetensors"))
-    again = make_strategy(config(strategy=name), SPEC)
+    again = make_strategy(config(method=name), SPEC)
     again.load_state_tensors(load_file(str(tmp_path / "s.safetensors")))
     back = again.state_tensors()
     assert set(back) == set(tensors)
@@ -360,9 +360,9 @@ def test_rejected_update_changes_nothing(name, break_it, field):
 
 def test_ties_rejects_bad_settings():
     with pytest.raises(ValueError, match=r"ties\.density should lie in \(0, 1\], got 0\.0"):
-        make_strategy(config(strategy="ties", extra={"ties_density": 0.0}), SPEC)
+        make_strategy(config(method="ties", extra={"ties_density": 0.0}), SPEC)
     with pytest.raises(ValueError, match="ModelSpec.params"):
-        make_strategy(config(strategy="fedavg"), ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2))
+        make_strategy(config(method="fedavg"), ModelSpec(layers={"l": (1, 2)}, feature_dim=1, num_classes=2))
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -372,7 +372,7 @@ def test_ties_rejects_bad_settings():
 def test_end_to_end_in_process(name):
     result = run_inprocess(
         RunConfig(
-            strategy=name,
+            method=name,
             num_clients=2,
             num_tasks=2,
             rounds_per_task=1,

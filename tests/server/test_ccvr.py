@@ -80,7 +80,7 @@ def test_calibration_separates_the_classes_the_head_confused():
 
 
 def test_the_strategy_adds_a_features_step_keeps_every_seen_gaussian_and_calibrates():
-    config = RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=3, strategy="ccvr")
+    config = RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=3, method="ccvr")
     strategy = make_strategy(config, SPEC)
     assert strategy.steps(0) == [(Phase.TRAIN, 0), (Phase.FEATURES, 1)]
     gen = torch.Generator().manual_seed(6)

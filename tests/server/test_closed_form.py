@@ -55,7 +55,7 @@ GRID = (1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 def tiny(strategy: str, settings: dict | None = None, **extra) -> RunConfig:
     extra = {**TINY["extra"], "ridge_lambdas": list(GRID), **extra}
-    return RunConfig(**{**TINY, "strategy": strategy, "extra": extra, "settings": settings or {}})
+    return RunConfig(**{**TINY, "method": strategy, "extra": extra, "settings": settings or {}})
 
 
 def federated(config: RunConfig):
@@ -301,7 +301,7 @@ def test_restart_from_state_gives_the_same_heads(settings):
     from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    config = RunConfig(strategy="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)}, settings=settings)
+    config = RunConfig(method="ridge", num_tasks=2, extra={"ridge_lambdas": list(GRID)}, settings=settings)
     straight = make_strategy(config, spec)
     fold_task(straight, 0, 10)
     restarted = make_strategy(config, spec)
@@ -332,7 +332,7 @@ def test_rejected_statistics(break_it, field):
     from common.wire.messages import ModelSpec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2), spec)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     update = stats_update(plan, 5, 0, 0)
@@ -356,7 +356,7 @@ def test_a_blocks_step_takes_only_the_diagonal_blocks_factors(break_it):
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "members"}
-    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     strategy.aggregator(plan).fold(stats_update(plan, 8, 0, 0, blocks=2))  # as sent: accepted
@@ -381,7 +381,7 @@ def test_the_average_rule_takes_the_held_out_gram_whole(break_it):
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
     ridge = {"rp_dim": 4, "blocks": 2, "lambda_rule": "average"}
-    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, settings={"ridge": ridge}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
@@ -419,7 +419,7 @@ def test_features_step_travels_over_the_wire():
     from proto import codec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    strategy = make_strategy(RunConfig(strategy="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     got = codec.plan_from_proto(codec.plan_to_proto(plan))

@@ -25,7 +25,7 @@ def config(method: str, **settings) -> RunConfig:
         num_tasks=2,
         rounds_per_task=2,
         seed=1,
-        strategy=method,
+        method=method,
         settings={"ewc": settings} if settings else {},
     )
 

@@ -35,7 +35,7 @@ def four_clients(folder):
 
 
 def config_of(folder, method: str, robust: bool):
-    config = owned_config(folder, strategy=method, num_clients=4)
+    config = owned_config(folder, method=method, num_clients=4)
     if robust:
         config = config.replace(settings={**config.settings, "robust": {"enabled": True, "min_clients": 3}})
     return config

@@ -28,7 +28,7 @@ def test_prototype_loss_by_hand_skips_classes_without_a_prototype():
 
 
 def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_across_tasks():
-    config = RunConfig(num_clients=3, num_tasks=2, rounds_per_task=1, seed=1, strategy="fedproto")
+    config = RunConfig(num_clients=3, num_tasks=2, rounds_per_task=1, seed=1, method="fedproto")
     strategy = make_strategy(config, SPEC)
     gen = torch.Generator().manual_seed(7)
     seen: dict[int, torch.Tensor] = {}

@@ -11,7 +11,7 @@ from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
 CONFIG = RunConfig(
-    strategy="head-only",
+    method="head-only",
     num_clients=3,
     num_tasks=2,
     rounds_per_task=2,

@@ -34,7 +34,7 @@ LAMBDA = 1.0  # fixed, so the reference is one solve
 
 
 def tiny(strategy: str, **extra) -> RunConfig:
-    return RunConfig(**{**TINY, "strategy": strategy, "extra": {**TINY["extra"], **extra}})
+    return RunConfig(**{**TINY, "method": strategy, "extra": {**TINY["extra"], **extra}})
 
 
 def recorded_run(monkeypatch, config: RunConfig):

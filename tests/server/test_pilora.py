@@ -71,7 +71,7 @@ def test_scaled_distance_is_the_euclidean_distance_over_sqrt_f():
 
 
 def test_each_task_adds_a_module_on_top_of_the_frozen_earlier_ones():
-    config = RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=2, strategy="pilora", rank=2)
+    config = RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=2, method="pilora", rank=2)
     strategy = make_strategy(config, SPEC)
     gen = torch.Generator().manual_seed(3)
     modules = []

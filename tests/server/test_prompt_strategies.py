@@ -23,9 +23,7 @@ SPEC = dataclasses.replace(BASELINES_SPEC, feature_dim=8)  # room for 6 orthonor
 
 def config(method: str, **settings) -> RunConfig:
     section = "l2p" if method == "l2p" else "coda"
-    return RunConfig(
-        num_clients=2, num_tasks=2, rounds_per_task=1, seed=4, strategy=method, settings={section: settings}
-    )
+    return RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=4, method=method, settings={section: settings})
 
 
 def test_orthonormal_rows_are_orthogonal_to_the_old_ones_and_each_other():

@@ -96,7 +96,7 @@ def test_h4_refuse_mode_drops_an_inflated_claim_naming_the_count():
 
 
 def features_round() -> tuple[RoundPlan, object]:
-    strategy = make_strategy(unit_config(strategy="ncm", num_clients=CLIENTS), LORA_SPEC)
+    strategy = make_strategy(unit_config(method="ncm", num_clients=CLIENTS), LORA_SPEC)
     strategy.begin_task(0)
     return strategy.configure(0, 0, Phase.FEATURES), strategy
 

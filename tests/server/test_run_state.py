@@ -122,7 +122,7 @@ def test_the_coordinator_refuses_the_engines_unversioned_meta(tmp_path):
 def test_a_task_begun_again_on_its_begun_state_is_unchanged(name):
     """What lets the coordinator's unversioned meta at a task's first step go on: the task began before that
     commit and begins again when the step opens; every strategy's ``begin_task`` leaves such a state as it is."""
-    cfg = full_config(strategy=name)
+    cfg = full_config(method=name)
     strategy = make_strategy(cfg, FULL_SPEC)
     for index in range(len(strategy.steps(0))):  # task 0's steps, merged from valid updates
         step = open_step(strategy, cfg.rounds_per_task, 0, index)

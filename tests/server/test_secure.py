@@ -44,7 +44,7 @@ def config(name: str, clients: int = 3, settings: dict | None = None) -> RunConf
         ridge["secagg"] = {"enabled": True}
     return RunConfig(
         run_id="sec",
-        strategy=name.removesuffix("-blocks"),
+        method=name.removesuffix("-blocks"),
         num_clients=clients,
         num_tasks=2,
         rounds_per_task=1,

@@ -34,7 +34,7 @@ def config(name: str) -> RunConfig:
     ridge = {"ridge": {"lambdas": [0.1, 1.0], "holdout": 4}} if "ridge" in name else {}
     return RunConfig(
         run_id="shared",
-        strategy=name,
+        method=name,
         num_clients=CLIENTS,
         num_tasks=2,
         rounds_per_task=2,
@@ -57,7 +57,7 @@ def test_an_unknown_method_has_no_aggregator():
     plan = make_strategy(config("lorm"), SPEC).configure(0, 0, Phase.TRAIN)
 
     with pytest.raises(ValueError, match=r"unknown method 'nope'; known: \[.*'lorm'"):
-        make_aggregator(plan, SPEC, RunConfig(strategy="nope"))
+        make_aggregator(plan, SPEC, RunConfig(method="nope"))
 
 
 @pytest.mark.parametrize("name", sorted(registry()))

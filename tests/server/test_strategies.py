@@ -147,7 +147,7 @@ def test_lorm_task_merge_after_two_tasks():
 
 
 def test_fedavg_lora_is_sample_weighted_mean():
-    strategy = make_strategy(config(strategy="fedavg-lora"), SPEC)
+    strategy = make_strategy(config(method="fedavg-lora"), SPEC)
     plan = strategy.configure(0, 0, Phase.TRAIN)
     assert plan.expect(LoraStep).train_factors == ("B", "A")
     ups = [fake_update(plan, i, seed=i) for i in range(3)]
@@ -161,14 +161,14 @@ def test_fedavg_lora_is_sample_weighted_mean():
 
 
 def test_ablation_b_only_never_trains_a():
-    strategy = make_strategy(config(strategy="lorm-b-only", rounds_per_task=3), SPEC)
+    strategy = make_strategy(config(method="lorm-b-only", rounds_per_task=3), SPEC)
     strategy.begin_task(0)
     factors = [strategy.configure(0, j, Phase.TRAIN).expect(LoraStep).train_factors for j in range(3)]
     assert factors == [("B",)] * 3
 
 
 def test_ablation_average_tasks_is_the_mean_of_task_residuals():
-    strategy = make_strategy(config(strategy="lorm-avg-tasks", rounds_per_task=1), SPEC)
+    strategy = make_strategy(config(method="lorm-avg-tasks", rounds_per_task=1), SPEC)
     for task in range(2):
         strategy.begin_task(task)
         fold_step(strategy, strategy.configure(task, 0, Phase.TRAIN), 10 * task)
@@ -182,7 +182,7 @@ def test_sequential_variant_trains_on_the_earlier_residuals_and_sums_them():
     """lorm-seq: task 1 trains and runs its Gram passes on W0 + s B^0 A^0 + s B A; the model is the sum."""
     from proto import codec
 
-    strategy = make_strategy(config(strategy="lorm-seq", rounds_per_task=1, lora_scale=2.0), SPEC)
+    strategy = make_strategy(config(method="lorm-seq", rounds_per_task=1, lora_scale=2.0), SPEC)
     for task in range(2):
         strategy.begin_task(task)
         for phase, round_ in strategy.steps(task):

@@ -125,7 +125,7 @@ VARIANTS = [(name, gamma) for name in sorted(STRATEGIES) for gamma in (0.0, 0.5)
 def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sums(name, gamma):
     """For every step of task 0: a valid update passes; each corruption of each tensor is refused naming
     that tensor's field; after all the refusals, the step merges bit-identically to one that never saw them."""
-    cfg = config(strategy=name, gamma_backbone=gamma)
+    cfg = config(method=name, gamma_backbone=gamma)
     refused = 0
     for phase, round_ in make_strategy(cfg, SPEC).steps(0):
         results = []
@@ -169,7 +169,7 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
 
 
 def ridge_step():
-    strategy = make_strategy(config(strategy="ridge"), SPEC)
+    strategy = make_strategy(config(method="ridge"), SPEC)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     agg = strategy.aggregator(plan)
