@@ -5,6 +5,7 @@ no key, no share, no push)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -124,9 +125,11 @@ def test_the_coordinator_refuses_a_configuration_that_names_a_clients_files(tmp_
     assert not (tmp_path / "state").exists()
 
 
-def test_the_launcher_gives_each_client_its_data_paths_by_its_flags(tmp_path, capsys):
+def test_the_launcher_gives_each_client_its_data_paths_by_its_flags_over_mutual_tls(tmp_path, capsys):
     """M6: lorm-launch plays both parties: the coordinator gets the configuration without the data paths,
-    the clients get them as --data-dir / --train-file / --test-file, and the run completes."""
+    the clients get them as --data-dir / --train-file / --test-file, and the run completes. By default over
+    mutual TLS, with certificates it makes under the run's directory (one launched run checks both: its
+    processes are most of the test's time)."""
     config = RunConfig(
         run_id="own-files",
         num_clients=2,
@@ -139,7 +142,12 @@ def test_the_launcher_gives_each_client_its_data_paths_by_its_flags(tmp_path, ca
     )
     path = tmp_path / "config.json"
     path.write_text(config.to_json())
-    assert launch(path, 2, tmp_path / "state", tmp_path / "results", timeout_s=150, insecure=True) == 0
+    assert launch(path, 2, tmp_path / "state", tmp_path / "results", timeout_s=150, quiet_clients=False) == 0
     sent = RunConfig.from_json((tmp_path / "coordinator.json").read_text())
     assert sent.data_dir == "" and "data" not in sent.settings
-    assert "model fixed by --model-spec" in capsys.readouterr().out  # lorm-spec read the data, not the coordinator
+    out = capsys.readouterr().out
+    assert "model fixed by --model-spec" in out  # lorm-spec read the data, not the coordinator
+    assert "connections: TLS, clients authenticated by client certificates" in out
+    assert out.count("connections: mutual TLS") == 2
+    assert json.loads((tmp_path / "results" / "metrics.json").read_text())["faa"] >= 0
+    assert (tmp_path / "tls" / "ca.crt").is_file()

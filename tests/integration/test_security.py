@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from common.infra.tls import Security, SecurityError
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import head_tensors, pack
-from engine.launch import launch
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
@@ -328,22 +326,5 @@ def test_insecure_server_warns(tmp_path):
         server.wait()
 
 
-def test_launch_runs_over_mutual_tls(tmp_path, capsys):
-    config = RunConfig(
-        run_id="tls-launch",
-        num_clients=2,
-        num_tasks=1,
-        rounds_per_task=1,
-        local_epochs=1,
-        rank=2,
-        threads=1,
-        extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 4},
-    )
-    path = tmp_path / "config.json"
-    path.write_text(config.to_json())
-    assert launch(path, 2, tmp_path / "state", tmp_path / "results", timeout_s=120, quiet_clients=False) == 0
-    out = capsys.readouterr().out
-    assert "connections: TLS, clients authenticated by client certificates" in out
-    assert out.count("connections: mutual TLS") == 2
-    assert json.loads((tmp_path / "results" / "metrics.json").read_text())["faa"] >= 0
-    assert (tmp_path / "tls" / "ca.crt").is_file()
+# lorm-launch over mutual TLS: tests/integration/test_client_floor.py (one launched run with the clients' own files
+# checks both).
