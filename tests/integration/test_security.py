@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from server.coordinator import Coordinator
 from server.service import SERVICE_NAME, create_server
 
 from procenv import project_pythonpath
+from procs import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ModelSpec(layers={"l1": (5, 4)}, feature_dim=4, num_classes=6)
@@ -280,29 +280,23 @@ def test_tokens_on_plaintext_and_with_certificates(serve, pki):
 # ---------------------------------------------------------------- the commands
 
 
-def spawn(module: str, *args: str) -> subprocess.Popen:
+def spawn(module: str, *args: str) -> Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LORM_TLS_", "LORM_TOKEN_"))}
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**env, "PYTHONPATH": project_pythonpath(), "PYTHONUNBUFFERED": "1"},
-    )
+    env |= {"PYTHONPATH": project_pythonpath(), "PYTHONUNBUFFERED": "1"}
+    return Proc(module, [sys.executable, "-m", module, *args], env, ROOT)
 
 
 def test_server_and_client_refuse_to_start_without_tls_or_insecure(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(CONFIG.to_json())
     server = spawn("server.main", "--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0")
-    out = server.communicate(timeout=60)[0]
-    assert server.returncode == 2, out
+    assert server.wait(timeout=60) == 2, "".join(server.lines)
+    out = "".join(server.lines)
     assert "the coordinator needs TLS: pass --tls-cert FILE --tls-key FILE" in out and "--insecure" in out
     assert not (tmp_path / "state").exists()
     client = spawn("client.main", "--server", "127.0.0.1:1", "--client-id", "c0")
-    out = client.communicate(timeout=60)[0]
-    assert client.returncode == 2, out
+    assert client.wait(timeout=60) == 2, "".join(client.lines)
+    out = "".join(client.lines)
     assert "the client needs the CA that signed the coordinator's certificate: pass --tls-ca FILE" in out
 
 
@@ -313,17 +307,12 @@ def test_insecure_server_warns(tmp_path):
         "server.main", "--config", str(config), "--state-dir", str(tmp_path / "state"), "--port", "0", "--insecure"
     )
     try:
-        lines = []
-        for line in server.stdout:  # until it serves (or exits)
-            lines.append(line)
-            if "serving on" in line:
-                break
-        warning = [line for line in lines if "--insecure" in line]
-        assert warning and "WARNING" in warning[0] and "plaintext" in warning[0], "".join(lines)
-        assert "not authenticated" in warning[0] and "serving on" in lines[-1]
+        server.wait_for("serving on")
+        warning = [line for line in server.lines if "--insecure" in line]
+        assert warning and "WARNING" in warning[0] and "plaintext" in warning[0], "".join(server.lines)
+        assert "not authenticated" in warning[0]
     finally:
         server.kill()
-        server.wait()
 
 
 # lorm-launch over mutual TLS: tests/integration/test_client_floor.py (one launched run with the clients' own files

@@ -3,8 +3,6 @@ versions, and sends nothing more (the coordinator's side of the check: tests/ser
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from concurrent import futures
 
@@ -15,7 +13,7 @@ from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
-from procenv import ROOT, project_pythonpath
+from procs import ProjectProc
 
 
 class VersionOneCoordinator(pb_grpc.CoordinatorServicer):
@@ -41,13 +39,11 @@ def test_a_client_refuses_a_coordinator_of_another_wire_contract_at_join():
     server.start()
     try:
         argv = ["--server", f"127.0.0.1:{port}", "--client-id", "c0", "--insecure", "--give-up", "10"]
-        env = dict(os.environ, PYTHONPATH=project_pythonpath())
-        done = subprocess.run(
-            [sys.executable, "-m", "client.main", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
+        client = ProjectProc("client", [sys.executable, "-m", "client.main", *argv])
+        code = client.wait(timeout=120)
     finally:
         server.stop(0)
-    out = done.stdout + done.stderr
-    assert done.returncode == 3, out
+    out = "".join(client.lines)
+    assert code == 3, out
     assert "version 1 (it names none)" in out and f"version {codec.WIRE_VERSION}" in out, out
     assert servicer.calls == ["Join"]  # nothing after the refused Join: no model description, no pull
