@@ -20,7 +20,7 @@ from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
 from server.coordinator import Coordinator
-from server.run_state import State
+from server.run_state import SCHEMA, State
 from server.store import Store
 
 
@@ -225,6 +225,6 @@ def test_the_engines_unversioned_meta_goes_on(tmp_path):
     resumed = run_inprocess(cfg, state_dir=tmp_path)
     assert resumed.resumes == 1
     same_run(straight, resumed)
-    assert meta_of(tmp_path)["schema"] == 1
+    assert meta_of(tmp_path)["schema"] == SCHEMA  # written in the current schema
     unversioned()  # a finished run's: given again without training
     same_run(straight, run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(0)))
