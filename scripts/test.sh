@@ -18,12 +18,14 @@ mypy_log="$(mktemp)"
 trap 'rm -f "$mypy_log"' EXIT
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-# -n auto: one worker per CPU, at most 4 (the integration tests start a coordinator and clients each;
-# they spend most of their time importing torch in fresh processes, which overlaps across workers).
+# -n auto: one worker per CPU, at most 4 (the integration tests start a coordinator and clients each, and
+# wait on their deadlines, which overlaps across workers).
+# --dist worksteal: a worker that has run out of tests takes half of another's queue. With the default (load),
+# one of two workers held the integration tests to the end while the other sat idle for four minutes.
 # --durations: every run names its slowest tests, so that CI's time budget is watched where it is spent.
 # Extra arguments go to pytest (e.g. `-n 0` to run in one process, `-k NAME`).
 status=0
-.venv/bin/python -m pytest -m "not slow" -q -n auto --maxprocesses 4 --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -m "not slow" -q -n auto --maxprocesses 4 --dist worksteal --durations=25 "$@" || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
 if [ "$mypy_status" -ne 0 ]; then
