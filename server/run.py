@@ -240,7 +240,11 @@ class Run:
             try:
                 extras = self.folding.close(step, step.aggregator, self.staged(step))
             except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
-                return step if failed.record is None else self._end_unmerged(step, failed.record)
+                if failed.record is None:
+                    return step
+                sessions = len(failed.record["failed"])
+                why = f"task {step.task} step {step.index} secure aggregation: {sessions} sessions failed"
+                return self._end_unmerged(step, why, {"secagg": failed.record}, clients=0)
 
             def merged(seconds: float) -> None:
                 fault_point("merge.aggregated")
@@ -249,32 +253,25 @@ class Run:
             try:
                 entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
             except NothingToMerge as empty:  # clients on their own data, none of it this task's
-                return self._end_unmerged(step, {"empty": str(empty)}, str(empty))
+                return self._end_unmerged(step, str(empty), {"empty": str(empty)}, clients=len(step.submitted))
         self.emit(line + eta)
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         return self._advance(step)
 
-    def _end_unmerged(self, step: StepState, failed: dict, why: str | None = None) -> StepState | None:
-        """``step`` cannot merge: its secure aggregation gave up (``failed``: why each session failed, whom it
-        excluded), or (``why``, ``failed = {"empty": why}``) its updates hold no sample of the task. The step
-        ends without a merge, recorded in the history. A training round keeps the last merged state; any other
-        step's merge is needed by the steps after it, so the run ends, ``failed``. Never raised: one party's
-        failure (or a task nobody holds data of) must not stop the coordinator, its ticker or a restart of it."""
-        where = f"task {step.task} step {step.index}"
-        if why is None:
-            where, why = f"{where} secure aggregation", f"{len(failed['failed'])} sessions failed"
-            entry = record(step.task, step.round, step.phase, step.plan, clients=0) | {"secagg": failed}
-        else:
-            entry = record(step.task, step.round, step.phase, step.plan, clients=len(step.submitted)) | failed
+    def _end_unmerged(self, step: StepState, why: str, extra: dict, clients: int) -> StepState | None:
+        """``step`` cannot merge (``why``, which names the step): its secure aggregation gave up, or its updates
+        hold no sample of the task. It ends without a merge, recorded in the history with ``extra`` and the
+        ``clients`` that took part. A training round keeps the last merged state; any other step's merge is needed
+        by the steps after it, so the run ends, ``failed``. Never raised: one party's failure (or a task nobody
+        holds data of) must not stop the coordinator, its ticker or a restart of it."""
+        entry = record(step.task, step.round, step.phase, step.plan, clients=clients) | extra
         self.history.append(entry)
         self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
-            self.emit(f"{where}: {why}; the round ends without a merge")
+            self.emit(f"{why}; the round ends without a merge")
             return self._advance(step)
-        self.emit(
-            f"{where}: {why}; a {step.phase.value} step's merge is needed by the steps after it: the run ends (failed)"
-        )
+        self.emit(f"{why}; a {step.phase.value} step's merge is needed by the steps after it: the run ends (failed)")
         self.state = State.FAILED
         self.commit()
         return None
