@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 3
             worker = runtime.worker(index, args.client_id)
             worker.on_batch = progress.batch
+            log.info("shard sizes per task %s", [int(s.numel()) for s in worker.shards])
         step = (plan.task, plan.round, plan.phase)
         if (*step, plan.secure_attempt) == skipped:
             time.sleep(1.0)

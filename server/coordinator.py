@@ -8,7 +8,7 @@ every lower index has been folded, so the result is bit-identical to the in-proc
 clients 0..N-1 in order; an update that arrives ahead of its turn waits on disk, not in memory. In robust
 mode (``robust.enabled``, ``server.robust``) nothing is folded until the step closes: the staged updates
 are then screened together and what passes is folded, in index order. A step closes when every client
-has submitted, or once its deadline has passed with a quorum; the missing clients are then skipped and
+that has joined has submitted, or once its deadline has passed with a quorum; the missing clients are then skipped and
 their late updates refused. A secure step's rounds are its own state machine (``server/secure/``).
 
 After a restart the run resumes from its last commit and opens the step it names; the submissions
@@ -111,7 +111,9 @@ class Coordinator:
         if step.secure is not None:
             self._secure_advance()
             return
-        everyone = len(step.submitted) == self.config.num_clients
+        # A slot nobody has joined (--start-with) has no update to wait for: its client, when it comes, takes
+        # the step open then. A client that joined and went silent is waited for, up to the deadline.
+        everyone = set(self.run.roster.clients.values()) <= step.submitted
         if not everyone and not self._deadline_passed():
             return
         if not everyone:

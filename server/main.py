@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="K",
-        help="start the run once K clients have joined; the others may join at any later step, and a step "
-        "without them closes at --round-deadline with --quorum (0: all num_clients)",
+        help="start the run once K clients have joined; the others may join at any later step (a step waits "
+        "for the clients that have joined, a silent one up to --round-deadline with --quorum; 0: all num_clients)",
     )
     parser.add_argument(
         "--linger",

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from common.infra.faults import fault_point
 from common.run.config import RunConfig
+from common.run.schedule import run_tasks
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
 from server.export import (
@@ -86,6 +88,10 @@ class RunReporter:
         dense_delta: dict[str, Tensor] | None = None,
         exports: dict[str, dict[str, Tensor]] | None = None,
     ) -> Path:
+        # A head of more rows than the schedule's classes (data.max_classes) is exported as the schedule's: the
+        # rows past them are in no task, never trained.
+        rows = run_tasks(config, spec.num_classes)[-1][1]
+        spec, head_w, head_b = dataclasses.replace(spec, num_classes=rows), head_w[:rows], head_b[:rows]
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / CARD_FILE).unlink(missing_ok=True)  # an earlier export here stops being one until this is whole
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())

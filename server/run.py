@@ -14,7 +14,6 @@ Run is not thread-safe.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -380,15 +379,12 @@ class Run:
         """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
         short writes it again."""
         assert self.strategy is not None and self.spec is not None
-        # A head of more rows than the schedule's classes (data.max_classes) is exported as the schedule's:
-        # the rows past them are in no task, never trained.
-        rows = self.strategy.tasks[-1][1]
         out = self.reporter.finish(
             self.live_config,
-            dataclasses.replace(self.spec, num_classes=rows),
+            self.spec,
             self.strategy.adapter(),
-            self.strategy.head_w[:rows],
-            self.strategy.head_b[:rows],
+            self.strategy.head_w,
+            self.strategy.head_b,
             self.summary(),
             self.strategy.dense_delta(),
             self.strategy.exports(),

@@ -137,3 +137,16 @@ def test_the_appended_schedule_survives_a_restart_idle_or_running(tmp_path):
     assert isinstance(third.pull("c1"), Wait)
     third.finish()
     assert third.run.state == State.DONE and len(third.run.matrix.correct) == 3
+
+
+def test_a_step_waits_for_the_clients_that_joined_not_for_an_empty_slot(tmp_path):
+    """``--start-with 2`` of 3 slots and no deadline: the run goes on with the two that joined (a slot nobody
+    holds has no update to wait for; its client takes the step open when it comes), to the end."""
+    config = open_config(open_=False, max_classes=0).replace(num_clients=3)
+    coord = Coordinator(config, tmp_path / "state", Options(results_dir=str(tmp_path / "results"), start_with=2))
+    for i in range(CLIENTS):
+        coord.join(f"c{i}", i)
+        coord.describe(f"c{i}", LORA_SPEC)
+    assert coord.step is not None  # two of three joined: task 0 started
+    play(coord)
+    assert coord.run.state == State.DONE and all(entry["clients"] == 2 for entry in coord.run.history)
