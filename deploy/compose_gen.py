@@ -197,11 +197,13 @@ services:
       dockerfile: deploy/coordinator.Dockerfile
     init: true
     restart: on-failure  # a crash resumes from /state; a finished run exits 0 and stays down
-    # No data: the schedule names the classes (data.owned); max_length fixed so that every client's model and
-    # the export agree (0 would let each client count its own); data.max_classes: the head's rows, the most
-    # classes the open schedule may grow to.
+    # No data: the schedule names the classes. max_length is fixed so that every client's model and the export
+    # agree (0 lets each client count its own). data.max_classes: the head's rows, the most classes the open
+    # schedule may grow to; it is checked with the other settings, before --schedule is read, and needs
+    # data.owned with named classes then: the placeholder class "_" is what --schedule replaces.
     command: ["--preset", "text", "--set", "num_clients={n}", "--set", "max_length=${{LORM_MAX_LENGTH:-32}}",
-              "--set", "data.max_classes=${{LORM_MAX_CLASSES:-8}}", "--schedule", "/etc/lorm/schedule.txt", "--open",
+              "--set", "data.owned=true", "--set", 'data.classes=["_"]', "--set", "data.max_classes=${{LORM_MAX_CLASSES:-8}}",
+              "--schedule", "/etc/lorm/schedule.txt", "--open",
               "--operator-token-file", "/run/secrets/operator.sha256", "--state-dir", "/state",
               "--results-dir", "/results", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100",
               "--linger", "30", "--tls-ca", "/run/secrets/ca.crt", "--tls-cert", "/run/secrets/coordinator.crt",
