@@ -287,7 +287,7 @@ OWNED_CLIENT = """\
     environment:
       LORM_SERVER: coordinator:50051
       LORM_CLIENT_ID: client-{i}
-      LORM_CLIENT_TEST_DATA: ${{LORM_CLIENT_{i}_TEST_DATA-/data/test.csv}}  # lorm-client --test-data; empty: none
+      LORM_CLIENT_TEST_DATA: "${{LORM_CLIENT_{i}_TEST_DATA-/data/test.csv}}"  # lorm-client --test-data; set empty: none
       LORM_LOG_FORMAT: ${{LORM_LOG_FORMAT:-plain}}
       HF_HUB_OFFLINE: ${{HF_HUB_OFFLINE:-1}}
     volumes:

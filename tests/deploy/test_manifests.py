@@ -30,8 +30,8 @@ NUM_CLIENTS = 3
 
 
 def interpolate(text: str) -> str:
-    """Compose's ``${VAR:-default}`` with every variable unset."""
-    return re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}", lambda m: m.group(2), text)
+    """Compose's ``${VAR:-default}`` and ``${VAR-default}`` with every variable unset."""
+    return re.sub(r"\$\{([A-Z0-9_]+):?-([^}]*)\}", lambda m: m.group(2), text)
 
 
 def load_compose(name: str) -> dict:
