@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,44 @@ def test_owned_compose_serve_reads_the_coordinators_results_read_only(tmp_path):
     paths = re.findall(r"'(/[^']+)'", script)
     assert paths and set(paths) <= mounted, set(paths) - mounted
     assert "health" in args.allowed_clients.split(",")
+
+
+def test_serve_healthcheck_reaches_lorm_serve_over_mutual_tls(tmp_path):
+    """The compose health check against a real lorm-serve on the service's own flags and development files: the
+    handshake, the hostname and the admission of ``health`` pass, and the check fails on the 503 of a server
+    without an export (a refused certificate would fail on the connection instead)."""
+    from server.certs import create_dev_pki
+
+    pki = create_dev_pki(tmp_path / "certs", ["app", "health"], ("serve", "localhost", "127.0.0.1"))
+    serve = compose_owned()["services"]["serve"]
+    files = {"ca.crt": pki.ca, "coordinator.crt": pki.server_cert, "coordinator.key": pki.server_key}
+    files |= {"health.crt": pki.client_cert("health"), "health.key": pki.client_key("health")}
+    mounted = {f"/run/secrets/{name}": path for name, path in files.items()}
+    (tmp_path / "models").mkdir()
+    argv = localized(serve["command"], mounted | {"/models": tmp_path / "models"})
+    argv[argv.index("--port") + 1] = "0"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "serve.main", *argv, "--host", "127.0.0.1"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = ""
+        while "listening on" not in line:
+            line = server.stdout.readline()
+            assert line, "lorm-serve stopped before it listened"
+        port = re.search(r":(\d+) ", line).group(1)
+        script = serve["healthcheck"]["test"][3]
+        for path, local in mounted.items():
+            script = script.replace(f"'{path}'", f"'{local}'")
+        script = re.sub(r"127\.0\.0\.1:\d+/", f"127.0.0.1:{port}/", script)
+        check = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert check.returncode != 0 and "HTTP Error 503" in check.stderr, check.stderr[-500:]
 
 
 def test_docker_compose_config_of_the_owned_file_when_the_cli_has_compose():
