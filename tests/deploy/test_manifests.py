@@ -114,6 +114,14 @@ def mounted_file(path: str, mounts: dict[str, set[str]]) -> bool:
     return leaf in mounts.get(parent, set())
 
 
+def test_every_yaml_file_of_deploy_parses():
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 10, files
+    for path in files:
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert docs and all(isinstance(d, dict) for d in docs), path
+
+
 # ------------------------------------------------------------------ Dockerfiles
 
 

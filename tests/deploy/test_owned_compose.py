@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_manifests import DEPLOY, IMAGES, ROOT, dockerfile, env_read_by_code, image_name, interpolate
+from test_manifests import DEPLOY, IMAGES, ROOT, dockerfile, env_read_by_code, image_name, instruction, interpolate
 
 from common.infra.tls import security_from_args
 from common.run.config import client_local_values, config_from_args
@@ -71,15 +71,20 @@ class Parsed(Exception):
         self.namespace = namespace
 
 
+def image_env(image: str) -> dict[str, str]:
+    """The LORM_ environment an image sets (its Dockerfile's ENV)."""
+    return dict(re.findall(r"\b(LORM_\w+)=(\S+)", " ".join(instruction(dockerfile(IMAGES[image]), "ENV"))))
+
+
 def client_args(argv: list[str], env: dict[str, str], monkeypatch) -> argparse.Namespace:
-    """lorm-client's own parser (built in its ``main``) over ``argv`` with ``env`` as its whole LORM_ environment;
-    then its checks of the TLS files and its own data flags."""
+    """lorm-client's own parser (built in its ``main``) over ``argv`` with the client image's LORM_ environment
+    and ``env`` on top; then its checks of the TLS files and its own data flags."""
     import client.main
     from client.local import local_from_args
 
     for name in [n for n in os.environ if n.startswith("LORM_")]:
         monkeypatch.delenv(name)
-    for name, value in env.items():
+    for name, value in (image_env("lorm-client") | env).items():
         if value is not None:  # compose: a variable without a value is the shell's, unset here
             monkeypatch.setenv(name, str(value))
 
@@ -165,7 +170,7 @@ def test_owned_compose_clients_mount_their_own_data_alone(tmp_path, monkeypatch)
         args = client_args(localized(s["command"], files), s["environment"], monkeypatch)
         assert args.client_id == name and args.server == "coordinator:50051"
         assert under(args.data, target) and under(args.test_data, target), (args.data, args.test_data)
-        assert not args.data_dir and not args.train_file and not args.test_file and not args.image_root
+        assert not args.train_file and not args.test_file and not args.image_root, "a shard's files"
     assert len(set(sources)) == len(sources), "two clients share a data folder"
     assert not {v.split(":")[0] for s in clients.values() for v in s["volumes"]} & set(spec["volumes"])
 
