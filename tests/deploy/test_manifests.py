@@ -30,8 +30,8 @@ NUM_CLIENTS = 3
 
 
 def interpolate(text: str) -> str:
-    """Compose's ``${VAR:-default}`` with every variable unset."""
-    return re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}", lambda m: m.group(2), text)
+    """Compose's ``${VAR:-default}`` and ``${VAR-default}`` with every variable unset."""
+    return re.sub(r"\$\{([A-Z0-9_]+):?-([^}]*)\}", lambda m: m.group(2), text)
 
 
 def load_compose(name: str) -> dict:
@@ -112,6 +112,14 @@ def mounted_file(path: str, mounts: dict[str, set[str]]) -> bool:
     """``path`` is a file under one of ``mounts`` (mount point -> file names it holds)."""
     parent, _, leaf = path.rpartition("/")
     return leaf in mounts.get(parent, set())
+
+
+def test_every_yaml_file_of_deploy_parses():
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 10, files
+    for path in files:
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert docs and all(isinstance(d, dict) for d in docs), path
 
 
 # ------------------------------------------------------------------ Dockerfiles
