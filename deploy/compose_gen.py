@@ -199,10 +199,9 @@ services:
     restart: on-failure  # a crash resumes from /state; a finished run exits 0 and stays down
     # No data: the schedule names the classes. max_length is fixed so that every client's model and the export
     # agree (0 lets each client count its own). data.max_classes: the head's rows, the most classes the open
-    # schedule may grow to; it is checked with the other settings, before --schedule is read, and needs
-    # data.owned with named classes then: the placeholder class "_" is what --schedule replaces.
+    # schedule may grow to.
     command: ["--preset", "text", "--set", "num_clients={n}", "--set", "max_length=${{LORM_MAX_LENGTH:-32}}",
-              "--set", "data.owned=true", "--set", 'data.classes=["_"]', "--set", "data.max_classes=${{LORM_MAX_CLASSES:-8}}",
+              "--set", "data.max_classes=${{LORM_MAX_CLASSES:-8}}",
               "--schedule", "/etc/lorm/schedule.txt", "--open",
               "--operator-token-file", "/run/secrets/operator.sha256", "--state-dir", "/state",
               "--results-dir", "/results", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100",

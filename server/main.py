@@ -15,9 +15,9 @@ import torch
 
 from common.infra.logs import add_logging_arguments, set_context, setup_logging
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
-from common.run.config import CLIENT_LOCAL, add_config_arguments, client_local_values, config_from_args
+from common.run.config import CLIENT_LOCAL, add_config_arguments, client_local_values
 from common.run.metrics import format_summary
-from common.run.schedule import add_schedule_arguments, schedule_from_args
+from common.run.schedule import add_schedule_arguments, config_with_schedule
 from common.wire.messages import ModelSpec
 from server.admission import Limits
 from server.checks import Options, Refused
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("lorm.server")
     security.announce(log, "server")
     try:
-        config = schedule_from_args(args, config_from_args(args))
+        config = config_with_schedule(args)
     except (OSError, ValueError) as err:
         parser.error(str(err))
     for key, value in client_local_values(config).items():

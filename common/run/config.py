@@ -350,8 +350,13 @@ def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return merged(values, change)
 
 
-def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key)."""
+def config_from_args(
+    args: argparse.Namespace,
+    base: dict[str, Any] | None = None,
+    then: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> RunConfig:
+    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key),
+    and last ``then`` (e.g. the schedule of ``--task``), before the configuration is checked."""
     from common.run.presets import preset
 
     values = current_keys(dict(base or {}))
@@ -369,4 +374,4 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
         except json.JSONDecodeError:
             value = raw
         values = set_value(values, key, value)
-    return RunConfig.from_dict(values)
+    return RunConfig.from_dict(then(values) if then is not None else values)

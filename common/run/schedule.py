@@ -11,12 +11,13 @@ a task appended is one more list.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common.run.config import CLASSES_FROM_SETTING, RunConfig
+from common.run.config import CLASSES_FROM_SETTING, RunConfig, config_from_args
 from common.run.partition import task_ranges
 from common.run.settings import DataSettings
 
@@ -171,9 +172,11 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def schedule_from_args(args: argparse.Namespace, config: RunConfig) -> RunConfig:
-    """``config`` with the schedule of ``--schedule`` or ``--task`` (``data.owned``, ``data.classes`` in task
-    order, ``task_sizes``, ``num_tasks``) and ``--open``; ``ValueError`` for an unusable schedule."""
+def schedule_from_args(args: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's ``values`` (not yet checked: ``config_from_args(args, then=...)``) with the schedule of
+    ``--schedule`` or ``--task`` (``data.owned``, ``data.classes`` in task order, ``task_sizes``, ``num_tasks``)
+    and ``--open``, so that settings which need a schedule (``data.max_classes``) are checked with it;
+    ``ValueError`` for an unusable schedule."""
     if args.schedule and args.task:
         raise ValueError("--schedule FILE and --task A,B,C both give the schedule: pass one of them")
     schedule: Schedule | None = None
@@ -182,17 +185,24 @@ def schedule_from_args(args: argparse.Namespace, config: RunConfig) -> RunConfig
     elif args.task:
         schedule = [parse_task(text, f"--task {text!r:.100}") for text in args.task]
         check_schedule(schedule, "--task")
-    settings = {name: dict(values) for name, values in config.settings.items()}
+    settings = {name: dict(section) for name, section in values.get("settings", {}).items()}
     data = settings.setdefault("data", {})
     if args.open:
         data["open"] = True
     if schedule is None:
-        return config.replace(settings=settings)
+        return {**values, "settings": settings}
     data.update(owned=True, classes=scheduled_classes(schedule))
-    return config.replace(
-        settings=settings,
-        class_order="natural",  # the names in the order given
-        num_classes=0,
-        num_tasks=len(schedule),
-        task_sizes=[len(task) for task in schedule],
-    )
+    return {
+        **values,
+        "settings": settings,
+        "class_order": "natural",  # the names in the order given
+        "num_classes": 0,
+        "num_tasks": len(schedule),
+        "task_sizes": [len(task) for task in schedule],
+    }
+
+
+def config_with_schedule(args: argparse.Namespace) -> RunConfig:
+    """The run of a program's configuration flags and schedule flags (:func:`add_schedule_arguments`), checked
+    as one: ``ValueError`` (or ``OSError`` for an unreadable file) when it is unusable."""
+    return config_from_args(args, then=functools.partial(schedule_from_args, args))

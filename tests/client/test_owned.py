@@ -145,3 +145,16 @@ def test_a_coordinator_configuration_that_names_the_clients_folder_is_refused_an
         "--test-data",
         str(Path(tmp_path) / "client2-test.csv"),
     ]
+
+
+def test_lorm_spec_takes_the_coordinators_schedule_flags_and_describes_the_heads_rows(tmp_path, capsys):
+    """``lorm-spec --task ... --set data.max_classes=N``: the head the clients of that coordinator build (N
+    rows, not the scheduled classes'), else every client's Describe would differ from ``--model-spec``."""
+    from client import spec
+    from common.wire.messages import ModelSpec
+
+    out = tmp_path / "spec.json"
+    argv = ["--set", "dataset=textfile", "--set", "backbone=tiny-bert", "--set", "max_length=8"]
+    argv += ["--task", "alarm,balance", "--open", "--set", "data.max_classes=5", "--out", str(out)]
+    assert spec.main(argv) == 0 and "5 classes" in capsys.readouterr().out
+    assert ModelSpec.from_json(out.read_text()).num_classes == 5

@@ -8,27 +8,33 @@ import argparse
 
 import pytest
 
-from common.run.config import RunConfig
+from common.run.config import RunConfig, add_config_arguments
 from common.run.schedule import (
     add_schedule_arguments,
     class_schedule,
+    config_with_schedule,
     head_classes,
     read_schedule,
     run_tasks,
     same_but_schedule,
-    schedule_from_args,
     with_schedule,
 )
+from common.run.schedule import schedule_from_args as values_with_schedule
 from common.run.settings import DataSettings
 
 
 def parsed(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
     add_schedule_arguments(parser)
     return parser.parse_args(list(argv))
 
 
-BASE = RunConfig(dataset="textfile", num_tasks=5)
+BASE = {"dataset": "textfile", "num_tasks": 5}
+
+
+def schedule_from_args(args: argparse.Namespace, base: dict) -> RunConfig:
+    return RunConfig.from_dict(values_with_schedule(args, base))
 
 
 def test_a_schedule_file_is_one_task_per_line(tmp_path):
@@ -102,3 +108,14 @@ def test_an_open_run_is_refused_for_a_method_that_sizes_its_state_by_the_tasks_i
     with pytest.raises(ValueError, match="method 'coda-p' sizes its state by the tasks it starts with"):
         config.replace(method="coda-p")
     assert config.replace(method="l2p").section(DataSettings).open  # its pool does not depend on the tasks
+
+
+def test_settings_that_need_a_schedule_are_checked_with_the_schedule_of_the_flags():
+    """``data.max_classes`` needs ``data.owned`` and named classes, which ``--task`` gives: the flags are one
+    configuration, checked once (it was checked before the schedule was read, and refused)."""
+    config = config_with_schedule(
+        parsed("--set", "dataset=textfile", "--set", "data.max_classes=8", "--task", "a,b", "--open")
+    )
+    assert config.section(DataSettings).max_classes == 8 and class_schedule(config) == [["a", "b"]]
+    with pytest.raises(ValueError, match="set data.owned"):
+        config_with_schedule(parsed("--set", "dataset=textfile", "--set", "data.max_classes=8"))

@@ -20,8 +20,8 @@ import yaml
 from test_manifests import DEPLOY, IMAGES, ROOT, dockerfile, env_read_by_code, image_name, instruction, interpolate
 
 from common.infra.tls import security_from_args
-from common.run.config import client_local_values, config_from_args
-from common.run.schedule import class_schedule, head_classes, read_schedule, schedule_from_args, scheduled_classes
+from common.run.config import client_local_values
+from common.run.schedule import class_schedule, config_with_schedule, head_classes, read_schedule, scheduled_classes
 from common.run.settings import DataSettings
 
 NUM_CLIENTS = 3
@@ -61,7 +61,7 @@ def coordinator_config(argv: list[str]):
 
     args = build_parser().parse_args(argv)
     security_from_args(args, "server")
-    config = schedule_from_args(args, config_from_args(args))
+    config = config_with_schedule(args)
     assert not client_local_values(config), "the coordinator names a client's own setting: every client refuses it"
     return args, config
 

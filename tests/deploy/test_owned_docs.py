@@ -3,7 +3,6 @@ deploy/k8s-owned/ read, and parse with their programs' own parsers."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -12,8 +11,7 @@ from test_manifests import DEPLOY, ROOT
 from test_owned_compose import compose_owned, under
 from test_owned_k8s import OWNED, SITE, client_gen, client_objects, generated, site_objects
 
-from common.run.config import config_from_args
-from common.run.schedule import head_classes, schedule_from_args
+from common.run.schedule import config_with_schedule, configured_classes, head_classes
 from common.run.settings import DataSettings
 
 
@@ -120,22 +118,22 @@ def test_the_docs_make_the_files_the_kustomization_reads(capsys):
 
 
 def test_the_docs_model_spec_command_gives_the_clients_head():
-    """lorm-spec counts data.classes, not data.max_classes: DEPLOY.md's command names as many classes as the
-    coordinators' head has rows, else every client's Describe differs from --model-spec and is refused."""
-    from common.run.config import add_config_arguments
-    from common.run.schedule import configured_classes
+    """DEPLOY.md's lorm-spec command describes the coordinators' run: as many head rows as the clients build
+    (data.max_classes, not the schedule's first classes), else every client's Describe differs from
+    --model-spec and is refused."""
+    from client import spec
     from server.main import build_parser
 
-    (command,) = named(doc_commands(COMPOSE), "lorm-spec")
-    parser = argparse.ArgumentParser(prog="lorm-spec")  # as client/spec.py builds it in its main
-    add_config_arguments(parser)
-    parser.add_argument("--out", required=True)
-    spec_config = config_from_args(parser.parse_args(command[1:]))
-    pod = site_objects()[("Deployment", "lorm-coordinator")]["spec"]["template"]["spec"]
     schedule = str(DEPLOY / "schedule.txt")
-    for argv in (compose_owned()["services"]["coordinator"]["command"], pod["containers"][0]["args"]):
-        args = build_parser().parse_args([schedule if a.endswith("/schedule.txt") else a for a in argv])
-        config = schedule_from_args(args, config_from_args(args))
-        assert len(configured_classes(spec_config)) == head_classes(config, len(config.section(DataSettings).classes))
-        for field in ("backbone", "rank", "lora_scale", "method", "model_seed", "max_length"):
+    (command,) = named(doc_commands(COMPOSE), "lorm-spec")
+    argv = [schedule if a.endswith("/schedule.txt") else a for a in command[1:]]
+    spec_config = spec.config_of(spec.build_parser(), argv)
+    rows = head_classes(spec_config, len(configured_classes(spec_config) or []))
+    pod = site_objects()[("Deployment", "lorm-coordinator")]["spec"]["template"]["spec"]
+    for coordinator in (compose_owned()["services"]["coordinator"]["command"], pod["containers"][0]["args"]):
+        config = config_with_schedule(
+            build_parser().parse_args([schedule if a.endswith("/schedule.txt") else a for a in coordinator])
+        )
+        assert rows == head_classes(config, len(config.section(DataSettings).classes)) == 8
+        for field in ("backbone", "rank", "lora_scale", "method", "model_seed", "max_length", "task_sizes"):
             assert getattr(spec_config, field) == getattr(config, field), field
