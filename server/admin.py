@@ -9,7 +9,10 @@ the run's full status as JSON: its progress, the accuracy matrix and the last fi
 ``lorm-admin add-task --classes a,b,c`` appends a task to an open run's schedule (``lorm-server --open``;
 ``Operator/AddTask``) and prints the schedule as it now stands; an idle run starts the task at once.
 ``lorm-admin finish`` ends an open run (``Operator/Finish``): at once when it idles, else after its last
-scheduled task.
+scheduled task. ``--wait`` waits (up to ``--timeout``) for a coordinator that is not serving yet.
+
+``lorm-admin token --out FILE`` makes the operator's credential: a random token in ``FILE`` (mode 0600, for
+``lorm-admin``) and its SHA-256 in ``FILE.sha256`` (for ``lorm-server --operator-token-file``).
 
 Exit codes: 0 done (the status or the schedule printed), 2 the call failed (its status code and details on
 stderr).
@@ -20,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 
 import grpc
 
-from common.infra.tls import Security, SecurityError
+from common.infra.tls import Security, SecurityError, token_digest
 from common.run.schedule import parse_task
 from proto import codec
 from proto import lorm_pb2 as pb
@@ -44,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_arguments(add)
     finish = commands.add_parser("finish", help="end an open run (at once when idle, else after its last task)")
     _connection_arguments(finish)
+    token = commands.add_parser("token", help="make the operator's token (FILE) and its digest (FILE.sha256)")
+    token.add_argument("--out", required=True, metavar="FILE", help="the token's file; its digest goes to FILE.sha256")
+    token.add_argument("--force", action="store_true", help="replace existing files")
     return parser
 
 
@@ -62,6 +69,9 @@ def _connection_arguments(status: argparse.ArgumentParser) -> None:
     )
     status.add_argument("--run-id", default="", help="refuse unless the coordinator serves this run")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds the call may take")
+    status.add_argument(
+        "--wait", action="store_true", help="wait (up to --timeout) for a coordinator that is not serving yet"
+    )
     g = status.add_argument_group("connection (as lorm-health's: under mutual TLS the handshake needs a certificate)")
     g.add_argument("--tls-ca", default=os.environ.get("LORM_TLS_CA", ""), metavar="FILE", help="CA of the coordinator")
     g.add_argument("--tls-cert", default=os.environ.get("LORM_TLS_CERT", ""), metavar="FILE", help="certificate (PEM)")
@@ -90,10 +100,28 @@ def _token(path: str) -> str:
     return token
 
 
+def make_token(out: str, force: bool = False) -> tuple[int, str]:
+    """A random operator token written to ``out`` (0600) and its digest to ``out.sha256``; nothing replaced
+    unless ``force``."""
+    token_file, digest_file = Path(out), Path(f"{out}.sha256")
+    existing = [str(f) for f in (token_file, digest_file) if f.exists()]
+    if existing and not force:
+        return 2, f"lorm-admin token: {', '.join(existing)} exists: pass --force to replace it"
+    token = secrets.token_hex(32)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.unlink(missing_ok=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(token + "\n")
+    digest_file.write_text(token_digest(token) + "\n")
+    return 0, f"wrote {token_file} (the token: lorm-admin --operator-token-file) and {digest_file} (lorm-server's)"
+
+
 def call(args: argparse.Namespace) -> tuple[int, str]:
     """(exit code, what to print) for one operator command: the status as JSON, or the schedule after
     add-task, or what went wrong."""
     what = f"lorm-admin {args.command}"
+    if args.command == "token":
+        return make_token(args.out, args.force)
     if not args.operator_token_file:
         return 2, f"{what}: give --operator-token-file FILE (or ${ENV_TOKEN}): the operator's token"
     try:
@@ -103,19 +131,18 @@ def call(args: argparse.Namespace) -> tuple[int, str]:
     except (SecurityError, OSError, ValueError) as err:
         return 2, f"{what}: {err}"
     metadata = (("authorization", f"Bearer {token}"),)
+    options = {"timeout": args.timeout, "metadata": metadata, "wait_for_ready": args.wait}
     with security.channel(args.target, []) as channel:
         stub = pb_grpc.OperatorStub(channel)
         try:
             if args.command == "add-task":
-                added = stub.AddTask(
-                    pb.AddTaskRequest(run_id=args.run_id, classes=classes), timeout=args.timeout, metadata=metadata
-                )
+                added = stub.AddTask(pb.AddTaskRequest(run_id=args.run_id, classes=classes), **options)
                 schedule = codec.schedule_from_proto(added.tasks)
                 return 0, json.dumps({"task": added.task, "schedule": schedule}, indent=2)
             if args.command == "finish":
-                stub.Finish(pb.FinishRequest(run_id=args.run_id), timeout=args.timeout, metadata=metadata)
+                stub.Finish(pb.FinishRequest(run_id=args.run_id), **options)
                 return 0, "the run ends: at once if it was idle, else after its last scheduled task"
-            reply = stub.OperatorStatus(pb.StatusRequest(run_id=args.run_id), timeout=args.timeout, metadata=metadata)
+            reply = stub.OperatorStatus(pb.StatusRequest(run_id=args.run_id), **options)
         except grpc.RpcError as err:
             return 2, f"{args.target}: {err.code().name} ({err.details()})"
     return 0, json.dumps(codec.status_from_proto(reply), indent=2)

