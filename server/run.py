@@ -216,6 +216,7 @@ class Run:
                 where=f"task {task} step {index} secure aggregation",
                 emit=self.emit,
                 state=self.store.load_secagg(step.key),
+                joined=self.roster.clients.values,
             )
         return step
 

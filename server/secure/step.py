@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +111,12 @@ class SecureStep:
         where: str = "secure aggregation",
         emit: Callable[[str], None] = lambda message: None,
         state: dict | None = None,
+        joined: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self.clients = clients
+        # The slots a client has joined (--start-with): the keys round waits for those, not for a slot nobody
+        # holds (a client that joins later takes part in the next session). None: every slot.
+        self.joined = joined
         self.fp = fixed_point(settings, clients)
         self.t = threshold(settings, clients)
         self.signed = settings.mode == "signed"
@@ -170,6 +174,13 @@ class SecureStep:
     def can_restart(self) -> bool:
         """Whether the clients not excluded can still reach the threshold (else no session can succeed)."""
         return len(self.members()) >= self.t
+
+    def keys_complete(self) -> bool:
+        """Every client the keys round waits for has advertised: each expected slot that a client holds, and at
+        least the threshold of them."""
+        s = self.session
+        waited = set(s.expected) if self.joined is None else set(s.expected) & set(self.joined())
+        return len(s.keys) >= self.t and waited <= set(s.keys)
 
     def late(self, deadline_s: float) -> bool:
         """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
@@ -278,7 +289,7 @@ class SecureStep:
             )
         s, changed = self.session, False
         # Each round is late by its own deadline: self.late() is read afresh after every round that closes.
-        if s.roster is None and (len(s.keys) == len(s.expected) or (self.late(deadline) and len(s.keys) >= t)):
+        if s.roster is None and (self.keys_complete() or (self.late(deadline) and len(s.keys) >= t)):
             s.close_keys()
             self.round_closed()
             changed = True

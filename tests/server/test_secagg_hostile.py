@@ -342,3 +342,21 @@ def test_the_seed_commitment_binds_the_seed_to_the_client_and_step():
     assert isinstance(one.keys, Keys) and len(one.keys.commitment) == 32
     other_step = ClientSession(1, 2, b"ctx2")
     assert one.keys.commitment != other_step.keys.commitment
+
+
+def test_a_secure_step_waits_for_the_clients_that_joined_not_for_an_empty_slot(tmp_path):
+    """``--start-with 4`` of 5 slots and no deadline: each step's keys round closes once the four joined clients
+    have advertised (a slot nobody holds would hold it for ever), and the sum is theirs."""
+    run = config(num_clients=N, num_tasks=1, rounds_per_task=2, settings={"secagg": {"enabled": True}})
+    coord = Coordinator(run, tmp_path / "state", Options(start_with=N - 1))
+    members = list(range(N - 1))
+    for i in members:
+        coord.join(f"c{i}", i)
+        coord.describe(f"c{i}", SPEC)
+    plan = coord.pull("c0")
+    assert isinstance(plan, RoundPlan) and plan.phase == Phase.TRAIN
+    step = coord.step
+    assert step is not None and step.secure is not None
+    session(coord, members)
+    assert coord.step is not step  # the step closed with the four
+    assert coord.run.history[-1]["clients"] == N - 1, coord.run.history[-1]
