@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from common.run.schedule import MAX_CLASSES, check_schedule
 from common.typed.fields import parse_fields
 from common.wire.tensors import PARTS
 
@@ -53,7 +54,13 @@ class GramKind(str, Enum):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the coordinator must know about the model; it never builds one itself."""
+    """What the coordinator must know about the model; it never builds one itself.
+
+    ``classes`` and ``max_length`` are what only the clients know (they read the data): the class names in head
+    order, and the tokens a sentence keeps (``max_length=0`` lets the clients count it from their data). They
+    travel in the same JSON as the shapes; a description without them (``None``: an older client, state
+    directory or ``--model-spec`` file) reads as not knowing them, and the first one that knows them completes
+    it (:meth:`completed_by`)."""
 
     layers: dict[str, tuple[int, int]]  # LoRA layer name -> (d_out, d_in), in module order
     feature_dim: int  # the head's input width
@@ -61,6 +68,11 @@ class ModelSpec:
     export_prefix: str = ""  # prefix of layer names inside the wrapper, stripped for the exported adapter
     base_model: str = ""  # what the exported adapter applies to (hub name or local path)
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # backbone weights (full fine-tuning)
+    # head row i is class classes[i]; None: unknown, or named by the coordinator's schedule (clients' own data)
+    classes: tuple[str, ...] | None = None
+    max_length: int | None = None  # text: tokens kept per sample; 0: the model reads no text; None: unknown
+
+    KNOWN_LATER: ClassVar[tuple[str, ...]] = ("classes", "max_length")  # fields an older description lacks
 
     def to_json(self) -> str:
         return json.dumps(
@@ -71,12 +83,14 @@ class ModelSpec:
                 "export_prefix": self.export_prefix,
                 "base_model": self.base_model,
                 "params": {k: list(v) for k, v in self.params.items()},
+                "classes": None if self.classes is None else list(self.classes),
+                "max_length": self.max_length,
             }
         )
 
     def difference(self, other: ModelSpec) -> str:
         """The first way ``other`` differs from this spec, in words ("" when equal)."""
-        for what in ("feature_dim", "num_classes", "export_prefix", "base_model"):
+        for what in ("feature_dim", "num_classes", "export_prefix", "base_model", "max_length"):
             if getattr(self, what) != getattr(other, what):
                 return f"{what} {getattr(other, what)!r} instead of {getattr(self, what)!r}"
         for what in ("layers", "params"):
@@ -91,7 +105,13 @@ class ModelSpec:
             for name, shape in mine.items():
                 if tuple(theirs[name]) != tuple(shape):
                     return f"{what} {name!r} of shape {tuple(theirs[name])} instead of {tuple(shape)}"
-        return ""
+        return _class_difference(self.classes, other.classes)
+
+    def completed_by(self, other: ModelSpec) -> bool:
+        """Whether ``other`` is this description with what this one does not know (:data:`KNOWN_LATER` fields
+        that are ``None``) filled in: the same model, described by a client that knows more."""
+        unknown = {what: getattr(other, what) for what in self.KNOWN_LATER if getattr(self, what) is None}
+        return bool(unknown) and dataclasses.replace(self, **unknown) == other
 
     def state_bytes(self, rank: int, full_grams: bool) -> int:
         """An upper bound of the bytes the coordinator holds for one step of this model: float64 LoRA factors
@@ -105,11 +125,15 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
-        """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description."""
+        """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description. A field
+        this reader does not know is ignored; ``classes`` and ``max_length`` absent read as unknown."""
         try:
             v = json.loads(text)
             layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
             params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
+            classes, max_length = v.get("classes"), v.get("max_length")
+            if classes is not None and (not isinstance(classes, list) or len(classes) > MAX_CLASSES):
+                raise TypeError(f"classes: expected a list of at most {MAX_CLASSES} names, got {str(classes):.100}")
             spec = cls(
                 layers,
                 int(v["feature_dim"]),
@@ -117,6 +141,8 @@ class ModelSpec:
                 str(v.get("export_prefix", "")),
                 str(v.get("base_model", "")),
                 params,
+                None if classes is None else tuple(classes),
+                None if max_length is None else int(max_length),
             )
         except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, RecursionError) as err:
             raise ValueError(f"not a model description ({type(err).__name__}: {err})") from err
@@ -127,7 +153,26 @@ class ModelSpec:
                 f"parameter dimensions, got layers {spec.layers}, feature_dim {spec.feature_dim}, "
                 f"num_classes {spec.num_classes}"
             )
+        if spec.max_length is not None and spec.max_length < 0:
+            raise ValueError(f"max_length should be 0 (no text) or a positive token count, got {spec.max_length}")
+        if spec.classes is not None:
+            if len(spec.classes) != spec.num_classes:
+                raise ValueError(f"{len(spec.classes)} class names for a head of {spec.num_classes} classes")
+            check_schedule([list(spec.classes)], "the model description's classes")
         return spec
+
+
+def _class_difference(mine: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> str:
+    """How the class names ``theirs`` differ from ``mine`` (head order), in words ("" when equal)."""
+    if mine == theirs:
+        return ""
+    if mine is None or theirs is None:
+        return f"classes {'unknown' if theirs is None else 'named'} instead of {'unknown' if mine is None else 'named'}"
+    if sorted(mine) == sorted(theirs):
+        row = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+        return f"classes in another order: head row {row} is {theirs[row]!r} instead of {mine[row]!r}"
+    extra, missing = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
+    return f"classes: unexpected {extra[:3]!r:.300}, missing {missing[:3]!r:.300}"
 
 
 @dataclass

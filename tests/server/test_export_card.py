@@ -12,7 +12,7 @@ from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import CARD_FILE, ModelCard
 from server import results
 from server.export import model_card
-from server.results import RunReporter
+from server.results import RunReporter, TrainedModel
 
 from exports import CLASSES, own_text_config
 
@@ -40,7 +40,7 @@ SPEC = ModelSpec({"enc.q": (4, 3)}, feature_dim=5, num_classes=6, export_prefix=
 def finish(reporter: RunReporter, config: RunConfig) -> None:
     adapter = {"enc.q": LowRank(torch.ones(4, 2), torch.ones(2, 3))}
     summary = {"accuracy": [[50.0], [50.0, 60.0]], "faa": 55.0, "faa_weighted": 55.0}
-    reporter.finish(config, SPEC, adapter, torch.zeros(6, 5), torch.zeros(6), summary)
+    reporter.finish(config, TrainedModel(SPEC, adapter, torch.zeros(6, 5), torch.zeros(6)), summary)
 
 
 def test_the_card_is_written_after_the_files_it_names(tmp_path, monkeypatch):
