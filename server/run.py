@@ -191,7 +191,7 @@ class Run:
             self.admit_model(fixed, "--model-spec")
         elif self.spec.completed_by(fixed):
             self.complete_model(fixed, keep=keep)
-        elif fixed != self.spec:
+        elif fixed != self.spec and not fixed.completed_by(self.spec):  # an older file: the state knows more
             raise ValueError(
                 f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
                 f"{self.spec.difference(fixed)}"

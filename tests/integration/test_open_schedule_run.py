@@ -2,13 +2,16 @@
 ``--open``) and two clients on their own CSVs; the operator appends a second task while the run idles; the
 coordinator is killed and restarted between tasks (it resumes idle, with the appended schedule); a third client
 joins for the last task, which the operator appends; ``lorm-admin finish`` ends the run after it. The run
-completes with every task's accuracy recorded, and the late client took part in the last task."""
+completes with every task's accuracy recorded, and the late client took part in the last task. After each task
+the model is exported while the run idles, and a watching server (``serve.watch.ModelSlot``) swaps it in."""
 
 from __future__ import annotations
 
 import json
 
 from common.infra.tls import token_digest
+from serve.model import Classifier
+from serve.watch import ModelSlot
 from server.admin import main as admin
 
 from own_data import by_label, own_text_rows, owned_config, write_rows
@@ -49,9 +52,16 @@ def test_an_open_schedule_grows_survives_a_restart_and_takes_a_late_client(clust
     server.wait_for("serving on")
     clients = [c.client(i, *own(i)) for i in range(2)]
     server.wait_for("task 0 was the schedule's last: the run is open", timeout=240)
+    # The model after task 0 is exported while the run idles, and a server watching the results serves it.
+    slot = ModelSlot(c.run_dir / "results", Classifier)
+    assert slot.poll() and slot.stamp is not None and slot.stamp.path.name == "task-0"
+    assert slot.current is not None and slot.current.card.tasks_trained == 1 and slot.current.classes == TASKS[0]
+    assert {p.label for p in slot.current.predict(["wake me up at six", "play some jazz"])} <= set(TASKS[0])
     assert admin(["add-task", "--classes", ",".join(TASKS[1]), *operator]) == 0
     assert json.loads(capsys.readouterr().out)["schedule"] == TASKS[:2]
     server.wait_for("task 1 was the schedule's last: the run is open", timeout=240)
+    assert slot.poll() and slot.version == 2 and slot.stamp is not None and slot.stamp.path.name == "task-1"
+    assert slot.current is not None and slot.current.card.tasks_trained == 2 and slot.current.card.seen_classes == 4
 
     server.kill()  # between tasks: the run is idle, its appended schedule on disk
     server = c.server(*flags)
@@ -78,3 +88,6 @@ def test_an_open_schedule_grows_survives_a_restart_and_takes_a_late_client(clust
     assert all(entry["clients"] == 2 for entry in metrics["history"] if entry["task"] < 2)
     card = json.loads((c.run_dir / "results" / "model.json").read_text())
     assert card["classes"] == [name for task in TASKS for name in task] and card["num_classes"] == 6
+    exported = [json.loads((c.run_dir / "results" / f"task-{t}" / "model.json").read_text()) for t in range(3)]
+    assert [e["tasks_trained"] for e in exported] == [1, 2, 3]  # the restart kept task 1's, and wrote task 2's
+    assert exported[2]["classes"] == card["classes"] and slot.poll() and slot.current.card.tasks_trained == 3
