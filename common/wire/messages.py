@@ -16,13 +16,13 @@ import dataclasses
 import json
 import math
 import typing
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
 from torch import Tensor
 
-from common.run.schedule import MAX_CLASSES, check_schedule
 from common.typed.fields import parse_fields
 from common.wire.tensors import PARTS
 
@@ -50,6 +50,9 @@ class GramKind(str, Enum):
     NONE = "none"
     DIAG = "diag"
     FULL = "full"
+
+
+MAX_CLASS_NAME = 1_000  # characters of a class name a description may hold (the schedule's bound, MAX_NAME)
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,8 @@ class ModelSpec:
             layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
             params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
             classes, max_length = v.get("classes"), v.get("max_length")
-            if classes is not None and (not isinstance(classes, list) or len(classes) > MAX_CLASSES):
-                raise TypeError(f"classes: expected a list of at most {MAX_CLASSES} names, got {str(classes):.100}")
+            if classes is not None and (not isinstance(classes, list) or len(classes) != int(v["num_classes"])):
+                raise TypeError(f"classes: expected a list of a name per head row, got {str(classes):.100}")
             spec = cls(
                 layers,
                 int(v["feature_dim"]),
@@ -156,10 +159,18 @@ class ModelSpec:
         if spec.max_length is not None and spec.max_length < 0:
             raise ValueError(f"max_length should be 0 (no text) or a positive token count, got {spec.max_length}")
         if spec.classes is not None:
-            if len(spec.classes) != spec.num_classes:
-                raise ValueError(f"{len(spec.classes)} class names for a head of {spec.num_classes} classes")
-            check_schedule([list(spec.classes)], "the model description's classes")
+            _check_names(spec.classes)
         return spec
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    """``ValueError`` unless every name is a string of 1 to :data:`MAX_CLASS_NAME` characters, none twice."""
+    bad = [n for n in names if not isinstance(n, str) or not 1 <= len(n) <= MAX_CLASS_NAME]
+    if bad:
+        raise ValueError(f"class names are strings of 1 to {MAX_CLASS_NAME} characters, got {bad[:3]!r:.200}")
+    repeated = sorted(n for n, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise ValueError(f"class names repeat: {repeated[:5]!r:.200}")
 
 
 def _class_difference(mine: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> str:

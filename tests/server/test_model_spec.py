@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from common.run.config import RunConfig
-from common.wire.messages import ModelSpec
+from common.run.schedule import MAX_NAME
+from common.wire.messages import MAX_CLASS_NAME, ModelSpec
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 
@@ -104,10 +105,12 @@ def test_a_description_names_its_classes_and_max_length_and_an_older_one_still_r
     older = '{"layers":{"l1":[5,4],"l2":[3,6]},"feature_dim":4,"num_classes":6}'  # no classes, no max_length
     assert ModelSpec.from_json(older) == SPEC and SPEC.classes is None and SPEC.max_length is None
     assert SPEC.completed_by(NAMED) and not NAMED.completed_by(SPEC) and not NAMED.completed_by(NAMED)
+    assert MAX_CLASS_NAME == MAX_NAME  # a description holds any name a schedule may
     for bad, why in [
-        ('"classes": ["a", "b"]', "2 class names for a head of 6 classes"),
-        ('"classes": ["a", "a", "c", "d", "e", "f"]', "repeated: \\['a'\\]"),
-        ('"classes": ["a", "", "c", "d", "e", "f"]', "strings of 1 to"),
+        ('"classes": ["a", "b"]', "expected a list of a name per head row"),
+        ('"classes": ["a", "a", "c", "d", "e", "f"]', "class names repeat: \\['a'\\]"),
+        ('"classes": ["a", "", "c", "d", "e", "f"]', "strings of 1 to 1000 characters"),
+        ('"classes": ["a", 2, "c", "d", "e", "f"]', "strings of 1 to"),
         ('"classes": "abcdef"', "expected a list"),
         ('"max_length": -1', "max_length should be 0"),
     ]:
