@@ -7,6 +7,7 @@ images) into input tensors.
 
 from __future__ import annotations
 
+import inspect
 import os
 import zlib
 from collections.abc import Callable, Sequence
@@ -426,7 +427,11 @@ class ClassifierModel(nn.Module):
         return self.head(features), features  # (batch, num_classes), (batch, feature_dim)
 
 
-def model_spec(model: ClassifierModel) -> ModelSpec:
+def model_spec(
+    model: ClassifierModel, classes: tuple[str, ...] | None = None, max_length: int | None = None
+) -> ModelSpec:
+    """``model`` as the coordinator knows it; ``classes`` (head order) and ``max_length`` (tokens kept, 0 for a
+    model that reads no text) are the data's, which the model does not hold."""
     backbone = model.backbone
     return ModelSpec(
         model.layer_shapes(),
@@ -435,7 +440,14 @@ def model_spec(model: ClassifierModel) -> ModelSpec:
         backbone.export_prefix,
         backbone.base_model,
         {n: tuple(p.shape) for n, p in model.dense_params().items()},
+        classes,
+        max_length,
     )
+
+
+def reads_text(model: ClassifierModel) -> bool:
+    """Whether the backbone takes tokens (else pixels)."""
+    return "pixel_values" not in inspect.signature(model.backbone.forward).parameters
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.backbones import ClassifierModel, build_backbone, build_model, model_spec
+from client.backbones import ClassifierModel, build_backbone, build_model, model_spec, reads_text
 from client.datasets import DatasetError, Splits, load_dataset
 from client.images import ImageData
 from client.owned import OwnData, load_owned
@@ -34,10 +33,13 @@ class ClientRuntime:
     test: SampleData
     device: torch.device
     owned: bool = False  # the client's own data (client/owned.py), not a Dirichlet shard of a common dataset
+    classes: tuple[str, ...] | None = None  # head order, as the dataset names them; None: the run's schedule does
 
     @property
     def spec(self) -> ModelSpec:
-        return model_spec(self.model)
+        """The model this client describes: its shapes, the class names of its head's rows (a dataset's; with
+        the client's own data the coordinator's schedule names them) and the tokens it keeps per sentence."""
+        return model_spec(self.model, self.classes, self.config.max_length if reads_text(self.model) else 0)
 
     def worker(self, client_index: int, client_id: str) -> ClientWorker:
         return ClientWorker(
@@ -50,11 +52,10 @@ def sample_data(
 ) -> tuple[SampleData, SampleData]:
     """Text: both splits tokenised once, up front. Images: decoded and transformed per batch.
     ``lengths``: the training samples' token counts, when already counted."""
-    takes_pixels = "pixel_values" in inspect.signature(model.backbone.forward).parameters
-    if (splits.kind == "image") != takes_pixels:
+    if (splits.kind == "image") == reads_text(model):
         raise ValueError(
             f"the dataset gives {splits.kind} samples but backbone {type(model.backbone).__name__} "
-            f"takes {'images' if takes_pixels else 'text'}; pick a matching dataset and backbone"
+            f"takes {'text' if reads_text(model) else 'images'}; pick a matching dataset and backbone"
         )
     train_y, test_y = torch.from_numpy(splits.train_y), torch.from_numpy(splits.test_y)
     if splits.kind == "image":
@@ -205,7 +206,10 @@ def build_runtime(config: RunConfig, own: OwnData | None = None, schedule: Sched
         config = dataclasses.replace(config, max_length=chosen)
     model = build_model(config, head_classes(config, splits.num_classes))  # rows past the schedule: capacity
     train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
-    return ClientRuntime(config, model, train, test, resolve_device(config.device), owned=own is not None)
+    device = resolve_device(config.device)
+    if own is not None:
+        return ClientRuntime(config, model, train, test, device, owned=True)
+    return ClientRuntime(config, model, train, test, device, classes=tuple(splits.class_names))
 
 
 def with_tasks(runtime: ClientRuntime, schedule: Schedule, own: OwnData) -> ClientRuntime:
@@ -229,11 +233,9 @@ def needed_schedule(schedule: Schedule | None) -> Schedule:
 
 def owned_runtimes(config: RunConfig, schedule: Schedule | None, owns: list[OwnData]) -> list[ClientRuntime]:
     """Each client's runtime in one process (``lorm-sim`` with ``data.clients_dir``), client ``i`` on its own
-    data ``owns[i]``: one model for all when the configuration fixes ``max_length`` (each client process
-    builds the same one), else each client's own, at the length its own samples choose."""
+    data ``owns[i]``: one model for all, as each client process builds the same one (the configuration fixes
+    ``max_length`` for text: RunConfig refuses 0 with the clients' own data)."""
     first = build_runtime(config, owns[0], schedule)
-    if config.max_length == 0:
-        return [first] + [build_runtime(config, own, schedule) for own in owns[1:]]
     runtimes = [first]
     for own in owns[1:]:
         train, test = sample_data(load_owned(config, needed_schedule(schedule), own), first.model, config.max_length)

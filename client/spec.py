@@ -3,29 +3,41 @@
 The coordinator never builds a model. Given this file it knows the run's model from its
 operator rather than from the first client that describes one: a Describe that differs is
 refused with the difference named. The file is what every client of the run sends: the
-configured backbone with LoRA, and a head over the dataset's classes.
+configured backbone with LoRA, a head over the dataset's classes, their names and the tokens a sentence keeps.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from client.backbones import build_model, model_spec
+from client.backbones import build_model, model_spec, reads_text
 from client.datasets import load_dataset
+from client.runtime import chosen_max_length
 from common.run.config import RunConfig, add_config_arguments
 from common.run.schedule import add_schedule_arguments, config_with_schedule, configured_classes, head_classes
+from common.run.settings import DataSettings
 from common.wire.messages import ModelSpec
 
 
 def describe(config: RunConfig) -> ModelSpec:
-    """The spec a client of ``config`` describes. Its head's rows are the configuration's when it names the
-    classes (``data.classes``, or a schedule: no data is read, as for clients with their own data; with
-    ``data.max_classes`` rows for the classes an open run may add), else the dataset's classes."""
+    """The spec a client of ``config`` describes (``client.runtime.ClientRuntime.spec``): its classes are the
+    configuration's when it names them (``data.classes``), else the dataset's; its ``max_length`` the
+    configuration's, or with 0 the one the clients count from the training split. The data is read only for
+    what the configuration leaves open, never for a run on the clients' own data (whose classes the
+    coordinator's schedule names, and whose ``max_length`` the configuration fixes)."""
+    owned = config.section(DataSettings).owned
     names = configured_classes(config)
-    rows = head_classes(config, len(names)) if names is not None else load_dataset(config).num_classes
-    return model_spec(build_model(config, rows))
+    splits = None if names is not None and (owned or config.max_length) else load_dataset(config)
+    if splits is not None:
+        names = splits.class_names
+    assert names is not None  # the configuration's, or the dataset's
+    if config.max_length == 0 and splits is not None:
+        config = dataclasses.replace(config, max_length=chosen_max_length(config, splits)[0])
+    model = build_model(config, head_classes(config, len(names)))
+    return model_spec(model, None if owned else tuple(names), config.max_length if reads_text(model) else 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(out)
     print(
         f"wrote {out}: {len(spec.layers)} LoRA layers, {len(spec.params)} backbone parameters, "
-        f"feature_dim {spec.feature_dim}, {spec.num_classes} classes",
+        f"feature_dim {spec.feature_dim}, {spec.num_classes} classes"
+        + (f", max_length {spec.max_length}" if spec.max_length else ""),
         flush=True,
     )
     return 0

@@ -38,9 +38,9 @@ from common.run.schedule import class_schedule
 from common.run.settings import DataSettings, RobustSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
 from common.wire.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
-from server.results import RunReporter
+from server.results import RunReporter, TrainedModel
 from server.robust import screen_and_fold
-from server.run_state import RunMeta, State
+from server.run_state import RunMeta, State, ended_task
 from server.secure import require_secure, secagg_report, secure_step
 from server.steps import OpenStep, evaluate, following, merge, open_step
 from server.store import Store
@@ -98,9 +98,10 @@ def _saved_run(store: Store, config: RunConfig, spec: ModelSpec) -> tuple[RunMet
             f"{where} that failed at task {run.pointer[0]} step {run.pointer[1]}: nothing to go on with; "
             "use a fresh --state-dir"
         )
-    if run.spec is not None and run.spec != spec:
+    if run.spec is not None and run.spec != spec and not run.spec.completed_by(spec):
         raise ValueError(f"{where} of another model: {run.spec.difference(spec)}")
-    run.spec, run.resumes = spec, run.resumes + 1  # the unversioned engine meta: no model, no start time
+    run.spec, run.resumes = spec, run.resumes + 1  # the unversioned engine meta: no model, no start time;
+    # an older version's: no class names nor max_length
     run.started = time.time() if run.started is None else run.started
     return run, tensors
 
@@ -197,6 +198,9 @@ def _run(
         if reporter:
             reporter.replay(run.history)
         task, index = run.pointer
+        ended = ended_task(run.state, run.pointer)
+        if reporter and ended is not None and not reporter.task_exported(ended):  # a crash cut its export short
+            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), ended)
         if shown is not None:  # the committed steps' client steps are done
             steps_done = sum(len(strategy.steps(t)) + 1 for t in range(task)) + index
             shown.done = steps_done * config.num_clients
@@ -256,6 +260,8 @@ def _run(
         log(line)
         pointer = following(strategy, config.rounds_per_task, task, index)
         commit(pointer or (task, index), State.RUNNING if pointer else State.DONE)
+        if reporter and (pointer is None or pointer[0] != task):  # the task's model, as the coordinator exports it
+            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), task)
     result = RunResult(
         config,
         matrix,
@@ -267,16 +273,7 @@ def _run(
         run.resumes,
     )
     if reporter:
-        reporter.finish(
-            config,
-            runtime.spec,
-            result.adapter,
-            result.head_weight,
-            result.head_bias,
-            result.summary(),
-            strategy.dense_delta(),
-            strategy.exports(),
-        )
+        reporter.finish(config, TrainedModel.of(strategy, runtime.spec), result.summary())
     return result
 
 

@@ -70,7 +70,7 @@ class Coordinator:
                 f"step {self.run.pointer[1]}"
             )
         if self.options.model_spec is not None:
-            self.run.fix_model(self.options.model_spec)
+            self.run.fix_model(self.options.model_spec, keep=self.step.key if self.step else None)
 
     # ---------------------------------------------------------------- staging and deadlines
 
@@ -163,12 +163,15 @@ class Coordinator:
             return index
 
     def describe(self, client_id: str, spec: ModelSpec) -> None:
-        """A client's model: it must be the run's (fixed by --model-spec or by the first Describe)."""
+        """A client's model: it must be the run's (fixed by --model-spec or by the first Describe; one that
+        leaves the class names or max_length unknown, an older version's, takes them from the first that knows)."""
         with self.lock:
             run = self.run
             run.roster.index_of(client_id)
             if run.spec is None:
                 run.admit_model(spec, "model_spec_json")
+            elif run.spec.completed_by(spec):  # the run's description (an older one) did not know all of it
+                run.complete_model(spec, keep=self.step.key if self.step else None)
             else:
                 check_same_spec(run.spec, spec, client_id)
             if run.state == State.WAITING and run.strategy is not None and self._enough_joined():

@@ -166,14 +166,19 @@ def model_card(
     config: RunConfig, spec: ModelSpec, head_w: Tensor, *, weights: str, tasks_trained: int, parts: list[str]
 ) -> ModelCard:
     """The card of the model the run has after ``tasks_trained`` tasks, from the coordinator's knowledge: its
-    configuration and the clients' model description. The class names and a ``max_length`` of 0 (each client
-    counts its own data) are the clients'; where the configuration does not fix them they stay ``None``."""
+    configuration and the clients' model description. The class names are the configuration's where it fixes
+    them (``data.classes``: the schedule, which may have grown past what the clients described), else the
+    clients'; ``max_length`` the one the clients resolved, else the configuration's. What neither knows (a
+    description of an older client) stays ``None``."""
     data = config.section(DataSettings)
+    classes = configured_classes(config)
+    if classes is None and spec.classes is not None:
+        classes = list(spec.classes)
     return ModelCard(
-        classes=configured_classes(config),
+        classes=classes,
         backbone=Backbone(config.backbone, config.model_seed, spec.base_model, config.section(ModelSettings).weights),
         preprocessing=Preprocessing(
-            max_length=config.max_length or None,
+            max_length=spec.max_length or config.max_length or None,
             image_transforms=data.transforms if config.dataset == "imagefolder" else config.dataset,
             image_size=data.image_size,
         ),

@@ -7,7 +7,12 @@
 - ``adapter/`` (standard PEFT LoRA adapter) — or, for full fine-tuning baselines,
   ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``;
 - ``model.json`` (written after them): the card that makes the directory a self-contained export
-  (``common/wire/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it).
+  (``common/wire/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it);
+- ``task-<t>/``: the model as it stood when task ``t`` ended (its evaluation closed), an export of its own
+  (the model's files and card, no metrics), written while the run goes on, so that ``lorm-serve`` watching
+  the results serves each task's model as it comes. A sibling of the final export's files rather than a
+  folder deeper, so that ``lorm-serve --models runs`` finds it within its three levels
+  (``runs/<run>/results/task-<t>/model.json``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import Tensor
 
 from common.infra.faults import fault_point
 from common.run.config import RunConfig
-from common.run.schedule import run_tasks
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
 from server.export import (
@@ -34,6 +39,39 @@ from server.export import (
     write_metrics,
 )
 from server.store import atomic_write_bytes
+from server.strategies import Strategy
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """What an export holds of a run's model: the strategy's merged state, its head cut to the schedule's classes."""
+
+    spec: ModelSpec  # num_classes (and classes) cut as the head
+    adapter: dict[str, LowRank]  # the merged backbone delta (B_cat, A_cat) per layer; {}: none
+    head_w: Tensor  # (num_classes, feature_dim)
+    head_b: Tensor  # (num_classes,)
+    dense_delta: dict[str, Tensor] | None = None  # full fine-tuning: W0 + delta, instead of the adapter
+    exports: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # a method's own parts by kind
+
+    @classmethod
+    def of(cls, strategy: Strategy, spec: ModelSpec) -> TrainedModel:
+        """``strategy``'s model as it stands. A head of more rows than the schedule's classes (data.max_classes)
+        is exported as the schedule's: the rows past them are in no task, never trained."""
+        rows = strategy.tasks[-1][1]
+        classes = None if spec.classes is None else spec.classes[:rows]
+        return cls(
+            dataclasses.replace(spec, num_classes=rows, classes=classes),
+            strategy.adapter(),
+            strategy.head_w[:rows],
+            strategy.head_b[:rows],
+            strategy.dense_delta(),
+            strategy.exports(),
+        )
+
+
+def task_dir(results: Path, task: int) -> Path:
+    """Where the export of the model after task ``task`` (0-based) goes."""
+    return results / f"task-{task}"
 
 
 class RunReporter:
@@ -77,40 +115,24 @@ class RunReporter:
         for number, entry in enumerate(history):
             self.step(number, entry)
 
-    def finish(
-        self,
-        config: RunConfig,
-        spec: ModelSpec,
-        adapter: dict[str, LowRank],
-        head_w: Tensor,
-        head_b: Tensor,
-        summary: dict,
-        dense_delta: dict[str, Tensor] | None = None,
-        exports: dict[str, dict[str, Tensor]] | None = None,
-    ) -> Path:
-        # A head of more rows than the schedule's classes (data.max_classes) is exported as the schedule's: the
-        # rows past them are in no task, never trained.
-        rows = run_tasks(config, spec.num_classes)[-1][1]
-        spec, head_w, head_b = dataclasses.replace(spec, num_classes=rows), head_w[:rows], head_b[:rows]
+    def export_task(self, config: RunConfig, model: TrainedModel, task: int) -> Path:
+        """The export of ``model`` after task ``task`` (0-based): ``task-<task>/``, its card saying ``task + 1``
+        tasks learned. Written again whole when called again."""
+        out = task_dir(self.dir, task)
+        self._export(out, config, model, task + 1)
+        return out
+
+    def task_exported(self, task: int) -> bool:
+        """Whether the export after task ``task`` is whole (its card, written last, is there)."""
+        return (task_dir(self.dir, task) / CARD_FILE).is_file()
+
+    def finish(self, config: RunConfig, model: TrainedModel, summary: dict) -> Path:
+        """The run's results once it is done: ``config.json``, the model's export with ``metrics.json``, the
+        accuracy plot, and the final figures in the event files."""
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / CARD_FILE).unlink(missing_ok=True)  # an earlier export here stops being one until this is whole
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
-        if dense_delta is not None:
-            export_dense_delta(self.dir / DELTA_FILE, dense_delta, spec)
-        elif adapter:
-            export_adapter(
-                self.dir / ADAPTER_DIR, adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale
-            )
-        for kind, named in (exports or {}).items():
-            export_tensors(self.dir, kind, named)
-        fault_point("export")
-        export_head(self.dir, head_w, head_b)
-        write_metrics(self.dir, summary)
-        weights = "delta" if dense_delta is not None else "adapter" if adapter else "none"
-        card = model_card(
-            config, spec, head_w, weights=weights, tasks_trained=len(summary["accuracy"]), parts=list(exports or {})
-        )
-        export_card(self.dir, card)
+        self._export(self.dir, config, model, len(summary["accuracy"]), summary)
         plot_accuracy(
             summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}"
         )
@@ -119,6 +141,33 @@ class RunReporter:
             self.writer.add_scalar("faa/sample_weighted", summary["faa_weighted"], len(summary["accuracy"]) - 1)
             self.writer.close()
         return self.dir
+
+    @staticmethod
+    def _export(
+        out: Path, config: RunConfig, model: TrainedModel, tasks_trained: int, summary: dict | None = None
+    ) -> None:
+        """``model``'s files in ``out``, then ``summary`` as ``metrics.json`` when given, then the card: an old
+        card goes first, so that the directory is an export only once it is whole again."""
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CARD_FILE).unlink(missing_ok=True)
+        spec = model.spec
+        if model.dense_delta is not None:
+            export_dense_delta(out / DELTA_FILE, model.dense_delta, spec)
+        elif model.adapter:
+            export_adapter(
+                out / ADAPTER_DIR, model.adapter, spec, rank_per_task=config.rank, lora_scale=config.lora_scale
+            )
+        for kind, named in model.exports.items():
+            export_tensors(out, kind, named)
+        fault_point("export")
+        export_head(out, model.head_w, model.head_b)
+        if summary is not None:
+            write_metrics(out, summary)
+        weights = "delta" if model.dense_delta is not None else "adapter" if model.adapter else "none"
+        card = model_card(
+            config, spec, model.head_w, weights=weights, tasks_trained=tasks_trained, parts=list(model.exports)
+        )
+        export_card(out, card)
 
 
 def plot_accuracy(accuracy: list[list[float]], path: Path, title: str = "") -> None:

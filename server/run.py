@@ -38,9 +38,9 @@ from common.run.settings import DataSettings, RobustSettings, SecAggSettings
 from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from server.checks import Options, Refused, admit_spec
-from server.results import RunReporter
+from server.results import RunReporter, TrainedModel
 from server.roster import Roster
-from server.run_state import RunMeta, State
+from server.run_state import RunMeta, State, ended_task
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
 from server.steps import (
     NothingToMerge,
@@ -157,6 +157,9 @@ class Run:
         if self.spec is not None:
             self.strategy = make_strategy(self.live_config, self.spec)
             self.strategy.load_state_tensors(tensors)
+        ended = ended_task(self.state, self.pointer)
+        if ended is not None and not self.reporter.task_exported(ended):  # a crash cut its export short
+            self.export_task(ended)
         return self.open(*self.pointer) if self.state == State.RUNNING else None
 
     # ---------------------------------------------------------------- the model
@@ -174,11 +177,21 @@ class Run:
         self.spec, self.strategy = spec, strategy
         self.commit()
 
-    def fix_model(self, fixed: ModelSpec) -> None:
-        """The operator's model (``--model-spec``): the run's from the start; a resumed run must have it."""
+    def complete_model(self, spec: ModelSpec, keep: str | None) -> None:
+        """The run's model described again with what its description did not know (``ModelSpec.completed_by``:
+        an older version's), committed (``keep``: the open step's key, whose staged submissions stay)."""
+        assert self.spec is not None and self.spec.completed_by(spec)
+        self.spec = spec
+        self.commit(keep=keep)
+
+    def fix_model(self, fixed: ModelSpec, keep: str | None) -> None:
+        """The operator's model (``--model-spec``): the run's from the start; a resumed run must have it (or one
+        its description completes). ``keep``: the open step's key."""
         if self.spec is None:
             self.admit_model(fixed, "--model-spec")
-        elif fixed != self.spec:
+        elif self.spec.completed_by(fixed):
+            self.complete_model(fixed, keep=keep)
+        elif fixed != self.spec and not fixed.completed_by(self.spec):  # an older file: the state knows more
             raise ValueError(
                 f"state directory {self.store.root} holds a run whose model differs from --model-spec: "
                 f"{self.spec.difference(fixed)}"
@@ -288,6 +301,8 @@ class Run:
         else:
             self.state = State.DONE
         self.commit()
+        if after is None or after[0] != step.task:  # the task's last step: its model, before the next task begins
+            self.export_task(step.task)
         if self.state == State.IDLE:  # said once it is on disk: a restart from here resumes idle
             self.emit(
                 f"task {step.task} was the schedule's last: the run is open and waits for the operator's next task "
@@ -380,20 +395,23 @@ class Run:
         """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
         short writes it again."""
         assert self.strategy is not None and self.spec is not None
-        out = self.reporter.finish(
-            self.live_config,
-            self.spec,
-            self.strategy.adapter(),
-            self.strategy.head_w,
-            self.strategy.head_b,
-            self.summary(),
-            self.strategy.dense_delta(),
-            self.strategy.exports(),
-        )
+        out = self.reporter.finish(self.live_config, TrainedModel.of(self.strategy, self.spec), self.summary())
         self.emit(
             f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
             f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}"
         )
+
+    def export_task(self, task: int) -> None:
+        """The model as it stands at the end of task ``task``, exported beside the results
+        (``RunReporter.export_task``), for a server that watches them; called once the run is committed past
+        the task, before anything of the next one happens. An export that fails is logged: the run goes on."""
+        assert self.strategy is not None and self.spec is not None
+        try:
+            out = self.reporter.export_task(self.live_config, TrainedModel.of(self.strategy, self.spec), task)
+        except (OSError, ValueError) as err:  # a full disk, a non-finite tensor: the run is not the export
+            log.error("could not export the model after task %d: %s", task, err)
+            return
+        self.emit(f"task {task} exported: {out}")
 
     def summary(self) -> dict:
         return {

@@ -41,6 +41,18 @@ class State(str, Enum):
     FAILED = "failed"  # a step could not be completed (secure aggregation failed past its attempts): the run ends
 
 
+def ended_task(state: State, pointer: tuple[int, int]) -> int | None:
+    """The task whose end a run committed at ``state`` and ``pointer`` stands at, its model the strategy's
+    state (``None``: it stands within a task, before any, or failed): ``DONE``, the task it ended at; ``IDLE``,
+    or ``RUNNING`` at a task's first step (of which nothing has happened), the task before the pointer's."""
+    task, index = pointer
+    if state == State.DONE:
+        return task
+    if state == State.IDLE or (state == State.RUNNING and index == 0):
+        return task - 1 if task >= 1 else None
+    return None
+
+
 @dataclass
 class RunMeta:
     """One generation's ``meta.json``: where the run stands, beside the strategy's tensors."""

@@ -15,7 +15,7 @@ Points, in protocol order (coordinator unless noted):
 - ``commit.tensors``    a generation's tensors are written, its meta.json and CURRENT not;
 - ``commit.current``    CURRENT names the new generation; older ones and staging not dropped;
 - ``eval.staged``       an evaluation report is staged, not yet acknowledged;
-- ``export``            the final adapter is written, the head and metrics not yet;
+- ``export``            an export's adapter is written (a task's, then the final one), its head and card not yet;
 - ``secagg.revealed``   a secure step's unmask answer is persisted, not yet acknowledged;
 - ``secagg.restarted``  a secure step's fresh session is persisted, the abandoned masked inputs not dropped;
 - ``client.push``       (client) a step's result is computed, not yet pushed (in a secure step:

@@ -228,6 +228,14 @@ class RunConfig:
             ]
         if (data.open or data.max_classes) and not data.owned:
             return ["data.open and data.max_classes are settings of a run on the clients' own data: set data.owned"]
+        if data.owned and self.dataset == "textfile" and self.max_length == 0:
+            # each client would count it from its own sentences: their models would differ, and the export's
+            # tokenization would be no client's in particular
+            return [
+                "data.owned with max_length 0: each client would count the tokens a sentence keeps from its own "
+                "data, and the clients' models would differ; set max_length to a token count (e.g. "
+                "--set max_length=64; a client logs when it cuts its sentences)"
+            ]
         if data.open:
             from common.methods import registry
 

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import typing
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -51,9 +52,18 @@ class GramKind(str, Enum):
     FULL = "full"
 
 
+MAX_CLASS_NAME = 1_000  # characters of a class name a description may hold (the schedule's bound, MAX_NAME)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the coordinator must know about the model; it never builds one itself."""
+    """What the coordinator must know about the model; it never builds one itself.
+
+    ``classes`` and ``max_length`` are what only the clients know (they read the data): the class names in head
+    order, and the tokens a sentence keeps (``max_length=0`` lets the clients count it from their data). They
+    travel in the same JSON as the shapes; a description without them (``None``: an older client, state
+    directory or ``--model-spec`` file) reads as not knowing them, and the first one that knows them completes
+    it (:meth:`completed_by`)."""
 
     layers: dict[str, tuple[int, int]]  # LoRA layer name -> (d_out, d_in), in module order
     feature_dim: int  # the head's input width
@@ -61,6 +71,11 @@ class ModelSpec:
     export_prefix: str = ""  # prefix of layer names inside the wrapper, stripped for the exported adapter
     base_model: str = ""  # what the exported adapter applies to (hub name or local path)
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # backbone weights (full fine-tuning)
+    # head row i is class classes[i]; None: unknown, or named by the coordinator's schedule (clients' own data)
+    classes: tuple[str, ...] | None = None
+    max_length: int | None = None  # text: tokens kept per sample; 0: the model reads no text; None: unknown
+
+    KNOWN_LATER: ClassVar[tuple[str, ...]] = ("classes", "max_length")  # fields an older description lacks
 
     def to_json(self) -> str:
         return json.dumps(
@@ -71,12 +86,14 @@ class ModelSpec:
                 "export_prefix": self.export_prefix,
                 "base_model": self.base_model,
                 "params": {k: list(v) for k, v in self.params.items()},
+                "classes": None if self.classes is None else list(self.classes),
+                "max_length": self.max_length,
             }
         )
 
     def difference(self, other: ModelSpec) -> str:
         """The first way ``other`` differs from this spec, in words ("" when equal)."""
-        for what in ("feature_dim", "num_classes", "export_prefix", "base_model"):
+        for what in ("feature_dim", "num_classes", "export_prefix", "base_model", "max_length"):
             if getattr(self, what) != getattr(other, what):
                 return f"{what} {getattr(other, what)!r} instead of {getattr(self, what)!r}"
         for what in ("layers", "params"):
@@ -91,7 +108,13 @@ class ModelSpec:
             for name, shape in mine.items():
                 if tuple(theirs[name]) != tuple(shape):
                     return f"{what} {name!r} of shape {tuple(theirs[name])} instead of {tuple(shape)}"
-        return ""
+        return _class_difference(self.classes, other.classes)
+
+    def completed_by(self, other: ModelSpec) -> bool:
+        """Whether ``other`` is this description with what this one does not know (:data:`KNOWN_LATER` fields
+        that are ``None``) filled in: the same model, described by a client that knows more."""
+        unknown = {what: getattr(other, what) for what in self.KNOWN_LATER if getattr(self, what) is None}
+        return bool(unknown) and dataclasses.replace(self, **unknown) == other
 
     def state_bytes(self, rank: int, full_grams: bool) -> int:
         """An upper bound of the bytes the coordinator holds for one step of this model: float64 LoRA factors
@@ -105,11 +128,15 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
-        """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description."""
+        """Inverse of :meth:`to_json`; ``ValueError`` for anything that is not a model description. A field
+        this reader does not know is ignored; ``classes`` and ``max_length`` absent read as unknown."""
         try:
             v = json.loads(text)
             layers = {str(k): (int(s[0]), int(s[1])) for k, s in v["layers"].items()}
             params = {str(k): tuple(int(d) for d in s) for k, s in v.get("params", {}).items()}
+            classes, max_length = v.get("classes"), v.get("max_length")
+            if classes is not None and (not isinstance(classes, list) or len(classes) != int(v["num_classes"])):
+                raise TypeError(f"classes: expected a list of a name per head row, got {str(classes):.100}")
             spec = cls(
                 layers,
                 int(v["feature_dim"]),
@@ -117,6 +144,8 @@ class ModelSpec:
                 str(v.get("export_prefix", "")),
                 str(v.get("base_model", "")),
                 params,
+                None if classes is None else tuple(classes),
+                None if max_length is None else int(max_length),
             )
         except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, RecursionError) as err:
             raise ValueError(f"not a model description ({type(err).__name__}: {err})") from err
@@ -127,7 +156,34 @@ class ModelSpec:
                 f"parameter dimensions, got layers {spec.layers}, feature_dim {spec.feature_dim}, "
                 f"num_classes {spec.num_classes}"
             )
+        if spec.max_length is not None and spec.max_length < 0:
+            raise ValueError(f"max_length should be 0 (no text) or a positive token count, got {spec.max_length}")
+        if spec.classes is not None:
+            _check_names(spec.classes)
         return spec
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    """``ValueError`` unless every name is a string of 1 to :data:`MAX_CLASS_NAME` characters, none twice."""
+    bad = [n for n in names if not isinstance(n, str) or not 1 <= len(n) <= MAX_CLASS_NAME]
+    if bad:
+        raise ValueError(f"class names are strings of 1 to {MAX_CLASS_NAME} characters, got {bad[:3]!r:.200}")
+    repeated = sorted(n for n, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise ValueError(f"class names repeat: {repeated[:5]!r:.200}")
+
+
+def _class_difference(mine: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> str:
+    """How the class names ``theirs`` differ from ``mine`` (head order), in words ("" when equal)."""
+    if mine == theirs:
+        return ""
+    if mine is None or theirs is None:
+        return f"classes {'unknown' if theirs is None else 'named'} instead of {'unknown' if mine is None else 'named'}"
+    if sorted(mine) == sorted(theirs):
+        row = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+        return f"classes in another order: head row {row} is {theirs[row]!r} instead of {mine[row]!r}"
+    extra, missing = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
+    return f"classes: unexpected {extra[:3]!r:.300}, missing {missing[:3]!r:.300}"
 
 
 @dataclass

@@ -105,9 +105,15 @@ class ModelCard:
         """What a reader needs and the exporter did not know, each with where it comes from ([]: complete)."""
         gaps = []
         if self.classes is None:
-            gaps.append("the class names (the run's configuration named none: set data.classes)")
+            gaps.append(
+                "the class names (neither the run's configuration nor its clients' model description named them: "
+                "set data.classes, or run clients of this version)"
+            )
         if self.preprocessing.max_length is None:
-            gaps.append("the tokens kept per sentence (the run's max_length was 0, chosen by each client)")
+            gaps.append(
+                "the tokens kept per sentence (the run's max_length was 0 and its clients' model description did "
+                "not say what they chose: set max_length, or run clients of this version)"
+            )
         return gaps
 
     def to_json(self) -> str:

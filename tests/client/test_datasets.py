@@ -12,6 +12,7 @@ from PIL import Image
 from client.datasets import load_dataset
 from client.images import ImageData, image_transforms
 from client.runtime import build_runtime
+from client.worker import EncodedData
 from common.run.config import RunConfig
 from common.run.partition import task_ranges
 from engine.simulation import run_inprocess
@@ -323,6 +324,30 @@ def test_clinc150_default_order_is_alphabetical_as_the_papers_code():
 
 
 @needs_clinc150
+@pytest.mark.parametrize("order", ["alphabetical", "domains"])
+def test_a_clinc150_client_describes_its_intents_in_head_order(order):
+    """The names the client describes (and the export's card then holds) are its head's rows: a sample of
+    intent ``name`` is labelled ``classes.index(name)``, in the paper's order or by domain."""
+    data = json.loads((SHARED_DATA / "clinc150" / "data_full.json").read_text())
+    cfg = RunConfig(
+        dataset="clinc150", data_dir=str(SHARED_DATA), class_order=order, num_tasks=5, train_per_class=1, threads=1
+    )
+    runtime = build_runtime(cfg)
+    classes = runtime.spec.classes
+    assert classes is not None and len(classes) == runtime.spec.num_classes == 150
+    assert list(classes) == (sorted(classes) if order == "alphabetical" else load_dataset(cfg).class_names)
+    assert runtime.spec.max_length == 32  # the configuration's
+    first = {}  # each intent's first training sentence, as train_per_class=1 keeps it
+    for text, intent in data["train"]:
+        first.setdefault(intent, text)
+    assert isinstance(runtime.train, EncodedData)
+    labels = [classes[y] for y in runtime.train.labels.tolist()]
+    assert sorted(labels) == sorted(classes)  # one sentence each
+    encoded = runtime.model.backbone.encode([first[name] for name in labels])["input_ids"]
+    assert torch.equal(encoded, runtime.train.inputs["input_ids"])  # row i's sentence is of intent labels[i]
+
+
+@needs_clinc150
 def test_clinc150_val_split_joins_the_training_set_on_request(tmp_path):
     data = json.loads((SHARED_DATA / "clinc150" / "data_full.json").read_text())
     base = RunConfig(dataset="clinc150", data_dir=str(SHARED_DATA), num_tasks=5)
@@ -468,6 +493,7 @@ def test_max_length_zero_keeps_what_99_percent_of_the_training_samples_need(tmp_
     assert runtime.config.max_length == -(-p99 // 8) * 8 == 48  # 41 tokens at the 99th percentile, up to 48
     assert runtime.train.inputs["input_ids"].shape[1] == 48
     assert any("max_length 0: 48 tokens" in r.getMessage() for r in caplog.records)
+    assert runtime.spec.max_length == 48 and runtime.spec.classes == ("c0", "c1")  # what the client describes
 
 
 def test_lorm_sim_says_what_is_wrong_with_the_data_without_a_traceback(tmp_path, capsys):

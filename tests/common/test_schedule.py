@@ -101,3 +101,13 @@ def test_a_run_on_the_clients_own_data_must_name_its_classes():
     with pytest.raises(ValueError, match="data.clients_dir is the clients' own data: set data.owned=true"):
         named(settings={"data": {"classes": NAMES, "clients_dir": "/x"}})
     assert class_schedule(named(num_tasks=2, settings={"data": {"classes": NAMES, "owned": True}})) is not None
+
+
+def test_own_text_data_fixes_max_length_rather_than_each_client_counting_its_own():
+    owned = {"data": {"classes": NAMES, "owned": True}}
+    with pytest.raises(ValueError, match="data.owned with max_length 0: each client would count .* --set max_length"):
+        named(max_length=0, settings=owned)
+    assert named(max_length=64, settings=owned).max_length == 64
+    assert named(max_length=0, settings={"data": {"classes": NAMES}}).max_length == 0  # one dataset: counted alike
+    images = named(dataset="imagefolder", max_length=0, settings=owned)  # no tokens to count
+    assert images.max_length == 0

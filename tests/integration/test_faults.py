@@ -45,7 +45,8 @@ POINTS = [
     pytest.param("commit.current:9", id="commit-renamed", marks=pytest.mark.slow),  # task 0 evaluated: CURRENT moved
     pytest.param("join.committed:2", id="join-committed", marks=pytest.mark.slow),  # second join, not answered
     pytest.param("eval.staged:2", id="eval-staged", marks=pytest.mark.slow),  # the report that closes task 0
-    pytest.param("export:1", id="export", marks=pytest.mark.slow),  # adapter written, head and metrics not
+    pytest.param("export:1", id="task-export", marks=pytest.mark.slow),  # task 0's adapter written, head and card not
+    pytest.param("export:3", id="export", marks=pytest.mark.slow),  # the final adapter written (after tasks 0 and 1's)
 ]
 
 
@@ -75,6 +76,10 @@ def assert_same_as_reference(run_dir, reference) -> None:
         want_header, want_data = safetensors_parts(expected)
         assert header == want_header, name
         assert data == want_data, f"{name}: tensor bytes differ from the fault-free run"
+    for task in range(CONFIG.num_tasks):  # each task's export is whole, whatever the crash cut short
+        assert (
+            json.loads((run_dir / "results" / f"task-{task}" / "model.json").read_text())["tasks_trained"] == task + 1
+        )
 
 
 @pytest.mark.parametrize("fault", POINTS)

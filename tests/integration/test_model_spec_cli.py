@@ -32,9 +32,10 @@ def test_the_operators_spec_admits_the_real_client_and_refuses_another_model(clu
     assert writer.wait(timeout=120) == 0
     spec = ModelSpec.from_json(spec_file.read_text())
     assert spec.num_classes == 4 and spec.layers
+    assert spec.classes == ("class0", "class1", "class2", "class3") and spec.max_length == CONFIG.max_length
     # Another model's spec (one class more): the real client's Describe is refused, naming the difference.
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({**json.loads(spec.to_json()), "num_classes": 5}))
+    other.write_text(json.dumps({**json.loads(spec.to_json()), "num_classes": 5, "classes": None}))
     server = c.server("--model-spec", str(other))
     server.wait_for("serving on")
     client = c.client(0, "--give-up", "5")

@@ -4,7 +4,8 @@ the first task, one holds a label in no task. The operator appends task 1 while 
 is killed between tasks and restarted (it resumes idle, the appended schedule kept); a fourth client joins
 while it idles and trains in the last task, which the operator appends; ``lorm-admin finish`` ends the run.
 The final adapter, head and accuracy counts are the in-process engine's over the same per-client files, bit
-for bit, and ``lorm-predict`` on the export gives the run's counts on every client's test file."""
+for bit, and ``lorm-predict`` on the export gives the run's counts on every client's test file. After each task
+the model is exported while the run goes on, and a watching server (``serve.watch.ModelSlot``) serves it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from common.infra.tls import token_digest
 from common.wire.model_card import CARD_FILE, ModelCard
 from engine.simulation import run_inprocess
 from serve import predict
+from serve.model import Classifier
+from serve.watch import ModelSlot
 from server.admin import main as admin
 
 from own_data import by_label, own_text_rows, owned_config, write_rows
@@ -112,6 +115,12 @@ def test_a_federation_on_own_data_grows_survives_a_restart_takes_a_late_client_a
     assert admin(["add-task", "--classes", ",".join(TASKS[1]), *operator]) == 0
     assert json.loads(capsys.readouterr().out)["schedule"] == TASKS[:2]
     server.wait_for("task 1 was the schedule's last: the run is open", timeout=240)
+    # The model after each task is exported while the run goes on, and a server watching the results serves it.
+    slot = ModelSlot(c.run_dir / "results", Classifier)
+    assert slot.poll() and slot.stamp is not None and slot.stamp.path.name == "task-1"
+    assert slot.current is not None and slot.current.card.tasks_trained == 2 and slot.current.classes == CLASSES[:4]
+    assert {p.label for p in slot.current.predict(["wake me up at six", "play some jazz"])} <= set(CLASSES[:4])
+    assert ModelCard.from_json((c.run_dir / "results" / "task-0" / CARD_FILE).read_text()).tasks_trained == 1
 
     server.kill()  # between tasks: the run idles, its appended schedule on disk
     server = c.server(*flags, env=no_data)

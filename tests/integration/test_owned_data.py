@@ -53,4 +53,9 @@ def test_own_data_over_grpc_is_the_engines_run_bit_for_bit(cluster, tmp_path):
             assert torch.equal(got[key], want[key]), (name, key)
     card = json.loads((results / "model.json").read_text())
     assert card["classes"] == ["alarm", "balance", "greeting", "music"]
+    for t in range(2):  # the export after each task, the engine's and the coordinator's alike
+        task, engine_task = results / f"task-{t}", out / f"task-{t}"
+        assert json.loads((task / "model.json").read_text()) == json.loads((engine_task / "model.json").read_text())
+        want, got = load_file(str(engine_task / "head.safetensors")), load_file(str(task / "head.safetensors"))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), t
     assert RunConfig.from_json((results / "config.json").read_text()).to_json() == coordinator.to_json()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import shutil
@@ -18,6 +19,7 @@ from common.wire.model_card import CARD_FILE, ModelCard
 from serve import predict
 
 from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task
+from own_data import write_rows
 from procenv import ROOT, project_pythonpath
 
 
@@ -100,15 +102,32 @@ def test_arguments_standard_input_and_json_give_the_same_answers(lorm_run):
     assert all(0.0 < j["score"] <= 1.0 and CLASSES[j["index"]] == j["label"] for j in as_json)
 
 
-def test_an_export_without_class_names_is_refused_by_name(tmp_path):
+def test_a_run_whose_files_name_the_classes_exports_them_in_head_order(tmp_path):
+    """No data.classes: the clients' description names the classes as the files give them (first seen first),
+    and max_length 0 as they counted it; lorm-predict serves the export as the run's evaluation counted."""
+    rows = list(reversed(held_out_rows()))  # another first-seen order than CLASSES
+    with (OWN_TEXT / "train.csv").open() as f:
+        train = [(row["text"], row["label"]) for row in csv.DictReader(f)][::-1]
+    write_rows(tmp_path / "train.csv", train)
     results = finished_run(
         tmp_path / "results",
         num_tasks=2,
         rounds_per_task=1,
         local_epochs=1,
-        settings={"data": {"train_file": str(OWN_TEXT / "train.csv"), "test_file": str(OWN_TEXT / "test.csv")}},
+        max_length=0,
+        settings={"data": {"train_file": str(tmp_path / "train.csv"), "test_file": str(OWN_TEXT / "test.csv")}},
     )
-    assert ModelCard.from_json((results / CARD_FILE).read_text()).classes is None  # the files named them, not the run
+    card = ModelCard.from_json((results / CARD_FILE).read_text())
+    first_seen = list(dict.fromkeys(label for _, label in train))
+    assert card.classes == first_seen != CLASSES and card.missing() == []
+    assert card.preprocessing.max_length is not None and card.preprocessing.max_length % 8 == 0  # as counted
+    done = lorm_predict(str(results), *[text for text, _ in rows])
+    assert done.returncode == 0, done.stderr
+    correct, _ = counted(results)
+    assert per_task([y for _, y in rows], predicted_labels(done.stdout), first_seen, card.tasks) == correct
+    # A card without them (an older version's clients described none) is refused by name.
+    unnamed = json.loads((results / CARD_FILE).read_text()) | {"classes": None}
+    (results / CARD_FILE).write_text(json.dumps(unnamed))
     done = lorm_predict(str(results), "set an alarm")
     assert done.returncode == 2 and "class names" in done.stderr and "data.classes" in done.stderr, done.stderr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,28 +32,37 @@ def run_to_the_end(coord: Coordinator) -> None:
         coord.report_eval(EvalReport("unit", f"c{i}", i, 0, [5 + i], [10]), f"e{i}")
 
 
-def test_restart_redoes_an_export_cut_short(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cut", ["task-0", "results"])
+def test_restart_redoes_an_export_cut_short(tmp_path, monkeypatch, cut):
+    """``cut``: the export the crash hits, the one after task 0 (written first) or the final one."""
     done = started(tmp_path / "ref", cfg={"num_tasks": 1})
     run_to_the_end(done)
     coord = started(tmp_path, cfg={"num_tasks": 1})
+    export_head = server.results.export_head
 
-    def crash(*args, **kwargs):
-        raise Crash()
+    def crash(out, *args, **kwargs):
+        if Path(out).name == cut:
+            raise Crash()
+        return export_head(out, *args, **kwargs)
 
     monkeypatch.setattr(server.results, "export_head", crash)  # after the adapter, before head and metrics
     with pytest.raises(Crash):
         run_to_the_end(coord)
     results = tmp_path / "state" / "results"
-    assert (results / "adapter").is_dir() and not (results / "metrics.json").exists()
+    written = results / "task-0" if cut == "task-0" else results
+    assert (written / "adapter").is_dir() and not (written / "model.json").exists()
+    assert not (results / "metrics.json").exists()
     monkeypatch.undo()
 
     again = Coordinator(config(num_tasks=1), tmp_path / "state")  # as after the crash: same state dir
     assert again.done.is_set()
     assert json.loads((results / "metrics.json").read_text())["correct"] == [[18]]
     ref = tmp_path / "ref" / "state" / "results"
-    for name in ("adapter/adapter_model.safetensors", "head.safetensors"):
-        got, want = load_file(str(results / name)), load_file(str(ref / name))
-        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    for folder in ("", "task-0"):
+        assert json.loads((results / folder / "model.json").read_text())["tasks_trained"] == 1
+        for name in ("adapter/adapter_model.safetensors", "head.safetensors"):
+            got, want = load_file(str(results / folder / name)), load_file(str(ref / folder / name))
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (folder, name)
 
 
 def scalar_steps(events_dir, tag: str) -> list[int]:

@@ -12,7 +12,7 @@ from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import CARD_FILE, ModelCard
 from server import results
 from server.export import model_card
-from server.results import RunReporter
+from server.results import RunReporter, TrainedModel
 
 from exports import CLASSES, own_text_config
 
@@ -40,7 +40,7 @@ SPEC = ModelSpec({"enc.q": (4, 3)}, feature_dim=5, num_classes=6, export_prefix=
 def finish(reporter: RunReporter, config: RunConfig) -> None:
     adapter = {"enc.q": LowRank(torch.ones(4, 2), torch.ones(2, 3))}
     summary = {"accuracy": [[50.0], [50.0, 60.0]], "faa": 55.0, "faa_weighted": 55.0}
-    reporter.finish(config, SPEC, adapter, torch.zeros(6, 5), torch.zeros(6), summary)
+    reporter.finish(config, TrainedModel(SPEC, adapter, torch.zeros(6, 5), torch.zeros(6)), summary)
 
 
 def test_the_card_is_written_after_the_files_it_names(tmp_path, monkeypatch):
@@ -75,3 +75,15 @@ def test_an_export_being_replaced_is_no_export_until_whole(tmp_path, monkeypatch
 def test_max_length_zero_is_unknown_to_the_coordinator():
     card = model_card(own_text_config(max_length=0), SPEC, torch.zeros(6, 5), weights="none", tasks_trained=1, parts=[])
     assert card.preprocessing.max_length is None and "max_length" in card.missing()[0]
+
+
+def test_the_clients_description_names_what_the_configuration_leaves_open():
+    """max_length 0 and a dataset that names its classes: the card takes both from the clients' description."""
+    named = ModelSpec(SPEC.layers, 5, 6, "enc.", "/m", classes=tuple("uvwxyz"), max_length=24)
+    config = RunConfig(dataset="textfile", max_length=0, num_tasks=2)
+    card = model_card(config, named, torch.zeros(6, 5), weights="none", tasks_trained=1, parts=[])
+    assert card.classes == list("uvwxyz") and card.preprocessing.max_length == 24 and card.missing() == []
+    # data.classes names them too (the same, as the clients load them): the configuration's schedule is the card's
+    configured = own_text_config(max_length=0)
+    card = model_card(configured, named, torch.zeros(6, 5), weights="none", tasks_trained=1, parts=[])
+    assert card.classes == CLASSES and card.preprocessing.max_length == 24

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import grpc
 import pytest
 
 from common.run.config import RunConfig
-from common.wire.messages import ModelSpec
+from common.run.schedule import MAX_NAME
+from common.wire.messages import MAX_CLASS_NAME, ModelSpec
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
 
@@ -91,3 +93,55 @@ def test_over_grpc_the_attack_is_invalid_argument_and_the_run_goes_on(tmp_path):
         assert coord.status()["state"] == "running"
     finally:
         server.stop(0)
+
+
+NAMED = ModelSpec(
+    layers=SPEC.layers, feature_dim=4, num_classes=6, classes=("a", "b", "c", "d", "e", "f"), max_length=16
+)
+
+
+def test_a_description_names_its_classes_and_max_length_and_an_older_one_still_reads():
+    assert ModelSpec.from_json(NAMED.to_json()) == NAMED
+    older = '{"layers":{"l1":[5,4],"l2":[3,6]},"feature_dim":4,"num_classes":6}'  # no classes, no max_length
+    assert ModelSpec.from_json(older) == SPEC and SPEC.classes is None and SPEC.max_length is None
+    assert SPEC.completed_by(NAMED) and not NAMED.completed_by(SPEC) and not NAMED.completed_by(NAMED)
+    assert MAX_CLASS_NAME == MAX_NAME  # a description holds any name a schedule may
+    for bad, why in [
+        ('"classes": ["a", "b"]', "expected a list of a name per head row"),
+        ('"classes": ["a", "a", "c", "d", "e", "f"]', "class names repeat: \\['a'\\]"),
+        ('"classes": ["a", "", "c", "d", "e", "f"]', "strings of 1 to 1000 characters"),
+        ('"classes": ["a", 2, "c", "d", "e", "f"]', "strings of 1 to"),
+        ('"classes": "abcdef"', "expected a list"),
+        ('"max_length": -1', "max_length should be 0"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            ModelSpec.from_json(older[:-1] + ", " + bad + "}")
+
+
+def test_clients_whose_class_names_or_max_length_differ_are_refused_naming_the_difference(tmp_path):
+    coord = Coordinator(CONFIG, tmp_path / "state")
+    coord.join("c0", 0)
+    coord.join("c1", 1)
+    coord.describe("c0", NAMED)
+    swapped = dataclasses.replace(NAMED, classes=("a", "c", "b", "d", "e", "f"))
+    with pytest.raises(Refused, match="classes in another order: head row 1 is 'c' instead of 'b'"):
+        coord.describe("c1", swapped)
+    with pytest.raises(Refused, match=r"classes: unexpected \['z'\], missing \['f'\]"):
+        coord.describe("c1", dataclasses.replace(NAMED, classes=("a", "b", "c", "d", "e", "z")))
+    with pytest.raises(Refused, match="max_length 24 instead of 16"):
+        coord.describe("c1", dataclasses.replace(NAMED, max_length=24))
+    with pytest.raises(Refused, match="max_length None instead of 16"):  # an older client cannot be checked
+        coord.describe("c1", SPEC)
+    with pytest.raises(Refused, match="classes unknown instead of named"):
+        coord.describe("c1", dataclasses.replace(NAMED, classes=None))
+    coord.describe("c1", NAMED)
+    assert coord.status()["state"] == "running"
+
+
+def test_a_run_described_by_an_older_version_takes_the_names_from_the_first_client_that_knows_them(tmp_path):
+    coord = Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC))  # an older lorm-spec's file
+    coord.join("c0", 0)
+    coord.describe("c0", NAMED)
+    assert coord.run.spec == NAMED
+    # committed: a restart with the older file goes on with the names
+    assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC)).run.spec == NAMED
