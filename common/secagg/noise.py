@@ -23,7 +23,8 @@ coarser grid than the values would not do: the outputs of neighbours would have 
 carries ``|S| sigma^2 / t >= sigma^2`` (:func:`share_variance`, :func:`carried_variance`). The price: up to
 ``n / t`` times the needed variance when everyone survives (twice, with the default majority threshold).
 The accountant must use the variance the sum carries, which it can only bound below by ``sigma^2``
-before the step and know exactly (``|S| v``) after it.
+before the step and know exactly (``|S| v``) after it. Clients that collude with the coordinator know their
+own shares and can take them out: against ``c`` of them the shares are ``sigma^2 / (t - c)``.
 
 **The generator.** Bits come from a ChaCha20 key stream whose 32-byte key is ``secrets.token_bytes`` (the
 OS CSPRNG) by default, or HKDF of a caller's 32-byte ``seed``, a mode for tests and reproducible
@@ -63,7 +64,8 @@ from common.secagg.primitives import FixedPoint, SecAggError, ring_add
 
 SEED_BYTES = 32
 MAX_MEAN = 2.0**40  # the largest Poisson mean sampled: its law stays within 1e-8 of Poisson's (module docstring)
-MAX_COUNT = 2**28  # entries per call: the key stream (ChaCha20's 32-bit block counter) never wraps
+MAX_UNIFORMS = 2**32  # 8 bytes each: 32 GiB of the 256 GiB a ChaCha20 key (32-bit block counter) gives
+MAX_COUNT = 2**28  # entries per call: a Skellam draws about 4.6 uniforms an entry, well within MAX_UNIFORMS
 INVERSION_BELOW = 10.0  # PTRS holds for means >= 10; below, inversion of the cumulative law
 DEFAULT_FAILURE = 2.0**-64  # the probability that a share exceeds its tail bound (then refused, not clipped)
 
@@ -71,24 +73,28 @@ DEFAULT_FAILURE = 2.0**-64  # the probability that a share exceeds its tail boun
 # ------------------------------------------------------------------------- variances and sensitivity
 
 
-def share_variance(variance: float, clients: int, threshold: int) -> float:
-    """Each client's share ``v = sigma^2 / t``: any ``t`` or more of the ``n`` clients carry at least ``sigma^2``."""
+def share_variance(variance: float, clients: int, threshold: int, *, colluders: int = 0) -> float:
+    """Each client's share ``v = sigma^2 / (t - c)``: any ``t`` or more of the ``n`` clients carry at least
+    ``sigma^2`` even after ``c`` of them (``colluders``, who know their own shares) take theirs out."""
     if not (math.isfinite(variance) and variance >= 0):
         raise SecAggError(f"noise: expected a finite variance >= 0, got {variance}")
     if not 1 <= threshold <= clients:
         raise SecAggError(f"noise: expected a threshold in [1, {clients}] for {clients} clients, got {threshold}")
-    return variance / threshold
+    if not 0 <= colluders < threshold:
+        raise SecAggError(f"noise: expected fewer colluders than the threshold {threshold}, got {colluders}")
+    return variance / (threshold - colluders)
 
 
-def carried_variance(variance: float, clients: int, threshold: int, survivors: int) -> float:
-    """The variance the survivors' sum carries: ``|S| sigma^2 / t`` (``>= sigma^2``; ``n / t`` times it at most).
+def carried_variance(variance: float, clients: int, threshold: int, survivors: int, *, colluders: int = 0) -> float:
+    """The variance of the survivors' sum that the coordinator and ``c`` colluding clients cannot remove:
+    ``(|S| - c) v`` with ``v`` of :func:`share_variance`; ``>= sigma^2``, and ``(n - c) / (t - c)`` times it at most.
 
     ``SecAggError`` for a survivor count the step cannot have (below ``t``: the step fails; above ``n``)."""
     if not threshold <= survivors <= clients:
         raise SecAggError(
             f"noise: expected between the threshold {threshold} and the {clients} clients as survivors, got {survivors}"
         )
-    return survivors * share_variance(variance, clients, threshold)
+    return (survivors - colluders) * share_variance(variance, clients, threshold, colluders=colluders)
 
 
 def grid_variance(variance: float, fp: FixedPoint) -> float:
@@ -146,8 +152,8 @@ class KeyStream:
         """``count`` uniforms on ``(0, 1)``: 52 random bits each, at the cells' midpoints ``(j + 1/2) 2^-52``
         (never 0 or 1)."""
         self._drawn += count
-        if self._drawn > 4 * MAX_COUNT:
-            raise SecAggError(f"noise: a key stream serves {4 * MAX_COUNT} uniforms at most")
+        if self._drawn > MAX_UNIFORMS:
+            raise SecAggError(f"noise: a key stream serves {MAX_UNIFORMS} uniforms at most")
         words = np.frombuffer(self._encryptor.update(bytes(8 * count)), dtype="<u8")
         return ((words >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
 
@@ -238,11 +244,20 @@ def skellam(variance: float, count: int, *, seed: bytes | None = None) -> np.nda
 
 
 def noise_share(
-    count: int, variance: float, fp: FixedPoint, clients: int, threshold: int, *, seed: bytes | None = None
+    count: int,
+    variance: float,
+    fp: FixedPoint,
+    clients: int,
+    threshold: int,
+    *,
+    colluders: int = 0,
+    seed: bytes | None = None,
 ) -> np.ndarray:
     """One client's share for a sum that must carry ``variance`` (real units) whenever ``threshold`` of the
-    ``clients`` survive: ``Sk`` of variance ``grid_variance(variance / t)``, ``(count,)`` int64 in grid units."""
-    return skellam(grid_variance(share_variance(variance, clients, threshold), fp), count, seed=seed)
+    ``clients`` survive (less ``colluders``): ``Sk`` of variance ``grid_variance(variance / (t - c))``, ``(count,)``
+    int64 in grid units."""
+    v = share_variance(variance, clients, threshold, colluders=colluders)
+    return skellam(grid_variance(v, fp), count, seed=seed)
 
 
 # ------------------------------------------------------------------------- the ring and its headroom

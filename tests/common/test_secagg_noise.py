@@ -98,6 +98,19 @@ def test_share_and_carried_variance_refuse_what_a_step_cannot_have():
         share_variance(float("nan"), 5, 3)
 
 
+def test_colluding_clients_cannot_take_the_sum_below_the_target():
+    """``c`` colluders subtract their own shares: shares of ``sigma^2 / (t - c)`` leave ``sigma^2`` in any ``t``
+    survivors' sum, measured on the shares themselves (the colluders' taken out)."""
+    n, t, c, m = 5, 3, 1, 20_000
+    assert share_variance(6.0, n, t, colluders=c) == 3.0
+    assert carried_variance(6.0, n, t, 3, colluders=c) == 6.0 and carried_variance(6.0, n, t, 5, colluders=c) == 12.0
+    shares = [skellam(share_variance(1e6, n, t, colluders=c), m, seed=seed(f"colluder {i}")) for i in range(n)]
+    honest = (shares[1] + shares[2]).astype(np.float64)  # survivors 0, 1, 2; client 0 colludes
+    assert abs(honest.var() / 1e6 - 1) <= 0.06
+    with pytest.raises(SecAggError, match="fewer colluders than the threshold 3"):
+        share_variance(1.0, n, t, colluders=3)
+
+
 # ------------------------------------------------------------------------- the law
 
 
