@@ -206,7 +206,7 @@ def _ptrs(mean: float, count: int, stream: KeyStream) -> np.ndarray:
         u, v = drawn[:m] - 0.5, drawn[m:]
         us = 0.5 - np.abs(u)
         k = np.floor((2 * a / us + b) * u + mean + 0.43)
-        valid = (k >= 0) & (k < 2.0**53)  # beyond 2^53: probability below exp(-2^49), rejected by the test anyway
+        valid = (k >= 0) & (k < 2.0**53)  # k >= 2^53 (not exact in float64) has a negligible pmf: rejected anyway
         accept = valid & (us >= 0.07) & (v <= v_r)
         test = valid & ~accept & ~((us < 0.013) & (v > us))
         hat = np.log(v[test] * inv_alpha / (a / (us[test] * us[test]) + b))
@@ -279,7 +279,7 @@ def tail_bound(variance: float, count: int, failure: float = DEFAULT_FAILURE) ->
     def psi(a: float) -> float:
         return a * math.asinh(a / variance) - math.hypot(a, variance) + variance
 
-    low, high = 0.0, math.sqrt(2 * variance * target) + target  # psi(high) >= target: Bernstein's form
+    low, high = 0.0, math.sqrt(2 * variance * target) + target  # a first guess (Bernstein's form), doubled if short
     while psi(high) < target:
         high *= 2
     for _ in range(200):
