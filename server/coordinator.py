@@ -111,15 +111,20 @@ class Coordinator:
         if step.secure is not None:
             self._secure_advance()
             return
-        # A slot nobody has joined (--start-with) has no update to wait for: its client, when it comes, takes
-        # the step open then. A client that joined and went silent is waited for, up to the deadline.
-        everyone = set(self.run.roster.clients.values()) <= step.submitted
+        everyone = len(step.submitted) == self.config.num_clients or self._all_joined_submitted(step.submitted)
         if not everyone and not self._deadline_passed():
             return
         if not everyone:
             missing = sorted(set(range(self.config.num_clients)) - step.submitted)
             self.emit(f"task {step.task} step {step.index} deadline passed: closing without clients {missing}")
         self._finish_step()
+
+    def _all_joined_submitted(self, submitted: set[int]) -> bool:
+        """With --start-with, a slot nobody has joined has no update to wait for (its client, when it comes,
+        takes the step open then); a client that joined and went silent is waited for, up to the deadline."""
+        joined = set(self.run.roster.clients.values())
+        start_with = self.options.start_with
+        return bool(start_with) and len(joined) >= start_with and joined <= submitted
 
     def _finish_step(self) -> None:
         """Close the open step (``Run.close``) and take the one open after it."""
@@ -163,16 +168,15 @@ class Coordinator:
             return index
 
     def describe(self, client_id: str, spec: ModelSpec) -> None:
-        """A client's model: it must be the run's (fixed by --model-spec or by the first Describe; one that
-        leaves the class names or max_length unknown, an older version's, takes them from the first that knows)."""
+        """A client's model: it must be the run's (fixed by --model-spec or by the first Describe). Where the run's
+        description leaves the class names or max_length unknown (an older version's), a client that knows them
+        is admitted but changes nothing: no later Describe alters the run; a current --model-spec completes it."""
         with self.lock:
             run = self.run
             run.roster.index_of(client_id)
             if run.spec is None:
                 run.admit_model(spec, "model_spec_json")
-            elif run.spec.completed_by(spec):  # the run's description (an older one) did not know all of it
-                run.complete_model(spec, keep=self.step.key if self.step else None)
-            else:
+            elif not run.spec.completed_by(spec):
                 check_same_spec(run.spec, spec, client_id)
             if run.state == State.WAITING and run.strategy is not None and self._enough_joined():
                 self.step = run.start()

@@ -229,7 +229,7 @@ class Run:
                 where=f"task {task} step {index} secure aggregation",
                 emit=self.emit,
                 state=self.store.load_secagg(step.key),
-                joined=self.roster.clients.values,
+                joined=self.roster.clients.values if self.options.start_with else None,
             )
         return step
 

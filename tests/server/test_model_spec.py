@@ -138,10 +138,18 @@ def test_clients_whose_class_names_or_max_length_differ_are_refused_naming_the_d
     assert coord.status()["state"] == "running"
 
 
-def test_a_run_described_by_an_older_version_takes_the_names_from_the_first_client_that_knows_them(tmp_path):
+def test_a_run_described_by_an_older_version_admits_clients_that_know_more_and_only_the_operator_completes_it(
+    tmp_path,
+):
+    """A client may not write into the run's description what the operator's (older) file left open: it is
+    admitted, the description unchanged (a hostile client would otherwise name the export's classes); a restart
+    with a current --model-spec completes it, and that is committed."""
     coord = Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC))  # an older lorm-spec's file
     coord.join("c0", 0)
     coord.describe("c0", NAMED)
-    assert coord.run.spec == NAMED
-    # committed: a restart with the older file goes on with the names
+    coord.describe("c0", dataclasses.replace(NAMED, classes=("z", "y", "x", "w", "v", "u")))  # nothing to compare
+    assert coord.run.spec == SPEC
+    with pytest.raises(Refused, match="num_classes"):  # what the description knows is still checked
+        coord.describe("c0", dataclasses.replace(NAMED, num_classes=5, classes=NAMED.classes[:5]))
+    assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=NAMED)).run.spec == NAMED
     assert Coordinator(CONFIG, tmp_path / "state", Options(model_spec=SPEC)).run.spec == NAMED
