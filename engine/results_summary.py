@@ -1,0 +1,196 @@
+"""The summary table that opens ``docs/RESULTS.md``, and the figures of README's "which method to use"
+table, built from the committed full-data cells (``docs/results/clinc150-full/cells``).
+
+One row per method (a bench label such as ``ridge@3layers``) and one FAA column per β (1.0, 0.5, 0.2):
+the mean ± sample std over the cell's seeds, "—" where no cell was run. Beside them the seeds per β,
+the megabytes one client sent over the run, the most memory an in-process cell held (where it was
+logged), and the provenance: the host each β ran on and the commits of the cells.
+
+``python -m engine.results_summary`` rewrites the table between the markers in ``docs/RESULTS.md``;
+``--check`` exits 1 when the committed table differs from the cells (tests/test_docs.py runs the same
+comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.benchmark_report import METHOD_ORDER, _machine_line, load_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "docs" / "results" / "clinc150-full"
+RESULTS = ROOT / "docs" / "RESULTS.md"
+BETAS = (1.0, 0.5, 0.2)
+START = "<!-- summary: written by `python -m engine.results_summary` from docs/results/clinc150-full/cells -->"
+END = "<!-- end of summary -->"
+MISSING = "—"
+# Row order: the upper bound, the trained competitors, LoRM's family, then the closed-form heads.
+ORDER = (*METHOD_ORDER, "ncm", "ridge", "lorm-ridge", "lorm-ncm", "lorm-ridge-first")
+# Not a federated method (one client holds all data): shown, never counted as a column's best.
+UPPER_BOUND = "joint"
+
+Cells = dict[float, list[dict]]  # beta -> the finished seeds' metrics
+
+
+def by_method(cells: list[dict]) -> dict[str, Cells]:
+    """The cells per bench label and beta, in the table's row order."""
+    table: dict[str, Cells] = {}
+    for cell in cells:
+        table.setdefault(cell["method"], {}).setdefault(float(cell["beta"]), []).append(cell)
+
+    def order(label: str) -> tuple[int, str]:
+        base = label.split("@", 1)[0]
+        return (ORDER.index(base) if base in ORDER else len(ORDER), label)
+
+    return {label: table[label] for label in sorted(table, key=order)}
+
+
+def faa(group: list[dict]) -> str:
+    """``83.67 ± 0.60`` over several seeds, ``87.49`` over one, "—" over none."""
+    if not group:
+        return MISSING
+    values = [float(c["faa"]) for c in group]
+    text = f"{statistics.mean(values):.2f}"
+    return text + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+
+
+def megabytes(row: Cells) -> str:
+    """MB one client sent over the run; a range where the betas' partitions differ."""
+    values = sorted({round(float(c["bytes_per_client"]) / 1e6, 1) for group in row.values() for c in group})
+    return f"{values[0]:,.1f}" + (f"–{values[-1]:,.1f}" if len(values) > 1 else "")
+
+
+def peak_memory(row: Cells) -> str:
+    """The most memory (GB) any of the row's cells held, and how many of them logged it when not all did."""
+    cells = [c for group in row.values() for c in group]
+    logged = [float(c["peak_rss_bytes"]) for c in cells if c.get("peak_rss_bytes")]
+    if not logged:
+        return MISSING
+    text = f"{max(logged) / 1e9:.1f}"
+    return text if len(logged) == len(cells) else f"{text} ({len(logged)} of {len(cells)} cells)"
+
+
+def commits(row: Cells) -> str:
+    """The distinct commits of the row's cells (7 hex digits); cells from before commits were recorded
+    count as "unrecorded", and a tree with changes is marked."""
+    names = []
+    for beta in BETAS:
+        for cell in row.get(beta, []):
+            code = cell.get("code")
+            name = "unrecorded" if code is None else code["commit"][:7] + (" (changed)" if code["changed"] else "")
+            names.append(name)
+    return ", ".join(f"`{n}`" if n != "unrecorded" else n for n in dict.fromkeys(names))
+
+
+def hosts(cells: list[dict]) -> list[str]:
+    """Every machine the cells name, in the order they first appear: host A, B, C, ..."""
+    return list(dict.fromkeys(_machine_line(c["machine"]) for c in cells))
+
+
+def _host_letters(group: list[dict], machines: list[str]) -> str:
+    if not group:
+        return MISSING
+    return "+".join(dict.fromkeys(chr(ord("A") + machines.index(_machine_line(c["machine"]))) for c in group))
+
+
+def _best(values: dict[str, str], highest: bool) -> set[str]:
+    """The labels whose figure is the column's best (several where they tie), the upper bound left out."""
+    numbers = {
+        label: float(text.split(" ")[0].split("–")[0].replace(",", ""))
+        for label, text in values.items()
+        if text != MISSING and label.split("@", 1)[0] != UPPER_BOUND
+    }
+    if not numbers:
+        return set()
+    best = max(numbers.values()) if highest else min(numbers.values())
+    return {label for label, value in numbers.items() if value == best}
+
+
+def _cpu_only(row: Cells) -> bool:
+    return all(c["machine"]["gpu"] == "none" for group in row.values() for c in group)
+
+
+def _bold(text: str, bold: bool) -> str:
+    return f"**{text}**" if bold else text
+
+
+def figures(row: Cells) -> list[str]:
+    """The figure columns README's table quotes: FAA at β 1.0 / 0.5 / 0.2, MB sent per client, peak GB."""
+    return [" / ".join(faa(row.get(b, [])) for b in BETAS), megabytes(row), peak_memory(row)]
+
+
+def summary(cells: list[dict]) -> str:
+    """The table, its key and the hosts, between the markers."""
+    rows = by_method(cells)
+    machines = hosts(cells)
+    columns = {f"faa{b}": {label: faa(row.get(b, [])) for label, row in rows.items()} for b in BETAS}
+    columns["mb"] = {label: megabytes(row) for label, row in rows.items()}
+    columns["gb"] = {label: peak_memory(row) for label, row in rows.items()}
+    # Memory is compared only where every cell logged it on a host without a GPU (a GPU's memory is not in it).
+    columns["gb"] = {
+        label: text for label, text in columns["gb"].items() if "cells" not in text and _cpu_only(rows[label])
+    }
+    best = {name: _best(values, highest=name.startswith("faa")) for name, values in columns.items()}
+    columns["gb"] = {label: peak_memory(row) for label, row in rows.items()}
+    lines = [
+        START,
+        "",
+        "| method | FAA β 1.0 | FAA β 0.5 | FAA β 0.2 | seeds (β 1.0 / 0.5 / 0.2) | MB sent per client "
+        "| peak memory (GB) | host (β 1.0 / 0.5 / 0.2) | commits |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, row in rows.items():
+        cells_ = [_bold(columns[name][label], label in best[name]) for name in ("faa1.0", "faa0.5", "faa0.2")]
+        seeds = " / ".join(str(len(row[b])) if b in row else MISSING for b in BETAS)
+        where = " / ".join(_host_letters(row.get(b, []), machines) for b in BETAS)
+        mb = _bold(columns["mb"][label], label in best["mb"])
+        gb = _bold(columns["gb"][label], label in best["gb"])
+        lines.append(f"| `{label}` | {' | '.join(cells_)} | {seeds} | {mb} | {gb} | {where} | {commits(row)} |")
+    lines += [
+        "",
+        "CLINC150, full training set (15,000) and test set (4,500), 10 clients, 5 tasks of 30 intents, "
+        "all-MiniLM-L6-v2 unless the label names `mpnet`. FAA: the mean over tasks of each task's accuracy "
+        "after the last, in %, mean ± sample std where several seeds ran. "
+        f"{MISSING}: no cell at that β (not measured). Bold: the column's best (highest FAA, fewest bytes, "
+        "least memory among rows whose every cell logged it on a host without a GPU), "
+        f"`{UPPER_BOUND}` (one client holding all data, the upper bound) left out. MB: tensor "
+        "payload one client sent over the whole run (10^6 bytes). Peak memory: the most the in-process run "
+        "held at once (resident set of the one process, clients and coordinator together; GPU memory not "
+        "counted); cells run before it was logged have none. Host: where each β's cells ran, times of "
+        "different hosts are not comparable. Commits: the code that ran the row's cells.",
+        "",
+    ]
+    lines += [f"- Host {chr(ord('A') + i)}: {m}" for i, m in enumerate(machines)]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def replaced(text: str, table: str) -> str:
+    """``text`` with the block between the markers (markers included) replaced by ``table``."""
+    head, sep, rest = text.partition(START)
+    if not sep or END not in rest:
+        raise ValueError(f"docs/RESULTS.md has no block between {START!r} and {END!r}")
+    return head + table + rest.split(END, 1)[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/RESULTS.md's table differs from the cells")
+    args = parser.parse_args(argv)
+    text = RESULTS.read_text()
+    new = replaced(text, summary(load_cells(FULL)))
+    if args.check:
+        if new != text:
+            print("docs/RESULTS.md's summary differs from the cells: run python -m engine.results_summary")
+            return 1
+        return 0
+    RESULTS.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The front doors hold what the cells hold: RESULTS.md's summary is regenerated from the committed cells
+and compared, and every relative link in the docs resolves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine import results_summary
+from engine.benchmark_report import load_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def full_cells() -> list[dict]:
+    return load_cells(results_summary.FULL)
+
+
+def _cell(method: str, beta: float, seed: int, faa: float, gpu: str = "none", rss: float | None = 2e9) -> dict:
+    cell = {
+        "method": method,
+        "beta": beta,
+        "seed": seed,
+        "faa": faa,
+        "bytes_per_client": 42.3e6,
+        "machine": {"system": "Linux", "cpu": "cpu", "cores": 2, "usable_cores": 2, "gpu": gpu}
+        | {"python": "3", "torch": "2"},
+        "code": {"commit": "abcdef0123", "changed": False},
+    }
+    if rss is not None:
+        cell["peak_rss_bytes"] = rss
+    return cell
+
+
+def test_summary_shows_mean_std_seeds_and_gaps():
+    cells = [_cell("lorm", 0.5, s, faa) for s, faa in enumerate((83.42, 83.24, 84.36))]
+    cells += [_cell("ridge", 0.5, 0, 95.18, rss=None), _cell("ridge", 1.0, 0, 95.18, rss=None)]
+    table = results_summary.summary(cells)
+    assert "| `lorm` | — | 83.67 ± 0.60 | — | — / 3 / — | **42.3** | **2.0** | — / A / — | `abcdef0` |" in table
+    # The best FAA per column is bold, a beta nobody ran is "—", unlogged memory is "—".
+    assert "| `ridge` | **95.18** | **95.18** | — | 1 / 1 / — | **42.3** | — | A / A / — | `abcdef0` |" in table
+
+
+def test_memory_of_a_gpu_host_is_never_the_best():
+    cells = [_cell("pilora", 0.5, 0, 90.0, gpu="H100", rss=1e9), _cell("lorm", 0.5, 0, 83.0, rss=3e9)]
+    table = results_summary.summary(cells)
+    assert "| `pilora` | — | **90.00** | — | — / 1 / — | **42.3** | 1.0 |" in table
+    assert "| `lorm` | — | 83.00 | — | — / 1 / — | **42.3** | **3.0** |" in table
+
+
+def test_results_summary_is_the_one_the_cells_give(full_cells):
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    expected = results_summary.replaced(text, results_summary.summary(full_cells))
+    assert text == expected, "docs/RESULTS.md's summary differs from the cells: run python -m engine.results_summary"
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs/results/archive.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
