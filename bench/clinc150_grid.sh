@@ -24,7 +24,7 @@ if [ "$preset" = cpu-clinc150-full ]; then
     # fedavg: the base that ewc, lwf, ccvr, fedproto and target add to
     dense="regmean,ties,ties@tuned,fedavg"
     # fisheravg: its per-sample Fisher 16 samples a backward pass (the same Fisher up to rounding,
-    # 2.8x faster: README), as its full-data cells ran
+    # 2.8x faster: docs/METHODS.md), as its full-data cells ran
     fisher=(--methods fisheravg --set fisher_batch=16)
     extra=true
     report="lorm,lorm-b-only,lorm-avg-tasks,fedavg-lora,fedavg,regmean,fisheravg,ties,ties@tuned,$competitors,joint@tuned,ncm,ridge,lorm-ridge"

@@ -1,5 +1,6 @@
 """The front doors hold what the cells hold: RESULTS.md's summary is regenerated from the committed cells
-and compared, and every relative link in the docs resolves."""
+and compared, README's "which method to use" figures are checked against the same cells, README stays
+short enough to read at once, and every relative link in the docs resolves."""
 
 from __future__ import annotations
 
@@ -57,8 +58,41 @@ def test_results_summary_is_the_one_the_cells_give(full_cells):
     assert text == expected, "docs/RESULTS.md's summary differs from the cells: run python -m engine.results_summary"
 
 
+def _readme_table() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Which method to use\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_readme_which_method_figures_are_the_cells(full_cells):
+    rows = results_summary.by_method(full_cells)
+    table = _readme_table()
+    assert len(table) >= 5
+    for method, *quoted in table:
+        label = re.fullmatch(r"`([^`]+)`", method)
+        assert label and label.group(1) in rows, f"README names {method}, which has no full-data cell"
+        assert quoted[:3] == results_summary.figures(rows[label.group(1)]), label.group(1)
+
+
+def test_readme_is_at_most_150_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the front door holds at most 150"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def test_every_relative_link_in_the_docs_resolves():
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs/results/archive.md"]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
-            if "://" not in target:
-                assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docs/results/archive.md"]
+    for doc in docs:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            path = (doc.parent / target) if target else doc
+            assert path.exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
+            if anchor and path.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{doc.relative_to(ROOT)} links to {target}#{anchor}"
