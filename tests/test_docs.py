@@ -52,6 +52,25 @@ def test_memory_of_a_gpu_host_is_never_the_best():
     assert "| `lorm` | — | 83.00 | — | — / 1 / — | **42.3** | **3.0** |" in table
 
 
+def test_the_frontier_keeps_what_nothing_beats_on_bytes_and_faa():
+    points = {
+        "ncm": (0.5, 91.6),
+        "pilora": (8.8, 90.0),
+        "ridge": (84.0, 95.2),
+        "joint": (8.5, 96.3),
+        "big": (800, 97.7),
+    }
+    assert results_summary.frontier(points) == ["ncm", "ridge", "big"]
+
+
+def test_the_plots_are_drawn(tmp_path):
+    cells = [_cell("lorm", b, s, 80.0 + s) for b in results_summary.BETAS for s in range(2)]
+    cells += [_cell("ridge", 0.5, 0, 95.0)]
+    results_summary.plot_faa(cells, tmp_path / "faa.png")
+    results_summary.plot_bytes(cells, tmp_path / "bytes.png")
+    assert (tmp_path / "faa.png").stat().st_size > 1000 and (tmp_path / "bytes.png").stat().st_size > 1000
+
+
 def test_results_summary_is_the_one_the_cells_give(full_cells):
     text = (ROOT / "docs" / "RESULTS.md").read_text()
     expected = results_summary.replaced(text, results_summary.summary(full_cells))
