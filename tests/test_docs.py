@@ -115,3 +115,11 @@ def test_every_relative_link_in_the_docs_resolves():
             if anchor and path.suffix == ".md":
                 headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
                 assert anchor in {_anchor(h) for h in headings}, f"{doc.relative_to(ROOT)} links to {target}#{anchor}"
+
+
+def test_results_contents_lists_every_section():
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    contents = text.split("## Contents\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"\]\(#([^)]+)\)", contents)
+    headings = [h for h in re.findall(r"^#{2,3} (.+)$", text, re.M) if h not in ("Contents",)]
+    assert listed == [_anchor(h) for h in headings if not h.startswith("Summary")]
