@@ -5,17 +5,18 @@ The mechanism perturbs the sufficient statistics once (Analyze Gauss; AdaSSP). E
 feature map (layers, norm, random projection), are scaled down to L2 norm at most ``C = dp.clip`` before they
 enter any sum (``FeatureMap.clip``), so adding or removing one record changes
 
-- the Gram ``G = sum_i x_i x_i^T`` ``(F', F')`` by ``x x^T``, of Frobenius norm ``|x|^2 <= C^2`` (its upper
-  triangle, which carries the noise, and its ``K`` diagonal blocks with ``ridge.blocks``, by at most that too);
+- the Gram ``G = sum_i x_i x_i^T`` ``(F', F')`` by ``x x^T``, of Frobenius norm ``|x|^2 <= C^2`` (its ``K``
+  diagonal blocks with ``ridge.blocks`` by at most that too);
 - the class sums ``S: (C, F')`` by one row ``x``: L2 norm ``<= C``;
 - the class counts by 1: **public by design**, never noised; neither head reads them (cosine NCM's rows are
   ``S_c / |S_c|``, the ridge head is ``S (G + lam I)^-1``), and the coordinator sees them.
 
-Every entry of a statistic gets ``N(0, sigma^2)`` noise, the Gram's upper triangle mirrored (symmetric noise),
-with ``sigma = sensitivity / mu_k``. Gaussian mechanisms compose exactly into one (Gaussian differential privacy,
-Dong, Roth and Su 2019): releases of ``mu_k`` are one of ``mu = sqrt(sum_k mu_k^2)``, so a budget ``(epsilon,
-delta)`` is the ``mu = 1 / sigma`` of the analytic Gaussian mechanism of sensitivity 1 (Balle and Wang 2018,
-``dp_accounting.get_sigma_gaussian``), split between the statistics by shares of ``mu^2`` (``dp.gram_share``).
+Every entry of a statistic gets ``N(0, sigma^2)`` noise, ``sigma = sensitivity / mu_k``; the Gram's is symmetric,
+``N(0, sigma^2 / 2)`` off the diagonal (:func:`add_gram_noise`). Gaussian mechanisms compose exactly into one
+(Gaussian differential privacy, Dong, Roth and Su 2019): releases of ``mu_k`` are one of ``mu = sqrt(sum_k
+mu_k^2)``, so a budget ``(epsilon, delta)`` is the ``mu = 1 / sigma`` of the analytic Gaussian mechanism of
+sensitivity 1 (Balle and Wang 2018, ``dp_accounting.get_sigma_gaussian``), split between the statistics by shares
+of ``mu^2`` (``dp.gram_share``).
 
 Composition over the run: every record belongs to one task, and only that task's features step reads it, so
 the steps compose in parallel and the run's guarantee is each step's. :class:`PrivacyLedger` keeps the ``mu^2``
@@ -63,8 +64,9 @@ class DpSettings(Settings):
     )
     lambda_scale: float = setting(
         3.0,
-        "ridge without fixed_lambda: lambda = lambda_scale x 2 sigma sqrt(d), the noise's spectral norm on a Gram "
-        "block of width d (AdaSSP's rule without its private minimum eigenvalue: it reads no data)",
+        "ridge without fixed_lambda: lambda = lambda_scale x sqrt(2) sigma sqrt(d), the spectral norm of the "
+        "summed Gram's noise on a block of width d (AdaSSP's rule without its private least eigenvalue: it reads "
+        "no data; it replaces ridge.holdout and ridge.lambda_rule)",
     )
     seed: int = setting(
         -1,
@@ -151,11 +153,12 @@ def composed_event(releases: dict[str, Release]) -> dp_accounting.DpEvent:
 
 
 def noise_floor_lambda(release: Release, width: int, scale: float) -> float:
-    """The ridge's lambda from the noise alone: ``scale x 2 sigma sqrt(d)``, ``2 sigma sqrt(d)`` the spectral norm
-    of a ``d x d`` symmetric Gaussian matrix of entries ``N(0, sigma^2)`` (the semicircle's edge), which
-    ``G + E + lam I`` must exceed to stay positive definite (AdaSSP's rule, without its private estimate of
-    ``G``'s least eigenvalue). It reads no data: a post-processing of public numbers."""
-    return scale * 2.0 * release.sigma * math.sqrt(width)
+    """The ridge's lambda from the noise alone: ``scale x sqrt(2) sigma sqrt(d)``, ``sqrt(2) sigma sqrt(d)`` the
+    spectral norm of the Gram's ``d x d`` noise (:func:`add_gram_noise`: off-diagonal deviation ``sigma /
+    sqrt(2)``; the semicircle's edge), which ``G + E + lam I`` must exceed to stay positive definite (AdaSSP's rule,
+    without its private estimate of ``G``'s least eigenvalue). It reads no data: post-processing of public
+    numbers."""
+    return scale * math.sqrt(2.0) * release.sigma * math.sqrt(width)
 
 
 class BudgetExceeded(ValueError):
@@ -251,11 +254,18 @@ def noise_source(seed: int, task: int) -> NoiseSource:
 
 
 def add_gram_noise(gram: Tensor, sigma: float, source: NoiseSource) -> None:
-    """``gram += E`` in place, ``E`` symmetric with ``N(0, sigma^2)`` entries on and above the diagonal of each
-    ``(d, d)`` matrix of ``gram`` (``(d, d)``, or ``(K, d, d)`` diagonal blocks)."""
-    noise = source.normal(tuple(gram.shape)).mul_(sigma).triu_()  # (..., d, d): the upper triangle drawn
-    gram.add_(noise).add_(noise.transpose(-1, -2))
-    gram.diagonal(dim1=-2, dim2=-1).sub_(noise.diagonal(dim1=-2, dim2=-1))  # the diagonal was added twice
+    """``gram += E`` in place, ``E`` symmetric, of each ``(d, d)`` matrix of ``gram`` (``(d, d)``, or ``(K, d, d)``
+    diagonal blocks): ``N(0, sigma^2)`` on the diagonal, ``N(0, sigma^2 / 2)`` above it, mirrored.
+
+    That is the Gaussian mechanism of deviation ``sigma`` on the vector ``v(G) = (G_ii; sqrt(2) G_ij, i < j)``, whose
+    norm is ``|G|_F``: one record moves it by exactly ``|x x^T|_F = |x|^2 <= C^2``, so the sensitivity ``C^2``
+    holds with half the off-diagonal variance of noising the upper triangle as it is (Analyze Gauss).
+    """
+    noise = source.normal(tuple(gram.shape)).mul_(sigma)  # (..., d, d); the strict lower triangle unused
+    diagonal = noise.diagonal(dim1=-2, dim2=-1).clone()
+    upper = noise.triu_(1).mul_(1.0 / math.sqrt(2.0))
+    gram.add_(upper).add_(upper.transpose(-1, -2))
+    gram.diagonal(dim1=-2, dim2=-1).add_(diagonal)
 
 
 def add_noise(stats: dict[str, Tensor], releases: dict[str, Release], source: NoiseSource, share: float = 1.0) -> None:

@@ -80,7 +80,7 @@ def test_lambda_is_the_noise_floor_of_the_grams_summed_noise():
     sigma = head.private.releases["gram"].sigma
     for task in (0, 1):
         fold_task(head, task, 10 + task)
-        assert head.lam == pytest.approx(2.5 * 2 * sigma * math.sqrt(task + 1) * math.sqrt(SPEC.feature_dim))
+        assert head.lam == pytest.approx(2.5 * math.sqrt(2) * sigma * math.sqrt(task + 1) * math.sqrt(SPEC.feature_dim))
 
 
 def test_a_fixed_lambda_stays_fixed():
