@@ -60,10 +60,10 @@ class DpSettings(Settings):
         "most C before they enter a sum, so a record moves the Gram by at most C^2 and the class sums by C",
     )
     gram_share: float = setting(
-        0.05, "ridge: the Gram's share of the budget, in (0, 1), as a share of mu^2; the class sums get the rest"
+        0.1, "ridge: the Gram's share of the budget, in (0, 1), as a share of mu^2; the class sums get the rest"
     )
     lambda_scale: float = setting(
-        3.0,
+        2.0,
         "ridge without fixed_lambda: lambda = lambda_scale x sqrt(2) sigma sqrt(d), the spectral norm of the "
         "summed Gram's noise on a block of width d (AdaSSP's rule without its private least eigenvalue: it reads "
         "no data; it replaces ridge.holdout and ridge.lambda_rule)",
