@@ -32,6 +32,7 @@ from bench.feature_heads import cached_features, load_clinc  # noqa: E402
 from client.features import feature_map, normalise_layers  # noqa: E402
 from common.aggregation.declared import HOLDOUT  # noqa: E402
 from common.merges.regmean import gram_factor  # noqa: E402
+from common.privacy import CLASS_SUM, GRAM, DpSettings, add_noise, calibrate, noise_source  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.wire.messages import ClientUpdate, ModelSpec, Phase  # noqa: E402
 from common.wire.tensors import pack  # noqa: E402
@@ -47,11 +48,16 @@ def features(states: dict, split: str) -> torch.Tensor:
     return normalise_layers(x).flatten(1)
 
 
-def statistics(x: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, classes: tuple[int, int], holdout: int):
-    """What a client sends for the rows ``x`` of the task's ``classes`` (``client/features.py``'s sums)."""
+def statistics(
+    x: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, classes: tuple[int, int], gram: bool, holdout: int
+) -> dict[str, torch.Tensor]:
+    """What a client sends for the rows ``x`` of the task's ``classes`` (``client/features.py``'s sums): the class
+    sums and counts, with ``gram`` the Gram's factor, and with ``holdout`` the held-out rows' alike."""
     lo, hi = classes
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)
-    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
+    if gram:
+        stats["gram_factor"] = gram_factor(x)
     if holdout:
         held = index % holdout == 0
         stats |= {
@@ -85,7 +91,8 @@ def run(
         aggregator = strategy.aggregator(plan)
         rows = torch.nonzero((y["train"] >= classes[0]) & (y["train"] < classes[1])).squeeze(1)  # global indices
         mapped = feature_map(x["train"][rows], None, clip=stats_of.features.clip)
-        stats = statistics(mapped, y["train"][rows], rows, classes, stats_of.holdout if strategy.use_gram else 0)
+        gram = strategy.use_gram
+        stats = statistics(mapped, y["train"][rows], rows, classes, gram, stats_of.holdout if gram else 0)
         update = ClientUpdate(
             run_id=plan.run_id,
             client_id="c0",
@@ -105,6 +112,41 @@ def run(
     return accuracy, report.get("ridge_lambda"), report.get("dp", {}).get("run_epsilon")
 
 
+def diagnose(epsilon: float, args: argparse.Namespace, x: dict, y: dict) -> dict[str, float]:
+    """Which noise costs what (val split, lambda best on val from a grid: a diagnostic, not a private figure): the
+    ridge head of the five tasks' statistics with the Gram's noise only, the class sums' only, and both, each drawn
+    as the run draws it (``dp.clip`` 1 on features of norm sqrt(1,152): all scaled to unit norm; five Gram
+    releases summed, each class's sums noised once)."""
+    dp = DpSettings(epsilon=epsilon, delta=args.delta, clip=1.0, gram_share=args.gram_share)
+    releases = calibrate(dp, (GRAM, CLASS_SUM))
+    train = feature_map(x["train"], None, clip=1.0)
+    one_hot = torch.nn.functional.one_hot(y["train"], CLASSES).to(torch.float64)
+    exact = {GRAM: train.T @ train, CLASS_SUM: one_hot.T @ train}
+    noisy = {name: t.clone() for name, t in exact.items()}
+    for task in range(TASKS):  # the run's draws: one per task, the task's rows of the class sums
+        source = noise_source(args.seed, task)
+        rows = slice(task * CLASSES // TASKS, (task + 1) * CLASSES // TASKS)
+        add_noise({CLASS_SUM: noisy[CLASS_SUM][rows], GRAM: noisy[GRAM]}, releases, source)
+    val = feature_map(x["val"], None, clip=1.0)
+    grid = tuple(10.0 ** (k / 4) for k in range(-4, 18))
+    out = {}
+    for name, (gram, sums) in {
+        "gram noise only": (noisy[GRAM], exact[CLASS_SUM]),
+        "class-sum noise only": (exact[GRAM], noisy[CLASS_SUM]),
+        "both": (noisy[GRAM], noisy[CLASS_SUM]),
+        "neither": (exact[GRAM], exact[CLASS_SUM]),
+    }.items():
+        values, vectors = torch.linalg.eigh(gram)
+        projected = sums @ vectors
+        scores = [
+            float((((projected / (values + lam)) @ vectors.T @ val.T).argmax(0) == y["val"]).double().mean()) * 100
+            for lam in grid
+            if float((values + lam).min()) > 0
+        ]
+        out[name] = max(scores)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=Path("/work/shared/datasets"))
@@ -118,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed and dp.seed (the noise's)")
     parser.add_argument("--split", choices=("test", "val"), default="test")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = load_clinc(args.data_dir)
@@ -125,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     x = {split: features(states, split) for split in ("train", "val", "test")}
     y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
     rows = []
+    if args.diagnose:
+        for epsilon in args.epsilons:
+            print(json.dumps({"epsilon": epsilon, "split": "val", **diagnose(epsilon, args, x, y)}), flush=True)
+        return 0
     for epsilon in args.epsilons:
         start = time.perf_counter()
         accuracy, lam, spent = run(args.method, epsilon, args, x, y)

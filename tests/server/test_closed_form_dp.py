@@ -118,3 +118,13 @@ def test_no_budget_leaves_the_run_bit_identical(epsilon):
     assert torch.equal(off.head_weight, plain.head_weight)
     assert off.matrix.summary() == plain.matrix.summary()
     assert json.dumps(off.history) == json.dumps(plain.history)  # NaN losses compare as text
+
+
+def test_an_ensembles_blocks_are_noised_and_lambda_is_their_widths_noise_floor():
+    ridge = {"rp_dim": 32, "blocks": 3, "lambda_rule": "average"}  # under dp no held-out statistics: any rule
+    result = run_inprocess(tiny("ridge", settings={"ridge": ridge, "dp": DP}))
+    steps = [h for h in result.history if h["phase"] == "features"]
+    sigma = steps[0]["dp"]["sigma"]["gram"]
+    for task, step in enumerate(steps):
+        assert step["ridge_lambda"] == pytest.approx(2.0 * math.sqrt(2) * sigma * math.sqrt(task + 1) * math.sqrt(32))
+    assert bool(torch.isfinite(result.head_weight).all()) and tuple(result.head_weight.shape)[1] == 96
