@@ -25,8 +25,9 @@ states of those layers side by side, ``F = len(layers) d``, each optionally norm
 :func:`backbone_features`), or with the setting ``rp_dim = F' > 0``
 the random features ``f(X P^T)`` (``f`` the setting ``activation``, ``max(0, .)`` by default) with
 ``P: (F', F)``, ``N(0, 1)`` entries seeded by
-``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
-are float64.
+``config.seed`` alone (every client and every evaluation draws the same ``P``); in a run with a privacy budget each
+sample's ``F'`` features are then scaled down to L2 norm ``dp.clip`` (``FeatureMap.clip``, ``common/privacy.py``),
+so one record's share of every sum is bounded. Statistics are float64.
 """
 
 from __future__ import annotations

@@ -234,15 +234,15 @@ class SecureNoise:
 
     def normal(self, shape: tuple[int, ...]) -> Tensor:
         count = math.prod(shape)
-        parts, left = [], count
-        while left > 0:
-            pairs = min((left + 1) // 2, self.CHUNK)
+        out = torch.empty(count + 1, dtype=DTYPE)  # filled in pairs; one spare for an odd count
+        for start in range(0, count, 2 * self.CHUNK):
+            pairs = min((count - start + 1) // 2, self.CHUNK)
             raw = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64).view(2, pairs)
             u = (((raw >> 11) & ((1 << 53) - 1)).to(DTYPE) + 1.0) / float(1 << 53)  # (0, 1]: a finite log
             radius, angle = torch.sqrt(-2.0 * torch.log(u[0])), (2.0 * math.pi) * u[1]
-            parts += [radius * torch.cos(angle), radius * torch.sin(angle)]
-            left -= 2 * pairs
-        return torch.cat(parts)[:count].view(shape)
+            out[start : start + pairs] = radius * torch.cos(angle)
+            out[start + pairs : start + 2 * pairs] = radius * torch.sin(angle)
+        return out[:count].view(shape)
 
 
 def noise_source(seed: int, task: int) -> NoiseSource:

@@ -211,3 +211,14 @@ def test_describe_lists_the_settings():
     text = describe("dp")
     for key in ("epsilon", "delta", "clip", "gram_share", "lambda_scale", "seed"):
         assert f"dp.{key} (" in text
+
+
+@pytest.mark.parametrize("count", [1, 2001, 20_001])
+def test_the_csprng_fills_every_draw_across_its_reads(count, monkeypatch):
+    monkeypatch.setattr(SecureNoise, "CHUNK", 1000)  # several reads of os.urandom, an odd count
+    draws = SecureNoise().normal((count,))
+    assert draws.shape == (count,) and bool(torch.isfinite(draws).all()) and float(draws.abs().max()) < 7
+    if count > 10_000:
+        assert float(draws.std()) == pytest.approx(1.0, rel=0.05)
+        halves = draws[: count // 2], draws[count // 2 :]  # the cosines and the sines of the pairs alike
+        assert abs(float(halves[0].std() - halves[1].std())) < 0.05
