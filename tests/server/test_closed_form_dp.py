@@ -8,11 +8,14 @@ import pytest
 import torch
 from test_closed_form import tiny
 
+from client.runtime import build_runtime
 from common.merges.regmean import gram_factor
 from common.privacy import BudgetExceeded, gaussian_mu
 from common.run.config import RunConfig
-from common.wire.messages import ModelSpec, Phase
+from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
 from engine.simulation import run_inprocess
+from server.coordinator import Coordinator
+from server.run_state import State
 from server.strategies import make_strategy
 
 from unit_helpers import plan_update
@@ -128,3 +131,26 @@ def test_an_ensembles_blocks_are_noised_and_lambda_is_their_widths_noise_floor()
     for task, step in enumerate(steps):
         assert step["ridge_lambda"] == pytest.approx(2.0 * math.sqrt(2) * sigma * math.sqrt(task + 1) * math.sqrt(32))
     assert bool(torch.isfinite(result.head_weight).all()) and tuple(result.head_weight.shape)[1] == 96
+
+
+def test_the_coordinator_adds_the_noise_the_in_process_engine_adds(tmp_path):
+    """Central DP on the coordinator's own path (join, pull, submit, merge): the same head, bit for bit, as the
+    in-process engine's run of the same configuration and noise seed, and the same statement in its summary."""
+    config = tiny("ridge", settings={"dp": DP})
+    runtime = build_runtime(config)
+    workers = [runtime.worker(i, f"c{i}") for i in range(config.num_clients)]
+    coord = Coordinator(config, tmp_path / "state")
+    for i in range(config.num_clients):
+        coord.join(f"c{i}", i)
+        coord.describe(f"c{i}", runtime.spec)
+    while coord.run.state == State.RUNNING:
+        for i, worker in enumerate(workers):
+            plan = coord.pull(f"c{i}")
+            if not isinstance(plan, RoundPlan):
+                continue
+            result = worker.handle(plan)
+            key = f"{plan.task}/{plan.round}/{plan.phase.value}/{i}"
+            coord.report_eval(result, key) if isinstance(result, EvalReport) else coord.submit(result, key)
+    engine = run_inprocess(config)
+    assert torch.equal(coord.run.strategy.head_w, engine.head_weight)
+    assert coord.run.summary()["privacy"] == engine.summary()["privacy"]
