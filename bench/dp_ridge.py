@@ -32,11 +32,13 @@ from bench.feature_heads import cached_features, load_clinc  # noqa: E402
 from client.features import feature_map, normalise_layers  # noqa: E402
 from common.aggregation.declared import HOLDOUT  # noqa: E402
 from common.merges.regmean import gram_factor  # noqa: E402
-from common.privacy import CLASS_SUM, GRAM, DpSettings, add_noise, calibrate, noise_source  # noqa: E402
+from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
+from common.run.settings import DpSettings  # noqa: E402
 from common.wire.messages import ClientUpdate, ModelSpec, Phase  # noqa: E402
 from common.wire.tensors import pack  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
+from server.strategies.closed_form import ClosedFormHead  # noqa: E402
 
 LAYERS = [4, 5, 6]  # the last three of MiniLM's seven hidden states: ridge.layers [-3, -2, -1]
 HIDDEN, CLASSES, TASKS = 384, 150, 5
@@ -84,6 +86,7 @@ def run(
         }
     config = RunConfig(method=method, dataset="clinc150", num_tasks=TASKS, seed=args.seed, settings=settings)
     strategy = make_strategy(config, ModelSpec(layers={}, feature_dim=HIDDEN, num_classes=CLASSES))
+    assert isinstance(strategy, ClosedFormHead)
     stats_of = strategy.settings.feature_stats(config)  # clip, and the held-out rule without a budget
     for task, classes in enumerate(strategy.tasks):
         strategy.begin_task(task)

@@ -26,7 +26,7 @@ states of those layers side by side, ``F = len(layers) d``, each optionally norm
 the random features ``f(X P^T)`` (``f`` the setting ``activation``, ``max(0, .)`` by default) with
 ``P: (F', F)``, ``N(0, 1)`` entries seeded by
 ``config.seed`` alone (every client and every evaluation draws the same ``P``); in a run with a privacy budget each
-sample's ``F'`` features are then scaled down to L2 norm ``dp.clip`` (``FeatureMap.clip``, ``common/privacy.py``),
+sample's ``F'`` features are then scaled down to L2 norm ``dp.clip`` (``FeatureMap.clip``, ``common/privacy/``),
 so one record's share of every sum is bounded. Statistics are float64.
 """
 
@@ -42,7 +42,7 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HOLDOUT, FeatureMap, feature_stats_of
 from common.merges.regmean import block_gram_factor, gram_factor
-from common.privacy import clip_rows
+from common.privacy.gaussian import clip_rows
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT

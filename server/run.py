@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from common.infra.faults import fault_point
 from common.infra.progress import Progress, kind_of
-from common.privacy import privacy_summary
+from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
 from common.run.schedule import (

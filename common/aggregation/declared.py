@@ -112,7 +112,7 @@ class FeatureMap:
     hidden states ``layers`` (indexed as the backbone's: 0 the embeddings, -1 the last), each pooled by ``pool``
     and normalised per sample by ``norm``, side by side; then, with ``rp_dim = F' > 0``, ``activation`` of a
     seeded random projection (``client/features.py``), each sample's result clipped to L2 norm ``clip`` (differential
-    privacy's bound on one record's contribution, ``common/privacy.py``). The defaults: the backbone's own
+    privacy's bound on one record's contribution, ``common/privacy/``). The defaults: the backbone's own
     features."""
 
     rp_dim: int = 0  # F', every row of the random projection (0: none, F' = F)

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from common.privacy import DpSettings
 from common.run.settings import (
     DataSettings,
+    DpSettings,
     ModelSettings,
     RobustSettings,
     SecAggSettings,
@@ -79,7 +79,7 @@ class Method:
     # whether it takes tasks an operator adds while the run lives (data.open): not a method that sizes its state by
     # the number of tasks at the start (CODA-Prompt: each task's share of the prompt components)
     open_schedule: bool = field(default=True, kw_only=True)
-    # whether a run of it may set the dp section (common/privacy.py): every record it reads enters only statistics
+    # whether a run of it may set the dp section (common/privacy/): every record it reads enters only statistics
     # that the coordinator noises (the closed-form heads on W0), never training that the noise does not cover
     private: bool = field(default=False, kw_only=True)
 

@@ -17,9 +17,8 @@ from typing import ClassVar
 
 from common.aggregation.declared import FeatureMap, FeatureStats
 from common.methods import Method
-from common.privacy import DpSettings
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings, Settings, non_negative_int, setting
+from common.run.settings import DpSettings, SecAggSettings, Settings, non_negative_int, setting
 
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -98,7 +97,7 @@ class NcmSettings(Settings):
 
 
 def private_map(features: FeatureMap, config: RunConfig) -> FeatureMap:
-    """``features``, clipped per sample to ``dp.clip`` when the run has a privacy budget (``common/privacy.py``)."""
+    """``features``, clipped per sample to ``dp.clip`` when the run has a privacy budget (``common/privacy/``)."""
     dp = config.section(DpSettings)
     return replace(features, clip=dp.clip) if dp.enabled else features
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.privacy import DpSettings
-from common.run.settings import LEGACY_EXTRA, DataSettings, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, DataSettings, DpSettings, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 

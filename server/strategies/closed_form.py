@@ -38,12 +38,12 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   samples' whole-width factor, kept stacked as :class:`~common.merges.regmean.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 
-With a privacy budget (the ``dp`` section, ``common/privacy.py``; ``ncm`` and ``ridge``): clients clip each
+With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ridge``): clients clip each
 sample's features to ``dp.clip``, and each step's summed statistics get the Gaussian noise its calibration asks
 (:class:`PrivateRelease`: the task's rows of the class sums and, for the ridge, the Gram) before they join the
 totals, here on the coordinator and in the in-process engine alike (central DP: the coordinator sees the
 un-noised sums). The ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
-(:func:`~common.privacy.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
+(:func:`~common.privacy.gaussian.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
 statistics are sent.
 """
 
@@ -63,11 +63,9 @@ from common.aggregation.declared import HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
-from common.privacy import (
+from common.privacy.gaussian import (
     CLASS_SUM,
     GRAM,
-    DpSettings,
-    PrivacyLedger,
     Release,
     add_noise,
     calibrate,
@@ -75,8 +73,9 @@ from common.privacy import (
     noise_floor_lambda,
     noise_source,
 )
+from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
@@ -196,8 +195,8 @@ def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
 
 class PrivateRelease:
     """The run's privacy budget on a closed-form head's steps: each step's statistics calibrated once
-    (:func:`~common.privacy.calibrate`), the ledger of what each task's records have spent, and the noise added to
-    a step's summed statistics before they join the totals."""
+    (:func:`~common.privacy.gaussian.calibrate`), the ledger of what each task's records have spent, and the noise
+    added to a step's summed statistics before they join the totals."""
 
     def __init__(self, settings: DpSettings, statistics: tuple[str, ...]) -> None:
         self.settings = settings

@@ -1,4 +1,4 @@
-"""Differential privacy of the closed-form heads' statistics (common/privacy.py): the calibration against the
+"""Differential privacy of the closed-form heads' statistics (common/privacy/): the calibration against the
 Gaussian mechanism's own privacy curve, the noise's scale, the sensitivity that clipping bounds, the ledger."""
 
 import math
@@ -12,12 +12,9 @@ from scipy.stats import norm
 
 from client.features import feature_map, sums
 from common.methods import describe
-from common.privacy import (
+from common.privacy.gaussian import (
     CLASS_SUM,
     GRAM,
-    BudgetExceeded,
-    DpSettings,
-    PrivacyLedger,
     Release,
     SecureNoise,
     SeededNoise,
@@ -28,7 +25,9 @@ from common.privacy import (
     gaussian_mu,
     noise_source,
 )
+from common.privacy.ledger import BudgetExceeded, PrivacyLedger
 from common.run.config import RunConfig
+from common.run.settings import DpSettings
 
 STATISTICS = (GRAM, CLASS_SUM, "class_count")
 

@@ -10,7 +10,8 @@ from test_closed_form import tiny
 
 from client.runtime import build_runtime
 from common.merges.regmean import gram_factor
-from common.privacy import BudgetExceeded, gaussian_mu
+from common.privacy.gaussian import gaussian_mu
+from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
 from engine.simulation import run_inprocess
