@@ -8,13 +8,15 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import dp_accounting
 import torch
 from torch import Tensor
 
 from common.run.settings import DpSettings
+
+if TYPE_CHECKING:  # dp_accounting (scipy, mpmath) takes a second to import: only a run with a budget loads it
+    import dp_accounting
 
 DTYPE = torch.float64
 GRAM, CLASS_SUM, CLASS_COUNT = "gram", "class_sum", "class_count"  # the statistics' names (StatSums)
@@ -24,12 +26,16 @@ PUBLIC = (CLASS_COUNT,)  # released un-noised, public by design
 def gaussian_mu(epsilon: float, delta: float) -> float:
     """``mu``: the ratio sensitivity / sigma of the one-shot Gaussian mechanism that is exactly
     ``(epsilon, delta)``-DP (the analytic Gaussian mechanism, ``dp_accounting``); ``mu(1, 1e-5) ~ 0.268``."""
+    import dp_accounting
+
     return 1.0 / float(dp_accounting.get_sigma_gaussian(epsilon, delta))
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
     """The least ``epsilon`` of a Gaussian mechanism of ratio ``mu`` at ``delta`` (inverse of :func:`gaussian_mu`);
     0 for ``mu = 0`` (nothing released)."""
+    import dp_accounting
+
     return float(dp_accounting.get_epsilon_gaussian(1.0 / mu, delta)) if mu > 0 else 0.0
 
 
@@ -47,6 +53,8 @@ class Release:
 
     def event(self) -> dp_accounting.GaussianDpEvent:
         """The release as ``dp_accounting`` describes it (its noise multiplier sigma / sensitivity)."""
+        import dp_accounting
+
         return dp_accounting.GaussianDpEvent(self.sigma / self.sensitivity)
 
 
@@ -75,6 +83,8 @@ def composed_mu(releases: dict[str, Release]) -> float:
 
 def composed_event(releases: dict[str, Release]) -> dp_accounting.DpEvent:
     """The releases of one step, composed, as ``dp_accounting`` describes them (for its accountants)."""
+    import dp_accounting
+
     return dp_accounting.ComposedDpEvent([r.event() for r in releases.values()])
 
 
