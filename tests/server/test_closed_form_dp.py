@@ -8,18 +8,21 @@ import pytest
 import torch
 from test_closed_form import tiny
 
+from client.features import feature_map
 from client.runtime import build_runtime
+from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import gram_factor
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
+from common.wire.tensors import STAT
 from engine.simulation import run_inprocess
 from server.coordinator import Coordinator
 from server.run_state import State
 from server.strategies import make_strategy
 
-from unit_helpers import plan_update
+from unit_helpers import edit_named, plan_update
 
 SPEC = ModelSpec(layers={}, feature_dim=5, num_classes=6)
 DP = {"epsilon": 1.0, "seed": 11, "clip": 2.0}
@@ -31,20 +34,46 @@ def strategy(dp: dict | None, method: str = "ridge", settings: dict | None = Non
     return make_strategy(RunConfig(method=method, num_tasks=2, settings=settings), SPEC)
 
 
+def client_update(plan, index, seed, clip):
+    """Client ``index``'s statistics of 12 random rows (norms about sqrt(5)), clipped to ``clip`` (0: not)."""
+    gen = torch.Generator().manual_seed(seed + index)
+    lo, hi = plan.class_range
+    y = torch.randint(lo, hi, (12,), generator=gen)
+    x = feature_map(torch.randn(12, SPEC.feature_dim, generator=gen, dtype=torch.float64), None, clip=clip)
+    one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
+    return plan_update(plan, index, 12, stats=stats)
+
+
 def fold_task(head, task, seed):
-    """Task ``task``'s features step: two clients of 12 random rows each (norms about sqrt(5))."""
+    """Task ``task``'s features step: two clients' statistics, clipped as the run's clients clip them."""
     head.begin_task(task)
     plan = head.configure(task, 0, Phase.FEATURES)
     aggregator = head.aggregator(plan)
-    lo, hi = plan.class_range
+    clip = head.private.settings.clip if head.private is not None else 0.0
     for index in range(2):
-        gen = torch.Generator().manual_seed(seed + index)
-        y = torch.randint(lo, hi, (12,), generator=gen)
-        x = torch.randn(12, SPEC.feature_dim, generator=gen, dtype=torch.float64)
-        one_hot = torch.nn.functional.one_hot(y - lo, hi - lo).double()
-        stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0), "gram_factor": gram_factor(x)}
-        aggregator.fold(plan_update(plan, index, 12, stats=stats))
+        aggregator.fold(client_update(plan, index, seed, clip))
     head.aggregate(plan, aggregator)
+
+
+@pytest.mark.parametrize("method", ["ridge", "ncm"])
+def test_statistics_of_unclipped_features_are_refused(method):
+    """A client that skips the clip voids its own records' privacy; the coordinator does not take its sums for
+    clipped ones: ``tr(G) <= n C^2`` and ``|S_c| <= n_c C`` must hold."""
+    head = strategy(DP | {"clip": 1.0}, method)
+    head.begin_task(0)
+    plan = head.configure(0, 0, Phase.FEATURES)
+    aggregator = head.aggregator(plan)
+    unclipped = client_update(plan, 0, 5, 0.0)
+    if method == "ncm":
+        edit_named(unclipped, STAT, lambda stats: stats.pop("gram_factor"))
+    with pytest.raises(UpdateRejected, match="not from features clipped to dp.clip = 1"):
+        aggregator.fold(unclipped)
+    clipped = client_update(plan, 0, 5, 1.0)
+    if method == "ncm":
+        edit_named(clipped, STAT, lambda stats: stats.pop("gram_factor"))
+    aggregator.fold(clipped)
+    assert aggregator.count == 1
 
 
 def test_the_noise_lands_on_the_steps_gram_and_its_tasks_rows_at_the_calibrated_scale():
