@@ -15,11 +15,13 @@ from common.merges.regmean import gram_factor
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
+from common.run.settings import SecAggSettings
 from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import STAT
 from engine.simulation import run_inprocess
 from server.coordinator import Coordinator
 from server.run_state import State
+from server.secure import secure_step
 from server.strategies import make_strategy
 
 from unit_helpers import edit_named, plan_update
@@ -184,3 +186,24 @@ def test_the_coordinator_adds_the_noise_the_in_process_engine_adds(tmp_path):
     engine = run_inprocess(config)
     assert torch.equal(coord.run.strategy.head_w, engine.head_weight)
     assert coord.run.summary()["privacy"] == engine.summary()["privacy"]
+
+
+def test_central_noise_on_a_securely_aggregated_sum_gives_the_plain_sums_head():
+    """With secure aggregation the coordinator noises the unmasked sum: the same head as the plain fold's, within
+    the fixed point's rounding (the noise, seeded, is the same draw)."""
+    settings = {"dp": DP, "secagg": {"enabled": True}}
+    plain, secure = strategy(None, settings=settings), strategy(None, settings=settings)
+    for task in range(2):
+        plain.begin_task(task)
+        secure.begin_task(task)
+        plan = plain.configure(task, 0, Phase.FEATURES)
+        secure.configure(task, 0, Phase.FEATURES)
+        updates = {i: client_update(plan, i, 20 + task, DP["clip"]) for i in range(3)}
+        folded, masked = plain.aggregator(plan), secure.aggregator(plan)
+        for update in updates.values():
+            folded.fold(update)
+        secure_step(masked, SPEC, plain.config, updates, SecAggSettings(enabled=True), 3)
+        plain.aggregate(plan, folded)
+        secure.aggregate(plan, masked)
+        assert torch.allclose(plain.head_w, secure.head_w, rtol=1e-6, atol=1e-9)
+        assert plain.step_report(plan) == secure.step_report(plan)
