@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.feature_heads import cached_features, load_clinc  # noqa: E402
-from client.features import feature_map, normalise_layers  # noqa: E402
+from client.features import feature_map, normalise_layers, random_projection  # noqa: E402
 from common.aggregation.declared import HOLDOUT  # noqa: E402
 from common.merges.regmean import gram_factor  # noqa: E402
 from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
@@ -74,7 +74,7 @@ def run(
     method: str, epsilon: float, args: argparse.Namespace, x: dict, y: dict
 ) -> tuple[float, float | None, float | None]:
     """Accuracy (%) on ``args.split`` of the head after the five tasks, its lambda and the run's epsilon."""
-    settings: dict = {method: {"layers": [-3, -2, -1], "norm": "layer"}}
+    settings: dict = {method: {"layers": [-3, -2, -1], "norm": "layer", "rp_dim": args.rp_dim}}
     if math.isfinite(epsilon):
         settings["dp"] = {
             "epsilon": epsilon,
@@ -88,14 +88,19 @@ def run(
     strategy = make_strategy(config, ModelSpec(layers={}, feature_dim=HIDDEN, num_classes=CLASSES))
     assert isinstance(strategy, ClosedFormHead)
     stats_of = strategy.settings.feature_stats(config)  # clip, and the held-out rule without a budget
+    projection = random_projection(config, HIDDEN * len(LAYERS))  # the clients' seeded P (rp_dim), or None
+
+    def mapped(rows: torch.Tensor) -> torch.Tensor:  # (n, F'): what the clients' feature_map gives
+        return feature_map(rows, projection, stats_of.features.activation, stats_of.features.clip)
+
     for task, classes in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.FEATURES)
         aggregator = strategy.aggregator(plan)
         rows = torch.nonzero((y["train"] >= classes[0]) & (y["train"] < classes[1])).squeeze(1)  # global indices
-        mapped = feature_map(x["train"][rows], None, clip=stats_of.features.clip)
+        train = mapped(x["train"][rows])
         gram = strategy.use_gram
-        stats = statistics(mapped, y["train"][rows], rows, classes, gram, stats_of.holdout if gram else 0)
+        stats = statistics(train, y["train"][rows], rows, classes, gram, stats_of.holdout if gram else 0)
         update = ClientUpdate(
             run_id=plan.run_id,
             client_id="c0",
@@ -110,7 +115,7 @@ def run(
         aggregator.fold(update)
         strategy.aggregate(plan, aggregator)
     report = strategy.step_report(plan)
-    scores = feature_map(x[args.split], None, clip=stats_of.features.clip) @ strategy.head_w.T
+    scores = mapped(x[args.split]) @ strategy.head_w.T
     accuracy = float((scores.argmax(1) == y[args.split]).double().mean()) * 100
     return accuracy, report.get("ridge_lambda"), report.get("dp", {}).get("run_epsilon")
 
@@ -162,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lambda-scale", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0, help="the run's seed and dp.seed (the noise's)")
     parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument("--rp-dim", type=int, default=0, help="ridge.rp_dim: a random projection + ReLU (0: none)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
     args = parser.parse_args(argv)
@@ -178,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     for epsilon in args.epsilons:
         start = time.perf_counter()
         accuracy, lam, spent = run(args.method, epsilon, args, x, y)
-        row = {"method": args.method, "epsilon": epsilon, "delta": args.delta, "accuracy": accuracy, "lambda": lam}
+        row = {"method": args.method, "rp_dim": args.rp_dim, "epsilon": epsilon, "delta": args.delta}
+        row |= {"accuracy": accuracy, "lambda": lam}
         row |= {"run_epsilon": spent, "seed": args.seed, "split": args.split, "seconds": time.perf_counter() - start}
         rows.append(row)
         print(json.dumps(row), flush=True)
