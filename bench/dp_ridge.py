@@ -155,6 +155,33 @@ def diagnose(epsilon: float, args: argparse.Namespace, x: dict, y: dict) -> dict
     return out
 
 
+def plot(files: list[Path], out: Path) -> None:
+    """Accuracy against epsilon (log scale), one line per file of rows (``--json``); the non-private figure (epsilon
+    inf) as a dashed level in the line's colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for file in files:
+        rows = json.loads(file.read_text())
+        private = sorted((r["epsilon"], r["accuracy"]) for r in rows if math.isfinite(r["epsilon"]))
+        (line,) = ax.plot(*zip(*private, strict=True), marker="o", label=file.stem)
+        for r in rows:
+            if not math.isfinite(r["epsilon"]):
+                ax.axhline(r["accuracy"], color=line.get_color(), linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epsilon (delta 1e-5)")
+    ax.set_ylabel("accuracy over 150 intents (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("CLINC150, MiniLM three layers: privacy and accuracy (dashed: no DP)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=Path("/work/shared/datasets"))
@@ -170,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rp-dim", type=int, default=0, help="ridge.rp_dim: a random projection + ReLU (0: none)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
+    parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON", help="plot these --json files, run nothing")
+    parser.add_argument("--out", type=Path, default=Path("dp_curve.png"), help="with --plot: the image")
     args = parser.parse_args(argv)
+    if args.plot:
+        plot(args.plot, args.out)
+        return 0
     torch.set_num_threads(1)
     data = load_clinc(args.data_dir)
     states = cached_features(data, args.cache, 64)
