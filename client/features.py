@@ -25,8 +25,9 @@ states of those layers side by side, ``F = len(layers) d``, each optionally norm
 :func:`backbone_features`), or with the setting ``rp_dim = F' > 0``
 the random features ``f(X P^T)`` (``f`` the setting ``activation``, ``max(0, .)`` by default) with
 ``P: (F', F)``, ``N(0, 1)`` entries seeded by
-``config.seed`` alone (every client and every evaluation draws the same ``P``). Statistics
-are float64.
+``config.seed`` alone (every client and every evaluation draws the same ``P``); in a run with a privacy budget each
+sample's ``F'`` features are then scaled down to L2 norm ``dp.clip`` (``FeatureMap.clip``, ``common/privacy/``),
+so one record's share of every sum is bounded. Statistics are float64.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HOLDOUT, FeatureMap, feature_stats_of
 from common.merges.regmean import block_gram_factor, gram_factor
+from common.privacy.gaussian import clip_rows
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -95,11 +97,13 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def feature_map(features: Tensor, projection: Tensor | None, activation: str = "relu") -> Tensor:
+def feature_map(features: Tensor, projection: Tensor | None, activation: str = "relu", clip: float = 0.0) -> Tensor:
     """``(n, F)`` backbone features -> ``(n, F')`` float64: ``f(X P^T)`` with ``f`` the setting ``activation``
-    (``max(0, .)`` by default), or ``X`` itself without a projection."""
+    (``max(0, .)`` by default), or ``X`` itself without a projection; with ``clip = C > 0`` each row scaled down to
+    L2 norm at most ``C`` (``dp.clip``: what enters the statistics is what the privacy's sensitivity bounds)."""
     x = features.detach().to(torch.float64).cpu()
-    return x if projection is None else ACTIVATION_FUNCTIONS[activation](x @ projection.T)
+    mapped = x if projection is None else ACTIVATION_FUNCTIONS[activation](x @ projection.T)
+    return clip_rows(mapped, clip) if clip > 0 else mapped
 
 
 @torch.no_grad()
@@ -151,7 +155,8 @@ def feature_stats(
     as the run's method describes them (``common.aggregation.declared.feature_stats_of``)."""
     wanted = feature_stats_of(config)
     features = extract(model, data, shard, device, wanted.features)  # (n, F)
-    x = feature_map(features, random_projection(config, features.shape[1]), wanted.features.activation)
+    mapped = wanted.features
+    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)
     labels = data.labels[shard]
     stats = sums(x, labels, classes, gram, wanted.moments, wanted.blocks)
     if gram and wanted.holdout:
@@ -173,7 +178,7 @@ def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: Roun
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
     mapped = feature_stats_of(config).features
     features = backbone_features(model, inputs, mapped)  # (batch, F)
-    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation)  # (batch, F')
+    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)  # (b, F')
     weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
     assert weight is not None and bias is not None
     logits = x @ weight.to(torch.float64).T + bias.to(torch.float64)

@@ -31,6 +31,7 @@ from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, plan_name, setup_logging
 from common.infra.progress import Progress, kind_of
 from common.methods import describe, overview
+from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig, add_config_arguments, config_from_args
 from common.run.metrics import AccuracyMatrix, format_summary
 from common.run.partition import describe_tasks
@@ -72,6 +73,7 @@ class RunResult:
             "seconds": self.seconds,
             "history": self.history,
             **self.matrix.summary(),
+            **privacy_summary(self.history),
             **({"resumes": self.resumes} if self.resumes else {}),
         }
 

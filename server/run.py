@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from common.infra.faults import fault_point
 from common.infra.progress import Progress, kind_of
+from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
 from common.run.schedule import (
@@ -420,4 +421,5 @@ class Run:
             "seconds": time.time() - self.started,
             "history": self.history,
             **self.matrix.summary(),
+            **privacy_summary(self.history),
         }

@@ -68,7 +68,7 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
 
 
 # common/ by concern: each package may import (when its modules load) only the packages listed. The methods'
-# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all seven.
+# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all eight.
 CONCERNS = {
     "typed": set(),  # a frozen dataclass from decoded JSON: the one parser of the settings and the instructions
     "wire": {"typed"},  # the envelopes, named tensors and the model card
@@ -77,6 +77,7 @@ CONCERNS = {
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
     "secagg": {"infra", "wire", "run", "merges"},  # the protocol, and the terms a client masks
+    "privacy": {"run"},  # differential privacy: the Gaussian mechanism's calibration and noise, the ledger
 }
 
 

@@ -118,14 +118,42 @@ def check_class_counts(update: ClientUpdate) -> None:
         raise UpdateRejected("stat/class_sum", "a class with no samples must have a zero sum")
 
 
+def check_clipped(field: str, class_sum: Tensor, count: Tensor, factor: Tensor | None, clip: float) -> None:
+    """``UpdateRejected`` unless the statistics can come from features clipped to norm ``clip`` (``dp.clip``): each
+    class sum ``|S_c| <= n_c C`` and, with the Gram's factor, ``tr(G) = |R|_F^2 = sum_i |x_i|^2 <= n C^2``
+    (``1e-9`` relative slack). A client that skips the clip voids the privacy of its own records; this stops it
+    from passing for one that clipped."""
+    limit = count.to(DTYPE) * clip * (1 + 1e-9)
+    norms = class_sum.to(DTYPE).norm(dim=-1)
+    if bool((norms > limit).any()):
+        worst = int((norms - limit).argmax())
+        raise UpdateRejected(
+            f"{field}class_sum",
+            f"not from features clipped to dp.clip = {clip:g}: class {worst}'s sum has norm {float(norms[worst]):.6g} "
+            f"over its {int(count[worst])} samples x {clip:g}",
+        )
+    if factor is not None:
+        trace, bound = float(factor.to(DTYPE).pow(2).sum()), float(count.sum()) * clip * clip * (1 + 1e-9)
+        if trace > bound:
+            raise UpdateRejected(
+                f"{field}gram{FACTOR}",
+                f"not from features clipped to dp.clip = {clip:g}: trace(G) = {trace:.6g} exceeds samples x "
+                f"clip^2 = {bound:.6g}",
+            )
+
+
 class FeatureStatsAggregator(Aggregator):
-    """One features step: the clients' statistics, summed."""
+    """One features step: the clients' statistics, summed; with ``clip > 0`` (a privacy budget's ``dp.clip``) only
+    statistics that features clipped to it can give (:func:`check_clipped`)."""
 
     PARTS = ("sums",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
-    def __init__(self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(
+        self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]], clip: float = 0.0
+    ) -> None:
         super().__init__(plan, declared)
         self.sums = StatSums(shapes)
+        self.clip = clip
 
     def _check(self, update: ClientUpdate) -> None:
         """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
@@ -147,6 +175,8 @@ class FeatureStatsAggregator(Aggregator):
                         f"{factor.shape[-2]}",
                     )
                 check_sums_fit_gram(f"stat/{prefix}class_sum", class_sum, count, factor)
+            if self.clip > 0:
+                check_clipped(f"stat/{prefix}", class_sum, count, factor, self.clip)
         if HOLDOUT + "class_count" in stats and bool((stats[HOLDOUT + "class_count"] > counts).any()):
             raise UpdateRejected(
                 f"stat/{HOLDOUT}class_count",
@@ -201,13 +231,16 @@ def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
 
 
 def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """The cosine nearest-class-mean head's features step: class sums and counts."""
-    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config))
+    """The cosine nearest-class-mean head's features step: class sums and counts (clipped, with a budget)."""
+    clip = feature_stats_of(config).features.clip
+    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config), clip)
 
 
 def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """The ridge head's features step: class sums and counts, the Gram, and the held-out samples' alike."""
-    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), ridge_sum_shapes(spec, config))
+    """The ridge head's features step: class sums and counts, the Gram, and the held-out samples' alike (clipped,
+    with a budget)."""
+    clip = feature_stats_of(config).features.clip
+    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), ridge_sum_shapes(spec, config), clip)
 
 
 def lorm_ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:

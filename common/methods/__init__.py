@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.run.settings import (
     DataSettings,
+    DpSettings,
     ModelSettings,
     RobustSettings,
     SecAggSettings,
@@ -78,6 +79,9 @@ class Method:
     # whether it takes tasks an operator adds while the run lives (data.open): not a method that sizes its state by
     # the number of tasks at the start (CODA-Prompt: each task's share of the prompt components)
     open_schedule: bool = field(default=True, kw_only=True)
+    # whether a run of it may set the dp section (common/privacy/): every record it reads enters only statistics
+    # that the coordinator noises (the closed-form heads on W0), never training that the noise does not cover
+    private: bool = field(default=False, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
@@ -186,12 +190,14 @@ def slice_methods(module: ModuleType) -> tuple[Method, ...]:
 
 @functools.cache
 def sections() -> dict[str, type[Settings]]:
-    """Every settings section a run may set: the dataset loaders', the backbones', the guard's and each method's."""
+    """Every settings section a run may set: the dataset loaders', the backbones', the guard's, secure aggregation's,
+    differential privacy's and each method's."""
     return {
         DataSettings.section: DataSettings,
         ModelSettings.section: ModelSettings,
         RobustSettings.section: RobustSettings,
         SecAggSettings.section: SecAggSettings,
+        DpSettings.section: DpSettings,
     } | {m.settings.section: m.settings for m in registry().values() if m.settings is not None}
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 from common.aggregation.declared import FeatureMap, FeatureStats
 from common.methods import Method
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings, Settings, non_negative_int, setting
+from common.run.settings import DpSettings, SecAggSettings, Settings, non_negative_int, setting
 
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -92,8 +92,14 @@ class NcmSettings(Settings):
 
     def feature_stats(self, config: RunConfig) -> FeatureStats:
         """Its features step: the class sums and counts of the mapped features (and their Gram's factor when the
-        step asks)."""
-        return FeatureStats(self.feature_map())
+        step asks), each sample's features clipped to ``dp.clip`` in a run with a privacy budget."""
+        return FeatureStats(private_map(self.feature_map(), config))
+
+
+def private_map(features: FeatureMap, config: RunConfig) -> FeatureMap:
+    """``features``, clipped per sample to ``dp.clip`` when the run has a privacy budget (``common/privacy/``)."""
+    dp = config.section(DpSettings)
+    return replace(features, clip=dp.clip) if dp.enabled else features
 
 
 DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 8))  # a decade grid; one Cholesky each (F'=10,000: ~15 s)
@@ -158,6 +164,8 @@ class RidgeSettings(NcmSettings):
         """Its features step: the Gram's ``K`` diagonal blocks, and the held-out samples' statistics too, their Gram
         whole by the ensemble's own held-out error (:meth:`average_rule`, by the run's secure aggregation)."""
         secure = config.section(SecAggSettings).enabled
+        if config.section(DpSettings).enabled:  # lambda from the noise alone: no held-out statistics to noise
+            return FeatureStats(private_map(self.feature_map(), config), self.blocks)
         return FeatureStats(self.feature_map(), self.blocks, self.holdout, self.average_rule(secure))
 
     def average_rule(self, secure: bool) -> bool:
@@ -174,6 +182,7 @@ METHODS = (
         "cosine nearest class mean on W0",
         NcmSettings,
         aggregator="common.aggregation.features:ncm",
+        private=True,
     ),
     Method(
         "ridge",
@@ -182,6 +191,7 @@ METHODS = (
         "ridge regression head on W0",
         RidgeSettings,
         aggregator="common.aggregation.features:ridge",
+        private=True,
     ),
     Method(
         "lorm-ridge",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.run.settings import LEGACY_EXTRA, DataSettings, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, DataSettings, DpSettings, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -213,7 +213,29 @@ class RunConfig:
                 problems.append(str(err))
         if not problems:
             problems += self._check_owned()
+        if not problems:
+            problems += self._check_private()
         return problems
+
+    def _check_private(self) -> list[str]:
+        """A run with a privacy budget (``dp.epsilon``) reads its training records only where the noise covers
+        them: a method whose slice says so (``Method.private``), and no evaluation on held-back training records."""
+        from common.methods import registry
+
+        if not self.section(DpSettings).enabled:
+            return []
+        if self.method in registry() and not registry()[self.method].private:
+            private = sorted(m.name for m in registry().values() if m.private)
+            return [
+                f"dp.epsilon: method {self.method!r} reads training records outside the noised statistics (its "
+                f"training or its other steps): differential privacy covers only {private}"
+            ]
+        if self.section(DataSettings).validation:
+            return [
+                "dp.epsilon with data.validation: the validation samples are training records whose accuracy "
+                "would be released un-noised; evaluate on the test split (data.validation=0)"
+            ]
+        return []
 
     def _check_owned(self) -> list[str]:
         """A run on the clients' own data names its classes (they label the data by name)."""

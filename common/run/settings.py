@@ -8,9 +8,9 @@ the values it sets in ``RunConfig.settings`` (``section -> key -> value``, JSON)
 typed with ``RunConfig.section(cls)``; ``--set ridge.rp_dim=5000`` changes one key.
 
 Sections here: the run's own, ``data`` (:class:`DataSettings`), ``model`` (:class:`ModelSettings`),
-``robust`` (:class:`RobustSettings`) and ``secagg`` (:class:`SecAggSettings`). Each method's section lives
-in its slice (``common/methods/<name>.py``, e.g. ``ridge`` and ``ncm`` in ``closed_form.py``), and the
-registry lists them all (``common.methods.sections()``).
+``robust`` (:class:`RobustSettings`), ``secagg`` (:class:`SecAggSettings`) and ``dp`` (:class:`DpSettings`). Each
+method's section lives in its slice (``common/methods/<name>.py``, e.g. ``ridge`` and ``ncm`` in
+``closed_form.py``), and the registry lists them all (``common.methods.sections()``).
 """
 
 from __future__ import annotations
@@ -231,6 +231,56 @@ class SecAggSettings(Settings):
                 f"{self.threshold} colluding shares would unmask one client's input; use more than {clients // 2} "
                 "(0: a majority), or secagg.unsafe_low_threshold=true for a test of the protocol"
             )
+
+
+@dataclass(frozen=True)
+class DpSettings(Settings):
+    """Record-level differential privacy of the closed-form heads (``ncm``, ``ridge``): central, the coordinator
+    adds the noise to the clients' summed statistics (``docs/PRIVACY.md``)."""
+
+    section: ClassVar[str] = "dp"
+    epsilon: float = setting(
+        0.0,
+        "the privacy budget epsilon of every training record over the whole run (0 or inf: no differential "
+        "privacy, the run as without this section)",
+    )
+    delta: float = setting(1e-5, "the budget's delta, in (0, 1); below 1 / (training records) to mean anything")
+    clip: float = setting(
+        1.0,
+        "C: each sample's head features (after layers, norm and the random projection) scaled down to L2 norm at "
+        "most C before they enter a sum, so a record moves the Gram by at most C^2 and the class sums by C",
+    )
+    gram_share: float = setting(
+        0.1, "ridge: the Gram's share of the budget, in (0, 1), as a share of mu^2; the class sums get the rest"
+    )
+    lambda_scale: float = setting(
+        2.0,
+        "ridge without fixed_lambda: lambda = lambda_scale x sqrt(2) sigma sqrt(d), the spectral norm of the "
+        "summed Gram's noise on a block of width d (AdaSSP's rule without its private least eigenvalue: it reads "
+        "no data; it replaces ridge.holdout and ridge.lambda_rule)",
+    )
+    seed: int = setting(
+        -1,
+        "the noise's generator: -1 the operating system's CSPRNG (os.urandom); >= 0 a seeded torch generator, "
+        "reproducible, for tests and benchmarks only (whoever knows the seed can subtract the noise)",
+    )
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon >= 0 and not math.isnan(self.epsilon)):
+            raise ValueError(f"setting dp.epsilon must be > 0, or 0 or inf for none, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"setting dp.delta must lie in (0, 1), got {self.delta}")
+        finite_number("dp.clip", self.clip, 0.0, strict=True)
+        finite_number("dp.lambda_scale", self.lambda_scale, 0.0, strict=True)
+        if not 0 < self.gram_share < 1:
+            raise ValueError(f"setting dp.gram_share must lie in (0, 1), got {self.gram_share}")
+        if self.seed < -1:
+            raise ValueError(f"setting dp.seed must be -1 (the CSPRNG) or a seed >= 0, got {self.seed}")
+
+    @property
+    def enabled(self) -> bool:
+        """A finite positive epsilon: the statistics are clipped and noised."""
+        return 0 < self.epsilon < math.inf
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

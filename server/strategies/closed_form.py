@@ -37,11 +37,20 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   ``W``; clients then send the held-out
   samples' whole-width factor, kept stacked as :class:`~common.merges.regmean.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
+
+With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ridge``): clients clip each
+sample's features to ``dp.clip``, and each step's summed statistics get the Gaussian noise its calibration asks
+(:class:`PrivateRelease`: the task's rows of the class sums and, for the ridge, the Gram) before they join the
+totals, here on the coordinator and in the in-process engine alike (central DP: the coordinator sees the
+un-noised sums). The ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
+(:func:`~common.privacy.gaussian.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
+statistics are sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import abstractmethod
 from typing import Any
 
@@ -54,8 +63,19 @@ from common.aggregation.declared import HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
+from common.privacy.gaussian import (
+    CLASS_SUM,
+    GRAM,
+    Release,
+    add_noise,
+    calibrate,
+    composed_mu,
+    noise_floor_lambda,
+    noise_source,
+)
+from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
@@ -170,6 +190,62 @@ def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
     return out
 
 
+# ----------------------------------------------------------------------------- differential privacy
+
+
+class PrivateRelease:
+    """The run's privacy budget on a closed-form head's steps: each step's statistics calibrated once
+    (:func:`~common.privacy.gaussian.calibrate`), the ledger of what each task's records have spent, and the noise
+    added to a step's summed statistics before they join the totals."""
+
+    def __init__(self, settings: DpSettings, statistics: tuple[str, ...]) -> None:
+        self.settings = settings
+        self.releases = calibrate(settings, statistics)
+        self.mu = composed_mu(self.releases)  # one step's release, composed
+        self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
+
+    def check(self, task: int) -> None:
+        """``BudgetExceeded`` unless task ``task``'s records can afford its features step (before it starts)."""
+        self.ledger.check(task, self.mu, f"task {task}'s features step")
+
+    def release(self, task: int, classes: tuple[int, int], sums: StatSums) -> None:
+        """Spend task ``task``'s budget and noise the step's sums in place: the Gram, and the rows ``classes`` of
+        the class sums (the task's; the other rows hold nothing of this step). Noise drawn in a fixed order from
+        ``noise_source(dp.seed, task)``."""
+        self.ledger.spend(task, self.mu, f"task {task}'s features step")
+        lo, hi = classes
+        stats = {CLASS_SUM: sums.plain[CLASS_SUM][lo:hi]}  # a view: noised in place
+        if GRAM in self.releases:
+            stats[GRAM] = sums.grams[GRAM].value()
+        add_noise(stats, self.releases, noise_source(self.settings.seed, task))
+
+    def gram_sigma(self) -> float:
+        """The deviation of the noise on each entry of the summed Gram: one release per task spent so far."""
+        return self.releases[GRAM].sigma * math.sqrt(len(self.ledger.spent))
+
+    def noise_lambda(self, width: int) -> float:
+        """``dp.lambda_scale`` times the spectral norm of the summed Gram's noise on a block of width ``width``."""
+        summed = Release(self.releases[GRAM].sensitivity, self.gram_sigma())
+        return noise_floor_lambda(summed, width, self.settings.lambda_scale)
+
+    def report(self, task: int) -> dict[str, Any]:
+        """The step's guarantee for the run's history and log: the epsilon its records have spent (flat, logged),
+        and the mechanism (nested: metrics.json only)."""
+        return {
+            "dp_epsilon": self.ledger.epsilon_spent(task),
+            "dp_delta": self.settings.delta,
+            "dp": {
+                "mode": "central",
+                "unit": "record",
+                "run_epsilon": self.ledger.epsilon_spent(),
+                "budget_epsilon": self.settings.epsilon,
+                "clip": self.settings.clip,
+                "sigma": {name: r.sigma for name, r in self.releases.items()},
+                "public": ["class_count"],
+            },
+        }
+
+
 # ----------------------------------------------------------------------------- strategies
 
 
@@ -186,6 +262,8 @@ class ClosedFormHead(Strategy):
         self.head_w = torch.zeros(spec.num_classes, self.dim, dtype=DTYPE)
         self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
         self.totals = StatSums(self.stat_shapes())
+        dp = config.section(DpSettings)
+        self.private = PrivateRelease(dp, tuple(self.stat_shapes())) if dp.enabled else None
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
@@ -197,17 +275,25 @@ class ClosedFormHead(Strategy):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         if phase != Phase.FEATURES:
             raise ValueError(f"{self.name} has no {phase} step")
+        if self.private is not None:
+            self.private.check(task)  # refuse to start a step over the budget
         plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram))
         return dataclasses.replace(plan, tensors=without_head(plan.tensors))  # clients need no head here
 
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)
+        if self.private is not None:
+            self.private.release(plan.task, plan.class_range, aggregator.sums)
         self.totals.absorb(aggregator.sums)  # the step's Grams become the totals' (nothing reads them after)
         self.head_w = self.solve(self.totals.value())
 
     @abstractmethod
     def solve(self, sums: dict[str, Tensor]) -> Tensor:
         """The head ``(C, F')`` from the sums over every client and task so far."""
+
+    def step_report(self, plan: RoundPlan) -> dict[str, Any]:
+        """With a privacy budget, the step's guarantee (:meth:`PrivateRelease.report`)."""
+        return self.private.report(plan.task) if self.private is not None else {}
 
     def eval_plan(self, task: int) -> RoundPlan:
         """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
@@ -220,10 +306,14 @@ class ClosedFormHead(Strategy):
         tensors = super().state_tensors()
         if not self.totals.count:
             return tensors  # no task finished yet
+        if self.private is not None:
+            tensors["dp/spent"] = self.private.ledger.state()
         return tensors | {f"stats/{name}": t for name, t in self.totals.value().items()}
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         super().load_state_tensors(tensors)
+        if self.private is not None and "dp/spent" in tensors:
+            self.private.ledger.load(tensors["dp/spent"])
         if "stats/class_count" in tensors:
             self.totals = StatSums(self.stat_shapes())
             self.totals.fold({k.removeprefix("stats/"): t for k, t in tensors.items() if k.startswith("stats/")})
@@ -265,13 +355,15 @@ class RidgeHead(ClosedFormHead):
         self.lam = float(tensors.get("ridge/lambda", self.lam))
 
     def solve(self, sums: dict[str, Tensor]) -> Tensor:
-        if not self.fixed_lambda:
+        if not self.fixed_lambda and self.private is not None:
+            self.lam = self.private.noise_lambda(sums["gram"].shape[-1])  # no held-out statistics under DP
+        elif not self.fixed_lambda:
             self.lam, self.errors = select_lambda(sums, self.grid)
         return ridge_head(sums["gram"], sums["class_sum"], self.lam)
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
         """The lambda of the head just solved and, when it was chosen, every candidate's held-out squared error."""
-        report: dict[str, Any] = {"ridge_lambda": self.lam}
+        report: dict[str, Any] = {"ridge_lambda": self.lam} | super().step_report(plan)
         if not self.fixed_lambda and self.errors:
             report["ridge_heldout_error"] = {repr(lam): err for lam, err in zip(self.grid, self.errors, strict=True)}
         return report

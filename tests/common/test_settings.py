@@ -70,8 +70,8 @@ def test_legacy_extra_keys_move_into_their_sections():
         (
             ["nosuch.key=5"],
             r"unknown settings section 'nosuch'; known: "
-            r"\['ccvr', 'coda', 'data', 'ewc', 'fedproto', 'fedprox', 'ia3', 'l2p', 'lwf', 'model', 'ncm', 'pilora', "
-            r"'ridge', 'robust', 'secagg', 'target', 'ties', 'vera'\]",
+            r"\['ccvr', 'coda', 'data', 'dp', 'ewc', 'fedproto', 'fedprox', 'ia3', 'l2p', 'lwf', 'model', 'ncm', "
+            r"'pilora', 'ridge', 'robust', 'secagg', 'target', 'ties', 'vera'\]",
         ),
         (['ridge.rp_dim="wide"'], r"setting ridge\.rp_dim expects int, got str 'wide'"),
         (["ridge.rp_dim=1.5"], r"setting ridge\.rp_dim expects int, got float 1\.5"),

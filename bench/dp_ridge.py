@@ -1,0 +1,230 @@
+"""The privacy-utility curve of the closed-form heads on CLINC150 (issue 44): accuracy at each epsilon, by the
+system's own strategy code on cached frozen features.
+
+all-MiniLM-L6-v2's pooled hidden states (``bench/feature_heads.py``'s cache), the system's ``ridge.layers [-3, -2,
+-1]`` with ``norm layer`` (three layer-normalised layers side by side, F' = 1,152, every sample of norm
+sqrt(1,152)); the paper's 5 tasks x 30 intents in alphabetical order, the train split (15,000 utterances). Each
+task's statistics go through the coordinator's ``RidgeHead`` (or ``NearestClassMean``) exactly as a run's features
+step: one update per task (sums do not care how the samples were split, so the head is the one of every beta and
+every number of clients), ``dp.clip`` applied by the client's ``feature_map``, the noise, the ledger and the
+noise-floor lambda by ``server/strategies/closed_form.py``. epsilon ``inf`` is the run without a dp section
+(lambda by the held-out rule). The printed accuracy is over the 150 intents after the last task (the FAA: the
+five tasks' test sets are equal); ``--split val`` scores CLINC150's val split instead, for choosing settings
+without the test split.
+
+Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.feature_heads import cached_features, load_clinc  # noqa: E402
+from client.features import feature_map, normalise_layers, random_projection  # noqa: E402
+from common.aggregation.declared import HOLDOUT  # noqa: E402
+from common.merges.regmean import gram_factor  # noqa: E402
+from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
+from common.run.config import RunConfig  # noqa: E402
+from common.run.settings import DpSettings  # noqa: E402
+from common.wire.messages import ClientUpdate, ModelSpec, Phase  # noqa: E402
+from common.wire.tensors import pack  # noqa: E402
+from server.strategies import make_strategy  # noqa: E402
+from server.strategies.closed_form import ClosedFormHead  # noqa: E402
+
+LAYERS = [4, 5, 6]  # the last three of MiniLM's seven hidden states: ridge.layers [-3, -2, -1]
+HIDDEN, CLASSES, TASKS = 384, 150, 5
+
+
+def features(states: dict, split: str) -> torch.Tensor:
+    """``(n, 1152)``: the three layers' mean-pooled states, each layer-normalised (``norm layer``), side by side."""
+    x = torch.from_numpy(states[split]["mean"][:, LAYERS]).to(torch.float64)
+    return normalise_layers(x).flatten(1)
+
+
+def statistics(
+    x: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, classes: tuple[int, int], gram: bool, holdout: int
+) -> dict[str, torch.Tensor]:
+    """What a client sends for the rows ``x`` of the task's ``classes`` (``client/features.py``'s sums): the class
+    sums and counts, with ``gram`` the Gram's factor, and with ``holdout`` the held-out rows' alike."""
+    lo, hi = classes
+    one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)
+    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
+    if gram:
+        stats["gram_factor"] = gram_factor(x)
+    if holdout:
+        held = index % holdout == 0
+        stats |= {
+            HOLDOUT + "class_sum": one_hot[held].T @ x[held],
+            HOLDOUT + "class_count": one_hot[held].sum(0),
+            HOLDOUT + "gram_factor": gram_factor(x[held]),
+        }
+    return stats
+
+
+def run(
+    method: str, epsilon: float, args: argparse.Namespace, x: dict, y: dict
+) -> tuple[float, float | None, float | None]:
+    """Accuracy (%) on ``args.split`` of the head after the five tasks, its lambda and the run's epsilon."""
+    settings: dict = {method: {"layers": [-3, -2, -1], "norm": "layer", "rp_dim": args.rp_dim}}
+    if math.isfinite(epsilon):
+        settings["dp"] = {
+            "epsilon": epsilon,
+            "delta": args.delta,
+            "clip": args.clip,
+            "gram_share": args.gram_share,
+            "lambda_scale": args.lambda_scale,
+            "seed": args.seed,
+        }
+    config = RunConfig(method=method, dataset="clinc150", num_tasks=TASKS, seed=args.seed, settings=settings)
+    strategy = make_strategy(config, ModelSpec(layers={}, feature_dim=HIDDEN, num_classes=CLASSES))
+    assert isinstance(strategy, ClosedFormHead)
+    stats_of = strategy.settings.feature_stats(config)  # clip, and the held-out rule without a budget
+    projection = random_projection(config, HIDDEN * len(LAYERS))  # the clients' seeded P (rp_dim), or None
+
+    def mapped(rows: torch.Tensor) -> torch.Tensor:  # (n, F'): what the clients' feature_map gives
+        return feature_map(rows, projection, stats_of.features.activation, stats_of.features.clip)
+
+    for task, classes in enumerate(strategy.tasks):
+        strategy.begin_task(task)
+        plan = strategy.configure(task, 0, Phase.FEATURES)
+        aggregator = strategy.aggregator(plan)
+        rows = torch.nonzero((y["train"] >= classes[0]) & (y["train"] < classes[1])).squeeze(1)  # global indices
+        train = mapped(x["train"][rows])
+        gram = strategy.use_gram
+        stats = statistics(train, y["train"][rows], rows, classes, gram, stats_of.holdout if gram else 0)
+        update = ClientUpdate(
+            run_id=plan.run_id,
+            client_id="c0",
+            client_index=0,
+            task=task,
+            round=plan.round,
+            phase=plan.phase,
+            num_samples=len(rows),
+            tensors=pack(stats=stats),
+            train_loss=float("nan"),
+        )
+        aggregator.fold(update)
+        strategy.aggregate(plan, aggregator)
+    report = strategy.step_report(plan)
+    scores = mapped(x[args.split]) @ strategy.head_w.T
+    accuracy = float((scores.argmax(1) == y[args.split]).double().mean()) * 100
+    return accuracy, report.get("ridge_lambda"), report.get("dp", {}).get("run_epsilon")
+
+
+def diagnose(epsilon: float, args: argparse.Namespace, x: dict, y: dict) -> dict[str, float]:
+    """Which noise costs what (val split, lambda best on val from a grid: a diagnostic, not a private figure): the
+    ridge head of the five tasks' statistics with the Gram's noise only, the class sums' only, and both, each drawn
+    as the run draws it (``dp.clip`` 1 on features of norm sqrt(1,152): all scaled to unit norm; five Gram
+    releases summed, each class's sums noised once)."""
+    dp = DpSettings(epsilon=epsilon, delta=args.delta, clip=1.0, gram_share=args.gram_share)
+    releases = calibrate(dp, (GRAM, CLASS_SUM))
+    train = feature_map(x["train"], None, clip=1.0)
+    one_hot = torch.nn.functional.one_hot(y["train"], CLASSES).to(torch.float64)
+    exact = {GRAM: train.T @ train, CLASS_SUM: one_hot.T @ train}
+    noisy = {name: t.clone() for name, t in exact.items()}
+    for task in range(TASKS):  # the run's draws: one per task, the task's rows of the class sums
+        source = noise_source(args.seed, task)
+        rows = slice(task * CLASSES // TASKS, (task + 1) * CLASSES // TASKS)
+        add_noise({CLASS_SUM: noisy[CLASS_SUM][rows], GRAM: noisy[GRAM]}, releases, source)
+    val = feature_map(x["val"], None, clip=1.0)
+    grid = tuple(10.0 ** (k / 4) for k in range(-4, 18))
+    out = {}
+    for name, (gram, sums) in {
+        "gram noise only": (noisy[GRAM], exact[CLASS_SUM]),
+        "class-sum noise only": (exact[GRAM], noisy[CLASS_SUM]),
+        "both": (noisy[GRAM], noisy[CLASS_SUM]),
+        "neither": (exact[GRAM], exact[CLASS_SUM]),
+    }.items():
+        values, vectors = torch.linalg.eigh(gram)
+        projected = sums @ vectors
+        scores = [
+            float((((projected / (values + lam)) @ vectors.T @ val.T).argmax(0) == y["val"]).double().mean()) * 100
+            for lam in grid
+            if float((values + lam).min()) > 0
+        ]
+        out[name] = max(scores)
+    return out
+
+
+def plot(files: list[Path], out: Path) -> None:
+    """Accuracy against epsilon (log scale), one line per file of rows (``--json``); the non-private figure (epsilon
+    inf) as a dashed level in the line's colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for file in files:
+        rows = json.loads(file.read_text())
+        private = sorted((r["epsilon"], r["accuracy"]) for r in rows if math.isfinite(r["epsilon"]))
+        (line,) = ax.plot(*zip(*private, strict=True), marker="o", label=file.stem)
+        for r in rows:
+            if not math.isfinite(r["epsilon"]):
+                ax.axhline(r["accuracy"], color=line.get_color(), linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epsilon (delta 1e-5)")
+    ax.set_ylabel("accuracy over 150 intents (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("CLINC150, MiniLM three layers: privacy and accuracy (dashed: no DP)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=Path("/work/shared/datasets"))
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/lorm-feature-cache"))
+    parser.add_argument("--method", choices=("ridge", "ncm"), default="ridge")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, math.inf])
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--clip", type=float, default=1.0, help="dp.clip (the features' norm is sqrt(1152))")
+    parser.add_argument("--gram-share", type=float, default=0.1)
+    parser.add_argument("--lambda-scale", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed and dp.seed (the noise's)")
+    parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument("--rp-dim", type=int, default=0, help="ridge.rp_dim: a random projection + ReLU (0: none)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
+    parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON", help="plot these --json files, run nothing")
+    parser.add_argument("--out", type=Path, default=Path("dp_curve.png"), help="with --plot: the image")
+    args = parser.parse_args(argv)
+    if args.plot:
+        plot(args.plot, args.out)
+        return 0
+    torch.set_num_threads(1)
+    data = load_clinc(args.data_dir)
+    states = cached_features(data, args.cache, 64)
+    x = {split: features(states, split) for split in ("train", "val", "test")}
+    y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
+    rows = []
+    if args.diagnose:
+        for epsilon in args.epsilons:
+            print(json.dumps({"epsilon": epsilon, "split": "val", **diagnose(epsilon, args, x, y)}), flush=True)
+        return 0
+    for epsilon in args.epsilons:
+        start = time.perf_counter()
+        accuracy, lam, spent = run(args.method, epsilon, args, x, y)
+        row = {"method": args.method, "rp_dim": args.rp_dim, "epsilon": epsilon, "delta": args.delta}
+        row |= {"accuracy": accuracy, "lambda": lam}
+        row |= {"run_epsilon": spent, "seed": args.seed, "split": args.split, "seconds": time.perf_counter() - start}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""Record-level differential privacy of the closed-form heads' statistics (issue 44): the Gaussian mechanism's
+calibration by ``dp_accounting``, its noise and the clipping it assumes (``gaussian.py``), and the ledger that refuses
+an over-budget release and states a run's guarantee (``ledger.py``); the settings are ``common.run.settings.DpSettings``
+(the ``dp`` section).
+
+The mechanism perturbs the sufficient statistics once (Analyze Gauss; AdaSSP). Each sample's features, after the
+feature map (layers, norm, random projection), are scaled down to L2 norm at most ``C = dp.clip`` before they
+enter any sum (``FeatureMap.clip``), so adding or removing one record changes
+
+- the Gram ``G = sum_i x_i x_i^T`` ``(F', F')`` by ``x x^T``, of Frobenius norm ``|x|^2 <= C^2`` (its ``K``
+  diagonal blocks with ``ridge.blocks`` by at most that too);
+- the class sums ``S: (C, F')`` by one row ``x``: L2 norm ``<= C``;
+- the class counts by 1: **public by design**, never noised; neither head reads them (cosine NCM's rows are
+  ``S_c / |S_c|``, the ridge head is ``S (G + lam I)^-1``), and the coordinator sees them.
+
+Every entry of a statistic gets ``N(0, sigma^2)`` noise, ``sigma = sensitivity / mu_k``; the Gram's is symmetric,
+``N(0, sigma^2 / 2)`` off the diagonal (``gaussian.add_gram_noise``). Gaussian mechanisms compose exactly into one
+(Gaussian differential privacy, Dong, Roth and Su 2019): releases of ``mu_k`` are one of ``mu = sqrt(sum_k
+mu_k^2)``, so a budget ``(epsilon, delta)`` is the ``mu = 1 / sigma`` of the analytic Gaussian mechanism of
+sensitivity 1 (Balle and Wang 2018, ``dp_accounting.get_sigma_gaussian``), split between the statistics by shares
+of ``mu^2`` (``dp.gram_share``).
+
+Composition over the run: every record belongs to one task, and only that task's features step reads it, so
+the steps compose in parallel and the run's guarantee is each step's. ``ledger.PrivacyLedger`` keeps the ``mu^2``
+each task's records have spent and refuses a release that would take them over the budget.
+"""

@@ -1,0 +1,174 @@
+"""The Gaussian mechanism on a closed-form head's statistics: its calibration from the budget (``dp_accounting``'s
+analytic Gaussian mechanism), the releases' composition, its noise (seeded or from the CSPRNG), and the per-sample
+clipping its sensitivity assumes (the package's docstring states the mechanism)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from common.run.settings import DpSettings
+
+if TYPE_CHECKING:  # dp_accounting (scipy, mpmath) takes a second to import: only a run with a budget loads it
+    import dp_accounting
+
+DTYPE = torch.float64
+GRAM, CLASS_SUM, CLASS_COUNT = "gram", "class_sum", "class_count"  # the statistics' names (StatSums)
+PUBLIC = (CLASS_COUNT,)  # released un-noised, public by design
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """``mu``: the ratio sensitivity / sigma of the one-shot Gaussian mechanism that is exactly
+    ``(epsilon, delta)``-DP (the analytic Gaussian mechanism, ``dp_accounting``); ``mu(1, 1e-5) ~ 0.268``."""
+    import dp_accounting
+
+    return 1.0 / float(dp_accounting.get_sigma_gaussian(epsilon, delta))
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The least ``epsilon`` of a Gaussian mechanism of ratio ``mu`` at ``delta`` (inverse of :func:`gaussian_mu`);
+    0 for ``mu = 0`` (nothing released)."""
+    import dp_accounting
+
+    return float(dp_accounting.get_epsilon_gaussian(1.0 / mu, delta)) if mu > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Release:
+    """One statistic's Gaussian mechanism: the L2 sensitivity of the statistic to one record, and the deviation of
+    the noise on each of its entries."""
+
+    sensitivity: float
+    sigma: float
+
+    @property
+    def mu(self) -> float:
+        return self.sensitivity / self.sigma
+
+    def event(self) -> dp_accounting.GaussianDpEvent:
+        """The release as ``dp_accounting`` describes it (its noise multiplier sigma / sensitivity)."""
+        import dp_accounting
+
+        return dp_accounting.GaussianDpEvent(self.sigma / self.sensitivity)
+
+
+def calibrate(settings: DpSettings, statistics: tuple[str, ...]) -> dict[str, Release]:
+    """The releases of a features step that sends ``statistics`` (names of :data:`GRAM`, :data:`CLASS_SUM`,
+    :data:`CLASS_COUNT`): ``sigma = sensitivity / mu_k`` with ``mu_k^2`` each statistic's share of ``mu^2``
+    (``dp.gram_share`` to the Gram, the rest to the class sums), ``mu = gaussian_mu(epsilon, delta)``.
+    ``ValueError`` for a statistic this mechanism has no sensitivity for."""
+    unknown = sorted(set(statistics) - {GRAM, CLASS_SUM, *PUBLIC})
+    if unknown:
+        raise ValueError(f"dp: no sensitivity is known for the statistics {unknown}: they cannot be released")
+    mu = gaussian_mu(settings.epsilon, settings.delta)
+    c = settings.clip
+    if GRAM not in statistics:
+        return {CLASS_SUM: Release(c, c / mu)}
+    return {
+        GRAM: Release(c * c, c * c / (mu * math.sqrt(settings.gram_share))),
+        CLASS_SUM: Release(c, c / (mu * math.sqrt(1.0 - settings.gram_share))),
+    }
+
+
+def composed_mu(releases: dict[str, Release]) -> float:
+    """``sqrt(sum_k mu_k^2)``: the one Gaussian mechanism that the releases on the same records compose into."""
+    return math.sqrt(sum(r.mu**2 for r in releases.values()))
+
+
+def composed_event(releases: dict[str, Release]) -> dp_accounting.DpEvent:
+    """The releases of one step, composed, as ``dp_accounting`` describes them (for its accountants)."""
+    import dp_accounting
+
+    return dp_accounting.ComposedDpEvent([r.event() for r in releases.values()])
+
+
+def noise_floor_lambda(release: Release, width: int, scale: float) -> float:
+    """The ridge's lambda from the noise alone: ``scale x sqrt(2) sigma sqrt(d)``, ``sqrt(2) sigma sqrt(d)`` the
+    spectral norm of the Gram's ``d x d`` noise (:func:`add_gram_noise`: off-diagonal deviation ``sigma /
+    sqrt(2)``; the semicircle's edge), which ``G + E + lam I`` must exceed to stay positive definite (AdaSSP's rule,
+    without its private estimate of ``G``'s least eigenvalue). It reads no data: post-processing of public
+    numbers."""
+    return scale * math.sqrt(2.0) * release.sigma * math.sqrt(width)
+
+
+class NoiseSource(Protocol):
+    """Standard normal draws, float64."""
+
+    def normal(self, shape: tuple[int, ...]) -> Tensor: ...
+
+
+class SeededNoise:
+    """A seeded torch generator: reproducible noise, for tests and benchmarks (not secret to whoever knows the
+    seed)."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def normal(self, shape: tuple[int, ...]) -> Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=DTYPE)
+
+
+class SecureNoise:
+    """Normal draws from the operating system's CSPRNG (``os.urandom``), by the Box-Muller transform of 53-bit
+    uniforms in ``(0, 1]``: no generator state that the released values could reveal."""
+
+    CHUNK = 1 << 22  # pairs of normals per read of os.urandom (64 MiB)
+
+    def normal(self, shape: tuple[int, ...]) -> Tensor:
+        count = math.prod(shape)
+        out = torch.empty(count + 1, dtype=DTYPE)  # filled in pairs; one spare for an odd count
+        for start in range(0, count, 2 * self.CHUNK):
+            pairs = min((count - start + 1) // 2, self.CHUNK)
+            raw = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64).view(2, pairs)
+            u = (((raw >> 11) & ((1 << 53) - 1)).to(DTYPE) + 1.0) / float(1 << 53)  # (0, 1]: a finite log
+            radius, angle = torch.sqrt(-2.0 * torch.log(u[0])), (2.0 * math.pi) * u[1]
+            out[start : start + pairs] = radius * torch.cos(angle)
+            out[start + pairs : start + 2 * pairs] = radius * torch.sin(angle)
+        return out[:count].view(shape)
+
+
+def noise_source(seed: int, task: int) -> NoiseSource:
+    """The noise of task ``task``'s release: ``seed >= 0`` a generator seeded by ``(seed, task)``, else the CSPRNG."""
+    if seed < 0:
+        return SecureNoise()
+    digest = hashlib.sha256(f"dp-noise/{seed}/{task}".encode()).digest()
+    return SeededNoise(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def add_gram_noise(gram: Tensor, sigma: float, source: NoiseSource) -> None:
+    """``gram += E`` in place, ``E`` symmetric, of each ``(d, d)`` matrix of ``gram`` (``(d, d)``, or ``(K, d, d)``
+    diagonal blocks): ``N(0, sigma^2)`` on the diagonal, ``N(0, sigma^2 / 2)`` above it, mirrored.
+
+    That is the Gaussian mechanism of deviation ``sigma`` on the vector ``v(G) = (G_ii; sqrt(2) G_ij, i < j)``, whose
+    norm is ``|G|_F``: one record moves it by exactly ``|x x^T|_F = |x|^2 <= C^2``, so the sensitivity ``C^2``
+    holds with half the off-diagonal variance of noising the upper triangle as it is (Analyze Gauss).
+    """
+    noise = source.normal(tuple(gram.shape)).mul_(sigma)  # (..., d, d); the strict lower triangle unused
+    diagonal = noise.diagonal(dim1=-2, dim2=-1).clone()
+    upper = noise.triu_(1).mul_(1.0 / math.sqrt(2.0))
+    gram.add_(upper).add_(upper.transpose(-1, -2))
+    gram.diagonal(dim1=-2, dim2=-1).add_(diagonal)
+
+
+def add_noise(stats: dict[str, Tensor], releases: dict[str, Release], source: NoiseSource, share: float = 1.0) -> None:
+    """Perturb ``stats`` in place: each statistic named in ``releases`` gets noise of variance ``share x sigma^2``
+    (symmetric on the Gram). ``share`` 1: central DP, the whole noise at once; ``1 / n``: one of ``n`` parties'
+    share, whose sum carries ``sigma^2`` (distributed noise under secure aggregation)."""
+    for name, release in releases.items():
+        sigma = release.sigma * math.sqrt(share)
+        if name == GRAM:
+            add_gram_noise(stats[name], sigma, source)
+        else:
+            stats[name].add_(source.normal(tuple(stats[name].shape)).mul_(sigma))
+
+
+def clip_rows(x: Tensor, bound: float) -> Tensor:
+    """``x: (n, F')`` with each row scaled down to L2 norm at most ``bound`` (rows within it unchanged)."""
+    norms = x.norm(dim=1, keepdim=True)
+    return x * torch.clamp(bound / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
