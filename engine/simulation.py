@@ -202,7 +202,7 @@ def _run(
         task, index = run.pointer
         ended = ended_task(run.state, run.pointer)
         if reporter and ended is not None and not reporter.task_exported(ended):  # a crash cut its export short
-            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), ended)
+            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), ended, run.history)
         if shown is not None:  # the committed steps' client steps are done
             steps_done = sum(len(strategy.steps(t)) + 1 for t in range(task)) + index
             shown.done = steps_done * config.num_clients
@@ -263,7 +263,7 @@ def _run(
         pointer = following(strategy, config.rounds_per_task, task, index)
         commit(pointer or (task, index), State.RUNNING if pointer else State.DONE)
         if reporter and (pointer is None or pointer[0] != task):  # the task's model, as the coordinator exports it
-            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), task)
+            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), task, history)
     result = RunResult(
         config,
         matrix,

@@ -163,7 +163,14 @@ def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tenso
 
 
 def model_card(
-    config: RunConfig, spec: ModelSpec, head_w: Tensor, *, weights: str, tasks_trained: int, parts: list[str]
+    config: RunConfig,
+    spec: ModelSpec,
+    head_w: Tensor,
+    *,
+    weights: str,
+    tasks_trained: int,
+    parts: list[str],
+    privacy: dict[str, Any] | None = None,
 ) -> ModelCard:
     """The card of the model the run has after ``tasks_trained`` tasks, from the coordinator's knowledge: its
     configuration and the clients' model description. The class names are the configuration's where it fixes
@@ -191,6 +198,7 @@ def model_card(
         method=config.method,
         run_id=config.run_id,
         parts=sorted(parts),
+        privacy=dict(privacy or {}),
     )
 
 

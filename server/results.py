@@ -26,6 +26,7 @@ from pathlib import Path
 from torch import Tensor
 
 from common.infra.faults import fault_point
+from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
@@ -115,11 +116,12 @@ class RunReporter:
         for number, entry in enumerate(history):
             self.step(number, entry)
 
-    def export_task(self, config: RunConfig, model: TrainedModel, task: int) -> Path:
+    def export_task(self, config: RunConfig, model: TrainedModel, task: int, history: list[dict]) -> Path:
         """The export of ``model`` after task ``task`` (0-based): ``task-<task>/``, its card saying ``task + 1``
-        tasks learned. Written again whole when called again."""
+        tasks learned and the privacy its steps so far (``history``) guarantee. Written again whole when called
+        again."""
         out = task_dir(self.dir, task)
-        self._export(out, config, model, task + 1)
+        self._export(out, config, model, task + 1, privacy=privacy_summary(history).get("privacy", {}))
         return out
 
     def task_exported(self, task: int) -> bool:
@@ -132,7 +134,7 @@ class RunReporter:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / CARD_FILE).unlink(missing_ok=True)  # an earlier export here stops being one until this is whole
         atomic_write_bytes(self.dir / "config.json", json.dumps(json.loads(config.to_json()), indent=1).encode())
-        self._export(self.dir, config, model, len(summary["accuracy"]), summary)
+        self._export(self.dir, config, model, len(summary["accuracy"]), summary, summary.get("privacy", {}))
         plot_accuracy(
             summary["accuracy"], self.dir / "accuracy.png", title=f"{config.run_id}: FAA {summary['faa']:.2f}"
         )
@@ -144,7 +146,12 @@ class RunReporter:
 
     @staticmethod
     def _export(
-        out: Path, config: RunConfig, model: TrainedModel, tasks_trained: int, summary: dict | None = None
+        out: Path,
+        config: RunConfig,
+        model: TrainedModel,
+        tasks_trained: int,
+        summary: dict | None = None,
+        privacy: dict | None = None,
     ) -> None:
         """``model``'s files in ``out``, then ``summary`` as ``metrics.json`` when given, then the card: an old
         card goes first, so that the directory is an export only once it is whole again."""
@@ -165,7 +172,13 @@ class RunReporter:
             write_metrics(out, summary)
         weights = "delta" if model.dense_delta is not None else "adapter" if model.adapter else "none"
         card = model_card(
-            config, spec, model.head_w, weights=weights, tasks_trained=tasks_trained, parts=list(model.exports)
+            config,
+            spec,
+            model.head_w,
+            weights=weights,
+            tasks_trained=tasks_trained,
+            parts=list(model.exports),
+            privacy=privacy,
         )
         export_card(out, card)
 

@@ -408,7 +408,9 @@ class Run:
         the task, before anything of the next one happens. An export that fails is logged: the run goes on."""
         assert self.strategy is not None and self.spec is not None
         try:
-            out = self.reporter.export_task(self.live_config, TrainedModel.of(self.strategy, self.spec), task)
+            out = self.reporter.export_task(
+                self.live_config, TrainedModel.of(self.strategy, self.spec), task, self.history
+            )
         except (OSError, ValueError) as err:  # a full disk, a non-finite tensor: the run is not the export
             log.error("could not export the model after task %d: %s", task, err)
             return

@@ -69,6 +69,9 @@ class ModelCard:
     method: str  # the method that trained it (RunConfig.method)
     run_id: str
     parts: list[str] = field(default_factory=list)  # a method's own parts: <kind>.safetensors beside the card
+    # The run's differential-privacy statement, as metrics.json's "privacy" (epsilon, delta, mode, unit, what is
+    # public; docs/PRIVACY.md) for the tasks this model learned; {}: no budget, no guarantee.
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -147,6 +150,7 @@ class ModelCard:
                 method=str(v["method" if v["version"] >= 2 else "strategy"]),
                 run_id=str(v["run_id"]),
                 parts=[str(p) for p in v.get("parts", [])],
+                privacy=_privacy(v.get("privacy", {})),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{CARD_FILE}: {type(err).__name__}: {err}") from err
@@ -160,3 +164,9 @@ def _fields(value: Any, cls: type) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"{cls.__name__.lower()} has no field {unknown[0]!r}; its fields: {sorted(known)}")
     return value
+
+
+def _privacy(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"privacy: expected an object (the run's privacy statement), got {type(value).__name__}")
+    return dict(value)

@@ -17,6 +17,7 @@ from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
+from common.wire.model_card import CARD_FILE, ModelCard
 from common.wire.tensors import STAT
 from engine.simulation import run_inprocess
 from server.coordinator import Coordinator
@@ -207,3 +208,17 @@ def test_central_noise_on_a_securely_aggregated_sum_gives_the_plain_sums_head():
         secure.aggregate(plan, masked)
         assert torch.allclose(plain.head_w, secure.head_w, rtol=1e-6, atol=1e-9)
         assert plain.step_report(plan) == secure.step_report(plan)
+
+
+def test_the_export_states_the_privacy_of_the_tasks_it_learned(tmp_path):
+    """Each task's export and the final one carry, in their card, the guarantee their releases gave (metrics.json's
+    statement, so far); a run without a budget states none."""
+    run_inprocess(tiny("ridge", settings={"dp": DP}), results_dir=tmp_path / "private")
+    final = ModelCard.from_json((tmp_path / "private" / CARD_FILE).read_text())
+    metrics = json.loads((tmp_path / "private" / "metrics.json").read_text())
+    assert final.privacy == metrics["privacy"] and final.privacy["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    first = ModelCard.from_json((tmp_path / "private" / "task-0" / CARD_FILE).read_text())
+    assert [s["task"] for s in first.privacy["steps"]] == [0] and first.privacy["mode"] == "central"
+    assert ModelCard.from_json(first.to_json()) == first
+    run_inprocess(tiny("ridge"), results_dir=tmp_path / "plain")
+    assert ModelCard.from_json((tmp_path / "plain" / CARD_FILE).read_text()).privacy == {}
