@@ -271,7 +271,8 @@ class DpSettings(Settings):
     )
     seed: int = setting(
         -1,
-        "the noise's generator: -1 the operating system's CSPRNG (os.urandom); >= 0 a seeded torch generator, "
+        "the noise's generator: -1 the operating system's CSPRNG (os.urandom; distributed: a fresh ChaCha20 key per "
+        "share); >= 0 a seeded torch generator (distributed: a key per seed, step, client and statistic), "
         "reproducible, for tests and benchmarks only (whoever knows the seed can subtract the noise)",
     )
 
