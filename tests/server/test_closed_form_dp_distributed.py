@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_closed_form import tiny
+from test_closed_form import VARIANTS, tiny
 
 from client.features import feature_map
 from common.merges.regmean import gram_factor
@@ -113,3 +113,16 @@ def test_a_distributed_run_repeats_with_its_seed_and_states_its_mode(method):
     assert privacy["mode"] == "distributed" and privacy["epsilon"] <= 1.0
     assert all(step["survivors"] == 3 and step["variance"]["class_sum"] > 0 for step in privacy["steps"])
     assert math.isclose(privacy["epsilon"], first.history[0]["dp"]["epsilon"], rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["ridge-blocks", "ridge-layers", "ncm-layers"])
+def test_the_heads_variants_take_their_shares_on_their_own_shapes(variant):
+    """The ensemble's ``(K, d(d+1)/2)`` packed Gram blocks and the layer variants' widths: calibrated from the
+    layout, a finite head, every step at most the budget."""
+    method, extra = VARIANTS[variant]
+    extra = dict(extra)
+    settings = extra.pop("settings", {}) | DISTRIBUTED
+    result = run_inprocess(tiny(method, settings=settings, **extra))
+    assert bool(torch.isfinite(result.head_weight).all())
+    steps = result.summary()["privacy"]["steps"]
+    assert len(steps) == 2 and all(0 < step["epsilon"] <= 1.0 for step in steps)
