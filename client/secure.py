@@ -22,11 +22,11 @@ from client.transport import CoordinatorClient
 from common.infra.tls import Security
 from common.methods import make_aggregator
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
 from common.secagg.rounds import ClientSession
 from common.secagg.signing import Signer, Verifier
-from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.secagg.terms import client_terms, context, masked_update, run_encoding, threshold
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 
 log = logging.getLogger("lorm.client")
@@ -60,7 +60,7 @@ class SecureRounds:
         settings = config.section(SecAggSettings)
         self.client, self.index, self.plan = client, index, plan
         self.spec, self.config = spec, config
-        self.fp = fixed_point(settings, config.num_clients)
+        self.fp, self.noise = run_encoding(settings, config.section(DpSettings), config.num_clients)
         signer, verifier = signing(settings, security)
         self.session = ClientSession(
             index, threshold(settings, config.num_clients), context(plan), signer=signer, verifier=verifier
@@ -85,7 +85,8 @@ class SecureRounds:
         inbox = self._until_ready("inbox")
         # the step's aggregator, whose folding defines the terms: what the coordinator would have folded is masked
         terms = client_terms(make_aggregator(self.plan, self.spec, self.config), update)  # UpdateRejected: not sent
-        push(masked_update(update, terms, self.session, inbox["sharers"], self.fp, self.plan.secure_attempt))
+        sharers, attempt = inbox["sharers"], self.plan.secure_attempt
+        push(masked_update(update, terms, self.session, sharers, self.fp, attempt, self.noise, self.plan.class_range))
         request = self._until_ready("unmask")
         survivors, dropped = request["survivors"], request["dropped"]
         if self.index not in survivors:

@@ -35,7 +35,7 @@ from common.run.schedule import (
     scheduled_classes,
     with_schedule,
 )
-from common.run.settings import DataSettings, RobustSettings, SecAggSettings
+from common.run.settings import DataSettings, DpSettings, RobustSettings, SecAggSettings
 from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from server.checks import Options, Refused, admit_spec
@@ -231,6 +231,7 @@ class Run:
                 emit=self.emit,
                 state=self.store.load_secagg(step.key),
                 joined=self.roster.clients.values if self.options.start_with else None,
+                dp=self.config.section(DpSettings),
             )
         return step
 

@@ -73,6 +73,10 @@ def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
             "mode": last["mode"],
             "unit": last["unit"],
             "public": last["public"],
-            "steps": [{"task": entry["task"], "epsilon": entry["dp_epsilon"]} for entry in steps],
+            "steps": [
+                {"task": entry["task"], "epsilon": entry["dp_epsilon"]}
+                | {k: entry["dp"][k] for k in ("variance", "survivors") if k in entry["dp"]}  # distributed mode
+                for entry in steps
+            ],
         }
     }

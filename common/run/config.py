@@ -222,8 +222,15 @@ class RunConfig:
         them: a method whose slice says so (``Method.private``), and no evaluation on held-back training records."""
         from common.methods import registry
 
-        if not self.section(DpSettings).enabled:
+        dp = self.section(DpSettings)
+        if not dp.enabled:
             return []
+        if dp.distributed and not self.section(SecAggSettings).enabled:
+            return [
+                "dp.mode = distributed: the clients' noise shares hide each other only inside a securely aggregated "
+                "sum; without it the coordinator would see each client's statistics with a fraction of the noise. "
+                "Set secagg.enabled=true, or dp.mode = central"
+            ]
         if self.method in registry() and not registry()[self.method].private:
             private = sorted(m.name for m in registry().values() if m.private)
             return [

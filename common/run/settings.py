@@ -233,10 +233,14 @@ class SecAggSettings(Settings):
             )
 
 
+DP_MODES = ("central", "distributed")
+
+
 @dataclass(frozen=True)
 class DpSettings(Settings):
     """Record-level differential privacy of the closed-form heads (``ncm``, ``ridge``): central, the coordinator
-    adds the noise to the clients' summed statistics (``docs/PRIVACY.md``)."""
+    adds the noise to the clients' summed statistics, or distributed, each client adds its share of it under
+    secure aggregation (``docs/PRIVACY.md``)."""
 
     section: ClassVar[str] = "dp"
     epsilon: float = setting(
@@ -259,9 +263,16 @@ class DpSettings(Settings):
         "summed Gram's noise on a block of width d (AdaSSP's rule without its private least eigenvalue: it reads "
         "no data; it replaces ridge.holdout and ridge.lambda_rule)",
     )
+    mode: str = setting(
+        "central",
+        "'central': the coordinator adds the Gaussian noise to the summed statistics (it sees them un-noised); "
+        "'distributed': each client adds its Skellam share before masking, so that the securely aggregated sum "
+        "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled)",
+    )
     seed: int = setting(
         -1,
-        "the noise's generator: -1 the operating system's CSPRNG (os.urandom); >= 0 a seeded torch generator, "
+        "the noise's generator: -1 the operating system's CSPRNG (os.urandom; distributed: a fresh ChaCha20 key per "
+        "share); >= 0 a seeded torch generator (distributed: a key per seed, step, client and statistic), "
         "reproducible, for tests and benchmarks only (whoever knows the seed can subtract the noise)",
     )
 
@@ -276,11 +287,18 @@ class DpSettings(Settings):
             raise ValueError(f"setting dp.gram_share must lie in (0, 1), got {self.gram_share}")
         if self.seed < -1:
             raise ValueError(f"setting dp.seed must be -1 (the CSPRNG) or a seed >= 0, got {self.seed}")
+        if self.mode not in DP_MODES:
+            raise ValueError(f"setting dp.mode must be one of {', '.join(DP_MODES)}, got {self.mode!r}")
 
     @property
     def enabled(self) -> bool:
         """A finite positive epsilon: the statistics are clipped and noised."""
         return 0 < self.epsilon < math.inf
+
+    @property
+    def distributed(self) -> bool:
+        """The clients add the noise, in shares, under secure aggregation (``common/privacy/distributed.py``)."""
+        return self.enabled and self.mode == "distributed"
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

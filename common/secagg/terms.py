@@ -20,7 +20,9 @@ import torch
 from torch import Tensor
 
 from common.merges.sums import running_sums
-from common.run.settings import SecAggSettings
+from common.privacy.distributed import DistributedNoise
+from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.noise import add_noise
 from common.secagg.primitives import FixedPoint, SecAggError, encode
 from common.secagg.rounds import ClientSession, default_threshold
 from common.wire.messages import ClientUpdate, RoundPlan
@@ -37,6 +39,15 @@ def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
     fp = FixedPoint(frac_bits=f, bound=settings.bound)
     fp.check(clients)
     return fp
+
+
+def run_encoding(settings: SecAggSettings, dp: DpSettings, clients: int) -> tuple[FixedPoint, DistributedNoise | None]:
+    """The run's fixed point, and with ``dp.mode = distributed`` its clients' noise, whose fixed point it is
+    (``common/privacy/distributed.py``: fewer fractional bits, the bound widened by a share's tail)."""
+    if not dp.distributed:
+        return fixed_point(settings, clients), None
+    noise = DistributedNoise(dp, settings, clients, threshold(settings, clients))
+    return noise.fp, noise
 
 
 def threshold(settings: SecAggSettings, clients: int) -> int:
@@ -185,6 +196,24 @@ def declared_layout(fresh: Any) -> Layout:
     return Layout.of(pack(running_sums(fresh)))
 
 
+def encode_terms(
+    terms: dict[str, Tensor],
+    fp: FixedPoint,
+    session: ClientSession,
+    noise: DistributedNoise | None = None,
+    rows: tuple[int, int] = (0, 0),
+) -> np.ndarray:
+    """A client's packed ``terms`` on the ring, in their layout's order: encoded, and with distributed noise
+    (``noise``) its share added before any mask (the task's class-sum ``rows``; keyed by ``session``'s context and
+    index when ``dp.seed`` is set). A share beyond its tail bound: ``SecAggError``, the client sits the step out."""
+    layout = Layout.of(terms)
+    encoded = encode(layout.flatten(terms), fp)
+    if noise is None:
+        return encoded
+    share = noise.share(layout.entries, rows, session.context, session.index)
+    return add_noise(encoded, share, noise.share_tail)
+
+
 def masked_update(
     update: ClientUpdate,
     terms: dict[str, Tensor],
@@ -192,12 +221,15 @@ def masked_update(
     sharers: list[int],
     fp: FixedPoint,
     attempt: int = 0,
+    noise: DistributedNoise | None = None,
+    rows: tuple[int, int] = (0, 0),
 ) -> ClientUpdate:
     """What a client pushes in a secure step: ``update``'s scalar fields without its sample count or
-    loss (they are sums too), and its terms encoded and masked, as ``masked/<sum>`` int64 tensors, naming
-    the step's session it was masked for (``attempt``: the plan's ``secure_attempt``)."""
+    loss (they are sums too), and its terms encoded, noised (:func:`encode_terms`) and masked, as
+    ``masked/<sum>`` int64 tensors, naming the step's session it was masked for (``attempt``: the plan's
+    ``secure_attempt``)."""
     terms = pack(terms)
     layout = Layout.of(terms)
-    ring = session.mask(encode(layout.flatten(terms), fp), sharers)
+    ring = session.mask(encode_terms(terms, fp, session, noise, rows), sharers)
     tensors = {f"{MASKED}/{name}": t for name, t in layout.unflatten_ring(ring).items()}
     return dataclasses.replace(update, num_samples=0, train_loss=float("nan"), tensors=tensors, secure_attempt=attempt)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from common.aggregation.base import Aggregator
 from common.methods import make_aggregator
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
-from common.secagg.primitives import decode, encode
+from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.primitives import decode
 from common.secagg.rounds import ClientSession, ServerSession
-from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
+from common.secagg.terms import Layout, client_terms, context, encode_terms, pack, run_encoding, threshold, unpack
 from common.wire.messages import ClientUpdate, ModelSpec
 from server.secure.sums import load_sums
 
@@ -59,7 +59,8 @@ def secure_step(
     ``timings``: the parties' seconds are added to it."""
     clock = timings or Timings()
     plan = aggregator.plan
-    t, fp, ctx = threshold(settings, clients), fixed_point(settings, clients), context(plan)
+    t, ctx = threshold(settings, clients), context(plan)
+    fp, noise = run_encoding(settings, config.section(DpSettings), clients)
     terms, sessions = {}, {}
     for i, u in sorted(updates.items()):
         with clock.of(i):
@@ -78,7 +79,7 @@ def secure_step(
     for i, s in sessions.items():
         if i not in drop_after_sharing:
             with clock.of(i):
-                y = s.mask(encode(layout.flatten(terms[i]), fp), sharers)
+                y = s.mask(encode_terms(terms[i], fp, s, noise, plan.class_range), sharers)
             with clock.of(None):
                 server.masked_input(i, y)
     survivors, dropped = server.close_inputs()
@@ -90,5 +91,6 @@ def secure_step(
     with clock.of(None):
         total = decode(server.result(), fp, len(survivors))
         payload = 16 * layout.size * len(survivors)
-        load_sums(aggregator, unpack(layout.unflatten(total)), len(survivors), payload)
+        slack = noise.gram_slack(layout.entries, len(survivors)) if noise is not None else 0.0
+        load_sums(aggregator, unpack(layout.unflatten(total)), len(survivors), payload, slack)
     return server

@@ -24,10 +24,10 @@ from torch import Tensor
 from common.aggregation.base import Aggregator
 from common.aggregation.validate import UpdateRejected
 from common.infra.faults import fault_point
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.primitives import SecAggError, decode
 from common.secagg.rounds import Culprits, Keys, ServerSession, session_from_state, session_state
-from common.secagg.terms import Layout, context, fixed_point, threshold, unpack
+from common.secagg.terms import Layout, context, run_encoding, threshold, unpack
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import MASKED
 from server.checks import Refused
@@ -112,12 +112,14 @@ class SecureStep:
         emit: Callable[[str], None] = lambda message: None,
         state: dict | None = None,
         joined: Callable[[], Collection[int]] | None = None,
+        dp: DpSettings | None = None,
     ) -> None:
         self.clients = clients
         # The slots a client has joined (--start-with): the keys round waits for those, not for a slot nobody
         # holds (a client that joins later takes part in the next session). None: every slot.
         self.joined = joined
-        self.fp = fixed_point(settings, clients)
+        # dp.mode = distributed: the clients' noise is in every masked input, and the fixed point is the noise's
+        self.fp, self.noise = run_encoding(settings, dp or DpSettings(), clients)
         self.t = threshold(settings, clients)
         self.signed = settings.mode == "signed"
         self.max_attempts = settings.max_attempts
@@ -363,7 +365,8 @@ class SecureStep:
         cannot be unmasked or fails its checks: :class:`SessionFailed` (see :meth:`_failed`)."""
         try:
             sums, survivors = self.unmasked()
-            load_sums(aggregator, sums, survivors, 16 * self.layout.size * survivors)
+            slack = self.noise.gram_slack(self.layout.entries, survivors) if self.noise is not None else 0.0
+            load_sums(aggregator, sums, survivors, 16 * self.layout.size * survivors, slack)
         except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
             self._failed(err)
         return secagg_report(

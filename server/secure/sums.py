@@ -41,18 +41,22 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
             )
 
 
-def load_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int) -> None:
-    """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them."""
+def load_sums(
+    aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int, gram_slack: float = 0.0
+) -> None:
+    """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them
+    (``gram_slack``: see :func:`check_sums`)."""
     load_running_sums(aggregator, sums, clients)
     aggregator.payload_bytes = payload_bytes
-    check_sums(aggregator, sums, clients)
+    check_sums(aggregator, sums, clients, gram_slack)
 
 
-def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int) -> None:
+def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gram_slack: float = 0.0) -> None:
     """The coordinator's check of an unmasked sum (it can no longer check one update): every entry
     finite, summed Grams and Fishers and counts non-negative (a Gram's diagonal; a full Gram
-    symmetric positive semidefinite up to the fixed point's rounding), the sample count at least one
-    per client. ``UpdateRejected`` naming the sum."""
+    symmetric positive semidefinite up to the fixed point's rounding and ``gram_slack``, a bound on the spectral
+    norm of the clients' distributed noise on it), the sample count at least one per client. ``UpdateRejected``
+    naming the sum."""
     for name, t in sums.items():
         if not torch.isfinite(t).all():
             raise UpdateRejected(f"sum {name}", "not finite")
@@ -65,7 +69,7 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int) ->
                 if not torch.allclose(block, block.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
                     raise UpdateRejected(what, "a summed Gram must be symmetric")
                 low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
-                if low < -1e-9 * max(scale, 1.0) * block.shape[0]:
+                if low < -1e-9 * max(scale, 1.0) * block.shape[0] - gram_slack:
                     raise UpdateRejected(what, f"a summed Gram must be positive semidefinite ({low:.3g})")
         elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
             if t.numel() and float(t.min()) < 0:

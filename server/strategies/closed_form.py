@@ -42,7 +42,9 @@ With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ri
 sample's features to ``dp.clip``, and each step's summed statistics get the Gaussian noise its calibration asks
 (:class:`PrivateRelease`: the task's rows of the class sums and, for the ridge, the Gram) before they join the
 totals, here on the coordinator and in the in-process engine alike (central DP: the coordinator sees the
-un-noised sums). The ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
+un-noised sums). With ``dp.mode = distributed`` the clients add the noise in shares before masking
+(``common/privacy/distributed.py``) and the coordinator adds none: it states what the survivors' sum carried. The
+ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
 (:func:`~common.privacy.gaussian.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
 statistics are sent.
 """
@@ -63,6 +65,7 @@ from common.aggregation.declared import HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
+from common.privacy.distributed import DistributedNoise
 from common.privacy.gaussian import (
     CLASS_SUM,
     GRAM,
@@ -70,12 +73,14 @@ from common.privacy.gaussian import (
     add_noise,
     calibrate,
     composed_mu,
+    gaussian_mu,
     noise_floor_lambda,
     noise_source,
 )
 from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.terms import run_encoding
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
@@ -196,22 +201,38 @@ def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
 class PrivateRelease:
     """The run's privacy budget on a closed-form head's steps: each step's statistics calibrated once
     (:func:`~common.privacy.gaussian.calibrate`), the ledger of what each task's records have spent, and the noise
-    added to a step's summed statistics before they join the totals."""
+    added to a step's summed statistics before they join the totals (central mode), or (``noise``: distributed
+    mode) the Skellam mechanism the clients' shares make, whose sum arrives noised."""
 
-    def __init__(self, settings: DpSettings, statistics: tuple[str, ...]) -> None:
+    def __init__(
+        self, settings: DpSettings, shapes: dict[str, tuple[int, ...]], noise: DistributedNoise | None = None
+    ) -> None:
         self.settings = settings
-        self.releases = calibrate(settings, statistics)
+        self.releases = calibrate(settings, tuple(shapes))
         self.mu = composed_mu(self.releases)  # one step's release, composed
         self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
+        self.noise = noise
+        if noise is not None:
+            gram = shapes.get(GRAM, ())
+            self.skellam = noise.releases(
+                tuple(n for n in (GRAM, CLASS_SUM) if n in shapes), gram, shapes[CLASS_SUM][-1]
+            )
+        self.carried: dict[str, Any] = {}  # distributed: what the last step's sum carried (noise.report)
 
     def check(self, task: int) -> None:
         """``BudgetExceeded`` unless task ``task``'s records can afford its features step (before it starts)."""
         self.ledger.check(task, self.mu, f"task {task}'s features step")
 
-    def release(self, task: int, classes: tuple[int, int], sums: StatSums) -> None:
+    def release(self, task: int, classes: tuple[int, int], sums: StatSums, survivors: int) -> None:
         """Spend task ``task``'s budget and noise the step's sums in place: the Gram, and the rows ``classes`` of
         the class sums (the task's; the other rows hold nothing of this step). Noise drawn in a fixed order from
-        ``noise_source(dp.seed, task)``."""
+        ``noise_source(dp.seed, task)``. Distributed mode: the sum of ``survivors`` arrived noised; the ledger
+        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's."""
+        if self.noise is not None:
+            self.carried = self.noise.report(self.skellam, survivors)
+            mu = gaussian_mu(self.carried["epsilon"], self.settings.delta)
+            self.ledger.spend(task, min(mu, self.mu), f"task {task}'s features step")
+            return
         self.ledger.spend(task, self.mu, f"task {task}'s features step")
         lo, hi = classes
         stats = {CLASS_SUM: sums.plain[CLASS_SUM][lo:hi]}  # a view: noised in place
@@ -220,8 +241,10 @@ class PrivateRelease:
         add_noise(stats, self.releases, noise_source(self.settings.seed, task))
 
     def gram_sigma(self) -> float:
-        """The deviation of the noise on each entry of the summed Gram: one release per task spent so far."""
-        return self.releases[GRAM].sigma * math.sqrt(len(self.ledger.spent))
+        """The deviation of the noise on each entry of the summed Gram: one release per task spent so far
+        (distributed: the variance every sum of at least the threshold carries)."""
+        variance = self.skellam[GRAM].variance if self.noise is not None else self.releases[GRAM].sigma ** 2
+        return math.sqrt(variance * len(self.ledger.spent))
 
     def noise_lambda(self, width: int) -> float:
         """``dp.lambda_scale`` times the spectral norm of the summed Gram's noise on a block of width ``width``."""
@@ -231,16 +254,22 @@ class PrivateRelease:
     def report(self, task: int) -> dict[str, Any]:
         """The step's guarantee for the run's history and log: the epsilon its records have spent (flat, logged),
         and the mechanism (nested: metrics.json only)."""
+        mechanism: dict[str, Any] = {"mode": "central", "sigma": {name: r.sigma for name, r in self.releases.items()}}
+        if self.noise is not None:
+            mechanism = {"mode": "distributed", "mechanism": "skellam"} | self.carried
+        logged: dict[str, Any] = {}
+        if self.noise is not None:  # the log line names the mode and what the sum carried
+            logged = {"dp_mode": "distributed"} | {f"dp_variance_{k}": v for k, v in self.carried["variance"].items()}
         return {
             "dp_epsilon": self.ledger.epsilon_spent(task),
             "dp_delta": self.settings.delta,
-            "dp": {
-                "mode": "central",
+            **logged,
+            "dp": mechanism
+            | {
                 "unit": "record",
                 "run_epsilon": self.ledger.epsilon_spent(),
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.settings.clip,
-                "sigma": {name: r.sigma for name, r in self.releases.items()},
                 "public": ["class_count"],
             },
         }
@@ -263,7 +292,10 @@ class ClosedFormHead(Strategy):
         self.head_b = torch.zeros(spec.num_classes, dtype=DTYPE)
         self.totals = StatSums(self.stat_shapes())
         dp = config.section(DpSettings)
-        self.private = PrivateRelease(dp, tuple(self.stat_shapes())) if dp.enabled else None
+        noise = None
+        if dp.distributed:  # the clients' noise: the fixed point and shares they use (common/secagg/terms.py)
+            noise = run_encoding(config.section(SecAggSettings), dp, config.num_clients)[1]
+        self.private = PrivateRelease(dp, self.stat_shapes(), noise) if dp.enabled else None
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
@@ -283,7 +315,7 @@ class ClosedFormHead(Strategy):
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
         assert isinstance(aggregator, FeatureStatsAggregator)
         if self.private is not None:
-            self.private.release(plan.task, plan.class_range, aggregator.sums)
+            self.private.release(plan.task, plan.class_range, aggregator.sums, aggregator.count)
         self.totals.absorb(aggregator.sums)  # the step's Grams become the totals' (nothing reads them after)
         self.head_w = self.solve(self.totals.value())
 
