@@ -13,7 +13,9 @@ orders ``alpha`` (Agarwal, Kairouz, Liu 2021, Corollary 3.6; ``noise.skellam_rdp
 units that include the rounding (``noise.grid_sensitivity``: ``+ sqrt(m)`` in L2, ``m`` the entries one record
 changes), is
 
-``eps(alpha) = alpha L2w^2 / (2 V) + min(((2 alpha - 1) L2^2 + 6 L1) / (4 V_min^2), 3 L1 / (2 V_min))``
+``eps(alpha) = alpha L2w^2 / (2 V) + min((2 alpha L2^2 + 6 L1) / (4 V_min^2), 3 L1 / (2 V_min))``
+
+(``2 alpha``: the larger of the corollary's two readings, as ``common.secagg.noise.skellam_rdp``)
 
 per statistic, summed over the statistics (independent noise: Renyi DP adds). ``L2w`` is the L2 sensitivity in
 the coordinates that make the Gram's noise isotropic (off-diagonal entries times ``sqrt 2``: ``C^2 2^f + d
@@ -106,7 +108,7 @@ class SkellamRelease:
         least = v * self.least
         l2, l1 = grid_sensitivity(self.sensitivity, self.entries, fp)
         l2w = self.sensitivity * 2.0**fp.frac_bits + self.isotropic
-        lattice = min(((2 * order - 1) * l2**2 + 6 * l1) / (4 * least**2), 3 * l1 / (2 * least))
+        lattice = min((2 * order * l2**2 + 6 * l1) / (4 * least**2), 3 * l1 / (2 * least))
         return order * l2w**2 / (2 * v) + lattice
 
 

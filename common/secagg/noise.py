@@ -119,16 +119,18 @@ def skellam_rdp(order: int, l1: float, l2: float, variance: float) -> float:
     ``Sk(V/2, V/2)``) on an integer query of sensitivities ``l1``, ``l2`` in grid units (Agarwal, Kairouz, Liu,
     NeurIPS 2021, Corollary 3.6):
 
-    ``eps(alpha) = alpha l2^2 / (2 V) + min(((2 alpha - 1) l2^2 + 6 l1) / (4 V^2), 3 l1 / (2 V))``
+    ``eps(alpha) = alpha l2^2 / (2 V) + min((2 alpha l2^2 + 6 l1) / (4 V^2), 3 l1 / (2 V))``
 
-    Its first term is the Gaussian mechanism's; the rest is the price of the integer lattice. The bound is
+    Its first term is the Gaussian mechanism's; the rest is the price of the integer lattice. Readings of the
+    corollary differ between ``2 alpha - 1`` and ``2 alpha`` in the lattice term: the larger is used, an upper
+    bound of both, so the stated epsilon is never the smaller reading's. The bound is
     stated for integer orders only: an accountant must evaluate it at those."""
     if not (order > 1 and float(order).is_integer() and variance > 0 and l1 >= 0 and l2 >= 0):
         raise SecAggError(
             f"noise: expected an integer order > 1, variance > 0, l1, l2 >= 0, got {order}, {variance}, {l1}, {l2}"
         )
     return order * l2**2 / (2 * variance) + min(
-        ((2 * order - 1) * l2**2 + 6 * l1) / (4 * variance**2), 3 * l1 / (2 * variance)
+        (2 * order * l2**2 + 6 * l1) / (4 * variance**2), 3 * l1 / (2 * variance)
     )
 
 
