@@ -76,8 +76,9 @@ CONCERNS = {
     "merges": set(),  # the closed-form merges: pure math
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
-    "secagg": {"infra", "wire", "run", "merges"},  # the protocol, and the terms a client masks
     "privacy": {"run"},  # differential privacy: the Gaussian mechanism's calibration and noise, the ledger
+    # the protocol, the terms a client masks, and the noise a client adds to them (distributed DP)
+    "secagg": {"infra", "wire", "run", "merges", "privacy"},
 }
 
 

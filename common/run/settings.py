@@ -297,7 +297,7 @@ class DpSettings(Settings):
 
     @property
     def distributed(self) -> bool:
-        """The clients add the noise, in shares, under secure aggregation (``common/privacy/distributed.py``)."""
+        """The clients add the noise, in shares, under secure aggregation (``common/secagg/distributed_dp.py``)."""
         return self.enabled and self.mode == "distributed"
 
 

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from common.merges.sums import running_sums
-from common.privacy.distributed import DistributedNoise
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.distributed_dp import DistributedNoise
 from common.secagg.noise import add_noise
 from common.secagg.primitives import FixedPoint, SecAggError, encode
 from common.secagg.rounds import ClientSession, default_threshold
@@ -43,7 +43,7 @@ def fixed_point(settings: SecAggSettings, clients: int) -> FixedPoint:
 
 def run_encoding(settings: SecAggSettings, dp: DpSettings, clients: int) -> tuple[FixedPoint, DistributedNoise | None]:
     """The run's fixed point, and with ``dp.mode = distributed`` its clients' noise, whose fixed point it is
-    (``common/privacy/distributed.py``: fewer fractional bits, the bound widened by a share's tail)."""
+    (``common/secagg/distributed_dp.py``: fewer fractional bits, the bound widened by a share's tail)."""
     if not dp.distributed:
         return fixed_point(settings, clients), None
     noise = DistributedNoise(dp, settings, clients, threshold(settings, clients))

@@ -43,7 +43,7 @@ sample's features to ``dp.clip``, and each step's summed statistics get the Gaus
 (:class:`PrivateRelease`: the task's rows of the class sums and, for the ridge, the Gram) before they join the
 totals, here on the coordinator and in the in-process engine alike (central DP: the coordinator sees the
 un-noised sums). With ``dp.mode = distributed`` the clients add the noise in shares before masking
-(``common/privacy/distributed.py``) and the coordinator adds none: it states what the survivors' sum carried. The
+(``common/secagg/distributed_dp.py``) and the coordinator adds none: it states what the survivors' sum carried. The
 ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
 (:func:`~common.privacy.gaussian.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
 statistics are sent.
@@ -65,7 +65,6 @@ from common.aggregation.declared import HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
-from common.privacy.distributed import DistributedNoise
 from common.privacy.gaussian import (
     CLASS_SUM,
     GRAM,
@@ -80,6 +79,7 @@ from common.privacy.gaussian import (
 from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.distributed_dp import DistributedNoise
 from common.secagg.terms import run_encoding
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head

@@ -1,4 +1,4 @@
-"""Distributed noise's calibration and shares (``common/privacy/distributed.py``): the setting's refusal without
+"""Distributed noise's calibration and shares (``common/secagg/distributed_dp.py``): the setting's refusal without
 secure aggregation, the Skellam sum's budget at the threshold, the rounding in the sensitivity, and one client's share
 in the order its terms are masked."""
 
@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from common.privacy.distributed import GRAM_TERM, SUM_TERM, DistributedNoise, epsilon, releases_of
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.distributed_dp import GRAM_TERM, SUM_TERM, DistributedNoise, epsilon, releases_of
 from common.secagg.noise import MAX_MEAN
 from common.secagg.primitives import FixedPoint
 from common.secagg.terms import fixed_point, run_encoding
