@@ -75,8 +75,8 @@ def test_choose_takes_the_least_held_out_error_then_the_higher_accuracy(hc):
 
 def test_the_held_out_samples_pick_the_informative_features(hc, fh):
     """Two options of the same samples: features that carry the class against pure noise. The held-out rule's
-    figures (fit on the samples of index i % 5 != 0, scored on the others) choose the first, and the eigen
-    solve's held-out error equals the system's ridge solve at the chosen lambda."""
+    figures (fit on the samples of index i % 5 != 0, scored on the others) choose the first, and its
+    held-out error is that of the two heads' averaged scores, recomputed here from the system's solve."""
     gen = torch.Generator().manual_seed(0)
     classes, n, width = 4, 200, 12
     y = torch.arange(n) % classes
