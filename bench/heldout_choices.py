@@ -311,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer-sets", nargs="+", default=["456", "3456", "23456", "123456"])
     parser.add_argument("--views", type=int, default=2, help="dropout views against none (0: skip the choice)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "choices" / "choices.json"))
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the choices and layer sets --out already holds, run the rest"
+    )
     args = parser.parse_args(argv)
     if args.encoder != "minilm":
         parser.error("--encoder: the choices are MiniLM's")
@@ -319,7 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(args.cache)
     feats = training_features(data, cache, args.max_length)
     labels = TrainingOnly({s: data[s][1] for s in TRAINING_SPLITS})
-    record: dict[str, dict] = {}
+    out = Path(args.out)
+    record: dict[str, dict] = json.loads(out.read_text())["choices"] if args.resume and out.exists() else {}
+    kept = {  # the ridge choices' options already measured (gamma_head is read again: it costs nothing)
+        name: {k: Candidate(**c) for k, c in made["options"].items()}
+        for name, made in record.items()
+        if name != "gamma_head"
+    }
 
     def log(name: str, options: Mapping[str, Candidate]) -> None:
         pick = choose(options)
@@ -331,18 +340,21 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         record[name] = {"choice": pick, "current": CURRENT[name], "options": figures(options)}
-        write(Path(args.out), record, args)
+        write(out, record, args)
 
     gammas = gamma_cells(GAMMA_CELLS, 0.2)
     pick = choose_gamma(gammas)
     for gamma, cell in gammas.items():
         print(f"{'gamma_head':12s} {'*' if gamma == pick else ' '}{gamma:10s} held-out FAA {cell.faa:6.2f}", flush=True)
     record["gamma_head"] = {"choice": pick, "current": CURRENT["gamma_head"], "options": figures(gammas)}
-    rules, four = lambda_rules(feats, labels)
-    log("lambda_rule", rules)
-    if args.views:
+    if "lambda_rule" in kept:
+        four = kept["layers"]["3456"] if "layers" in kept else kept["views"]["0"]
+    else:
+        rules, four = lambda_rules(feats, labels)
+        log("lambda_rule", rules)
+    if args.views and "views" not in kept:
         log("views", {"0": four, str(args.views): with_views(data, feats, labels, args.views, cache, args.max_length)})
-    layers = {"3456": four}
+    layers = kept.get("layers", {"3456": four})
     for text in args.layer_sets:
         if text not in layers:
             layers[text] = layer_set(feats, labels, text)
