@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -371,6 +374,10 @@ def write(out: Path, record: dict, args: argparse.Namespace) -> None:
         "holdout": f"fitting samples (train, then val) of global index i % {HOLDOUT} == 0",
         "criterion": "least held-out squared error at the option's own lambda (gamma_head: highest held-out FAA)",
         "threads": args.threads,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores",
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
         "gamma_command": GAMMA_COMMAND,
     }
     out.write_text(json.dumps({"meta": meta, "choices": record}, indent=1) + "\n")
