@@ -376,7 +376,7 @@ def write(out: Path, record: dict, args: argparse.Namespace) -> None:
         "threads": args.threads,
         "host": f"{platform.machine()}, {os.cpu_count()} cores",
         "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
         "gamma_command": GAMMA_COMMAND,
     }
