@@ -23,7 +23,7 @@ The heads are the system's solve (``ridge_head``: ``S (G + lam I)^-1``), one mem
 half decade from 0.1 to 1e8; the rule then looks at the decades first, as the sweeps do.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/heldout_choices.py --cache /tmp/choices-cache
-     (writes docs/results/choices/choices.json; about 40 min of one core)
+     (writes docs/results/choices/choices.json; about an hour of one core of a shared 2-core EPYC)
 """
 
 from __future__ import annotations
