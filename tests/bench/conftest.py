@@ -1,4 +1,4 @@
-"""The frozen-feature sweeps of bench/ (issue 21) as modules: ``fh``, ``fv``, ``lex``."""
+"""The frozen-feature sweeps of bench/ (issue 21) as modules: ``fh``, ``fv``, ``lex``, ``hc``."""
 
 from __future__ import annotations
 
@@ -33,3 +33,8 @@ def fv() -> ModuleType:
 @pytest.fixture(scope="module")
 def lex() -> ModuleType:
     return _bench("lexical_heads")
+
+
+@pytest.fixture(scope="module")
+def hc() -> ModuleType:
+    return _bench("heldout_choices")
