@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_secagg_grpc import secure_config, started_ready
@@ -39,6 +40,8 @@ def test_a_distributed_dp_run_over_grpc_is_the_in_process_run(cluster, tmp_path)
     assert "dp_mode distributed" in "".join(server.lines)
 
 
+@pytest.mark.slow  # the same statement for a dropped client is checked on the coordinator's own path in
+# tests/server/test_closed_form_dp_distributed.py; this one kills a real process (20 s)
 def test_a_dropped_clients_missing_share_is_stated_for_the_survivors(cluster):
     """Client 1 is killed after its keys and shares went out: the two survivors' sum (the threshold) carries exactly
     the calibrated variance, at least the Gaussian's sigma^2, and its epsilon is the budget's."""
