@@ -8,8 +8,9 @@ every lower index has been folded, so the result is bit-identical to the in-proc
 clients 0..N-1 in order; an update that arrives ahead of its turn waits on disk, not in memory. In robust
 mode (``robust.enabled``, ``server.robust``) nothing is folded until the step closes: the staged updates
 are then screened together and what passes is folded, in index order. A step closes when every client
-that has joined has submitted, or once its deadline has passed with a quorum; the missing clients are then skipped and
-their late updates refused. A secure step's rounds are its own state machine (``server/secure/``).
+has submitted (in a ``--start-with`` run: every client that has joined), or once its deadline has passed
+with a quorum; the missing clients are then skipped and their late updates refused. A secure step's rounds
+are its own state machine (``server/secure/``).
 
 After a restart the run resumes from its last commit and opens the step it names; the submissions
 staged for that step are folded again.
