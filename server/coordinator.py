@@ -112,20 +112,13 @@ class Coordinator:
         if step.secure is not None:
             self._secure_advance()
             return
-        everyone = len(step.submitted) == self.config.num_clients or self._all_joined_submitted(step.submitted)
+        everyone = self.run.awaited() <= step.submitted
         if not everyone and not self._deadline_passed():
             return
         if not everyone:
             missing = sorted(set(range(self.config.num_clients)) - step.submitted)
             self.emit(f"task {step.task} step {step.index} deadline passed: closing without clients {missing}")
         self._finish_step()
-
-    def _all_joined_submitted(self, submitted: set[int]) -> bool:
-        """With --start-with, a slot nobody has joined has no update to wait for (its client, when it comes,
-        takes the step open then); a client that joined and went silent is waited for, up to the deadline."""
-        joined = set(self.run.roster.clients.values())
-        start_with = self.options.start_with
-        return bool(start_with) and len(joined) >= start_with and joined <= submitted
 
     def _finish_step(self) -> None:
         """Close the open step (``Run.close``) and take the one open after it."""

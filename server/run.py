@@ -230,10 +230,20 @@ class Run:
                 where=f"task {task} step {index} secure aggregation",
                 emit=self.emit,
                 state=self.store.load_secagg(step.key),
-                joined=self.roster.clients.values if self.options.start_with else None,
+                awaited=self.awaited,
                 dp=self.config.section(DpSettings),
             )
         return step
+
+    def awaited(self) -> set[int]:
+        """The slots a step waits for: every one, or in a ``--start-with`` run that has started, those a client
+        has joined (a slot nobody holds has no update to wait for; its client, when it comes, takes the step open
+        then). A client that joined and went silent is waited for, up to the deadline."""
+        joined = set(self.roster.clients.values())
+        start_with = self.options.start_with
+        if start_with and len(joined) >= start_with:
+            return joined
+        return set(range(self.config.num_clients))
 
     def staged(self, step: StepState) -> Callable[[int], ClientUpdate]:
         """Client ``i``'s staged update of ``step``, read from disk."""

@@ -111,13 +111,13 @@ class SecureStep:
         where: str = "secure aggregation",
         emit: Callable[[str], None] = lambda message: None,
         state: dict | None = None,
-        joined: Callable[[], Collection[int]] | None = None,
+        awaited: Callable[[], Collection[int]] | None = None,
         dp: DpSettings | None = None,
     ) -> None:
         self.clients = clients
-        # The slots a client has joined (--start-with): the keys round waits for those, not for a slot nobody
-        # holds (a client that joins later takes part in the next session). None: every slot.
-        self.joined = joined
+        # The slots the keys round waits for (``Run.awaited``: in a --start-with run, those a client has joined).
+        # None: every slot.
+        self.awaited = awaited
         # dp.mode = distributed: the clients' noise is in every masked input, and the fixed point is the noise's
         self.fp, self.noise = run_encoding(settings, dp or DpSettings(), clients)
         self.t = threshold(settings, clients)
@@ -181,7 +181,7 @@ class SecureStep:
         """Every client the keys round waits for has advertised: each expected slot that a client holds, and at
         least the threshold of them."""
         s = self.session
-        waited = set(s.expected) if self.joined is None else set(s.expected) & set(self.joined())
+        waited = set(s.expected) if self.awaited is None else set(s.expected) & set(self.awaited())
         return len(s.keys) >= self.t and waited <= set(s.keys)
 
     def late(self, deadline_s: float) -> bool:
