@@ -50,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_of(parser: argparse.ArgumentParser, argv: list[str] | None) -> RunConfig:
-    """The run ``argv`` describes, its schedule flags included (a usage error, exit 2, when it is unusable)."""
-    args = parser.parse_args(argv)
+def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
+    """The run ``parser``'s ``args`` describe, its schedule flags included (a usage error, exit 2, when it is
+    unusable)."""
     try:
         return config_with_schedule(args)
     except (OSError, ValueError) as err:
@@ -62,7 +62,7 @@ def config_of(parser: argparse.ArgumentParser, argv: list[str] | None) -> RunCon
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    spec = describe(config_of(parser, argv))
+    spec = describe(config_of(parser, args))
     out = Path(args.out)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(spec.to_json() + "\n")

@@ -127,7 +127,8 @@ def test_the_docs_model_spec_command_gives_the_clients_head():
     schedule = str(DEPLOY / "schedule.txt")
     (command,) = named(doc_commands(COMPOSE), "lorm-spec")
     argv = [schedule if a.endswith("/schedule.txt") else a for a in command[1:]]
-    spec_config = spec.config_of(spec.build_parser(), argv)
+    parser = spec.build_parser()
+    spec_config = spec.config_of(parser, parser.parse_args(argv))
     rows = head_classes(spec_config, len(configured_classes(spec_config) or []))
     pod = site_objects()[("Deployment", "lorm-coordinator")]["spec"]["template"]["spec"]
     for coordinator in (compose_owned()["services"]["coordinator"]["command"], pod["containers"][0]["args"]):
