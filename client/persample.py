@@ -31,23 +31,21 @@ from torch import Tensor, nn
 Squares = Callable[[nn.Module, dict[str, str], Tensor, Tensor, dict[str, Tensor]], None]
 
 
-class PerSampleSquares:
-    """Adds ``sum_b w_b g_b^2`` of every parameter in ``params`` to ``into[name]`` (shaped like it).
+class PerSampleGradients:
+    """Hooks on the layers that own the parameters ``params``: what a forward pass recorded inside
+    :meth:`recording` needs to rebuild each sample's gradient of them (each layer's input and output, and
+    :meth:`output_grads`); :meth:`rule` names, per kind of layer, what is made of them (a subclass's)."""
 
-    Use: ``with squares.recording(batch): out = model(inputs)``, then :meth:`add` once per scalar
-    ``sum_b s_b`` of that forward pass (``retain`` to ask again of the same pass).
-    """
-
-    def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], into: dict[str, Tensor]) -> None:
+    def __init__(self, model: nn.Module, params: dict[str, nn.Parameter]) -> None:
         names = {id(p): n for n, p in params.items()}
-        self.layers: dict[nn.Module, tuple[dict[str, str], Squares]] = {}  # layer -> its params' names, rule
+        self.layers: dict[nn.Module, tuple[dict[str, str], Any]] = {}  # layer -> its params' names, rule
         refused: list[str] = []
         found: set[str] = set()  # names of the parameters met in a layer so far
         for path, module in model.named_modules():
             own = {a: names[id(p)] for a, p in module.named_parameters(recurse=False) if id(p) in names}
             if not own:
                 continue
-            rule = squares_of(module)
+            rule = self.rule(module)
             if rule is None or found & set(own.values()):  # another kind of layer, or a weight shared
                 refused.append(f"{path or 'the model'} ({type(module).__name__})")
             else:
@@ -56,18 +54,23 @@ class PerSampleSquares:
         missing = sorted(set(params) - found)
         if refused or missing:
             raise ValueError(
-                "per-sample gradients from a batch (fisher_batch > 1) cover the parameters of nn.Linear, "
-                "nn.LayerNorm and plain nn.Embedding layers; "
+                f"per-sample gradients from a batch cover the parameters of {self.covered}; "
                 + (
                     f"these own parameters of another kind of layer or share a weight: {', '.join(refused)}"
                     if refused
                     else f"not in the model: {missing}"
                 )
-                + "; use fisher_batch=1 (a backward pass per sample)"
+                + self.instead
             )
-        self.into = into
         self.batch = 0
         self.seen: list[tuple[nn.Module, Tensor, Tensor]] = []
+
+    covered = "nn.Linear, nn.LayerNorm and plain nn.Embedding layers"
+    instead = ""  # what to do instead, when a layer is not covered
+
+    def rule(self, module: nn.Module) -> Any:
+        """What this kind of per-sample result is made of for ``module``'s layer kind; ``None``: not covered."""
+        raise NotImplementedError
 
     @contextmanager
     def recording(self, batch: int) -> Iterator[None]:
@@ -93,15 +96,34 @@ class PerSampleSquares:
         self.seen.append((module, x, output))
         return output if shared else None
 
-    def add(self, scalar: Tensor, weights: Tensor, retain: bool = False) -> None:
-        """Add ``sum_b weights[b] * (d s_b / d theta)^2`` for ``scalar = sum_b s_b`` (``weights >= 0``)."""
+    def output_grads(self, scalar: Tensor, retain: bool) -> list[tuple[tuple[nn.Module, Tensor, Tensor], Tensor]]:
+        """The recorded layers with ``d scalar / d output`` of each (layers the scalar does not reach left out)."""
         outputs = [out for _, _, out in self.seen]
         grads = torch.autograd.grad(scalar, outputs, retain_graph=retain, allow_unused=True)
-        root = weights.detach().to(outputs[0].dtype).sqrt()
-        for (module, x, _), d in zip(self.seen, grads):
-            if d is None:
-                continue
-            d = d.detach() * root.view(-1, *([1] * (d.dim() - 1)))  # sqrt(w_b) g_b, squared: w_b g_b^2
+        return [(seen, d) for seen, d in zip(self.seen, grads) if d is not None]
+
+
+class PerSampleSquares(PerSampleGradients):
+    """Adds ``sum_b w_b g_b^2`` of every parameter in ``params`` to ``into[name]`` (shaped like it).
+
+    Use: ``with squares.recording(batch): out = model(inputs)``, then :meth:`add` once per scalar
+    ``sum_b s_b`` of that forward pass (``retain`` to ask again of the same pass).
+    """
+
+    instead = "; use fisher_batch=1 (a backward pass per sample)"
+
+    def __init__(self, model: nn.Module, params: dict[str, nn.Parameter], into: dict[str, Tensor]) -> None:
+        super().__init__(model, params)
+        self.into = into
+
+    def rule(self, module: nn.Module) -> Any:
+        return squares_of(module)
+
+    def add(self, scalar: Tensor, weights: Tensor, retain: bool = False) -> None:
+        """Add ``sum_b weights[b] * (d s_b / d theta)^2`` for ``scalar = sum_b s_b`` (``weights >= 0``)."""
+        root = weights.detach().sqrt()
+        for (module, x, _), d in self.output_grads(scalar, retain):
+            d = d.detach() * root.to(d.dtype).view(-1, *([1] * (d.dim() - 1)))  # sqrt(w_b) g_b, squared: w_b g_b^2
             own, rule = self.layers[module]
             rule(module, own, x.detach(), d, self.into)
 
@@ -111,13 +133,19 @@ def _add_squares(acc: Tensor, per_sample: Tensor) -> None:
     acc.add_(per_sample.square().sum(0))
 
 
-def _tokens(t: Tensor) -> Tensor:
+def tokens(t: Tensor) -> Tensor:
     """``(batch, ..., features) -> (batch, tokens, features)``."""
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
+def linear_rows(d: Tensor, x: Tensor) -> Tensor:
+    """``(batch, out, in)``: each sample's ``sum_t d_bt x_bt^T`` of ``d: (batch, tokens, out)``, ``x: (batch, tokens,
+    in)``."""
+    return torch.bmm(d.transpose(1, 2), x)
+
+
 def _linear(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
-    x, d = _tokens(x).to(d.dtype), _tokens(d)  # (batch, tokens, in), (batch, tokens, out)
+    x, d = tokens(x).to(d.dtype), tokens(d)  # (batch, tokens, in), (batch, tokens, out)
     if "weight" in own:
         acc = into[own["weight"]]
         if x.shape[1] == 1:  # one row a sample: (d x^T)^2 = d^2 (x^2)^T

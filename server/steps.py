@@ -57,6 +57,8 @@ def open_step(strategy: Strategy, rounds_per_task: int, task: int, index: int) -
     if phase == Phase.EVALUATE:
         return OpenStep(task, index, phase, round_, strategy.eval_plan(task), None)
     plan = strategy.configure(task, round_, phase)
+    if strategy.private_training is not None:
+        strategy.private_training.check(plan)  # refuse a step beyond what the clients' noise is calibrated for
     return OpenStep(task, index, phase, round_, plan, strategy.aggregator(plan))
 
 
@@ -106,6 +108,8 @@ def merge(
     strategy.aggregate(step.plan, aggregator)
     after_merge(time.perf_counter() - start)
     report = strategy.step_report(step.plan)
+    if strategy.private_training is not None:
+        report |= strategy.private_training.spend(step.plan)
     entry: dict[str, Any] = {
         **record(step.task, step.round, step.phase, step.plan, clients),
         "loss": aggregator.mean_loss,

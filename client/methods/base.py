@@ -22,8 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client.backbones import ClassifierModel
+from client.dpsgd import PerSampleNorms, expected_batch, gradient_noise, poisson_batches, private_step
+from common.privacy.training import training_noise
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
+from common.run.settings import DpSettings
+from common.wire.messages import ClientUpdate, GramKind, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
 from common.wire.tensors import (
     EXTRA,
     HEAD_BIAS,
@@ -125,6 +128,11 @@ class ClientMethod:
         lo, hi = plan.class_range
         return F.cross_entropy(logits[:, lo:hi], labels - lo)
 
+    def sample_losses(self, logits: Tensor, labels: Tensor, plan: RoundPlan) -> Tensor:
+        """``(batch,)``: each sample's :meth:`loss` (ACE), whose mean it is; DP-SGD clips each one's gradient."""
+        lo, hi = plan.class_range
+        return F.cross_entropy(logits[:, lo:hi], labels - lo, reduction="none")
+
     def regulariser(
         self, client: Client, plan: RoundPlan, inputs: dict[str, Tensor], logits: Tensor, labels: Tensor
     ) -> Tensor | None:
@@ -157,7 +165,8 @@ class ClientMethod:
         return step_update(client, plan, self.outputs(client, plan, shard, seed), loss)
 
     def train(self, client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> float:
-        """Train :meth:`trainable` and :meth:`head_params` with :meth:`loss`; returns the last epoch's mean loss."""
+        """Train :meth:`trainable` and :meth:`head_params` with :meth:`loss`; returns the last epoch's mean loss.
+        With a privacy budget (``dp.mode = local``), DP-SGD (:meth:`train_private`)."""
         cfg, model = client.config, client.model
         params = self.trainable(client, plan)
         head = self.head_params(client, plan)
@@ -170,6 +179,11 @@ class ClientMethod:
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout
         model.train(cfg.train_dropout)  # dropout on (the reference's train mode) or off
+        dp = cfg.section(DpSettings)
+        if dp.enabled and dp.mode == "local":
+            mean = self.train_private(client, plan, shard, params, head, optimizer, generator)
+            self.freeze(client)
+            return mean
         loss_sum, batches = float("nan"), 0
         per_epoch = -(-shard.numel() // cfg.batch_size)
         for epoch in range(cfg.local_epochs):
@@ -191,11 +205,64 @@ class ClientMethod:
                 batches += 1
                 if client.on_batch is not None:
                     client.on_batch(epoch * per_epoch + batches, cfg.local_epochs * per_epoch)
-        for layer in model.lora().values():
-            layer.set_trainable(())
-        for p in model.dense_params().values():
-            p.requires_grad_(False)
+        self.freeze(client)
         return loss_sum / batches if batches else float("nan")  # NaN: nothing trained (no epoch, or no sample)
+
+    def train_private(
+        self,
+        client: Client,
+        plan: RoundPlan,
+        shard: Tensor,
+        params: list[torch.nn.Parameter],
+        head: list[torch.nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        generator: torch.Generator,
+    ) -> float:
+        """DP-SGD (``client/dpsgd.py``): the round's ``steps`` Poisson batches of the shard, each sample's gradient of
+        ``params`` clipped to ``dp.clip``, Gaussian noise of the calibrated multiplier on the sum, divided by the
+        expected batch; returns the mean loss of the round's samples. The head's rows of other tasks' classes get no
+        gradient from any sample (ACE), so no noise either: they stay as received. A client with no record of the
+        task trains nothing (it has nothing to protect, and sends what it received)."""
+        cfg, model = client.config, client.model
+        dp = cfg.section(DpSettings)
+        if not shard.numel():
+            return float("nan")
+        step = plan.expect(TrainInstruction)
+        noise = training_noise(dp, cfg.local_epochs, cfg.rounds_per_task, step.gram != GramKind.NONE or step.head_gram)
+        lo, hi = plan.class_range
+        wanted = {id(p) for p in params + head}
+        norms = PerSampleNorms(model, {n: p for n, p in model.named_parameters() if id(p) in wanted})
+        source = gradient_noise(dp.seed, client.index, plan.task, plan.round)
+        expected = expected_batch(shard.numel(), noise)
+        sigma = noise.noise_multiplier * dp.clip
+        loss_sum, seen = 0.0, 0
+        batches = poisson_batches(shard.numel(), noise, generator)
+        for done, positions in enumerate(batches, start=1):
+            losses = torch.zeros(0)
+            if positions.numel():
+                inputs, labels = client.train.batch(shard[positions], client.device, train=True, generator=generator)
+                with norms.recording(positions.numel()):
+                    logits = self.forward(client, plan, inputs)
+                losses = self.sample_losses(logits, labels, plan)
+            private_step(params + head, norms, losses, dp.clip, sigma, expected, source)
+            for p in head:
+                assert p.grad is not None
+                p.grad[:lo] = 0.0
+                p.grad[hi:] = 0.0
+            optimizer.step()
+            loss_sum += float(losses.detach().sum())
+            seen += positions.numel()
+            if client.on_batch is not None:
+                client.on_batch(done, len(batches))
+        return loss_sum / seen if seen else float("nan")
+
+    @staticmethod
+    def freeze(client: Client) -> None:
+        """Every backbone parameter back to frozen after training."""
+        for layer in client.model.lora().values():
+            layer.set_trainable(())
+        for p in client.model.dense_params().values():
+            p.requires_grad_(False)
 
 
 # --------------------------------------------------------------------- shared model set-up

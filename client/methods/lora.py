@@ -8,11 +8,17 @@ augmentation, as in the reference.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from client.dpsgd import gradient_noise
 from client.methods.base import Client, ClientMethod, sent_head, set_view
 from common.adapters.lora import GramRecorder
+from common.privacy.gaussian import Release, add_gram_noise, noise_floor_lambda
+from common.privacy.training import training_noise
+from common.run.settings import DpSettings
 from common.wire.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
 from common.wire.tensors import pack
 
@@ -58,7 +64,9 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
     if step.head_gram:
         modules["<head>"] = model.head
         full["<head>"] = True
-    recorder = GramRecorder(modules, full)
+    dp = config.section(DpSettings)
+    private = dp.enabled and dp.mode == "local" and shard.numel() > 0
+    recorder = GramRecorder(modules, full, energy_clip=dp.gram_clip if private else None)
     generator = torch.Generator().manual_seed(seed ^ 0x5EED)
     model.eval()
     per_pass = -(-shard.numel() // GRAM_BATCH)
@@ -79,5 +87,28 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
                 if client.on_batch is not None:
                     client.on_batch(done_passes * per_pass + batch + 1, config.gram_passes * per_pass)
     grams = {name: g.cpu() for name, g in recorder.result().items()}
+    if private:
+        noise_grams(client, plan, grams)
     head_gram = grams.pop("<head>", None)
     return grams, head_gram
+
+
+def noise_grams(client: Client, plan: RoundPlan, grams: dict[str, Tensor]) -> None:
+    """One Gram release under the run's budget (``common/privacy/training.py``), in place: the ``M`` Grams, each
+    sample's energy clipped to ``c = dp.gram_clip`` in each, move by at most ``sqrt(M) c`` together, so every entry
+    gets ``N(0, (z_G sqrt(M) c)^2)`` (symmetric on a full Gram). Then post-processing that reads no data: a diagonal
+    clamped at 0, a full Gram plus ``lambda I`` at ``dp.lambda_scale`` times its noise's spectral norm, so that the
+    merges' solves stay positive definite."""
+    config = client.config
+    dp = config.section(DpSettings)
+    noise = training_noise(dp, config.local_epochs, config.rounds_per_task, True)
+    sigma = noise.gram_multiplier * math.sqrt(len(grams)) * dp.gram_clip
+    source = gradient_noise(dp.seed, client.index, plan.task, plan.round, kind=f"gram/{plan.phase.value}")
+    for name in sorted(grams):  # a fixed order of draws
+        gram = grams[name]
+        if gram.dim() == 1:
+            gram.add_(source.normal(tuple(gram.shape)).mul_(sigma)).clamp_(min=0.0)
+        else:
+            add_gram_noise(gram, sigma, source)
+            width = gram.shape[-1]
+            gram.diagonal().add_(noise_floor_lambda(Release(1.0, sigma), width, dp.lambda_scale))

@@ -191,20 +191,42 @@ class GramRecorder:
     ``batch * tokens`` rows, except rows that ``row_mask`` (``(batch, tokens)``, set per batch)
     marks 0, such as padding tokens; the mask applies to inputs whose leading dimensions
     match it. Hooks are attached only inside :meth:`recording`.
+
+    With ``energy_clip`` ``c`` (differential privacy, ``common/privacy/training.py``), each sample's kept rows of
+    each module's input, ``(batch, tokens, d_in)`` or ``(batch, d_in)``, are scaled down together so that their
+    energy ``sum_t |x_t|^2 <= c``: one sample then moves each module's Gram by at most ``c`` (Frobenius).
     """
 
-    def __init__(self, modules: dict[str, nn.Module], full: bool | dict[str, bool] = False) -> None:
+    def __init__(
+        self, modules: dict[str, nn.Module], full: bool | dict[str, bool] = False, energy_clip: float | None = None
+    ) -> None:
         self.modules = modules
         self.full = full if isinstance(full, dict) else {name: full for name in modules}
         self.grams: dict[str, Tensor] = {}
         self.rows: dict[str, int] = {name: 0 for name in modules}
         self.row_mask: Tensor | None = None
+        self.energy_clip = energy_clip
+
+    def _clipped(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """``x`` (float64), each sample's (leading index's) kept rows scaled to energy at most :attr:`energy_clip`."""
+        assert self.energy_clip is not None
+        x = x.to(torch.float64)
+        rows = x.reshape(x.shape[0], -1, x.shape[-1]).square().sum(-1)  # (batch, tokens)
+        if mask is not None:
+            rows = rows * mask.reshape(x.shape[0], -1).to(rows.dtype)
+        energy = rows.sum(1)  # (batch,)
+        scale = torch.clamp(self.energy_clip / energy.clamp_min(torch.finfo(torch.float64).tiny), max=1.0).sqrt()
+        return x * scale.view(-1, *([1] * (x.dim() - 1)))
 
     def _hook(self, name: str):
         def hook(_module: nn.Module, inputs: tuple) -> None:
             x = inputs[0].detach()
             mask = self.row_mask
-            if mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape):
+            masked = mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape)
+            if self.energy_clip is not None:
+                x = self._clipped(x, mask if masked else None)
+            if masked:
+                assert mask is not None
                 x = x[mask.to(torch.bool)]  # (kept rows, d_in)
             x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (rows, d_in)
             g = x.T @ x if self.full[name] else (x * x).sum(dim=0)

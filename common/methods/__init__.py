@@ -82,6 +82,10 @@ class Method:
     # whether a run of it may set the dp section (common/privacy/): every record it reads enters only statistics
     # that the coordinator noises (the closed-form heads on W0), never training that the noise does not cover
     private: bool = field(default=False, kw_only=True)
+    # whether a run of it may set the dp section with dp.mode = local (common/privacy/training.py): its client half
+    # trains with DP-SGD (the shared loop, no regulariser) and noises every Gram it sends, so each client protects its
+    # own records against everyone else
+    dp_training: bool = field(default=False, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
@@ -94,6 +98,7 @@ BUILT_IN: dict[str, Method] = {
             "LoRM: alternating B/A rounds, closed-form merges",
             aggregator="common.aggregation.lora:lorm",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "lorm-b-only",
@@ -102,6 +107,7 @@ BUILT_IN: dict[str, Method] = {
             "ablation: LoRM training B every round (A stays its init)",
             aggregator="common.aggregation.lora:lorm",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "lorm-avg-tasks",
@@ -110,6 +116,7 @@ BUILT_IN: dict[str, Method] = {
             "ablation: tasks' residuals averaged instead of the task RegMean",
             aggregator="common.aggregation.lora:lorm",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "lorm-seq",
@@ -118,6 +125,7 @@ BUILT_IN: dict[str, Method] = {
             "variant: each task's LoRA a residual on the earlier tasks'",
             aggregator="common.aggregation.lora:lorm",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "fedavg-lora",
@@ -126,6 +134,7 @@ BUILT_IN: dict[str, Method] = {
             "FedAvg of LoRA factors and head",
             aggregator="common.aggregation.lora:fedavg_lora",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "fedavg",
@@ -134,6 +143,7 @@ BUILT_IN: dict[str, Method] = {
             "FedAvg, full fine-tuning",
             aggregator="common.aggregation.dense:fedavg",
             servable=True,
+            dp_training=True,
         ),
         Method(
             "regmean",

@@ -231,8 +231,19 @@ class RunConfig:
                 "sum; without it the coordinator would see each client's statistics with a fraction of the noise. "
                 "Set secagg.enabled=true, or dp.mode = central"
             ]
-        if self.method in registry() and not registry()[self.method].private:
-            private = sorted(m.name for m in registry().values() if m.private)
+        known = registry().get(self.method)
+        if known is not None and known.dp_training and dp.mode != "local":
+            return [
+                f"dp.epsilon: method {self.method!r} trains on its clients' records, and each client noises what it "
+                f"trains and sends itself (DP-SGD): set dp.mode=local (not {dp.mode!r})"
+            ]
+        if known is not None and known.private and dp.mode == "local":
+            return [
+                f"dp.mode = local: method {self.method!r} releases summed statistics, noised by the coordinator "
+                "(central) or by the clients' shares under secure aggregation (distributed), not by each client alone"
+            ]
+        if known is not None and not (known.private or known.dp_training):
+            private = sorted(m.name for m in registry().values() if m.private or m.dp_training)
             return [
                 f"dp.epsilon: method {self.method!r} reads training records outside the noised statistics (its "
                 f"training or its other steps): differential privacy covers only {private}"

@@ -233,14 +233,15 @@ class SecAggSettings(Settings):
             )
 
 
-DP_MODES = ("central", "distributed")
+DP_MODES = ("central", "distributed", "local")
 
 
 @dataclass(frozen=True)
 class DpSettings(Settings):
-    """Record-level differential privacy of the closed-form heads (``ncm``, ``ridge``): central, the coordinator
-    adds the noise to the clients' summed statistics, or distributed, each client adds its share of it under
-    secure aggregation (``docs/PRIVACY.md``)."""
+    """Record-level differential privacy: of the closed-form heads (``ncm``, ``ridge``), central (the coordinator
+    adds the noise to the clients' summed statistics) or distributed (each client adds its share of it under secure
+    aggregation); of the trained methods (LoRM's family, FedAvg-LoRA, FedAvg), local (each client trains with DP-SGD
+    and noises the Grams it sends) (``docs/PRIVACY.md``)."""
 
     section: ClassVar[str] = "dp"
     epsilon: float = setting(
@@ -252,7 +253,18 @@ class DpSettings(Settings):
     clip: float = setting(
         1.0,
         "C: each sample's head features (after layers, norm and the random projection) scaled down to L2 norm at "
-        "most C before they enter a sum, so a record moves the Gram by at most C^2 and the class sums by C",
+        "most C before they enter a sum, so a record moves the Gram by at most C^2 and the class sums by C; trained "
+        "methods: each sample's gradient of the trained parameters clipped to L2 norm C (DP-SGD)",
+    )
+    sample_rate: float = setting(
+        0.05,
+        "trained methods: q, the probability of each record to be in a DP-SGD step's batch (Poisson sampling); a "
+        "round is ceil(local_epochs / q) steps, and a client of n records draws q n a step on average",
+    )
+    gram_clip: float = setting(
+        1.0,
+        "trained methods that send Grams (LoRM): each sample's rows of each recorded layer's input scaled down to "
+        "energy sum_t |x_t|^2 <= gram_clip, so one record moves each Gram by at most gram_clip (Frobenius)",
     )
     gram_share: float = setting(
         0.1, "ridge: the Gram's share of the budget, in (0, 1), as a share of mu^2; the class sums get the rest"
@@ -267,7 +279,8 @@ class DpSettings(Settings):
         "central",
         "'central': the coordinator adds the Gaussian noise to the summed statistics (it sees them un-noised); "
         "'distributed': each client adds its Skellam share before masking, so that the securely aggregated sum "
-        "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled)",
+        "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled); 'local': each "
+        "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted",
     )
     seed: int = setting(
         -1,
@@ -283,6 +296,9 @@ class DpSettings(Settings):
             raise ValueError(f"setting dp.delta must lie in (0, 1), got {self.delta}")
         finite_number("dp.clip", self.clip, 0.0, strict=True)
         finite_number("dp.lambda_scale", self.lambda_scale, 0.0, strict=True)
+        finite_number("dp.gram_clip", self.gram_clip, 0.0, strict=True)
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"setting dp.sample_rate must lie in (0, 1], got {self.sample_rate}")
         if not 0 < self.gram_share < 1:
             raise ValueError(f"setting dp.gram_share must lie in (0, 1), got {self.gram_share}")
         if self.seed < -1:

@@ -23,18 +23,22 @@ from common.run.config import RunConfig
 from common.run.schedule import run_tasks
 from common.wire.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
+from server.strategies.private import PrivateTraining
 
 
 class Strategy(ABC):
     """A federated continual-learning method, as seen by the coordinator."""
 
     name: str = ""
+    sends_grams = False  # its training rounds send Grams, and each task ends with a Gram step (LoRM's family)
 
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         self.config = config
         self.spec = spec
         self.tasks = run_tasks(config, spec.num_classes)
         self.head_w, self.head_b = init_head(spec, config.seed)
+        # a trained method's privacy budget (dp.mode = local): the ledger the step runner checks and spends
+        self.private_training = PrivateTraining.of(config, self.sends_grams)
 
     def extend(self, config: RunConfig) -> None:
         """The run's schedule grew (the operator appended a task): ``config`` is the run's configuration with
@@ -90,11 +94,14 @@ class Strategy(ABC):
 
     def state_tensors(self) -> dict[str, Tensor]:
         """Everything the strategy must remember between steps, as named tensors (persisted)."""
-        return {"head/w": self.head_w, "head/b": self.head_b}
+        private = {"dp/released": self.private_training.state()} if self.private_training is not None else {}
+        return {"head/w": self.head_w, "head/b": self.head_b} | private
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         """Inverse of :meth:`state_tensors` (on a freshly constructed strategy)."""
         self.head_w, self.head_b = tensors["head/w"], tensors["head/b"]
+        if self.private_training is not None:
+            self.private_training.load(tensors)
 
     def view(self) -> dict[str, LowRank]:
         """The evaluated backbone delta as a plan's ``extra``: ``B * lora_scale, A`` per layer of :meth:`adapter`."""

@@ -25,6 +25,8 @@ class TaskGramStrategy(Strategy):
     """A method whose tasks end, after their rounds, with a task Gram step (the statistics its merge
     across tasks weighs by): Grams of the layers' inputs diagonal with ``gamma_backbone = 0``, else full."""
 
+    sends_grams = True
+
     @property
     def gram_kind(self) -> GramKind:
         return GramKind.DIAG if self.config.gamma_backbone == 0.0 else GramKind.FULL

@@ -31,8 +31,8 @@ def test_distributed_mode_needs_secure_aggregation():
     with pytest.raises(ValueError, match="dp.mode = distributed.*Set secagg.enabled=true"):
         RunConfig(method="ridge", settings=settings)
     RunConfig(method="ridge", settings=settings | {"secagg": {"enabled": True}})  # accepted
-    with pytest.raises(ValueError, match="dp.mode must be one of central, distributed"):
-        DpSettings(epsilon=1.0, mode="local")
+    with pytest.raises(ValueError, match="dp.mode must be one of central, distributed, local"):
+        DpSettings(epsilon=1.0, mode="shared")
 
 
 def test_without_distributed_mode_the_encoding_is_secure_aggregations_own():

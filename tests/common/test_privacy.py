@@ -195,8 +195,8 @@ def test_zero_and_infinite_epsilon_are_off():
 @pytest.mark.parametrize(
     "changes, match",
     [
-        ({"method": "lorm"}, r"method 'lorm' reads training records outside the noised statistics"),
-        ({"method": "lorm-ridge"}, r"'lorm-ridge'.*covers only \['ncm', 'ridge'\]"),
+        ({"method": "lorm"}, r"method 'lorm' trains on its clients' records.*set dp.mode=local"),
+        ({"method": "lorm-ridge"}, r"'lorm-ridge' reads training records outside.*covers only \[.*'ncm', 'ridge'\]"),
         ({"method": "ridge", "settings": {"dp": {"epsilon": 1.0}, "data": {"validation": 5}}}, "data.validation"),
     ],
 )
@@ -208,7 +208,7 @@ def test_a_run_whose_records_the_noise_does_not_cover_is_refused(changes, match)
 
 def test_describe_lists_the_settings():
     text = describe("dp")
-    for key in ("epsilon", "delta", "clip", "gram_share", "lambda_scale", "seed"):
+    for key in ("epsilon", "delta", "clip", "gram_share", "lambda_scale", "seed", "sample_rate", "gram_clip", "mode"):
         assert f"dp.{key} (" in text
 
 
