@@ -32,7 +32,9 @@ RESULTS = ROOT / "docs" / "RESULTS.md"
 BETAS = (1.0, 0.5, 0.2)
 START = "<!-- summary: written by `python -m engine.results_summary` from docs/results/clinc150-full/cells -->"
 END = "<!-- end of summary -->"
-COSTS_START = "<!-- costs: written by `python -m engine.results_summary` from docs/results/clinc150-full*/ cells -->"
+COSTS_START = (
+    "<!-- costs: written by `python -m engine.results_summary` from the cells under docs/results/clinc150-full* -->"
+)
 COSTS_END = "<!-- end of costs -->"
 MISSING = "—"
 # Row order: the upper bound, the trained competitors, LoRM's family, then the closed-form heads.
@@ -239,7 +241,8 @@ def costs(sets: dict[str, list[dict]]) -> str:
         "or test runs: every time is an upper bound of the cell's own. Two times compare only within one "
         "group of the last column (the same host and the same number of threads), and then only as upper "
         "bounds; times of different hosts never compare (host A trained on a GPU), nor does a resumed cell's. "
-        "Peak memory does not depend on what ran beside a cell, so it compares across the hosts without a GPU.",
+        "Peak memory is the process's own (what ran beside it adds nothing to it), so it compares across the hosts "
+        "without a GPU.",
         "",
         "| cell | β | seed | time (min) | peak memory (GB) | host | threads | ran beside it | time compares |",
         "|---|---|---|---|---|---|---|---|---|",
