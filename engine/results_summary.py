@@ -230,6 +230,9 @@ def costs(sets: dict[str, list[dict]]) -> str:
     machines = hosts(every)
     main = next(iter(sets), None)
     logged = sum(1 for cell in every if cell.get("peak_rss_bytes"))
+    letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
+    gpus = list(dict.fromkeys(letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"))
+    on_gpu = f" (host {', '.join(gpus)} {'has' if len(gpus) == 1 else 'have'} a GPU)" if gpus else ""
     lines = [
         COSTS_START,
         "",
@@ -240,7 +243,7 @@ def costs(sets: dict[str, list[dict]]) -> str:
         "on its host meanwhile, and the sections below say many shared their host with other cells, sweeps "
         "or test runs: every time is an upper bound of the cell's own. Two times compare only within one "
         "group of the last column (the same host and the same number of threads), and then only as upper "
-        "bounds; times of different hosts never compare (host A trained on a GPU), nor does a resumed cell's. "
+        f"bounds; times of different hosts never compare{on_gpu}, nor does a resumed cell's. "
         "Peak memory is the process's own (what ran beside it adds nothing to it), so it compares across the hosts "
         "without a GPU.",
         "",
@@ -250,15 +253,16 @@ def costs(sets: dict[str, list[dict]]) -> str:
     for name, cells in sets.items():
         where = "" if name == main else f" ({name})"
         for cell in _in_order(cells):
-            host = chr(ord("A") + machines.index(_machine_line(cell["machine"])))
+            host = letter[_machine_line(cell["machine"])]
             lines.append(
                 f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} "
                 f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "
                 f"| not recorded | {_compares(cell, host)} |"
             )
     known = len(hosts(sets[main])) if main is not None else 0
-    lines += ["", f"Hosts {'A' if known < 2 else 'A–' + chr(ord('A') + known - 1)}: as in the summary."]
-    lines += [f"- Host {chr(ord('A') + i)}: {m}" for i, m in enumerate(machines) if i >= known]
+    named = "Host A" if known < 2 else f"Hosts A–{chr(ord('A') + known - 1)}"
+    lines += ["", f"{named}: as in the summary."]
+    lines += [f"- Host {letter[m]}: {m}" for m in machines[known:]]
     lines += ["", COSTS_END]
     return "\n".join(lines)
 

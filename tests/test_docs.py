@@ -74,8 +74,10 @@ def test_the_plots_are_drawn(tmp_path):
     assert (tmp_path / "faa.png").stat().st_size > 1000 and (tmp_path / "bytes.png").stat().st_size > 1000
 
 
-def _costed(method: str, machine: str, threads: int = 1, resumes: int = 0, rss: float | None = 2.5e9) -> dict:
-    cell = _cell(method, 0.5, 0, 80.0, gpu="none", rss=rss)
+def _costed(
+    method: str, machine: str, threads: int = 1, resumes: int = 0, rss: float | None = 2.5e9, gpu: str = "none"
+) -> dict:
+    cell = _cell(method, 0.5, 0, 80.0, gpu=gpu, rss=rss)
     cell["machine"] = cell["machine"] | {"cpu": machine}
     cell |= {"config": {"threads": threads}, "wall_seconds": 600.0, "seconds": 1200.0, "mode": "inprocess"}
     return cell | ({"resumes": resumes} if resumes else {})
@@ -84,7 +86,7 @@ def _costed(method: str, machine: str, threads: int = 1, resumes: int = 0, rss: 
 def test_costs_name_each_cells_time_memory_host_and_group():
     sets = {
         "clinc150-full": [_costed("lorm", "epyc", rss=None), _costed("ridge", "xeon", threads=2)],
-        "clinc150-full-rerun": [_costed("lorm", "epyc", resumes=1), _costed("lorm", "other")],
+        "clinc150-full-rerun": [_costed("lorm", "epyc", resumes=1), _costed("lorm", "other", gpu="H100")],
     }
     table = results_summary.costs(sets)
     assert "| `lorm` | 0.5 | 0 | 10.0 | not logged | A | 1 | not recorded | within A, 1 thread |" in table
@@ -94,6 +96,7 @@ def test_costs_name_each_cells_time_memory_host_and_group():
     assert rerun + "| no: 2 parts summed |" in table
     # A host the summary does not name is listed under the table, after the summary's letters.
     assert "Hosts A–B: as in the summary." in table and "- Host C: Linux, other, 2 CPU cores" in table
+    assert "times of different hosts never compare (host C has a GPU)" in table
     assert "logged by 3 of the 4 cells" in table
 
 
