@@ -152,7 +152,7 @@ QUOTED_ROWS = [
 ]
 
 # Figures quoted in prose: the passage (whitespace as one space, ``{}`` where a figure stands) and, for each
-# figure, "FIELD" and the cells as ``_group`` names them.
+# figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
 QUOTED_PROSE = [
     (
         "(host B, commit `610a78f`, one thread, beside two other sessions' jobs: its {} minutes are not comparable) "
@@ -274,7 +274,10 @@ QUOTED_PROSE = [
     ),
     ("`lorm-b-only` at β 0.5: {}, 1.1 below `lorm`", ["faa lorm-b-only 0.5"]),
     ("`lorm-avg-tasks` {}, level with `lorm` ({};", ["faa lorm-avg-tasks 0.5", "faa lorm 0.5"]),
-    ("`fedavg-lora` at β 0.5: {}, 11.5 below `lorm`", ["faa fedavg-lora 0.5"]),
+    (
+        "`fedavg-lora` at β 0.5: {}, 11.5 below `lorm` (quick protocol: 20.8 below), forgetting {} against LoRM's {}:",
+        ["faa fedavg-lora 0.5", "forgetting fedavg-lora 0.5", "forgetting lorm 0.5"],
+    ),
     (
         "the same command and protocol on the H100 gives {} (forgetting {}), the CPU {} ({})",
         [
@@ -343,13 +346,19 @@ QUOTED_PROSE = [
         "(`ewc@reference`: the true label's squared gradient weighted by `p(y|x)`, summed) gives {}:",
         ["faa ewc@reference 0.5"],
     ),
-    ("(`lwf`, encoder 1e-4): **{}**, 6.9 below LoRM ({})", ["faa lwf 0.5", "faa_mean lorm 0.5 *"]),
-    ("(`lwf@tuned`, 1e-5): {}, 14.6 below LoRM", ["faa lwf@tuned 0.5"]),
+    (
+        "(`lwf`, encoder 1e-4): **{}**, 6.9 below LoRM ({}), forgetting {};",
+        ["faa lwf 0.5", "faa_mean lorm 0.5 *", "forgetting lwf 0.5"],
+    ),
+    ("(`lwf@tuned`, 1e-5): {}, 14.6 below LoRM, forgetting {}.", ["faa lwf@tuned 0.5", "forgetting lwf@tuned 0.5"]),
     (
         "(`coda-p`): **{}**, 13.1 below LoRM, forgetting {}, for {} MB per client",
         ["faa coda-p 0.5", "forgetting coda-p 0.5", "mb coda-p 0.5"],
     ),
-    ("(`coda-p@tuned`, 1e-1, +13.1 there): **{}**", ["faa coda-p@tuned 0.5"]),
+    (
+        "(`coda-p@tuned`, 1e-1, +13.1 there): **{}**, +1.2 (forgetting {})",
+        ["faa coda-p@tuned 0.5", "forgetting coda-p@tuned 0.5"],
+    ),
     ("(`target`): **{}**, 15.1 below FedAvg ({})", ["faa target 0.5", "faa fedavg 0.5"]),
     ("{} min with two threads on the 2-core Intel Xeon", ["min target 0.5"]),
     (
@@ -407,6 +416,15 @@ QUOTED_PROSE = [
     ("forgetting {} against LoRM's {}. Right after each task", ["forgetting ewc 0.5", "forgetting lorm 0.5"]),
     ("FedAvg is 1.4 below LoRM's seed 0 ({})", ["faa lorm 0.5"]),
     ("for the same {} MB per client as FedAvg", ["mb target 0.5"]),
+    ("never sent). Forgetting {}:", ["forgetting target 0.5"]),
+    (
+        "a frozen encoder with prompts, {} MB per client, forgetting {}.",
+        ["mb l2p@tuned 0.5", "forgetting l2p@tuned 0.5"],
+    ),
+    (
+        "the same bytes ({} MB). 0.14 apart",
+        ["mb lorm 0.5 0 clinc150-full-h100-check & lorm 0.5"],
+    ),
     ("(a third of LoRM's {})", ["mb lorm 0.5"]),
     ("layers 3–6 in `ridge@4layers+valx4avg` ({})", ["faa ridge@4layers+valx4avg 0.5"]),
 ]
@@ -433,9 +451,11 @@ def _quoted_mismatches(
         if len(found) != 1:
             wrong.append(f"{len(found)} passages read {passage!r}")
             continue
-        for quoted, figure in zip(found[0] if isinstance(found[0], tuple) else (found[0],), figures):
-            field, spec = figure.split(" ", 1)
-            expected = FIELDS[field](_group(spec, results))
+        quotes = found[0] if isinstance(found[0], tuple) else (found[0],)
+        assert len(quotes) == len(figures), f"{passage!r} quotes {len(quotes)} figures, named {len(figures)}"
+        for quoted, figure in zip(quotes, figures):
+            field, specs = figure.split(" ", 1)
+            expected = [value for spec in specs.split(" & ") for value in FIELDS[field](_group(spec, results))]
             if not _agrees(quoted, expected):
                 wrong.append(f"{passage!r}: quoted {quoted!r} for {figure}, the cells give {expected}")
     return wrong
