@@ -6,9 +6,12 @@ the mean ± sample std over the cell's seeds, "—" where no cell was run. Besid
 the megabytes one client sent over the run, the most memory an in-process cell held (where it was
 logged), and the provenance: the host each β ran on and the commits of the cells.
 
-``python -m engine.results_summary`` rewrites the table between the markers in ``docs/RESULTS.md`` and
+A second table gives what every in-process cell of the full data cost (``clinc150-full`` and its side sets:
+reruns, the GPU check, diagnostics): its time, peak memory, host and threads, and which times compare.
+
+``python -m engine.results_summary`` rewrites both tables between their markers in ``docs/RESULTS.md`` and
 draws its two plots beside the cells (``summary_faa.png``: FAA per method and β with the seeds' std;
-``summary_bytes.png``: MB per client against FAA at β 0.5); ``--check`` exits 1 when the committed table
+``summary_bytes.png``: MB per client against FAA at β 0.5); ``--check`` exits 1 when a committed table
 differs from the cells (tests/test_docs.py runs the same comparison).
 """
 
@@ -21,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.benchmark_report import METHOD_ORDER, _machine_line, _pyplot, _save, load_cells
+from engine.benchmark_report import METHOD_ORDER, _machine_line, _pyplot, _save, cell_seconds, load_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "docs" / "results" / "clinc150-full"
@@ -29,6 +32,10 @@ RESULTS = ROOT / "docs" / "RESULTS.md"
 BETAS = (1.0, 0.5, 0.2)
 START = "<!-- summary: written by `python -m engine.results_summary` from docs/results/clinc150-full/cells -->"
 END = "<!-- end of summary -->"
+COSTS_START = (
+    "<!-- costs: written by `python -m engine.results_summary` from the cells under docs/results/clinc150-full* -->"
+)
+COSTS_END = "<!-- end of costs -->"
 MISSING = "—"
 # Row order: the upper bound, the trained competitors, LoRM's family, then the closed-form heads.
 ORDER = (*METHOD_ORDER, "ncm", "ridge", "lorm-ridge", "lorm-ncm", "lorm-ridge-first")
@@ -181,6 +188,85 @@ def summary(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cost_sets(results: Path = FULL.parent) -> dict[str, list[dict]]:
+    """The full-data cells per set, named by their directory under ``docs/results``: ``clinc150-full`` (the
+    summary's) first, then the side sets (``clinc150-full-rerun``, ``clinc150-full-diag/batch32``, ...)."""
+    full = results / FULL.name
+    sides = sorted(p.parent for p in results.glob(f"{FULL.name}*/**/cells") if p.parent != full)
+    return {str(d.relative_to(results)): load_cells(d) for d in (full, *sides)}
+
+
+def _in_order(cells: list[dict]) -> list[dict]:
+    """``cells`` in the summary's row order, then by β as its columns (highest first), then by seed."""
+    return [
+        cell
+        for row in by_method(cells).values()
+        for beta in sorted(row, reverse=True)
+        for cell in sorted(row[beta], key=lambda c: int(c["seed"]))
+    ]
+
+
+def _peak_gb(cell: dict) -> str:
+    """The cell's peak resident memory in GB; a resumed cell's is its last part's."""
+    rss = cell.get("peak_rss_bytes")
+    if not rss:
+        return "not logged"
+    return f"{float(rss) / 1e9:.2f}" + (" (last part)" if cell.get("resumes") else "")
+
+
+def _compares(cell: dict, host: str) -> str:
+    """The group whose times this cell's time compares with: one host, one number of threads; none when
+    resumed (its parts' times are summed, each part beside whatever ran then)."""
+    if cell.get("resumes"):
+        return f"no: {int(cell['resumes']) + 1} parts summed"
+    threads = int(cell["config"]["threads"])
+    return f"within {host}, {threads} thread{'s' if threads > 1 else ''}"
+
+
+def costs(sets: dict[str, list[dict]]) -> str:
+    """The cost table of every in-process cell of ``sets`` (the summary's set first), between its markers:
+    host letters as the summary's, hosts it does not name listed under the table."""
+    every = [cell for cells in sets.values() for cell in cells]
+    machines = hosts(every)
+    main = next(iter(sets), None)
+    logged = sum(1 for cell in every if cell.get("peak_rss_bytes"))
+    letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
+    gpus = list(dict.fromkeys(letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"))
+    on_gpu = f" (host {', '.join(gpus)} {'has' if len(gpus) == 1 else 'have'} a GPU)" if gpus else ""
+    lines = [
+        COSTS_START,
+        "",
+        "Which times compare. A cell's time is its wall time (a resumed cell's: the engine's computing time "
+        "summed over its parts); its peak memory is the most the one process held at once (resident set, "
+        f"coordinator and clients together, GPU memory not counted), logged by {logged} "
+        f"of the {len(every)} cells (those run before the log began have none). No cell records what else ran "
+        "on its host meanwhile, and the sections below say many shared their host with other cells, sweeps "
+        "or test runs: every time is an upper bound of the cell's own. Two times compare only within one "
+        "group of the last column (the same host and the same number of threads), and then only as upper "
+        f"bounds; times of different hosts never compare{on_gpu}, nor does a resumed cell's. "
+        "Peak memory is the process's own (what ran beside it adds nothing to it), so it compares across the hosts "
+        "without a GPU.",
+        "",
+        "| cell | β | seed | time (min) | peak memory (GB) | host | threads | ran beside it | time compares |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, cells in sets.items():
+        where = "" if name == main else f" ({name})"
+        for cell in _in_order(cells):
+            host = letter[_machine_line(cell["machine"])]
+            lines.append(
+                f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} "
+                f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "
+                f"| not recorded | {_compares(cell, host)} |"
+            )
+    known = len(hosts(sets[main])) if main is not None else 0
+    named = "Host A" if known < 2 else f"Hosts A–{chr(ord('A') + known - 1)}"
+    lines += ["", f"{named}: as in the summary."]
+    lines += [f"- Host {letter[m]}: {m}" for m in machines[known:]]
+    lines += ["", COSTS_END]
+    return "\n".join(lines)
+
+
 BETA_COLOURS = {1.0: "tab:blue", 0.5: "tab:orange", 0.2: "tab:green"}
 
 
@@ -257,23 +343,29 @@ def plot_bytes(cells: list[dict], path: Path, beta: float = 0.5) -> None:
     _save(fig, plt, path)
 
 
-def replaced(text: str, table: str) -> str:
+def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
     """``text`` with the block between the markers (markers included) replaced by ``table``."""
-    head, sep, rest = text.partition(START)
-    if not sep or END not in rest:
-        raise ValueError(f"docs/RESULTS.md has no block between {START!r} and {END!r}")
-    return head + table + rest.split(END, 1)[1]
+    head, sep, rest = text.partition(start)
+    if not sep or end not in rest:
+        raise ValueError(f"docs/RESULTS.md has no block between {start!r} and {end!r}")
+    return head + table + rest.split(end, 1)[1]
+
+
+def generated(text: str, results: Path = FULL.parent) -> str:
+    """``text`` (docs/RESULTS.md) with both tables written afresh from the cells under ``results``."""
+    text = replaced(text, summary(load_cells(results / FULL.name)))
+    return replaced(text, costs(cost_sets(results)), COSTS_START, COSTS_END)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/RESULTS.md's table differs from the cells")
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/RESULTS.md's tables differ from the cells")
     args = parser.parse_args(argv)
     text = RESULTS.read_text()
-    new = replaced(text, summary(load_cells(FULL)))
+    new = generated(text)
     if args.check:
         if new != text:
-            print("docs/RESULTS.md's summary differs from the cells: run python -m engine.results_summary")
+            print("docs/RESULTS.md's tables differ from the cells: run python -m engine.results_summary")
             return 1
         return 0
     RESULTS.write_text(new)

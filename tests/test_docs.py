@@ -1,10 +1,13 @@
-"""The front doors hold what the cells hold: RESULTS.md's summary is regenerated from the committed cells
-and compared, README's "which method to use" figures are checked against the same cells, README stays
-short enough to read at once, and every relative link in the docs resolves."""
+"""The front doors hold what the cells hold: RESULTS.md's summary and cost tables are regenerated from the
+committed cells and compared, README's "which method to use" figures are checked against the same cells, README
+stays short enough to read at once, and every relative link in the docs resolves (the figures RESULTS.md quotes
+by hand: tests/test_results_figures.py)."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,10 +74,54 @@ def test_the_plots_are_drawn(tmp_path):
     assert (tmp_path / "faa.png").stat().st_size > 1000 and (tmp_path / "bytes.png").stat().st_size > 1000
 
 
-def test_results_summary_is_the_one_the_cells_give(full_cells):
+def _costed(
+    method: str, machine: str, threads: int = 1, resumes: int = 0, rss: float | None = 2.5e9, gpu: str = "none"
+) -> dict:
+    cell = _cell(method, 0.5, 0, 80.0, gpu=gpu, rss=rss)
+    cell["machine"] = cell["machine"] | {"cpu": machine}
+    cell |= {"config": {"threads": threads}, "wall_seconds": 600.0, "seconds": 1200.0, "mode": "inprocess"}
+    return cell | ({"resumes": resumes} if resumes else {})
+
+
+def test_costs_name_each_cells_time_memory_host_and_group():
+    sets = {
+        "clinc150-full": [_costed("lorm", "epyc", rss=None), _costed("ridge", "xeon", threads=2)],
+        "clinc150-full-rerun": [_costed("lorm", "epyc", resumes=1), _costed("lorm", "other", gpu="H100")],
+    }
+    table = results_summary.costs(sets)
+    assert "| `lorm` | 0.5 | 0 | 10.0 | not logged | A | 1 | not recorded | within A, 1 thread |" in table
+    assert "| `ridge` | 0.5 | 0 | 10.0 | 2.50 | B | 2 | not recorded | within B, 2 threads |" in table
+    # A resumed cell's time is its parts' summed computing time, compared with nothing; its memory its last part's.
+    rerun = "| `lorm` (clinc150-full-rerun) | 0.5 | 0 | 20.0 | 2.50 (last part) | A | 1 | not recorded "
+    assert rerun + "| no: 2 parts summed |" in table
+    # A host the summary does not name is listed under the table, after the summary's letters.
+    assert "Hosts A–B: as in the summary." in table and "- Host C: Linux, other, 2 CPU cores" in table
+    assert "times of different hosts never compare (host C has a GPU)" in table
+    assert "logged by 3 of the 4 cells" in table
+
+
+def test_results_summary_and_costs_are_the_ones_the_cells_give():
     text = (ROOT / "docs" / "RESULTS.md").read_text()
-    expected = results_summary.replaced(text, results_summary.summary(full_cells))
-    assert text == expected, "docs/RESULTS.md's summary differs from the cells: run python -m engine.results_summary"
+    assert text == results_summary.generated(text), (
+        "docs/RESULTS.md differs from the cells: run python -m engine.results_summary"
+    )
+
+
+def test_a_cell_changed_under_the_costs_fails_the_check(tmp_path):
+    results = results_summary.FULL.parent
+    for path in results.glob(f"{results_summary.FULL.name}*/**/metrics.json"):
+        copy = tmp_path / path.relative_to(results)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    assert results_summary.generated(text, tmp_path) == text
+    metrics = tmp_path / "clinc150-full/cells/ridge@3layers/beta0.5/seed0/metrics.json"
+    cell = json.loads(metrics.read_text())
+    cell["wall_seconds"] += 600.0  # ten minutes more: the costs' row, not the summary, moves
+    metrics.write_text(json.dumps(cell))
+    lines = zip(text.splitlines(), results_summary.generated(text, tmp_path).splitlines())
+    changed = [line for old, line in lines if old != line]
+    assert changed == ["| `ridge@3layers` | 0.5 | 0 | 41.7 | not logged | B | 1 | not recorded | within B, 1 thread |"]
 
 
 def _readme_table() -> list[list[str]]:

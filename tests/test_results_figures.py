@@ -1,0 +1,502 @@
+"""The figures of full-data cells that docs/RESULTS.md quotes by hand, in its tables and passages, against the
+committed cells: an explicit list of where each figure stands and which cell gives it, so that a figure changed in
+the Markdown, or a cell changed under it, fails. Figures are compared as quoted (``96.13`` is the FAA rounded to
+two decimals, ``1,902 s`` the time to the second); a table cell quoting one figure for several cells, or a range
+``low–high`` of them, holds for each."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from engine.benchmark_report import cell_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "docs" / "results"
+
+
+def _group(spec: str, results: Path = RESULTS_DIR) -> list[dict]:
+    """The cells ``spec`` names: ``"LABEL BETA"`` (seed 0), ``"LABEL BETA SEED"`` (``*``: every seed), and a fourth
+    word for a set under docs/results other than ``clinc150-full``."""
+    words = spec.split()
+    label, beta = words[:2]
+    seed = words[2] if len(words) > 2 else "0"
+    where = words[3] if len(words) > 3 else "clinc150-full"
+    paths = sorted((results / where / "cells" / label / f"beta{beta}").glob(f"seed{seed}/metrics.json"))
+    assert paths, f"no cell {spec}"
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def _faa(cells: list[dict]) -> list[float]:
+    """The FAA, and beside it the seeds' sample std where there are several (``83.67 ± 0.60``)."""
+    values = [float(c["faa"]) for c in cells]
+    return [statistics.mean(values)] + ([statistics.stdev(values)] if len(values) > 1 else [])
+
+
+# A quoted figure's field: the numbers its cells give (means over seeds where a group has several).
+FIELDS = {
+    "faa": _faa,
+    "forgetting": lambda cells: [statistics.mean(float(c["forgetting"]) for c in cells)],
+    "mb": lambda cells: [statistics.mean(float(c["bytes_per_client"]) / 1e6 for c in cells)],
+    "s": lambda cells: [statistics.mean(cell_seconds(c) for c in cells)],
+    "min": lambda cells: [statistics.mean(cell_seconds(c) / 60 for c in cells)],
+    "gb": lambda cells: [max(float(c["peak_rss_bytes"]) / 1e9 for c in cells)],
+    "faa_mean": lambda cells: _faa(cells)[:1],
+    "faa_std": lambda cells: _faa(cells)[1:],
+}
+NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
+
+
+def _agrees(quoted: str, expected: list[float]) -> bool:
+    """Whether the figures in ``quoted`` are ``expected`` rounded as quoted: one figure each, one figure that all
+    round to, or a range ``low–high`` of them."""
+    numbers = [n.replace("−", "-").replace(",", "") for n in NUMBER.findall(quoted.replace("**", ""))]
+
+    def shown(value: float, like: str) -> str:
+        return f"{value:.{len(like.partition('.')[2])}f}"
+
+    rounded = sorted({shown(v, numbers[0]) for v in expected}, key=float) if numbers else []
+    if len(numbers) == 2 and "–" in quoted:
+        return [rounded[0], rounded[-1]] == numbers
+    if len(numbers) == len(expected):
+        return all(shown(v, n) == n for v, n in zip(expected, numbers))
+    return len(numbers) == 1 and rounded == numbers
+
+
+def _row(text: str, section: str, start: str) -> dict[str, str]:
+    """The one row of a table under ``### section`` whose line starts with ``| start``, by column header."""
+    body = text.split(f"### {section}\n", 1)[1].split("\n#", 1)[0]
+    header: list[str] = []
+    found = []
+    for line in body.splitlines():
+        if not line.startswith("|"):
+            header = []
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not header:
+            header = cells
+        elif line.startswith(f"| {start}"):
+            found.append(dict(zip(header, cells)))
+    assert len(found) == 1, f"{len(found)} rows of '{section}' start with {start!r}"
+    return found[0]
+
+
+SYSTEM = ("The same in the system, full training set", {"FAA": "faa", "bytes per client": "mb", "time": "s"})
+MPNET = (
+    "A stronger encoder: all-mpnet-base-v2",
+    {"FAA": "faa", "forgetting": "forgetting", "bytes per client": "mb", "time": "min", "peak memory": "gb"},
+)
+PROTOCOL = (
+    "The full-data protocol",
+    {"FAA": "faa", "forgetting": "forgetting", "bytes per client": "mb", "time": "min"},
+)
+COMPETITORS = (
+    "The competitors on the full data",
+    {"FAA": "faa", "forgetting": "forgetting", "bytes per client": "mb", "time (H100)": "min"},
+)
+# (the table's section and columns, how its row starts, the cells of the row: one group per figure of a column)
+QUOTED_ROWS = [
+    (SYSTEM, "`lorm-ridge` RP-5000, last layer, paper's order", ["lorm-ridge 0.5"]),
+    (SYSTEM, "`ridge@3layers` (", ["ridge@3layers 0.5"]),
+    (SYSTEM, "`ridge@3layers+val`", ["ridge@3layers+val 0.5"]),
+    (SYSTEM, "`ridge@4layers+valx4` (", ["ridge@4layers+valx4 0.5"]),
+    (SYSTEM, "`ridge@4layers+valx4avg`", ["ridge@4layers+valx4avg 0.5"]),
+    (SYSTEM, "`lorm-ridge@3layers`", ["lorm-ridge@3layers 0.5"]),
+    (SYSTEM, "the same at β 1.0 (rank 2)", ["lorm-ridge@3layers 1.0"]),
+    (SYSTEM, "the same at β 0.2 (resumed once", ["lorm-ridge@3layers 0.2"]),
+    (SYSTEM, "`lorm-ridge-first@3layers`", ["lorm-ridge-first@3layers 0.5"]),
+    (SYSTEM, "the same at β 1.0 (rank 1)", ["lorm-ridge-first@3layers 1.0"]),
+    (SYSTEM, "the same at β 0.2[", ["lorm-ridge-first@3layers 0.2"]),
+    (MPNET, "`ridge@4layers+valx4avg` (MiniLM", ["ridge@4layers+valx4avg 0.5"]),
+    (MPNET, "`ridge@mpnet-4layers+valx4avg`", ["ridge@mpnet-4layers+valx4avg 0.5"]),
+    (MPNET, "`ridge@mpnet-6layers+valx4avg`", ["ridge@mpnet-6layers+valx4avg 0.5"]),
+    (PROTOCOL, "`lorm` | 1.0", ["lorm 1.0"]),
+    (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
+    (PROTOCOL, "`lorm`, seeds 1 and 2", ["lorm 0.5 1", "lorm 0.5 2"]),
+    (PROTOCOL, "`lorm` | 0.2", ["lorm 0.2"]),
+    (PROTOCOL, "`lorm@appendix-gamma`", ["lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"]),
+    (PROTOCOL, "the same, seed 1", ["lorm 0.2 1 clinc150-full-diag/gamma-head-0.1"]),
+    (PROTOCOL, "the same, batch 32", ["lorm 0.2 0 clinc150-full-diag/batch32"]),
+    (PROTOCOL, "`lorm` (H100", ["lorm 0.5 0 clinc150-full-h100-check"]),
+    (PROTOCOL, "`lorm-b-only` (B trained", ["lorm-b-only 0.5"]),
+    (PROTOCOL, "`lorm-b-only` (H100)", ["lorm-b-only 1.0", "lorm-b-only 0.2"]),
+    (PROTOCOL, "`lorm-avg-tasks` (task", ["lorm-avg-tasks 0.5"]),
+    (PROTOCOL, "`lorm-avg-tasks` (H100)", ["lorm-avg-tasks 1.0", "lorm-avg-tasks 0.2"]),
+    (PROTOCOL, "`fedavg-lora` (resumed", ["fedavg-lora 0.5"]),
+    (PROTOCOL, "`fedavg-lora` (H100)", ["fedavg-lora 1.0", "fedavg-lora 0.2"]),
+    (PROTOCOL, "`fedavg` (", ["fedavg 0.5"]),
+    (PROTOCOL, "`regmean` (H100)", ["regmean 1.0", "regmean 0.5", "regmean 0.2"]),
+    (PROTOCOL, "`ties` (H100)", ["ties 1.0", "ties 0.5", "ties 0.2"]),
+    (PROTOCOL, "`ties@tuned`", ["ties@tuned 1.0", "ties@tuned 0.5", "ties@tuned 0.2"]),
+    (PROTOCOL, "`fisheravg`", ["fisheravg 1.0", "fisheravg 0.5", "fisheravg 0.2"]),
+    (PROTOCOL, "`ncm`", ["ncm 1.0", "ncm 0.5", "ncm 0.2"]),
+    (PROTOCOL, "`ridge` (RP-5000)", ["ridge 1.0", "ridge 0.5", "ridge 0.2"]),
+    (PROTOCOL, "`lorm-ridge` (LoRM", ["lorm-ridge 0.5"]),
+    (PROTOCOL, "`lorm-ridge` (H100)", ["lorm-ridge 1.0", "lorm-ridge 0.2"]),
+    (PROTOCOL, "`joint@tuned`", ["joint@tuned 0.5"]),
+    (COMPETITORS, "`lorm` (CPU, seeds 0–2)", ["lorm 0.5 *"]),
+    (COMPETITORS, "`ccvr`", ["ccvr 0.5"]),
+    (COMPETITORS, "`pilora`", ["pilora 0.5"]),
+    (COMPETITORS, "`fedproto`", ["fedproto 0.5"]),
+    (COMPETITORS, "`l2p` (", ["l2p 0.5"]),
+    (COMPETITORS, "`l2p@tuned`", ["l2p@tuned 0.5"]),
+    (COMPETITORS, "`ewc` (", ["ewc 0.5"]),
+    (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
+    (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
+    (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
+    (COMPETITORS, "`coda-p@tuned`", ["coda-p@tuned 0.5"]),
+    (COMPETITORS, "`lwf@tuned`", ["lwf@tuned 0.5"]),
+    (COMPETITORS, "`target`", ["target 0.5"]),
+]
+
+# Figures quoted in prose: the passage (whitespace as one space, ``{}`` where a figure stands) and, for each
+# figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
+QUOTED_PROSE = [
+    (
+        "(host B, commit `610a78f`, one thread, beside two other sessions' jobs: its {} minutes are not comparable) "
+        "held at most **{} GB**",
+        ["min lorm 0.5 0 clinc150-full-rerun", "gb lorm 0.5 0 clinc150-full-rerun"],
+    ),
+    ("Its FAA was {}, 0.04 below the published cell's {} ", ["faa lorm 0.5 0 clinc150-full-rerun", "faa lorm 0.5"]),
+    (
+        "gives **{}** at every β (`ridge@mpnet-4layers+valx4avg`, {} MB per client",
+        ["faa ridge@mpnet-4layers+valx4avg 0.5", "mb ridge@mpnet-4layers+valx4avg 0.5"],
+    ),
+    ("and **{}** on the last six blocks", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
+    (
+        "**{}** at every β (`ridge@4layers+valx4avg`); on three layers and one projection {} ({} with `val`)",
+        ["faa ridge@4layers+valx4avg 0.5", "faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5"],
+    ),
+    (
+        "({} / {} / {} at β 1.0 / 0.5 / 0.2, first task only; {} at β 0.5 on every task)",
+        [
+            "faa lorm-ridge-first@4layers+valx4avg 1.0",
+            "faa lorm-ridge-first@4layers+valx4avg 0.5",
+            "faa lorm-ridge-first@4layers+valx4avg 0.2",
+            "faa lorm-ridge@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "the best method the system offers on CLINC150: **{}**, and **{}** with the `val` split",
+        ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5"],
+    ),
+    (
+        "*hurts* it at every β ({} / {} / {} at β 1.0 / 0.5 / 0.2",
+        ["faa lorm-ridge@3layers 1.0", "faa lorm-ridge@3layers 0.5", "faa lorm-ridge@3layers 0.2"],
+    ),
+    (
+        "`lorm-ridge-first@3layers` at the three β: {} / {} / {}",
+        ["faa lorm-ridge-first@3layers 1.0", "faa lorm-ridge-first@3layers 0.5", "faa lorm-ridge-first@3layers 0.2"],
+    ),
+    (
+        "the ten-value default grid took {} s, five values with 20 % more samples {} s",
+        ["s ridge@3layers 0.5", "s ridge@3layers+val 0.5"],
+    ),
+    (
+        "full data, β 0.5, seed 0[^c2eb920]: **{}**, forgetting {}, λ 1e5 on the first task and 3.2e5 on the next "
+        "four (the members' rule, as the sweep's), {} MB per client over the run (4.0 times `ridge@3layers+val`'s {} "
+        "MB), {} min",
+        [
+            "faa ridge@4layers+valx4 0.5",
+            "forgetting ridge@4layers+valx4 0.5",
+            "mb ridge@4layers+valx4 0.5",
+            "mb ridge@3layers+val 0.5",
+            "min ridge@4layers+valx4 0.5",
+        ],
+    ),
+    (
+        "full data, β 0.5, seed 0[^80c542f]: **{}**, forgetting {}, λ 3.2e4 on the first task and 1e5 on the next "
+        "four (half a decade below the members' rule each time, as on the sweep), the same {} MB per client, {} min",
+        [
+            "faa ridge@4layers+valx4avg 0.5",
+            "forgetting ridge@4layers+valx4avg 0.5",
+            "mb ridge@4layers+valx4avg 0.5",
+            "min ridge@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "β 0.2, seed 0: **{}**, forgetting {}, λ 3.2e4 on the first two tasks and 1e5 after, {} MB per client (the "
+        "frozen head's {} plus LoRM's factors), {} min beside one other run (13 min of it paused), {} GB peak",
+        [
+            "faa lorm-ridge-first@4layers+valx4avg 0.2",
+            "forgetting lorm-ridge-first@4layers+valx4avg 0.2",
+            "mb lorm-ridge-first@4layers+valx4avg 0.2",
+            "mb ridge@4layers+valx4avg 0.5",
+            "min lorm-ridge-first@4layers+valx4avg 0.2",
+            "gb lorm-ridge-first@4layers+valx4avg 0.2",
+        ],
+    ),
+    (
+        "**{}**, forgetting {}, the same λ and {} MB, {} min, {} GB peak",
+        [
+            "faa lorm-ridge-first@4layers+valx4avg 0.5",
+            "forgetting lorm-ridge-first@4layers+valx4avg 0.5",
+            "mb lorm-ridge-first@4layers+valx4avg 0.5",
+            "min lorm-ridge-first@4layers+valx4avg 0.5",
+            "gb lorm-ridge-first@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "**{}**, forgetting {}, the same λ, {} MB, {} min, {} GB peak",
+        [
+            "faa lorm-ridge-first@4layers+valx4avg 1.0",
+            "forgetting lorm-ridge-first@4layers+valx4avg 1.0",
+            "mb lorm-ridge-first@4layers+valx4avg 1.0",
+            "min lorm-ridge-first@4layers+valx4avg 1.0",
+            "gb lorm-ridge-first@4layers+valx4avg 1.0",
+        ],
+    ),
+    (
+        "β 0.5, seed 0: **{}**, forgetting {}, λ as the frozen head's, {} MB per client, {} min, {} GB peak",
+        [
+            "faa lorm-ridge@4layers+valx4avg 0.5",
+            "forgetting lorm-ridge@4layers+valx4avg 0.5",
+            "mb lorm-ridge@4layers+valx4avg 0.5",
+            "min lorm-ridge@4layers+valx4avg 0.5",
+            "gb lorm-ridge@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "The {} min ran on one thread beside the test suite for 11 of them, the six blocks' {} min on two threads",
+        ["min ridge@mpnet-4layers+valx4avg 0.5", "min ridge@mpnet-6layers+valx4avg 0.5"],
+    ),
+    ("MiniLM's {} ran beside three to four other runs", ["min ridge@4layers+valx4avg 0.5"]),
+    (
+        "`lorm` over three seeds at β 0.5: {} / {} / {}, **{} ± {}**",
+        ["faa lorm 0.5 0", "faa lorm 0.5 1", "faa lorm 0.5 2", "faa_mean lorm 0.5 *", "faa_std lorm 0.5 *"],
+    ),
+    (
+        "On the test split[^14fa521]: **{}** (the accuracy over all 150 intents; loss 0.038 after the last round; {} "
+        "MB; {} min",
+        ["faa joint@tuned 0.5", "mb joint@tuned 0.5", "min joint@tuned 0.5"],
+    ),
+    ("`lorm-b-only` at β 0.5: {}, 1.1 below `lorm`", ["faa lorm-b-only 0.5"]),
+    ("`lorm-avg-tasks` {}, level with `lorm` ({};", ["faa lorm-avg-tasks 0.5", "faa lorm 0.5"]),
+    (
+        "`fedavg-lora` at β 0.5: {}, 11.5 below `lorm` (quick protocol: 20.8 below), forgetting {} against LoRM's {}:",
+        ["faa fedavg-lora 0.5", "forgetting fedavg-lora 0.5", "forgetting lorm 0.5"],
+    ),
+    (
+        "the same command and protocol on the H100 gives {} (forgetting {}), the CPU {} ({})",
+        [
+            "faa lorm 0.5 0 clinc150-full-h100-check",
+            "forgetting lorm 0.5 0 clinc150-full-h100-check",
+            "faa lorm 0.5",
+            "forgetting lorm 0.5",
+        ],
+    ),
+    (
+        "RegMean {} / {} / {} against LoRM's {} / {} / {} (",
+        [
+            "faa regmean 1.0",
+            "faa regmean 0.5",
+            "faa regmean 0.2",
+            "faa lorm 1.0",
+            "faa_mean lorm 0.5 *",
+            "faa lorm 0.2",
+        ],
+    ),
+    ("TIES {} / {} / {} (−1.4", ["faa ties 1.0", "faa ties 0.5", "faa ties 0.2"]),
+    (
+        "is 5.5 to 10.7 points *below* it on the full data ({} / {} / {})",
+        ["faa ties@tuned 1.0", "faa ties@tuned 0.5", "faa ties@tuned 0.2"],
+    ),
+    (
+        "`lorm-b-only` and `lorm-avg-tasks` at β 1.0 / 0.2: {} / {} and {} / {}, against `lorm`'s {} / {}:",
+        [
+            "faa lorm-b-only 1.0",
+            "faa lorm-b-only 0.2",
+            "faa lorm-avg-tasks 1.0",
+            "faa lorm-avg-tasks 0.2",
+            "faa lorm 1.0",
+            "faa lorm 0.2",
+        ],
+    ),
+    ("`fedavg-lora` at β 1.0 / 0.2: {} / {},", ["faa fedavg-lora 1.0", "faa fedavg-lora 0.2"]),
+    (
+        "`lorm-ridge` at β 1.0 / 0.2: {} / {} (β 0.5: {}), below the frozen `ridge` head's {} at every",
+        ["faa lorm-ridge 1.0", "faa lorm-ridge 0.2", "faa lorm-ridge 0.5", "faa ridge 0.5"],
+    ),
+    (
+        "**{} / {} / {}** at β 1.0 / 0.5 / 0.2, against `lorm`'s {} / {} (seed 0; {} ± {} over three seeds) / {}:",
+        [
+            "faa fisheravg 1.0",
+            "faa fisheravg 0.5",
+            "faa fisheravg 0.2",
+            "faa lorm 1.0",
+            "faa lorm 0.5",
+            "faa_mean lorm 0.5 *",
+            "faa_std lorm 0.5 *",
+            "faa lorm 0.2",
+        ],
+    ),
+    ("Fisher, {} MB per client over the run, 161 times LoRM's {} MB", ["mb fisheravg 0.5", "mb lorm 0.5"]),
+    ("frozen closed-form heads above (`ncm` {}, `ridge` {})", ["faa ncm 0.5", "faa ridge 0.5"]),
+    ("FedProto ({}) is 3.1 below LoRM", ["faa fedproto 0.5"]),
+    ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
+    (
+        "the sampled Fisher): **{}**, 1.6 below LoRM ({} over three seeds; 1.3 below its seed 0, {})",
+        ["faa ewc 0.5", "faa_mean lorm 0.5 *", "faa lorm 0.5"],
+    ),
+    ("its diagonal Fisher: {} MB per client, 75 times LoRM's", ["mb ewc 0.5"]),
+    ("gives **{}** (forgetting {}; its tasks", ["faa fedavg 0.5", "forgetting fedavg 0.5"]),
+    (
+        "(`ewc@reference`: the true label's squared gradient weighted by `p(y|x)`, summed) gives {}:",
+        ["faa ewc@reference 0.5"],
+    ),
+    (
+        "(`lwf`, encoder 1e-4): **{}**, 6.9 below LoRM ({}), forgetting {};",
+        ["faa lwf 0.5", "faa_mean lorm 0.5 *", "forgetting lwf 0.5"],
+    ),
+    ("(`lwf@tuned`, 1e-5): {}, 14.6 below LoRM, forgetting {}.", ["faa lwf@tuned 0.5", "forgetting lwf@tuned 0.5"]),
+    (
+        "(`coda-p`): **{}**, 13.1 below LoRM, forgetting {}, for {} MB per client",
+        ["faa coda-p 0.5", "forgetting coda-p 0.5", "mb coda-p 0.5"],
+    ),
+    (
+        "(`coda-p@tuned`, 1e-1, +13.1 there): **{}**, +1.2 (forgetting {})",
+        ["faa coda-p@tuned 0.5", "forgetting coda-p@tuned 0.5"],
+    ),
+    ("(`target`): **{}**, 15.1 below FedAvg ({})", ["faa target 0.5", "faa fedavg 0.5"]),
+    ("{} min with two threads on the 2-core Intel Xeon", ["min target 0.5"]),
+    (
+        "held at most **{} GB** (resident set, clients and coordinator in one process): against the {} GB",
+        ["gb lorm 0.5 0 clinc150-full-rerun", "gb ridge@mpnet-6layers+valx4avg 0.5"],
+    ),
+    (
+        "`lorm-ridge` on this head is **{}** at β 0.5, 0.69 *below* the frozen head ({})",
+        ["faa lorm-ridge 0.5", "faa ridge 0.5"],
+    ),
+    ("so bytes grow linearly with the width: {} MB at 10,000", ["mb ridge@3layers 0.5"]),
+    ("That is 0.25 above the system's best until now (`ridge@3layers+val`, {})", ["faa ridge@3layers+val 0.5"]),
+    ("+0.26 over the members' rule ({}) in the system", ["faa ridge@4layers+valx4 0.5"]),
+    ("0.11 below the frozen head ({}), as on three layers", ["faa ridge@4layers+valx4avg 0.5"]),
+    (
+        "So {} / {} / {} at β 1.0 / 0.5 / 0.2 against the frozen head's {} at every β",
+        [
+            "faa lorm-ridge-first@4layers+valx4avg 1.0",
+            "faa lorm-ridge-first@4layers+valx4avg 0.5",
+            "faa lorm-ridge-first@4layers+valx4avg 0.2",
+            "faa ridge@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "1.06 below the frozen head, as on three layers ({} against {})",
+        ["faa lorm-ridge@3layers 0.5", "faa ridge@3layers 0.5"],
+    ),
+    (
+        "- **{} at every β: the goal of 97.0 is met**, by the frozen four-projection ensemble on MPNet's last six "
+        "blocks (the held-out samples' choice) with CLINC150's `val` split training too; **{}** on the last four",
+        ["faa ridge@mpnet-6layers+valx4avg 0.5", "faa ridge@mpnet-4layers+valx4avg 0.5"],
+    ),
+    (
+        "above the frozen three-layer ridge head on the training set ({}), and below the frozen heads that use the "
+        "`val` split too ({}, {})",
+        ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5", "faa ridge@4layers+valx4avg 0.5"],
+    ),
+    ("`ridge` here is {}; the older script", ["faa ridge 0.5"]),
+    (
+        "(0.1, this grid's setting until now) `lorm` is {}, −3.94",
+        ["faa lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"],
+    ),
+    (
+        "seed 1 gives {} (mean {}, −3.51)",
+        ["faa lorm 0.2 1 clinc150-full-diag/gamma-head-0.1", "faa_mean lorm 0.2 * clinc150-full-diag/gamma-head-0.1"],
+    ),
+    ("its head γ not recorded): {}, +0.31", ["faa lorm 0.2 0 clinc150-full-diag/batch32"]),
+    ("(the paper's value at β 1.0 and 0.5): **{}, +5.60**", ["faa lorm 0.2"]),
+    (
+        "All this while sending {} MB per client where these send the whole encoder's update ({} MB; RegMean its "
+        "Grams too, {} MB)",
+        ["mb lorm 0.5", "mb ties 0.5", "mb regmean 0.5"],
+    ),
+    ("Its forgetting ({} at β 0.5) is above LoRM's ({})", ["forgetting fisheravg 0.5", "forgetting lorm 0.5"]),
+    ("forgetting {} against LoRM's {}. Right after each task", ["forgetting ewc 0.5", "forgetting lorm 0.5"]),
+    ("FedAvg is 1.4 below LoRM's seed 0 ({})", ["faa lorm 0.5"]),
+    ("for the same {} MB per client as FedAvg", ["mb target 0.5"]),
+    ("never sent). Forgetting {}:", ["forgetting target 0.5"]),
+    (
+        "a frozen encoder with prompts, {} MB per client, forgetting {}.",
+        ["mb l2p@tuned 0.5", "forgetting l2p@tuned 0.5"],
+    ),
+    (
+        "the same bytes ({} MB). 0.14 apart",
+        ["mb lorm 0.5 0 clinc150-full-h100-check & lorm 0.5"],
+    ),
+    ("(a third of LoRM's {})", ["mb lorm 0.5"]),
+    ("layers 3–6 in `ridge@4layers+valx4avg` ({})", ["faa ridge@4layers+valx4avg 0.5"]),
+]
+
+
+def _quoted_mismatches(
+    text: str, results: Path = RESULTS_DIR, rows: list = QUOTED_ROWS, prose: list = QUOTED_PROSE
+) -> list[str]:
+    """Every hand-quoted figure of ``rows`` and ``prose`` that its cells (under ``results``) do not give, as a line
+    saying where."""
+    wrong = []
+    for (section, columns), start, groups in rows:
+        row = _row(text, section, start)
+        for column, field in columns.items():
+            if row[column] in ("–", "-"):
+                continue
+            expected = [value for spec in groups for value in FIELDS[field](_group(spec, results))]
+            if not _agrees(row[column], expected):
+                wrong.append(f"{section} / {start} / {column}: quoted {row[column]!r}, the cells give {expected}")
+    flat = re.sub(r"\s+", " ", text)
+    for passage, figures in prose:
+        pattern = f"({NUMBER.pattern})".join(re.escape(piece) for piece in passage.split("{}"))
+        found = re.findall(pattern, flat)
+        if len(found) != 1:
+            wrong.append(f"{len(found)} passages read {passage!r}")
+            continue
+        quotes = found[0] if isinstance(found[0], tuple) else (found[0],)
+        assert len(quotes) == len(figures), f"{passage!r} quotes {len(quotes)} figures, named {len(figures)}"
+        for quoted, figure in zip(quotes, figures):
+            field, specs = figure.split(" ", 1)
+            expected = [value for spec in specs.split(" & ") for value in FIELDS[field](_group(spec, results))]
+            if not _agrees(quoted, expected):
+                wrong.append(f"{passage!r}: quoted {quoted!r} for {figure}, the cells give {expected}")
+    return wrong
+
+
+def test_hand_written_figures_are_the_cells():
+    assert _quoted_mismatches((ROOT / "docs" / "RESULTS.md").read_text()) == []
+
+
+def test_a_quoted_figure_changed_in_the_markdown_or_its_cell_fails(tmp_path):
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    row = "| `ridge@3layers` (default λ grid, decades 1e-2..1e7) | **96.13** | 1e5 × 5 | 168.0 MB | 1,902 s |"
+    assert row in text
+    rows = [r for r in QUOTED_ROWS if r[1] == "`ridge@3layers` ("]
+    prose = [p for p in QUOTED_PROSE if p[0].startswith("the ten-value default grid")]
+    assert _quoted_mismatches(text, rows=rows, prose=prose) == []
+    edited = text.replace(row, row.replace("96.13", "96.14")).replace("grid took 1,902 s", "grid took 1,900 s")
+    assert len(_quoted_mismatches(edited, rows=rows, prose=prose)) == 2
+    # The same Markdown against a cell that changed: its copy with another FAA and time.
+    for label in ("ridge@3layers", "ridge@3layers+val"):
+        cell = RESULTS_DIR / "clinc150-full/cells" / label / "beta0.5/seed0/metrics.json"
+        copy = tmp_path / cell.relative_to(RESULTS_DIR)
+        copy.parent.mkdir(parents=True)
+        copy.write_text(cell.read_text())
+    metrics = json.loads(copy.read_text())
+    copy.write_text(json.dumps(metrics | {"faa": metrics["faa"] + 0.01, "wall_seconds": metrics["wall_seconds"] + 60}))
+    rows = [r for r in QUOTED_ROWS if r[1] == "`ridge@3layers+val`"]
+    wrong = _quoted_mismatches(text, tmp_path, rows=rows, prose=prose)
+    assert [w.split(":")[0] for w in wrong] == [
+        f"{SYSTEM[0]} / `ridge@3layers+val` / FAA",
+        f"{SYSTEM[0]} / `ridge@3layers+val` / time",
+        repr(prose[0][0]),
+    ]
+
+
+def test_a_figure_agrees_only_as_rounded_where_it_stands():
+    assert _agrees("**96.13**", [96.1311]) and not _agrees("96.14", [96.1311])
+    assert _agrees("42 MB", [42.316]) and not _agrees("42.4 MB", [42.316])  # fewer decimals: rounded to those
+    assert _agrees("1,902 s", [1901.9]) and _agrees("83.67 ± 0.60", [83.6733, 0.6012])
+    assert _agrees("85.64 / **84.36** / 80.82", [85.644, 84.355, 80.8222])
+    # One figure for several cells holds for each; a range gives the least and the most.
+    assert _agrees("8.8 min", [8.78, 8.75]) and not _agrees("5.3 min", [5.29, 5.22])
+    assert _agrees("5.2–5.3 min", [5.29, 5.22]) and _agrees("13.5–14.3 min", [13.46, 14.32, 13.5])
+    assert _agrees("−0.94", [-0.9444]) and not _agrees("0.94", [-0.9444])
