@@ -268,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-report", action="store_true", help="leave the tables and plots alone (what --jobs gives its children)"
     )
+    parser.add_argument(
+        "--beside",
+        default="",
+        help="what else runs on this host meanwhile, recorded in every cell (RESULTS' cost table says which times "
+        "compare): e.g. 'alone', or 'one 1-thread lorm cell and pytest'",
+    )
     return parser
 
 
@@ -279,6 +285,7 @@ def child_argv(args: argparse.Namespace, cell: Cell) -> list[str]:
         argv += ["--set", item]
     argv += ["--method-config", args.method_config] if args.method_config else []
     argv += ["--mode", args.mode, "--timeout", str(args.timeout), "--out", args.out, "--no-report"]
+    argv += ["--beside", args.beside] if args.beside else []
     return argv + ["--methods", cell.method, "--betas", str(cell.beta), "--seeds", str(cell.seed)]
 
 
@@ -333,7 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         failed = run_children(cells, out, args.mode, args.jobs, lambda cell: child_argv(args, cell), say=say)
         cells = [cell for cell in cells if cell.name not in failed]  # not again in this process
     failed += run_grid(
-        cells, out, args.mode, args.timeout, {"command": command, "machine": machine, "code": code_version()}, say=say
+        cells,
+        out,
+        args.mode,
+        args.timeout,
+        {"command": command, "machine": machine, "code": code_version()}
+        | ({"beside": args.beside} if args.beside else {}),
+        say=say,
     )
     if args.no_report:
         return 1 if failed else 0

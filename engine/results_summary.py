@@ -239,9 +239,10 @@ def costs(sets: dict[str, list[dict]]) -> str:
         "Which times compare. A cell's time is its wall time (a resumed cell's: the engine's computing time "
         "summed over its parts); its peak memory is the most the one process held at once (resident set, "
         f"coordinator and clients together, GPU memory not counted), logged by {logged} "
-        f"of the {len(every)} cells (those run before the log began have none). No cell records what else ran "
-        "on its host meanwhile, and the sections below say many shared their host with other cells, sweeps "
-        "or test runs: every time is an upper bound of the cell's own. Two times compare only within one "
+        f"of the {len(every)} cells (those run before the log began have none). What else ran on its host "
+        f"meanwhile is recorded by {sum(1 for cell in every if cell.get('beside'))} of them (`lorm-bench --beside`); "
+        "the sections below say many others shared their host with other cells, sweeps or test runs: every "
+        "time is an upper bound of the cell's own. Two times compare only within one "
         "group of the last column (the same host and the same number of threads), and then only as upper "
         f"bounds; times of different hosts never compare{on_gpu}, nor does a resumed cell's. "
         "Peak memory is the process's own (what ran beside it adds nothing to it), so it compares across the hosts "
@@ -257,7 +258,7 @@ def costs(sets: dict[str, list[dict]]) -> str:
             lines.append(
                 f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} "
                 f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "
-                f"| not recorded | {_compares(cell, host)} |"
+                f"| {cell.get('beside') or 'not recorded'} | {_compares(cell, host)} |"
             )
     known = len(hosts(sets[main])) if main is not None else 0
     named = "Host A" if known < 2 else f"Hosts A–{chr(ord('A') + known - 1)}"

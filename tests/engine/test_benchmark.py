@@ -618,3 +618,19 @@ def test_a_cell_from_before_a_configuration_field_existed_is_the_same_configurat
     beta = argv.index("--betas") + 1
     rc, printed = bench_main(argv[:beta] + ["1.0"] + argv[beta + 1 :] + ["--methods", "joint"])
     assert rc == 0 and printed.count("same run as joint/beta0.5/seed") == 2, printed
+
+
+def test_what_ran_beside_a_cell_is_recorded_and_reaches_the_cost_table(tmp_path):
+    """``--beside``: every cell records what else ran on its host (a --jobs child too), and RESULTS' cost table
+    shows it where it would say 'not recorded'."""
+    from engine.results_summary import costs
+
+    argv = TINY + ["--methods", "lorm", "--seeds", "1", "--betas", "0.5", "--out", str(tmp_path)]
+    rc, _ = bench_main(argv + ["--beside", "one 1-thread cell"])
+    cell = json.loads((tmp_path / "cells/lorm/beta0.5/seed1/metrics.json").read_text())
+    assert rc == 0 and cell["beside"] == "one 1-thread cell"
+    child = bench.child_argv(
+        bench.build_parser().parse_args(argv + ["--beside", "x"]), bench.Cell("lorm", 0.5, 1, None)
+    )
+    assert child[child.index("--beside") + 1] == "x"
+    assert "| one 1-thread cell |" in costs({"tiny": [cell]})
