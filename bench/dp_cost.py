@@ -97,12 +97,12 @@ def main() -> None:
     torch.manual_seed(0)
     config = RunConfig(backbone=args.backbone, max_length=64, rank=1)
     model = ClassifierModel(build_backbone(config), 150, 1).train()
-    inputs = model.backbone.tokenize(texts(args.batch))
+    inputs = model.backbone.encode(texts(args.batch))
     labels = torch.arange(args.batch) % 30
     rows = [row for trained in ("lora", "dense") for row in training_rows(model, inputs, labels, trained, args.steps)]
     for p in model.parameters():
         p.requires_grad_(False)
-    modules = dict(model.lora()) | {"<head>": model.head}
+    modules: dict[str, torch.nn.Module] = {**model.lora(), "<head>": model.head}
     full = {name: name == "<head>" for name in modules}
 
     def gram_pass(clip: float | None) -> Callable[[], None]:
