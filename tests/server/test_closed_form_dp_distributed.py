@@ -158,3 +158,16 @@ def test_a_run_states_the_samplers_delta_in_its_summary():
     steps = [entry for entry in result.history if "dp" in entry]
     assert privacy["delta"] == max(entry["dp"]["delta"] for entry in steps) > DP_DELTA
     assert all(step["tv"] > 0 and step["delta"] > DP_DELTA for step in privacy["steps"])
+
+
+def test_with_a_colluder_the_clients_shares_are_sized_for_the_honest_survivors():
+    """``dp.colluders = 1`` of threshold 2: each client's share is ``V / (t - k) = V``, so the three shares in the sum
+    carry ``3 V`` (``V / t`` shares would carry 1.5 V), and the statement is what the two honest ones carry, ``2 V``."""
+    settings = DISTRIBUTED | {"dp": DP | {"mode": "distributed", "colluders": 1}}
+    noisy_head, plan, (noisy_sum, _) = secure_task(settings)
+    _, _, (plain_sum, _) = secure_task(PLAIN)
+    lo, hi = plan.class_range
+    v = noisy_head.private.skellam["class_sum"].variance
+    assert float((noisy_sum - plain_sum)[lo:hi].var()) == pytest.approx(3 * v, rel=0.35)  # 120 entries
+    report = noisy_head.step_report(plan)["dp"]
+    assert report["colluders"] == 1 and report["variance"]["class_sum"] == pytest.approx(2 * v)
