@@ -57,10 +57,14 @@ class PrivacyLedger:
         self.spent = {t: float(v) for t, v in enumerate(spent) if float(v) > 0}
 
 
+DISTRIBUTED_KEYS = ("variance", "survivors", "colluders", "tv", "delta")  # a distributed step's, in privacy.steps
+
+
 def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's guarantee for ``metrics.json``: ``{"privacy": {...}}`` with the epsilon its most spent records have
-    spent and its delta, from its history's steps that released statistics (their ``dp`` reports); ``{}`` for a
-    run that released none under a budget."""
+    spent and its delta (distributed mode: with the sampler's term of each step, whose records it alone releases),
+    from its history's steps that released statistics (their ``dp`` reports); ``{}`` for a run that released none
+    under a budget."""
     steps = [entry for entry in history if "dp" in entry]
     if not steps:
         return {}
@@ -75,7 +79,7 @@ def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
             "public": last["public"],
             "steps": [
                 {"task": entry["task"], "epsilon": entry["dp_epsilon"]}
-                | {k: entry["dp"][k] for k in ("variance", "survivors") if k in entry["dp"]}  # distributed mode
+                | {k: entry["dp"][k] for k in DISTRIBUTED_KEYS if k in entry["dp"]}  # distributed mode
                 for entry in steps
             ],
         }

@@ -231,6 +231,24 @@ class RunConfig:
                 "sum; without it the coordinator would see each client's statistics with a fraction of the noise. "
                 "Set secagg.enabled=true, or dp.mode = central"
             ]
+        if dp.colluders and not dp.distributed:
+            return [
+                f"dp.colluders={dp.colluders}: colluding clients matter only to the clients' noise shares of "
+                f"dp.mode = distributed, not to dp.mode = {dp.mode}"
+            ]
+        if dp.distributed:
+            from common.secagg.terms import threshold
+
+            try:
+                t = threshold(self.section(SecAggSettings), self.num_clients)
+            except ValueError as err:
+                return [str(err)]
+            if dp.colluders >= t:
+                return [
+                    f"dp.colluders={dp.colluders} must be below the secure aggregation threshold {t} of "
+                    f"num_clients={self.num_clients}: {dp.colluders} colluders' shares are known to the coordinator, "
+                    "and a sum of t survivors needs an honest share to carry any noise"
+                ]
         known = registry().get(self.method)
         if known is not None and known.dp_training and dp.mode != "local":
             return [

@@ -282,6 +282,12 @@ class DpSettings(Settings):
         "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled); 'local': each "
         "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted",
     )
+    colluders: int = setting(
+        0,
+        "distributed: k, the clients that may collude with the coordinator (they know their own shares and can "
+        "subtract them); each share is then V / (t - k), t the secagg threshold, so that any t survivors' honest "
+        "shares still carry V; below the threshold",
+    )
     seed: int = setting(
         -1,
         "the noise's generator: -1 the operating system's CSPRNG (os.urandom; distributed: a fresh ChaCha20 key per "
@@ -301,6 +307,7 @@ class DpSettings(Settings):
             raise ValueError(f"setting dp.sample_rate must lie in (0, 1], got {self.sample_rate}")
         if not 0 < self.gram_share < 1:
             raise ValueError(f"setting dp.gram_share must lie in (0, 1), got {self.gram_share}")
+        non_negative_int("dp.colluders", self.colluders, "0: no client colludes with the coordinator")
         if self.seed < -1:
             raise ValueError(f"setting dp.seed must be -1 (the CSPRNG) or a seed >= 0, got {self.seed}")
         if self.mode not in DP_MODES:

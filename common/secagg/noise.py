@@ -36,8 +36,11 @@ lambda|``: 2e-9 at ``lambda = 2^40``, 12 sd out, against 60-digit arithmetic; th
 lgamma(k + 1)`` loses ``eps lambda log lambda``, 3e-3 there). The uniforms' ``2^-52`` grid gives each value
 ``k`` about ``2^52 / (2.5 sqrt(lambda))`` grid points (``2e9`` at ``2^40``) and misplaces at most one per
 value, a total variation of about ``10 sqrt(lambda) 2^-52`` over the bulk (``2e-9`` at ``2^40``), and the
-accept test's uniform adds ``2^-52`` per try. Hence the cap on the mean, ``2^40``: the law is Poisson's up
-to a total variation below ``1e-8``, which the accountant may add (times ``1 + e^eps``) to ``delta``.
+accept test's uniform adds ``2^-52`` per try. :func:`poisson_tv` sums these into a bound per variate,
+:func:`skellam_tv` per entry (below ``3e-9`` at a grid variance of ``2^38``); the cap on the mean, ``2^40``, keeps
+a variate's below ``4e-9``. Over every entry of every share a sum holds, the bound ``TV`` is what the sampled
+mechanism's law may differ from the exact one's, so an ``(eps, delta)`` of the exact mechanism holds for the sampled
+one at ``(eps, delta + (1 + e^eps) TV)`` (``common/secagg/distributed_dp.py`` states it per step).
 tensorflow_privacy's ``DistributedSkellamSumQuery`` draws its shares with ``tf.random.stateless_poisson``
 seeded by the clock's microseconds (neither cryptographic nor unpredictable); this module keeps a
 cryptographic source and pays about twice numpy's time (``bench/secagg_noise.py``: ``10^6`` entries in
@@ -68,6 +71,8 @@ MAX_UNIFORMS = 2**32  # 8 bytes each: 32 GiB of the 256 GiB a ChaCha20 key (32-b
 MAX_COUNT = 2**28  # entries per call: a Skellam draws about 4.6 uniforms an entry, well within MAX_UNIFORMS
 INVERSION_BELOW = 10.0  # PTRS holds for means >= 10; below, inversion of the cumulative law
 DEFAULT_FAILURE = 2.0**-64  # the probability that a share exceeds its tail bound (then refused, not clipped)
+UNIFORM_STEP = 2.0**-52  # the uniforms' grid (KeyStream.uniforms)
+PTRS_ACCEPTANCE = 0.7  # PTRS accepts a try with at least this probability for means >= 10 (measured: 0.75 at 10)
 
 
 # ------------------------------------------------------------------------- variances and sensitivity
@@ -243,6 +248,32 @@ def skellam(variance: float, count: int, *, seed: bytes | None = None) -> np.nda
         )
     stream = KeyStream(seed=seed)
     return poisson(variance / 2, count, stream=stream) - poisson(variance / 2, count, stream=stream)
+
+
+def poisson_tv(mean: float) -> float:
+    """A bound on the total variation between :func:`poisson`'s law at ``mean`` in float64 and Poisson's.
+
+    Inversion (``mean < 10``): each of the ``top + 1`` cells of the cumulative law moves by at most ``4 (top + 1)``
+    units of ``h = 2^-52`` (the uniforms' grid, each term's and the cumulative sum's rounding), and the cut tail
+    holds ``2^-60``. PTRS: per try, the uniform ``U``'s grid misplaces at most one grid point per value over the
+    bulk (``10 sqrt(mean) h``, module docstring), the log-pmf's error ``eps |k - mean|`` moves the accept test by
+    ``sqrt(mean) h`` on average, and ``V``'s grid by ``h``; the accepted law is that over the acceptance probability
+    (at least ``PTRS_ACCEPTANCE``), so ``TV <= (11 sqrt(mean) + 1) h / 0.7 <= (16 sqrt(mean) + 2) h``. An analysis,
+    not a machine-checked proof: it bounds the known sources of the float64 error, each estimated upward."""
+    if not (math.isfinite(mean) and 0 <= mean <= MAX_MEAN):
+        raise SecAggError(f"noise: expected a Poisson mean in [0, 2^40], got {mean}")
+    if mean == 0:
+        return 0.0  # no draw: exactly zero
+    if mean < INVERSION_BELOW:
+        top = int(mean + 40 * math.sqrt(mean) + 60)
+        return 4 * (top + 1) ** 2 * UNIFORM_STEP + 2.0**-60
+    return (11 * math.sqrt(mean) + 1) * UNIFORM_STEP / PTRS_ACCEPTANCE
+
+
+def skellam_tv(variance: float) -> float:
+    """A bound on the total variation of one :func:`skellam` entry of ``variance`` (grid units) from
+    ``Sk(variance / 2, variance / 2)``'s law: its two Poissons' bounds added (independent draws)."""
+    return 2 * poisson_tv(variance / 2)
 
 
 def noise_share(

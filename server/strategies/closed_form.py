@@ -79,7 +79,7 @@ from common.privacy.gaussian import (
 from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
-from common.secagg.distributed_dp import DistributedNoise
+from common.secagg.distributed_dp import DistributedNoise, noised_entries
 from common.secagg.terms import run_encoding
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
@@ -212,11 +212,9 @@ class PrivateRelease:
         self.mu = composed_mu(self.releases)  # one step's release, composed
         self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
         self.noise = noise
-        if noise is not None:
-            gram = shapes.get(GRAM, ())
-            self.skellam = noise.releases(
-                tuple(n for n in (GRAM, CLASS_SUM) if n in shapes), gram, shapes[CLASS_SUM][-1]
-            )
+        if noise is not None:  # the noised terms as the clients mask them: their releases and draws
+            self.entries = noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM])
+            self.skellam = noise.layout_releases(self.entries)
         self.carried: dict[str, Any] = {}  # distributed: what the last step's sum carried (noise.report)
 
     def check(self, task: int) -> None:
@@ -227,9 +225,10 @@ class PrivateRelease:
         """Spend task ``task``'s budget and noise the step's sums in place: the Gram, and the rows ``classes`` of
         the class sums (the task's; the other rows hold nothing of this step). Noise drawn in a fixed order from
         ``noise_source(dp.seed, task)``. Distributed mode: the sum of ``survivors`` arrived noised; the ledger
-        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's."""
+        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's, and the
+        statement adds the sampler's term to ``delta`` (``DistributedNoise.report``)."""
         if self.noise is not None:
-            self.carried = self.noise.report(self.skellam, survivors)
+            self.carried = self.noise.report(self.skellam, survivors, self.noise.draws(self.entries, classes))
             mu = gaussian_mu(self.carried["epsilon"], self.settings.delta)
             self.ledger.spend(task, min(mu, self.mu), f"task {task}'s features step")
             return
@@ -258,11 +257,13 @@ class PrivateRelease:
         if self.noise is not None:
             mechanism = {"mode": "distributed", "mechanism": "skellam"} | self.carried
         logged: dict[str, Any] = {}
-        if self.noise is not None:  # the log line names the mode and what the sum carried
+        delta = self.settings.delta
+        if self.noise is not None:  # the log line names the mode, what the sum carried and delta with the sampler's
             logged = {"dp_mode": "distributed"} | {f"dp_variance_{k}": v for k, v in self.carried["variance"].items()}
+            delta = self.carried["delta"]
         return {
             "dp_epsilon": self.ledger.epsilon_spent(task),
-            "dp_delta": self.settings.delta,
+            "dp_delta": delta,
             **logged,
             "dp": mechanism
             | {

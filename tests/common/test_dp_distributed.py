@@ -10,9 +10,17 @@ import pytest
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
-from common.secagg.distributed_dp import GRAM_TERM, SUM_TERM, DistributedNoise, epsilon, releases_of
-from common.secagg.noise import MAX_MEAN
-from common.secagg.primitives import FixedPoint
+from common.secagg.distributed_dp import (
+    GRAM_TERM,
+    GRID_CAP,
+    HEADROOM,
+    SUM_TERM,
+    DistributedNoise,
+    epsilon,
+    releases_of,
+)
+from common.secagg.noise import MAX_MEAN, skellam_tv
+from common.secagg.primitives import FixedPoint, SecAggError
 from common.secagg.terms import fixed_point, run_encoding
 
 DP = DpSettings(epsilon=1.0, clip=2.0, seed=7, mode="distributed")
@@ -49,8 +57,9 @@ def test_a_sum_of_the_threshold_meets_the_budget_tightly_and_carries_at_least_th
     for name, release in releases.items():
         assert release.variance >= gaussian[name].sigma ** 2
     assert epsilon(releases, noise.fp, dp.delta) == pytest.approx(eps, rel=1e-4)  # at t survivors: the budget
-    assert noise.report(releases, 3)["epsilon"] <= eps * (1 + 1e-9)
-    more = noise.report(releases, 5)
+    draws = noise.draws(ENTRIES, (0, C))
+    assert noise.report(releases, 3, draws)["epsilon"] <= eps * (1 + 1e-9)
+    more = noise.report(releases, 5, draws)
     assert more["epsilon"] < eps and more["variance"]["gram"] == pytest.approx(5 / 3 * releases["gram"].variance)
 
 
@@ -103,3 +112,101 @@ def test_a_term_no_release_covers_is_refused():
     noise = DistributedNoise(DP, SECAGG, 3, 2)
     with pytest.raises(Exception, match="no noise is calibrated for the terms"):
         noise.share(ENTRIES + (("sums/plain/holdout_class_sum", (C, WIDTH)),), (0, 1), b"ctx", 0)
+
+
+# ------------------------------------------------------------------------- colluders (dp.colluders)
+
+
+def test_the_honest_shares_of_t_survivors_carry_v_when_k_colluders_take_theirs_out():
+    """The attack: ``t`` survivors of whom ``k`` collude with the coordinator and subtract their own shares. What is
+    left, the ``t - k`` honest shares, must still carry ``V`` on every entry: shares of ``V / (t - k)`` do (the
+    estimate's sd is ``sqrt(2 / m)`` = 1%), shares of ``V / t`` would leave ``(t - k) / t = 1/2`` of it."""
+    n, t, k = 5, 4, 2
+    dp = DpSettings(epsilon=1.0, clip=2.0, seed=7, mode="distributed", colluders=k)
+    noise = DistributedNoise(dp, SECAGG, n, t)
+    entries = ((SUM_TERM, (40, 500)),)  # 20,000 noised entries
+    shares = [noise.share(entries, (0, 40), b"ctx", i) for i in range(t)]  # clients 0 .. t-1 survive
+    honest = sum(shares[k:]).astype(np.float64)  # clients 0 .. k-1 collude: their shares are known, taken out
+    v = noise.layout_releases(entries)["class_sum"].variance * 4.0**noise.fp.frac_bits  # V in grid units
+    ratio = float(honest.var()) / v
+    assert ratio >= 0.95 and (t - k) / t < 0.95 / 1.5  # V / t shares fall below the bound by far
+    assert ratio <= 1.05  # and the honest shares are not oversized either
+
+
+def test_the_statement_is_the_honest_survivors_variance_and_its_epsilon():
+    """``(|S| - k) V / (t - k)``: at ``t`` survivors exactly ``V`` and the whole budget (a statement of ``|S| V /
+    (t - k)``, the colluders' shares counted, would claim a smaller epsilon); with every client ``(n - k) / (t - k)``
+    times ``V``."""
+    n, t, k = 5, 3, 1
+    dp = DpSettings(epsilon=1.0, clip=2.0, mode="distributed", colluders=k)
+    noise = DistributedNoise(dp, SECAGG, n, t)
+    releases = noise.layout_releases(ENTRIES)
+    draws = noise.draws(ENTRIES, (0, C))
+    at_t = noise.report(releases, t, draws)
+    assert at_t["variance"] == {name: r.variance for name, r in releases.items()}
+    assert at_t["epsilon"] == pytest.approx(1.0, rel=1e-4) and at_t["colluders"] == k
+    everyone = noise.report(releases, n, draws)
+    assert everyone["variance"]["gram"] == pytest.approx((n - k) / (t - k) * releases["gram"].variance)
+    assert everyone["epsilon"] == pytest.approx(epsilon(releases, noise.fp, dp.delta, (n - k) / (t - k)))
+
+
+def test_the_grid_leaves_headroom_for_the_larger_shares_of_colluders():
+    """``f`` is the most bits at which ``HEADROOM x sigma^2 / (t - k)`` fits the sampler's ``GRID_CAP``: with ``k``
+    ignored, ``k = 7`` of ``t = 8`` would put shares 8 times the size on the grid chosen for ``V / t``."""
+    largest = max(r.sigma**2 for r in calibrate(DP, ("gram", "class_sum")).values())
+    bits = []
+    for k in range(8):
+        noise = DistributedNoise(DpSettings(epsilon=1.0, clip=2.0, mode="distributed", colluders=k), SECAGG, 9, 8)
+        fits = HEADROOM * largest / (8 - k) * 4.0**noise.fp.frac_bits
+        assert GRID_CAP / 4 < fits <= GRID_CAP  # the most bits that fit
+        assert noise.fp.bound == SECAGG.bound + noise.share_tail * 2.0**-noise.fp.frac_bits
+        assert noise.share(ENTRIES, (0, C), b"ctx", 0).any()  # drawn within the sampler's cap
+        bits.append(noise.fp.frac_bits)
+    assert bits[0] > bits[-1]
+
+
+def test_colluders_at_or_above_the_threshold_are_refused_by_name():
+    """The run's threshold resolved as the run resolves it (``secagg.threshold``, or the mode's majority)."""
+    secure = {"secagg": {"enabled": True}}
+    dp = {"epsilon": 1.0, "mode": "distributed"}
+    with pytest.raises(ValueError, match=r"dp.colluders=2 must be below the secure aggregation threshold 2"):
+        RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 2}})
+    RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 1}})
+    all_three = {"secagg": {"enabled": True, "threshold": 3}}
+    RunConfig(method="ridge", num_clients=3, settings=all_three | {"dp": dp | {"colluders": 2}})
+    signed = {"secagg": {"enabled": True, "mode": "signed"}}  # 5 clients: the signed mode's threshold is 4, not 3
+    RunConfig(method="ridge", num_clients=5, settings=signed | {"dp": dp | {"colluders": 3}})
+    with pytest.raises(ValueError, match=r"dp.colluders=3 must be below the secure aggregation threshold 3"):
+        RunConfig(method="ridge", num_clients=5, settings=secure | {"dp": dp | {"colluders": 3}})
+    with pytest.raises(ValueError, match="dp.colluders=1: colluding clients matter only"):
+        RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": {"epsilon": 1.0, "colluders": 1}})
+    with pytest.raises(ValueError, match="setting dp.colluders must be a non-negative integer"):
+        DpSettings(epsilon=1.0, mode="distributed", colluders=-1)
+    with pytest.raises(SecAggError, match=r"dp.colluders=2 must lie in \[0, 2\)"):
+        DistributedNoise(DpSettings(epsilon=1.0, mode="distributed", colluders=2), SECAGG, 3, 2)
+
+
+# ------------------------------------------------------------------------- the sampler's term in delta
+
+
+def test_the_sampler_term_covers_every_entry_of_every_share_and_enters_delta():
+    """``tv`` = survivors x (every noised entry's ``skellam_tv`` at its share's grid variance), counted here entry by
+    entry from the layout: the task's class-sum rows at ``V_S / t``, the Gram's diagonal at ``V_G / t``, off it at
+    half that, nothing on the public terms. One share's, or the Gram's alone, would fail it; ``delta`` adds it
+    times ``1 + e^epsilon`` to the accountant's."""
+    noise = DistributedNoise(DP, SECAGG, 5, 3)
+    releases = noise.layout_releases(ENTRIES)
+    grid = 4.0**noise.fp.frac_bits / 3
+    v_s, v_g = releases["class_sum"].variance * grid, releases["gram"].variance * grid
+    rows = (1, 3)
+    per_entry = [v_g if r == c else v_g / 2 for r, c in zip(*np.tril_indices(D), strict=True)]
+    per_entry += [v_s] * ((rows[1] - rows[0]) * WIDTH)
+    one_share = sum(skellam_tv(v) for v in per_entry)
+    nonzero = np.count_nonzero(noise.share(ENTRIES, rows, b"ctx", 0))
+    assert nonzero == len(per_entry)  # the entries the share noises are those counted
+    for survivors in (3, 4, 5):
+        report = noise.report(releases, survivors, noise.draws(ENTRIES, rows))
+        assert report["tv"] == pytest.approx(survivors * one_share, rel=1e-12)
+        assert report["delta"] == pytest.approx(DP.delta + (1 + math.exp(report["epsilon"])) * report["tv"], rel=1e-12)
+        assert report["delta_accountant"] == DP.delta and report["delta"] > DP.delta
+    assert one_share > 1e-8  # 50 entries of about 3e-9 each: a term delta = 1e-5 must see at a head's width

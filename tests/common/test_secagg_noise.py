@@ -340,3 +340,15 @@ def test_skellam_rdp_tends_to_the_gaussian_mechanisms():
         skellam_rdp(1, l1, l2, 1.0)
     with pytest.raises(SecAggError, match="integer order > 1"):
         skellam_rdp(2.5, l1, l2, 1.0)
+
+
+def test_the_samplers_total_variation_bound_per_entry():
+    """A Skellam entry's bound is its two Poissons'; PTRS's grows as ``sqrt(mean)`` (its grid terms) and stays
+    below ``4e-9`` per variate at the cap, about ``1e-9`` a Poisson at a distributed-DP share's grid (``2^37``)."""
+    assert noise.poisson_tv(0.0) == 0.0 and noise.skellam_tv(0.0) == 0.0
+    assert noise.skellam_tv(2.0**38) == 2 * noise.poisson_tv(2.0**37)
+    assert 1e-9 < noise.poisson_tv(2.0**37) < 2e-9 and noise.poisson_tv(noise.MAX_MEAN) < 4e-9
+    assert noise.poisson_tv(4e4) / noise.poisson_tv(1e4) == pytest.approx(2, rel=1e-3)
+    assert noise.poisson_tv(5.0) < 1e-10  # inversion: its cells' rounding only
+    with pytest.raises(SecAggError, match="Poisson mean"):
+        noise.poisson_tv(2 * noise.MAX_MEAN)

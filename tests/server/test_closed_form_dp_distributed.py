@@ -13,6 +13,7 @@ from common.merges.regmean import gram_factor
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.noise import skellam_tv
 from common.wire.messages import ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.secure import secure_step
@@ -23,6 +24,7 @@ from unit_helpers import plan_update
 WIDE = ModelSpec(layers={}, feature_dim=40, num_classes=6)
 DP = {"epsilon": 1.0, "seed": 11, "clip": 2.0}
 DISTRIBUTED = {"dp": DP | {"mode": "distributed"}, "secagg": {"enabled": True}}
+DP_DELTA = DpSettings().delta
 PLAIN = {"ridge": {"fixed_lambda": 1.0, "holdout": 0}, "secagg": {"enabled": True}}  # what a private step sends
 
 
@@ -126,3 +128,46 @@ def test_the_heads_variants_take_their_shares_on_their_own_shapes(variant):
     assert bool(torch.isfinite(result.head_weight).all())
     steps = result.summary()["privacy"]["steps"]
     assert len(steps) == 2 and all(0 < step["epsilon"] <= 1.0 for step in steps)
+
+
+@pytest.mark.parametrize("drop", [(), (2,)])
+def test_the_steps_delta_counts_the_samplers_term_over_every_share_the_sum_holds(drop):
+    """The history's ``dp`` entry: ``tv`` over each survivor's share of the step's noised entries (the task's 20
+    class-sum rows of 40, the Gram's 40 diagonal and 780 other entries), counted here from the shapes, and the
+    statement's ``delta`` (flat ``dp_delta``, the log's and metrics.json's) the accountant's plus ``(1 + e^eps)`` of
+    it. One share's term, or the Gram's alone, fails it."""
+    head, plan, _ = secure_task(DISTRIBUTED, drop)
+    entry = head.step_report(plan)
+    report = entry["dp"]
+    survivors = 3 - len(drop)
+    lo, hi = plan.class_range
+    grid = 4.0 ** report["frac_bits"] / 2  # a share's: over t = 2, on the grid
+    releases = head.private.skellam
+    v_s, v_g = releases["class_sum"].variance * grid, releases["gram"].variance * grid
+    one_share = (hi - lo) * 40 * skellam_tv(v_s) + 40 * skellam_tv(v_g) + 780 * skellam_tv(v_g / 2)
+    assert report["tv"] == pytest.approx(survivors * one_share, rel=1e-12)
+    delta = DP_DELTA + (1 + math.exp(report["epsilon"])) * report["tv"]
+    assert report["delta"] == pytest.approx(delta, rel=1e-12) and entry["dp_delta"] == report["delta"]
+    assert report["delta_accountant"] == DP_DELTA < report["delta"]
+    assert report["colluders"] == 0
+
+
+def test_a_run_states_the_samplers_delta_in_its_summary():
+    result = run_inprocess(tiny("ridge", settings=DISTRIBUTED))
+    privacy = result.summary()["privacy"]
+    steps = [entry for entry in result.history if "dp" in entry]
+    assert privacy["delta"] == max(entry["dp"]["delta"] for entry in steps) > DP_DELTA
+    assert all(step["tv"] > 0 and step["delta"] > DP_DELTA for step in privacy["steps"])
+
+
+def test_with_a_colluder_the_clients_shares_are_sized_for_the_honest_survivors():
+    """``dp.colluders = 1`` of threshold 2: each client's share is ``V / (t - k) = V``, so the three shares in the sum
+    carry ``3 V`` (``V / t`` shares would carry 1.5 V), and the statement is what the two honest ones carry, ``2 V``."""
+    settings = DISTRIBUTED | {"dp": DP | {"mode": "distributed", "colluders": 1}}
+    noisy_head, plan, (noisy_sum, _) = secure_task(settings)
+    _, _, (plain_sum, _) = secure_task(PLAIN)
+    lo, hi = plan.class_range
+    v = noisy_head.private.skellam["class_sum"].variance
+    assert float((noisy_sum - plain_sum)[lo:hi].var()) == pytest.approx(3 * v, rel=0.35)  # 120 entries
+    report = noisy_head.step_report(plan)["dp"]
+    assert report["colluders"] == 1 and report["variance"]["class_sum"] == pytest.approx(2 * v)
