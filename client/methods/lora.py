@@ -95,14 +95,15 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
 
 def noise_grams(client: Client, plan: RoundPlan, grams: dict[str, Tensor]) -> None:
     """One Gram release under the run's budget (``common/privacy/training.py``), in place: the ``M`` Grams, each
-    sample's energy clipped to ``c = dp.gram_clip`` in each, move by at most ``sqrt(M) c`` together, so every entry
-    gets ``N(0, (z_G sqrt(M) c)^2)`` (symmetric on a full Gram). Then post-processing that reads no data: a diagonal
-    clamped at 0, a full Gram plus ``lambda I`` at ``dp.lambda_scale`` times its noise's spectral norm, so that the
-    merges' solves stay positive definite."""
+    sample's energy clipped to ``c = dp.gram_clip`` in each of the ``P = gram_passes`` passes over the shard (each
+    with its own augmentation), move by at most ``P sqrt(M) c`` together, so every entry gets ``N(0, (z_G P sqrt(M)
+    c)^2)`` (symmetric on a full Gram). Then post-processing that reads no data: a diagonal clamped at 0, a full Gram
+    plus ``lambda I`` at ``dp.lambda_scale`` times its noise's spectral norm, so that the merges' solves stay
+    positive definite."""
     config = client.config
     dp = config.section(DpSettings)
     noise = training_noise(dp, config.local_epochs, config.rounds_per_task, True)
-    sigma = noise.gram_multiplier * math.sqrt(len(grams)) * dp.gram_clip
+    sigma = noise.gram_multiplier * config.gram_passes * math.sqrt(len(grams)) * dp.gram_clip
     source = gradient_noise(dp.seed, client.index, plan.task, plan.round, kind=f"gram/{plan.phase.value}")
     for name in sorted(grams):  # a fixed order of draws
         gram = grams[name]

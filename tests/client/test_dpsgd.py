@@ -141,3 +141,33 @@ def test_the_gram_energy_clip_bounds_what_one_sample_moves():
     roomy = 1e12  # no sample reaches it: the Grams as without a clip
     for key, gram in grams(slice(0, 5), roomy).items():
         torch.testing.assert_close(gram, grams(slice(0, 5), None)[key])
+
+
+def test_the_gram_noise_covers_every_pass_over_the_shard():
+    """With gram_passes = P a sample is recorded P times (each with its own augmentation): its Grams move by P times
+    the clip, and the noise (and the lambda added to a full Gram) is P times as large, from the same draws."""
+    from types import SimpleNamespace
+
+    from client.methods.lora import noise_grams
+    from common.wire.messages import GramKind, LoraStep, Phase, RoundPlan
+
+    plan = RoundPlan(
+        run_id="r",
+        phase=Phase.TRAIN,
+        task=0,
+        round=0,
+        class_range=(0, 2),
+        seen_classes=2,
+        instruction=LoraStep(gram=GramKind.FULL),
+        tensors={},
+        seed=1,
+    )
+    noised = []
+    for passes in (1, 2):
+        config = RunConfig(gram_passes=passes, settings={"dp": {"epsilon": 8.0, "mode": "local", "seed": 4}})
+        grams = {"a": torch.zeros(3, 3, dtype=torch.float64), "b": torch.zeros(3, 3, dtype=torch.float64)}
+        noise_grams(SimpleNamespace(config=config, index=0), plan, grams)
+        noised.append(grams)
+    for name in ("a", "b"):
+        assert float(noised[0][name].abs().max()) > 0
+        torch.testing.assert_close(noised[1][name], 2 * noised[0][name], rtol=1e-12, atol=0.0)
