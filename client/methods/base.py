@@ -220,9 +220,10 @@ class ClientMethod:
     ) -> float:
         """DP-SGD (``client/dpsgd.py``): the round's ``steps`` Poisson batches of the shard, each sample's gradient of
         ``params`` clipped to ``dp.clip``, Gaussian noise of the calibrated multiplier on the sum, divided by the
-        expected batch; returns the mean loss of the round's samples. The head's rows of other tasks' classes get no
-        gradient from any sample (ACE), so no noise either: they stay as received. A client with no record of the
-        task trains nothing (it has nothing to protect, and sends what it received)."""
+        expected batch. Returns NaN, not the round's mean loss: that is a statistic of the records that no noise
+        covers, so a private client does not release it (the step's history has no loss). The head's rows of other
+        tasks' classes get no gradient from any sample (ACE), so no noise either: they stay as received. A client
+        with no record of the task trains nothing (it has nothing to protect, and sends what it received)."""
         cfg, model = client.config, client.model
         dp = cfg.section(DpSettings)
         if not shard.numel():
@@ -235,7 +236,6 @@ class ClientMethod:
         source = gradient_noise(dp.seed, client.index, plan.task, plan.round)
         expected = expected_batch(shard.numel(), noise)
         sigma = noise.noise_multiplier * dp.clip
-        loss_sum, seen = 0.0, 0
         batches = poisson_batches(shard.numel(), noise, generator)
         for done, positions in enumerate(batches, start=1):
             losses = torch.zeros(0)
@@ -250,11 +250,9 @@ class ClientMethod:
                 p.grad[:lo] = 0.0
                 p.grad[hi:] = 0.0
             optimizer.step()
-            loss_sum += float(losses.detach().sum())
-            seen += positions.numel()
             if client.on_batch is not None:
                 client.on_batch(done, len(batches))
-        return loss_sum / seen if seen else float("nan")
+        return float("nan")
 
     @staticmethod
     def freeze(client: Client) -> None:

@@ -38,6 +38,7 @@ def test_a_private_run_states_each_steps_epsilon_and_spends_the_budget_by_each_t
     released = [h for h in metrics["history"] if "dp" in h]
     per_task = 3 if method == "lorm" else 2
     assert len(released) == per_task * config.num_tasks
+    assert all(h["loss"] is None for h in released)  # a private client releases no training loss
     for task in range(config.num_tasks):
         spent = [h["dp_epsilon"] for h in released if h["task"] == task]
         assert spent == sorted(spent) and spent[0] < spent[-1]
