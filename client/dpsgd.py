@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.persample import PerSampleGradients, linear_rows, tokens
+from client.persample import PerSampleGradients, layer_rule, linear_rows, tokens
 from common.adapters.lora import LoRALinear
 from common.privacy.gaussian import NoiseSource, SecureNoise, SeededNoise
 from common.privacy.training import TrainingNoise
@@ -100,14 +100,8 @@ def norms_of(module: nn.Module) -> Norms | None:
     """The rule that adds ``module``'s per-sample squared gradient norms, or ``None`` for a layer it does not cover."""
     if isinstance(module, LoRALinear):
         return _lora_norms
-    if isinstance(module, nn.Linear):
-        return _linear_norms
-    if isinstance(module, nn.LayerNorm):
-        return _layer_norm_norms
-    if isinstance(module, nn.Embedding):
-        plain = module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
-        return _embedding_norms if plain else None
-    return None
+    rule: Norms | None = layer_rule(module, _linear_norms, _layer_norm_norms, _embedding_norms)
+    return rule
 
 
 def gradient_noise(seed: int, client: int, task: int, round_: int, kind: str = "sgd") -> NoiseSource:

@@ -184,14 +184,21 @@ def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, i
     into[own["weight"]].index_add_(0, keys % rows, per_sample.square_())
 
 
-def squares_of(module: nn.Module) -> Squares | None:
-    """The rule that adds ``module``'s per-sample squares, or ``None`` for a layer it does not cover (an
-    embedding whose gradient PyTorch rescales, renormalises or makes sparse among them)."""
+def layer_rule(module: nn.Module, linear: Any, layer_norm: Any, embedding: Any) -> Any:
+    """The one of ``linear``, ``layer_norm``, ``embedding`` for ``module``'s kind of layer, or ``None`` for a layer
+    the per-sample rebuild does not cover (an embedding whose gradient PyTorch rescales, renormalises or makes
+    sparse among them)."""
     if isinstance(module, nn.Linear):
-        return _linear
+        return linear
     if isinstance(module, nn.LayerNorm):
-        return _layer_norm
+        return layer_norm
     if isinstance(module, nn.Embedding):
         plain = module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
-        return _embedding if plain else None
+        return embedding if plain else None
     return None
+
+
+def squares_of(module: nn.Module) -> Squares | None:
+    """The rule that adds ``module``'s per-sample squares, or ``None`` for a layer it does not cover."""
+    rule: Squares | None = layer_rule(module, _linear, _layer_norm, _embedding)
+    return rule

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_persample import TEXTS
 from torch import nn
 
 from client.backbones import ClassifierModel, build_backbone
@@ -17,13 +18,6 @@ from common.run.config import RunConfig
 
 from tolerance import rel_tolerance
 
-TEXTS = [
-    "what is the weather like in paris today",
-    "hi",
-    "book a table for two at eight tonight please at the place on main street",
-    "transfer money",
-    "how do i say thank you in french",
-]
 LABELS = torch.tensor([0, 3, 5, 1, 3])
 
 
