@@ -1,0 +1,111 @@
+"""The lorm-bench commands of the full-data cells issue 45 still lacks, written from the committed cells.
+
+The comparison wants every method (every label with a committed cell in ``docs/results/clinc150-full/cells``) at
+β 1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing
+cell's command is its label's committed command (its preset, method config and ``--set`` values, ``threads``
+aside), for that β and those seeds, into ``--out``; a GPU host runs them ``--jobs`` at a time (``lorm-bench
+--jobs``: one process a cell). Frozen heads (``ncm``, ``ridge*``) give the same figure at every β: lorm-bench reuses
+one β's cell for the others at no cost. Printed, not run: copy the cells into the committed folder when they finish,
+then ``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so lorm-bench skips
+them and runs only what is missing.
+
+    .venv/bin/python bench/missing_cells.py [--out runs/gpu45] [--jobs 8] [--labels lorm,ccvr]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.benchmark_report import load_cells  # noqa: E402
+from engine.results_summary import BETAS, FULL, by_method  # noqa: E402
+
+HEADLINE = (
+    "lorm",
+    "ccvr",
+    "pilora",
+    "fisheravg",
+    "fedavg",
+    "ridge@3layers",
+    "ridge@mpnet-6layers+valx4avg",
+    "lorm-ridge-first@4layers+valx4avg",
+)
+SEEDS: tuple[int, ...] = (0, 1, 2)
+METHOD_CONFIG = "bench/clinc150_methods.json"
+KEPT = ("--preset", "--method-config", "--set", "--mode")  # what a label's committed command carries over
+
+
+def missing(cells: list[dict], labels: list[str] | None = None) -> dict[str, dict[float, list[int]]]:
+    """Label -> β -> the seeds the comparison wants and no committed cell has."""
+    rows = by_method(cells)
+    out: dict[str, dict[float, list[int]]] = {}
+    for label, row in rows.items():
+        if labels and label not in labels:
+            continue
+        wanted = SEEDS if label in HEADLINE else (0,)
+        for beta in BETAS:
+            have = {int(cell["seed"]) for cell in row.get(beta, [])}
+            seeds = [s for s in wanted if s not in have]
+            if seeds:
+                out.setdefault(label, {})[beta] = seeds
+    return out
+
+
+def carried(command: str) -> list[str]:
+    """The options of a committed cell's command that every cell of its label shares: the preset, the method
+    config (the grid's, where the command named none: a label's β-specific values live there), the mode and each
+    ``--set`` but ``threads``."""
+    words, kept = shlex.split(command), []
+    if "--method-config" not in words:
+        kept += ["--method-config", METHOD_CONFIG]
+    for i, word in enumerate(words):
+        if word in KEPT and i + 1 < len(words):
+            value = words[i + 1]
+            if word == "--set" and value.startswith("threads="):
+                continue
+            kept += [word, value]
+    return kept
+
+
+def commands(cells: list[dict], out: str, jobs: int, labels: list[str] | None = None) -> list[str]:
+    """The shell lines that run every missing cell: the committed cells copied into ``out`` first (lorm-bench skips
+    a finished cell), then one lorm-bench per group of labels that share their options and seeds, over every β."""
+    rows = by_method(cells)
+    groups: dict[tuple[tuple[str, ...], tuple[int, ...]], list[str]] = {}
+    for label in missing(cells, labels):
+        example = next(cell for group in rows[label].values() for cell in group)
+        seeds: tuple[int, ...] = SEEDS if label in HEADLINE else (0,)
+        groups.setdefault((tuple(carried(example["command"])), seeds), []).append(label)
+    committed = shlex.quote(str(FULL.relative_to(ROOT) / "cells"))
+    lines = [f"mkdir -p {shlex.quote(out)} && cp -rn {committed} {shlex.quote(out)}/"]
+    for (base, seeds), members in groups.items():
+        argv = [".venv/bin/lorm-bench", *base, "--methods", ",".join(members), "--betas", ",".join(map(str, BETAS))]
+        argv += ["--seeds", ",".join(map(str, seeds)), "--out", out, "--jobs", str(jobs), "--set", "threads=1"]
+        lines.append(shlex.join(argv))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", default="runs/gpu45", help="where the cells go (then copy them into the committed folder)"
+    )
+    parser.add_argument("--jobs", type=int, default=8, help="cells at a time on the host")
+    parser.add_argument("--labels", default="", help="only these labels (comma-separated)")
+    args = parser.parse_args(argv)
+    cells = load_cells(FULL)
+    labels = [x for x in args.labels.split(",") if x] or None
+    gaps = missing(cells, labels)
+    count = sum(len(seeds) for betas in gaps.values() for seeds in betas.values())
+    print(f"# {count} cells missing over {len(gaps)} labels (LORM_DATA_DIR must name the datasets)")
+    print("\n".join(commands(cells, args.out, args.jobs, labels)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

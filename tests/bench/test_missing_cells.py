@@ -1,0 +1,71 @@
+"""bench/missing_cells.py: the cells issue 45 still lacks, and lorm-bench commands that run exactly them."""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+from engine.benchmark import build_parser
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def planner():
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module("missing_cells")
+
+
+def cell(label: str, beta: float, seed: int, command: str = "") -> dict:
+    return {
+        "method": label,
+        "beta": beta,
+        "seed": seed,
+        "command": command or f"lorm-bench --preset cpu-clinc150-full --methods {label} --set threads=2",
+    }
+
+
+def test_headline_rows_want_three_seeds_at_every_beta_the_others_one():
+    mc = planner()
+    cells = [
+        cell("ccvr", 0.5, 0),
+        *(cell("ncm", b, 0) for b in (1.0, 0.5, 0.2)),
+        *(cell("lorm", 0.5, s) for s in range(3)),
+    ]
+    cells.append(cell("lwf", 0.5, 0))
+    assert mc.missing(cells) == {
+        "ccvr": {1.0: [0, 1, 2], 0.5: [1, 2], 0.2: [0, 1, 2]},
+        "lwf": {1.0: [0], 0.2: [0]},
+        "lorm": {1.0: [0, 1, 2], 0.2: [0, 1, 2]},
+    }
+
+
+def test_the_commands_run_what_is_missing_with_each_labels_own_options():
+    """Each command parses as lorm-bench's, carries its label's --set values but threads, and its cross product of
+    methods, betas and seeds, less the committed cells copied into --out first, is exactly the missing cells."""
+    mc = planner()
+    fisher = "lorm-bench --preset cpu-clinc150-full --methods fisheravg --set fisher_batch=16 --set threads=1"
+    cells = [cell("ccvr", 0.5, 0), cell("lwf", 0.5, 0), cell("fisheravg", 0.5, 0, fisher), cell("ncm", 0.5, 0)]
+    lines = mc.commands(cells, "runs/x", 4)
+    assert lines[0].startswith("mkdir -p runs/x && cp -rn docs/results/clinc150-full/cells runs/x/")
+    planned = set()
+    for line in lines[1:]:
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        assert args.jobs == 4 and args.out == "runs/x" and args.method_config == mc.METHOD_CONFIG
+        assert args.set.count("threads=1") == 1 and "threads=2" not in args.set
+        methods = ",".join(args.methods).split(",")
+        assert ("fisher_batch=16" in args.set) == (methods == ["fisheravg"])
+        betas = [float(b) for b in ",".join(args.betas).split(",")]
+        seeds = [int(s) for s in ",".join(args.seeds).split(",")]
+        planned |= {(m, b, s) for m in methods for b in betas for s in seeds}
+    committed = {(c["method"], float(c["beta"]), int(c["seed"])) for c in cells}
+    wanted = {(m, b, s) for m, betas in mc.missing(cells).items() for b, seeds in betas.items() for s in seeds}
+    assert planned - committed == wanted and ("ncm", 1.0, 0) in wanted
+
+
+def test_the_committed_table_lacks_the_competitors_other_betas():
+    mc = planner()
+    gaps = mc.missing(mc.load_cells(mc.FULL))
+    assert gaps["ccvr"][1.0] == [0, 1, 2] and gaps["pilora"][0.2] == [0, 1, 2]
