@@ -16,6 +16,7 @@ the batched rebuild was already tested against the per-sample loop on every para
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -113,12 +114,32 @@ def gradient_noise(seed: int, client: int, task: int, round_: int, kind: str = "
     return SeededNoise(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def poisson_batches(size: int, noise: TrainingNoise, generator: torch.Generator) -> list[Tensor]:
-    """``noise.steps`` batches of positions ``0 .. size - 1``, each position in each batch with probability ``q``
-    (some may be empty: their step still adds the noise)."""
-    return [
-        torch.nonzero(torch.rand(size, generator=generator) < noise.sample_rate).flatten() for _ in range(noise.steps)
-    ]
+SAMPLE_BITS = 53  # a record joins a batch when a uniform 53-bit integer falls below q 2^53 (q: a multiple of 2^-53)
+
+
+def sampling_bits(seed: int, client: int, task: int, round_: int) -> Callable[[int], Tensor]:
+    """Uniform ``SAMPLE_BITS``-bit integers for the Poisson batches of one client's round: from the operating
+    system's CSPRNG (``seed < 0``), since subsampling amplifies privacy only while nobody else can know which records
+    a batch holds (the step's public seed must not choose them); ``seed >= 0`` a generator seeded by all four, for
+    tests and benchmarks only."""
+    if seed < 0:
+
+        def secure(count: int) -> Tensor:
+            raw = torch.frombuffer(bytearray(os.urandom(8 * count)), dtype=torch.int64) if count else torch.zeros(0)
+            return (raw.to(torch.int64) >> (64 - SAMPLE_BITS)) & ((1 << SAMPLE_BITS) - 1)
+
+        return secure
+    digest = hashlib.sha256(f"dp-batches/{seed}/{client}/{task}/{round_}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return lambda count: torch.randint(0, 1 << SAMPLE_BITS, (count,), generator=generator, dtype=torch.int64)
+
+
+def poisson_batches(size: int, noise: TrainingNoise, bits: Callable[[int], Tensor]) -> list[Tensor]:
+    """``noise.steps`` batches of positions ``0 .. size - 1``, each position in each batch with probability exactly
+    ``noise.sample_rate`` (a multiple of 2^-53: ``common/privacy/training.py``), independently; some may be empty (their
+    step still adds the noise)."""
+    below = round(noise.sample_rate * (1 << SAMPLE_BITS))
+    return [torch.nonzero(bits(size) < below).flatten() for _ in range(noise.steps)]
 
 
 def private_step(

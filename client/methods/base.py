@@ -22,7 +22,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client.backbones import ClassifierModel
-from client.dpsgd import PerSampleNorms, expected_batch, gradient_noise, poisson_batches, private_step
+from client.dpsgd import (
+    PerSampleNorms,
+    expected_batch,
+    gradient_noise,
+    poisson_batches,
+    private_step,
+    sampling_bits,
+)
 from common.privacy.training import training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
@@ -236,7 +243,7 @@ class ClientMethod:
         source = gradient_noise(dp.seed, client.index, plan.task, plan.round)
         expected = expected_batch(shard.numel(), noise)
         sigma = noise.noise_multiplier * dp.clip
-        batches = poisson_batches(shard.numel(), noise, generator)
+        batches = poisson_batches(shard.numel(), noise, sampling_bits(dp.seed, client.index, plan.task, plan.round))
         for done, positions in enumerate(batches, start=1):
             losses = torch.zeros(0)
             if positions.numel():

@@ -104,7 +104,9 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
     ``ValueError`` when the Grams' share alone leaves nothing for training."""
     import dp_accounting
 
-    q = settings.sample_rate
+    q = (
+        math.ceil(settings.sample_rate * 2**53) / 2**53
+    )  # what the sampler draws exactly (client/dpsgd.py), >= the setting
     steps = math.ceil(epochs / q)
     releases = rounds + 1 if grams else 0
     z_gram = math.sqrt(releases) / (math.sqrt(settings.gram_share) * gaussian_mu(settings.epsilon, settings.delta))

@@ -165,3 +165,24 @@ def test_the_gram_noise_covers_every_pass_over_the_shard():
     for name in ("a", "b"):
         assert float(noised[0][name].abs().max()) > 0
         torch.testing.assert_close(noised[1][name], 2 * noised[0][name], rtol=1e-12, atol=0.0)
+
+
+def test_the_batches_are_secret_and_each_record_joins_with_probability_q():
+    """Subsampling amplifies privacy only if nobody can know which records a batch holds: without dp.seed the batches
+    come from the OS's CSPRNG (two draws of the same round differ), never from the step's public seed; with one they
+    are reproducible (tests, benchmarks). Each record joins each batch with probability q: over 400 steps of 500
+    records the count lies within 5 standard deviations of q n steps (q 2x off fails by far)."""
+    from client.dpsgd import poisson_batches, sampling_bits
+    from common.privacy.training import training_noise
+    from common.run.settings import DpSettings
+
+    noise = training_noise(DpSettings(epsilon=8.0, mode="local", sample_rate=0.1), 40, 1, False)
+    assert noise.steps == 400
+    secret = [poisson_batches(500, noise, sampling_bits(-1, 0, 0, 0)) for _ in range(2)]
+    assert any(not torch.equal(a, b) for a, b in zip(*secret))
+    seeded = [poisson_batches(500, noise, sampling_bits(7, 0, 0, 0)) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*seeded))
+    for batches in (secret[0], seeded[0]):
+        joined = sum(b.numel() for b in batches)
+        mean, sd = 0.1 * 500 * 400, math.sqrt(0.1 * 0.9 * 500 * 400)
+        assert abs(joined - mean) < 5 * sd
