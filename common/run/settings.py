@@ -267,13 +267,16 @@ class DpSettings(Settings):
         "energy sum_t |x_t|^2 <= gram_clip, so one record moves each Gram by at most gram_clip (Frobenius)",
     )
     gram_share: float = setting(
-        0.1, "ridge: the Gram's share of the budget, in (0, 1), as a share of mu^2; the class sums get the rest"
+        0.1,
+        "the Grams' share of the budget, in (0, 1), as a share of mu^2: ridge's Gram (the class sums get the rest), "
+        "LoRM's Gram releases (DP-SGD gets the rest)",
     )
     lambda_scale: float = setting(
         2.0,
         "ridge without fixed_lambda: lambda = lambda_scale x sqrt(2) sigma sqrt(d), the spectral norm of the "
         "summed Gram's noise on a block of width d (AdaSSP's rule without its private least eigenvalue: it reads "
-        "no data; it replaces ridge.holdout and ridge.lambda_rule)",
+        "no data; it replaces ridge.holdout and ridge.lambda_rule); LoRM: each full Gram a client sends gets "
+        "lambda_scale x its noise's spectral norm on its diagonal",
     )
     mode: str = setting(
         "central",
