@@ -315,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         methods = _csv(",".join(args.methods), str, "--methods")
         for m in methods:
             method_of(m)
-        base = config_from_args(args)
+        # the base is checked as its first method's configuration: settings that only the listed methods take (a
+        # dp budget for the closed-form heads) are not refused for the preset's own method; each cell is checked again
+        first = method_of(methods[0]) if methods else ""
+        base = config_from_args(
+            args, then=(lambda values: {**values, "method": first}) if first in STRATEGIES else None
+        )
         betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
         seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]
         cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))

@@ -634,3 +634,14 @@ def test_what_ran_beside_a_cell_is_recorded_and_reaches_the_cost_table(tmp_path)
     )
     assert child[child.index("--beside") + 1] == "x"
     assert "| one 1-thread cell |" in costs({"tiny": [cell]})
+
+
+def test_a_setting_only_the_listed_methods_take_is_checked_against_them(tmp_path):
+    """``--methods ncm --set dp.epsilon=1``: the preset's method (lorm) would refuse a central budget, but the grid's
+    cells are ncm's, which take it; a cell of a method that refuses it still fails its own check, by name."""
+    argv = TINY + ["--methods", "ncm", "--seeds", "1", "--betas", "0.5", "--set", "dp.epsilon=1", "--set", "dp.seed=0"]
+    rc, printed = bench_main(argv + ["--out", str(tmp_path / "ok")])
+    cell = json.loads((tmp_path / "ok/cells/ncm/beta0.5/seed1/metrics.json").read_text())
+    assert rc == 0 and cell["privacy"]["epsilon"] > 0
+    with pytest.raises(SystemExit):
+        bench_main(TINY + ["--methods", "ncm,lorm", "--set", "dp.epsilon=1", "--out", str(tmp_path / "no")])
