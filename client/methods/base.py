@@ -33,7 +33,7 @@ from client.dpsgd import (
 from common.privacy.training import training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
-from common.wire.messages import ClientUpdate, GramKind, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
+from common.wire.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
 from common.wire.tensors import (
     EXTRA,
     HEAD_BIAS,
@@ -187,7 +187,7 @@ class ClientMethod:
         torch.manual_seed(seed)  # dropout
         model.train(cfg.train_dropout)  # dropout on (the reference's train mode) or off
         dp = cfg.section(DpSettings)
-        if dp.enabled and dp.mode == "local":
+        if dp.local:
             mean = self.train_private(client, plan, shard, params, head, optimizer, generator)
             self.freeze(client)
             return mean
@@ -236,7 +236,7 @@ class ClientMethod:
         if not shard.numel():
             return float("nan")
         step = plan.expect(TrainInstruction)
-        noise = training_noise(dp, cfg.local_epochs, cfg.rounds_per_task, step.gram != GramKind.NONE or step.head_gram)
+        noise = training_noise(dp, cfg.local_epochs, cfg.rounds_per_task, step.sends_grams)
         lo, hi = plan.class_range
         wanted = {id(p) for p in params + head}
         norms = PerSampleNorms(model, {n: p for n, p in model.named_parameters() if id(p) in wanted})

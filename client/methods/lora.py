@@ -56,7 +56,7 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
     """Grams over the shard: per LoRA layer ``(d_in,)`` or ``(d_in, d_in)`` (``plan.gram``), and the
     head input's ``(F, F)`` (``plan.head_gram``), float64; with the training augmentation as in the reference."""
     step = plan.expect(TrainInstruction)
-    if step.gram == GramKind.NONE and not step.head_gram:
+    if not step.sends_grams:
         return {}, None
     config, model = client.config, client.model
     modules: dict = dict(model.lora()) if step.gram != GramKind.NONE else {}
@@ -65,7 +65,7 @@ def gram_pass(client: Client, plan: RoundPlan, shard: Tensor, seed: int) -> tupl
         modules["<head>"] = model.head
         full["<head>"] = True
     dp = config.section(DpSettings)
-    private = dp.enabled and dp.mode == "local" and shard.numel() > 0
+    private = dp.local and shard.numel() > 0
     recorder = GramRecorder(modules, full, energy_clip=dp.gram_clip if private else None)
     generator = torch.Generator().manual_seed(seed ^ 0x5EED)
     model.eval()

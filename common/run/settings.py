@@ -326,6 +326,11 @@ class DpSettings(Settings):
         """The clients add the noise, in shares, under secure aggregation (``common/secagg/distributed_dp.py``)."""
         return self.enabled and self.mode == "distributed"
 
+    @property
+    def local(self) -> bool:
+        """Each client noises what it trains and sends itself (``common/privacy/training.py``)."""
+        return self.enabled and self.mode == "local"
+
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.
 LEGACY_EXTRA: dict[str, tuple[str, str]] = {

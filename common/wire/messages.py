@@ -271,6 +271,11 @@ class TrainInstruction(Instruction):
     gram: GramKind = GramKind.NONE
     head_gram: bool = False
 
+    @property
+    def sends_grams(self) -> bool:
+        """Whether the step's update carries any Gram (of the adapted layers' inputs or of the head's)."""
+        return self.gram != GramKind.NONE or self.head_gram
+
 
 @dataclass(frozen=True)
 class LoraStep(TrainInstruction):

@@ -15,13 +15,13 @@ from common.methods import method
 from common.privacy.training import TrainingLedger, training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
-from common.wire.messages import GramKind, Phase, RoundPlan, TrainInstruction
+from common.wire.messages import Phase, RoundPlan, TrainInstruction
 
 
 def releases(plan: RoundPlan) -> tuple[int, int]:
     """What ``plan``'s step releases of its task's records: (training rounds, Gram releases)."""
     step = plan.instruction
-    grams = int(isinstance(step, TrainInstruction) and (step.gram != GramKind.NONE or step.head_gram))
+    grams = int(isinstance(step, TrainInstruction) and step.sends_grams)
     if plan.phase == Phase.TRAIN:
         return 1, grams
     if plan.phase == Phase.TASK_GRAM:
