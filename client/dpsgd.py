@@ -15,8 +15,6 @@ the batched rebuild was already tested against the per-sample loop on every para
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.persample import PerSampleGradients, layer_rule, linear_rows, tokens
+from client.persample import PerSampleGradients, embedding_rows, layer_norm_rows, layer_rule, linear_rows, tokens
 from common.adapters.lora import LoRALinear
-from common.privacy.gaussian import NoiseSource, SecureNoise, SeededNoise
+from common.privacy.gaussian import BITS, NoiseSource, derived_seed, keyed_noise, secure_bits
 from common.privacy.training import TrainingNoise
 
 Norms = Callable[[nn.Module, dict[str, str], Tensor, Tensor, Tensor], None]
@@ -64,27 +62,18 @@ def _linear_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, 
 
 
 def _layer_norm_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, out: Tensor) -> None:
-    assert isinstance(module, nn.LayerNorm)
-    shape = module.normalized_shape
-    xhat = F.layer_norm(x.to(d.dtype), shape, eps=module.eps)
-    flat = (d.shape[0], -1, *shape)
+    weight, bias = layer_norm_rows(module, x, d)
     if "weight" in own:
-        out.add_(_sq((d * xhat).reshape(flat).sum(1)))
+        out.add_(_sq(weight))
     if "bias" in own:
-        out.add_(_sq(d.reshape(flat).sum(1)))
+        out.add_(_sq(bias))
 
 
 def _embedding_norms(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, out: Tensor) -> None:
     assert isinstance(module, nn.Embedding)
-    rows, dim = module.num_embeddings, d.shape[-1]
-    ids = ids.reshape(ids.shape[0], -1)  # (batch, tokens)
-    d = d.reshape(ids.shape[0], -1, dim)
-    if module.padding_idx is not None:
-        d = d * (ids != module.padding_idx).unsqueeze(-1).to(d.dtype)
-    samples = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
-    keys, where = torch.unique((ids + rows * samples).flatten(), return_inverse=True)  # (sample, row) pairs
-    per_row = d.new_zeros(keys.numel(), dim).index_add_(0, where, d.reshape(-1, dim))
-    out.index_add_(0, (keys // rows).cpu(), per_row.to(torch.float64).square().sum(1).cpu())
+    keys, per_row = embedding_rows(module, ids, d)
+    samples = keys // module.num_embeddings
+    out.index_add_(0, samples.cpu(), per_row.to(torch.float64).square().sum(1).cpu())
 
 
 def _lora_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, out: Tensor) -> None:
@@ -108,37 +97,25 @@ def norms_of(module: nn.Module) -> Norms | None:
 def gradient_noise(seed: int, client: int, task: int, round_: int, kind: str = "sgd") -> NoiseSource:
     """The noise of one client's round (``kind``: ``"sgd"`` its gradients, ``"gram/<phase>"`` its Grams):
     ``seed >= 0`` a generator seeded by all of them (tests and benchmarks), else the operating system's CSPRNG."""
-    if seed < 0:
-        return SecureNoise()
-    digest = hashlib.sha256(f"dp-{kind}/{seed}/{client}/{task}/{round_}".encode()).digest()
-    return SeededNoise(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-
-
-SAMPLE_BITS = 53  # a record joins a batch when a uniform 53-bit integer falls below q 2^53 (q: a multiple of 2^-53)
+    return keyed_noise(seed, f"dp-{kind}/{seed}/{client}/{task}/{round_}")
 
 
 def sampling_bits(seed: int, client: int, task: int, round_: int) -> Callable[[int], Tensor]:
-    """Uniform ``SAMPLE_BITS``-bit integers for the Poisson batches of one client's round: from the operating
+    """Uniform ``BITS``-bit integers for the Poisson batches of one client's round: from the operating
     system's CSPRNG (``seed < 0``), since subsampling amplifies privacy only while nobody else can know which records
     a batch holds (the step's public seed must not choose them); ``seed >= 0`` a generator seeded by all four, for
     tests and benchmarks only."""
     if seed < 0:
-
-        def secure(count: int) -> Tensor:
-            raw = torch.frombuffer(bytearray(os.urandom(8 * count)), dtype=torch.int64) if count else torch.zeros(0)
-            return (raw.to(torch.int64) >> (64 - SAMPLE_BITS)) & ((1 << SAMPLE_BITS) - 1)
-
-        return secure
-    digest = hashlib.sha256(f"dp-batches/{seed}/{client}/{task}/{round_}".encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-    return lambda count: torch.randint(0, 1 << SAMPLE_BITS, (count,), generator=generator, dtype=torch.int64)
+        return secure_bits
+    generator = torch.Generator().manual_seed(derived_seed(f"dp-batches/{seed}/{client}/{task}/{round_}"))
+    return lambda count: torch.randint(0, 1 << BITS, (count,), generator=generator, dtype=torch.int64)
 
 
 def poisson_batches(size: int, noise: TrainingNoise, bits: Callable[[int], Tensor]) -> list[Tensor]:
     """``noise.steps`` batches of positions ``0 .. size - 1``, each position in each batch with probability exactly
-    ``noise.sample_rate`` (a multiple of 2^-53: ``common/privacy/training.py``), independently; some may be empty (their
-    step still adds the noise)."""
-    below = round(noise.sample_rate * (1 << SAMPLE_BITS))
+    ``noise.sample_rate`` (a multiple of 2^-53: ``common/privacy/training.py``), independently (a record joins when
+    its uniform 53-bit integer falls below ``q 2^53``); some may be empty (their step still adds the noise)."""
+    below = round(noise.sample_rate * (1 << BITS))
     return [torch.nonzero(bits(size) < below).flatten() for _ in range(noise.steps)]
 
 

@@ -160,18 +160,26 @@ def _linear(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: 
         _add_squares(into[own["bias"]], d.sum(1))
 
 
-def _layer_norm(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+def layer_norm_rows(module: nn.Module, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """Each sample's gradient of a layer norm's weight and of its bias, ``(batch, *normalized)`` each."""
     assert isinstance(module, nn.LayerNorm)
     shape = module.normalized_shape
     xhat = F.layer_norm(x.to(d.dtype), shape, eps=module.eps)  # without its own weight and bias
     flat = (d.shape[0], -1, *shape)  # (batch, tokens, *normalized)
+    return (d * xhat).reshape(flat).sum(1), d.reshape(flat).sum(1)
+
+
+def _layer_norm(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+    weight, bias = layer_norm_rows(module, x, d)
     if "weight" in own:
-        _add_squares(into[own["weight"]], (d * xhat).reshape(flat).sum(1))
+        _add_squares(into[own["weight"]], weight)
     if "bias" in own:
-        _add_squares(into[own["bias"]], d.reshape(flat).sum(1))
+        _add_squares(into[own["bias"]], bias)
 
 
-def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+def embedding_rows(module: nn.Module, ids: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """Each sample's gradient of an embedding, by the rows it touches: the ``(sample, row)`` pairs as ``sample x
+    rows + row``, ``(pairs,)``, and each pair's gradient row, ``(pairs, dim)``."""
     assert isinstance(module, nn.Embedding)
     rows, dim = module.num_embeddings, d.shape[-1]
     ids = ids.reshape(ids.shape[0], -1)  # (batch, tokens)
@@ -180,8 +188,13 @@ def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, i
         d = d * (ids != module.padding_idx).unsqueeze(-1).to(d.dtype)
     samples = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
     keys, where = torch.unique((ids + rows * samples).flatten(), return_inverse=True)  # (sample, row) pairs
-    per_sample = d.new_zeros(keys.numel(), dim).index_add_(0, where, d.reshape(-1, dim))
-    into[own["weight"]].index_add_(0, keys % rows, per_sample.square_())
+    return keys, d.new_zeros(keys.numel(), dim).index_add_(0, where, d.reshape(-1, dim))
+
+
+def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+    keys, per_row = embedding_rows(module, ids, d)
+    rows = into[own["weight"]].shape[0]
+    into[own["weight"]].index_add_(0, keys % rows, per_row.square_())
 
 
 def layer_rule(module: nn.Module, linear: Any, layer_norm: Any, embedding: Any) -> Any:

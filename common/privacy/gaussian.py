@@ -97,6 +97,22 @@ def noise_floor_lambda(release: Release, width: int, scale: float) -> float:
     return scale * math.sqrt(2.0) * release.sigma * math.sqrt(width)
 
 
+BITS = 53  # the uniform integers drawn: as many bits as a float64's significand
+
+
+def secure_bits(count: int) -> Tensor:
+    """``(count,)`` int64: uniform ``BITS``-bit integers from the operating system's CSPRNG (``os.urandom``)."""
+    if not count:
+        return torch.zeros(0, dtype=torch.int64)
+    raw = torch.frombuffer(bytearray(os.urandom(8 * count)), dtype=torch.int64)
+    return (raw >> (64 - BITS)) & ((1 << BITS) - 1)
+
+
+def derived_seed(label: str) -> int:
+    """A 63-bit generator seed derived from ``label`` (SHA-256): a seeded draw's own stream per seed and context."""
+    return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
 class NoiseSource(Protocol):
     """Standard normal draws, float64."""
 
@@ -125,8 +141,7 @@ class SecureNoise:
         out = torch.empty(count + 1, dtype=DTYPE)  # filled in pairs; one spare for an odd count
         for start in range(0, count, 2 * self.CHUNK):
             pairs = min((count - start + 1) // 2, self.CHUNK)
-            raw = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64).view(2, pairs)
-            u = (((raw >> 11) & ((1 << 53) - 1)).to(DTYPE) + 1.0) / float(1 << 53)  # (0, 1]: a finite log
+            u = (secure_bits(2 * pairs).view(2, pairs).to(DTYPE) + 1.0) / float(1 << BITS)  # (0, 1]: a finite log
             radius, angle = torch.sqrt(-2.0 * torch.log(u[0])), (2.0 * math.pi) * u[1]
             out[start : start + pairs] = radius * torch.cos(angle)
             out[start + pairs : start + 2 * pairs] = radius * torch.sin(angle)
@@ -135,10 +150,13 @@ class SecureNoise:
 
 def noise_source(seed: int, task: int) -> NoiseSource:
     """The noise of task ``task``'s release: ``seed >= 0`` a generator seeded by ``(seed, task)``, else the CSPRNG."""
-    if seed < 0:
-        return SecureNoise()
-    digest = hashlib.sha256(f"dp-noise/{seed}/{task}".encode()).digest()
-    return SeededNoise(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return keyed_noise(seed, f"dp-noise/{seed}/{task}")
+
+
+def keyed_noise(seed: int, label: str) -> NoiseSource:
+    """``seed >= 0``: a generator seeded by ``label`` (which names the seed and the draw's context: tests and
+    benchmarks only); ``seed < 0``: the operating system's CSPRNG."""
+    return SecureNoise() if seed < 0 else SeededNoise(derived_seed(label))
 
 
 def add_gram_noise(gram: Tensor, sigma: float, source: NoiseSource) -> None:
