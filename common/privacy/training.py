@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from common.privacy.gaussian import gaussian_mu
+from common.privacy.gaussian import BITS, gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.settings import DpSettings
 
@@ -75,10 +75,9 @@ class TrainingNoise:
 
     def epsilon(self, rounds: int, grams: int, delta: float) -> float:
         """The epsilon at ``delta`` of a task's records after ``rounds`` rounds and ``grams`` Gram releases (RDP
-        accountant); 0 before any."""
-        if not rounds and not grams:
-            return 0.0
-        return rdp_epsilon(self.event(rounds, grams), delta)
+        accountant); 0 before any. Kept per arguments: the ledger asks it of every task at every step, and tasks at
+        the same point of their plan have spent the same."""
+        return _epsilon(self, rounds, grams, delta)
 
 
 # The RDP orders: from 1.75 (below it the subsampled Gaussian's fractional terms fail to converge at the small noise
@@ -90,6 +89,11 @@ def accountant() -> dp_accounting.rdp.RdpAccountant:
     from dp_accounting.rdp import RdpAccountant
 
     return RdpAccountant(ORDERS)
+
+
+@functools.cache
+def _epsilon(noise: TrainingNoise, rounds: int, grams: int, delta: float) -> float:
+    return rdp_epsilon(noise.event(rounds, grams), delta) if rounds or grams else 0.0
 
 
 def rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
@@ -104,9 +108,8 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
     ``ValueError`` when the Grams' share alone leaves nothing for training."""
     import dp_accounting
 
-    q = (
-        math.ceil(settings.sample_rate * 2**53) / 2**53
-    )  # what the sampler draws exactly (client/dpsgd.py), >= the setting
+    # what the sampler draws exactly (client/dpsgd.py: BITS-bit integers below q 2^BITS), at least the setting
+    q = math.ceil(settings.sample_rate * 2**BITS) / 2**BITS
     steps = math.ceil(epochs / q)
     releases = rounds + 1 if grams else 0
     z_gram = math.sqrt(releases) / (math.sqrt(settings.gram_share) * gaussian_mu(settings.epsilon, settings.delta))
@@ -120,7 +123,7 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
         )
 
     def event(z: float) -> dp_accounting.DpEvent:
-        return TrainingNoise(q, steps, z, base.gram_multiplier, rounds, releases).event(rounds, releases)
+        return replace(base, noise_multiplier=z).event(rounds, releases)
 
     z = float(
         dp_accounting.calibrate_dp_mechanism(
@@ -132,7 +135,7 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
             tol=1e-4,
         )
     )
-    return TrainingNoise(q, steps, z, base.gram_multiplier, rounds, releases)
+    return replace(base, noise_multiplier=z)
 
 
 class TrainingLedger:
