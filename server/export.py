@@ -26,13 +26,13 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
+from common.infra.files import atomic_write_bytes
 from common.run.config import RunConfig
 from common.run.partition import task_ranges
 from common.run.schedule import configured_classes
 from common.run.settings import DataSettings, ModelSettings
 from common.wire.messages import LowRank, ModelSpec
 from common.wire.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
-from server.store import atomic_write_bytes
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
 ADAPTER_CONFIG = "adapter_config.json"

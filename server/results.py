@@ -26,6 +26,7 @@ from pathlib import Path
 from torch import Tensor
 
 from common.infra.faults import fault_point
+from common.infra.files import atomic_write_bytes
 from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
 from common.wire.messages import LowRank, ModelSpec
@@ -39,7 +40,6 @@ from server.export import (
     model_card,
     write_metrics,
 )
-from server.store import atomic_write_bytes
 from server.strategies import Strategy
 
 

@@ -19,54 +19,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from common.infra.faults import fault_point
+from common.infra.files import atomic_write_bytes, atomic_write_json, fsync_dir
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, EvalReport, Phase
 from server.run_state import RunMeta
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# The process's umask, read once at import (reading it means setting it, which is not thread-safe).
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
-
-    The file gets the mode ``open()`` would give it (0666 less the umask), not mkstemp's 0600:
-    results copied out of a container must stay readable to their new owner's group and others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, value: Any) -> None:
-    atomic_write_bytes(path, json.dumps(value, indent=1, sort_keys=True).encode())
 
 
 def own_storage(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -159,7 +121,7 @@ class Store:
             _save_tensors(gen / "strategy.safetensors", tensors)
         fault_point("commit.tensors")
         atomic_write_json(gen / "meta.json", meta)
-        _fsync_dir(gen)
+        fsync_dir(gen)
         atomic_write_bytes(self.root / "CURRENT", gen.name.encode())
         fault_point("commit.current")
         for name in existing:
