@@ -14,6 +14,12 @@ client's own flags and returns the parameters it accepted. Each check names the 
 - ``min_clients``: a sum over few clients says much about each of them (of two, one client's
   input is the sum minus the other's).
 
+- ``max_epsilon`` (with ``max_delta``): differential privacy is a promise to the client only if the client's own
+  noise keeps it. A coordinator could switch the budget off, raise it, keep the noise for itself (central mode: it
+  adds the noise to the clients' un-noised sums), or choose the noise's seed (``dp.seed``: a seeded noise is known
+  to whoever chose the seed, and can be subtracted). With ``--max-epsilon`` the client takes part only in a run
+  whose budget is within its own, noised by the clients (``dp.mode`` local or distributed), from the CSPRNG.
+
 Each secure-aggregation mode's least threshold is in :data:`MODE_FLOORS` (a mode this client does
 not know is refused): a majority in the honest mode, ``2n/3 + 1`` in the signed mode.
 """
@@ -21,17 +27,19 @@ not know is refused): a majority in the honest mode, ``2n/3 + 1`` in the signed 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
 from common.secagg.rounds import default_threshold
 from common.secagg.terms import threshold
 
 ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
+ENV_MAX_EPSILON = "LORM_MAX_EPSILON"
 HONEST = "honest"  # the mode of a run whose settings name none: a curious coordinator that follows the protocol
 
 
@@ -46,6 +54,8 @@ class Floor:
     require_secure: bool = False  # refuse a run without secure aggregation
     min_threshold: int = 0  # the least threshold accepted (0: a majority of the run's clients, n // 2 + 1)
     min_clients: int = 1  # the least number of clients in the run
+    max_epsilon: float = math.inf  # the largest privacy budget accepted (inf: none required)
+    max_delta: float = 1e-5  # with max_epsilon: the largest delta accepted
 
 
 @dataclass(frozen=True)
@@ -75,9 +85,41 @@ MODE_FLOORS: dict[str, Callable[[int], int]] = {
 }
 
 
+def check_privacy(config: RunConfig, floor: Floor) -> None:
+    """:class:`FloorError` unless the run's differential privacy meets ``floor.max_epsilon``: a budget within the
+    client's, delta within ``floor.max_delta``, noise the clients add (``dp.mode`` local or distributed), drawn from
+    the CSPRNG (``dp.seed = -1``). Nothing is required without ``max_epsilon``."""
+    if math.isinf(floor.max_epsilon):
+        return
+    dp = config.section(DpSettings)
+    mine = f"this client's --max-epsilon {floor.max_epsilon:g} (or ${ENV_MAX_EPSILON})"
+    if not dp.enabled:
+        raise FloorError(
+            f"the coordinator's configuration sets no privacy budget (dp.epsilon unset), but {mine} requires one"
+        )
+    if dp.epsilon > floor.max_epsilon or dp.delta > floor.max_delta:
+        raise FloorError(
+            f"the coordinator's configuration sets dp.epsilon={dp.epsilon:g}, dp.delta={dp.delta:g}, above {mine} "
+            f"with --max-delta {floor.max_delta:g}: refusing a weaker guarantee"
+        )
+    if not (dp.local or dp.distributed):
+        raise FloorError(
+            f"the coordinator's configuration sets dp.mode={dp.mode}: the coordinator would add the noise to this "
+            f"client's un-noised statistics, so {mine} would rest on trusting it: refusing (local or distributed "
+            "mode: the clients add the noise)"
+        )
+    if dp.seed >= 0:
+        raise FloorError(
+            f"the coordinator's configuration sets dp.seed={dp.seed}: the noise would come from a seed the coordinator "
+            f"chose and can subtract, so {mine} would not hold: refusing (dp.seed -1: the noise from the CSPRNG)"
+        )
+
+
 def check_floor(config: RunConfig, floor: Floor) -> Accepted:
-    """The run's secure-aggregation parameters if they meet ``floor``; else :class:`FloorError` naming
-    the setting that failed, its value and this client's floor."""
+    """The run's secure-aggregation parameters if they meet ``floor``, and its privacy budget
+    (:func:`check_privacy`); else :class:`FloorError` naming the setting that failed, its value and this client's
+    floor."""
+    check_privacy(config, floor)
     settings = config.section(SecAggSettings)
     n = config.num_clients
     if n < floor.min_clients:
@@ -145,12 +187,37 @@ def add_floor_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--min-clients", type=int, default=1, metavar="N", help="refuse a run of fewer than N clients (default 1)"
     )
+    g.add_argument(
+        "--max-epsilon",
+        type=float,
+        default=float(os.environ.get(ENV_MAX_EPSILON) or math.inf),
+        metavar="E",
+        help="refuse a run unless it is differentially private at epsilon <= E, its noise added by the clients "
+        f"(dp.mode local or distributed) from the CSPRNG (default ${ENV_MAX_EPSILON}; unset: no requirement)",
+    )
+    g.add_argument(
+        "--max-delta",
+        type=float,
+        default=1e-5,
+        metavar="D",
+        help="with --max-epsilon: refuse a run whose dp.delta is above D (default 1e-5)",
+    )
 
 
 def floor_from_args(args: argparse.Namespace) -> Floor:
+    if not (args.max_epsilon > 0 and 0 < args.max_delta < 1):
+        raise FloorError(
+            f"--max-epsilon must be > 0 and --max-delta in (0, 1), got {args.max_epsilon} and {args.max_delta}"
+        )
     if args.min_secagg_threshold < 0 or args.min_clients < 1:
         raise FloorError(
             f"--min-secagg-threshold must be >= 0 (0: a majority) and --min-clients >= 1, got "
             f"{args.min_secagg_threshold} and {args.min_clients}"
         )
-    return Floor(args.require_secure_aggregation, args.min_secagg_threshold, args.min_clients)
+    return Floor(
+        args.require_secure_aggregation,
+        args.min_secagg_threshold,
+        args.min_clients,
+        args.max_epsilon,
+        args.max_delta,
+    )

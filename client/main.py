@@ -10,9 +10,11 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 from client.datasets import DatasetError
 from client.floor import FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
+from client.ledger import ClientLedger
 from client.local import (
     LocalSettingError,
     add_local_arguments,
@@ -30,6 +32,7 @@ from common.infra.faults import fault_point
 from common.infra.logs import add_logging_arguments, plan_name, set_context, setup_logging, step_loss
 from common.infra.progress import Progress
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
+from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.run.schedule import same_but_schedule
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
@@ -51,6 +54,13 @@ def _record(
         metrics.step_done(plan.phase.value, plan.task, plan.round, samples, seconds, result.train_loss)
     else:
         metrics.step_done(plan.phase.value, plan.task, plan.round, int(sum(result.total)), seconds)
+
+
+def default_ledger_path(run_id: str, index: int) -> Path:
+    """Where a client keeps its privacy ledger unless told: ``$XDG_STATE_HOME/lorm/privacy/<run>-<index>.json``."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
+    return Path(state) / "lorm" / "privacy" / f"{safe}-{index}.json"
 
 
 def push_as(client: CoordinatorClient, key: str, update: ClientUpdate) -> bool:
@@ -122,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         default=env("LORM_METRICS_HOST", DEFAULT_HOST),
         help=HOST_HELP,
     )
+    parser.add_argument(
+        "--privacy-ledger",
+        type=Path,
+        default=env("LORM_PRIVACY_LEDGER") or None,
+        metavar="FILE",
+        help="a privately trained run (dp.mode local): this client's own account of what its records have released, "
+        "kept across restarts (default $LORM_PRIVACY_LEDGER, else $XDG_STATE_HOME/lorm/privacy/<run>-<index>.json, "
+        "~/.local/state when unset); keep it on a volume that outlives the container",
+    )
     add_floor_arguments(parser)
     add_local_arguments(parser)
     add_security_arguments(parser, "client")
@@ -176,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         return 2
     worker = runtime.worker(index, args.client_id)
+    try:
+        ledger = ClientLedger.of(config, args.privacy_ledger or default_ledger_path(config.run_id, index))
+    except ValueError as err:  # another run's file, or unreadable: this client's account cannot be trusted
+        log.error("refusing run %s: %s", config.run_id, err)
+        client.close()
+        return 3
+    if ledger is not None:
+        log.info("privacy ledger %s: epsilon %.4g spent so far", ledger.path, ledger.epsilon_spent())
+    worker.ledger = ledger
     metrics.watch_device(runtime.device)
     client.describe(runtime.spec)
     log.info(
@@ -215,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 client.close()
                 return 3
             worker = runtime.worker(index, args.client_id)
+            worker.ledger = ledger  # the same account: the run's records do not start afresh
             worker.on_batch = progress.batch
             log.info("shard sizes per task %s", [int(s.numel()) for s in worker.shards])
         step = (plan.task, plan.round, plan.phase)
@@ -243,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
             try:
                 result = worker.handle(plan)
+            except BudgetExceeded as err:  # only a coordinator that breaks the plan asks this: nothing is sent
+                log.error("refusing run %s: %s", config.run_id, err)
+                client.close()
+                return 3
             finally:
                 progress.end()
             _record(metrics, config, plan, result, time.perf_counter() - start)

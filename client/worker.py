@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel, model_spec
+from client.ledger import ClientLedger
 from client.methods import client_method
 from client.methods.base import Samples, set_view
 from common.aggregation.declared import check_declared_shapes, declared_tensors
@@ -109,6 +110,8 @@ class ClientWorker:
         self.method = client_method(config)  # the client half of the run's method
         self.on_batch: Callable[[int, int], None] | None = None  # progress: (batches done, of total)
         self.spec = model_spec(model)  # the shapes the coordinator knows the model by
+        # a privately trained run's releases of this client's records (client/ledger.py); lorm-client gives it a file
+        self.ledger = ClientLedger.of(config)
 
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
         if plan.phase == Phase.EVALUATE:
@@ -121,7 +124,10 @@ class ClientWorker:
         """A ``TRAIN``, ``TASK_GRAM`` or ``FEATURES`` step, as the method's client half does it; its tensors must be
         those the step declares (``common.aggregation.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
-        update = half.update(self, plan)
+        if self.ledger is not None:  # within the plan, and the same step's update sent again rather than re-noised
+            update = self.ledger.release(plan, lambda: half.update(self, plan))
+        else:
+            update = half.update(self, plan)
         got = {name: tuple(t.shape) for name, t in update.tensors.items()}
         check_declared_shapes(got, declared_tensors(plan, self.spec, self.config), type(half).__name__)
         return update

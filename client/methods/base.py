@@ -30,7 +30,8 @@ from client.dpsgd import (
     private_step,
     sampling_bits,
 )
-from common.privacy.training import training_noise
+from client.ledger import ClientLedger
+from common.privacy.training import TrainingNoise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
 from common.wire.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
@@ -70,12 +71,21 @@ class Client(Protocol):
     model: ClassifierModel
     device: torch.device
     shards: list[Tensor]  # per task: the client's training sample indices
+    ledger: ClientLedger | None  # this client's own account of a privately trained run's releases (dp.mode local)
 
     @property
     def train(self) -> Samples: ...  # the client's training samples (all tasks; shards index them)
 
     @property
     def on_batch(self) -> Callable[[int, int], None] | None: ...  # (batches done, of total): progress
+
+
+def private_noise(client: Client, plan: RoundPlan) -> TrainingNoise:
+    """The mechanism that noises ``plan``'s step on ``client``: its ledger's plan, pinned at its first private step
+    (``client/ledger.py``), never what a later step's instruction says."""
+    if client.ledger is None:
+        raise ValueError(f"dp: run {client.config.run_id} trains privately, but client {client.index} has no ledger")
+    return client.ledger.noise(plan)
 
 
 def step_update(client: Client, plan: RoundPlan, tensors: dict[str, Tensor], train_loss: float) -> ClientUpdate:
@@ -235,8 +245,7 @@ class ClientMethod:
         dp = cfg.section(DpSettings)
         if not shard.numel():
             return float("nan")
-        step = plan.expect(TrainInstruction)
-        noise = training_noise(dp, cfg.local_epochs, cfg.rounds_per_task, step.sends_grams)
+        noise = private_noise(client, plan)
         lo, hi = plan.class_range
         wanted = {id(p) for p in params + head}
         norms = PerSampleNorms(model, {n: p for n, p in model.named_parameters() if id(p) in wanted})

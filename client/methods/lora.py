@@ -14,10 +14,9 @@ import torch
 from torch import Tensor
 
 from client.dpsgd import gradient_noise
-from client.methods.base import Client, ClientMethod, sent_head, set_view
+from client.methods.base import Client, ClientMethod, private_noise, sent_head, set_view
 from common.adapters.lora import GramRecorder
 from common.privacy.gaussian import Release, add_gram_noise, noise_floor_lambda
-from common.privacy.training import training_noise
 from common.run.settings import DpSettings
 from common.wire.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
 from common.wire.tensors import pack
@@ -102,7 +101,7 @@ def noise_grams(client: Client, plan: RoundPlan, grams: dict[str, Tensor]) -> No
     positive definite."""
     config = client.config
     dp = config.section(DpSettings)
-    noise = training_noise(dp, config.local_epochs, config.rounds_per_task, True)
+    noise = private_noise(client, plan)
     sigma = noise.gram_multiplier * config.gram_passes * math.sqrt(len(grams)) * dp.gram_clip
     source = gradient_noise(dp.seed, client.index, plan.task, plan.round, kind=f"gram/{plan.phase.value}")
     for name in sorted(grams):  # a fixed order of draws

@@ -37,6 +37,7 @@ from torch import Tensor
 from common.privacy.gaussian import BITS, gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.settings import DpSettings
+from common.wire.messages import Phase, RoundPlan, TrainInstruction
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -136,6 +137,17 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
         )
     )
     return replace(base, noise_multiplier=z)
+
+
+def releases(plan: RoundPlan) -> tuple[int, int]:
+    """What ``plan``'s step releases of its task's records: (training rounds, Gram releases)."""
+    step = plan.instruction
+    grams = int(isinstance(step, TrainInstruction) and step.sends_grams)
+    if plan.phase == Phase.TRAIN:
+        return 1, grams
+    if plan.phase == Phase.TASK_GRAM:
+        return 0, grams
+    return 0, 0
 
 
 class TrainingLedger:

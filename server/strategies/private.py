@@ -12,21 +12,10 @@ from typing import Any
 from torch import Tensor
 
 from common.methods import method
-from common.privacy.training import TrainingLedger, training_noise
+from common.privacy.training import TrainingLedger, releases, training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
-from common.wire.messages import Phase, RoundPlan, TrainInstruction
-
-
-def releases(plan: RoundPlan) -> tuple[int, int]:
-    """What ``plan``'s step releases of its task's records: (training rounds, Gram releases)."""
-    step = plan.instruction
-    grams = int(isinstance(step, TrainInstruction) and step.sends_grams)
-    if plan.phase == Phase.TRAIN:
-        return 1, grams
-    if plan.phase == Phase.TASK_GRAM:
-        return 0, grams
-    return 0, 0
+from common.wire.messages import RoundPlan
 
 
 class PrivateTraining:

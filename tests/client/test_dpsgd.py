@@ -142,6 +142,7 @@ def test_the_gram_noise_covers_every_pass_over_the_shard():
     the clip, and the noise (and the lambda added to a full Gram) is P times as large, from the same draws."""
     from types import SimpleNamespace
 
+    from client.ledger import ClientLedger
     from client.methods.lora import noise_grams
     from common.wire.messages import GramKind, LoraStep, Phase, RoundPlan
 
@@ -160,7 +161,7 @@ def test_the_gram_noise_covers_every_pass_over_the_shard():
     for passes in (1, 2):
         config = RunConfig(gram_passes=passes, settings={"dp": {"epsilon": 8.0, "mode": "local", "seed": 4}})
         grams = {"a": torch.zeros(3, 3, dtype=torch.float64), "b": torch.zeros(3, 3, dtype=torch.float64)}
-        noise_grams(SimpleNamespace(config=config, index=0), plan, grams)
+        noise_grams(SimpleNamespace(config=config, index=0, ledger=ClientLedger(config)), plan, grams)
         noised.append(grams)
     for name in ("a", "b"):
         assert float(noised[0][name].abs().max()) > 0

@@ -144,3 +144,44 @@ def test_the_signed_mode_floor_is_two_thirds_and_one():
     assert check_floor(signed, Floor()).threshold == 7 and check_floor(signed, Floor()).mode == "signed"
     with pytest.raises(FloorError, match=r"secagg.threshold 6 for 9 clients in the signed mode.*at least 7"):
         check_floor(run(9, enabled=True, mode="signed", threshold=6, unsafe_low_threshold=True), Floor())
+
+
+# ------------------------------------------------------------------ the privacy floor
+
+
+def private_run(method: str = "lorm", **dp) -> RunConfig:
+    return RunConfig(method=method, num_clients=10, settings={"dp": {"epsilon": 4.0, "mode": "local"} | dp})
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (RunConfig(method="lorm", num_clients=10), "no privacy budget"),  # switched off
+        (private_run(epsilon=16.0), "dp.epsilon=16"),  # raised
+        (private_run(delta=1e-3), "dp.delta=0.001"),
+        (private_run("ncm", mode="central"), "dp.mode=central: the coordinator would add the noise"),
+        (private_run(seed=0), "dp.seed=0: the noise would come from a seed the coordinator chose"),
+    ],
+)
+def test_a_coordinator_that_weakens_the_privacy_a_client_requires_is_refused_by_name(config, named):
+    """Each attack on a client that requires epsilon <= 8: the budget switched off or raised, the noise kept by the
+    coordinator (central mode) or drawn from a seed it chose."""
+    check_floor(config, Floor())  # without the requirement, every one of them is accepted
+    with pytest.raises(FloorError, match=named) as err:
+        check_floor(config, floor("--max-epsilon", "8"))
+    assert "--max-epsilon 8" in str(err.value)
+
+
+def test_a_run_within_the_clients_budget_is_accepted_in_local_and_distributed_mode(monkeypatch):
+    assert check_floor(private_run(), floor("--max-epsilon", "4")).enabled is False
+    distributed = RunConfig(
+        method="ncm",
+        num_clients=10,
+        settings={"dp": {"epsilon": 1.0, "mode": "distributed"}, "secagg": {"enabled": True}},
+    )
+    assert check_floor(distributed, floor("--max-epsilon", "1")).threshold == 6
+    monkeypatch.setenv("LORM_MAX_EPSILON", "2")
+    with pytest.raises(FloorError, match="dp.epsilon=4.*LORM_MAX_EPSILON"):
+        check_floor(private_run(), floor())
+    with pytest.raises(FloorError, match="--max-epsilon must be > 0"):
+        floor("--max-epsilon", "0")

@@ -91,6 +91,8 @@ class Cluster:
                 str(i),
                 "--give-up",
                 "120",
+                "--privacy-ledger",  # a privately trained run's account: in the test's folder, not the home's
+                str(self.run_dir / f"ledger-{i}.json"),
                 *self.security_args("client", i),
                 *extra,
             ],

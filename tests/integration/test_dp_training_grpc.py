@@ -33,3 +33,8 @@ def test_a_private_lorm_run_over_grpc_with_secure_aggregation_is_the_in_process_
     steps = [h for h in metrics["history"] if h["phase"] != "evaluate"]
     assert all(h["secagg"]["survivors"] == 3 and "dp_epsilon" in h for h in steps)
     assert "dp_epsilon" in "".join(server.lines)
+    plan = {"rounds": config.rounds_per_task, "grams": config.rounds_per_task + 1}
+    for i in range(3):  # each client's own account: every task's records through exactly the plan
+        ledger = json.loads((c.run_dir / f"ledger-{i}.json").read_text())
+        assert ledger["run_id"] == config.run_id and ledger["grams"] is True
+        assert ledger["released"] == {str(t): [plan["rounds"], plan["grams"]] for t in range(config.num_tasks)}
