@@ -105,7 +105,10 @@ def merge(
             f"task's classes [{lo}, {hi}): no client has data of this task, so there is nothing to merge"
         )
     start = time.perf_counter()
-    strategy.aggregate(step.plan, aggregator)
+    merged = (
+        aggregator if strategy.private_training is None else strategy.private_training.finish(step.plan, aggregator)
+    )
+    strategy.aggregate(step.plan, merged)
     after_merge(time.perf_counter() - start)
     report = strategy.step_report(step.plan)
     if strategy.private_training is not None:

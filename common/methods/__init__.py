@@ -86,6 +86,9 @@ class Method:
     # trains with DP-SGD (the shared loop, no regulariser) and noises every Gram it sends, so each client protects its
     # own records against everyone else
     dp_training: bool = field(default=False, kw_only=True)
+    # whether a run of it may set dp.mode = client (common/privacy/client_level.py): its merge is a plain mean of the
+    # clients' factors, deltas and head, which the coordinator can take as clipped changes with equal weights
+    dp_client_level: bool = field(default=False, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
@@ -135,6 +138,7 @@ BUILT_IN: dict[str, Method] = {
             aggregator="common.aggregation.lora:fedavg_lora",
             servable=True,
             dp_training=True,
+            dp_client_level=True,
         ),
         Method(
             "fedavg",
@@ -144,6 +148,7 @@ BUILT_IN: dict[str, Method] = {
             aggregator="common.aggregation.dense:fedavg",
             servable=True,
             dp_training=True,
+            dp_client_level=True,
         ),
         Method(
             "regmean",

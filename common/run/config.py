@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.run.settings import LEGACY_EXTRA, DataSettings, DpSettings, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, DataSettings, DpSettings, RobustSettings, SecAggSettings, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -217,6 +217,33 @@ class RunConfig:
             problems += self._check_private()
         return problems
 
+    def _client_level_problems(self, known: Any) -> list[str]:
+        """``dp.mode = client`` (DP-FedAvg): a plain-averaging method, the coordinator seeing each update (it clips
+        them), a schedule fixed at the start (the budget is composed over its rounds), nothing else released."""
+        from common.methods import registry
+
+        if known is None or not known.dp_client_level:
+            able = sorted(m.name for m in registry().values() if m.dp_client_level)
+            return [f"dp.mode = client: client-level DP covers the plain-averaging methods {able}, not {self.method!r}"]
+        if self.section(SecAggSettings).enabled:
+            return [
+                "dp.mode = client: the coordinator clips each client's change, so it must see the updates, which "
+                "secure aggregation hides from it: set secagg.enabled=false, or dp.mode = local"
+            ]
+        if self.section(RobustSettings).enabled:
+            return [
+                "dp.mode = client with robust.enabled: the screening drops or scales updates by what the others "
+                "sent, which the clipping's bound does not cover: the clip is the bound on a client's weight"
+            ]
+        if self.section(DataSettings).open:
+            return [
+                "dp.mode = client with data.open: the budget is composed over every round of the run, so its "
+                "schedule must be fixed at the start"
+            ]
+        if self.section(DataSettings).validation:
+            return ["dp.mode = client with data.validation: the validation accuracy would be released un-noised"]
+        return []
+
     def _check_private(self) -> list[str]:
         """A run with a privacy budget (``dp.epsilon``) reads its training records only where the noise covers
         them: a method whose slice says so (``Method.private``), and no evaluation on held-back training records."""
@@ -250,10 +277,13 @@ class RunConfig:
                     "and a sum of t survivors needs an honest share to carry any noise"
                 ]
         known = registry().get(self.method)
+        if dp.mode == "client":
+            return self._client_level_problems(known)
         if known is not None and known.dp_training and dp.mode != "local":
+            either = " (record-level) or dp.mode=client (client-level, DP-FedAvg)" if known.dp_client_level else ""
             return [
                 f"dp.epsilon: method {self.method!r} trains on its clients' records, and each client noises what it "
-                f"trains and sends itself (DP-SGD): set dp.mode=local (not {dp.mode!r})"
+                f"trains and sends itself (DP-SGD): set dp.mode=local{either} (not {dp.mode!r})"
             ]
         if known is not None and known.private and dp.mode == "local":
             return [

@@ -233,7 +233,7 @@ class SecAggSettings(Settings):
             )
 
 
-DP_MODES = ("central", "distributed", "local")
+DP_MODES = ("central", "distributed", "local", "client")
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,8 @@ class DpSettings(Settings):
         1.0,
         "C: each sample's head features (after layers, norm and the random projection) scaled down to L2 norm at "
         "most C before they enter a sum, so a record moves the Gram by at most C^2 and the class sums by C; trained "
-        "methods: each sample's gradient of the trained parameters clipped to L2 norm C (DP-SGD)",
+        "methods: each sample's gradient of the trained parameters clipped to L2 norm C (DP-SGD); dp.mode client: "
+        "each client's change of a round, all its tensors together, scaled down to L2 norm C",
     )
     sample_rate: float = setting(
         0.05,
@@ -283,7 +284,9 @@ class DpSettings(Settings):
         "'central': the coordinator adds the Gaussian noise to the summed statistics (it sees them un-noised); "
         "'distributed': each client adds its Skellam share before masking, so that the securely aggregated sum "
         "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled); 'local': each "
-        "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted",
+        "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted; "
+        "'client': client-level DP (DP-FedAvg) of fedavg-lora and fedavg, the coordinator clips each client's change "
+        "to dp.clip, averages with equal weights and noises the mean (it sees each update: no secure aggregation)",
     )
     colluders: int = setting(
         0,
@@ -330,6 +333,11 @@ class DpSettings(Settings):
     def local(self) -> bool:
         """Each client noises what it trains and sends itself (``common/privacy/training.py``)."""
         return self.enabled and self.mode == "local"
+
+    @property
+    def client_level(self) -> bool:
+        """The unit is a client's whole data: the coordinator clips and noises its change (``client_level.py``)."""
+        return self.enabled and self.mode == "client"
 
 
 # ``RunConfig.extra`` keys of earlier versions -> (section, key); ``rp_dim`` goes to the run's closed-form section.

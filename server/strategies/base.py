@@ -23,7 +23,7 @@ from common.run.config import RunConfig
 from common.run.schedule import run_tasks
 from common.wire.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
-from server.strategies.private import PrivateTraining
+from server.strategies.private import training_privacy
 
 
 class Strategy(ABC):
@@ -37,8 +37,8 @@ class Strategy(ABC):
         self.spec = spec
         self.tasks = run_tasks(config, spec.num_classes)
         self.head_w, self.head_b = init_head(spec, config.seed)
-        # a trained method's privacy budget (dp.mode = local): the ledger the step runner checks and spends
-        self.private_training = PrivateTraining.of(config, self.sends_grams)
+        # a trained method's privacy budget (dp.mode local or client): the account the step runner checks and spends
+        self.private_training = training_privacy(config, self.sends_grams)
 
     def extend(self, config: RunConfig) -> None:
         """The run's schedule grew (the operator appended a task): ``config`` is the run's configuration with
@@ -65,7 +65,8 @@ class Strategy(ABC):
     def aggregator(self, plan: RoundPlan) -> Aggregator:
         """An empty aggregator for ``plan``'s step: the method's factory (``Method.aggregator``), a pure function
         of the plan, the model and the run's configuration, which a client in a secure step builds alike."""
-        return make_aggregator(plan, self.spec, self.config)
+        aggregator = make_aggregator(plan, self.spec, self.config)
+        return self.private_training.wrap(plan, aggregator) if self.private_training is not None else aggregator
 
     @abstractmethod
     def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
@@ -94,7 +95,8 @@ class Strategy(ABC):
 
     def state_tensors(self) -> dict[str, Tensor]:
         """Everything the strategy must remember between steps, as named tensors (persisted)."""
-        private = {"dp/released": self.private_training.state()} if self.private_training is not None else {}
+        account = self.private_training
+        private = {account.KEY: account.state()} if account is not None else {}
         return {"head/w": self.head_w, "head/b": self.head_b} | private
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:

@@ -1,25 +1,44 @@
-"""The coordinator's account of a trained method's privacy budget (``dp.mode = local``, ``common/privacy/training.py``).
+"""The coordinator's account of a trained method's privacy budget, one class per mode, one interface for the step
+runner (``server/steps.py``: check before a step opens, wrap its aggregator, finish it before the merge, spend after).
 
-Each client noises what it trains and sends; the coordinator adds nothing. It keeps the ledger of the releases each
-task's records have been through, refuses to start a step beyond the plan the clients calibrated their noise for,
-and states the epsilon spent in the step's history entry and log line (and so in ``metrics.json`` and every export).
+- ``dp.mode = local`` (:class:`PrivateTraining`, ``common/privacy/training.py``): each client noises what it trains
+  and sends; the coordinator adds nothing. It keeps the ledger of the releases each task's records have been
+  through and refuses to start a step beyond the plan the clients calibrated their noise for.
+- ``dp.mode = client`` (:class:`ClientLevelPrivacy`, ``common/privacy/client_level.py``): DP-FedAvg; the coordinator
+  clips each client's change, averages with equal weights and noises the mean.
+
+Either states the epsilon spent in the step's history entry and log line (and so in ``metrics.json`` and every
+export).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from common.aggregation.base import Aggregator
 from common.methods import method
+from common.privacy.client_level import (
+    ClientLevelLedger,
+    ClientLevelNoise,
+    clipped_change,
+    noised_mean,
+    run_rounds,
+)
+from common.privacy.gaussian import NoiseSource, keyed_noise
 from common.privacy.training import TrainingLedger, releases, training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
-from common.wire.messages import RoundPlan
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
 
 
 class PrivateTraining:
     """The ledger of a run of a ``dp_training`` method with a budget, and its statements."""
+
+    KEY = "dp/released"  # its state's name among the strategy's tensors
 
     def __init__(self, config: RunConfig, sends_grams: bool) -> None:
         self.settings = config.section(DpSettings)
@@ -30,7 +49,7 @@ class PrivateTraining:
     def of(config: RunConfig, sends_grams: bool) -> PrivateTraining | None:
         """The account of ``config``'s run, or ``None`` when it has no budget or its method does not train privately."""
         dp = config.section(DpSettings)
-        return PrivateTraining(config, sends_grams) if dp.enabled and method(config.method).dp_training else None
+        return PrivateTraining(config, sends_grams) if dp.local and method(config.method).dp_training else None
 
     def check(self, plan: RoundPlan) -> None:
         """``BudgetExceeded`` before a step that would release more than the clients' noise is calibrated for."""
@@ -73,5 +92,118 @@ class PrivateTraining:
         return self.ledger.state()
 
     def load(self, tensors: dict[str, Tensor]) -> None:
-        if "dp/released" in tensors:
-            self.ledger.load(tensors["dp/released"])
+        if self.KEY in tensors:
+            self.ledger.load(tensors[self.KEY])
+
+    def wrap(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
+        """The aggregator ``plan``'s updates fold into: each client noises its own, so the method's as it is."""
+        return aggregator
+
+    def finish(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
+        """What the method merges: the folded aggregator as it is."""
+        return aggregator
+
+
+class ClippedChanges(Aggregator):
+    """A step's updates under client-level DP (``common/privacy/client_level.py``): each checked by the method's own
+    aggregator's rules, taken as a change from the plan and clipped, and summed with equal weights; :meth:`finish`
+    folds the noised mean into the method's aggregator as its one update. No training loss is kept: it is a
+    statistic of the clients' data that no noise covers."""
+
+    def __init__(self, inner: Aggregator, noise: ClientLevelNoise) -> None:
+        super().__init__(inner.plan, inner.declared)
+        self.inner, self.noise = inner, noise
+        self.sums: dict[str, Tensor] = {}
+        self.template: ClientUpdate | None = None
+
+    def _check(self, update: ClientUpdate) -> None:
+        self.inner._check(update)
+
+    def _fold(self, update: ClientUpdate) -> None:
+        change = clipped_change(update.tensors, self.plan.tensors, self.noise.clip, self.plan.class_range)
+        for name, d in change.items():
+            self.sums[name] = self.sums[name] + d if name in self.sums else d
+        self.template = update
+
+    @property
+    def mean_loss(self) -> float:
+        return float("nan")
+
+    def finish(self, source: NoiseSource) -> Aggregator:
+        """The method's aggregator holding one update: the plan plus the noised mean of the clipped changes."""
+        assert self.template is not None and self.count, "a step with no update merges nothing"
+        sigma = self.noise.noise_multiplier * self.noise.clip
+        mean = noised_mean(self.sums, self.plan.tensors, self.count, sigma, self.plan.class_range, source)
+        tensors = {name: mean.get(name, t) for name, t in self.template.tensors.items()}
+        merged = dataclasses.replace(
+            self.template, client_id="<mean>", tensors=tensors, num_samples=1, train_loss=float("nan")
+        )
+        self.inner.fold(merged, checked=True)
+        return self.inner
+
+
+class ClientLevelPrivacy:
+    """The account of a run with client-level DP (``dp.mode = client``, DP-FedAvg): the rounds released against the
+    budget, each step's clipped and noised mean, and its statements."""
+
+    KEY = "dp/client_rounds"
+
+    def __init__(self, config: RunConfig) -> None:
+        self.settings = config.section(DpSettings)
+        self.noise = ClientLevelNoise.of(self.settings, run_rounds(config))
+        self.ledger = ClientLevelLedger(self.settings, self.noise)
+
+    @staticmethod
+    def of(config: RunConfig) -> ClientLevelPrivacy | None:
+        dp = config.section(DpSettings)
+        return ClientLevelPrivacy(config) if dp.client_level else None
+
+    def check(self, plan: RoundPlan) -> None:
+        if plan.phase == Phase.TRAIN:
+            self.ledger.check(f"task {plan.task} train step {plan.round}")
+
+    def wrap(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
+        return ClippedChanges(aggregator, self.noise) if plan.phase == Phase.TRAIN else aggregator
+
+    def finish(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
+        if not isinstance(aggregator, ClippedChanges):
+            return aggregator
+        self.ledger.check(f"task {plan.task} train step {plan.round}")
+        return aggregator.finish(keyed_noise(self.settings.seed, f"client-level/{plan.task}/{plan.round}"))
+
+    def spend(self, plan: RoundPlan) -> dict[str, Any]:
+        if plan.phase != Phase.TRAIN:
+            return {}
+        self.ledger.spend(f"task {plan.task} train step {plan.round}")
+        return {
+            "dp_epsilon": self.ledger.epsilon_spent(),
+            "dp_delta": self.settings.delta,
+            "dp": {
+                "mode": "client",
+                "mechanism": "dp-fedavg (clipped changes, equal weights, gaussian)",
+                "unit": "client",
+                "run_epsilon": self.ledger.epsilon_spent(),
+                "budget_epsilon": self.settings.epsilon,
+                "clip": self.noise.clip,
+                "noise_multiplier": self.noise.noise_multiplier,
+                "released": {"rounds": self.ledger.released},
+                "planned": {"rounds": self.noise.rounds},
+                "public": ["num_samples", "clients"],
+            },
+        }
+
+    def state(self) -> Tensor:
+        return torch.tensor([self.ledger.released], dtype=torch.int64)
+
+    def load(self, tensors: dict[str, Tensor]) -> None:
+        if self.KEY in tensors:
+            self.ledger.released = int(tensors[self.KEY][0])
+
+
+TrainingPrivacy = PrivateTraining | ClientLevelPrivacy  # what the step runner calls, either mode
+
+
+def training_privacy(config: RunConfig, sends_grams: bool) -> TrainingPrivacy | None:
+    """The account of ``config``'s run: local mode's, client-level mode's, or ``None`` (no budget, or a method the
+    coordinator noises itself)."""
+    return PrivateTraining.of(config, sends_grams) or ClientLevelPrivacy.of(config)
