@@ -281,8 +281,9 @@ class DpSettings(Settings):
     mode: str = setting(
         "central",
         "'central': the coordinator adds the Gaussian noise to the summed statistics (it sees them un-noised); "
-        "'distributed': each client adds its Skellam share before masking, so that the securely aggregated sum "
-        "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled); 'local': each "
+        "'distributed': each client adds its discrete Gaussian share (an exact sampler) before masking, so that the "
+        "securely aggregated sum carries the noise and the coordinator never sees a less-noisy term (needs "
+        "secagg.enabled); 'local': each "
         "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted",
     )
     colluders: int = setting(
