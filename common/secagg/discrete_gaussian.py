@@ -22,10 +22,11 @@ exponent's numerator ``(|Y| t - sigma^2)^2`` reaches ``2^80``, past ``int64``. U
 are words below the largest multiple of ``t``, reduced mod ``t`` (the rest redrawn).
 
 **Vectorised.** Every loop runs over the entries still pending, as numpy arrays: one round draws a word per pending
-entry; only the acceptance exponent (numpy object arrays of Python integers) and the ties (one in ``2^64``) go entry
-by entry. Measured (``bench/secagg_noise.py``, one EPYC core, beside two 1-thread benchmark jobs on a 2-core host),
-at a variance of ``2^38`` grid units: ``10^5`` entries in 0.19 s, ``10^6`` in 1.9 s; about 3.2 tries per entry
-(0.75 of Laplace's, 0.43 of the Gaussian's test accepted), 23 words per entry.
+entry; only the acceptance exponent (numpy object arrays of Python integers, about half the time) and the ties (one
+in ``2^64``) go entry by entry. Measured (``bench/secagg_noise.py``, one core of a 2-core AMD EPYC host beside two
+1-thread benchmark jobs), at a variance of ``2^38`` grid units: ``10^5`` entries in 0.08 to 0.14 s, ``10^6`` in 1.0
+to 1.8 s (three runs); per entry 1.31 discrete Laplace draws (the Gaussian's test accepts 0.76), 1.58 uniforms per
+Laplace draw, 12.3 words.
 
 **The generator.** Words come from a ChaCha20 key stream whose 32-byte key is ``secrets.token_bytes`` (the OS
 CSPRNG) by default, or HKDF of a caller's 32-byte ``seed``, a mode for tests and reproducible comparisons only

@@ -9,9 +9,9 @@ survivors ``S``: it never sees a term with less noise than the sum's. Each ``e_i
 sampler term enters ``delta``). Discrete Gaussians are not closed under sums: ``n`` shares sum to a law close to
 ``N_Z(0, n sigma^2)``, and Kairouz, Liu, Steinke 2021 ("The Distributed Discrete Gaussian Mechanism for Federated
 Learning with Secure Aggregation", ICML; Theorem 1, in Renyi form their Proposition 14) bound the difference by
-``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))``: :func:`distributed_rdp`, :func:`log_tau`. At a share's
-``sigma^2`` of ``2^37`` grid units ``log tau`` is about ``-2.7e12``: ``tau`` underflows float64 to 0 and the sum is
-private as the discrete Gaussian of ``n sigma^2`` is, to float64's precision.
+``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))``: :func:`distributed_rdp`, :func:`log_tau`. At a
+share's ``sigma^2`` of ``2^37`` grid units ``log tau`` is about ``-pi^2 sigma^2 = -1.4e12``: ``tau`` underflows
+float64 to 0 and the sum is private as the discrete Gaussian of ``n sigma^2`` is, to float64's precision.
 
 **The grid.** Noise and values live on the grid of :class:`FixedPoint`: integers in units of ``2^-f``,
 which the ring ``Z_2^128`` adds exactly, so the decoded sum is the exact integer sum (nothing rounds
