@@ -49,8 +49,8 @@ from common.secagg.primitives import SecAggError
 
 SEED_BYTES = 32
 WORD = 1 << 64  # a word's range: the uniforms are 64-bit integers
-MAX_WORDS = 2**32  # 8 bytes each: 32 GiB of the 256 GiB a ChaCha20 key (32-bit block counter) gives
-MAX_COUNT = 2**28  # entries per call: a draw takes about 23 words an entry, well within MAX_WORDS
+MAX_WORDS = 2**34  # 8 bytes each: 128 GiB of the 256 GiB a ChaCha20 key (32-bit block counter) gives
+MAX_COUNT = 2**28  # entries per call: a draw takes 12 to 19 words an entry on average, well within MAX_WORDS
 MAX_VARIANCE = 2**60  # sigma^2 at most this: the Laplace scale t = floor(sigma) + 1 stays below 2^31
 Rational = int | Fraction
 

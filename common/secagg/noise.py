@@ -113,13 +113,17 @@ def grid_sensitivity(l2: float, entries: int, fp: FixedPoint) -> tuple[float, fl
 
 def log_tau(share: float, shares: int) -> float:
     """``log tau``, ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))`` for ``n = shares`` shares of
-    parameter ``sigma^2 = share`` (grid units), in log space (log-sum-exp); ``-inf`` for one share (``tau = 0``)."""
-    if not (share >= 0.25 and shares >= 1):
-        raise SecAggError(
-            f"noise: expected a share variance >= 1/4 (sigma >= 1/2) and shares >= 1, got {share}, {shares}"
-        )
+    parameter ``sigma^2 = share`` (grid units), in log space (log-sum-exp); ``-inf`` for one share (``tau = 0``).
+    ``SecAggError`` for ``sigma < 1/2`` with several shares (the theorem's condition): a finer grid raises it."""
+    if shares < 1:
+        raise SecAggError(f"noise: expected at least one share, got {shares}")
     if shares == 1:
         return -math.inf
+    if not share >= 0.25:
+        raise SecAggError(
+            f"noise: expected a share variance of at least 1/4 grid units (sigma >= 1/2), got {share}: "
+            "more fractional bits (secagg.frac_bits) raise it"
+        )
     exponents = [-2 * math.pi**2 * share * k / (k + 1) for k in range(1, shares)]
     top = max(exponents)
     return math.log(10) + top + math.log(sum(math.exp(e - top) for e in exponents))

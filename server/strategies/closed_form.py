@@ -212,9 +212,8 @@ class PrivateRelease:
         self.mu = composed_mu(self.releases)  # one step's release, composed
         self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
         self.noise = noise
-        if noise is not None:  # the noised terms as the clients mask them: their releases and draws
-            self.entries = noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM])
-            self.shared = noise.layout_releases(self.entries)
+        if noise is not None:  # the releases of the noised terms as the clients mask them
+            self.shared = noise.layout_releases(noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM]))
         self.carried: dict[str, Any] = {}  # distributed: what the last step's sum carried (noise.report)
 
     def check(self, task: int) -> None:

@@ -403,6 +403,7 @@ def test_log_tau_is_the_kls_sum_in_log_space():
     assert log_tau(big, 1) == -math.inf
     with pytest.raises(SecAggError, match="sigma >= 1/2"):
         log_tau(0.2, 3)
+    assert log_tau(0.2, 1) == -math.inf  # one share is the discrete Gaussian itself, at any sigma
 
 
 def test_the_distributed_rdp_is_the_gaussians_with_one_share_and_pays_tau_with_several():
