@@ -1,10 +1,11 @@
-"""How fast a client draws its distributed-noise share (issue 44 part 2): ``common/secagg/noise.py``'s Skellam
-variates from the ChaCha20 key stream, per entry count and share variance (grid units), against the key stream
-alone and numpy's (non-cryptographic) Poisson difference as references. One core; the median of ``--repeats``.
+"""How fast a client draws its distributed-noise share: ``common/secagg/discrete_gaussian.py``'s exact discrete
+Gaussian from the ChaCha20 key stream, per entry count and share variance (grid units), against the key stream alone
+(the same number of words) and numpy's rounded normal (neither exact nor cryptographic) as references. One core; the
+median of ``--repeats``; the words per entry the sampler drew.
 
 Usage::
 
-    python bench/secagg_noise.py                       # 1e5 and 1e6 entries, four variances
+    python bench/secagg_noise.py                       # 1e5 and 1e6 entries, five variances
     python bench/secagg_noise.py --counts 1000000 --repeats 5
 """
 
@@ -17,9 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common.secagg.noise import KeyStream, skellam
+from common.secagg.discrete_gaussian import KeyStream, discrete_gaussian
 
-VARIANCES = (8.0, 20.0, 2.0**20, 2.0**30, 2.0**41)  # inversion (mean 4), PTRS from its least mean (10) to its largest
+VARIANCES = (1, 2**20, 2**30, 2**38, 2**40)  # the least, two middling, a distributed-DP share's, the grid's cap
 
 
 def median_seconds(repeats: int, draw: Callable[..., object], *args: object) -> float:
@@ -31,12 +32,18 @@ def median_seconds(repeats: int, draw: Callable[..., object], *args: object) -> 
     return statistics.median(times)
 
 
+def words_per_entry(variance: int, count: int) -> float:
+    stream = KeyStream()
+    discrete_gaussian(variance, count, stream=stream)
+    return stream.drawn / count
+
+
 def stream(count: int) -> np.ndarray:
-    return KeyStream().uniforms(count)
+    return KeyStream().words(count)
 
 
-def numpy_difference(rng: np.random.Generator, variance: float, count: int) -> np.ndarray:
-    return rng.poisson(variance / 2, count) - rng.poisson(variance / 2, count)
+def numpy_rounded_normal(rng: np.random.Generator, variance: int, count: int) -> np.ndarray:
+    return np.rint(rng.normal(0.0, variance**0.5, count)).astype(np.int64)
 
 
 def main() -> None:
@@ -45,14 +52,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     reference = np.random.default_rng(0)  # the non-cryptographic reference only
-    print("| entries | variance (grid units) | skellam s | key stream alone s | numpy poisson diff s (not a CSPRNG) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| entries | variance (grid units) | discrete gaussian s | words per entry | key stream alone s "
+        "| numpy rint(normal) s (not exact, not a CSPRNG) |"
+    )
+    print("|---|---|---|---|---|---|")
     for count in args.counts:
-        stream_s = median_seconds(args.repeats, stream, 4 * count)  # PTRS takes 2 uniforms a try, twice
         for variance in VARIANCES:
-            ours = median_seconds(args.repeats, skellam, variance, count)
-            theirs = median_seconds(args.repeats, numpy_difference, reference, variance, count)
-            print(f"| {count:,} | {variance:.4g} | {ours:.3f} | {stream_s:.3f} | {theirs:.3f} |")
+            ours = median_seconds(args.repeats, discrete_gaussian, variance, count)
+            words = words_per_entry(variance, count)
+            stream_s = median_seconds(args.repeats, stream, round(words * count))
+            theirs = median_seconds(args.repeats, numpy_rounded_normal, reference, variance, count)
+            cells = (f"{count:,}", f"2^{variance.bit_length() - 1}", f"{ours:.3f}", f"{words:.1f}", f"{stream_s:.3f}")
+            print("| " + " | ".join(cells) + f" | {theirs:.3f} |")
 
 
 if __name__ == "__main__":

@@ -57,14 +57,13 @@ class PrivacyLedger:
         self.spent = {t: float(v) for t, v in enumerate(spent) if float(v) > 0}
 
 
-DISTRIBUTED_KEYS = ("variance", "survivors", "colluders", "tv", "delta")  # a distributed step's, in privacy.steps
+DISTRIBUTED_KEYS = ("variance", "survivors", "colluders", "log_tau", "delta")  # a distributed step's, in privacy.steps
 
 
 def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's guarantee for ``metrics.json``: ``{"privacy": {...}}`` with the epsilon its most spent records have
-    spent and its delta (distributed mode: with the sampler's term of each step, whose records it alone releases),
-    from its history's steps that released statistics (their ``dp`` reports); ``{}`` for a run that released none
-    under a budget."""
+    spent and its delta (the largest any step states), from its history's steps that released statistics (their
+    ``dp`` reports); ``{}`` for a run that released none under a budget."""
     steps = [entry for entry in history if "dp" in entry]
     if not steps:
         return {}

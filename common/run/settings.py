@@ -282,11 +282,12 @@ class DpSettings(Settings):
     mode: str = setting(
         "central",
         "'central': the coordinator adds the Gaussian noise to the summed statistics (it sees them un-noised); "
-        "'distributed': each client adds its Skellam share before masking, so that the securely aggregated sum "
-        "carries the noise and the coordinator never sees a less-noisy term (needs secagg.enabled); 'local': each "
-        "client noises everything it sends itself (DP-SGD, its Grams): the trained methods' mode, nobody trusted; "
-        "'client': client-level DP (DP-FedAvg) of fedavg-lora and fedavg, the coordinator clips each client's change "
-        "to dp.clip, averages with equal weights and noises the mean (it sees each update: no secure aggregation)",
+        "'distributed': each client adds its discrete Gaussian share (an exact sampler) before masking, so that the "
+        "securely aggregated sum carries the noise and the coordinator never sees a less-noisy term (needs "
+        "secagg.enabled); 'local': each client noises everything it sends itself (DP-SGD, its Grams): the trained "
+        "methods' mode, nobody trusted; 'client': client-level DP (DP-FedAvg) of fedavg-lora and fedavg, the "
+        "coordinator clips each client's change to dp.clip, averages with equal weights and noises the mean (it sees "
+        "each update: no secure aggregation)",
     )
     colluders: int = setting(
         0,

@@ -1,49 +1,42 @@
-"""Distributed noise under secure aggregation (``dp.mode = distributed``): the Skellam mechanism's calibration, the
-fixed point every party derives for it, and one client's share of a step's noise in the order its terms are masked.
+"""Distributed noise under secure aggregation (``dp.mode = distributed``): the distributed discrete Gaussian's
+calibration, the fixed point every party derives for it, and one client's share of a step's noise in the order its
+terms are masked.
 
-**Who adds what.** Each of the ``n`` clients adds a symmetric Skellam share (``common/secagg/noise.py``) to its
-encoded terms before masking: on the task's rows of the class sums variance ``V_S / (t - k)``, on the packed Gram's
-diagonal ``V_G / (t - k)`` and off it ``V_G / (2 (t - k))`` (the central mechanism's symmetric shape), ``t`` the
-SecAgg threshold and ``k`` (``dp.colluders``, below ``t``) the clients that may collude with the coordinator: they
-know their own shares and can subtract them. Any ``|S| >= t`` survivors' sum, the colluders' shares taken out,
-carries ``(|S| - k) / (t - k) >= 1`` times ``V`` (``noise.carried_variance``); the coordinator learns only that sum
-and adds nothing. Counts, the sample count and the loss sums stay un-noised: public by design, as in central mode.
+**Who adds what.** Each of the ``n`` clients adds a discrete Gaussian share (``common/secagg/noise.py``, drawn by the
+exact sampler of ``common/secagg/discrete_gaussian.py``) to its encoded terms before masking: on the task's rows of
+the class sums parameter ``V_S / (t - k)``, on the packed Gram's diagonal ``V_G / (t - k)`` and off it ``V_G / (2 (t -
+k))`` (the central mechanism's symmetric shape), each rounded up to an integer on the grid, ``t`` the SecAgg threshold
+and ``k`` (``dp.colluders``, below ``t``) the clients that may collude with the coordinator: they know their own shares
+and can subtract them. Any ``|S| >= t`` survivors' sum, the colluders' shares taken out, holds ``|S| - k`` honest shares
+and carries ``(|S| - k) / (t - k) >= 1`` times ``V`` (``noise.carried_variance``); the coordinator learns only that
+sum and adds nothing. Counts, the sample count and the loss sums stay un-noised: public by design, as in central mode.
 
-**The guarantee.** The sum is a Skellam mechanism on the integer query ``rint(x 2^f)``; its Renyi DP at integer
-orders ``alpha`` (Agarwal, Kairouz, Liu 2021, Corollary 3.6; ``noise.skellam_rdp``), with sensitivities in grid
-units that include the rounding (``noise.grid_sensitivity``: ``+ sqrt(m)`` in L2, ``m`` the entries one record
-changes), is
+**The guarantee.** The sum of the ``n' = |S| - k`` honest shares is the distributed discrete Gaussian mechanism on the
+integer query ``rint(x 2^f)``; its Renyi DP at every order ``alpha >= 1`` (Kairouz, Liu, Steinke 2021, Proposition
+14; ``noise.distributed_rdp``), with sensitivities in grid units that include the rounding
+(``noise.grid_sensitivity``: ``+ sqrt(m)`` in L2, ``m`` the entries one record changes), is
 
-``eps(alpha) = alpha L2w^2 / (2 V) + min((2 alpha L2^2 + 6 L1) / (4 V_min^2), 3 L1 / (2 V_min))``
-
-(``2 alpha``: the larger of the corollary's two readings, as ``common.secagg.noise.skellam_rdp``)
+``eps(alpha) = min(alpha L2w^2 / (2 V) + tau m, alpha / 2 (L2w^2 / V + 2 tau L1 / sqrt(V_min) + tau^2 m), alpha / 2
+(L2w / sqrt(V) + tau sqrt(m))^2)``, ``tau = 10 sum_{j=1}^{n'-1} exp(-2 pi^2 (V_min / n') j / (j + 1))``
 
 per statistic, summed over the statistics (independent noise: Renyi DP adds). ``L2w`` is the L2 sensitivity in
 the coordinates that make the Gram's noise isotropic (off-diagonal entries times ``sqrt 2``: ``C^2 2^f + d
-sqrt(K)`` for ``K`` blocks of width ``d``), ``L2``, ``L1`` the plain ones of the packed entries, ``V_min`` the
-least variance of an entry (``V_G / 2`` off the Gram's diagonal): each term only grows as a variance shrinks, so
-the sum bounds the per-entry mechanism's. ``dp_accounting``'s RDP conversion (``compute_epsilon``) turns it into
-``(epsilon, delta)``. Calibration: ``V = s sigma^2`` per statistic, ``sigma`` the central Gaussian calibration's,
-with the least ``s >= 1`` (bisection) whose ``epsilon`` at ``V`` meets the budget; the RDP conversion is looser than
-the analytic Gaussian's, so ``s`` is a little above 1 (1.2 at ``epsilon`` 0.5, 1.13 at 8).
-
-**The sampler's term in delta.** The shares come from a float64 sampler whose law differs from the exact Skellam's
-by at most ``noise.skellam_tv`` per entry; over every noised entry of every share the sum holds, that is ``TV``
-(:meth:`DistributedNoise.tv`), and the exact mechanism's ``(epsilon, delta)`` holds for the sampled one at
-``(epsilon, delta + (1 + e^epsilon) TV)`` (at most 1: a ``delta`` of 1 promises nothing). Each step states that
-``delta`` beside the accountant's, rather than calibrating the accountant's ``delta`` down to make room for the term:
-``TV`` does not shrink with more noise (it grows as the noise's deviation, through the Poisson means), so no variance
-would absorb it, and at a head's usual widths it is by far the larger term (``TV`` 2e-3 over three shares at ``F' =
-1,152``, a Gram's 664,000 entries each: ``delta`` 7e-3 at ``epsilon`` 1, and past 1 at 8), which would refuse every
-such run where stating it leaves the figure in view. The levers are the sampler's precision (an exact integer
-sampler) and the number of noised entries, not the noise.
+sqrt(K)`` for ``K`` blocks of width ``d``), ``L1`` the plain one of the packed entries, ``V_min`` the least parameter
+of an entry's sum (``V_G / 2`` off the Gram's diagonal): the bound holds entry by entry with each entry's own ``V``,
+and each term only grows as a variance shrinks. ``log tau`` is about ``-pi^2 V_min / n'`` per statistic: below ``-9 x
+10^10`` at ``F' = 1,152`` (the class sums' shares, the least, are about ``10^10`` grid units at ``epsilon`` 1 and 8,
+``C = 1``), so ``tau`` is 0 in float64 and the bound is the Gaussian mechanism's ``alpha L2w^2 / (2 V)``.
+``dp_accounting``'s RDP conversion (``compute_epsilon``, at the orders ``ORDERS``) turns it into ``(epsilon,
+delta)``, ``delta`` the run's ``dp.delta``: the sampler is exact, so nothing is added to it. Calibration: ``V = s
+sigma^2`` per statistic, ``sigma`` the central Gaussian calibration's, with the least ``s >= 1`` (bisection) whose
+``epsilon`` at ``V`` meets the budget; the RDP conversion is looser than the analytic Gaussian's, so ``s`` is a little
+above 1 (1.2 at ``epsilon`` 0.5, 1.13 at 8).
 
 **The grid.** ``f`` (:func:`frac_bits`) is the most fractional bits at which a share (``/ (t - k)``) of up to
-``HEADROOM x`` the Gaussian variance stays under ``GRID_CAP`` grid units (the sampler's limit, with room for the
-calibration's ``s``): the grid step is then about ``2^-20`` of the noise's deviation, and its rounding (the
-``sqrt(m)`` terms) costs nothing measurable. It depends on the settings and the number of clients alone, so client
-and coordinator derive it alike, and its bound is widened by a share's tail (``noise.noisy_fixed_point``) so that an
-honest noisy sum decodes.
+``HEADROOM x`` the Gaussian variance stays under ``GRID_CAP`` grid units: the grid step is then about ``2^-20`` of the
+noise's deviation, and its rounding (the ``sqrt(m)`` terms) costs nothing measurable. It depends on the settings and
+the number of clients alone, so client and coordinator derive it alike, and its bound is widened by a share's tail
+(``noise.noisy_fixed_point``) so that an honest noisy sum decodes.
 
 **Seeds.** ``dp.seed = -1``: each share from a fresh ChaCha20 key of the OS CSPRNG. ``dp.seed >= 0`` (tests and
 reproducible comparisons only): the key is SHA-256 of the seed, the step's context (run, task, round, phase,
@@ -62,22 +55,22 @@ import torch
 
 from common.privacy.gaussian import CLASS_SUM, GRAM, calibrate
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.discrete_gaussian import MAX_COUNT, discrete_gaussian
 from common.secagg.noise import (
-    MAX_COUNT,
     carried_variance,
+    distributed_rdp,
     grid_sensitivity,
     grid_variance,
+    log_tau,
     noisy_fixed_point,
-    share_variance,
-    skellam,
-    skellam_tv,
+    share_grid_variance,
     tail_bound,
 )
 from common.secagg.primitives import FixedPoint, SecAggError
 
-GRID_CAP = 2.0**40  # a share's grid variance at most this (the sampler takes 2^41)
+GRID_CAP = 2.0**40  # a share's grid variance at most this: a grid step ~2^-20 of the noise's deviation is fine enough
 HEADROOM = 4.0  # f leaves room for a calibrated variance of up to 4 sigma^2
-ORDERS = tuple(range(2, 257))  # the integer Renyi orders the Skellam bound holds at
+ORDERS = (*(1 + j / 10 for j in range(1, 10)), *range(2, 257))  # the Renyi orders evaluated (the bound holds at all)
 GRAM_TERM, SUM_TERM = "sums/grams/gram/total@tril", "sums/plain/class_sum"  # a step's noised terms (packed)
 PUBLIC_TERMS = ("sums/plain/class_count", "num_samples", "loss_sum", "loss_samples")  # never noised
 Draw = tuple[float, int]  # one stream of a share: the sum's variance V (real units) and its entries
@@ -112,7 +105,7 @@ def frac_bits(dp: DpSettings, secagg: SecAggSettings, clients: int, threshold: i
     largest = max(r.sigma**2 for r in gaussian.values()) / honest_threshold(dp, threshold)
     f = math.floor((math.log2(GRID_CAP) - math.log2(HEADROOM * largest)) / 2)
     if f < 0:
-        raise SecAggError(f"dp.mode = distributed: a share variance of {largest:g} exceeds the Skellam sampler's grid")
+        raise SecAggError(f"dp.mode = distributed: a share variance of {largest:g} exceeds the grid's cap")
     return min(f, secagg.frac_bits or 64)
 
 
@@ -126,11 +119,11 @@ def dp_fixed_point(dp: DpSettings, secagg: SecAggSettings, clients: int, thresho
 
 
 @dataclass(frozen=True)
-class SkellamRelease:
-    """One statistic's Skellam mechanism: its L2 sensitivity in real units, the variance ``V`` its diagonal (or
-    every) entry carries at least, and its shape on the grid: ``entries`` a record can change, ``isotropic`` the
-    L2 norm of a unit rounding error in the noise-isotropic coordinates, ``least`` the least entry variance over
-    ``V``."""
+class DistributedRelease:
+    """One statistic's distributed discrete Gaussian mechanism: its L2 sensitivity in real units, the variance ``V``
+    its diagonal (or every) entry's sum carries at least, and its shape on the grid: ``entries`` a record can change,
+    ``isotropic`` the L2 norm of a unit rounding error in the noise-isotropic coordinates, ``least`` the least entry
+    variance over ``V``."""
 
     sensitivity: float
     variance: float
@@ -138,30 +131,32 @@ class SkellamRelease:
     isotropic: float
     least: float
 
-    def rdp(self, order: int, fp: FixedPoint, scale: float = 1.0) -> float:
-        """``eps(alpha)`` (module docstring) when the sum carries ``scale x V``."""
+    def rdp(self, order: float, fp: FixedPoint, scale: float, shares: int) -> float:
+        """``eps(alpha)`` (module docstring) when the sum of ``shares`` honest shares carries ``scale x V``."""
         v = grid_variance(self.variance * scale, fp)
-        least = v * self.least
         l2, l1 = grid_sensitivity(self.sensitivity, self.entries, fp)
         l2w = self.sensitivity * 2.0**fp.frac_bits + self.isotropic
-        lattice = min((2 * order * l2**2 + 6 * l1) / (4 * least**2), 3 * l1 / (2 * least))
-        return order * l2w**2 / (2 * v) + lattice
+        return distributed_rdp(order, l1, l2w, v, shares, self.entries, least=v * self.least)
+
+    def log_tau(self, fp: FixedPoint, scale: float, shares: int) -> float:
+        """``log tau`` of :meth:`rdp`: at the least share parameter, ``scale V V_min / V`` over ``shares``."""
+        return log_tau(grid_variance(self.variance * scale, fp) * self.least / shares, shares)
 
 
 def releases_of(
     dp: DpSettings, statistics: tuple[str, ...], gram_shape: tuple[int, ...], width: int, scale: float
-) -> dict[str, SkellamRelease]:
-    """The step's Skellam releases at ``scale x`` the Gaussian calibration's variances: the Gram of
-    ``gram_shape`` (``(d, d)`` or ``(K, d, d)``) when ``statistics`` hold it, and a class sum's row of ``width``."""
+) -> dict[str, DistributedRelease]:
+    """The step's releases at ``scale x`` the Gaussian calibration's variances: the Gram of ``gram_shape`` (``(d, d)``
+    or ``(K, d, d)``) when ``statistics`` hold it, and a class sum's row of ``width``."""
     gaussian = calibrate(dp, statistics)
     out = {
-        CLASS_SUM: SkellamRelease(
+        CLASS_SUM: DistributedRelease(
             gaussian[CLASS_SUM].sensitivity, scale * gaussian[CLASS_SUM].sigma ** 2, width, math.sqrt(width), 1.0
         )
     }
     if GRAM in gaussian:
         d, blocks = gram_shape[-1], math.prod(gram_shape[:-2])
-        out[GRAM] = SkellamRelease(
+        out[GRAM] = DistributedRelease(
             gaussian[GRAM].sensitivity,
             scale * gaussian[GRAM].sigma ** 2,
             blocks * d * (d + 1) // 2,
@@ -171,56 +166,58 @@ def releases_of(
     return out
 
 
-def epsilon(releases: dict[str, SkellamRelease], fp: FixedPoint, delta: float, scale: float = 1.0) -> float:
-    """The ``epsilon`` at ``delta`` of the releases together when the sum carries ``scale x`` their variances
-    (``dp_accounting``'s conversion of the summed Renyi DP)."""
+def epsilon(
+    releases: dict[str, DistributedRelease], fp: FixedPoint, delta: float, scale: float = 1.0, *, shares: int
+) -> float:
+    """The ``epsilon`` at ``delta`` of the releases together when the sum of ``shares`` honest shares carries ``scale
+    x`` their variances (``dp_accounting``'s conversion of the summed Renyi DP)."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-    rdp = [sum(r.rdp(order, fp, scale) for r in releases.values()) for order in ORDERS]
+    rdp = [sum(r.rdp(order, fp, scale, shares) for r in releases.values()) for order in ORDERS]
     return float(compute_epsilon(ORDERS, rdp, delta)[0])
 
 
-def calibrate_scale(releases: dict[str, SkellamRelease], fp: FixedPoint, dp: DpSettings) -> float:
-    """The least ``s`` in ``[1, HEADROOM]`` (to ``1e-6``) at which the releases meet ``(dp.epsilon, dp.delta)``."""
-    if epsilon(releases, fp, dp.delta, HEADROOM) > dp.epsilon:
+def calibrate_scale(releases: dict[str, DistributedRelease], fp: FixedPoint, dp: DpSettings, *, shares: int) -> float:
+    """The least ``s`` in ``[1, HEADROOM]`` (to ``1e-6``) at which the releases meet ``(dp.epsilon, dp.delta)`` with
+    ``shares`` honest shares in the sum (``t - k``: the fewest a step accepts)."""
+    if epsilon(releases, fp, dp.delta, HEADROOM, shares=shares) > dp.epsilon:
         raise SecAggError(
             f"dp.mode = distributed: even {HEADROOM:g} x the Gaussian variance misses epsilon {dp.epsilon:g} on a "
             f"grid of 2^-{fp.frac_bits}"
         )
-    if epsilon(releases, fp, dp.delta) <= dp.epsilon:
+    if epsilon(releases, fp, dp.delta, shares=shares) <= dp.epsilon:
         return 1.0
     low, high = 1.0, HEADROOM
     while high - low > 1e-6:
         mid = (low + high) / 2
-        low, high = (mid, high) if epsilon(releases, fp, dp.delta, mid) > dp.epsilon else (low, mid)
+        low, high = (mid, high) if epsilon(releases, fp, dp.delta, mid, shares=shares) > dp.epsilon else (low, mid)
     return high
 
 
 class DistributedNoise:
     """A run's distributed noise: the fixed point, the threshold, the colluders ``k = dp.colluders``, and per step
-    shape the calibrated releases (``V = s sigma^2``); each client's share of a step (:meth:`share`), what a sum of
-    survivors carries against the coordinator and ``k`` colluders (:meth:`carried`) and the sampler's term in
-    ``delta`` (:meth:`tv`)."""
+    shape the calibrated releases (``V = s sigma^2``); each client's share of a step (:meth:`share`) and what a sum
+    of survivors carries against the coordinator and ``k`` colluders (:meth:`carried`, :meth:`report`)."""
 
     def __init__(self, dp: DpSettings, secagg: SecAggSettings, clients: int, threshold: int) -> None:
         self.dp, self.clients, self.threshold, self.colluders = dp, clients, threshold, dp.colluders
         self.fp = dp_fixed_point(dp, secagg, clients, threshold)
         self.share_tail = tail_bound(GRID_CAP, MAX_COUNT)  # the widening of fp's bound
-        self._calibrated: dict[tuple, dict[str, SkellamRelease]] = {}
+        self._calibrated: dict[tuple, dict[str, DistributedRelease]] = {}
 
     def releases(
         self, statistics: tuple[str, ...], gram_shape: tuple[int, ...], width: int
-    ) -> dict[str, SkellamRelease]:
+    ) -> dict[str, DistributedRelease]:
         """The releases of a step whose Gram is ``gram_shape`` (``()``: none) and class sums' rows ``width`` wide,
-        calibrated to the budget (cached: one bisection per shape)."""
+        calibrated to the budget at ``t`` survivors (cached: one bisection per shape)."""
         key = (statistics, gram_shape, width)
         if key not in self._calibrated:
             unit = releases_of(self.dp, statistics, gram_shape, width, 1.0)
-            s = calibrate_scale(unit, self.fp, self.dp)
+            s = calibrate_scale(unit, self.fp, self.dp, shares=self.threshold - self.colluders)
             self._calibrated[key] = releases_of(self.dp, statistics, gram_shape, width, s)
         return self._calibrated[key]
 
-    def layout_releases(self, entries: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, SkellamRelease]:
+    def layout_releases(self, entries: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, DistributedRelease]:
         """The releases of a step from its masked layout (``Layout.entries``): the packed Gram's and class sums'
         shapes. ``SecAggError`` for a term no release covers and that is not public: it would leave un-noised."""
         shapes = dict(entries)
@@ -273,23 +270,19 @@ class DistributedNoise:
             out[b"G<"] = (releases[GRAM].variance / 2, math.prod(blocks) * (packed - d))
         return out
 
-    def share_grid_variance(self, variance: float) -> float:
-        """A share's variance in grid units for a sum of ``variance`` (real units): ``V / (t - k) 4^f``."""
-        return grid_variance(share_variance(variance, self.clients, self.threshold, colluders=self.colluders), self.fp)
-
-    def tv(self, draws: dict[bytes, Draw], shares: int) -> float:
-        """``TV``: the bound on the total variation between the sampled and the exact law of ``shares`` shares that
-        each draw ``draws`` (:meth:`draws`), every entry's ``noise.skellam_tv`` added (independent draws)."""
-        one = sum(count * skellam_tv(self.share_grid_variance(v)) for v, count in draws.values())
-        return shares * one
+    def share_grid_variance(self, variance: float) -> int:
+        """A share's parameter in grid units for a sum of ``variance`` (real units): ``ceil(V 4^f / (t - k))``."""
+        return share_grid_variance(variance, self.fp, self.clients, self.threshold, colluders=self.colluders)
 
     def _draw(self, variance: float, count: int, context: bytes, index: int, what: bytes) -> np.ndarray:
-        """``count`` Skellam entries of a share for a sum of ``variance`` (real units; the share's is over ``t - k``):
-        from the CSPRNG, or with ``dp.seed >= 0`` from a key of the seed, the step, the client and ``what``."""
+        """``count`` discrete Gaussian entries of a share for a sum of ``variance`` (real units; the share's is over
+        ``t - k``): from the CSPRNG, or with ``dp.seed >= 0`` from a key of the seed, the step, the client and
+        ``what``."""
         seed = None
         if self.dp.seed >= 0:
             seed = hashlib.sha256(b"|".join([b"dp-share", str(self.dp.seed).encode(), context, b"%d" % index, what]))
-        return skellam(self.share_grid_variance(variance), count, seed=None if seed is None else seed.digest())
+        share = self.share_grid_variance(variance)
+        return discrete_gaussian(share, count, seed=None if seed is None else seed.digest())
 
     def carried(self, survivors: int) -> float:
         """What a sum of ``survivors`` carries against the coordinator and ``k`` colluders, as a multiple of ``V``:
@@ -306,23 +299,24 @@ class DistributedNoise:
         d = int(round((math.sqrt(8 * shapes[GRAM_TERM][-1] + 1) - 1) / 2))
         return d * survivors * self.share_tail * 2.0**-self.fp.frac_bits
 
-    def report(self, releases: dict[str, SkellamRelease], survivors: int, draws: dict[bytes, Draw]) -> dict[str, Any]:
+    def report(self, releases: dict[str, DistributedRelease], survivors: int) -> dict[str, Any]:
         """What a step of ``survivors`` carried against the coordinator and ``k`` colluders: per statistic the
-        variance ``(|S| - k) V / (t - k)`` of its (diagonal) entries, the epsilon at ``dp.delta`` of that sum (at
-        most the budget), the sampler's ``tv`` over the ``|S|`` shares that drew ``draws`` (the colluders' counted
-        too: an upper bound) and the ``delta`` it makes, ``dp.delta + (1 + e^epsilon) tv``, at most 1 (module
-        docstring)."""
-        carried = self.carried(survivors)
-        eps = epsilon(releases, self.fp, self.dp.delta, carried)
-        tv = self.tv(draws, survivors)
+        variance ``(|S| - k) V / (t - k)`` of its (diagonal) entries' sum and ``log tau`` of its ``|S| - k`` honest
+        shares (``None``: one share, ``tau = 0``); the epsilon at ``dp.delta`` of that sum (at most the budget) and
+        ``delta``, ``dp.delta``: no sampler's term (the sampler is exact)."""
+        carried, honest = self.carried(survivors), survivors - self.colluders
         return {
             "variance": {name: carried * r.variance for name, r in releases.items()},
-            "epsilon": eps,
+            "log_tau": {name: _finite(r.log_tau(self.fp, carried, honest)) for name, r in releases.items()},
+            "epsilon": epsilon(releases, self.fp, self.dp.delta, carried, shares=honest),
             "survivors": survivors,
             "colluders": self.colluders,
             "threshold": self.threshold,
             "frac_bits": self.fp.frac_bits,
-            "tv": tv,
-            "delta_accountant": self.dp.delta,
-            "delta": min(1.0, self.dp.delta + (1 + math.exp(eps)) * tv),
+            "delta": self.dp.delta,
         }
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or ``None`` for ``-inf`` (JSON has no infinities)."""
+    return value if math.isfinite(value) else None

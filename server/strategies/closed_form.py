@@ -202,7 +202,7 @@ class PrivateRelease:
     """The run's privacy budget on a closed-form head's steps: each step's statistics calibrated once
     (:func:`~common.privacy.gaussian.calibrate`), the ledger of what each task's records have spent, and the noise
     added to a step's summed statistics before they join the totals (central mode), or (``noise``: distributed
-    mode) the Skellam mechanism the clients' shares make, whose sum arrives noised."""
+    mode) the distributed discrete Gaussian mechanism the clients' shares make, whose sum arrives noised."""
 
     def __init__(
         self, settings: DpSettings, shapes: dict[str, tuple[int, ...]], noise: DistributedNoise | None = None
@@ -212,9 +212,8 @@ class PrivateRelease:
         self.mu = composed_mu(self.releases)  # one step's release, composed
         self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
         self.noise = noise
-        if noise is not None:  # the noised terms as the clients mask them: their releases and draws
-            self.entries = noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM])
-            self.skellam = noise.layout_releases(self.entries)
+        if noise is not None:  # the releases of the noised terms as the clients mask them
+            self.shared = noise.layout_releases(noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM]))
         self.carried: dict[str, Any] = {}  # distributed: what the last step's sum carried (noise.report)
 
     def check(self, task: int) -> None:
@@ -225,10 +224,10 @@ class PrivateRelease:
         """Spend task ``task``'s budget and noise the step's sums in place: the Gram, and the rows ``classes`` of
         the class sums (the task's; the other rows hold nothing of this step). Noise drawn in a fixed order from
         ``noise_source(dp.seed, task)``. Distributed mode: the sum of ``survivors`` arrived noised; the ledger
-        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's, and the
-        statement adds the sampler's term to ``delta`` (``DistributedNoise.report``)."""
+        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's
+        (``DistributedNoise.report``)."""
         if self.noise is not None:
-            self.carried = self.noise.report(self.skellam, survivors, self.noise.draws(self.entries, classes))
+            self.carried = self.noise.report(self.shared, survivors)
             mu = gaussian_mu(self.carried["epsilon"], self.settings.delta)
             self.ledger.spend(task, min(mu, self.mu), f"task {task}'s features step")
             return
@@ -242,7 +241,7 @@ class PrivateRelease:
     def gram_sigma(self) -> float:
         """The deviation of the noise on each entry of the summed Gram: one release per task spent so far
         (distributed: the variance every sum of at least the threshold carries)."""
-        variance = self.skellam[GRAM].variance if self.noise is not None else self.releases[GRAM].sigma ** 2
+        variance = self.shared[GRAM].variance if self.noise is not None else self.releases[GRAM].sigma ** 2
         return math.sqrt(variance * len(self.ledger.spent))
 
     def noise_lambda(self, width: int) -> float:
@@ -255,10 +254,10 @@ class PrivateRelease:
         and the mechanism (nested: metrics.json only)."""
         mechanism: dict[str, Any] = {"mode": "central", "sigma": {name: r.sigma for name, r in self.releases.items()}}
         if self.noise is not None:
-            mechanism = {"mode": "distributed", "mechanism": "skellam"} | self.carried
+            mechanism = {"mode": "distributed", "mechanism": "discrete_gaussian"} | self.carried
         logged: dict[str, Any] = {}
         delta = self.settings.delta
-        if self.noise is not None:  # the log line names the mode, what the sum carried and delta with the sampler's
+        if self.noise is not None:  # the log line names the mode, what the sum carried and its delta
             logged = {"dp_mode": "distributed"} | {f"dp_variance_{k}": v for k, v in self.carried["variance"].items()}
             delta = self.carried["delta"]
         return {

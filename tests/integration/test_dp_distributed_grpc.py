@@ -1,5 +1,5 @@
-"""Distributed DP over gRPC (issue 44): three client processes add their Skellam shares before masking, and the
-run equals the in-process distributed-DP run with the same ``dp.seed``, bit for bit."""
+"""Distributed DP over gRPC (issue 44): three client processes add their discrete Gaussian shares before masking, and
+the run equals the in-process distributed-DP run with the same ``dp.seed``, bit for bit."""
 
 from __future__ import annotations
 

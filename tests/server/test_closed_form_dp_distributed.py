@@ -1,6 +1,6 @@
-"""Distributed DP on the closed-form heads (``dp.mode = distributed``): the clients' Skellam shares, added before
-masking, give the securely aggregated sum the calibrated variance; a dropped client's missing share is stated; the
-coordinator adds nothing, and the in-process run repeats with its seed."""
+"""Distributed DP on the closed-form heads (``dp.mode = distributed``): the clients' discrete Gaussian shares, added
+before masking, give the securely aggregated sum the calibrated variance; a dropped client's missing share is stated;
+the coordinator adds nothing, and the in-process run repeats with its seed."""
 
 import math
 
@@ -13,7 +13,6 @@ from common.merges.regmean import gram_factor
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
-from common.secagg.noise import skellam_tv
 from common.wire.messages import ModelSpec, Phase
 from engine.simulation import run_inprocess
 from server.secure import secure_step
@@ -64,7 +63,7 @@ def test_the_summed_noise_has_the_calibrated_variance_and_the_statement_says_wha
     survivors = 3 - len(drop)
     lo, hi = plan.class_range
     assert torch.equal(noisy_sum[hi:], plain_sum[hi:]) and torch.equal(noisy_sum[:lo], plain_sum[:lo])
-    releases = noisy_head.private.skellam
+    releases = noisy_head.private.shared
     carried = survivors / 2  # threshold 2 of 3
     class_noise = (noisy_sum - plain_sum)[lo:hi].flatten()  # 120 entries
     gram_noise = noisy_gram - plain_gram
@@ -131,33 +130,25 @@ def test_the_heads_variants_take_their_shares_on_their_own_shapes(variant):
 
 
 @pytest.mark.parametrize("drop", [(), (2,)])
-def test_the_steps_delta_counts_the_samplers_term_over_every_share_the_sum_holds(drop):
-    """The history's ``dp`` entry: ``tv`` over each survivor's share of the step's noised entries (the task's 20
-    class-sum rows of 40, the Gram's 40 diagonal and 780 other entries), counted here from the shapes, and the
-    statement's ``delta`` (flat ``dp_delta``, the log's and metrics.json's) the accountant's plus ``(1 + e^eps)`` of
-    it. One share's term, or the Gram's alone, fails it."""
+def test_the_steps_statement_names_the_mechanism_and_the_accountants_delta(drop):
+    """The history's ``dp`` entry: the discrete Gaussian, ``delta`` (flat ``dp_delta``, the log's and
+    metrics.json's) the accountant's exactly, with no sampler's term (the sampler is exact), and ``log tau`` of the
+    survivors' shares per statistic, far below float64's least exponent."""
     head, plan, _ = secure_task(DISTRIBUTED, drop)
     entry = head.step_report(plan)
     report = entry["dp"]
-    survivors = 3 - len(drop)
-    lo, hi = plan.class_range
-    grid = 4.0 ** report["frac_bits"] / 2  # a share's: over t = 2, on the grid
-    releases = head.private.skellam
-    v_s, v_g = releases["class_sum"].variance * grid, releases["gram"].variance * grid
-    one_share = (hi - lo) * 40 * skellam_tv(v_s) + 40 * skellam_tv(v_g) + 780 * skellam_tv(v_g / 2)
-    assert report["tv"] == pytest.approx(survivors * one_share, rel=1e-12)
-    delta = DP_DELTA + (1 + math.exp(report["epsilon"])) * report["tv"]
-    assert report["delta"] == pytest.approx(delta, rel=1e-12) and entry["dp_delta"] == report["delta"]
-    assert report["delta_accountant"] == DP_DELTA < report["delta"]
-    assert report["colluders"] == 0
+    assert report["mode"] == "distributed" and report["mechanism"] == "discrete_gaussian"
+    assert report["delta"] == DP_DELTA and entry["dp_delta"] == DP_DELTA and "tv" not in report
+    assert set(report["log_tau"]) == {"gram", "class_sum"} and all(v < -1e6 for v in report["log_tau"].values())
+    assert report["survivors"] == 3 - len(drop) and report["colluders"] == 0
 
 
-def test_a_run_states_the_samplers_delta_in_its_summary():
+def test_a_run_states_the_accountants_delta_in_its_summary():
     result = run_inprocess(tiny("ridge", settings=DISTRIBUTED))
     privacy = result.summary()["privacy"]
     steps = [entry for entry in result.history if "dp" in entry]
-    assert privacy["delta"] == max(entry["dp"]["delta"] for entry in steps) > DP_DELTA
-    assert all(step["tv"] > 0 and step["delta"] > DP_DELTA for step in privacy["steps"])
+    assert privacy["delta"] == DP_DELTA == max(entry["dp"]["delta"] for entry in steps)
+    assert all(step["delta"] == DP_DELTA and step["log_tau"]["class_sum"] < -1e6 for step in privacy["steps"])
 
 
 def test_with_a_colluder_the_clients_shares_are_sized_for_the_honest_survivors():
@@ -167,7 +158,7 @@ def test_with_a_colluder_the_clients_shares_are_sized_for_the_honest_survivors()
     noisy_head, plan, (noisy_sum, _) = secure_task(settings)
     _, _, (plain_sum, _) = secure_task(PLAIN)
     lo, hi = plan.class_range
-    v = noisy_head.private.skellam["class_sum"].variance
+    v = noisy_head.private.shared["class_sum"].variance
     assert float((noisy_sum - plain_sum)[lo:hi].var()) == pytest.approx(3 * v, rel=0.35)  # 120 entries
     report = noisy_head.step_report(plan)["dp"]
     assert report["colluders"] == 1 and report["variance"]["class_sum"] == pytest.approx(2 * v)
