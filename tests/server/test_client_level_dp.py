@@ -26,6 +26,7 @@ from server.strategies import make_strategy
 
 from exports import own_text_config
 from tolerance import rel_tolerance
+from unit_helpers import plan_update
 
 CLIP = 0.5
 BUDGET = {"epsilon": 4.0, "mode": "client", "seed": 3, "clip": CLIP}
@@ -40,25 +41,12 @@ def trained(plan: RoundPlan, index: int, shift: float, samples: int = 4) -> Clie
     """A client's answer to ``plan``: the plan's factors and head moved by ``shift`` everywhere (the head's task rows
     only, as training moves them)."""
     lo, hi = plan.class_range
-    tensors = {}
-    for name, t in plan.tensors.items():
-        kind, _, rest = name.partition("/")
-        moved = t.clone()
-        if name in (HEAD_WEIGHT, HEAD_BIAS):
-            moved[lo:hi] += shift
-        else:
-            moved += shift
-        tensors[f"{FACTOR}/{rest}" if kind == LORA else name] = moved
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=samples,
-        tensors=tensors,
-        train_loss=0.5,
+    head = {name: plan.tensors[name].clone() for name in (HEAD_WEIGHT, HEAD_BIAS)}
+    for t in head.values():
+        t[lo:hi] += shift
+    factors = {name: {"B": f.b + shift, "A": f.a + shift} for name, f in plan.low_rank(LORA).items()}
+    return plan_update(
+        plan, index, samples, train_loss=0.5, head_weight=head[HEAD_WEIGHT], head_bias=head[HEAD_BIAS], factors=factors
     )
 
 
