@@ -16,6 +16,14 @@ ledger is the client's defence, kept by the client alone:
 - **kept on disk** (``path``: the client's own file, written atomically before the update is returned), so that a
   client restarted by its operator cannot be asked again from zero. The update itself is not kept there: after a
   restart the same step asked again is a new release, counted as one.
+
+Distributed mode (``dp.mode = distributed``, the closed-form heads under secure aggregation) has its own hole: each
+secure session of a step masks the client's statistics with a fresh noise share, so a coordinator that unmasks a
+session's sum and then claims it failed gets a second sum with independent noise, and averages the two. The ledger
+records, before the client reveals anything, each step whose unmask request counted it among at least the
+threshold's survivors (from then on the sum can be unmasked, with or without this client's answer); a later session
+of that step gets nothing from it (:meth:`may_mask`: the client sits it out). A session that failed before its
+unmask request spent nothing, and the client takes part in the next.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ class ClientLedger:
         self.grams: bool | None = None  # the plan's Gram releases, pinned at the first private step
         self.ledger: TrainingLedger | None = None
         self.last: tuple[tuple[int, int, str], ClientUpdate] | None = None  # the last step released, and its update
+        self.unmasked: dict[tuple[int, int, str], int] = {}  # distributed: step -> the session whose sum may be out
         if path is not None and path.exists():
             self._load(path)
 
@@ -54,7 +63,8 @@ class ClientLedger:
     def of(config: RunConfig, path: Path | None = None) -> ClientLedger | None:
         """The ledger of ``config``'s run when its method trains privately under a budget, else ``None``."""
         dp = config.section(DpSettings)
-        return ClientLedger(config, path) if dp.enabled and dp.local and method(config.method).dp_training else None
+        trained = dp.local and method(config.method).dp_training
+        return ClientLedger(config, path) if trained or dp.distributed else None
 
     def noise(self, plan: RoundPlan) -> TrainingNoise:
         """The plan's mechanism, which noises every step of the run on this client: pinned at the first call (by
@@ -91,6 +101,21 @@ class ClientLedger:
         self.last = (key, update)
         return update
 
+    def may_mask(self, plan: RoundPlan) -> bool:
+        """Whether this client may mask ``plan``'s statistics for its secure session: not when an earlier session of
+        the same step reached an unmask request that counted it (its sum, with other noise, may be out)."""
+        session = self.unmasked.get((plan.task, plan.round, plan.phase.value))
+        return session is None or session == plan.secure_attempt or not self.settings.distributed
+
+    def unmasking(self, plan: RoundPlan) -> None:
+        """``plan``'s session asks to unmask a sum that holds this client's noised statistics: written down before
+        the client answers. Local mode records nothing: each of its updates is private on its own, and a new session
+        masks the same noisy update again."""
+        if not self.settings.distributed:
+            return
+        self.unmasked[(plan.task, plan.round, plan.phase.value)] = plan.secure_attempt
+        self._save()
+
     def epsilon_spent(self) -> float:
         return self.ledger.epsilon_spent() if self.ledger is not None else 0.0
 
@@ -104,12 +129,19 @@ class ClientLedger:
         )
 
     def _save(self) -> None:
-        if self.path is None or self.ledger is None:
+        if self.path is None:
             return
-        done = {str(task): list(counts) for task, counts in sorted(self.ledger.done.items())}
+        done = {str(task): list(counts) for task, counts in sorted(self.ledger.done.items())} if self.ledger else {}
+        unmasked = [[*step, session] for step, session in sorted(self.unmasked.items())]
         atomic_write_json(
             self.path,
-            {"version": VERSION, "run_id": self.config.run_id, "grams": self.grams, "released": done},
+            {
+                "version": VERSION,
+                "run_id": self.config.run_id,
+                "grams": self.grams,
+                "released": done,
+                "unmasked": unmasked,
+            },
         )
 
     def _load(self, path: Path) -> None:
@@ -117,6 +149,7 @@ class ClientLedger:
             state = json.loads(path.read_text())
             run_id, grams, done = state["run_id"], state["grams"], state["released"]
             released = {int(task): (int(r), int(g)) for task, (r, g) in done.items()}
+            unmasked = {(int(t), int(r), str(p)): int(a) for t, r, p, a in state.get("unmasked", [])}
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"privacy ledger {path}: unreadable ({err}); it is this client's only account") from err
         if state.get("version") != VERSION or run_id != self.config.run_id:
@@ -124,6 +157,7 @@ class ClientLedger:
                 f"privacy ledger {path} is run {run_id!r}'s (version {state.get('version')}), not run "
                 f"{self.config.run_id!r}'s: give each run its own file"
             )
+        self.unmasked = unmasked
         if grams is not None:
             self._pin(bool(grams))
             assert self.ledger is not None

@@ -252,6 +252,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         set_context(task=plan.task, round=plan.round)
         rounds = None
+        if secure and plan.phase != Phase.EVALUATE and ledger is not None and not ledger.may_mask(plan):
+            log.warning(
+                "task %d round %d %s: a new secure session (attempt %d) after an earlier one reached its unmask "
+                "request with this client's noised statistics: sitting it out (a second sum with fresh noise would "
+                "spend the budget again)",
+                plan.task,
+                plan.round,
+                plan.phase.value,
+                plan.secure_attempt,
+            )
+            skipped = (*step, plan.secure_attempt)
+            continue
         if secure and plan.phase != Phase.EVALUATE:
             rounds = SecureRounds(client, config, runtime.spec, index, plan, security=security)
             try:
@@ -285,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(result, ClientUpdate):
                 fault_point("client.push")
                 if rounds is not None:
-                    summed = rounds.finish(result, functools.partial(push_as, client, key))
+                    unmasking = functools.partial(ledger.unmasking, plan) if ledger is not None else None
+                    summed = rounds.finish(result, functools.partial(push_as, client, key), unmasking)
                     log.info("secure aggregation: pushed masked terms; the coordinator unmasks the sum of %d", summed)
                 else:
                     client.push(result, key)

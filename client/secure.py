@@ -79,9 +79,16 @@ class SecureRounds:
         roster = self._until_ready("roster")["roster"]
         self.client.secagg(self.plan, self.index, "share", shares=self.session.share(roster))
 
-    def finish(self, update: ClientUpdate, push: Callable[[ClientUpdate], object]) -> int:
+    def finish(
+        self,
+        update: ClientUpdate,
+        push: Callable[[ClientUpdate], object],
+        unmasking: Callable[[], None] | None = None,
+    ) -> int:
         """Mask and push ``update``'s terms with ``push``, then answer the unmask request; returns how
-        many clients' sum the coordinator unmasks."""
+        many clients' sum the coordinator unmasks. ``unmasking``: called, before anything is revealed, when the
+        request counts this client among at least the threshold's survivors (from then on the sum, this client's
+        noised terms in it, can be unmasked)."""
         inbox = self._until_ready("inbox")
         # the step's aggregator, whose folding defines the terms: what the coordinator would have folded is masked
         terms = client_terms(make_aggregator(self.plan, self.spec, self.config), update)  # UpdateRejected: not sent
@@ -92,6 +99,8 @@ class SecureRounds:
         if self.index not in survivors:
             log.info("the coordinator closed the inputs without this client's; it does not answer")
             return len(survivors)
+        if unmasking is not None and len(survivors) >= self.session.threshold:
+            unmasking()
         confirmations = None
         if self.session.signer is not None:  # the consistency round: the same request, signed by the threshold
             signature = self.session.confirm(survivors, dropped)

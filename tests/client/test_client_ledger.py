@@ -132,3 +132,32 @@ def test_only_a_privately_trained_run_has_a_ledger_and_steps_that_release_nothin
     for _ in range(3):
         ledger.release(evaluation, lambda: count(evaluation))
     assert count.calls == 3 and ledger.ledger is None
+
+
+def test_a_distributed_step_whose_sum_may_be_out_gets_no_second_session_with_fresh_noise(tmp_path):
+    """The attack on distributed mode: the coordinator unmasks a session's sum, claims the session failed and opens
+    another, whose fresh noise shares averaged with the first sum's halve the noise. Once the client has seen the
+    unmask request of attempt 0 it may still finish attempt 0, but masks attempt 1 for nobody, also after a restart;
+    a session that failed before its unmask request costs nothing, and local mode (each update private on its own,
+    masked again unchanged) keeps no such record."""
+    distributed = own_text_config(
+        method="ridge",
+        settings=own_text_config().settings
+        | {"dp": {"epsilon": 1.0, "mode": "distributed"}, "secagg": {"enabled": True}},
+    )
+    strategy = make_strategy(distributed, model_spec(build_model(distributed, 6)))
+    plan = open_step(strategy, distributed.rounds_per_task, 0, 0).plan
+    again = dataclasses.replace(plan, secure_attempt=1)
+    path = tmp_path / "ledger.json"
+    ledger = ClientLedger.of(distributed, path)
+    assert ledger is not None and ledger.may_mask(plan) and ledger.may_mask(again)  # nothing unmasked yet
+    ledger.unmasking(plan)
+    assert ledger.may_mask(plan) and not ledger.may_mask(again)
+    assert not ClientLedger(distributed, path).may_mask(again)  # restarted: the same answer
+    later = open_step(strategy, distributed.rounds_per_task, 1, 0).plan
+    assert ledger.may_mask(dataclasses.replace(later, secure_attempt=3))  # another step: its own sessions
+
+    local = ClientLedger(private())
+    first = plans(private())[0]
+    local.unmasking(first)
+    assert local.may_mask(dataclasses.replace(first, secure_attempt=1)) and not local.unmasked

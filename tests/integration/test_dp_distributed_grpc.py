@@ -38,6 +38,10 @@ def test_a_distributed_dp_run_over_grpc_is_the_in_process_run(cluster, tmp_path)
     assert metrics["privacy"] == json.loads(json.dumps(result.summary()["privacy"]))
     assert metrics["privacy"]["mode"] == "distributed" and len(metrics["privacy"]["steps"]) == 2
     assert "dp_mode distributed" in "".join(server.lines)
+    features = [(h["task"], h["round"], h["phase"]) for h in metrics["history"] if h["phase"] == "features"]
+    for i in range(3):  # each client wrote down, before revealing, the one session of each step whose sum is out
+        unmasked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["unmasked"]
+        assert [tuple(step[:3]) for step in unmasked] == features and all(step[3] == 0 for step in unmasked)
 
 
 @pytest.mark.slow  # the same statement for a dropped client is checked on the coordinator's own path in
