@@ -76,7 +76,7 @@ CONCERNS = {
     "merges": set(),  # the closed-form merges: pure math
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
-    "privacy": {"run"},  # differential privacy: the Gaussian mechanism's calibration and noise, the ledger
+    "privacy": {"run", "wire"},  # differential privacy: calibrations, noise, the ledgers (which read a step's plan)
     # the protocol, the terms a client masks, and the noise a client adds to them (distributed DP)
     "secagg": {"infra", "wire", "run", "merges", "privacy"},
 }
