@@ -500,3 +500,37 @@ def test_a_figure_agrees_only_as_rounded_where_it_stands():
     assert _agrees("8.8 min", [8.78, 8.75]) and not _agrees("5.3 min", [5.29, 5.22])
     assert _agrees("5.2–5.3 min", [5.29, 5.22]) and _agrees("13.5–14.3 min", [13.46, 14.32, 13.5])
     assert _agrees("−0.94", [-0.9444]) and not _agrees("0.94", [-0.9444])
+
+
+def _privacy_table(text: str, header: str) -> dict[str, list[str]]:
+    """A table of docs/PRIVACY.md by its header line's start: its header cells and each row's, by first cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    table = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        table[cells[0]] = cells[1:]
+    return table
+
+
+def test_lorms_privacy_curve_reads_its_cells():
+    """The LoRM curve's rows (docs/results/dp-clinc150/lorm-s0.json, drawn by bench/dp_ridge.py --plot) are
+    bench/dp_cells.py's from the cells, and PRIVACY.md's LoRM table quotes each cell's FAA and forgetting."""
+    from bench.dp_cells import rows
+
+    committed = json.loads((RESULTS_DIR / "dp-clinc150" / "lorm-s0.json").read_text())
+    assert committed == rows("lorm")
+    table = _privacy_table((ROOT / "docs" / "PRIVACY.md").read_text(), "| `lorm` | ε")
+    epsilons = [h.removeprefix("ε ").strip() for h in table["`lorm`"]]
+    assert epsilons[-1] == "without DP"
+    for column, epsilon in enumerate(epsilons):
+        where = (
+            RESULTS_DIR / "dp-clinc150" / f"epsilon{epsilon}"
+            if epsilon != "without DP"
+            else RESULTS_DIR / "clinc150-full"
+        )
+        cell = json.loads((where / "cells/lorm/beta0.5/seed0/metrics.json").read_text())
+        for row, field in (("FAA", "faa"), ("forgetting", "forgetting")):
+            assert _agrees(table[row][column], [float(cell[field])]), (epsilon, row, table[row][column])
