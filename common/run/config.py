@@ -258,6 +258,13 @@ class RunConfig:
                 "sum; without it the coordinator would see each client's statistics with a fraction of the noise. "
                 "Set secagg.enabled=true, or dp.mode = central"
             ]
+        if self.section(RobustSettings).enabled and dp.mode == "central":
+            return [
+                "dp.mode = central with robust.enabled: the screening drops or scales a client's un-noised statistics "
+                "by the other clients' (one record can flip a whole client's verdict, which the clip does not bound) "
+                "and its report of them is released un-noised: turn one of them off (local mode screens noised "
+                "updates, which is post-processing)"
+            ]
         if dp.colluders and not dp.distributed:
             return [
                 f"dp.colluders={dp.colluders}: colluding clients matter only to the clients' noise shares of "

@@ -198,12 +198,22 @@ def test_zero_and_infinite_epsilon_are_off():
         ({"method": "lorm"}, r"method 'lorm' trains on its clients' records.*set dp.mode=local"),
         ({"method": "lorm-ridge"}, r"'lorm-ridge' reads training records outside.*covers only \[.*'ncm', 'ridge'\]"),
         ({"method": "ridge", "settings": {"dp": {"epsilon": 1.0}, "data": {"validation": 5}}}, "data.validation"),
+        (  # the screening reads un-noised statistics and one record can flip a client's verdict
+            {"method": "ncm", "settings": {"dp": {"epsilon": 1.0}, "robust": {"enabled": True}}},
+            "central with robust.enabled.*one record can flip a whole client's verdict",
+        ),
     ],
 )
 def test_a_run_whose_records_the_noise_does_not_cover_is_refused(changes, match):
     values = {"dataset": "synthetic-text", "settings": {"dp": {"epsilon": 1.0}}} | changes
     with pytest.raises(ValueError, match=match):
         RunConfig(**values)
+
+
+def test_the_robust_mode_screens_a_private_run_only_where_it_sees_noised_updates():
+    """Local mode's updates are noised by their clients: screening them is post-processing, so it stays allowed."""
+    local = {"epsilon": 4.0, "mode": "local"}
+    assert RunConfig(method="lorm", settings={"dp": local, "robust": {"enabled": True}}).section(DpSettings).local
 
 
 def test_describe_lists_the_settings():
