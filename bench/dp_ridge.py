@@ -19,7 +19,7 @@ val split joins the training set after the train split, as ``client/datasets.py`
 With a budget the strategy sends no held-out statistics and takes lambda from the noise, as it does in a run.
 
 Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
-     .venv/bin/python bench/dp_ridge.py --cell ridge@mpnet-6layers+valx4avg --epsilons 8 --seed 0
+     .venv/bin/python bench/dp_ridge.py --cell ridge@mpnet-6layers+valx4avg --by-length --epsilons 8 --seed 0
 """
 
 from __future__ import annotations
@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("dp_curve.png"), help="with --plot: the image")
     parser.add_argument("--cell", help="the head of this cell of --method-config (e.g. ridge@mpnet-6layers+valx4avg)")
     parser.add_argument("--method-config", type=Path, default=Path(__file__).with_name("clinc150_methods.json"))
+    parser.add_argument("--by-length", action="store_true", help="features extracted in batches of similar lengths")
     args = parser.parse_args(argv)
     if args.plot:
         plot(args.plot, args.out)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if train_val and (args.split == "val" or args.diagnose):
         raise SystemExit("the cell trains on CLINC150's val split (data.train_val): score the test split")
     data = load_clinc(args.data_dir)
-    states = cached_features(data, args.cache, 64, encoder)
+    states = cached_features(data, args.cache, 64, encoder, args.by_length)
     x = {split: features(states, split, head["layers"], head["norm"]) for split in ("train", "val", "test")}
     y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
     hidden = states["train"]["mean"].shape[-1]
