@@ -209,7 +209,7 @@ def plot(files: list[Path], out: Path) -> None:
     ax.set_ylabel("accuracy over 150 intents (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title("CLINC150, MiniLM three layers: privacy and accuracy (dashed: no DP)", fontsize=9)
+    ax.set_title("CLINC150, 5 tasks: privacy and accuracy (dashed: no DP)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         row |= {"run_epsilon": spent, "seed": args.seed, "split": args.split, "seconds": time.perf_counter() - start}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        if args.json:  # after every row: a long sweep stopped early keeps the rows it measured
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 
