@@ -12,17 +12,27 @@ noise-floor lambda by ``server/strategies/closed_form.py``. epsilon ``inf`` is t
 five tasks' test sets are equal); ``--split val`` scores CLINC150's val split instead, for choosing settings
 without the test split.
 
+``--cell NAME`` takes the head instead from a cell of ``--method-config`` (``bench/clinc150_methods.json``): its
+backbone (``mpnet``: all-mpnet-base-v2, cached by ``bench/feature_heads.py --encoder mpnet``), its ``ridge`` settings
+(layers, norm, ``rp_dim``, ``blocks``; lambda's grid and rule without a budget) and its ``data.train_val`` (CLINC150's
+val split joins the training set after the train split, as ``client/datasets.py`` does; the test split is scored).
+With a budget the strategy sends no held-out statistics and takes lambda from the noise, as it does in a run.
+
 Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
+     .venv/bin/python bench/dp_ridge.py --cell ridge@mpnet-6layers+valx4avg --by-length --epsilons 8 --seed 0
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import math
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -30,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.feature_heads import cached_features, load_clinc  # noqa: E402
 from client.features import feature_map, normalise_layers, random_projection  # noqa: E402
-from common.aggregation.declared import HOLDOUT  # noqa: E402
-from common.merges.regmean import gram_factor  # noqa: E402
+from client.features import sums as client_sums  # noqa: E402
+from common.aggregation.declared import HOLDOUT, FeatureStats  # noqa: E402
 from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.run.settings import DpSettings  # noqa: E402
@@ -40,41 +50,56 @@ from common.wire.tensors import pack  # noqa: E402
 from server.strategies import make_strategy  # noqa: E402
 from server.strategies.closed_form import ClosedFormHead  # noqa: E402
 
-LAYERS = [4, 5, 6]  # the last three of MiniLM's seven hidden states: ridge.layers [-3, -2, -1]
-HIDDEN, CLASSES, TASKS = 384, 150, 5
+LAYERS = [-3, -2, -1]  # the last three of MiniLM's seven hidden states: ridge.layers [-3, -2, -1]
+CLASSES, TASKS = 150, 5
 
 
-def features(states: dict, split: str) -> torch.Tensor:
-    """``(n, 1152)``: the three layers' mean-pooled states, each layer-normalised (``norm layer``), side by side."""
-    x = torch.from_numpy(states[split]["mean"][:, LAYERS]).to(torch.float64)
-    return normalise_layers(x).flatten(1)
+def head_of(args: argparse.Namespace) -> tuple[str, dict]:
+    """The encoder and the method's settings: ``--cell``'s from ``--method-config``, else MiniLM's three layers
+    (``--rp-dim``)."""
+    if not args.cell:
+        return "minilm", {args.method: {"layers": LAYERS, "norm": "layer", "rp_dim": args.rp_dim}}
+    cells = json.loads(args.method_config.read_text())
+    if args.cell not in cells:
+        raise SystemExit(f"--cell {args.cell!r}: not a cell of {args.method_config} ({sorted(cells)})")
+    cell = cells[args.cell]
+    method = args.cell.split("@")[0]
+    if method != args.method:
+        raise SystemExit(f"--cell {args.cell!r} is a {method} head: pass --method {method}")
+    return cell.get("backbone", "minilm"), copy.deepcopy(cell["settings"])
+
+
+def features(states: dict, split: str, layers: list[int], norm: str) -> torch.Tensor:
+    """``(n, F)``: the ``layers``' mean-pooled states (each layer-normalised with ``norm layer``), side by side."""
+    x = torch.from_numpy(states[split]["mean"][:, layers]).to(torch.float64)
+    return (normalise_layers(x) if norm == "layer" else x).flatten(1)
 
 
 def statistics(
-    x: torch.Tensor, labels: torch.Tensor, index: torch.Tensor, classes: tuple[int, int], gram: bool, holdout: int
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    index: torch.Tensor,
+    classes: tuple[int, int],
+    gram: bool,
+    stats_of: FeatureStats,
 ) -> dict[str, torch.Tensor]:
-    """What a client sends for the rows ``x`` of the task's ``classes`` (``client/features.py``'s sums): the class
-    sums and counts, with ``gram`` the Gram's factor, and with ``holdout`` the held-out rows' alike."""
-    lo, hi = classes
-    one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)
-    stats = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
-    if gram:
-        stats["gram_factor"] = gram_factor(x)
-    if holdout:
-        held = index % holdout == 0
-        stats |= {
-            HOLDOUT + "class_sum": one_hot[held].T @ x[held],
-            HOLDOUT + "class_count": one_hot[held].sum(0),
-            HOLDOUT + "gram_factor": gram_factor(x[held]),
-        }
+    """What a client sends for the rows ``x`` (global training indices ``index``) of the task's ``classes``, by
+    ``client/features.py``'s ``sums`` and hold-out rule: the class sums and counts, with ``gram`` the Gram's
+    factor (its ``blocks``), and with the held-out rule the held-out rows' alike."""
+    stats = client_sums(x, labels, classes, gram, stats_of.moments, stats_of.blocks)
+    if gram and stats_of.holdout:
+        held = index % stats_of.holdout == 0
+        held_stats = client_sums(x[held], labels[held], classes, gram, blocks=stats_of.holdout_blocks)
+        stats |= {HOLDOUT + name: t for name, t in held_stats.items()}
     return stats
 
 
 def run(
-    method: str, epsilon: float, args: argparse.Namespace, x: dict, y: dict
+    method: str, epsilon: float, args: argparse.Namespace, head: tuple[dict, int], x: dict, y: dict
 ) -> tuple[float, float | None, float | None]:
-    """Accuracy (%) on ``args.split`` of the head after the five tasks, its lambda and the run's epsilon."""
-    settings: dict = {method: {"layers": [-3, -2, -1], "norm": "layer", "rp_dim": args.rp_dim}}
+    """Accuracy (%) on ``args.split`` of the head after the five tasks, its lambda and the run's epsilon; ``head``:
+    the run's settings without ``dp`` and the encoder's hidden width."""
+    settings, hidden = copy.deepcopy(head[0]), head[1]
     if math.isfinite(epsilon):
         settings["dp"] = {
             "epsilon": epsilon,
@@ -85,22 +110,23 @@ def run(
             "seed": args.seed,
         }
     config = RunConfig(method=method, dataset="clinc150", num_tasks=TASKS, seed=args.seed, settings=settings)
-    strategy = make_strategy(config, ModelSpec(layers={}, feature_dim=HIDDEN, num_classes=CLASSES))
+    strategy = make_strategy(config, ModelSpec(layers={}, feature_dim=hidden, num_classes=CLASSES))
     assert isinstance(strategy, ClosedFormHead)
-    stats_of = strategy.settings.feature_stats(config)  # clip, and the held-out rule without a budget
-    projection = random_projection(config, HIDDEN * len(LAYERS))  # the clients' seeded P (rp_dim), or None
+    stats_of = strategy.settings.feature_stats(config)  # clip, blocks, and the held-out rule without a budget
+    projection = random_projection(config, strategy.settings.feature_width(hidden))  # the clients' seeded P, or None
 
     def mapped(rows: torch.Tensor) -> torch.Tensor:  # (n, F'): what the clients' feature_map gives
         return feature_map(rows, projection, stats_of.features.activation, stats_of.features.clip)
 
+    last = len(strategy.tasks) - 1
     for task, classes in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.FEATURES)
         aggregator = strategy.aggregator(plan)
         rows = torch.nonzero((y["train"] >= classes[0]) & (y["train"] < classes[1])).squeeze(1)  # global indices
         train = mapped(x["train"][rows])
-        gram = strategy.use_gram
-        stats = statistics(train, y["train"][rows], rows, classes, gram, stats_of.holdout if gram else 0)
+        stats = statistics(train, y["train"][rows], rows, classes, strategy.use_gram, stats_of)
+        del train
         update = ClientUpdate(
             run_id=plan.run_id,
             client_id="c0",
@@ -112,8 +138,15 @@ def run(
             tensors=pack(stats=stats),
             train_loss=float("nan"),
         )
+        del stats
         aggregator.fold(update)
-        strategy.aggregate(plan, aggregator)
+        del update
+        # only the last task's head is scored: the earlier heads' solves (a function of the totals alone, which
+        # the last solve reads whole) are skipped, the step's release, ledger and totals are the run's
+        skip = mock.patch.object(strategy, "solve", return_value=strategy.head_w)
+        with skip if task < last else contextlib.nullcontext():
+            strategy.aggregate(plan, aggregator)
+        del aggregator
     report = strategy.step_report(plan)
     scores = mapped(x[args.split]) @ strategy.head_w.T
     accuracy = float((scores.argmax(1) == y[args.split]).double().mean()) * 100
@@ -176,7 +209,7 @@ def plot(files: list[Path], out: Path) -> None:
     ax.set_ylabel("accuracy over 150 intents (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title("CLINC150, MiniLM three layers: privacy and accuracy (dashed: no DP)", fontsize=9)
+    ax.set_title("CLINC150, 5 tasks: privacy and accuracy (dashed: no DP)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -189,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", choices=("ridge", "ncm"), default="ridge")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, math.inf])
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--clip", type=float, default=1.0, help="dp.clip (the features' norm is sqrt(1152))")
+    parser.add_argument("--clip", type=float, default=1.0, help="dp.clip (MiniLM's three layers: norm sqrt(1152))")
     parser.add_argument("--gram-share", type=float, default=0.1)
     parser.add_argument("--lambda-scale", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0, help="the run's seed and dp.seed (the noise's)")
@@ -199,15 +232,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
     parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON", help="plot these --json files, run nothing")
     parser.add_argument("--out", type=Path, default=Path("dp_curve.png"), help="with --plot: the image")
+    parser.add_argument("--cell", help="the head of this cell of --method-config (e.g. ridge@mpnet-6layers+valx4avg)")
+    parser.add_argument("--method-config", type=Path, default=Path(__file__).with_name("clinc150_methods.json"))
+    parser.add_argument("--by-length", action="store_true", help="features extracted in batches of similar lengths")
     args = parser.parse_args(argv)
     if args.plot:
         plot(args.plot, args.out)
         return 0
     torch.set_num_threads(1)
+    encoder, settings = head_of(args)
+    head = settings[args.method]
+    train_val = settings.get("data", {}).get("train_val", False)
+    if train_val and (args.split == "val" or args.diagnose):
+        raise SystemExit("the cell trains on CLINC150's val split (data.train_val): score the test split")
     data = load_clinc(args.data_dir)
-    states = cached_features(data, args.cache, 64)
-    x = {split: features(states, split) for split in ("train", "val", "test")}
+    states = cached_features(data, args.cache, 64, encoder, args.by_length)
+    x = {split: features(states, split, head["layers"], head["norm"]) for split in ("train", "val", "test")}
     y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
+    hidden = states["train"]["mean"].shape[-1]
+    if train_val:  # client/datasets.py: the val split follows the train split (global indices after train's)
+        x["train"], y["train"] = torch.cat([x["train"], x.pop("val")]), torch.cat([y["train"], y.pop("val")])
+    del states
     rows = []
     if args.diagnose:
         for epsilon in args.epsilons:
@@ -215,14 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for epsilon in args.epsilons:
         start = time.perf_counter()
-        accuracy, lam, spent = run(args.method, epsilon, args, x, y)
-        row = {"method": args.method, "rp_dim": args.rp_dim, "epsilon": epsilon, "delta": args.delta}
+        accuracy, lam, spent = run(args.method, epsilon, args, (settings, hidden), x, y)
+        row = {"method": args.cell or args.method, "rp_dim": head.get("rp_dim", 0), "epsilon": epsilon}
+        row |= {"delta": args.delta}
         row |= {"accuracy": accuracy, "lambda": lam}
         row |= {"run_epsilon": spent, "seed": args.seed, "split": args.split, "seconds": time.perf_counter() - start}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        if args.json:  # after every row: a long sweep stopped early keeps the rows it measured
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 
