@@ -10,6 +10,9 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import server.coordinator
+import server.run
+import server.secure.step
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.infra.tls import Security
 from common.run.settings import SecAggSettings
@@ -248,11 +251,31 @@ def test_an_accepted_update_is_flattened_once(tmp_path, monkeypatch):
     assert all(t is update.tensors[name] for name, t in seen[0].items())  # no tensor copied
 
 
-def test_each_secure_round_gets_the_whole_deadline(tmp_path):
+class SteppedClock:
+    """``time`` for the coordinator's modules with a ``monotonic`` the test moves (``advance``): a deadline test
+    that does not depend on how fast a loaded machine runs the calls between two readings."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_each_secure_round_gets_the_whole_deadline(tmp_path, monkeypatch):
     """A secure step's rounds each wait the deadline from when they opened. Had the share round been
     late from the step's start, it would close at the threshold as soon as three clients shared and
     leave out two that are alive; if the sharers then died before their input, the step would wait
     for ever with fewer than the threshold."""
+    clock = SteppedClock()
+    for module in (server.run, server.coordinator, server.secure.step):
+        monkeypatch.setattr(module, "time", clock)
     n = 5
     cfg = {"num_clients": n, "num_tasks": 1, "settings": {"secagg": {"enabled": True}}}
     coord = Coordinator(config(**cfg), tmp_path / "state", Options(quorum=3, round_deadline_s=2.0))
@@ -268,12 +291,12 @@ def test_each_secure_round_gets_the_whole_deadline(tmp_path):
     def call(i: int, stage: str, **kw) -> dict:
         return coord.secagg(f"c{i}", i, plan.run_id, ref, stage, **kw)
 
-    time.sleep(1.2)
+    clock.advance(1.2)
     for i in range(n):
         call(i, "advertise", keys=sessions[i].advertise())
     roster = call(0, "roster")["roster"]
     assert len(roster) == n
-    time.sleep(1.2)  # the step began 2.4 s ago, past the deadline; the share round 1.2 s ago
+    clock.advance(1.2)  # the step began 2.4 s ago, past the deadline; the share round 1.2 s ago
     for i in range(3):
         call(i, "share", shares=sessions[i].share({k.index: k for k in roster}))
     coord.tick()
