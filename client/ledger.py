@@ -46,8 +46,14 @@ log = logging.getLogger("lorm.client")
 VERSION = 1
 
 
+def step_of(plan: RoundPlan) -> tuple[int, int, str]:
+    """The step ``plan`` asks for, whatever its secure session: (task, round, phase)."""
+    return plan.task, plan.round, plan.phase.value
+
+
 class ClientLedger:
-    """The releases of this client's records in run ``config`` (a ``dp_training`` method, ``dp.mode = local``)."""
+    """The releases of this client's records in run ``config``: a ``dp_training`` method's in local mode (rounds and
+    Gram releases against the plan), and in distributed mode the steps whose secure sum may be out."""
 
     def __init__(self, config: RunConfig, path: Path | None = None) -> None:
         self.config, self.path = config, path
@@ -61,7 +67,8 @@ class ClientLedger:
 
     @staticmethod
     def of(config: RunConfig, path: Path | None = None) -> ClientLedger | None:
-        """The ledger of ``config``'s run when its method trains privately under a budget, else ``None``."""
+        """The ledger of ``config``'s run when its method trains privately under a budget (local mode) or its clients
+        add the noise shares (distributed mode), else ``None``."""
         dp = config.section(DpSettings)
         trained = dp.local and method(config.method).dp_training
         return ClientLedger(config, path) if trained or dp.distributed else None
@@ -79,7 +86,7 @@ class ClientLedger:
         """``plan``'s update by ``compute``, within the plan: the update already sent when ``plan`` is the step last
         released; ``BudgetExceeded`` (nothing computed) when the step would take its task's records past the plan;
         otherwise computed, counted and written down before it is returned."""
-        key = (plan.task, plan.round, plan.phase.value)
+        key = step_of(plan)
         if self.last is not None and self.last[0] == key:
             log.info("task %d round %d %s asked again: sending the update already sent (no new noise)", *key)
             return self.last[1]
@@ -104,7 +111,7 @@ class ClientLedger:
     def may_mask(self, plan: RoundPlan) -> bool:
         """Whether this client may mask ``plan``'s statistics for its secure session: not when an earlier session of
         the same step reached an unmask request that counted it (its sum, with other noise, may be out)."""
-        session = self.unmasked.get((plan.task, plan.round, plan.phase.value))
+        session = self.unmasked.get(step_of(plan))
         return session is None or session == plan.secure_attempt or not self.settings.distributed
 
     def unmasking(self, plan: RoundPlan) -> None:
@@ -113,7 +120,7 @@ class ClientLedger:
         masks the same noisy update again."""
         if not self.settings.distributed:
             return
-        self.unmasked[(plan.task, plan.round, plan.phase.value)] = plan.secure_attempt
+        self.unmasked[step_of(plan)] = plan.secure_attempt
         self._save()
 
     def epsilon_spent(self) -> float:

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=env("LORM_PRIVACY_LEDGER") or None,
         metavar="FILE",
-        help="a privately trained run (dp.mode local): this client's own account of what its records have released, "
+        help="a private run whose clients add the noise (dp.mode local or distributed): this client's own account of "
+        "what its records have released, "
         "kept across restarts (default $LORM_PRIVACY_LEDGER, else $XDG_STATE_HOME/lorm/privacy/<run>-<index>.json, "
         "~/.local/state when unset); keep it on a volume that outlives the container",
     )

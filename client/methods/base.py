@@ -71,7 +71,7 @@ class Client(Protocol):
     model: ClassifierModel
     device: torch.device
     shards: list[Tensor]  # per task: the client's training sample indices
-    ledger: ClientLedger | None  # this client's own account of a privately trained run's releases (dp.mode local)
+    ledger: ClientLedger | None  # this client's own account of its records' releases (dp.mode local, distributed)
 
     @property
     def train(self) -> Samples: ...  # the client's training samples (all tasks; shards index them)

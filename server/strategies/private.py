@@ -168,21 +168,21 @@ class ClientLevelPrivacy:
     def finish(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
         if not isinstance(aggregator, ClippedChanges):
             return aggregator
-        self.ledger.check(f"task {plan.task} train step {plan.round}")
         return aggregator.finish(keyed_noise(self.settings.seed, f"client-level/{plan.task}/{plan.round}"))
 
     def spend(self, plan: RoundPlan) -> dict[str, Any]:
         if plan.phase != Phase.TRAIN:
             return {}
         self.ledger.spend(f"task {plan.task} train step {plan.round}")
+        spent = self.ledger.epsilon_spent()  # every client's: the unit is the client, in every task
         return {
-            "dp_epsilon": self.ledger.epsilon_spent(),
+            "dp_epsilon": spent,
             "dp_delta": self.settings.delta,
             "dp": {
                 "mode": "client",
                 "mechanism": "dp-fedavg (clipped changes, equal weights, gaussian)",
                 "unit": "client",
-                "run_epsilon": self.ledger.epsilon_spent(),
+                "run_epsilon": spent,
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.noise.clip,
                 "noise_multiplier": self.noise.noise_multiplier,
