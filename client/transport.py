@@ -86,7 +86,11 @@ class CoordinatorClient:
         self.call_timeout_s = call_timeout_s
         # Security.channel takes list[tuple[str, object]], and list is invariant; common/infra/tls.py should take a
         # Sequence (reported), at which point warn_unused_ignores flags this line.
-        self.channel = security.channel(target, codec.CHANNEL_OPTIONS)
+        # Its own connection: gRPC shares one connection between a process's channels of equal target and options,
+        # and a coordinator that authenticates nobody counts calls per connection (server.admission), so the
+        # clients of one process (a load test, an embedding application) would all share one client's slots.
+        options = [*codec.CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channel = security.channel(target, options)
         self.metadata = security.call_metadata()  # the bearer token, sent with every call
         self.stub = pb_grpc.CoordinatorStub(self.channel)
         self.run_id = ""

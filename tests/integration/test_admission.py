@@ -158,3 +158,44 @@ def test_a_full_run_is_final_and_a_busy_client_backs_off(token_server):
     assert connect("c0").join(0)[1] == 0
     assert time.monotonic() - start >= BUSY_RETRY_S
     push.exception(timeout=10)
+
+
+def test_clients_of_one_process_are_separate_callers(tmp_path):
+    """Where nobody is authenticated, the coordinator's caller is the connection. Two clients in one process
+    (a load test, an application embedding several) must not share one: with the per-client limit at 1 and
+    the first client's only call held by an idle Push, the second joins at once, not refused as the first."""
+    from client.transport import BUSY_RETRY_S, Backoff, CoordinatorClient
+    from server.coordinator import Coordinator
+    from server.service import create_server
+
+    config = CONFIG.replace(num_clients=2)
+    server, port = create_server(
+        Coordinator(config, tmp_path / "state"),
+        "127.0.0.1:0",
+        security=Security(insecure=True),
+        limits=Limits(per_client=1),
+    )
+    server.start()
+    target, release = f"127.0.0.1:{port}", threading.Event()
+    first, second = (
+        CoordinatorClient(target, f"c{i}", Backoff(give_up_s=20), call_timeout_s=5, security=Security(insecure=True))
+        for i in range(2)
+    )
+
+    def nothing():
+        release.wait(30)
+        return
+        yield
+
+    try:
+        push = first.stub.Push.future(nothing(), timeout=30)
+        time.sleep(0.5)  # the Push is in progress: the first client's one call
+        start = time.monotonic()
+        assert second.join(1)[1] == 1
+        assert time.monotonic() - start < BUSY_RETRY_S  # never refused as busy
+    finally:
+        release.set()
+        push.exception(timeout=10)
+        first.close()
+        second.close()
+        server.stop(0)
