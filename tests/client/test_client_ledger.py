@@ -21,6 +21,7 @@ from server.steps import open_step
 from server.strategies import make_strategy
 
 from exports import own_text_config
+from updates import plan_update
 
 BUDGET = {"epsilon": 4.0, "mode": "local", "seed": 3, "sample_rate": 0.25}
 
@@ -49,17 +50,7 @@ class Counting:
 
     def __call__(self, plan: RoundPlan) -> ClientUpdate:
         self.calls += 1
-        return ClientUpdate(
-            run_id=plan.run_id,
-            client_id="c0",
-            client_index=0,
-            task=plan.task,
-            round=plan.round,
-            phase=plan.phase,
-            num_samples=4,
-            tensors={},
-            train_loss=float("nan"),
-        )
+        return plan_update(plan, 0, 4)
 
 
 def test_a_replayed_round_beyond_the_plan_is_refused_by_the_worker_before_it_trains():

@@ -31,6 +31,7 @@ from fingerprints import (
     signature_key,
     values_software,
 )
+from once import computed_once
 
 RECORDINGS = recordings()
 RECORDED_VALUES = load_values(VALUES)
@@ -40,14 +41,17 @@ METHODS = sorted(STRATEGIES)
 
 @pytest.fixture(scope="module")
 def computed(tmp_path_factory):
-    """Every method's fingerprint and values, the machine's signature and software, from one pinned child."""
-    out = tmp_path_factory.mktemp("fingerprints") / "fingerprints.json"
-    # started without the pins (whatever this shell exports), so that the script must pin them itself
-    unpinned = {k: v for k, v in os.environ.items() if k not in PINNED}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=600, env=unpinned
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    """Every method's fingerprint and values, the machine's signature and software, from one pinned child (one for
+    all the session's workers)."""
+
+    def compute(folder):
+        # started without the pins (whatever this shell exports), so that the script must pin them itself
+        unpinned = {k: v for k, v in os.environ.items() if k not in PINNED}
+        command = [sys.executable, str(SCRIPT), "--out", str(folder / "fingerprints.json")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=unpinned)
+        assert done.returncode == 0, done.stderr[-4000:]
+
+    out = computed_once(tmp_path_factory, "fingerprints", compute) / "fingerprints.json"
     return json.loads(out.read_text()) | {"values": load_values(out.with_suffix(".safetensors"))}
 
 

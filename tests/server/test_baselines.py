@@ -13,7 +13,7 @@ from engine.simulation import run_inprocess
 from server.strategies import make_strategy
 
 from tolerance import assert_close_to_dtype
-from unit_helpers import plan_update
+from updates import plan_update
 
 SPEC = ModelSpec(
     layers={"l1": (3, 4), "l2": (2, 3)},

@@ -16,7 +16,7 @@ from common.wire.tensors import DELTA
 from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features
 
-from unit_helpers import plan_update
+from updates import plan_update
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

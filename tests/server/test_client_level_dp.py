@@ -26,7 +26,7 @@ from server.strategies import make_strategy
 
 from exports import own_text_config
 from tolerance import rel_tolerance
-from unit_helpers import plan_update
+from updates import plan_update
 
 CLIP = 0.5
 BUDGET = {"epsilon": 4.0, "mode": "client", "seed": 3, "clip": CLIP}

@@ -23,7 +23,8 @@ from server.strategies import make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
 from tolerance import assert_close_to_dtype
-from unit_helpers import edit_named, plan_update
+from unit_helpers import edit_named
+from updates import plan_update
 
 TINY = dict(
     num_clients=3,

@@ -25,7 +25,8 @@ from server.run_state import State
 from server.secure import secure_step
 from server.strategies import make_strategy
 
-from unit_helpers import edit_named, plan_update
+from unit_helpers import edit_named
+from updates import plan_update
 
 SPEC = ModelSpec(layers={}, feature_dim=5, num_classes=6)
 DP = {"epsilon": 1.0, "seed": 11, "clip": 2.0}

@@ -18,7 +18,7 @@ from engine.simulation import run_inprocess
 from server.secure import secure_step
 from server.strategies import make_strategy
 
-from unit_helpers import plan_update
+from updates import plan_update
 
 WIDE = ModelSpec(layers={}, feature_dim=40, num_classes=6)
 DP = {"epsilon": 1.0, "seed": 11, "clip": 2.0}

@@ -16,7 +16,7 @@ from common.wire.messages import ANCHOR_HEAD, ClientUpdate, DenseStep, Mode, Pha
 from common.wire.tensors import ANCHOR, DELTA, FISHER, HEAD_WEIGHT
 from server.strategies import make_strategy
 
-from unit_helpers import plan_update
+from updates import plan_update
 
 
 def config(method: str, **settings) -> RunConfig:

@@ -28,7 +28,8 @@ from server.coordinator import Coordinator
 from server.service import create_server
 from server.strategies import make_strategy
 
-from unit_helpers import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, unit_config
+from updates import plan_update
 
 SPEC = LORA_SPEC
 

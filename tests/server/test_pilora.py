@@ -19,7 +19,7 @@ from common.wire.tensors import EXTRA, STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight
 
-from unit_helpers import plan_update
+from updates import plan_update
 
 F64 = torch.float64
 EPS = torch.finfo(F64).eps

@@ -15,7 +15,7 @@ from common.wire.messages import Mode, Phase, PromptStep
 from common.wire.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, PROMPT, tensor_name
 from server.strategies import make_strategy
 
-from unit_helpers import plan_update
+from updates import plan_update
 
 EPS = torch.finfo(torch.float64).eps
 SPEC = dataclasses.replace(BASELINES_SPEC, feature_dim=8)  # room for 6 orthonormal keys

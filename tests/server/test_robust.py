@@ -16,7 +16,8 @@ from server.robust import Screen, screen_and_fold
 from server.strategies import make_strategy
 
 from tolerance import rel_tolerance
-from unit_helpers import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, unit_config
+from updates import plan_update
 
 F64 = torch.float64
 CLIENTS = 7

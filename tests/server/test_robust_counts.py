@@ -18,7 +18,8 @@ from server.robust import CLASS_COUNT, Screen, measure, reweigh, screen_and_fold
 from server.strategies import make_strategy
 
 from tolerance import assert_close_to_dtype, rel_tolerance
-from unit_helpers import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, unit_config
+from updates import plan_update
 
 F64 = torch.float64
 CLASSES = 3  # task 0 of the unit model's 6 classes in 2 tasks

@@ -9,7 +9,8 @@ from common.wire.messages import GramKind, LoraStep, Phase
 from common.wire.tensors import EXTRA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA
 from server.strategies import make_strategy
 
-from unit_helpers import LORA_SPEC, plan_update, unit_config
+from unit_helpers import LORA_SPEC, unit_config
+from updates import plan_update
 
 SPEC = LORA_SPEC
 

@@ -41,7 +41,8 @@ from server.coordinator import Coordinator
 from server.service import create_server
 from server.strategies import STRATEGIES, make_strategy
 
-from unit_helpers import plan_update, valid_update
+from unit_helpers import valid_update
+from updates import plan_update
 
 F64 = torch.float64
 # Dense strategies need the backbone's parameters; RegMean needs <layer>.base.weight for every LoRA layer.

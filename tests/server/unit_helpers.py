@@ -20,10 +20,11 @@ from common.wire.tensors import (
     HEAD_WEIGHT,
     STAT,
     named_tensors,
-    pack,
     parse_tensor_name,
     tensor_name,
 )
+
+from updates import plan_update
 
 F64 = torch.float64
 N = 12  # samples per client and step of a made-up update
@@ -62,34 +63,6 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
     if moment is not None:  # CCVR's per-class second moments, full or diagonal
         out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if len(moment) == 3 else one_hot.T @ (x * x)
     return {tensor_name(STAT, k): v for k, v in out.items() if tensor_name(STAT, k) in shapes}
-
-
-def plan_update(
-    plan: RoundPlan,
-    index: int,
-    num_samples: int,
-    *,
-    train_loss: float = float("nan"),
-    head_weight: torch.Tensor | None = None,
-    head_bias: torch.Tensor | None = None,
-    **parts,
-) -> ClientUpdate:
-    """Client ``index``'s update (id ``c<index>``) of ``plan``'s step, with ``num_samples``, ``train_loss`` and
-    its tensors as the shared client halves name them (``common.wire.tensors.pack``: ``factors``, ``grams``,
-    ``delta``, ``fisher``, ``stats``, ``head_gram``; and ``head_weight``, ``head_bias``)."""
-    head = {HEAD_WEIGHT: head_weight} if head_weight is not None else {}
-    head |= {HEAD_BIAS: head_bias} if head_bias is not None else {}
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=num_samples,
-        tensors=pack(head=head, **parts),
-        train_loss=train_loss,
-    )
 
 
 def valid_update(plan: RoundPlan, expected: dict[str, tuple[int, ...]], index: int, seed: int) -> ClientUpdate:
