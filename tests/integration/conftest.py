@@ -50,14 +50,16 @@ class Cluster:
         )
         return ["--tls-ca", str(self.pki.ca), "--tls-cert", str(cert), "--tls-key", str(key), *admitted]
 
-    def server(self, *extra: str, env: dict[str, str] | None = None) -> Proc:
-        """``extra``: more flags (e.g. ``--quorum 1``); ``env``: e.g. ``{"LORM_FAULT": "merge.fold:3"}``."""
+    def server(
+        self, *extra: str, env: dict[str, str] | None = None, program: tuple[str, ...] = ("-m", "server.main")
+    ) -> Proc:
+        """``extra``: more flags (e.g. ``--quorum 1``); ``env``: e.g. ``{"LORM_FAULT": "merge.fold:3"}``; ``program``:
+        what Python runs with ``lorm-server``'s arguments (a hostile coordinator's script)."""
         p = Proc(
             "server",
             [
                 sys.executable,
-                "-m",
-                "server.main",
+                *program,
                 "--config",
                 str(self.config),
                 "--state-dir",

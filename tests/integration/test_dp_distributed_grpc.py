@@ -4,6 +4,7 @@ the run equals the in-process distributed-DP run with the same ``dp.seed``, bit 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from common.run.settings import DpSettings
 from engine.simulation import run_inprocess
 
 DISTRIBUTED = {"dp": {"epsilon": 1.0, "clip": 2.0, "seed": 5, "mode": "distributed"}}
+HOSTILE = Path(__file__).with_name("hostile_coordinator.py")
 
 
 def test_a_distributed_dp_run_over_grpc_is_the_in_process_run(cluster, tmp_path):
@@ -61,3 +63,25 @@ def test_a_dropped_clients_missing_share_is_stated_for_the_survivors(cluster):
     gaussian = calibrate(DpSettings(**DISTRIBUTED["dp"]), ("gram", "class_sum"))
     assert all(step["dp"]["variance"][name] >= gaussian[name].sigma ** 2 for name in gaussian)
     assert abs(step["dp"]["epsilon"] - 1.0) < 1e-3
+
+
+def test_no_client_masks_a_second_session_of_a_step_whose_noised_sum_was_unmasked(cluster):
+    """A hostile coordinator process unmasks the first step's sum and then claims the session failed, restarting it
+    with fresh keys: a second sum of the same statistics with fresh noise shares would average the noise down. Each
+    client wrote the session down before revealing, and sits the new one out: it advertises no keys, so the
+    restarted session never gets a roster, and nothing more of the step leaves any client."""
+    config = secure_config(method="ridge", num_tasks=1, settings=DISTRIBUTED)
+    c = cluster(config.to_json())
+    server = c.server("--round-deadline", "5", program=(str(HOSTILE),))
+    server.wait_for("serving on")
+    clients = [c.client(i) for i in range(3)]
+    server.wait_for("hostile: unmasked")
+    server.wait_for(r"restarted with fresh keys \(attempt 1\)")
+    for p in clients:
+        p.wait_for(r"a new secure session \(attempt 1\) after an earlier one reached its unmask request")
+    for i in range(3):
+        unmasked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["unmasked"]
+        assert [step[3] for step in unmasked] == [0]  # the first session only
+    (state,) = (c.run_dir / "state").rglob("secagg.json")
+    session = json.loads(state.read_text())
+    assert session["attempt"] == 1 and session["session"]["keys"] == {} and session["session"]["roster"] is None
