@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from common.run.config import RunConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,6 +55,13 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     assert "FAA (mean over tasks, paper)" in sim and "task 0 round 3 task Gram (statistics only" in sim
     assert "6 classes in 3 tasks of 2 classes each" in grpc and "FAA (mean over tasks, paper)" in grpc
     assert "model fixed by --model-spec" in grpc  # lorm-launch wrote the spec: no client chooses the model
+    # lorm-launch plays both parties: the coordinator's configuration names no client's files (each client gets
+    # them as its own flags), and the connections are mutual TLS under a CA it made for the run
+    launched = tmp_path / "runs/own-text-grpc"
+    sent = RunConfig.from_json((launched / "coordinator.json").read_text())
+    assert sent.data_dir == "" and "train_file" not in json.dumps(sent.settings), sent.settings
+    assert "connections: TLS, clients authenticated by client certificates" in grpc
+    assert grpc.count("connections: mutual TLS") == 3 and (launched / "tls" / "ca.crt").is_file()
     assert json.loads((tmp_path / "runs/own-text-grpc/spec.json").read_text())["num_classes"] == 6
     for run_dir in ("runs/own-text", "runs/own-text-grpc/results"):
         metrics = json.loads((tmp_path / run_dir / "metrics.json").read_text())

@@ -1,22 +1,20 @@
 """Issue 41, H3 and M6, and issue 43, over a real client process: a coordinator's configuration below the
 client's floor, one that picks the client's files, or one that disagrees with the client on whose data it
 trains on, is refused right after Join, naming the setting, and the client sends nothing more (no Describe,
-no key, no share, no push)."""
+no key, no share, no push). M6's other half, ``lorm-launch`` giving each client its files by its own flags, is
+checked where the README runs it (``tests/test_readme.py``)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
 from common.infra.tls import Security
 from common.run.config import RunConfig
-from engine.launch import launch
 from server.coordinator import Coordinator
 from server.service import create_server
 
-from procs import ROOT
 from procs import ProjectProc as Proc
 
 BASE = dict(num_tasks=1, rounds_per_task=1, local_epochs=1, rank=2, threads=1)
@@ -123,31 +121,3 @@ def test_the_coordinator_refuses_a_configuration_that_names_a_clients_files(tmp_
     out = "".join(server.lines)
     assert "the configuration sets data_dir=/x, a client's own setting" in out and "--data-dir or LORM_DATA_DIR" in out
     assert not (tmp_path / "state").exists()
-
-
-def test_the_launcher_gives_each_client_its_data_paths_by_its_flags_over_mutual_tls(tmp_path, capsys):
-    """M6: lorm-launch plays both parties: the coordinator gets the configuration without the data paths,
-    the clients get them as --data-dir / --train-file / --test-file, and the run completes. By default over
-    mutual TLS, with certificates it makes under the run's directory (one launched run checks both: its
-    processes are most of the test's time)."""
-    config = RunConfig(
-        run_id="own-files",
-        num_clients=2,
-        dataset="textfile",
-        backbone="tiny-bert",  # own text defaults to MiniLM: seconds, not minutes
-        data_dir=str(ROOT / "tests" / "data"),
-        min_client_samples=1,
-        settings={"data": {"train_file": "own-text/train.csv", "test_file": "own-text/test.csv"}},
-        **BASE,
-    )
-    path = tmp_path / "config.json"
-    path.write_text(config.to_json())
-    assert launch(path, 2, tmp_path / "state", tmp_path / "results", timeout_s=150, quiet_clients=False) == 0
-    sent = RunConfig.from_json((tmp_path / "coordinator.json").read_text())
-    assert sent.data_dir == "" and "data" not in sent.settings
-    out = capsys.readouterr().out
-    assert "model fixed by --model-spec" in out  # lorm-spec read the data, not the coordinator
-    assert "connections: TLS, clients authenticated by client certificates" in out
-    assert out.count("connections: mutual TLS") == 2
-    assert json.loads((tmp_path / "results" / "metrics.json").read_text())["faa"] >= 0
-    assert (tmp_path / "tls" / "ca.crt").is_file()
