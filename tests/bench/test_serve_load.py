@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "serve_load.py"
 DATA = Path(os.environ.get("LORM_DATA_DIR", Path(__file__).resolve().parents[3] / "shared" / "datasets"))
 
 
+@pytest.mark.long(14)
 @pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").is_file(), reason="needs CLINC150's sentences")
 def test_the_load_benchmark_runs_and_counts_every_answer(capsys):
     spec = importlib.util.spec_from_file_location("serve_load", BENCH)

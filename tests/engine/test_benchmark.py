@@ -520,6 +520,7 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
                 assert cell.method == ("lorm" if label.startswith("joint") else bench.method_of(label))
 
 
+@pytest.mark.long(22)
 def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(grid, tmp_path):
     """``--jobs 3``: each cell in its own lorm-bench child (its output in bench.log), the same metrics as one
     after another in one process (the module's grid, seed 1); joint's twin at another beta is reused, not run."""
@@ -542,6 +543,7 @@ def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(gr
     assert "| lorm |" in (out / "results.md").read_text()
 
 
+@pytest.mark.long(18)
 def test_a_failed_child_is_named_with_its_twins_and_the_others_finish(tmp_path):
     """A child that exits non-zero is reported failed with where to look, and so is its twin (joint at another
     beta: it would have reused that run), which no process starts; the grid goes on with the rest."""

@@ -50,6 +50,7 @@ def test_limiter_bounds_calls_per_caller_and_in_all():
         Limits(per_client=0)
 
 
+@pytest.mark.long(12)
 def test_one_client_holding_200_idle_streams_cannot_stop_the_run_or_health(cluster):
     c = cluster(CONFIG.to_json(), extra_ids=("mallory",))  # an authenticated identity with no slot in the run
     # Serving on after the run until SIGTERM: the streams it holds are cut at their idle limit (3 s) by a live

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_secagg_grpc import secure_config
@@ -15,6 +16,7 @@ from engine.simulation import run_inprocess
 PRIVATE = {"dp": {"epsilon": 8.0, "mode": "local", "seed": 5, "sample_rate": 0.2}}
 
 
+@pytest.mark.long(17)
 def test_a_private_lorm_run_over_grpc_with_secure_aggregation_is_the_in_process_run(cluster, tmp_path):
     config = secure_config(method="lorm", num_tasks=2, settings=PRIVATE)
     c = cluster(config.to_json())

@@ -100,6 +100,7 @@ def test_coordinator_killed_at_point_resumes_bit_identical(cluster, reference, f
     assert_same_as_reference(c.run_dir, reference)
 
 
+@pytest.mark.long(16)
 def test_stalled_client_does_not_block_the_quorum_and_rejoins(cluster):
     c = cluster(CONFIG.to_json())
     server = c.server("--quorum", "1", "--round-deadline", "12")  # time for the resumed client to make round 1

@@ -153,6 +153,7 @@ def fresh(root: Path) -> None:
         shutil.rmtree(root / name, ignore_errors=True)
 
 
+@pytest.mark.long(22)
 def test_coordinator_and_three_clients_on_separate_hosts(deployment, reference):
     spec, root = deployment
     fresh(root)

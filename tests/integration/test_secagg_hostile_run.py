@@ -113,6 +113,7 @@ def hostile_client(c) -> ProjectProc:
     return p
 
 
+@pytest.mark.long(20)
 def test_a_hostile_client_and_a_killed_coordinator_leave_the_clean_runs_result(cluster, reference):
     expected, files = reference
     c = cluster(CONFIG.to_json())
