@@ -127,17 +127,7 @@ def run(
         train = mapped(x["train"][rows])
         stats = statistics(train, y["train"][rows], rows, classes, strategy.use_gram, stats_of)
         del train
-        update = ClientUpdate(
-            run_id=plan.run_id,
-            client_id="c0",
-            client_index=0,
-            task=task,
-            round=plan.round,
-            phase=plan.phase,
-            num_samples=len(rows),
-            tensors=pack(stats=stats),
-            train_loss=float("nan"),
-        )
+        update = ClientUpdate.of_step(plan, 0, "c0", len(rows), pack(stats=stats))
         del stats
         aggregator.fold(update)
         del update

@@ -98,7 +98,7 @@ def made_up_update(plan: RoundPlan, shapes: dict, index: int, samples: int = 50)
             tensors[name] = x.T @ x if len(shape) == 2 else (x * x).sum(0)
         elif kind == FACTOR or name in (HEAD_WEIGHT, HEAD_BIAS):
             tensors[name] = torch.randn(shape, generator=g) * 1e-2
-    return ClientUpdate(plan.run_id, f"c{index}", index, plan.task, plan.round, plan.phase, samples, tensors, 1.0)
+    return ClientUpdate.of_step(plan, index, f"c{index}", samples, tensors, 1.0)
 
 
 def own(message: Any) -> Any:

@@ -39,31 +39,21 @@ def make_update(plan: RoundPlan, index: int, rank: int, spec: ModelSpec = VIT_B1
     head_gram = torch.rand(features, features, generator=gen, dtype=torch.float64)
     head_gram = head_gram @ head_gram.T  # symmetric positive semi-definite, like a real Gram
     shapes = {"B": lambda d_out, d_in: (d_out, rank), "A": lambda d_out, d_in: (rank, d_in)}
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=100 + index % 7,
-        tensors=pack(
-            factors={
-                name: {
-                    f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2
-                    for f in plan.expect(LoraStep).train_factors
-                }
-                for name, (d_out, d_in) in spec.layers.items()
-            },
-            grams={
-                name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100
-                for name, (_, d_in) in spec.layers.items()
-            },
-            head=head_tensors(
-                torch.randn(spec.num_classes, features, generator=gen) * 1e-2,
-                torch.randn(spec.num_classes, generator=gen) * 1e-2,
-            ),
-            head_gram=head_gram,
+    tensors = pack(
+        factors={
+            name: {
+                f: torch.randn(*shapes[f](d_out, d_in), generator=gen) * 1e-2
+                for f in plan.expect(LoraStep).train_factors
+            }
+            for name, (d_out, d_in) in spec.layers.items()
+        },
+        grams={
+            name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in spec.layers.items()
+        },
+        head=head_tensors(
+            torch.randn(spec.num_classes, features, generator=gen) * 1e-2,
+            torch.randn(spec.num_classes, generator=gen) * 1e-2,
         ),
-        train_loss=1.0,
+        head_gram=head_gram,
     )
+    return ClientUpdate.of_step(plan, index, f"c{index}", 100 + index % 7, tensors, 1.0)

@@ -134,26 +134,14 @@ def update_for(plan: RoundPlan, gen: torch.Generator) -> ClientUpdate:
         shapes = {"B": (d_out, RANK), "A": (RANK, d_in)}
         factors[name] = {f: torch.randn(shapes[f], generator=gen) for f in step.train_factors}
     grams = {name: torch.rand(d_in, generator=gen, dtype=torch.float64) * 100 for name, (_, d_in) in LAYERS.items()}
-    head = step.send_head
     x = torch.randn(256, FEATURES, generator=gen, dtype=torch.float64)
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id="c0",
-        client_index=0,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=500,
-        tensors=pack(
-            factors=factors,
-            grams=grams,
-            head=head_tensors(torch.randn(CLASSES, FEATURES, generator=gen), torch.randn(CLASSES, generator=gen))
-            if head
-            else {},
-            head_gram=x.T @ x if step.head_gram else None,
-        ),
-        train_loss=0.5,
+    head = (
+        head_tensors(torch.randn(CLASSES, FEATURES, generator=gen), torch.randn(CLASSES, generator=gen))
+        if step.send_head
+        else {}
     )
+    tensors = pack(factors=factors, grams=grams, head=head, head_gram=x.T @ x if step.head_gram else None)
+    return ClientUpdate.of_step(plan, 0, "c0", 500, tensors, 0.5)
 
 
 def update_raw(update: ClientUpdate) -> int:

@@ -23,14 +23,4 @@ def plan_update(
     ``delta``, ``fisher``, ``stats``, ``head_gram``; and ``head_weight``, ``head_bias``)."""
     head = {HEAD_WEIGHT: head_weight} if head_weight is not None else {}
     head |= {HEAD_BIAS: head_bias} if head_bias is not None else {}
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=f"c{index}",
-        client_index=index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=num_samples,
-        tensors=pack(head=head, **parts),
-        train_loss=train_loss,
-    )
+    return ClientUpdate.of_step(plan, index, f"c{index}", num_samples, pack(head=head, **parts), train_loss)

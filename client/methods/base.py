@@ -91,16 +91,8 @@ def private_noise(client: Client, plan: RoundPlan) -> TrainingNoise:
 def step_update(client: Client, plan: RoundPlan, tensors: dict[str, Tensor], train_loss: float) -> ClientUpdate:
     """This client's update of ``plan``'s step: its identity, the step, its shard's sample count, its tensors
     (wire names) and its loss."""
-    return ClientUpdate(
-        run_id=plan.run_id,
-        client_id=client.client_id,
-        client_index=client.index,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=int(client.shards[plan.task].numel()),
-        tensors=tensors,
-        train_loss=train_loss,
+    return ClientUpdate.of_step(
+        plan, client.index, client.client_id, int(client.shards[plan.task].numel()), tensors, train_loss
     )
 
 

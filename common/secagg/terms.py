@@ -181,17 +181,7 @@ def declared_layout(fresh: Any) -> Layout:
         raise ValueError("declared_layout needs a fresh aggregator of the step")
     plan = fresh.plan
     zeros = {name: torch.zeros(shape, dtype=DTYPE) for name, shape in fresh.expected().items()}
-    probe = ClientUpdate(
-        tensors=zeros,
-        run_id=plan.run_id,
-        client_id="",
-        client_index=0,
-        task=plan.task,
-        round=plan.round,
-        phase=plan.phase,
-        num_samples=1,
-        train_loss=float("nan"),
-    )
+    probe = ClientUpdate.of_step(plan, 0, "", 1, zeros)
     fresh.fold(probe, checked=True)  # only the shapes are read
     return Layout.of(pack(running_sums(fresh)))
 

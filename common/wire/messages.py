@@ -417,6 +417,29 @@ class ClientUpdate(Tensors):
     train_loss: float = float("nan")  # mean training loss over the last local epoch
     secure_attempt: int = 0  # secure aggregation: the step's session the masks were made for (RoundPlan's)
 
+    @classmethod
+    def of_step(
+        cls,
+        plan: RoundPlan,
+        client_index: int,
+        client_id: str,
+        num_samples: int,
+        tensors: dict[str, Tensor],
+        train_loss: float = float("nan"),
+    ) -> ClientUpdate:
+        """Client ``client_index``'s (``client_id``) update of ``plan``'s step: its run, task, round and phase."""
+        return cls(
+            run_id=plan.run_id,
+            client_id=client_id,
+            client_index=client_index,
+            task=plan.task,
+            round=plan.round,
+            phase=plan.phase,
+            num_samples=num_samples,
+            tensors=tensors,
+            train_loss=train_loss,
+        )
+
     @property
     def nbytes(self) -> int:
         """Tensor payload bytes: what the wire carries, less its ~0.1 % framing."""
