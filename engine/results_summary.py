@@ -96,8 +96,10 @@ def commits(row: Cells) -> str:
 
 
 def hosts(cells: list[dict]) -> list[str]:
-    """Every machine the cells name, in the order they first appear: host A, B, C, ..."""
-    return list(dict.fromkeys(_machine_line(c["machine"]) for c in cells))
+    """Every machine the cells name: host A, B, C, ... Machines with a GPU first, then by their description, so
+    that a host keeps its letter when a new cell of another host comes first in the table."""
+    machines = {_machine_line(c["machine"]): c["machine"]["gpu"] == "none" for c in cells}
+    return sorted(machines, key=lambda line: (machines[line], line))
 
 
 def _host_letters(group: list[dict], machines: list[str]) -> str:
@@ -227,8 +229,9 @@ def costs(sets: dict[str, list[dict]]) -> str:
     """The cost table of every in-process cell of ``sets`` (the summary's set first), between its markers:
     host letters as the summary's, hosts it does not name listed under the table."""
     every = [cell for cells in sets.values() for cell in cells]
-    machines = hosts(every)
     main = next(iter(sets), None)
+    summary = hosts(sets[main]) if main is not None else []  # the summary's letters first, then the others'
+    machines = summary + [m for m in hosts(every) if m not in summary]
     logged = sum(1 for cell in every if cell.get("peak_rss_bytes"))
     letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
     gpus = list(dict.fromkeys(letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"))
