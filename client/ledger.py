@@ -111,8 +111,8 @@ class ClientLedger:
     def may_mask(self, plan: RoundPlan) -> bool:
         """Whether this client may mask ``plan``'s statistics for its secure session: not when an earlier session of
         the same step reached an unmask request that counted it (its sum, with other noise, may be out)."""
-        session = self.unmasked.get(step_of(plan))
-        return session is None or session == plan.secure_attempt or not self.settings.distributed
+        session = self.unmasked.get(step_of(plan))  # only distributed mode writes sessions down (unmasking)
+        return session is None or session == plan.secure_attempt
 
     def unmasking(self, plan: RoundPlan) -> None:
         """``plan``'s session asks to unmask a sum that holds this client's noised statistics: written down before

@@ -84,8 +84,6 @@ class CoordinatorClient:
         self.target, self.client_id = target, client_id
         self.backoff = backoff or Backoff()
         self.call_timeout_s = call_timeout_s
-        # Security.channel takes list[tuple[str, object]], and list is invariant; common/infra/tls.py should take a
-        # Sequence (reported), at which point warn_unused_ignores flags this line.
         # Its own connection: gRPC shares one connection between a process's channels of equal target and options,
         # and a coordinator that authenticates nobody counts calls per connection (server.admission), so the
         # clients of one process (a load test, an embedding application) would all share one client's slots.

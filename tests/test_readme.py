@@ -60,7 +60,7 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     # them as its own flags), and the connections are mutual TLS under a CA it made for the run
     launched = tmp_path / "runs/own-text-grpc"
     sent = RunConfig.from_json((launched / "coordinator.json").read_text())
-    assert sent.data_dir == "" and "train_file" not in json.dumps(sent.settings), sent.settings
+    assert sent.data_dir == "" and "data" not in sent.settings, sent.settings
     assert "connections: TLS, clients authenticated by client certificates" in grpc
     assert grpc.count("connections: mutual TLS") == 3 and (launched / "tls" / "ca.crt").is_file()
     assert json.loads((tmp_path / "runs/own-text-grpc/spec.json").read_text())["num_classes"] == 6
