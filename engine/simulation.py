@@ -43,6 +43,7 @@ from server.results import RunReporter, TrainedModel
 from server.robust import screen_and_fold
 from server.run_state import RunMeta, State, ended_task
 from server.secure import require_secure, secagg_report, secure_step
+from server.state_lock import StateDirHeld, held
 from server.steps import OpenStep, evaluate, following, merge, open_step
 from server.store import Store
 from server.strategies import make_strategy
@@ -138,10 +139,11 @@ def run_inprocess(
     ``engine.attacks``); by default the worker itself. ``progress``: show which client step runs,
     its batches and the run's ETA on stderr (``common.infra.progress``). ``state_dir``: commit the run
     after every step, and go on from the last commit found there (a run of another configuration
-    there is an error: use a fresh directory). The process's torch settings that the run changes
+    there is an error: use a fresh directory; one that another run holds, :class:`server.state_lock.StateDirHeld`).
+    The process's torch settings that the run changes
     (threads, deterministic kernels) are put back when it returns.
     """
-    with process_settings_kept():
+    with process_settings_kept(), held(state_dir):  # no second run on the state directory while this one lasts
         return _run(config, log, results_dir, wrap, progress, state_dir)
 
 
@@ -326,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             state_dir=args.state_dir or None,
         )
-    except (DatasetError, FileNotFoundError, SecAggError) as err:  # say what, not where in the code
+    except (DatasetError, FileNotFoundError, SecAggError, StateDirHeld) as err:  # say what, not where in the code
         print(f"lorm-sim: error: {err}", file=sys.stderr)
         return 2
     print(format_summary(result.summary()))

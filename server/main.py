@@ -24,6 +24,8 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
 from server.operator import add_operator_arguments, operator_from_args
 from server.service import create_server
+from server.state_lock import StateDirHeld
+from server.state_lock import hold as state_dir_lock
 from server.telemetry import CoordinatorMetrics, coordinator_status
 
 
@@ -164,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         model_spec=fixed,
         start_with=args.start_with,
     )
+    try:
+        state_dir_lock(args.state_dir)  # held until the process ends: no second coordinator on this run's state
+    except StateDirHeld as err:
+        parser.error(str(err))
     made: list[Coordinator] = []  # events come from inside the constructor too (a resume)
 
     def on_event(message: str) -> None:
@@ -194,14 +200,17 @@ def main(argv: list[str] | None = None) -> int:
         operator = operator_from_args(args)
     except ValueError as err:
         parser.error(str(err))
-    server, port = create_server(
-        coordinator,
-        f"{args.host}:{args.port}",
-        interceptors=[metrics.interceptor()],
-        security=security,
-        limits=limits,
-        operator=operator,
-    )
+    try:
+        server, port = create_server(
+            coordinator,
+            f"{args.host}:{args.port}",
+            interceptors=[metrics.interceptor()],
+            security=security,
+            limits=limits,
+            operator=operator,
+        )
+    except OSError as err:
+        parser.error(str(err))
     if args.metrics_port:  # before "serving on": whoever waits for that line may scrape at once
         log.info("metrics on http://%s:%d/metrics", args.host, metrics.serve(args.metrics_port, args.host))
     server.start()

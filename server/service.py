@@ -31,6 +31,9 @@ SERVER_OPTIONS = codec.CHANNEL_OPTIONS + [
     # 1 MiB window, 1177 MiB with 64 KiB. 256 KiB still moves ~5 MB/s per push at 50 ms RTT.
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 256 * 1024),
+    # Refuse a port another process listens on: gRPC binds with SO_REUSEPORT unless told not to, and a second
+    # coordinator on the port would then serve beside the first, the kernel spreading the clients over both.
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -240,7 +243,10 @@ def create_server(
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     credentials = security.server_credentials()
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:  # gRPC's own says only "Failed to bind"; the errno is in its log
+        port = 0
     if port == 0:
-        raise RuntimeError(f"could not bind {address}")
+        raise OSError(f"could not listen on {address}: the port is in use (another coordinator?) or not this host's")
     return server, port

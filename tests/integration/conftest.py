@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -12,12 +11,7 @@ import pytest
 from server.certs import create_dev_pki
 
 from procs import ProjectProc as Proc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from procs import free_port
 
 
 class Cluster:

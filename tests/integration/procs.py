@@ -34,6 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELOAD = ["numpy", "torch", "transformers.models.bert.modeling_bert", "safetensors.torch"]
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (a coordinator binds it later; one that finds it taken refuses)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Forked:
     """``python args`` (``-m MODULE ...`` or ``SCRIPT ...``) in a process forked from the fork server, with the
     part of ``subprocess.Popen`` that :class:`Proc` and the tests use: ``pid``, ``stdout`` (stderr merged into

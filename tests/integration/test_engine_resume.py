@@ -8,6 +8,7 @@ it survives; then the same call on the same state directory finishes the run."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
 from server.coordinator import Coordinator
 from server.run_state import SCHEMA, State
+from server.state_lock import StateDirHeld, hold
 from server.store import Store
 
 
@@ -86,6 +88,20 @@ def test_a_run_cut_short_goes_on_to_the_uninterrupted_result(tmp_path, strategy,
     # a finished run's state, run again, gives the result again without training
     again = run_inprocess(cfg, state_dir=tmp_path / "state", wrap=killed_after(0))
     same_run(straight, again)
+
+
+def test_a_state_directory_another_run_holds_is_refused_and_freed_when_a_run_ends(tmp_path):
+    cfg = config("lorm", num_tasks=1)
+    fd = hold(tmp_path)  # another run on this directory: a coordinator, a lorm-sim, a lorm-bench cell
+    try:
+        with pytest.raises(StateDirHeld, match=f"pid {os.getpid()} on "):
+            run_inprocess(cfg, state_dir=tmp_path)
+        assert saved_config(tmp_path) is None  # refused before anything was written
+    finally:
+        os.close(fd)
+    with pytest.raises(Killed):  # a run that ends by an exception frees the directory too
+        run_inprocess(cfg, state_dir=tmp_path, wrap=killed_after(0))
+    os.close(hold(tmp_path))
 
 
 def test_a_state_directory_of_another_configuration_is_refused(tmp_path):

@@ -22,6 +22,7 @@ from proto import lorm_pb2_grpc as pb_grpc
 
 import netns
 from procenv import project_pythonpath
+from procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -38,12 +39,6 @@ CONFIG = RunConfig(
     seed=3,
     extra={"synthetic_classes": 4, "synthetic_train": 20, "synthetic_test": 8},
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:
