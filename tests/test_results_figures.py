@@ -1,5 +1,5 @@
-"""The figures of full-data cells that docs/RESULTS.md quotes by hand, in its tables and passages, against the
-committed cells: an explicit list of where each figure stands and which cell gives it, so that a figure changed in
+"""The figures of full-data cells that docs/RESULTS.md and docs/METHODS.md quote by hand, in tables and passages,
+against the committed cells: an explicit list of where each figure stands and which cell gives it, so that a figure changed in
 the Markdown, or a cell changed under it, fails. Figures are compared as quoted (``96.13`` is the FAA rounded to
 two decimals, ``1,902 s`` the time to the second); a table cell quoting one figure for several cells, or a range
 ``low–high`` of them, holds for each."""
@@ -430,6 +430,72 @@ QUOTED_PROSE = [
 ]
 
 
+# The figures of full-data cells that docs/METHODS.md quotes in its "which to use" passages and its notes (its
+# held-out tuning figures and differences between figures aside), as QUOTED_PROSE names them.
+QUOTED_METHODS = [
+    ("**{}** FAA at β 0.5, the one β run", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
+    (
+        "as `ncm` and `ridge` show at all three; {} on the last four blocks), {} MB sent per client over the run, {} GB "
+        "of peak memory in one process, {} minutes on two threads",
+        [
+            "faa ridge@mpnet-4layers+valx4avg 0.5",
+            "mb ridge@mpnet-6layers+valx4avg 0.5",
+            "gb ridge@mpnet-6layers+valx4avg 0.5",
+            "min ridge@mpnet-6layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "**{}** FAA at β 0.5 (the one β run; seed 0), **{}** when CLINC150's `val` split trains too. It sends {} MB per",
+        ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5", "mb ridge@3layers 0.5"],
+    ),
+    (
+        "training too, reaches **{}**, the best on MiniLM; it sends {} MB per client",
+        ["faa ridge@4layers+valx4avg 0.5", "mb ridge@4layers+valx4avg 0.5"],
+    ),
+    ("back to the members' summed errors ({}):", ["faa ridge@4layers+valx4 0.5"]),
+    ("`ridge` gives {} at every β (`lorm-bench`;", ["faa ridge 1.0 & ridge 0.5 & ridge 0.2"]),
+    (
+        "(`lorm-ridge`) {} / {} / {} at β 1.0 / 0.5 / 0.2",
+        ["faa lorm-ridge 1.0", "faa lorm-ridge 0.5", "faa lorm-ridge 0.2"],
+    ),
+    (
+        "on every task lowers it ({} / {} / {} at β",
+        ["faa lorm-ridge@3layers 1.0", "faa lorm-ridge@3layers 0.5", "faa lorm-ridge@3layers 0.2"],
+    ),
+    (
+        "head ({} / {} / {} at β 1.0 / 0.5 / 0.2), as under the four-head ensemble ({} / {} / {} against its {})",
+        [
+            "faa lorm-ridge-first@3layers 1.0",
+            "faa lorm-ridge-first@3layers 0.5",
+            "faa lorm-ridge-first@3layers 0.2",
+            "faa lorm-ridge-first@4layers+valx4avg 1.0",
+            "faa lorm-ridge-first@4layers+valx4avg 0.5",
+            "faa lorm-ridge-first@4layers+valx4avg 0.2",
+            "faa ridge@4layers+valx4avg 0.5",
+        ],
+    ),
+    (
+        "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; {} ± {} over seeds 0-2 at "
+        "β 0.5",
+        ["faa lorm 1.0", "faa lorm 0.5", "faa lorm 0.2", "faa_mean lorm 0.5 *", "faa_std lorm 0.5 *"],
+    ),
+    ("CCVR {} and PILoRA {}, both rebuilding", ["faa ccvr 0.5", "faa pilora 0.5"]),
+    (
+        "CCVR {} / {} / {} and PILoRA {} / {} / {} at β 1.0 / 0.5 / 0.2",
+        ["faa ccvr 1.0", "faa ccvr 0.5", "faa ccvr 0.2", "faa pilora 1.0", "faa pilora 0.5", "faa pilora 0.2"],
+    ),
+    ("Fishers, 161 times LoRM's bytes) with {},", ["faa fisheravg 0.5"]),
+    (
+        "above it at β 0.2: {} / {} / {} at β 1.0 / 0.5 / 0.2, one seed each",
+        ["faa fisheravg 1.0", "faa fisheravg 0.5", "faa fisheravg 0.2"],
+    ),
+    (
+        "within the paper's figure at β 0.2 ({} against {}; docs/RESULTS.md)",
+        ["faa lorm 0.2", "faa lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"],
+    ),
+]
+
+
 def _quoted_mismatches(
     text: str, results: Path = RESULTS_DIR, rows: list = QUOTED_ROWS, prose: list = QUOTED_PROSE
 ) -> list[str]:
@@ -463,6 +529,10 @@ def _quoted_mismatches(
 
 def test_hand_written_figures_are_the_cells():
     assert _quoted_mismatches((ROOT / "docs" / "RESULTS.md").read_text()) == []
+
+
+def test_the_methods_pages_figures_are_the_cells():
+    assert _quoted_mismatches((ROOT / "docs" / "METHODS.md").read_text(), rows=[], prose=QUOTED_METHODS) == []
 
 
 def test_a_quoted_figure_changed_in_the_markdown_or_its_cell_fails(tmp_path):
