@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         help="plaintext connections instead of mutual TLS with a development CA made for the run",
     )
     args = parser.parse_args(argv)
-    config = config_from_args(args)
+    config = config_from_args(args)  # a section its method does not read: the coordinator's log warns
     run_dir = Path(args.run_dir or f"runs/{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"

@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
+    for warning in config.unread_sections():
+        print(f"lorm-sim: warning: {warning}", file=sys.stderr)
     try:
         result = run_inprocess(
             config,

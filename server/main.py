@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         config = config_with_schedule(args)
     except (OSError, ValueError) as err:
         parser.error(str(err))
+    for warning in config.unread_sections():
+        log.warning("%s", warning)
     for key, value in client_local_values(config).items():
         # Every client refuses a configuration that picks its files (client/local.py): say so before serving.
         parser.error(

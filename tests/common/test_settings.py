@@ -121,6 +121,42 @@ def test_ncm_and_ridge_read_their_own_rp_dim():
     assert config.section(NcmSettings).rp_dim == 7 and config.section(RidgeSettings).rp_dim == 0
 
 
+def test_a_section_the_method_does_not_read_is_named_with_its_readers():
+    lorm = RunConfig(settings={"ridge": {"rp_dim": 5000}, "data": {"train_val": True}, "dp": {}, "secagg": {}})
+    assert lorm.unread_sections() == [
+        "settings section 'ridge' is read by lorm-ridge, lorm-ridge-first, ridge, not by method 'lorm': it changes "
+        "nothing in this run"
+    ]
+    assert RunConfig(method="lorm-ridge", settings={"ridge": {"rp_dim": 5000}}).unread_sections() == []
+    assert (
+        RunConfig(method="ridge", settings={"ncm": {}, "ridge": {}})
+        .unread_sections()[0]
+        .startswith("settings section 'ncm' is read by lorm-ncm, ncm, not by method 'ridge'")
+    )
+
+
+def test_lorm_sim_warns_of_a_section_its_method_does_not_read_before_it_runs(tmp_path, capsys):
+    argv = ["--set", "ccvr.epochs=2", "--set", "dataset=clinc150", "--set", f"data_dir={tmp_path}"]
+    assert lorm_sim(argv) == 2  # no CLINC150 there: the run stops at its data, after the warning
+
+    err = capsys.readouterr().err
+    assert "lorm-sim: warning: settings section 'ccvr' is read by ccvr, not by method 'lorm'" in err
+
+
+def test_lorm_server_warns_of_a_section_its_method_does_not_read_before_it_serves(tmp_path, capsys):
+    from server.main import main as lorm_server
+
+    config = tmp_path / "run.json"  # with a client's own file too: refused right after the warnings, nothing served
+    config.write_text(json.dumps({"settings": {"ridge": {"rp_dim": 64}, "data": {"train_file": "x.csv"}}}))
+    with pytest.raises(SystemExit):
+        lorm_server(["--config", str(config), "--state-dir", str(tmp_path / "state"), "--insecure", "--port", "0"])
+
+    out = capsys.readouterr()
+    assert "settings section 'ridge' is read by lorm-ridge, lorm-ridge-first, ridge, not by method 'lorm'" in (
+        out.out + out.err
+    )
+
+
 def test_describe_lists_a_methods_settings_with_defaults_and_help(capsys):
     assert lorm_sim(["--describe", "ridge"]) == 0
 
