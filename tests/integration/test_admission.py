@@ -141,8 +141,8 @@ def test_a_full_run_is_final_and_a_busy_client_backs_off(token_server):
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "slots are taken" in str(err.value)
     assert time.monotonic() - start < 2.0
     # c0 holds its one allowed call with an idle Push; its next call is refused as busy and retried,
-    # not sooner than BUSY_RETRY_S although its backoff starts at 0.05 s, until the Push ends.
-    from client.transport import BUSY_RETRY_S
+    # not sooner than BUSY_RETRY_MIN_S although its backoff starts at 0.05 s, until the Push ends.
+    from client.transport import BUSY_RETRY_MIN_S
 
     held = connect("c0")
     release = threading.Event()
@@ -157,7 +157,7 @@ def test_a_full_run_is_final_and_a_busy_client_backs_off(token_server):
     threading.Timer(0.5, release.set).start()
     start = time.monotonic()
     assert connect("c0").join(0)[1] == 0
-    assert time.monotonic() - start >= BUSY_RETRY_S
+    assert time.monotonic() - start >= BUSY_RETRY_MIN_S
     push.exception(timeout=10)
 
 
@@ -165,7 +165,7 @@ def test_clients_of_one_process_are_separate_callers(tmp_path):
     """Where nobody is authenticated, the coordinator's caller is the connection. Two clients in one process
     (a load test, an application embedding several) must not share one: with the per-client limit at 1 and
     the first client's only call held by an idle Push, the second joins at once, not refused as the first."""
-    from client.transport import BUSY_RETRY_S, Backoff, CoordinatorClient
+    from client.transport import BUSY_RETRY_MIN_S, Backoff, CoordinatorClient
     from server.coordinator import Coordinator
     from server.service import create_server
 
@@ -193,7 +193,7 @@ def test_clients_of_one_process_are_separate_callers(tmp_path):
         time.sleep(0.5)  # the Push is in progress: the first client's one call
         start = time.monotonic()
         assert second.join(1)[1] == 1
-        assert time.monotonic() - start < BUSY_RETRY_S  # never refused as busy
+        assert time.monotonic() - start < BUSY_RETRY_MIN_S  # never refused as busy
     finally:
         release.set()
         push.exception(timeout=10)
