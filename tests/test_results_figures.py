@@ -113,8 +113,9 @@ QUOTED_ROWS = [
     (MPNET, "`ridge@mpnet-4layers+valx4avg`", ["ridge@mpnet-4layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg`", ["ridge@mpnet-6layers+valx4avg 0.5"]),
     (PROTOCOL, "`lorm` | 1.0", ["lorm 1.0"]),
+    (PROTOCOL, "`lorm`, seeds 1 and 2 (27124ac", ["lorm 1.0 1", "lorm 1.0 2"]),
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
-    (PROTOCOL, "`lorm`, seeds 1 and 2", ["lorm 0.5 1", "lorm 0.5 2"]),
+    (PROTOCOL, "`lorm`, seeds 1 and 2 (8200015", ["lorm 0.5 1", "lorm 0.5 2"]),
     (PROTOCOL, "`lorm` | 0.2", ["lorm 0.2"]),
     (PROTOCOL, "`lorm@appendix-gamma`", ["lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"]),
     (PROTOCOL, "the same, seed 1", ["lorm 0.2 1 clinc150-full-diag/gamma-head-0.1"]),
@@ -154,6 +155,18 @@ QUOTED_ROWS = [
 # Figures quoted in prose: the passage (whitespace as one space, ``{}`` where a figure stands) and, for each
 # figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
 QUOTED_PROSE = [
+    (
+        "`lorm` over three seeds at β 1.0 (rank 2): {} / {} / {}, **{} ± {}**",
+        ["faa lorm 1.0", "faa lorm 1.0 1", "faa lorm 1.0 2", "faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"],
+    ),
+    ("Seeds 1 and 2 held at most {} and {} GB (the first", ["gb lorm 1.0 1", "gb lorm 1.0 2"]),
+    (
+        "its seed 0 leads by 1.0 and 1.4, but its three seeds' mean ({} ± {})",
+        ["faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"],
+    ),
+    ("where LoRM's three seeds give {}, between the two ablations", ["faa_mean lorm 1.0 *"]),
+    ("(0.4 below its three seeds' mean, {} ± {})", ["faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"]),
+    ("seed 0 at β 1.0 ({}; 3.6 to 4.5 above its three seeds' mean, {})", ["faa lorm 1.0", "faa_mean lorm 1.0 *"]),
     (
         "(host B, commit `610a78f`, one thread, beside two other sessions' jobs: its {} minutes are not comparable) "
         "held at most **{} GB**",
@@ -475,9 +488,17 @@ QUOTED_METHODS = [
         ],
     ),
     (
-        "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; {} ± {} over seeds 0-2 at "
-        "β 0.5",
-        ["faa lorm 1.0", "faa lorm 0.5", "faa lorm 0.2", "faa_mean lorm 0.5 *", "faa_std lorm 0.5 *"],
+        "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; over seeds 0-2, {} ± {} at "
+        "β 1.0 and {} ± {} at β 0.5",
+        [
+            "faa lorm 1.0",
+            "faa lorm 0.5",
+            "faa lorm 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_std lorm 1.0 *",
+            "faa_mean lorm 0.5 *",
+            "faa_std lorm 0.5 *",
+        ],
     ),
     ("CCVR {} and PILoRA {}, both rebuilding", ["faa ccvr 0.5", "faa pilora 0.5"]),
     (
