@@ -61,34 +61,44 @@ def missing(cells: list[dict], labels: list[str] | None = None) -> dict[str, dic
 def carried(command: str) -> list[str]:
     """The options of a committed cell's command that every cell of its label shares: the preset, the method
     config (the grid's, where the command named none: a label's β-specific values live there), the mode and each
-    ``--set`` but ``threads``."""
+    ``--set`` but ``threads``; in one order (labels whose commands wrote the same options in another order share a
+    group, so one lorm-bench runs their cells side by side)."""
     words, kept = shlex.split(command), []
     if "--method-config" not in words:
-        kept += ["--method-config", METHOD_CONFIG]
+        kept.append(("--method-config", METHOD_CONFIG))
     for i, word in enumerate(words):
         if word in KEPT and i + 1 < len(words):
             value = words[i + 1]
             if word == "--set" and value.startswith("threads="):
                 continue
-            kept += [word, value]
-    return kept
+            kept.append((word, value))
+    return [word for pair in sorted(kept, key=lambda p: (KEPT.index(p[0]), p[1])) for word in pair]
 
 
-def commands(cells: list[dict], out: str, jobs: int, labels: list[str] | None = None) -> list[str]:
+def commands(
+    cells: list[dict],
+    out: str,
+    jobs: int,
+    labels: list[str] | None = None,
+    program: str = ".venv/bin/lorm-bench",
+    beside: str = "",
+) -> list[str]:
     """The shell lines that run every missing cell: the committed cells copied into ``out`` first (lorm-bench skips
-    a finished cell), then one lorm-bench per group of labels that share their options and seeds, over every β."""
+    a finished cell), then one ``program`` (lorm-bench) per group of labels that share their options and seeds, over
+    every β, the groups in the order of ``labels`` (first wanted first), with ``--beside`` when given."""
     rows = by_method(cells)
     groups: dict[tuple[tuple[str, ...], tuple[int, ...]], list[str]] = {}
-    for label in missing(cells, labels):
+    gaps = missing(cells, labels)
+    for label in sorted(gaps, key=lambda x: labels.index(x)) if labels else gaps:
         example = next(cell for group in rows[label].values() for cell in group)
         seeds: tuple[int, ...] = SEEDS if label in HEADLINE else (0,)
         groups.setdefault((tuple(carried(example["command"])), seeds), []).append(label)
     committed = shlex.quote(str(FULL.relative_to(ROOT) / "cells"))
     lines = [f"mkdir -p {shlex.quote(out)} && cp -rn {committed} {shlex.quote(out)}/"]
     for (base, seeds), members in groups.items():
-        argv = [".venv/bin/lorm-bench", *base, "--methods", ",".join(members), "--betas", ",".join(map(str, BETAS))]
+        argv = [*shlex.split(program), *base, "--methods", ",".join(members), "--betas", ",".join(map(str, BETAS))]
         argv += ["--seeds", ",".join(map(str, seeds)), "--out", out, "--jobs", str(jobs), "--set", "threads=1"]
-        lines.append(shlex.join(argv))
+        lines.append(shlex.join(argv + (["--beside", beside] if beside else [])))
     return lines
 
 
@@ -98,14 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="runs/gpu45", help="where the cells go (then copy them into the committed folder)"
     )
     parser.add_argument("--jobs", type=int, default=8, help="cells at a time on the host")
-    parser.add_argument("--labels", default="", help="only these labels (comma-separated)")
+    parser.add_argument("--labels", default="", help="only these labels (comma-separated), their groups in this order")
+    parser.add_argument(
+        "--program", default=".venv/bin/lorm-bench", help="what runs lorm-bench (e.g. 'python3 -m engine.benchmark')"
+    )
+    parser.add_argument("--beside", default="", help="lorm-bench --beside: what else runs on the host meanwhile")
     args = parser.parse_args(argv)
     cells = load_cells(FULL)
     labels = [x for x in args.labels.split(",") if x] or None
     gaps = missing(cells, labels)
     count = sum(len(seeds) for betas in gaps.values() for seeds in betas.values())
     print(f"# {count} cells missing over {len(gaps)} labels (LORM_DATA_DIR must name the datasets)")
-    print("\n".join(commands(cells, args.out, args.jobs, labels)))
+    print("\n".join(commands(cells, args.out, args.jobs, labels, args.program, args.beside)))
     return 0
 
 

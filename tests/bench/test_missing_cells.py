@@ -71,3 +71,18 @@ def test_the_committed_table_lacks_the_headline_rows_seeds_and_the_competitors_o
     # CCVR and PILoRA ran seed 0 at every beta (the CPU, this issue): their other seeds remain
     assert gaps["ccvr"][1.0] == [1, 2] and gaps["pilora"][0.2] == [1, 2] and 0.5 not in gaps.get("ncm", {})
     assert gaps["fedproto"][1.0] == [0] and gaps["fedproto"][0.2] == [0]  # not a headline row: seed 0 only
+
+
+def test_labels_whose_commands_order_their_options_otherwise_share_one_run_in_the_order_asked():
+    mc = planner()
+    first = cell("ccvr", 0.5, 0, "lorm-bench --preset p --method-config m.json --mode inprocess --methods ccvr")
+    second = cell("lorm", 0.5, 0, "lorm-bench --mode inprocess --method-config m.json --preset p --methods lorm")
+    lines = mc.commands(
+        [first, second], "runs/x", 12, ["lorm", "ccvr"], program="python3 -m engine.benchmark", beside="12 at a time"
+    )
+    assert len(lines) == 2  # the copy, then one run of both labels
+    words = shlex.split(lines[1])
+    assert words[:3] == ["python3", "-m", "engine.benchmark"] and words[-2:] == ["--beside", "12 at a time"]
+    assert words[words.index("--methods") + 1] == "lorm,ccvr"
+    args = build_parser().parse_args(words[3:])
+    assert args.preset == "p" and args.method_config == "m.json" and args.beside == "12 at a time"
