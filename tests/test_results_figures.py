@@ -117,6 +117,7 @@ QUOTED_ROWS = [
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (8200015", ["lorm 0.5 1", "lorm 0.5 2"]),
     (PROTOCOL, "`lorm` | 0.2", ["lorm 0.2"]),
+    (PROTOCOL, "`lorm`, seeds 1 and 2 (ba5836c", ["lorm 0.2 1", "lorm 0.2 2"]),
     (PROTOCOL, "`lorm@appendix-gamma`", ["lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"]),
     (PROTOCOL, "the same, seed 1", ["lorm 0.2 1 clinc150-full-diag/gamma-head-0.1"]),
     (PROTOCOL, "the same, batch 32", ["lorm 0.2 0 clinc150-full-diag/batch32"]),
@@ -155,6 +156,24 @@ QUOTED_ROWS = [
 # Figures quoted in prose: the passage (whitespace as one space, ``{}`` where a figure stands) and, for each
 # figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
 QUOTED_PROSE = [
+    (
+        "`lorm` over three seeds at β 0.2: {} / {} / {}, **{} ± {}**, +2.14 above the paper's 77.67; seeds 1 and 2 "
+        "held at most {} GB each. With every β at three seeds, LoRM loses 6.2 points from β 1.0 to 0.2 ({} to {})",
+        [
+            "faa lorm 0.2",
+            "faa lorm 0.2 1",
+            "faa lorm 0.2 2",
+            "faa_mean lorm 0.2 *",
+            "faa_std lorm 0.2 *",
+            "gb lorm 0.2 1 & lorm 0.2 2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.2 *",
+        ],
+    ),
+    ("4.3 and 5.5 over its three seeds there, {} ± {})", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
+    ("(1.0 above its three seeds' mean, {} ± {}, two of", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
+    ("(79.33; 9.2 to 10.3 above its three seeds' mean, {})", ["faa_mean lorm 0.2 *"]),
+    ("and 0.49 at β 0.2, where they give {}, 0.2 and 0.9", ["faa_mean lorm 0.2 *"]),
     ("its clean counterpart, `ridge@3layers+valx4avg`, gives {} (full data", ["faa ridge@3layers+valx4avg 0.5"]),
     (
         "`lorm` over three seeds at β 1.0 (rank 2): {} / {} / {}, **{} ± {}**",
@@ -520,7 +539,7 @@ QUOTED_METHODS = [
     ),
     (
         "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; over seeds 0-2, {} ± {} at "
-        "β 1.0 and {} ± {} at β 0.5",
+        "β 1.0, {} ± {} at β 0.5 and {} ± {} at β 0.2",
         [
             "faa lorm 1.0",
             "faa lorm 0.5",
@@ -529,6 +548,8 @@ QUOTED_METHODS = [
             "faa_std lorm 1.0 *",
             "faa_mean lorm 0.5 *",
             "faa_std lorm 0.5 *",
+            "faa_mean lorm 0.2 *",
+            "faa_std lorm 0.2 *",
         ],
     ),
     ("CCVR {} and PILoRA {}, both rebuilding", ["faa ccvr 0.5", "faa pilora 0.5"]),
@@ -538,7 +559,7 @@ QUOTED_METHODS = [
     ),
     ("Fishers, 161 times LoRM's bytes) with {},", ["faa fisheravg 0.5"]),
     (
-        "above it at β 0.2: {} / {} / {} at β 1.0 / 0.5 / 0.2, one seed each",
+        "above the mean): {} / {} / {} at β 1.0 / 0.5 / 0.2, one seed each",
         ["faa fisheravg 1.0", "faa fisheravg 0.5", "faa fisheravg 0.2"],
     ),
     (
