@@ -1,8 +1,8 @@
 """The figures of full-data cells that docs/RESULTS.md and docs/METHODS.md quote by hand, in tables and passages,
-against the committed cells: an explicit list of where each figure stands and which cell gives it, so that a figure changed in
-the Markdown, or a cell changed under it, fails. Figures are compared as quoted (``96.13`` is the FAA rounded to
-two decimals, ``1,902 s`` the time to the second); a table cell quoting one figure for several cells, or a range
-``low–high`` of them, holds for each."""
+against the committed cells: an explicit list of where each figure stands and which cell gives it, so that a figure
+changed in the Markdown, or a cell changed under it, fails. Figures are compared as quoted (``96.13`` is the FAA
+rounded to two decimals, ``1,902 s`` the time to the second); a table cell quoting one figure for several cells, or a
+range ``low–high`` of them, holds for each."""
 
 from __future__ import annotations
 
@@ -489,8 +489,8 @@ QUOTED_PROSE = [
 QUOTED_METHODS = [
     ("**{}** FAA at β 0.5, the one β run", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
     (
-        "as `ncm` and `ridge` show at all three; {} on the last four blocks), {} MB sent per client over the run, {} GB "
-        "of peak memory in one process, {} minutes on two threads",
+        "as `ncm` and `ridge` show at all three; {} on the last four blocks), {} MB sent per client over the run, "
+        "{} GB of peak memory in one process, {} minutes on two threads",
         [
             "faa ridge@mpnet-4layers+valx4avg 0.5",
             "mb ridge@mpnet-6layers+valx4avg 0.5",
@@ -499,7 +499,8 @@ QUOTED_METHODS = [
         ],
     ),
     (
-        "**{}** FAA at β 0.5 (the one β run; seed 0), **{}** when CLINC150's `val` split trains too. It sends {} MB per",
+        "**{}** FAA at β 0.5 (the one β run; seed 0), **{}** when CLINC150's `val` split trains too. "
+        "It sends {} MB per",
         ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5", "mb ridge@3layers 0.5"],
     ),
     (
@@ -538,8 +539,8 @@ QUOTED_METHODS = [
         ],
     ),
     (
-        "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; over seeds 0-2, {} ± {} at "
-        "β 1.0, {} ± {} at β 0.5 and {} ± {} at β 0.2",
+        "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; over seeds 0-2, "
+        "{} ± {} at β 1.0, {} ± {} at β 0.5 and {} ± {} at β 0.2",
         [
             "faa lorm 1.0",
             "faa lorm 0.5",
