@@ -36,7 +36,8 @@ for line in "${lines[@]:2}"; do
     pids+=($!)
 done
 end=$(($(date +%s) + left))
-while [ "$(date +%s)" -lt "$end" ] && kill -0 "${pids[@]}" 2>/dev/null; do sleep 5; done
+alive() { for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }  # any run still going
+while [ "$(date +%s)" -lt "$end" ] && alive; do sleep 5; done
 for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
 sleep 5
 for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
