@@ -157,6 +157,20 @@ QUOTED_ROWS = [
 # figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
 QUOTED_PROSE = [
     (
+        "padding rows counted in the Grams **{}** (forgetting {}; {} min), no dropout **{}** ({}; {} min), against "
+        "the defaults' {} ({}):",
+        [
+            "faa lorm 0.5 0 clinc150-conventions-fixed/gram-padding",
+            "forgetting lorm 0.5 0 clinc150-conventions-fixed/gram-padding",
+            "min lorm 0.5 0 clinc150-conventions-fixed/gram-padding",
+            "faa lorm 0.5 0 clinc150-conventions-fixed/no-dropout",
+            "forgetting lorm 0.5 0 clinc150-conventions-fixed/no-dropout",
+            "min lorm 0.5 0 clinc150-conventions-fixed/no-dropout",
+            "faa lorm 0.5 0 clinc150-quick",
+            "forgetting lorm 0.5 0 clinc150-quick",
+        ],
+    ),
+    (
         "`lorm` over three seeds at β 0.2: {} / {} / {}, **{} ± {}**, +2.14 above the paper's 77.67; seeds 1 and 2 "
         "held at most {} GB each. With every β at three seeds, LoRM loses 6.2 points from β 1.0 to 0.2 ({} to {})",
         [
