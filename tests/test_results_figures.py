@@ -157,6 +157,19 @@ QUOTED_ROWS = [
 # figure, "FIELD" and the cells as ``_group`` names them (several joined by " & ": one figure for them all).
 QUOTED_PROSE = [
     (
+        "the domain-grouped order **{}** ({}; {} min beside two other cells), so the class order's effect is "
+        "+10.9 (+11.0 before); seeds 1 and 2 **{}** and **{}** ({} / {} min)",
+        [
+            "faa lorm 0.5 0 clinc150-conventions-fixed/order-domains",
+            "forgetting lorm 0.5 0 clinc150-conventions-fixed/order-domains",
+            "min lorm 0.5 0 clinc150-conventions-fixed/order-domains",
+            "faa lorm 0.5 1 clinc150-conventions-fixed/seeds",
+            "faa lorm 0.5 2 clinc150-conventions-fixed/seeds",
+            "min lorm 0.5 1 clinc150-conventions-fixed/seeds",
+            "min lorm 0.5 2 clinc150-conventions-fixed/seeds",
+        ],
+    ),
+    (
         "padding rows counted in the Grams **{}** (forgetting {}; {} min), no dropout **{}** ({}; {} min), against "
         "the defaults' {} ({}):",
         [
