@@ -63,7 +63,7 @@ def test_bring_your_own_csv_runs_as_written(tmp_path):
     assert sent.data_dir == "" and "data" not in sent.settings, sent.settings
     assert "connections: TLS, clients authenticated by client certificates" in grpc
     assert grpc.count("connections: mutual TLS") == 3 and (launched / "tls" / "ca.crt").is_file()
-    assert json.loads((tmp_path / "runs/own-text-grpc/spec.json").read_text())["num_classes"] == 6
+    assert json.loads((launched / "spec.json").read_text())["num_classes"] == 6
     for run_dir in ("runs/own-text", "runs/own-text-grpc/results"):
         metrics = json.loads((tmp_path / run_dir / "metrics.json").read_text())
         assert metrics["config"]["dataset"] == "textfile" and metrics["config"]["backbone"] == "minilm"

@@ -48,7 +48,7 @@ while IFS= read -r f; do
     [ -e "docs/results/clinc150-full/$rel" ] || new+=("$rel")
 done < <(find runs/gpu45/cells -name metrics.json | sort)
 printf 'finished this call: %d cells\n' "${#new[@]}"
-printf '  %s\n' "${new[@]}"
+[ "${#new[@]}" -eq 0 ] || printf '  %s\n' "${new[@]}"
 [ "${#new[@]}" -eq 0 ] || tar -C runs/gpu45 -czf "$out/cells.tgz" "${new[@]}"
 for f in runs/gpu45/run-*.log; do echo "== $f"; tail -n 30 "$f"; done > "$out/logs.txt"
 find runs/gpu45/cells -name bench.log -newer .devkept/minilm.tar -exec sh -c 'echo "== $1"; tail -n 5 "$1"' _ {} \; >> "$out/logs.txt"

@@ -352,17 +352,16 @@ class RunConfig:
         naming the methods that do: such a section changes nothing, and whoever set it most likely meant another
         method. Not an error: a grid sets one section for all its methods, and a state directory or a cell written
         so must still load."""
-        from common.methods import registry, sections
+        from common.methods import registry
 
         own = registry()[self.method].settings
-        shared = {name for name, cls in sections().items() if not any(m.settings is cls for m in registry().values())}
         warnings = []
         for name in sorted(self.settings):
-            if name in shared or (own is not None and name == own.section):
-                continue
             readers = sorted(
                 m.name for m in registry().values() if m.settings is not None and m.settings.section == name
             )
+            if not readers or (own is not None and name == own.section):  # every run's section, or its own
+                continue
             warnings.append(
                 f"settings section {name!r} is read by {', '.join(readers)}, not by method {self.method!r}: "
                 f"it changes nothing in this run"
