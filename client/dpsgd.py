@@ -22,7 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.persample import PerSampleGradients, embedding_rows, layer_norm_rows, layer_rule, linear_rows, tokens
+from client.persample import (
+    PerSampleGradients,
+    conv_tokens,
+    embedding_rows,
+    layer_norm_rows,
+    layer_rule,
+    linear_rows,
+    tokens,
+    vit_rows,
+)
 from common.adapters.lora import LoRALinear
 from common.privacy.gaussian import BITS, NoiseSource, derived_seed, keyed_noise, secure_bits
 from common.privacy.training import TrainingNoise
@@ -34,7 +43,10 @@ class PerSampleNorms(PerSampleGradients):
     """Each sample's squared L2 norm of its gradient of ``params`` (all of them together), from one forward pass
     recorded with :meth:`recording` and :meth:`norms` of its per-sample losses' sum."""
 
-    covered = "LoRA layers' factors, nn.Linear, nn.LayerNorm and plain nn.Embedding layers (DP-SGD)"
+    covered = (
+        "LoRA layers' factors, nn.Linear, nn.LayerNorm, plain nn.Embedding and nn.Conv2d layers, and a timm ViT's "
+        "tokens (DP-SGD)"
+    )
 
     def rule(self, module: nn.Module) -> Any:
         return norms_of(module)
@@ -76,6 +88,15 @@ def _embedding_norms(module: nn.Module, own: dict[str, str], ids: Tensor, d: Ten
     out.index_add_(0, samples.cpu(), per_row.to(torch.float64).square().sum(1).cpu())
 
 
+def _conv_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, out: Tensor) -> None:
+    _linear_norms(module, own, *conv_tokens(module, x, d), out)
+
+
+def _vit_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, out: Tensor) -> None:
+    for rows in vit_rows(module, own, d).values():
+        out.add_(_sq(rows))
+
+
 def _lora_norms(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, out: Tensor) -> None:
     """``y = ... + s B (A x)``: ``dB_b = s sum_t d_bt (A x_bt)^T``, ``dA_b = s sum_t (B^T d_bt) x_bt^T``."""
     assert isinstance(module, LoRALinear)
@@ -90,7 +111,7 @@ def norms_of(module: nn.Module) -> Norms | None:
     """The rule that adds ``module``'s per-sample squared gradient norms, or ``None`` for a layer it does not cover."""
     if isinstance(module, LoRALinear):
         return _lora_norms
-    rule: Norms | None = layer_rule(module, _linear_norms, _layer_norm_norms, _embedding_norms)
+    rule: Norms | None = layer_rule(module, _linear_norms, _layer_norm_norms, _embedding_norms, _conv_norms, _vit_norms)
     return rule
 
 

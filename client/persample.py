@@ -10,7 +10,12 @@ pooling leaves padding out), as for these layers it is exactly:
 
 - ``nn.Linear``: ``G_b = sum_t d_bt x_bt^T`` (tokens ``t``), bias ``sum_t d_bt``;
 - ``nn.LayerNorm``: ``sum_t d_bt * xhat_bt`` with ``xhat`` the normalised input, bias ``sum_t d_bt``;
-- ``nn.Embedding``: row ``v`` gets ``sum_{t: id_bt = v} d_bt`` (never the padding row, as PyTorch).
+- ``nn.Embedding``: row ``v`` gets ``sum_{t: id_bt = v} d_bt`` (never the padding row, as PyTorch);
+- ``nn.Conv2d`` (one group, zero padding): a linear layer over its input's patches (``F.unfold``), each output
+  position a token: ``G_b = sum_p d_bp x_bp^T``, viewed as the kernel's shape; bias ``sum_p d_bp``;
+- a timm ``VisionTransformer``'s own parameters (class and register tokens, position embedding): added to the
+  patch tokens, so with ``d`` the gradient of the position-embedded tokens (what ``pos_drop`` receives, the layer
+  *tapped* in its stead), each sample's gradient is its own rows of ``d``.
 
 Equal to the per-sample loop up to float rounding (the order of the sums differs), which
 ``tests/client/test_persample.py`` checks on every parameter. A layer of another kind that owns a
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,6 +45,7 @@ class PerSampleGradients:
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter]) -> None:
         names = {id(p): n for n, p in params.items()}
         self.layers: dict[nn.Module, tuple[dict[str, str], Any]] = {}  # layer -> its params' names, rule
+        self.taps: dict[nn.Module, nn.Module] = {}  # layer -> the module whose input is the layer's result
         refused: list[str] = []
         found: set[str] = set()  # names of the parameters met in a layer so far
         for path, module in model.named_modules():
@@ -50,6 +57,8 @@ class PerSampleGradients:
                 refused.append(f"{path or 'the model'} ({type(module).__name__})")
             else:
                 self.layers[module] = own, rule
+                if (site := tap(module)) is not None:
+                    self.taps[module] = site
             found |= set(own.values())
         missing = sorted(set(params) - found)
         if refused or missing:
@@ -65,7 +74,7 @@ class PerSampleGradients:
         self.batch = 0
         self.seen: list[tuple[nn.Module, Tensor, Tensor]] = []
 
-    covered = "nn.Linear, nn.LayerNorm and plain nn.Embedding layers"
+    covered = "nn.Linear, nn.LayerNorm, plain nn.Embedding and nn.Conv2d layers, and a timm ViT's tokens"
     instead = ""  # what to do instead, when a layer is not covered
 
     def rule(self, module: nn.Module) -> Any:
@@ -76,7 +85,12 @@ class PerSampleGradients:
     def recording(self, batch: int) -> Iterator[None]:
         """Keep every layer's input and output of the forward pass run inside, for ``batch`` samples."""
         self.batch, self.seen = batch, []
-        handles = [module.register_forward_hook(self._keep) for module in self.layers]
+        handles = [
+            self.taps[module].register_forward_hook(partial(self._tapped, module))
+            if module in self.taps
+            else module.register_forward_hook(self._keep)
+            for module in self.layers
+        ]
         try:
             yield
         finally:
@@ -95,6 +109,12 @@ class PerSampleGradients:
             x = x.expand(self.batch, *x.shape[1:])
         self.seen.append((module, x, output))
         return output if shared else None
+
+    def _tapped(self, layer: nn.Module, site: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+        """``layer``'s result is ``site``'s input (a ViT's position-embedded tokens, entering its ``pos_drop``)."""
+        if args[0].shape[0] != self.batch:
+            raise ValueError(f"{type(layer).__name__} tokens {tuple(args[0].shape)} are not per sample")
+        self.seen.append((layer, args[0], args[0]))
 
     def output_grads(self, scalar: Tensor, retain: bool) -> list[tuple[tuple[nn.Module, Tensor, Tensor], Tensor]]:
         """The recorded layers with ``d scalar / d output`` of each (layers the scalar does not reach left out)."""
@@ -197,10 +217,71 @@ def _embedding(module: nn.Module, own: dict[str, str], ids: Tensor, d: Tensor, i
     into[own["weight"]].index_add_(0, keys % rows, per_row.square_())
 
 
-def layer_rule(module: nn.Module, linear: Any, layer_norm: Any, embedding: Any) -> Any:
-    """The one of ``linear``, ``layer_norm``, ``embedding`` for ``module``'s kind of layer, or ``None`` for a layer
-    the per-sample rebuild does not cover (an embedding whose gradient PyTorch rescales, renormalises or makes
-    sparse among them)."""
+def conv_tokens(module: nn.Module, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """A covered ``nn.Conv2d`` as a linear layer over patches: its input's patches ``(batch, positions, in * kh *
+    kw)`` (``F.unfold``, in the order of the kernel's flattened rows) and ``d (batch, positions, out)``."""
+    assert isinstance(module, nn.Conv2d)
+    padding = 0 if isinstance(module.padding, str) else module.padding  # "valid" ("same" is not covered)
+    patches = F.unfold(x.to(d.dtype), module.kernel_size, module.dilation, padding, module.stride)
+    return patches.transpose(1, 2), d.flatten(2).transpose(1, 2)
+
+
+def _flat_kernel(own: dict[str, str], into: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``into`` with a kernel's accumulator viewed ``(out, in * kh * kw)``: a linear layer's."""
+    return into | ({own["weight"]: into[own["weight"]].flatten(1)} if "weight" in own else {})
+
+
+def _conv(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+    _linear(module, own, *conv_tokens(module, x, d), _flat_kernel(own, into))
+
+
+VIT_TOKENS = ("cls_token", "reg_token", "pos_embed")  # a timm VisionTransformer's own parameters
+
+
+def vit_rows(module: nn.Module, own: dict[str, str], d: Tensor) -> dict[str, Tensor]:
+    """Each sample's gradient of a ViT's own parameters in ``own`` (by name), ``(batch, *param.shape[1:])``, from
+    ``d (batch, tokens, dim)``, the gradient of its position-embedded tokens: the class token, then the register
+    tokens, then the patches; the position embedding spans them all, or the patches only (``no_embed_class``)."""
+    vit: Any = module  # nn.Module.__getattr__ would type its attributes Tensor | Module
+    classes, prefix = int(vit.cls_token is not None), int(vit.num_prefix_tokens)
+    spans = {"cls_token": (0, classes), "reg_token": (classes, prefix)}
+    spans["pos_embed"] = (prefix if vit.no_embed_class else 0, d.shape[1])
+    return {own[name]: d[:, spans[name][0] : spans[name][1]] for name in own}
+
+
+def _vit(module: nn.Module, own: dict[str, str], x: Tensor, d: Tensor, into: dict[str, Tensor]) -> None:
+    for name, rows in vit_rows(module, own, d).items():
+        _add_squares(into[name], rows.reshape(rows.shape[0], *into[name].shape))
+
+
+def tap(module: nn.Module) -> nn.Module | None:
+    """The module whose input is ``module``'s per-sample result, where it is not ``module``'s output: a ViT's
+    ``pos_drop`` (its position-embedded tokens); ``None`` for the other layers."""
+    site = module.pos_drop if _is_vit(module) else None
+    assert site is None or isinstance(site, nn.Module)
+    return site
+
+
+def _is_vit(module: nn.Module) -> bool:
+    """A timm VisionTransformer whose own parameters are only its tokens, with a fixed position embedding (not
+    resampled to the image: ``dynamic_img_size``). Imported here only: a text model never reaches it."""
+    if not any(c.__module__.startswith("timm.") for c in type(module).__mro__):
+        return False
+    from timm.models.vision_transformer import VisionTransformer
+
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    return (
+        isinstance(module, VisionTransformer)
+        and not module.dynamic_img_size
+        and isinstance(getattr(module, "pos_drop", None), nn.Module)
+        and own <= set(VIT_TOKENS)
+    )
+
+
+def layer_rule(module: nn.Module, linear: Any, layer_norm: Any, embedding: Any, conv: Any, vit: Any) -> Any:
+    """The one of ``linear``, ``layer_norm``, ``embedding``, ``conv`` and ``vit`` for ``module``'s kind of layer, or
+    ``None`` for a layer the per-sample rebuild does not cover (an embedding whose gradient PyTorch rescales,
+    renormalises or makes sparse, a grouped convolution or one that pads other than with zeros, among them)."""
     if isinstance(module, nn.Linear):
         return linear
     if isinstance(module, nn.LayerNorm):
@@ -208,10 +289,13 @@ def layer_rule(module: nn.Module, linear: Any, layer_norm: Any, embedding: Any) 
     if isinstance(module, nn.Embedding):
         plain = module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
         return embedding if plain else None
-    return None
+    if isinstance(module, nn.Conv2d):
+        plain = module.groups == 1 and module.padding_mode == "zeros" and module.padding != "same"
+        return conv if plain else None
+    return vit if _is_vit(module) else None
 
 
 def squares_of(module: nn.Module) -> Squares | None:
     """The rule that adds ``module``'s per-sample squares, or ``None`` for a layer it does not cover."""
-    rule: Squares | None = layer_rule(module, _linear, _layer_norm, _embedding)
+    rule: Squares | None = layer_rule(module, _linear, _layer_norm, _embedding, _conv, _vit)
     return rule

@@ -38,6 +38,41 @@ def own_text_config(**changes: object) -> RunConfig:
     return RunConfig(**{**base, **changes})  # type: ignore[arg-type]
 
 
+def image_folder(root: Path, classes: list[str], per_split: dict[str, int]) -> dict[str, list[str]]:
+    """Tiny PNGs ``root/<split>/<class>/<k>.png`` (20 x 20; the classes differ in tone); each split's paths."""
+    import numpy as np
+    from PIL import Image
+
+    paths: dict[str, list[str]] = {}
+    for split, n in per_split.items():
+        for c, name in enumerate(classes):
+            for k in range(n):
+                rng = np.random.default_rng([c, k, split == "test"])
+                pixels = (rng.integers(0, 64, (20, 20, 3)) + 48 * c).astype(np.uint8)
+                path = root / split / name / f"{k}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(pixels).save(path)
+                paths.setdefault(split, []).append(str(path))
+    return paths
+
+
+def image_config(root: Path, classes: list[str], **changes: object) -> RunConfig:
+    """tiny-vit on :func:`image_folder`'s ``root`` (16 pixels): 2 tasks, 2 clients, a round of an epoch each."""
+    settings = {"data": {"root": str(root), "classes": classes, "image_size": 16}}
+    base = dict(
+        dataset="imagefolder",
+        backbone="tiny-vit",
+        num_tasks=2,
+        num_clients=2,
+        min_client_samples=1,
+        rounds_per_task=1,
+        local_epochs=1,
+    )
+    extra = changes.pop("settings", {})
+    assert isinstance(extra, dict)
+    return own_text_config(**{**base, **changes, "settings": settings | extra})
+
+
 def finished_run(results_dir: Path, **changes: object) -> Path:
     """Run :func:`own_text_config` (with ``changes``) to its end, exporting into ``results_dir``."""
     run_inprocess(own_text_config(**changes), results_dir=results_dir)

@@ -21,11 +21,11 @@ from tolerance import rel_tolerance
 LABELS = torch.tensor([0, 3, 5, 1, 3])
 
 
-def model_with(trained: str) -> tuple[ClassifierModel, dict[str, nn.Parameter]]:
-    """tiny-bert with rank-2 LoRA and a 7-class head, in eval mode (no dropout: the loop and the batch see one
+def model_with(trained: str, backbone: str = "tiny-bert") -> tuple[ClassifierModel, dict[str, nn.Parameter]]:
+    """``backbone`` with rank-2 LoRA and a 7-class head, in eval mode (no dropout: the loop and the batch see one
     function); ``trained``: "lora" (both factors, the head) or "dense" (every backbone weight, the head)."""
     torch.manual_seed(0)
-    model = ClassifierModel(build_backbone(RunConfig(backbone="tiny-bert", max_length=32)), 7, 2).eval()
+    model = ClassifierModel(build_backbone(RunConfig(backbone=backbone, max_length=32)), 7, 2).eval()
     with torch.no_grad():
         for layer in model.lora().values():
             layer.lora_B.normal_(0, 0.1)  # B = 0 would make A's gradient 0
@@ -187,3 +187,25 @@ def test_the_batches_are_secret_and_each_record_joins_with_probability_q():
         joined = sum(b.numel() for b in batches)
         mean, sd = 0.1 * 500 * 400, math.sqrt(0.1 * 0.9 * 500 * 400)
         assert abs(joined - mean) < 5 * sd
+
+
+@pytest.mark.parametrize("trained", ["lora", "dense"])
+def test_a_vits_per_sample_norms_are_each_samples_own_backward_pass(trained):
+    """tiny-vit: the LoRA factors, or every weight (the patch embedding's convolution, the class token and the
+    position embedding among them), against a backward pass per sample."""
+    model, params = model_with(trained, "tiny-vit")
+    pixels, labels = torch.randn(5, 3, 16, 16), LABELS
+
+    def losses(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model({"pixel_values": x})[0], y, reduction="none")
+
+    norms = PerSampleNorms(model, params)
+    with norms.recording(5):
+        batch = losses(pixels, labels)
+    got = norms.norms(batch.sum()).sqrt()
+    want = []
+    for b in range(5):
+        grads = torch.autograd.grad(losses(pixels[b : b + 1], labels[b : b + 1]).sum(), list(params.values()))
+        want.append(flat_norm({n: g.double() for n, g in zip(params, grads)}))
+    tol = rel_tolerance(torch.float32, terms=32 * 5, safety=64)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=tol, atol=0.0)

@@ -179,3 +179,82 @@ def test_the_embeddings_padding_row_gets_nothing_as_in_pytorch():
 
     assert float(alone["0.weight"][0].abs().max()) == 0.0 and float(batched["0.weight"][0].abs().max()) == 0.0
     assert all(close(batched[n], alone[n], floor_of(alone)) for n in params)
+
+
+def squares_both_ways(model: nn.Module, params: dict[str, nn.Parameter], x: torch.Tensor, weights: torch.Tensor):
+    """``sum_b w_b g_b^2`` of ``model(x).sum()``'s samples: a backward pass per sample, and one batched pass."""
+    alone = {n: torch.zeros_like(p) for n, p in params.items()}
+    for b in range(x.shape[0]):
+        grads = torch.autograd.grad(model(x[b : b + 1]).sum(), list(params.values()))
+        for name, g in zip(params, grads):
+            alone[name] += weights[b] * g.square()
+    batched = {n: torch.zeros_like(p) for n, p in params.items()}
+    squares = PerSampleSquares(model, params, batched)
+    with squares.recording(x.shape[0]):
+        out = model(x).sum()
+    squares.add(out, weights)
+    return alone, batched
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(kernel_size=3, stride=2, padding=1, bias=True),
+        dict(kernel_size=(2, 3), dilation=2, padding="valid", bias=False),
+        dict(kernel_size=4, stride=4),  # a ViT's patch embedding
+    ],
+)
+def test_a_convolutions_per_sample_squares_are_each_samples_own(conv):
+    """Strides, padding, dilation and a non-square kernel: the patches (``F.unfold``) line up with the kernel's
+    flattened rows, or the squares differ."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(3, 5, **conv), nn.Tanh(), nn.Flatten(), nn.LazyLinear(2))
+    x = torch.randn(4, 3, 12, 12)
+    model(x)  # sizes the lazy layer
+    params = dict(model.named_parameters())
+    alone, batched = squares_both_ways(model, params, x, torch.tensor([1.0, 0.5, 2.0, 0.25]))
+    assert float(alone["0.weight"].abs().max()) > 0
+    assert [n for n in params if not close(batched[n], alone[n], floor_of(alone))] == []
+
+
+@pytest.mark.parametrize("conv", [dict(groups=3), dict(padding="same"), dict(padding=1, padding_mode="reflect")])
+def test_a_convolution_the_rebuild_does_not_cover_is_refused_by_name(conv):
+    model = nn.Sequential(nn.Conv2d(3, 3, 3, **conv))
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match=r"another kind of layer or share a weight: 0 \(Conv2d\)"):
+        PerSampleSquares(model, params, {n: torch.zeros_like(p) for n, p in params.items()})
+
+
+def test_a_vits_every_weight_gets_each_samples_own_squared_gradient():
+    """tiny-vit's every parameter (the patch embedding's convolution, the class token, the position embedding, the
+    blocks, the head), weighted, against a backward pass per sample; and with register tokens and a position
+    embedding that leaves the class token out (``no_embed_class``), the token rows of other layouts."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(3)
+    tiny = ClassifierModel(build_backbone(RunConfig(backbone="tiny-vit")), 7, 1).eval()
+    other = VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3, reg_tokens=2, no_embed_class=True
+    ).eval()
+    x = torch.randn(4, 3, 16, 16)
+    weights = torch.tensor([1.0, 0.5, 2.0, 0.25])
+    for model in (Pixels(tiny), other):
+        for p in model.parameters():
+            p.requires_grad_(True)
+        params = {n: p for n, p in model.named_parameters() if ".lora_" not in n}
+        assert {"cls_token", "pos_embed"} <= {n.rsplit(".", 1)[-1] for n in params}
+        alone, batched = squares_both_ways(model, params, x, weights)
+        tokens = [n for n in params if n.endswith(("_token", "pos_embed", "proj.weight"))]
+        assert len(tokens) >= 3 and all(float(alone[n].abs().max()) > 0 for n in tokens)
+        assert [n for n in params if not close(batched[n], alone[n], floor_of(alone))] == []
+
+
+class Pixels(nn.Module):
+    """A ViT classifier's logits of a pixel batch."""
+
+    def __init__(self, model: ClassifierModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model({"pixel_values": x})[0]

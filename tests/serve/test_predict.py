@@ -10,15 +10,17 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from unittest import mock
 
 import pytest
 
 from common.methods import registry
 from common.wire.model_card import CARD_FILE, ModelCard
+from engine.simulation import run_inprocess
 from serve import predict
 
-from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, per_task
+from exports import CLASSES, OWN_TEXT, counted, finished_run, held_out_rows, image_config, image_folder, per_task
 from own_data import write_rows
 from procenv import ROOT, project_pythonpath
 
@@ -166,33 +168,11 @@ def check_method(strategy: str, tmp_path) -> None:
 
 def test_images_by_path_are_predicted_as_the_evaluation_counted(tmp_path):
     """An image model (tiny-vit on a folder of images): lorm-predict takes image paths."""
-    import numpy as np
-    from PIL import Image
-
-    classes, per_class = ["cat", "dog", "fox", "owl"], {"train": 6, "test": 3}
-    paths, labels = [], []
-    for split, n in per_class.items():
-        for c, name in enumerate(classes):
-            for k in range(n):
-                rng = np.random.default_rng([c, k, split == "test"])
-                pixels = (rng.integers(0, 64, (20, 20, 3)) + 48 * c).astype(np.uint8)  # classes differ in tone
-                path = tmp_path / "images" / split / name / f"{k}.png"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(pixels).save(path)
-                if split == "test":
-                    paths.append(str(path))
-                    labels.append(name)
-    results = finished_run(
-        tmp_path / "results",
-        dataset="imagefolder",
-        backbone="tiny-vit",
-        num_tasks=2,
-        num_clients=2,
-        min_client_samples=1,
-        rounds_per_task=1,
-        local_epochs=1,
-        settings={"data": {"root": str(tmp_path / "images"), "classes": classes, "image_size": 16}},
-    )
+    classes = ["cat", "dog", "fox", "owl"]
+    paths = image_folder(tmp_path / "images", classes, {"train": 6, "test": 3})["test"]
+    labels = [Path(path).parent.name for path in paths]
+    results = tmp_path / "results"
+    run_inprocess(image_config(tmp_path / "images", classes), results_dir=results)
     done = lorm_predict(str(results), "--batch-size", "5", *paths)
     assert done.returncode == 0, done.stderr
     card = ModelCard.from_json((results / CARD_FILE).read_text())

@@ -17,7 +17,7 @@ from engine.simulation import run_inprocess
 from server.steps import open_step
 from server.strategies import make_strategy
 
-from exports import own_text_config
+from exports import image_config, image_folder, own_text_config
 
 BUDGET = {"epsilon": 4.0, "mode": "local", "seed": 3, "sample_rate": 0.25}
 
@@ -79,3 +79,18 @@ def test_a_step_beyond_the_calibrated_plan_is_refused_also_after_a_restart():
             open_step(s, config.rounds_per_task, 0, 0)
         open_step(s, config.rounds_per_task, 0, 2)  # the task's Gram step is still within the plan
         open_step(s, config.rounds_per_task, 1, 0)  # and so is task 1's first round
+
+
+def test_fedavg_of_a_vits_every_weight_trains_under_dp_sgd(tmp_path):
+    """A private FedAvg on a ViT (tiny-vit, an image folder) trains every weight, the patch embedding's convolution,
+    the class token and the position embedding included (their per-sample gradients: client/persample.py), and its
+    records spend the budget (it was refused at the first training step before)."""
+    classes = ["a", "b", "c", "d"]
+    image_folder(tmp_path / "images", classes, {"train": 8, "test": 2})
+    config = image_config(tmp_path / "images", classes, method="fedavg", settings={"dp": BUDGET | {"sample_rate": 0.5}})
+    run_inprocess(config, results_dir=tmp_path / "run")
+    delta = load_file(str(tmp_path / "run" / "delta.safetensors"))
+    assert {"cls_token", "pos_embed", "patch_embed.proj.weight"} <= set(delta)
+    assert [n for n, t in delta.items() if not bool(t.abs().max() > 0)] == []
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert abs(metrics["privacy"]["epsilon"] - 4.0) <= 4e-3
