@@ -129,6 +129,7 @@ QUOTED_ROWS = [
     (PROTOCOL, "`fedavg-lora` (resumed", ["fedavg-lora 0.5"]),
     (PROTOCOL, "`fedavg-lora` (H100)", ["fedavg-lora 1.0", "fedavg-lora 0.2"]),
     (PROTOCOL, "`fedavg` (", ["fedavg 0.5"]),
+    (PROTOCOL, "`fedavg` at β 1.0", ["fedavg 1.0", "fedavg 0.2"]),
     (PROTOCOL, "`regmean` (H100)", ["regmean 1.0", "regmean 0.5", "regmean 0.2"]),
     (PROTOCOL, "`ties` (H100)", ["ties 1.0", "ties 0.5", "ties 0.2"]),
     (PROTOCOL, "`ties@tuned`", ["ties@tuned 1.0", "ties@tuned 0.5", "ties@tuned 0.2"]),
@@ -423,6 +424,19 @@ QUOTED_PROSE = [
     ),
     ("its diagonal Fisher: {} MB per client, 75 times LoRM's", ["mb ewc 0.5"]),
     ("gives **{}** (forgetting {}; its tasks", ["faa fedavg 0.5", "forgetting fedavg 0.5"]),
+    (
+        "At β 1.0 and 0.2 (one seed each) FedAvg gives **{}** and **{}** (forgetting {} and {}): 0.4, 1.7 and 5.3 "
+        "below LoRM's three-seed means at β 1.0, 0.5 and 0.2 ({}, {}, {})",
+        [
+            "faa fedavg 1.0",
+            "faa fedavg 0.2",
+            "forgetting fedavg 1.0",
+            "forgetting fedavg 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.5 *",
+            "faa_mean lorm 0.2 *",
+        ],
+    ),
     (
         "(`ewc@reference`: the true label's squared gradient weighted by `p(y|x)`, summed) gives {}:",
         ["faa ewc@reference 0.5"],
