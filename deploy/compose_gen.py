@@ -168,8 +168,9 @@ OWNED_HEADER = """\
 # own folder; serve answers with the newest export of the coordinator's results.
 #   docker compose -f deploy/compose-owned.yaml up
 # Files it expects beside it: certs/ (lorm-certs --out deploy/certs --clients {ids},health,operator,app
-# --hosts coordinator,serve,localhost,127.0.0.1), schedule.txt, operator.sha256 (the operator token's
-# sha256), model-spec.owned.json (lorm-spec, a head of data.max_classes rows) and each client's folder:
+# --hosts coordinator,localhost,127.0.0.1 --serve-hosts serve,localhost,127.0.0.1), schedule.txt,
+# operator.sha256 (the operator token's sha256), model-spec.owned.json (lorm-spec, a head of data.max_classes
+# rows) and each client's folder:
 # $LORM_CLIENT_<i>_DATA (default ./data/client-<i>) holding train.csv and, unless
 # LORM_CLIENT_<i>_TEST_DATA is set empty, test.csv.
 name: lorm-owned  # not the paper run's project: its state volume is another run's
@@ -242,13 +243,14 @@ services:
       retries: 3
       start_period: 120s
   serve:
-    # lorm-serve from the client image (it holds the backbone); the coordinator's results, read-only.
+    # lorm-serve from the client image (it holds the backbone); the coordinator's results, read-only. Its own
+    # certificate: with the coordinator's key it could pose as the coordinator to the clients.
     image: ${{LORM_CLIENT_IMAGE:-lorm-client:latest}}
     init: true
     restart: on-failure
     entrypoint: ["lorm-serve"]
     command: ["--models", "/models", "--host", "0.0.0.0", "--port", "8443", "--tls-ca", "/run/secrets/ca.crt",
-              "--tls-cert", "/run/secrets/coordinator.crt", "--tls-key", "/run/secrets/coordinator.key",
+              "--tls-cert", "/run/secrets/serve.crt", "--tls-key", "/run/secrets/serve.key",
               "--allowed-clients", "app,health"]
     environment:
       LORM_LOG_FORMAT: ${{LORM_LOG_FORMAT:-plain}}
@@ -259,10 +261,10 @@ services:
     secrets:
       - source: ca
         target: ca.crt
-      - source: coordinator-cert
-        target: coordinator.crt
-      - source: coordinator-key
-        target: coordinator.key
+      - source: serve-cert
+        target: serve.crt
+      - source: serve-key
+        target: serve.key
       - source: health-cert
         target: health.crt
       - source: health-key
@@ -316,6 +318,10 @@ secrets:
     file: ./certs/coordinator.crt
   coordinator-key:
     file: ./certs/coordinator.key
+  serve-cert:
+    file: ./certs/serve.crt
+  serve-key:
+    file: ./certs/serve.key
   health-cert:
     file: ./certs/clients/health.crt
   health-key:

@@ -4,6 +4,8 @@ Layout of the output directory (keys and tokens are written with mode 0600)::
 
     ca.crt  ca.key                      the development CA (keep ca.key off the clients)
     coordinator.crt  coordinator.key    the coordinator's certificate (SANs: --hosts), serverAuth
+    serve.crt  serve.key                with --serve-hosts: lorm-serve's own (SANs: those), serverAuth, so the
+                                        inference server never holds the key clients trust the coordinator by
     clients/<id>.crt  clients/<id>.key  one per client: CN <id> and SAN URI lorm-client://<id>, clientAuth
     clients/<id>.token  tokens.json     with --tokens: a bearer token per client, and the coordinator's
                                         file of their SHA-256 digests ({client_id: hex})
@@ -52,6 +54,14 @@ class Pki:
     @property
     def server_key(self) -> Path:
         return self.out / "coordinator.key"
+
+    @property
+    def serve_cert(self) -> Path:
+        return self.out / "serve.crt"
+
+    @property
+    def serve_key(self) -> Path:
+        return self.out / "serve.key"
 
     @property
     def tokens(self) -> Path:
@@ -152,8 +162,10 @@ def create_dev_pki(
     days: int = 365,
     tokens: bool = False,
     force: bool = False,
+    serve_hosts: tuple[str, ...] = (),
 ) -> Pki:
-    """Write a development CA, a coordinator certificate for ``hosts`` and one certificate per client.
+    """Write a development CA, a coordinator certificate for ``hosts``, one certificate per client and, with
+    ``serve_hosts``, lorm-serve's own server certificate for those names.
 
     Refuses (``FileExistsError``) to replace any existing file unless ``force``.
     """
@@ -169,6 +181,7 @@ def create_dev_pki(
     if not hosts:
         raise ValueError("hosts: the coordinator's certificate needs at least one host name or IP address")
     targets = [pki.ca, pki.out / "ca.key", pki.server_cert, pki.server_key]
+    targets += [pki.serve_cert, pki.serve_key] if serve_hosts else []
     for c in client_ids:
         targets += [pki.client_cert(c), pki.client_key(c)] + ([pki.client_token(c)] if tokens else [])
     targets += [pki.tokens] if tokens else []
@@ -204,6 +217,12 @@ def create_dev_pki(
     )
     _write(pki.server_key, _pem_key(key), private=True)
     _write(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    if serve_hosts:
+        key, cert = _leaf(
+            "lorm-serve", [_host_name(h) for h in serve_hosts], ExtendedKeyUsageOID.SERVER_AUTH, ca_cert, ca_key, days
+        )
+        _write(pki.serve_key, _pem_key(key), private=True)
+        _write(pki.serve_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
 
     digests = {}
     for c in client_ids:
@@ -243,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         default="localhost,127.0.0.1",
         help="comma-separated names and IP addresses clients dial the coordinator by",
     )
+    parser.add_argument(
+        "--serve-hosts",
+        default="",
+        help="comma-separated names and IP addresses callers reach lorm-serve by: it gets a certificate of its own "
+        "(serve.crt, serve.key) instead of the coordinator's, whose key would let it pose as the coordinator",
+    )
     parser.add_argument("--days", type=int, default=365, help="validity of every certificate")
     parser.add_argument(
         "--tokens",
@@ -266,15 +291,19 @@ def main(argv: list[str] | None = None) -> int:
             days=args.days,
             tokens=args.tokens,
             force=args.force,
+            serve_hosts=tuple(h.strip() for h in args.serve_hosts.split(",") if h.strip()),
         )
     except (FileExistsError, ValueError) as err:
         print(f"lorm-certs: {err}", file=sys.stderr)
         return 2
+    served = ", lorm-serve's" if args.serve_hosts.strip(" ,") else ""
     print(
-        f"lorm-certs: wrote a development CA, the coordinator's certificate and {len(ids)} client "
+        f"lorm-certs: wrote a development CA, the coordinator's certificate{served} and {len(ids)} client "
         f"certificate(s) to {pki.out}"
     )
     print(f"  coordinator: --tls-ca {pki.ca} --tls-cert {pki.server_cert} --tls-key {pki.server_key}")
+    if served:
+        print(f"  lorm-serve: --tls-ca {pki.ca} --tls-cert {pki.serve_cert} --tls-key {pki.serve_key}")
     print(
         f"  client {ids[0]}: --tls-ca {pki.ca} --tls-cert {pki.client_cert(ids[0])} --tls-key {pki.client_key(ids[0])}"
     )

@@ -189,10 +189,14 @@ def test_owned_compose_serve_reads_the_coordinators_results_read_only(tmp_path):
     (mount,) = serve["volumes"]
     volume, target, mode = mount.split(":")
     assert mode == "ro" and f"{volume}:/results" in coordinator["volumes"] and volume in spec["volumes"]
-    args = serve_args(localized(serve["command"], compose_files(serve, spec, tmp_path)))
+    seen = compose_files(serve, spec, tmp_path)
+    args = serve_args(localized(serve["command"], seen))
     assert args.models == target and args.host == "0.0.0.0"
     assert f"{args.port}:{args.port}" in serve["ports"]
-    assert {x["target"] for x in serve["secrets"]} <= {x["target"] for x in coordinator["secrets"]}
+    # Its own certificate: the coordinator's key, which clients trust the coordinator by, is not among its files.
+    assert (args.tls_cert, args.tls_key) == (str(seen["/run/secrets/serve.crt"]), str(seen["/run/secrets/serve.key"]))
+    assert not {x["source"] for x in serve["secrets"]} & {"coordinator-cert", "coordinator-key"}
+    assert spec["secrets"]["serve-key"]["file"] == "./certs/serve.key"
 
     # The health check: GET /health of this server, over mutual TLS with a certificate it admits.
     cmd, python, flag, script = serve["healthcheck"]["test"]
@@ -211,9 +215,11 @@ def test_serve_healthcheck_reaches_lorm_serve_over_mutual_tls(tmp_path):
     without an export (a refused certificate would fail on the connection instead)."""
     from server.certs import create_dev_pki
 
-    pki = create_dev_pki(tmp_path / "certs", ["app", "health"], ("serve", "localhost", "127.0.0.1"))
+    pki = create_dev_pki(
+        tmp_path / "certs", ["app", "health"], ("coordinator",), serve_hosts=("serve", "localhost", "127.0.0.1")
+    )
     serve = compose_owned()["services"]["serve"]
-    files = {"ca.crt": pki.ca, "coordinator.crt": pki.server_cert, "coordinator.key": pki.server_key}
+    files = {"ca.crt": pki.ca, "serve.crt": pki.serve_cert, "serve.key": pki.serve_key}
     files |= {"health.crt": pki.client_cert("health"), "health.key": pki.client_key("health")}
     mounted = {f"/run/secrets/{name}": path for name, path in files.items()}
     (tmp_path / "models").mkdir()

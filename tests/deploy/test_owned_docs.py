@@ -41,13 +41,14 @@ def test_the_docs_make_the_files_the_compose_file_reads():
     values = dict(zip(certs[1::2], certs[2::2]))
     pki = Pki(ROOT / values["--out"])
     clients = [n for n in spec["services"] if n.startswith("client-")]
-    layout = {pki.ca, pki.server_cert, pki.server_key} | {
+    layout = {pki.ca, pki.server_cert, pki.server_key, pki.serve_cert, pki.serve_key} | {
         f for c in [*clients, "health"] for f in (pki.client_cert(c), pki.client_key(c))
     }
     files = {name: (DEPLOY / s["file"]).resolve() for name, s in spec["secrets"].items()}
     assert {files[n] for n in files if n not in ("operator-digest", "model-spec")} == {p.resolve() for p in layout}
     assert set(values["--clients"].split(",")) == {*clients, "health", "operator", "app"}
-    assert {"coordinator", "serve", "127.0.0.1", "localhost"} <= set(values["--hosts"].split(","))
+    assert {"coordinator", "127.0.0.1", "localhost"} <= set(values["--hosts"].split(","))
+    assert "serve" in values["--serve-hosts"].split(",") and "serve" not in values["--hosts"].split(",")
 
     digests = [c for c in commands if c[:2] == ["printf", "%s"] and "sha256sum" in c]
     assert (
@@ -81,13 +82,17 @@ def test_the_docs_make_the_files_the_kustomization_reads(capsys):
     pki = Pki(ROOT / values["--out"])
     tls = {pki.ca, pki.server_cert, pki.server_key, pki.client_cert("health"), pki.client_key("health")}
     assert {p.resolve() for p in made["lorm-coordinator-tls"].values()} == {p.resolve() for p in tls}
+    serve_tls = {pki.ca, pki.serve_cert, pki.serve_key}
+    assert {p.resolve() for p in made["lorm-serve-tls"].values()} == {p.resolve() for p in serve_tls}
     coordinator = site_objects()[("Deployment", "lorm-coordinator")]["spec"]["template"]["spec"]["containers"][0]
     from server.main import build_parser
 
     allowed = build_parser().parse_args(coordinator["args"]).allowed_clients.split(",")
     assert set(values["--clients"].split(",")) == {*allowed, "health", "operator", "app"}
     server_host = client_gen().DEFAULT_SERVER.rsplit(":", 1)[0]
-    assert {server_host, "lorm-serve.lorm-owned.svc", "coordinator.example"} <= set(values["--hosts"].split(","))
+    assert {server_host, "coordinator.example"} <= set(values["--hosts"].split(","))
+    assert "lorm-serve.lorm-owned.svc" in values["--serve-hosts"].split(",")
+    assert not {"lorm-serve", "lorm-serve.lorm-owned.svc"} & set(values["--hosts"].split(","))
     (digest,) = [c for c in commands if c[0] == "printf"]
     assert [ROOT / digest[-1]] == list(made["lorm-operator"].values())
     (copy,) = named(commands, "cp")

@@ -93,7 +93,11 @@ def test_k8s_site_holds_no_data_and_serve_reads_its_results_read_only(tmp_path):
 
     serve = containers["serve"]
     assert image_name(serve["image"]) == "lorm-client" and serve["command"] == ["lorm-serve"]
-    served = serve_args(localized(serve["args"], container_files(pod, serve, tmp_path)))
+    seen = container_files(pod, serve, tmp_path)
+    served = serve_args(localized(serve["args"], seen))
+    # Its own certificate: the coordinator's key, which clients trust the coordinator by, is not among its files.
+    assert (served.tls_cert, served.tls_key) == (str(seen["/certs/serve.crt"]), str(seen["/certs/serve.key"]))
+    assert not [path for path in seen if path.endswith("coordinator.key")]
     (view,) = [m for m in serve["volumeMounts"] if m["name"] == "state"]
     assert view["readOnly"] is True and view["mountPath"] == state["mountPath"]
     assert served.models == args.results_dir
@@ -130,7 +134,7 @@ def test_k8s_site_renders_with_kustomize(tmp_path):
     assert out.returncode == 0, out.stderr
     rendered = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout)}
     assert set(site_objects()) | {("ConfigMap", n) for n in ("lorm-schedule", "lorm-model-spec")} | {
-        ("Secret", n) for n in ("lorm-coordinator-tls", "lorm-operator")
+        ("Secret", n) for n in ("lorm-coordinator-tls", "lorm-serve-tls", "lorm-operator")
     } == set(rendered)
     assert all(d["metadata"].get("namespace") == "lorm-owned" for k, d in rendered.items() if k[0] != "Namespace")
 

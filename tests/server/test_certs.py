@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import socket
+import ssl
 import stat
+import threading
 
 import pytest
 from cryptography import x509
@@ -55,6 +59,53 @@ def test_ca_signs_a_coordinator_and_one_certificate_per_client(tmp_path):
     assert stat.S_IMODE(pki.ca.stat().st_mode) == 0o644
 
 
+def handshake(cert, key, ca, dialled: str) -> None:
+    """A TLS handshake over loopback: a server presenting ``cert``, a client that trusts ``ca`` and dials the
+    name ``dialled`` (the client's verification raises ``ssl.SSLCertVerificationError`` on a name not in it)."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(10)
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            with contextlib.suppress(ssl.SSLError, OSError), server_ctx.wrap_socket(conn, server_side=True):
+                pass
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        try:
+            with socket.create_connection(listener.getsockname(), timeout=10) as raw:
+                with client_ctx.wrap_socket(raw, server_hostname=dialled):
+                    pass
+        finally:
+            thread.join(timeout=10)
+
+
+def test_lorm_serve_gets_a_certificate_of_its_own_that_cannot_pose_as_the_coordinator(tmp_path):
+    """With --serve-hosts, lorm-serve's certificate is a server certificate for those names, with its own key: a
+    client that dials the coordinator refuses it (the attack: an inference server holding the coordinator's key
+    could answer the clients as the coordinator), and a caller of lorm-serve accepts it."""
+    pki = create_dev_pki(tmp_path, ["c0"], hosts=("coordinator",), serve_hosts=("serve", "10.0.0.8"))
+    serve = load(pki.serve_cert)
+    serve.verify_directly_issued_by(load(pki.ca))
+    sans = serve.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["serve"]
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.8")]
+    assert list(serve.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH
+    ]
+    assert serve.public_key() != load(pki.server_cert).public_key()
+    assert stat.S_IMODE(pki.serve_key.stat().st_mode) == 0o600
+    handshake(pki.serve_cert, pki.serve_key, pki.ca, "serve")
+    handshake(pki.server_cert, pki.server_key, pki.ca, "coordinator")
+    with pytest.raises(ssl.SSLCertVerificationError, match="coordinator"):
+        handshake(pki.serve_cert, pki.serve_key, pki.ca, "coordinator")
+    plain = create_dev_pki(tmp_path / "other", ["c0"])  # without --serve-hosts: none written
+    assert not plain.serve_cert.exists() and not plain.serve_key.exists()
+
+
 def test_refuses_to_overwrite_without_force(tmp_path):
     pki = create_dev_pki(tmp_path, ["c0"])
     before = pki.ca.read_bytes()
@@ -70,6 +121,9 @@ def test_command_line(tmp_path, capsys):
     assert main(["--out", str(out), "--num-clients", "2"]) == 0
     assert (out / "clients" / "client-1.crt").is_file() and not (out / "tokens.json").exists()
     assert "--tls-cert" in capsys.readouterr().out
+    assert main(["--out", str(tmp_path / "served"), "--num-clients", "1", "--serve-hosts", "serve,127.0.0.1"]) == 0
+    assert f"lorm-serve: --tls-ca {tmp_path / 'served' / 'ca.crt'}" in capsys.readouterr().out
+    assert (tmp_path / "served" / "serve.crt").is_file() and (tmp_path / "served" / "serve.key").is_file()
     assert main(["--out", str(out), "--num-clients", "2"]) == 2
     assert "refusing to overwrite" in capsys.readouterr().err
     assert main(["--out", str(tmp_path / "bad"), "--clients", "a b"]) == 2
