@@ -258,3 +258,17 @@ class Pixels(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model({"pixel_values": x})[0]
+
+
+def test_a_vit_whose_tokens_bypass_the_tap_is_refused_not_left_out():
+    """Were a ViT to embed positions without passing its ``pos_drop`` (another timm layout), its tokens' per-sample
+    gradients would go unread and a clip would miss them: the pass is refused."""
+    torch.manual_seed(3)
+    model = Pixels(ClassifierModel(build_backbone(RunConfig(backbone="tiny-vit")), 7, 1).eval())
+    vit = model.model.backbone.vit
+    vit._pos_embed = lambda x: torch.cat([vit.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + vit.pos_embed
+    params = {n: p for n, p in model.named_parameters() if ".lora_" not in n}
+    squares = PerSampleSquares(model, params, {n: torch.zeros_like(p) for n, p in params.items()})
+    with pytest.raises(ValueError, match="VisionTransformer's position-embedded tokens did not pass its pos_drop"):
+        with squares.recording(2):
+            model(torch.randn(2, 3, 16, 16))
