@@ -158,6 +158,8 @@ def private_step(
         squared = norms.norms(losses.sum(), retain=True)
         factors = torch.clamp(clip / squared.sqrt().clamp_min(torch.finfo(torch.float64).tiny), max=1.0)
         (losses * factors.to(losses)).sum().backward()
+        if unread := norms.unread():  # their gradients took no part in the norms: the clip would not bound them
+            raise ValueError(f"DP-SGD: the per-sample norms did not read the layers of {', '.join(unread[:5])}")
     else:
         factors = torch.zeros(0, dtype=torch.float64)
     for p in params:

@@ -71,8 +71,10 @@ class PerSampleGradients:
                 )
                 + self.instead
             )
+        self.params = params
         self.batch = 0
         self.seen: list[tuple[nn.Module, Tensor, Tensor]] = []
+        self.reached: set[int] = set()  # the layers (ids) the last output_grads' scalar reached
 
     covered = "nn.Linear, nn.LayerNorm, plain nn.Embedding and nn.Conv2d layers, and a timm ViT's tokens"
     instead = ""  # what to do instead, when a layer is not covered
@@ -126,7 +128,22 @@ class PerSampleGradients:
         """The recorded layers with ``d scalar / d output`` of each (layers the scalar does not reach left out)."""
         outputs = [out for _, _, out in self.seen]
         grads = torch.autograd.grad(scalar, outputs, retain_graph=retain, allow_unused=True)
-        return [(seen, d) for seen, d in zip(self.seen, grads) if d is not None]
+        reached = [(seen, d) for seen, d in zip(self.seen, grads) if d is not None]
+        self.reached = {id(module) for (module, _, _), _ in reached}
+        return reached
+
+    def unread(self) -> list[str]:
+        """The parameters that hold a gradient (after a backward pass of the last :meth:`output_grads`' scalar)
+        from a layer whose per-sample rows were not read: a layer never called as a module (``F.linear`` on its
+        weight, say), so its hook never fired. Their share of each sample's gradient escaped the per-sample results.
+        (A layer called both as a module and around it is not caught here.)"""
+        return [
+            name
+            for module, (own, _) in self.layers.items()
+            if id(module) not in self.reached
+            for name in own.values()
+            if (grad := self.params[name].grad) is not None and bool(grad.any())
+        ]
 
 
 class PerSampleSquares(PerSampleGradients):

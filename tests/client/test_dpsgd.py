@@ -209,3 +209,28 @@ def test_a_vits_per_sample_norms_are_each_samples_own_backward_pass(trained):
         want.append(flat_norm({n: g.double() for n, g in zip(params, grads)}))
     tol = rel_tolerance(torch.float32, terms=32 * 5, safety=64)
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=tol, atol=0.0)
+
+
+class AroundTheHook(nn.Module):
+    """A covered layer used only functionally (``F.linear`` on its weight): its hook never fires, its parameters
+    still get gradients, so their per-sample norms would count as 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.out = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.linear(x, self.lin.weight, self.lin.bias))
+
+
+def test_a_gradient_the_norms_did_not_read_is_refused_not_left_unclipped():
+    """The attack on the clip: a parameter whose gradient flows partly around its layer's hook has a per-sample norm
+    smaller than its gradient's, so the clip would not bound one record's effect. The step refuses it."""
+    torch.manual_seed(5)
+    model = AroundTheHook()
+    params = dict(model.named_parameters())
+    norms = PerSampleNorms(model, params)
+    with norms.recording(3):
+        losses = model(torch.randn(3, 4)).square().sum(1)
+    with pytest.raises(ValueError, match="did not read the layers of lin.weight, lin.bias"):
+        private_step(list(params.values()), norms, losses, 1.0, 0.0, 3.0, gradient_noise(0, 0, 0, 0))
