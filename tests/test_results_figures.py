@@ -311,6 +311,17 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "β 0.5, seed 0: **{}**, forgetting {}, {} MB per client, {} min, {} GB peak; task 0 right after it",
+        [
+            "faa lorm-ridge-first@3layers+valx4avg 0.5",
+            "forgetting lorm-ridge-first@3layers+valx4avg 0.5",
+            "mb lorm-ridge-first@3layers+valx4avg 0.5",
+            "min lorm-ridge-first@3layers+valx4avg 0.5",
+            "gb lorm-ridge-first@3layers+valx4avg 0.5",
+        ],
+    ),
+    ("on the same layers (`ridge@3layers+valx4avg`, {}) and 0.20 below", ["faa ridge@3layers+valx4avg 0.5"]),
+    (
         "**{}**, forgetting {}, the same λ and {} MB, {} min, {} GB peak",
         [
             "faa lorm-ridge-first@4layers+valx4avg 0.5",
@@ -568,7 +579,7 @@ QUOTED_METHODS = [
         ["faa lorm-ridge@3layers 1.0", "faa lorm-ridge@3layers 0.5", "faa lorm-ridge@3layers 0.2"],
     ),
     (
-        "head ({} / {} / {} at β 1.0 / 0.5 / 0.2), as under the four-head ensemble ({} / {} / {} against its {})",
+        "head ({} / {} / {} at β 1.0 / 0.5 / 0.2), as under the four-head ensemble ({} / {} / {} against its {};",
         [
             "faa lorm-ridge-first@3layers 1.0",
             "faa lorm-ridge-first@3layers 0.5",
@@ -595,6 +606,10 @@ QUOTED_METHODS = [
         ],
     ),
     ("CCVR {} and PILoRA {}, both rebuilding", ["faa ccvr 0.5", "faa pilora 0.5"]),
+    (
+        "on layers 4 to 6, the held-out choice, {} at β 0.5 against the frozen ensemble's {})",
+        ["faa lorm-ridge-first@3layers+valx4avg 0.5", "faa ridge@3layers+valx4avg 0.5"],
+    ),
     (
         "CCVR {} / {} / {} and PILoRA {} / {} / {} at β 1.0 / 0.5 / 0.2",
         ["faa ccvr 1.0", "faa ccvr 0.5", "faa ccvr 0.2", "faa pilora 1.0", "faa pilora 0.5", "faa pilora 0.2"],
