@@ -149,6 +149,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
+    (COMPETITORS, "`coda-p` at β", ["coda-p 1.0", "coda-p 0.2"]),
     (COMPETITORS, "`coda-p@tuned`", ["coda-p@tuned 0.5"]),
     (COMPETITORS, "`lwf@tuned`", ["lwf@tuned 0.5"]),
     (COMPETITORS, "`target`", ["target 0.5"]),
@@ -435,6 +436,18 @@ QUOTED_PROSE = [
     ),
     ("its diagonal Fisher: {} MB per client, 75 times LoRM's", ["mb ewc 0.5"]),
     ("gives **{}** (forgetting {}; its tasks", ["faa fedavg 0.5", "forgetting fedavg 0.5"]),
+    (
+        "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 25.6 below LoRM's "
+        "three-seed means ({}, {})",
+        [
+            "faa coda-p 1.0",
+            "faa coda-p 0.2",
+            "forgetting coda-p 1.0",
+            "forgetting coda-p 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.2 *",
+        ],
+    ),
     (
         "At β 1.0 and 0.2 (one seed each) FedAvg gives **{}** and **{}** (forgetting {} and {}): 0.4, 1.7 and 5.3 "
         "below LoRM's three-seed means at β 1.0, 0.5 and 0.2 ({}, {}, {})",
