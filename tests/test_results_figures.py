@@ -437,6 +437,16 @@ QUOTED_PROSE = [
     ("its diagonal Fisher: {} MB per client, 75 times LoRM's", ["mb ewc 0.5"]),
     ("gives **{}** (forgetting {}; its tasks", ["faa fedavg 0.5", "forgetting fedavg 0.5"]),
     (
+        "one thread each, side by side; {} min each, {} and {} GB peak) give **{}** and **{}**, the same count",
+        [
+            "min ridge@3layers 1.0 & ridge@3layers 0.2",
+            "gb ridge@3layers 1.0",
+            "gb ridge@3layers 0.2",
+            "faa ridge@3layers 1.0",
+            "faa ridge@3layers 0.2",
+        ],
+    ),
+    (
         "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 25.6 below LoRM's "
         "three-seed means ({}, {})",
         [
