@@ -579,10 +579,10 @@ QUOTED_METHODS = [
         ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5", "mb ridge@3layers 0.5"],
     ),
     (
-        "split training too, reaches **{}**, the best on MiniLM chosen on held-out samples alone; it sends {} MB per "
-        "client over the run (four times the single head), and the in-process run held at most {} GB ({} minutes on "
-        "one core beside two other runs). On four layers, a choice that once looked at the test split, the same "
-        "ensemble gives {} (RESULTS",
+        "split training too, reaches **{}**, the best frozen head on MiniLM chosen on held-out samples alone; it "
+        "sends {} MB per client over the run (four times the single head), and the in-process run held at most {} "
+        "GB ({} minutes on one core beside two other runs). On four layers, a choice that once looked at the test "
+        "split, the same ensemble gives {} (RESULTS",
         [
             "faa ridge@3layers+valx4avg 0.5",
             "mb ridge@3layers+valx4avg 0.5",
