@@ -447,6 +447,10 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "seed 1 at both ({} min each, side by side): **{}** and **{}**",
+        ["min ridge@3layers 1.0 1 & ridge@3layers 0.2 1", "faa ridge@3layers 1.0 1", "faa ridge@3layers 0.2 1"],
+    ),
+    (
         "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 25.6 below LoRM's "
         "three-seed means ({}, {})",
         [
