@@ -99,10 +99,11 @@ class PerSampleGradients:
             for handle in handles:
                 handle.remove()
         used = [id(m) for m, _, _ in self.seen]
-        if len(set(used)) != len(used):
+        ran = set(used)
+        if len(ran) != len(used):
             raise ValueError("a layer ran twice in one forward pass: its per-sample gradient is not its rows' sum")
-        missed = [type(m).__name__ for m in self.taps if id(m) not in set(used)]
-        if missed and used:  # its parameters took part, their per-sample gradients unseen: a clip would miss them
+        missed = [type(m).__name__ for m in self.taps if id(m) not in ran]
+        if missed and ran:  # its parameters took part, their per-sample gradients unseen: a clip would miss them
             raise ValueError(
                 f"{missed[0]}'s position-embedded tokens did not pass its pos_drop in this forward pass, where its "
                 "per-sample gradients are read (another timm layout?)"

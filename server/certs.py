@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not ids:
         parser.error("no client ids: pass --clients ID,ID,... or --num-clients N (N > 0)")
+    serve_hosts = tuple(h.strip() for h in args.serve_hosts.split(",") if h.strip())
     try:
         pki = create_dev_pki(
             args.out,
@@ -291,12 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             days=args.days,
             tokens=args.tokens,
             force=args.force,
-            serve_hosts=tuple(h.strip() for h in args.serve_hosts.split(",") if h.strip()),
+            serve_hosts=serve_hosts,
         )
     except (FileExistsError, ValueError) as err:
         print(f"lorm-certs: {err}", file=sys.stderr)
         return 2
-    served = ", lorm-serve's" if args.serve_hosts.strip(" ,") else ""
+    served = ", lorm-serve's" if serve_hosts else ""
     print(
         f"lorm-certs: wrote a development CA, the coordinator's certificate{served} and {len(ids)} client "
         f"certificate(s) to {pki.out}"
