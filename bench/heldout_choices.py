@@ -13,7 +13,8 @@ accuracy printed beside it). The choices:
   lambda_rule  ``ridge.lambda_rule`` of the ensemble ``3456:mean:ln:rp10000x4`` (``ridge@4layers+valx4avg``):
                ``average`` (λ of the average's own held-out error) or ``members`` (the members' errors summed)
   layers       which of MiniLM's layers the head concatenates, on one projection of 10,000 (seed 0)
-  views        dropout views of the fitting utterances (``bench/feature_views.py``, weight 1) or none
+  views        dropout views of the fitting utterances (``bench/feature_views.py``, weight 1) or none, on one
+               projection of the layers ``layers`` chose (the views' record names them)
   gamma_head   LoRM's head γ at β 0.2: read from the committed tuning cells of ``docs/results/tune-gamma-head``,
                each of which must have run with ``data.validation`` > 0 (held-out training samples evaluated
                in place of the test split); a cell without it is refused. Rerunning them is LoRM training
@@ -258,15 +259,17 @@ def with_views(
     views: int,
     cache: Path,
     max_length: int,
+    layers: str,
 ) -> Candidate:
-    """(c) :data:`FOUR_LAYERS` (seed 0) fitted on the clean features and ``views`` dropout views of each fitting
-    utterance (``feature_views.py``'s, seeded 1000 + v, extracted into ``cache`` when missing)."""
+    """(c) one projection of 10,000 (seed 0) of the layers ``layers`` (the pick of (b)), layer-normed, fitted on
+    the clean features and ``views`` dropout views of each fitting utterance (``feature_views.py``'s, seeded
+    1000 + v, extracted into ``cache`` when missing)."""
     t0 = time.perf_counter()
     dropped = [
         np.concatenate([cached_view(data[s][0], cache, s, max_length, v) for s in TRAINING_SPLITS])
         for v in range(views)
     ]
-    viewed = ridge_options(feats, labels, FOUR_LAYERS, 1, dropped)
+    viewed = ridge_options(feats, labels, Recipe.parse(f"{layers}:mean:ln:rp10000"), 1, dropped)
     return viewed.chosen(seconds=time.perf_counter() - t0)
 
 
@@ -351,18 +354,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'gamma_head':12s} {'*' if gamma == pick else ' '}{gamma:10s} held-out FAA {cell.faa:6.2f}", flush=True)
     record["gamma_head"] = {"choice": pick, "current": CURRENT["gamma_head"], "options": figures(gammas)}
     if "lambda_rule" in kept:
-        four = kept["layers"]["3456"] if "layers" in kept else kept["views"]["0"]
+        four = kept["layers"]["3456"]
     else:
         rules, four = lambda_rules(feats, labels)
         log("lambda_rule", rules)
-    if args.views and "views" not in kept:
-        log("views", {"0": four, str(args.views): with_views(data, feats, labels, args.views, cache, args.max_length)})
     layers = kept.get("layers", {"3456": four})
     for text in args.layer_sets:
         if text not in layers:
             layers[text] = layer_set(feats, labels, text)
             log("layers", layers)  # after each: a killed run keeps what it measured
     log("layers", layers)
+    on = record["layers"]["choice"]  # the views are weighed on the layers the held-out rule chose, after it chose
+    if args.views and record.get("views", {}).get("layers") != on:
+        log(
+            "views",
+            {
+                "0": layers[on],
+                str(args.views): with_views(data, feats, labels, args.views, cache, *[args.max_length, on]),
+            },
+        )
+        record["views"]["layers"] = on
+        write(out, record, args)
     for name, made in record.items():
         print(f"decision {name}: {made['choice']} (current {made['current']})", flush=True)
     return 0

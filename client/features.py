@@ -32,7 +32,9 @@ so one record's share of every sum is bounded. Statistics are float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import Protocol
 
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel
-from common.aggregation.declared import GRAM_FACTOR, HOLDOUT, FeatureMap, feature_stats_of
+from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.merges.regmean import block_gram_factor, gram_factor
 from common.privacy.gaussian import clip_rows
 from common.run.config import RunConfig
@@ -108,35 +110,85 @@ def feature_map(features: Tensor, projection: Tensor | None, activation: str = "
 
 @torch.no_grad()
 def extract(
-    model: ClassifierModel, data: Batches, idx: Tensor, device: torch.device, settings: FeatureMap | None = None
+    model: ClassifierModel,
+    data: Batches,
+    idx: Tensor,
+    device: torch.device,
+    settings: FeatureMap | None = None,
+    dropout_seed: int | None = None,
 ) -> Tensor:
     """The head's features ``(n, F)`` of the samples ``idx`` (:func:`backbone_features`), in the model's
-    current view, float64."""
+    current view, float64; with ``dropout_seed`` a dropout view of them (:func:`dropout_on`)."""
     model.eval()
     out = []
-    for start in range(0, idx.numel(), FEATURE_BATCH):
-        inputs, _ = data.batch(idx[start : start + FEATURE_BATCH], device)
-        out.append(backbone_features(model, inputs, settings).to(torch.float64).cpu())  # (batch, F)
+    with dropout_on(model.backbone, dropout_seed, device) if dropout_seed is not None else contextlib.nullcontext():
+        for start in range(0, idx.numel(), FEATURE_BATCH):
+            inputs, _ = data.batch(idx[start : start + FEATURE_BATCH], device)
+            out.append(backbone_features(model, inputs, settings).to(torch.float64).cpu())  # (batch, F)
     width = settings.feature_width(model.head.in_features) if settings else model.head.in_features
     return torch.cat(out) if out else torch.zeros(0, width, dtype=torch.float64)
 
 
+@contextlib.contextmanager
+def dropout_on(backbone: torch.nn.Module, seed: int, device: torch.device) -> Iterator[None]:
+    """The backbone in training mode (its dropout on; batch norm's statistics left as they are, in eval mode)
+    with the random generators seeded by ``seed``, and as it was afterwards, the generators too: a dropout view
+    (``ridge.views``). ``ValueError`` for a backbone without dropout, whose views would be its clean features."""
+    if not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in backbone.modules()):
+        raise ValueError(
+            f"ridge.views: the backbone ({type(backbone).__name__}) has no dropout, so its views would be its "
+            "clean features"
+        )
+    modes = {m: m.training for m in backbone.modules()}
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(seed)
+        backbone.train()
+        for m in backbone.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.eval()
+        try:
+            yield
+        finally:
+            for m, training in modes.items():
+                m.train(training)
+
+
+def view_seed(config: RunConfig, view: int, shard: Tensor) -> int:
+    """The seed of dropout view ``view`` (0-based) of ``shard``: the run's seed, the view and the shard's first
+    global training index (clients and tasks draw apart)."""
+    first = int(shard[0]) if shard.numel() else 0
+    return (config.seed * 1_000_003 + 7919 * (view + 1) + first) % (2**63 - 1)
+
+
 def sums(
-    x: Tensor, labels: Tensor, classes: tuple[int, int], gram: bool, moments: str = "", blocks: int = 1
+    x: Tensor,
+    labels: Tensor,
+    classes: tuple[int, int],
+    gram: bool,
+    moments: str = "",
+    blocks: int = 1,
+    views: Sequence[Tensor] = (),
 ) -> dict[str, Tensor]:
     """``class_sum: (C_t, F') = (X^T Y)^T``, ``class_count: (C_t,)`` over the classes ``[lo, hi)``,
     optionally ``gram_factor`` with ``R^T R = X^T X`` (``blocks = K > 1``: the factors ``(K, m, F'/K)`` of the
     Gram's ``K`` diagonal blocks only), and with ``moments`` ("full" or "diag": ``FeatureStats.moments``)
-    ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``."""
+    ``class_moment``, the per-class sums of ``x x^T`` or of ``x * x``. ``views``: ``V`` more ``(n, F')`` rows of
+    the same samples (dropout views): each of a sample's ``1 + V`` rows at weight ``1 / (1 + V)`` (its share of
+    ``S`` their mean, of ``X^T X`` the mean of their outer products: the factor's rows are all ``(1 + V) n`` rows
+    over ``sqrt(1 + V)``), the counts the samples'."""
     lo, hi = classes
     if labels.numel() and not (lo <= int(labels.min()) and int(labels.max()) < hi):
         raise ValueError(
             f"features step of classes [{lo}, {hi}): the shard has labels {int(labels.min())}..{int(labels.max())}"
         )
+    if views and moments:
+        raise ValueError("dropout views enter the class sums and the Gram only, not per-class moments")
     one_hot = torch.nn.functional.one_hot(labels - lo, hi - lo).to(torch.float64)  # (n, C_t)
-    out = {"class_sum": one_hot.T @ x, "class_count": one_hot.sum(0)}
+    rows = torch.cat([x, *views]) / math.sqrt(1 + len(views)) if views else x  # ((1 + V) n, F')
+    out = {"class_sum": one_hot.T @ (torch.stack([x, *views]).mean(0) if views else x), "class_count": one_hot.sum(0)}
     if gram:
-        out["gram" + GRAM_FACTOR] = gram_factor(x) if blocks == 1 else block_gram_factor(x, blocks)
+        out["gram" + GRAM_FACTOR] = gram_factor(rows) if blocks == 1 else block_gram_factor(rows, blocks)
     if moments:
         out["class_moment"] = torch.einsum("nc,nf,ng->cfg", one_hot, x, x) if moments == "full" else one_hot.T @ (x * x)
     return out
@@ -154,15 +206,25 @@ def feature_stats(
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step,
     as the run's method describes them (``common.aggregation.declared.feature_stats_of``)."""
     wanted = feature_stats_of(config)
-    features = extract(model, data, shard, device, wanted.features)  # (n, F)
     mapped = wanted.features
-    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)
+
+    def mapped_features(dropout_seed: int | None) -> Tensor:  # (n, F')
+        features = extract(model, data, shard, device, mapped, dropout_seed)  # (n, F)
+        return feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)
+
+    x = mapped_features(None)
+    views = [mapped_features(view_seed(config, v, shard)) for v in range(wanted.views)] if gram else []
     labels = data.labels[shard]
-    stats = sums(x, labels, classes, gram, wanted.moments, wanted.blocks)
+    stats = sums(x, labels, classes, gram, wanted.moments, wanted.blocks, views)
     if gram and wanted.holdout:
         held = shard % wanted.holdout == 0
         held_stats = sums(x[held], labels[held], classes, gram, blocks=wanted.holdout_blocks)
         stats |= {HOLDOUT + name: t for name, t in held_stats.items()}
+        if views:  # the held-out samples' share of the sums above, which the fit that chooses lambda leaves out
+            share = sums(
+                x[held], labels[held], classes, gram, blocks=wanted.holdout_blocks, views=[v[held] for v in views]
+            )
+            stats |= {HELD_FIT + name: t for name, t in share.items()}
     return stats
 
 

@@ -56,6 +56,7 @@ Shapes = dict[str, tuple[int, ...]]
 HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate.fisher
 GRAM_FACTOR = "_factor"  # suffix of a statistic's Gram sent as its factor R (R^T R = G)
 HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (FeatureStats.holdout)
+HELD_FIT = "heldfit_"  # prefix of the held-out samples' share of the sums, views included (FeatureStats.views)
 
 
 def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
@@ -136,13 +137,23 @@ class FeatureStats:
     """What a features step (``FeaturesStep``) computes and sends, as its method's settings describe it
     (:class:`DescribesFeatureStats`): the per-class sums and counts of the task's samples over the ``F'``
     features of ``features``; with the step's ``head_gram`` their Gram's factor (in ``blocks`` diagonal blocks),
-    and with ``holdout`` the held-out samples' alike; the per-class second ``moments``."""
+    and with ``holdout`` the held-out samples' alike; the per-class second ``moments``. With ``views`` every
+    sample's clean features and its dropout views enter the sums at weight ``1 / (1 + views)`` each (its share of
+    a class sum is their mean, of the Gram the mean of their outer products), and with ``holdout`` the held-out
+    samples' share of the sums comes too (``heldfit_*``): the fit that chooses lambda leaves it out, while the
+    held-out statistics (``holdout_*``) hold their clean features only."""
 
     features: FeatureMap = field(default_factory=FeatureMap)
     blocks: int = 1  # K: the factors of the Gram's K diagonal blocks, each F'/K wide (1: the whole Gram)
     holdout: int = 0  # k of the held-out rule i % k == 0 on global training indices (0: none held out)
     average_rule: bool = False  # the held-out Gram factor whole (lambda by the ensemble's own held-out error)
     moments: str = ""  # "full": the sums of x x^T (C_t, F', F'); "diag": of x * x (C_t, F'); "": none
+    views: int = 0  # V dropout views per sample beside its clean features, each of the 1 + V at weight 1 / (1 + V)
+
+    @property
+    def rows_per_sample(self) -> int:
+        """The feature rows a sample puts into the Gram's factor: its clean features and its :attr:`views`."""
+        return 1 + self.views
 
     @property
     def holdout_blocks(self) -> int:
@@ -192,6 +203,10 @@ def feature_stat_shapes(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> 
         if stats.holdout:
             shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
             shapes[HOLDOUT + "gram" + GRAM_FACTOR] = gram_factor_shape(width, stats.holdout_blocks)
+            if stats.views:  # the held-out samples' share of the sums, their views in it
+                shapes |= {
+                    HELD_FIT + n: shapes[HOLDOUT + n] for n in ("class_sum", "class_count", "gram" + GRAM_FACTOR)
+                }
     return shapes
 
 

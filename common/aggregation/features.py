@@ -19,7 +19,14 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.aggregation.declared import HOLDOUT, Shapes, declared_tensors, feature_stat_shapes, feature_stats_of
+from common.aggregation.declared import (
+    HELD_FIT,
+    HOLDOUT,
+    Shapes,
+    declared_tensors,
+    feature_stat_shapes,
+    feature_stats_of,
+)
 from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
 from common.aggregation.validate import UpdateRejected
@@ -149,30 +156,38 @@ class FeatureStatsAggregator(Aggregator):
     PARTS = ("sums",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
 
     def __init__(
-        self, plan: RoundPlan, declared: Shapes, shapes: dict[str, tuple[int, ...]], clip: float = 0.0
+        self,
+        plan: RoundPlan,
+        declared: Shapes,
+        shapes: dict[str, tuple[int, ...]],
+        clip: float = 0.0,
+        rows_per_sample: int = 1,
     ) -> None:
         super().__init__(plan, declared)
         self.sums = StatSums(shapes)
         self.clip = clip
+        self.rows_per_sample = rows_per_sample  # FeatureStats.rows_per_sample: a sample's clean features and views
 
     def _check(self, update: ClientUpdate) -> None:
-        """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out)."""
+        """The statistics of ``num_samples`` samples of the current task's classes (and a subset held out, and that
+        subset's share of the sums, views included)."""
         stats = update.named(STAT)
         counts = stats["class_count"]
         check_class_counts(update)
-        for prefix in ("", HOLDOUT) if HOLDOUT + "class_count" in stats else ("",):
+        prefixes = [p for p in (HOLDOUT, HELD_FIT) if p + "class_count" in stats]
+        for prefix in ("", *prefixes):
             count, class_sum = stats[prefix + "class_count"], stats[prefix + "class_sum"]
             if bool((class_sum[count == 0] != 0).any()):
                 raise UpdateRejected(f"stat/{prefix}class_sum", "a class with no samples must have a zero sum")
             factor = stats.get(prefix + "gram" + FACTOR)
             if factor is not None:
                 samples = int(count.sum())
-                if factor.shape[-2] > samples:  # rank X^T X <= n: more rows than samples is no factor of it
+                rows = samples * (self.rows_per_sample if prefix != HOLDOUT else 1)  # the held-out: clean only
+                if factor.shape[-2] > rows:  # rank X^T X <= rows: more is no factor of it
                     raise UpdateRejected(
                         f"stat/{prefix}gram{FACTOR}",
-                        f"expected at most min(samples, width) = "
-                        f"{min(samples, factor.shape[-1])} rows, got "
-                        f"{factor.shape[-2]}",
+                        f"expected at most min(rows, width) = {min(rows, factor.shape[-1])} rows "
+                        f"({samples} samples), got {factor.shape[-2]}",
                     )
                 check_sums_fit_gram(f"stat/{prefix}class_sum", class_sum, count, factor)
             if self.clip > 0:
@@ -181,6 +196,12 @@ class FeatureStatsAggregator(Aggregator):
             raise UpdateRejected(
                 f"stat/{HOLDOUT}class_count",
                 "held-out samples must be a subset: no class may hold out more samples than it has",
+            )
+        if HELD_FIT + "class_count" in stats and not torch.equal(
+            stats[HELD_FIT + "class_count"], stats[HOLDOUT + "class_count"]
+        ):
+            raise UpdateRejected(
+                f"stat/{HELD_FIT}class_count", "the held-out samples' share must count the held-out samples"
             )
 
     def _fold(self, update: ClientUpdate) -> None:
@@ -224,6 +245,8 @@ def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
         shapes |= {HOLDOUT + name: shape for name, shape in shapes.items()}
         if stats.average_rule:  # the held-out Gram whole, as its factor's rows
             shapes[HOLDOUT + "gram"] = (dim,)
+        if stats.views:  # the held-out samples' share of the sums, views included
+            shapes |= {HELD_FIT + name: shapes[HOLDOUT + name] for name in ("class_sum", "class_count", "gram")}
     return shapes
 
 
@@ -239,8 +262,14 @@ def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
 def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
     """The ridge head's features step: class sums and counts, the Gram, and the held-out samples' alike (clipped,
     with a budget)."""
-    clip = feature_stats_of(config).features.clip
-    return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), ridge_sum_shapes(spec, config), clip)
+    stats = feature_stats_of(config)
+    return FeatureStatsAggregator(
+        plan,
+        declared_tensors(plan, spec, config),
+        ridge_sum_shapes(spec, config),
+        stats.features.clip,
+        stats.rows_per_sample,
+    )
 
 
 def lorm_ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:

@@ -131,6 +131,14 @@ class RidgeSettings(NcmSettings):
         "the held-out Gram's diagonal blocks), or 'auto' (average, members with secure aggregation); with "
         "blocks = 1 all are the same",
     )
+    views: int = setting(
+        0,
+        "dropout views: each training sample's features taken this many more times with the backbone's dropout "
+        "on (a seeded draw per view), its clean features and its views entering the head's sums at weight "
+        "1 / (1 + views) each, so a sample still counts once (bounds and privacy unchanged); the held-out "
+        "samples that choose lambda are scored on their clean features, fitted without any of theirs "
+        "(0: none)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,6 +155,7 @@ class RidgeSettings(NcmSettings):
             raise ValueError(
                 f"setting ridge.fixed_lambda must be a positive number (0: choose it), got {self.fixed_lambda}"
             )
+        non_negative_int("ridge.views", self.views, "0: none")
         if self.holdout < 0 or self.holdout == 1:
             raise ValueError(f"setting ridge.holdout must be 0 (none) or >= 2, got {self.holdout}")
         if not self.fixed_lambda and (self.holdout < 2 or not self.lambdas or min(self.lambdas) <= 0):
@@ -165,8 +174,8 @@ class RidgeSettings(NcmSettings):
         whole by the ensemble's own held-out error (:meth:`average_rule`, by the run's secure aggregation)."""
         secure = config.section(SecAggSettings).enabled
         if config.section(DpSettings).enabled:  # lambda from the noise alone: no held-out statistics to noise
-            return FeatureStats(private_map(self.feature_map(), config), self.blocks)
-        return FeatureStats(self.feature_map(), self.blocks, self.holdout, self.average_rule(secure))
+            return FeatureStats(private_map(self.feature_map(), config), self.blocks, views=self.views)
+        return FeatureStats(self.feature_map(), self.blocks, self.holdout, self.average_rule(secure), views=self.views)
 
     def average_rule(self, secure: bool) -> bool:
         """Lambda by the ensemble's own held-out error: ``blocks > 1`` and ``lambda_rule`` 'average', or 'auto'

@@ -61,7 +61,7 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.aggregation.declared import HOLDOUT, feature_stats_of
+from common.aggregation.declared import HELD_FIT, HOLDOUT, feature_stats_of
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
@@ -128,8 +128,10 @@ def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) 
 def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[float, list[float]]:
     """The ``lam`` of ``grid`` whose head fitted without the held-out samples errs least on them.
 
-    ``sums``: ``gram``, ``class_sum`` over all samples and ``holdout_*`` over the held-out ones.
-    Returns ``lam`` and the held-out squared error of every grid value (the first minimum wins).
+    ``sums``: ``gram``, ``class_sum`` over all samples and ``holdout_*`` over the held-out ones (their clean
+    features); with dropout views (``ridge.views``) ``heldfit_*``, the held-out samples' share of the sums (views
+    included), is what the fit leaves out. Returns ``lam`` and the held-out squared error of every grid value (the
+    first minimum wins).
     """
     errors = heldout_errors(sums, grid)
     best = min(range(len(grid)), key=errors.__getitem__)
@@ -150,8 +152,9 @@ def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[flo
         k = gram.shape[0]
         members = [heldout_errors(_block(sums, i, k), grid) for i in range(k)]
         return [sum(member) for member in zip(*members, strict=True)]
-    gram_fit = gram - sums[HOLDOUT + "gram"]
-    sum_fit = sums["class_sum"] - sums[HOLDOUT + "class_sum"]
+    share = HELD_FIT if HELD_FIT + "gram" in sums else HOLDOUT  # the held-out samples' share of the sums
+    gram_fit = gram - sums[share + "gram"]
+    sum_fit = sums["class_sum"] - sums[share + "class_sum"]
     held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
     return [squared_error(ridge_head(gram_fit, sum_fit, lam), *held) for lam in grid]
 
@@ -165,15 +168,17 @@ def ensemble_heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) ->
     per value its head's share ``R_k W_k^T / K`` of the scores ``(m, C)`` and of the cross term.
     """
     gram, rows = sums["gram"], sums[HOLDOUT + "gram" + FACTOR].to(DTYPE)
+    share = HELD_FIT if HELD_FIT + "gram" + FACTOR in sums else HOLDOUT  # the held-out samples' share of the sums
+    share_rows = sums[share + "gram" + FACTOR].to(DTYPE)
     k, d = gram.shape[0], gram.shape[1]
     held_sum = sums[HOLDOUT + "class_sum"].to(DTYPE)
-    fit_sum = sums["class_sum"].to(DTYPE) - held_sum
+    fit_sum = sums["class_sum"].to(DTYPE) - sums[share + "class_sum"].to(DTYPE)
     scores = [torch.zeros(rows.shape[0], fit_sum.shape[0], dtype=DTYPE) for _ in grid]  # R W^T per value
     cross = [0.0 for _ in grid]  # tr(W S_v^T) per value
     for i in range(k):
         cols = slice(i * d, (i + 1) * d)
-        part = rows[:, cols]
-        gram_fit = gram[i].to(DTYPE) - part.T @ part
+        part, share_part = rows[:, cols], share_rows[:, cols]
+        gram_fit = gram[i].to(DTYPE) - share_part.T @ share_part
         for j, lam in enumerate(grid):
             head = ridge_head(gram_fit, fit_sum[:, cols], lam) / k  # (C, d): member i's share of W
             scores[j] += part @ head.T

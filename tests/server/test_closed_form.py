@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine.simulation as simulation
-from client.features import extract, feature_map, random_projection
+from client.features import extract, feature_map, random_projection, view_seed
 from client.runtime import build_runtime
 from common.aggregation.declared import feature_stats_of
 from common.aggregation.features import StatSums
@@ -465,3 +465,61 @@ def test_the_projections_activation(activation):
     assert got.dtype == torch.float64 and got.shape == (7, 9)
     assert_close_to_dtype(got, want[activation], torch.float64, terms=5)  # the same product; f's rounding
     assert torch.equal(feature_map(x, None, activation), x.double())  # no projection, no activation
+
+
+def weighted_rows(clean, views, y, num_classes):
+    """Each sample's clean row and its views at weight 1 / (1 + V): the Gram and class sums ``ridge.views`` means."""
+    rows = torch.stack([clean, *views])  # (1 + V, n, F')
+    gram = torch.einsum("vnf,vng->fg", rows, rows) / rows.shape[0]
+    one_hot = torch.nn.functional.one_hot(y, num_classes).double()
+    return gram, one_hot.T @ rows.mean(0)
+
+
+@pytest.mark.parametrize("ridge", [{"rp_dim": 48}, {"rp_dim": 16, "blocks": 3, "lambda_rule": "average"}])
+def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out_rows(ridge):
+    """``ridge.views = 2``: the federated head is the ridge of every sample's clean features and two dropout views
+    at weight 1/3 each, and lambda the one whose head, fitted without any row of the held-out samples, errs least
+    on their clean rows, recomputed here from the clients' own views."""
+    config = tiny("ridge", {"ridge": {**ridge, "views": 2}})
+    strategy, rows = federated(config)
+    runtime = build_runtime(config)
+    settings = feature_stats_of(config).features
+    projection = random_projection(config, settings.feature_width(runtime.spec.feature_dim))
+    workers = [runtime.worker(i, f"c{i}") for i in range(config.num_clients)]
+    views = [
+        torch.cat(
+            [
+                feature_map(
+                    extract(runtime.model, runtime.train, shard, runtime.device, settings, view_seed(config, v, shard)),
+                    projection,
+                )
+                for task in range(config.num_tasks)
+                for shard in [w.shards[task] for w in workers]
+            ]
+        )
+        for v in range(2)
+    ]
+    x, y, idx = union(rows)
+    assert not torch.allclose(views[0], x) and not torch.allclose(views[0], views[1])  # the dropout was on
+    c, k, held = strategy.spec.num_classes, blocks_of(strategy), idx % 5 == 0
+    width = x.shape[1] // k
+    members = [slice(i * width, (i + 1) * width) for i in range(k)]  # each member's columns
+    target = torch.nn.functional.one_hot(y[held], c).double()
+    errors = []
+    for lam in GRID:
+        scores = 0
+        for cols in members:
+            gram, sums_ = weighted_rows(x[~held][:, cols], [v[~held][:, cols] for v in views], y[~held], c)
+            head = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), sums_.T).T
+            scores = scores + x[held][:, cols] @ head.T / k
+        errors.append(float(((scores - target) ** 2).sum()))
+    assert strategy.errors == pytest.approx(errors, rel=1e-9, abs=1e-9)
+    lam = GRID[min(range(len(GRID)), key=errors.__getitem__)]
+    assert strategy.lam == lam
+    want, grams = [], []
+    for cols in members:
+        gram, sums_ = weighted_rows(x[:, cols], [v[:, cols] for v in views], y, c)
+        grams.append(gram)
+        want.append(torch.linalg.solve(gram + lam * torch.eye(width, dtype=torch.float64), sums_.T).T / k)
+    cond = worst_condition(torch.stack(grams), lam)
+    assert_close_to_dtype(strategy.head_w, torch.cat(want, 1), torch.float64, terms=3 * len(x), cond=cond)
