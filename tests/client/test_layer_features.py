@@ -81,3 +81,41 @@ def test_settings_refuse_what_they_cannot_mean():
         RidgeSettings(norm="layer")
     assert RidgeSettings(rp_dim=500, layers=(1, 2)).head_width(32) == 500
     assert RidgeSettings().head_width(32) == 32
+
+
+class Texts:
+    """:class:`client.features.Batches` over :data:`TEXTS` (labels unused)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.labels = model, torch.zeros(len(TEXTS), dtype=torch.long)
+
+    def batch(self, idx, device):
+        return self.model.backbone.encode([TEXTS[int(i)] for i in idx]), self.labels[idx]
+
+
+def test_a_dropout_view_is_seeded_and_leaves_the_model_and_the_generators_as_they_were():
+    """``ridge.views``: the features of a view differ from the clean ones (the dropout was on), repeat with the seed
+    and differ across seeds; the model is back in eval mode, and the global generator's stream is untouched."""
+    from client.features import extract
+
+    model, _ = model_of("tiny-bert")
+    data, idx, cpu = Texts(model), torch.arange(len(TEXTS)), torch.device("cpu")
+    clean = extract(model, data, idx, cpu, RidgeSettings(layers=(1, 2)))
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    view = extract(model, data, idx, cpu, RidgeSettings(layers=(1, 2)), dropout_seed=11)
+    assert torch.equal(torch.get_rng_state(), before)  # training's stream goes on as if no view was drawn
+    again = extract(model, data, idx, cpu, RidgeSettings(layers=(1, 2)), dropout_seed=11)
+    other = extract(model, data, idx, cpu, RidgeSettings(layers=(1, 2)), dropout_seed=12)
+    assert torch.equal(view, again) and not torch.allclose(view, clean) and not torch.allclose(view, other)
+    assert not any(m.training for m in model.modules())
+    assert torch.equal(extract(model, data, idx, cpu, RidgeSettings(layers=(1, 2))), clean)
+
+
+def test_a_backbone_without_dropout_has_no_views():
+    from client.features import dropout_on
+
+    model, _ = model_of("tiny-vit")  # timm's ViT at its default rates: no dropout
+    with pytest.raises(ValueError, match="no dropout"):
+        with dropout_on(model.backbone, 0, torch.device("cpu")):
+            pass

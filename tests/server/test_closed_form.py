@@ -523,3 +523,79 @@ def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out
         want.append(torch.linalg.solve(gram + lam * torch.eye(width, dtype=torch.float64), sums_.T).T / k)
     cond = worst_condition(torch.stack(grams), lam)
     assert_close_to_dtype(strategy.head_w, torch.cat(want, 1), torch.float64, terms=3 * len(x), cond=cond)
+
+
+def views_update(plan, dim, views=2, seed=0):
+    """A features step's update of 12 random samples with ``views`` dropout views each (every 4th held out), as the
+    client's own ``sums`` makes it."""
+    from client.features import sums
+
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = plan.class_range
+    y = torch.randint(lo, hi, (12,), generator=gen)
+    x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
+    dropped = [x + 0.1 * torch.randn(12, dim, generator=gen, dtype=torch.float64) for _ in range(views)]
+    held = torch.arange(12) % 4 == 0
+    stats = sums(x, y, (lo, hi), True, views=dropped)
+    stats |= {f"holdout_{n}": t for n, t in sums(x[held], y[held], (lo, hi), True).items()}
+    share = sums(x[held], y[held], (lo, hi), True, views=[v[held] for v in dropped])
+    return plan_update(plan, 0, 12, stats=stats | {f"heldfit_{n}": t for n, t in share.items()})
+
+
+@pytest.mark.parametrize(
+    "break_it, field",
+    [
+        (None, None),  # honest: 36 rows of 12 samples' clean features and two views each, 9 of the 3 held out
+        (lambda s: s.update(gram_factor=torch.ones(37, 48, dtype=torch.float64)), "stat/gram_factor"),  # > 3 x 12
+        (lambda s: s.update(heldfit_gram_factor=torch.ones(10, 48, dtype=torch.float64)), "stat/heldfit_gram_factor"),
+        (lambda s: s.update(holdout_gram_factor=s["heldfit_gram_factor"]), "stat/holdout_gram_factor"),  # clean: 3
+        (
+            lambda s: s["heldfit_class_count"].__setitem__(0, s["heldfit_class_count"][0] + 1),
+            "stat/heldfit_class_count",
+        ),
+        (lambda s: s.update(heldfit_class_sum=s["heldfit_class_sum"] * 10), "stat/heldfit_class_sum"),  # > its Gram
+        (lambda s: s.pop("heldfit_gram_factor"), "stat"),
+    ],
+    ids=["honest", "rows-over-views", "share-rows", "held-out-rows", "share-counts", "share-sums", "no-share"],
+)
+def test_a_views_step_bounds_rows_by_the_views_and_the_share_by_the_held_out_samples(break_it, field):
+    """``ridge.views = 2``: a sample's clean features and two views make three factor rows; the held-out samples'
+    clean statistics one row each; their share of the sums counts exactly them and fits its own Gram."""
+    from common.wire.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=48, num_classes=6)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, settings={"ridge": {"views": 2}}), spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
+    update = views_update(plan, 48)
+    if break_it is None:
+        agg = strategy.aggregator(plan)
+        agg.fold(update)
+        strategy.aggregate(plan, agg)
+        assert strategy.lam in strategy.grid and len(strategy.errors) == len(strategy.grid)
+        return
+    edit_named(update, STAT, break_it)
+    with pytest.raises(UpdateRejected) as err:
+        strategy.aggregator(plan).fold(update)
+    assert err.value.field == field
+
+
+def test_without_views_a_factor_of_more_rows_than_samples_is_refused():
+    from common.wire.messages import ModelSpec
+
+    spec = ModelSpec(layers={}, feature_dim=48, num_classes=6)
+    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2), spec)
+    strategy.begin_task(0)
+    plan = strategy.configure(0, 0, Phase.FEATURES)
+    update = views_update(plan, 48)
+    edit_named(update, STAT, lambda s: [s.pop(n) for n in list(s) if n.startswith("heldfit_")])
+    with pytest.raises(UpdateRejected) as err:
+        strategy.aggregator(plan).fold(update)
+    assert err.value.field == "stat/gram_factor"
+
+
+def test_negative_views_are_refused():
+    from common.methods.closed_form import RidgeSettings
+
+    with pytest.raises(ValueError, match="ridge.views"):
+        RidgeSettings(views=-1)

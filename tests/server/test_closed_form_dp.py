@@ -223,3 +223,39 @@ def test_the_export_states_the_privacy_of_the_tasks_it_learned(tmp_path):
     assert ModelCard.from_json(first.to_json()) == first
     run_inprocess(tiny("ridge"), results_dir=tmp_path / "plain")
     assert ModelCard.from_json((tmp_path / "plain" / CARD_FILE).read_text()).privacy == {}
+
+
+@pytest.mark.parametrize("views", [1, 2, 5])
+def test_a_records_share_with_dropout_views_stays_within_the_sensitivity(views):
+    """``ridge.views``: a record's clean features and its views, each clipped to ``C``, enter the sums at weight
+    ``1 / (1 + V)``, so removing the record moves its class sum by at most ``C`` and the Gram (Frobenius) by at most
+    ``C^2``: the calibration of one row per record holds (:func:`common.privacy.gaussian.calibrate`)."""
+    from client.features import sums
+    from common.privacy.gaussian import clip_rows
+
+    gen = torch.Generator().manual_seed(views)
+    clip, n, width = 2.0, 9, 7
+    for trial in range(20):
+        x = clip_rows(torch.randn(n, width, generator=gen, dtype=torch.float64) * 5, clip)
+        dropped = [
+            clip_rows(x + torch.randn(n, width, generator=gen, dtype=torch.float64) * 3, clip) for _ in range(views)
+        ]
+        y = torch.randint(0, 3, (n,), generator=gen)
+        every = sums(x, y, (0, 3), True, views=dropped)
+        rest = sums(x[1:], y[1:], (0, 3), True, views=[v[1:] for v in dropped])
+        moved = (every["class_sum"] - rest["class_sum"]).norm()
+        gram = every["gram_factor"].T @ every["gram_factor"] - rest["gram_factor"].T @ rest["gram_factor"]
+        eps = torch.finfo(torch.float64).eps * 64
+        assert float(moved) <= clip * (1 + eps), trial
+        assert float(gram.norm()) <= clip**2 * (1 + eps), trial
+        assert every["class_count"].sum() - rest["class_count"].sum() == 1  # the record counts once
+
+
+def test_a_private_run_with_dropout_views_passes_the_coordinators_clip_check():
+    """A budgeted ridge with views: every client's statistics pass :func:`check_clipped` (the engine's fold raises
+    ``UpdateRejected`` otherwise) and the views moved the head (a run without them gives another)."""
+    ridge = {"views": 2, "rp_dim": 24}
+    viewed = run_inprocess(tiny("ridge", settings={"ridge": ridge, "dp": DP}))
+    clean = run_inprocess(tiny("ridge", settings={"ridge": {"rp_dim": 24}, "dp": DP}))
+    assert [h["phase"] for h in viewed.history] == ["features", "evaluate"] * 2
+    assert not torch.equal(viewed.head_weight, clean.head_weight)
