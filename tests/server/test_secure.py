@@ -37,14 +37,15 @@ INDIVIDUAL = {"ties", "pilora"}  # their merges need each client's update
 
 def config(name: str, clients: int = 3, settings: dict | None = None) -> RunConfig:
     """``name``: a method, or ``ridge-blocks`` (ridge, an ensemble of two heads on 4-wide projections; with
-    secure aggregation in its configuration, so that its ``auto`` lambda rule is the members')."""
+    secure aggregation in its configuration, so that its ``auto`` lambda rule is the members'), or ``ridge-views``
+    (the same with two dropout views: the held-out samples' share of the sums comes too)."""
     ridge: dict = {"ridge": {"lambdas": [0.1, 1.0, 10.0], "holdout": 4}} if "ridge" in name else {}
-    if name == "ridge-blocks":
-        ridge["ridge"] |= {"rp_dim": 4, "blocks": 2}
+    if name in ("ridge-blocks", "ridge-views"):
+        ridge["ridge"] |= {"rp_dim": 4, "blocks": 2} | ({"views": 2} if name == "ridge-views" else {})
         ridge["secagg"] = {"enabled": True}
     return RunConfig(
         run_id="sec",
-        method=name.removesuffix("-blocks"),
+        method=name.split("-")[0] if name.startswith("ridge-") else name,
         num_clients=clients,
         num_tasks=2,
         rounds_per_task=1,
@@ -73,7 +74,7 @@ def steps(name: str, clients: int):
             yield cfg, plain, secure, plan, updates
 
 
-@pytest.mark.parametrize("name", [*sorted(set(STRATEGIES) - INDIVIDUAL), "ridge-blocks"])
+@pytest.mark.parametrize("name", [*sorted(set(STRATEGIES) - INDIVIDUAL), "ridge-blocks", "ridge-views"])
 def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
     """Per step: the coordinator's unmasked sums equal the plain aggregator's running sums within
     ``clients x 2^-(f+1)`` (plus float64 rounding of the plain sums), and the merged state agrees."""

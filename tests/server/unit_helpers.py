@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from client.features import sums
 from common.merges.regmean import block_gram_factor, gram_factor
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -57,6 +58,11 @@ def _stats(shapes: dict[str, tuple[int, ...]], plan: RoundPlan, g: torch.Generat
         "holdout_class_count": one_hot[held].sum(0),
         "holdout_gram_factor": factor(x[held]),
     }
+    if tensor_name(STAT, "heldfit_class_count") in shapes:  # ridge.views (2 in the tests' configurations)
+        views = [x + 0.1 * torch.randn(x.shape, generator=g, dtype=F64) for _ in range(2)]
+        out |= sums(x, y, (lo, hi), True, blocks=blocks, views=views)  # each sample's 3 rows at weight 1/3
+        share = sums(x[held], y[held], (lo, hi), True, blocks=blocks, views=[v[held] for v in views])
+        out |= {"heldfit_" + n: t for n, t in share.items()}
     if tensor_name(STAT, "prototype") in shapes:  # PILoRA: the client's trained prototypes
         out["prototype"] = torch.randn(hi - lo, dim, generator=g, dtype=F64)
     moment = shapes.get(tensor_name(STAT, "class_moment"))
