@@ -239,6 +239,22 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "(−0.1 on the sweep; in the system, where held-out samples choose them, {}, −0.04)",
+        ["faa ridge@3layers+valx4avg+views 0.5"],
+    ),
+    (
+        "(`ridge@3layers+valx4avg+views`, otherwise as above), β 0.5, seed 0: **{}**, forgetting {}, λ 3.2e4 on "
+        "every task (each row at a third of the weight: about the 1e5 of before), {} MB per client (the Gram's "
+        "factor has three rows per sample: three times the bytes), {} min and {} GB peak on the 2-core Xeon",
+        [
+            "faa ridge@3layers+valx4avg+views 0.5",
+            "forgetting ridge@3layers+valx4avg+views 0.5",
+            "mb ridge@3layers+valx4avg+views 0.5",
+            "min ridge@3layers+valx4avg+views 0.5",
+            "gb ridge@3layers+valx4avg+views 0.5",
+        ],
+    ),
+    (
         "(`ridge@3layers+valx4avg`, otherwise as above), full data, β 0.5, seed 0: **{}**, forgetting {}, λ 3.2e4 on "
         "the first two tasks and 1e5 on the next three, the same {} MB per client, {} min beside two other 1-thread "
         "cells, {} GB peak (resident set, logged). 0.31 below the four-layer ensemble, and 0.20 above one projection "
@@ -595,7 +611,15 @@ QUOTED_METHODS = [
             "faa ridge@4layers+valx4avg 0.5",
         ],
     ),
-    ("back to the members' summed errors ({} on four layers):", ["faa ridge@4layers+valx4 0.5"]),
+    ("back to the members' summed errors ({} on four layers).", ["faa ridge@4layers+valx4 0.5"]),
+    (
+        "with them the ensemble gives **{}** for {} MB per client (three factor rows per sample), {} GB peak",
+        [
+            "faa ridge@3layers+valx4avg+views 0.5",
+            "mb ridge@3layers+valx4avg+views 0.5",
+            "gb ridge@3layers+valx4avg+views 0.5",
+        ],
+    ),
     ("`ridge` gives {} at every β (`lorm-bench`;", ["faa ridge 1.0 & ridge 0.5 & ridge 0.2"]),
     (
         "(`lorm-ridge`) {} / {} / {} at β 1.0 / 0.5 / 0.2",
