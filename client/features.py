@@ -18,7 +18,13 @@ head solved from them is the same for every split of the data:
   held-out samples, those whose *global* training index ``i`` has ``i % k == 0``, as
   ``holdout_class_sum``, ``holdout_class_count`` and ``holdout_gram_factor`` (with ``ridge.lambda_rule =
   'average'`` the whole width's factor ``(min(n_held, F'), F')``, not the blocks'). A global rule makes the union
-  of the clients' held-out samples the same set for every Dirichlet split.
+  of the clients' held-out samples the same set for every Dirichlet split;
+- with the setting ``ridge.views = V > 0`` (``FeatureStats.views``): ``V`` dropout views of every sample (the
+  backbone's dropout on, :func:`dropout_on`, seeded per view and shard, :func:`view_seed`) beside its clean
+  features, each of its ``1 + V`` rows at weight ``1 / (1 + V)`` in the class sums and the Gram (:func:`sums`); the
+  held-out statistics stay clean, and their samples' share of the sums, views included, comes as
+  ``heldfit_class_sum``, ``heldfit_class_count`` and ``heldfit_gram_factor``, which the fit that chooses lambda
+  leaves out. The views depend on the draws, so the head is the same for every split only without them.
 
 ``X: (n, F')`` are the backbone features ``(n, F)`` (with the setting ``layers``: the pooled hidden
 states of those layers side by side, ``F = len(layers) d``, each optionally normalised per sample,
@@ -141,7 +147,7 @@ def dropout_on(backbone: torch.nn.Module, seed: int, device: torch.device) -> It
         )
     modes = {m: m.training for m in backbone.modules()}
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         backbone.train()
         for m in backbone.modules():
@@ -151,7 +157,7 @@ def dropout_on(backbone: torch.nn.Module, seed: int, device: torch.device) -> It
             yield
         finally:
             for m, training in modes.items():
-                m.train(training)
+                m.training = training  # each module's own flag (train() would set its children's too)
 
 
 def view_seed(config: RunConfig, view: int, shard: Tensor) -> int:

@@ -24,7 +24,10 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   :data:`~common.methods.closed_form.DEFAULT_LAMBDAS`) with the least squared error on the clients' held-out
   training samples (global training index ``i % k == 0``, ``k = ridge.holdout``, default 5)
   of the head fitted on the rest; the squared error comes from the held-out sums
-  alone (:func:`squared_error`), and the final head uses every sample. No test data is used.
+  alone (:func:`squared_error`), and the final head uses every sample. No test data is used. With dropout views
+  (``ridge.views``, ``client/features.py``) the sums weigh each sample's clean features and views ``1 / (1 + V)``
+  each; the fit that chooses ``lam`` leaves out the held-out samples' share of them (``heldfit_*``), and the
+  held-out samples are scored on their clean features (``holdout_*``).
 - ``ridge`` with ``ridge.blocks = K > 1``: an ensemble of ``K`` ridge heads, member ``k`` on the
   ``k``-th ``rp_dim`` columns of the projection (its own random projection), scores averaged:
   ``W = [W_1 .. W_K] / K``, ``W_k = S_k (G_k + lam I)^-1`` with ``G_k`` the ``k``-th diagonal block of
