@@ -150,7 +150,8 @@ QUOTED_ROWS = [
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
     (COMPETITORS, "`coda-p` at β", ["coda-p 1.0", "coda-p 0.2"]),
-    (COMPETITORS, "`coda-p@tuned`", ["coda-p@tuned 0.5"]),
+    (COMPETITORS, "`coda-p@tuned` (", ["coda-p@tuned 0.5"]),
+    (COMPETITORS, "`coda-p@tuned` at β", ["coda-p@tuned 1.0", "coda-p@tuned 0.2"]),
     (COMPETITORS, "`lwf@tuned`", ["lwf@tuned 0.5"]),
     (COMPETITORS, "`target`", ["target 0.5"]),
 ]
@@ -236,6 +237,15 @@ QUOTED_PROSE = [
             "faa ridge@4layers+valx4avg 0.5",
             "faa ridge@3layers 0.5",
             "faa ridge@3layers+val 0.5",
+        ],
+    ),
+    (
+        "With the held-out head rate (`coda-p@tuned`) at β 1.0 and 0.2: **{}** and **{}** (forgetting {} and {})",
+        [
+            "faa coda-p@tuned 1.0",
+            "faa coda-p@tuned 0.2",
+            "forgetting coda-p@tuned 1.0",
+            "forgetting coda-p@tuned 0.2",
         ],
     ),
     (
