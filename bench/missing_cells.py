@@ -1,15 +1,15 @@
 """The lorm-bench commands of the full-data cells issue 45 still lacks, written from the committed cells.
 
-The comparison wants every method (every label with a committed cell in ``docs/results/clinc150-full/cells``) at
-β 1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing
-cell's command is its label's committed command (its preset, method config and ``--set`` values, ``threads``
-aside), for that β and those seeds, into ``--out``; a GPU host runs them ``--jobs`` at a time (``lorm-bench
---jobs``: one process a cell). A frozen head (``ncm``, ``ridge*``) gives the same figure at every β (its sums are exact
-under any split, its held-out samples chosen by global index), but its cells run at each β all the same: a cell's
-configuration names its β, and lorm-bench reuses a twin only for an identical configuration (``joint``). Printed,
-not run: copy the cells into the committed folder when they finish,
-then ``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so lorm-bench skips
-them and runs only what is missing.
+The comparison wants every method (every label with a committed cell in ``docs/results/clinc150-full/cells``) at β
+1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing
+cell's command is its label's committed command (its preset, method config and ``--set`` values, ``threads`` aside),
+for that β and those seeds, into ``--out``; a GPU host runs them ``--jobs`` at a time (``lorm-bench --jobs``: one
+process a cell). A frozen head (``ncm``, ``ridge*``) gives the same figure at every β (its sums are exact under any
+split, its held-out samples chosen by global index; with ``ridge.views`` up to the views' draws), but its cells run
+at each β all the same: a cell's configuration names its β, and lorm-bench reuses a twin only for an identical
+configuration (``joint``). Printed, not run: copy the cells into the committed folder when they finish, then
+``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so lorm-bench skips them
+and runs only what is missing.
 
     .venv/bin/python bench/missing_cells.py [--out runs/gpu45] [--jobs 8] [--labels lorm,ccvr]
 """
