@@ -107,12 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve_until_terminated(log: logging.Logger) -> None:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+def _serve_until_terminated(log: logging.Logger, terminated: threading.Event) -> None:
     log.info("the run is over; serving its status until SIGTERM (--keep-serving)")
     try:
-        while not stop.wait(1.0):  # short waits: the signal handler runs between them
+        while not terminated.wait(1.0):  # short waits: the signal handler runs between them
             pass
     except KeyboardInterrupt:
         pass
@@ -125,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         security = security_from_args(args, "server")
     except SecurityError as err:
         parser.error(str(err))  # exits 2 before any state is written
+    terminated = threading.Event()
+    if args.keep_serving:  # a supervisor's SIGTERM at any time: a clean stop (its default would kill the process)
+        signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
     setup_logging(args.log_format)
     log = logging.getLogger("lorm.server")
     security.announce(log, "server")
@@ -238,16 +239,18 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=ticker, daemon=True).start()
     try:
-        coordinator.done.wait()
+        while not coordinator.done.wait(0.5):  # short waits: the signal handler runs between them
+            if terminated.is_set():
+                raise KeyboardInterrupt
         deadline = time.monotonic() + args.linger
-        while time.monotonic() < deadline and not coordinator.all_clients_released():
+        while time.monotonic() < deadline and not coordinator.all_clients_released() and not terminated.is_set():
             time.sleep(0.1)
     except KeyboardInterrupt:
         log.info("interrupted: state is on disk; restart with the same --state-dir to resume")
         server.stop(grace=1).wait()
-        return 130
+        return 128 + signal.SIGTERM if terminated.is_set() else 130
     if args.keep_serving:
-        _serve_until_terminated(log)
+        _serve_until_terminated(log, terminated)
     server.stop(grace=2).wait()
     if args.log_format == "json":
         log.info(format_summary(coordinator.run.summary()))  # one record: every output line stays JSON

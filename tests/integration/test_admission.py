@@ -200,3 +200,20 @@ def test_clients_of_one_process_are_separate_callers(tmp_path):
         first.close()
         second.close()
         server.stop(0)
+
+
+@pytest.mark.long(4)
+def test_a_keep_serving_coordinator_stops_cleanly_on_sigterm_before_its_run_ends(cluster):
+    """``--keep-serving`` takes SIGTERM from its start (a supervisor's stop at any time, not only once it serves the
+    finished run's status): mid-run it stops like an interrupt, its state on disk, and exits 128 + SIGTERM, not
+    killed by the signal; a restart resumes the run."""
+    c = cluster(CONFIG.to_json())
+    server = c.server("--keep-serving")  # its one client never comes: the run waits in its first step
+    server.wait_for("serving on")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 128 + signal.SIGTERM
+    assert "interrupted: state is on disk" in "".join(server.lines)
+    again = c.server()
+    again.wait_for("serving on")
+    client = c.client(0)
+    assert client.wait(timeout=120) == 0 and again.wait(timeout=60) == 0
