@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             "views",
             {
                 "0": layers[on],
-                str(args.views): with_views(data, feats, labels, args.views, cache, *[args.max_length, on]),
+                str(args.views): with_views(data, feats, labels, args.views, cache, args.max_length, on),
             },
         )
         record["views"]["layers"] = on

@@ -141,6 +141,12 @@ def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[flo
     return grid[best], errors
 
 
+def held_share(sums: dict[str, Tensor]) -> str:
+    """The prefix of the held-out samples' share of the sums, what the fit that chooses ``lam`` leaves out:
+    ``heldfit_`` with dropout views (their views in it), else their own statistics, ``holdout_``."""
+    return HELD_FIT if HELD_FIT + "class_sum" in sums else HOLDOUT
+
+
 def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[float]:
     """Per value of ``grid``, the held-out samples' squared error of the head fitted on the others.
 
@@ -155,7 +161,7 @@ def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[flo
         k = gram.shape[0]
         members = [heldout_errors(_block(sums, i, k), grid) for i in range(k)]
         return [sum(member) for member in zip(*members, strict=True)]
-    share = HELD_FIT if HELD_FIT + "gram" in sums else HOLDOUT  # the held-out samples' share of the sums
+    share = held_share(sums)
     gram_fit = gram - sums[share + "gram"]
     sum_fit = sums["class_sum"] - sums[share + "class_sum"]
     held = (sums[HOLDOUT + "gram"], sums[HOLDOUT + "class_sum"], sums[HOLDOUT + "class_count"])
@@ -171,7 +177,7 @@ def ensemble_heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) ->
     per value its head's share ``R_k W_k^T / K`` of the scores ``(m, C)`` and of the cross term.
     """
     gram, rows = sums["gram"], sums[HOLDOUT + "gram" + FACTOR].to(DTYPE)
-    share = HELD_FIT if HELD_FIT + "gram" + FACTOR in sums else HOLDOUT  # the held-out samples' share of the sums
+    share = held_share(sums)
     share_rows = sums[share + "gram" + FACTOR].to(DTYPE)
     k, d = gram.shape[0], gram.shape[1]
     held_sum = sums[HOLDOUT + "class_sum"].to(DTYPE)

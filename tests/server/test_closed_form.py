@@ -23,7 +23,7 @@ from server.strategies import make_strategy
 from server.strategies.closed_form import ncm_head, ridge_head, squared_error
 
 from tolerance import assert_close_to_dtype
-from unit_helpers import edit_named
+from unit_helpers import edit_named, valid_update
 from updates import plan_update
 
 TINY = dict(
@@ -525,23 +525,6 @@ def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out
     assert_close_to_dtype(strategy.head_w, torch.cat(want, 1), torch.float64, terms=3 * len(x), cond=cond)
 
 
-def views_update(plan, dim, views=2, seed=0):
-    """A features step's update of 12 random samples with ``views`` dropout views each (every 4th held out), as the
-    client's own ``sums`` makes it."""
-    from client.features import sums
-
-    gen = torch.Generator().manual_seed(seed)
-    lo, hi = plan.class_range
-    y = torch.randint(lo, hi, (12,), generator=gen)
-    x = torch.randn(12, dim, generator=gen, dtype=torch.float64)
-    dropped = [x + 0.1 * torch.randn(12, dim, generator=gen, dtype=torch.float64) for _ in range(views)]
-    held = torch.arange(12) % 4 == 0
-    stats = sums(x, y, (lo, hi), True, views=dropped)
-    stats |= {f"holdout_{n}": t for n, t in sums(x[held], y[held], (lo, hi), True).items()}
-    share = sums(x[held], y[held], (lo, hi), True, views=[v[held] for v in dropped])
-    return plan_update(plan, 0, 12, stats=stats | {f"heldfit_{n}": t for n, t in share.items()})
-
-
 @pytest.mark.parametrize(
     "break_it, field",
     [
@@ -567,7 +550,7 @@ def test_a_views_step_bounds_rows_by_the_views_and_the_share_by_the_held_out_sam
     strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, settings={"ridge": {"views": 2}}), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
-    update = views_update(plan, 48)
+    update = valid_update(plan, strategy.aggregator(plan).expected(), 0, seed=0)
     if break_it is None:
         agg = strategy.aggregator(plan)
         agg.fold(update)
@@ -587,7 +570,9 @@ def test_without_views_a_factor_of_more_rows_than_samples_is_refused():
     strategy = make_strategy(RunConfig(method="ridge", num_tasks=2), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
-    update = views_update(plan, 48)
+    views = make_strategy(RunConfig(method="ridge", num_tasks=2, settings={"ridge": {"views": 2}}), spec)
+    views.begin_task(0)
+    update = valid_update(plan, views.aggregator(views.configure(0, 0, Phase.FEATURES)).expected(), 0, seed=0)
     edit_named(update, STAT, lambda s: [s.pop(n) for n in list(s) if n.startswith("heldfit_")])
     with pytest.raises(UpdateRejected) as err:
         strategy.aggregator(plan).fold(update)
