@@ -435,25 +435,30 @@ def plot_faa(rows: list[Row], path: Path) -> None:
 
 def plot_accuracy_curves(cells: list[dict], beta: float, path: Path) -> None:
     """Mean-over-seen-tasks accuracy after each task, one line per method; one-task runs
-    (``joint``) as a horizontal line."""
+    (``joint``) as a horizontal line. The legend stands beside the axes, as tall as the methods need, and
+    past ten methods the lines change style as well as colour, so that each stays told apart."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     groups = {key: group for key, group in _groups(cells).items() if key[2] == beta}
+    fig, ax = plt.subplots(figsize=(9, max(4.0, 0.17 * len(groups) + 1.0)), dpi=120)
     several = len({key[0] for key in groups}) > 1
     tasks = max((len(c["accuracy"]) for group in groups.values() for c in group), default=1)
-    for (dataset, method, _), group in groups.items():
+    styles, markers = ("-", "--", ":", "-."), ("o", "s", "^", "D")
+    lowest = 100.0
+    for k, ((dataset, method, _), group) in enumerate(groups.items()):
         curve = mean_seen_accuracy(group)
+        lowest = min([lowest, *curve])
         label = f"{dataset}/{method}" if several else method
         if len(curve) == 1 and tasks > 1:
             ax.axhline(curve[0], linestyle="--", color="gray", label=f"{label} (all classes at once)")
         else:
-            ax.plot(range(len(curve)), curve, marker="o", label=label)
+            style = {"linestyle": styles[k // 10 % 4], "marker": markers[k // 10 % 4], "color": f"C{k % 10}"}
+            ax.plot(range(len(curve)), curve, ms=4, lw=1.2, label=label, **style)
     ax.set_xlabel("after training task")
     ax.set_ylabel("mean accuracy over seen tasks (%)")
     ax.set_xticks(range(tasks))
-    ax.set_ylim(0, 100)
+    ax.set_ylim(max(0.0, 10 * (lowest // 10) - 5), 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(f"beta={beta}: accuracy across tasks (mean over seeds)")
     _save(fig, plt, path)
 

@@ -12,12 +12,15 @@ reruns, the GPU check, diagnostics): its time, peak memory, host and threads, an
 ``python -m engine.results_summary`` rewrites both tables between their markers in ``docs/RESULTS.md`` and
 draws its two plots beside the cells (``summary_faa.png``: FAA per method and β with the seeds' std;
 ``summary_bytes.png``: MB per client against FAA at β 0.5); ``--check`` exits 1 when a committed table
-differs from the cells (tests/test_docs.py runs the same comparison).
+differs from the cells (tests/test_docs.py runs the same comparison). Hosts are lettered by
+``docs/results/hosts.json`` (the machines in letter order), to which a run of this module appends a new host, so
+that the letters the prose quotes stay put.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -36,6 +39,7 @@ COSTS_START = (
     "<!-- costs: written by `python -m engine.results_summary` from the cells under docs/results/clinc150-full* -->"
 )
 COSTS_END = "<!-- end of costs -->"
+HOSTS = "hosts.json"  # the machines in letter order, beside the cells' folders
 MISSING = "—"
 # Row order: the upper bound, the trained competitors, LoRM's family, then the closed-form heads.
 ORDER = (*METHOD_ORDER, "ncm", "ridge", "lorm-ridge", "lorm-ncm", "lorm-ridge-first")
@@ -95,17 +99,26 @@ def commits(row: Cells) -> str:
     return ", ".join(f"`{n}`" if n != "unrecorded" else n for n in dict.fromkeys(names))
 
 
-def hosts(cells: list[dict]) -> list[str]:
-    """Every machine the cells name: host A, B, C, ... Machines with a GPU first, then by their description, so
-    that a host keeps its letter when a new cell of another host comes first in the table."""
+def hosts(cells: list[dict], order: Sequence[str] = ()) -> dict[str, str]:
+    """The letter of every machine the cells name (host A, B, C, ...): the machines of ``order`` (the committed
+    ``docs/results/hosts.json``) keep their letters for good, whether or not these cells name them; a machine it
+    lacks comes after them, GPUs first, then by its description. In letter order."""
     machines = {_machine_line(c["machine"]): c["machine"]["gpu"] == "none" for c in cells}
-    return sorted(machines, key=lambda line: (machines[line], line))
+    new = sorted((m for m in machines if m not in order), key=lambda line: (machines[line], line))
+    letter = {m: chr(ord("A") + i) for i, m in enumerate([*order, *new])}
+    return {m: letter[m] for m in sorted(machines, key=letter.__getitem__)}
 
 
-def _host_letters(group: list[dict], machines: list[str]) -> str:
+def host_order(results: Path = FULL.parent) -> list[str]:
+    """The committed machines in letter order (``hosts.json`` beside the cells' folders; none if absent)."""
+    path = results / HOSTS
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
+def _host_letters(group: list[dict], letter: dict[str, str]) -> str:
     if not group:
         return MISSING
-    return "+".join(dict.fromkeys(chr(ord("A") + machines.index(_machine_line(c["machine"]))) for c in group))
+    return "+".join(dict.fromkeys(letter[_machine_line(c["machine"])] for c in group))
 
 
 def _best(values: dict[str, str], highest: bool) -> set[str]:
@@ -134,10 +147,10 @@ def figures(row: Cells) -> list[str]:
     return [" / ".join(faa(row.get(b, [])) for b in BETAS), megabytes(row), peak_memory(row)]
 
 
-def summary(cells: list[dict]) -> str:
-    """The table, its key and the hosts, between the markers."""
+def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
+    """The table, its key and the hosts (lettered as :func:`hosts` says), between the markers."""
     rows = by_method(cells)
-    machines = hosts(cells)
+    machines = hosts(cells, order)
     columns = {f"faa{b}": {label: faa(row.get(b, [])) for label, row in rows.items()} for b in BETAS}
     columns["mb"] = {label: megabytes(row) for label, row in rows.items()}
     columns["gb"] = {label: peak_memory(row) for label, row in rows.items()}
@@ -175,7 +188,7 @@ def summary(cells: list[dict]) -> str:
         "different hosts are not comparable. Commits: the code that ran the row's cells.",
         "",
     ]
-    lines += [f"- Host {chr(ord('A') + i)}: {m}" for i, m in enumerate(machines)]
+    lines += [f"- Host {letter}: {m}" for m, letter in machines.items()]
     plots = "results/clinc150-full"
     lines += [
         "",
@@ -216,6 +229,11 @@ def _peak_gb(cell: dict) -> str:
     return f"{float(rss) / 1e9:.2f}" + (" (last part)" if cell.get("resumes") else "")
 
 
+def _listed(letters: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and D``."""
+    return letters[0] if len(letters) == 1 else f"{', '.join(letters[:-1])} and {letters[-1]}"
+
+
 def _compares(cell: dict, host: str) -> str:
     """The group whose times this cell's time compares with: one host, one number of threads; none when
     resumed (its parts' times are summed, each part beside whatever ran then)."""
@@ -225,17 +243,17 @@ def _compares(cell: dict, host: str) -> str:
     return f"within {host}, {threads} thread{'s' if threads > 1 else ''}"
 
 
-def costs(sets: dict[str, list[dict]]) -> str:
+def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
     """The cost table of every in-process cell of ``sets`` (the summary's set first), between its markers:
-    host letters as the summary's, hosts it does not name listed under the table."""
+    host letters as the summary's (:func:`hosts`), hosts it does not name listed under the table."""
     every = [cell for cells in sets.values() for cell in cells]
     main = next(iter(sets), None)
-    summary = hosts(sets[main]) if main is not None else []  # the summary's letters first, then the others'
-    machines = summary + [m for m in hosts(every) if m not in summary]
+    summary = hosts(sets[main], order) if main is not None else {}
+    letter = hosts(every, [*order, *(m for m in summary if m not in order)])  # the summary's letters first
     logged = sum(1 for cell in every if cell.get("peak_rss_bytes"))
-    letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
-    gpus = list(dict.fromkeys(letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"))
-    on_gpu = f" (host {', '.join(gpus)} {'has' if len(gpus) == 1 else 'have'} a GPU)" if gpus else ""
+    gpus = sorted({letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"})
+    one = len(gpus) == 1
+    on_gpu = f" (host{'' if one else 's'} {_listed(gpus)} {'has' if one else 'have'} a GPU)" if gpus else ""
     lines = [
         COSTS_START,
         "",
@@ -263,10 +281,10 @@ def costs(sets: dict[str, list[dict]]) -> str:
                 f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "
                 f"| {cell.get('beside') or 'not recorded'} | {_compares(cell, host)} |"
             )
-    known = len(hosts(sets[main])) if main is not None else 0
-    named = "Host A" if known < 2 else f"Hosts A–{chr(ord('A') + known - 1)}"
-    lines += ["", f"{named}: as in the summary."]
-    lines += [f"- Host {letter[m]}: {m}" for m in machines[known:]]
+    named = list(summary.values())
+    if named:
+        lines += ["", f"Host{'s' if len(named) > 1 else ''} {_listed(named)}: as in the summary."]
+    lines += [f"- Host {letter[m]}: {m}" for m in letter if m not in summary]
     lines += ["", COSTS_END]
     return "\n".join(lines)
 
@@ -356,9 +374,21 @@ def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
 
 
 def generated(text: str, results: Path = FULL.parent) -> str:
-    """``text`` (docs/RESULTS.md) with both tables written afresh from the cells under ``results``."""
-    text = replaced(text, summary(load_cells(results / FULL.name)))
-    return replaced(text, costs(cost_sets(results)), COSTS_START, COSTS_END)
+    """``text`` (docs/RESULTS.md) with both tables written afresh from the cells under ``results``, the hosts
+    lettered by its ``hosts.json``."""
+    order = host_order(results)
+    text = replaced(text, summary(load_cells(results / FULL.name), order))
+    return replaced(text, costs(cost_sets(results), order), COSTS_START, COSTS_END)
+
+
+def record_hosts(results: Path = FULL.parent) -> None:
+    """Append to ``hosts.json`` the machines its cells name that it lacks, so that each keeps its letter when
+    cells of a new host come (their letters follow the committed ones)."""
+    order = host_order(results)
+    every = [cell for cells in cost_sets(results).values() for cell in cells]
+    machines = [*order, *(m for m in hosts(every, order) if m not in order)]
+    if machines != order:
+        (results / HOSTS).write_text(json.dumps(machines, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,13 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/RESULTS.md's tables differ from the cells")
     args = parser.parse_args(argv)
     text = RESULTS.read_text()
-    new = generated(text)
     if args.check:
-        if new != text:
+        if generated(text) != text:
             print("docs/RESULTS.md's tables differ from the cells: run python -m engine.results_summary")
             return 1
         return 0
-    RESULTS.write_text(new)
+    record_hosts()
+    RESULTS.write_text(generated(text))
     cells = load_cells(FULL)
     plot_faa(cells, FULL / "summary_faa.png")
     plot_bytes(cells, FULL / "summary_bytes.png")

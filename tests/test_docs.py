@@ -95,9 +95,39 @@ def test_costs_name_each_cells_time_memory_host_and_group():
     rerun = "| `lorm` (clinc150-full-rerun) | 0.5 | 0 | 20.0 | 2.50 (last part) | A | 1 | not recorded "
     assert rerun + "| no: 2 parts summed |" in table
     # A host the summary does not name is listed under the table, after the summary's letters.
-    assert "Hosts A–B: as in the summary." in table and "- Host C: Linux, other, 2 CPU cores" in table
+    assert "Hosts A and B: as in the summary." in table and "- Host C: Linux, other, 2 CPU cores" in table
     assert "times of different hosts never compare (host C has a GPU)" in table
     assert "logged by 3 of the 4 cells" in table
+
+
+def test_a_committed_host_keeps_its_letter_when_cells_of_a_new_host_come():
+    old = [_costed("lorm", "epyc"), _costed("ridge", "xeon")]
+    order = list(results_summary.hosts(old))  # what hosts.json holds: epyc A, xeon B
+    # A new host with a GPU sorts first among new ones; committed hosts keep A and B all the same.
+    new = [*old, _costed("ccvr", "h200", gpu="H200")]
+    letters = results_summary.hosts(new, order)
+    assert list(letters.values()) == ["A", "B", "C"] and "h200" in next(reversed(letters))
+    assert list(results_summary.hosts(new).values()) == ["A", "B", "C"]  # without the order, the GPU would come first
+    assert "h200" in next(iter(results_summary.hosts(new)))
+    table = results_summary.summary(new, order)
+    assert "| `ccvr` | — | **80.00** | — | — / 1 / — | **42.3** | 2.5 | — / C / — |" in table
+    assert "| `lorm` | — | **80.00** | — | — / 1 / — | **42.3** | **2.5** | — / A / — |" in table
+    assert "- Host C: Linux, h200," in table
+    # A committed host these cells do not name keeps its letter too: only ridge's host, B, is named.
+    alone = results_summary.summary([old[1]], order)
+    assert "| `ridge` | — | **80.00** | — | — / 1 / — | **42.3** | **2.5** | — / B / — |" in alone
+    assert "- Host B: Linux, xeon," in alone and "- Host A" not in alone
+
+
+def test_record_hosts_appends_new_machines_and_keeps_the_old(tmp_path):
+    cell = _costed("lorm", "h200", gpu="H200") | {"beta": 0.5, "seed": 0}
+    folder = tmp_path / results_summary.FULL.name / "cells" / "lorm" / "beta0.5" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(cell))
+    (tmp_path / results_summary.HOSTS).write_text(json.dumps(["an old host"]))
+    results_summary.record_hosts(tmp_path)
+    assert results_summary.host_order(tmp_path)[0] == "an old host"
+    assert len(results_summary.host_order(tmp_path)) == 2 and "h200" in results_summary.host_order(tmp_path)[1]
 
 
 def test_results_summary_and_costs_are_the_ones_the_cells_give():
@@ -113,6 +143,7 @@ def test_a_cell_changed_under_the_costs_fails_the_check(tmp_path):
         copy = tmp_path / path.relative_to(results)
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, copy)
+    shutil.copyfile(results / results_summary.HOSTS, tmp_path / results_summary.HOSTS)
     text = (ROOT / "docs" / "RESULTS.md").read_text()
     assert results_summary.generated(text, tmp_path) == text
     metrics = tmp_path / "clinc150-full/cells/ridge@3layers/beta0.5/seed0/metrics.json"
@@ -170,3 +201,10 @@ def test_results_contents_lists_every_section():
     listed = re.findall(r"\]\(#([^)]+)\)", contents)
     headings = [h for h in re.findall(r"^#{2,3} (.+)$", text, re.M) if h not in ("Contents",)]
     assert listed == [_anchor(h) for h in headings if not h.startswith("Summary")]
+
+
+def test_the_hosts_keep_the_letters_the_prose_quotes():
+    """RESULTS' prose names hosts by letter (host B: the 2-core EPYC where most cells ran): hosts.json holds them."""
+    order = results_summary.host_order()
+    assert "H100" in order[0] and "AMD EPYC" in order[1]
+    assert "Xeon" in order[2] and "2 CPU cores" in order[2] and "GPU: none" in order[2]
