@@ -206,5 +206,5 @@ def test_results_contents_lists_every_section():
 def test_the_hosts_keep_the_letters_the_prose_quotes():
     """RESULTS' prose names hosts by letter (host B: the 2-core EPYC where most cells ran): hosts.json holds them."""
     order = results_summary.host_order()
-    assert "H100" in order[0] and "AMD EPYC" in order[1]
+    assert "H100" in order[0] and "AMD EPYC" in order[1] and "H200" in order[3]
     assert "Xeon" in order[2] and "2 CPU cores" in order[2] and "GPU: none" in order[2]

@@ -94,7 +94,7 @@ PROTOCOL = (
 )
 COMPETITORS = (
     "The competitors on the full data",
-    {"FAA": "faa", "forgetting": "forgetting", "bytes per client": "mb", "time (H100)": "min"},
+    {"FAA": "faa", "forgetting": "forgetting", "bytes per client": "mb", "time": "min"},
 )
 # (the table's section and columns, how its row starts, the cells of the row: one group per figure of a column)
 QUOTED_ROWS = [
@@ -140,11 +140,15 @@ QUOTED_ROWS = [
     (PROTOCOL, "`lorm-ridge` (H100)", ["lorm-ridge 1.0", "lorm-ridge 0.2"]),
     (PROTOCOL, "`joint@tuned`", ["joint@tuned 0.5"]),
     (COMPETITORS, "`lorm` (CPU, seeds 0–2)", ["lorm 0.5 *"]),
-    (COMPETITORS, "`ccvr`", ["ccvr 0.5"]),
-    (COMPETITORS, "`pilora`", ["pilora 0.5"]),
+    (COMPETITORS, "`ccvr` |", ["ccvr 0.5"]),
+    (COMPETITORS, "`pilora` |", ["pilora 0.5"]),
+    (COMPETITORS, "`ccvr` at β", ["ccvr 1.0 *", "ccvr 0.5 *", "ccvr 0.2 *"]),
+    (COMPETITORS, "`pilora` at β", ["pilora 1.0 *", "pilora 0.5 *", "pilora 0.2 *"]),
     (COMPETITORS, "`fedproto`", ["fedproto 0.5"]),
     (COMPETITORS, "`l2p` (", ["l2p 0.5"]),
-    (COMPETITORS, "`l2p@tuned`", ["l2p@tuned 0.5"]),
+    (COMPETITORS, "`l2p@tuned` (", ["l2p@tuned 0.5"]),
+    (COMPETITORS, "`l2p` at β", ["l2p 1.0", "l2p 0.2"]),
+    (COMPETITORS, "`l2p@tuned` at β", ["l2p@tuned 1.0", "l2p@tuned 0.2"]),
     (COMPETITORS, "`ewc` (", ["ewc 0.5"]),
     (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
@@ -202,7 +206,6 @@ QUOTED_PROSE = [
     ),
     ("4.3 and 5.5 over its three seeds there, {} ± {})", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
     ("(1.0 above its three seeds' mean, {} ± {}, two of", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
-    ("(79.33; 9.2 to 10.3 above its three seeds' mean, {})", ["faa_mean lorm 0.2 *"]),
     ("and 0.49 at β 0.2, where they give {}, 0.2 and 0.9", ["faa_mean lorm 0.2 *"]),
     ("its clean counterpart, `ridge@3layers+valx4avg`, gives {} (full data", ["faa ridge@3layers+valx4avg 0.5"]),
     (
@@ -216,7 +219,48 @@ QUOTED_PROSE = [
     ),
     ("where LoRM's three seeds give {}, between the two ablations", ["faa_mean lorm 1.0 *"]),
     ("(0.4 below its three seeds' mean, {} ± {})", ["faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"]),
-    ("seed 0 at β 1.0 ({}; 3.6 to 4.5 above its three seeds' mean, {})", ["faa lorm 1.0", "faa_mean lorm 1.0 *"]),
+    (
+        "by 6.3 points each over three seeds ({} and {} against {}; seed 0 alone: {} and {}, 6.9 and 6.4 above)",
+        ["faa_mean ccvr 0.5 *", "faa_mean pilora 0.5 *", "faa_mean lorm 0.5 *", "faa ccvr 0.5", "faa pilora 0.5"],
+    ),
+    (
+        "CCVR **{}** and **{}** (forgetting {}, {}), PILoRA **{}** and **{}** (forgetting {}, {}). With seeds 1 and 2",
+        [
+            *(f"{field} ccvr {beta}" for field in ("faa", "forgetting") for beta in ("1.0", "0.2")),
+            *(f"{field} pilora {beta}" for field in ("faa", "forgetting") for beta in ("1.0", "0.2")),
+        ],
+    ),
+    (
+        "the one GPU, {} min each), three seeds each: CCVR **{} ± {} / {} ± {} / {} ± {}** and PILoRA **{} ± {} / {} "
+        "± {} / {} ± {}** at β 1.0 / 0.5 / 0.2, 3.8, 6.3 and 8.2 (CCVR) and 3.8, 6.3 and 10.3 (PILoRA) above LoRM's "
+        "three-seed means ({}, {}, {})",
+        [
+            "min "
+            + " & ".join(f"{label} {beta} [12]" for label in ("ccvr", "pilora") for beta in ("1.0", "0.5", "0.2")),
+            *(
+                f"{field} {label} {beta} *"
+                for label in ("ccvr", "pilora")
+                for beta in ("1.0", "0.5", "0.2")
+                for field in ("faa_mean", "faa_std")
+            ),
+            *(f"faa_mean lorm {beta} *" for beta in ("1.0", "0.5", "0.2")),
+        ],
+    ),
+    (
+        "`l2p` **{}** and **{}**, `l2p@tuned` **{}** and **{}**, 2.3 and 15.1 below LoRM's three-seed means ({}, {})",
+        [
+            "faa l2p 1.0",
+            "faa l2p 0.2",
+            "faa l2p@tuned 1.0",
+            "faa l2p@tuned 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.2 *",
+        ],
+    ),
+    (
+        "them ({}), is an outlier in forgetting ({} against {} and {}): it learnt each task less",
+        ["faa l2p 0.5", "forgetting l2p 0.5", "forgetting l2p 1.0", "forgetting l2p 0.2"],
+    ),
     (
         "(host B, commit `610a78f`, one thread, beside two other sessions' jobs: its {} minutes are not comparable) "
         "held at most **{} GB**",
@@ -666,14 +710,14 @@ QUOTED_METHODS = [
             "faa_std lorm 0.2 *",
         ],
     ),
-    ("CCVR {} and PILoRA {}, both rebuilding", ["faa ccvr 0.5", "faa pilora 0.5"]),
+    ("CCVR {} and PILoRA {} over three seeds, both rebuilding", ["faa_mean ccvr 0.5 *", "faa_mean pilora 0.5 *"]),
+    (
+        "CCVR {} / {} / {} and PILoRA {} / {} / {} at β 1.0 / 0.5 / 0.2, three seeds each",
+        [f"faa_mean {label} {beta} *" for label in ("ccvr", "pilora") for beta in ("1.0", "0.5", "0.2")],
+    ),
     (
         "on layers 4 to 6, the held-out choice, {} at β 0.5 against the frozen ensemble's {})",
         ["faa lorm-ridge-first@3layers+valx4avg 0.5", "faa ridge@3layers+valx4avg 0.5"],
-    ),
-    (
-        "CCVR {} / {} / {} and PILoRA {} / {} / {} at β 1.0 / 0.5 / 0.2",
-        ["faa ccvr 1.0", "faa ccvr 0.5", "faa ccvr 0.2", "faa pilora 1.0", "faa pilora 0.5", "faa pilora 0.2"],
     ),
     ("Fishers, 161 times LoRM's bytes) with {},", ["faa fisheravg 0.5"]),
     (
