@@ -46,7 +46,7 @@ new=()
 while IFS= read -r f; do
     rel="${f#runs/gpu45/}"
     [ -e "docs/results/clinc150-full/$rel" ] || new+=("$rel")
-done < <(find runs/gpu45/cells -name metrics.json | sort)
+done < <(find runs/gpu45/cells -mindepth 4 -maxdepth 4 -name metrics.json | sort)  # <label>/beta<B>/seed<S>/: not run/'s copy
 printf 'finished this call: %d cells\n' "${#new[@]}"
 [ "${#new[@]}" -eq 0 ] || printf '  %s\n' "${new[@]}"
 [ "${#new[@]}" -eq 0 ] || tar -C runs/gpu45 -czf "$out/cells.tgz" "${new[@]}"
