@@ -521,6 +521,17 @@ QUOTED_PROSE = [
         ["min ridge@3layers 1.0 1 & ridge@3layers 0.2 1", "faa ridge@3layers 1.0 1", "faa ridge@3layers 0.2 1"],
     ),
     (
+        "seed 2 at both ({} min each, side by side): **{}** and **{}**, so over three seeds the head gives "
+        "**{} ± {}** at every β",
+        [
+            "min ridge@3layers 1.0 2 & ridge@3layers 0.2 2",
+            "faa ridge@3layers 1.0 2",
+            "faa ridge@3layers 0.2 2",
+            "faa_mean ridge@3layers 1.0 * & ridge@3layers 0.5 * & ridge@3layers 0.2 *",
+            "faa_std ridge@3layers 1.0 * & ridge@3layers 0.5 * & ridge@3layers 0.2 *",
+        ],
+    ),
+    (
         "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 25.6 below LoRM's "
         "three-seed means ({}, {})",
         [
