@@ -55,6 +55,46 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
         )
 
 
+def check_share_within_gram(field: str, total: Tensor, share: Tensor) -> None:
+    """``UpdateRejected`` unless the held-out samples' share of the Gram, ``S^T S``, is at most the client's whole
+    Gram ``R^T R`` in the order of positive semi-definite matrices, on each diagonal block the whole one comes in
+    (``total``: ``(r, F')`` or the blocks' ``(K, r, F'/K)``; ``share``: the same blocks, or whole ``(s, F')``).
+    Their difference is the Gram of the samples that the fit choosing lambda keeps: an honest client's is positive
+    semi-definite, and one made indefinite would steer that fit (and so the run's lambda) with no sample behind it.
+
+    Each block's least eigenvalue of ``D = R^T R - S^T S`` must be at least ``-tol tr(R^T R)``, ``tol`` float64's
+    rounding over the rows and the width (the clients' factors and this test): with ``m = r + s`` rows below the
+    width ``d``, ``D = W^T J W`` (``W = [R; S]``, ``J = diag(I_r, -I_s)``) has the nonzero eigenvalues of
+    ``T J T^T``, ``T`` the triangle of ``W^T = Q T`` (``2 d m^2`` operations); with as many rows as the width or
+    more, ``D + tol tr(R^T R) I`` must have a Cholesky factor (``m d^2 + d^3 / 3``).
+    """
+    eps = torch.finfo(DTYPE).eps
+    blocks = total.to(DTYPE) if total.dim() == 3 else total.to(DTYPE).unsqueeze(0)
+    width = blocks.shape[-1]
+    held = share.to(DTYPE)
+    for k, r in enumerate(blocks):
+        s = held[k] if held.dim() == 3 else held[:, k * width : (k + 1) * width]
+        if s.shape[0] == 0:
+            continue
+        m = r.shape[0] + s.shape[0]
+        slack = 32 * (m + width) * eps * float(r.pow(2).sum())
+        if m < width:
+            t = torch.linalg.qr(torch.cat([r, s]).T, mode="r").R  # (m, m): W^T = Q T
+            tr, ts = t[:, : r.shape[0]], t[:, r.shape[0] :]
+            least = float(torch.linalg.eigvalsh(tr @ tr.T - ts @ ts.T)[0])
+            shown, fits = f" (its least eigenvalue {least:.6g}, against a slack of {slack:.3g})", least >= -slack
+        else:
+            diff = r.T @ r - s.T @ s + slack * torch.eye(width, dtype=DTYPE)
+            shown, fits = "", bool(torch.linalg.cholesky_ex(diff).info == 0)
+        if not fits:
+            where = f" in diagonal block {k}" if len(blocks) > 1 else ""
+            raise UpdateRejected(
+                field,
+                f"the held-out samples' Gram exceeds the client's whole Gram{where}: their difference, the Gram of "
+                f"the samples the lambda fit keeps, must be positive semi-definite{shown}",
+            )
+
+
 # ----------------------------------------------------------------------------- running sums
 
 
@@ -203,6 +243,12 @@ class FeatureStatsAggregator(Aggregator):
             raise UpdateRejected(
                 f"stat/{HELD_FIT}class_count", "the held-out samples' share must count the held-out samples"
             )
+        # The held-out samples' share of the Gram the fit leaves out: with views their share of it (heldfit_), else
+        # their own Gram; within the whole one.
+        share = HELD_FIT if HELD_FIT + "class_count" in stats else HOLDOUT
+        whole, held = stats.get("gram" + FACTOR), stats.get(share + "gram" + FACTOR)
+        if whole is not None and held is not None:
+            check_share_within_gram(f"stat/{share}gram{FACTOR}", whole, held)
 
     def _fold(self, update: ClientUpdate) -> None:
         lo, hi = self.plan.class_range

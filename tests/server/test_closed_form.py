@@ -324,6 +324,10 @@ def test_restart_from_state_gives_the_same_heads(settings):
             "stat/holdout_gram_factor",
         ),
         (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stat/class_sum"),  # a Gram too small for the sums
+        (  # the held-out samples' Gram beyond the client's whole Gram: the lambda fit's Gram made indefinite
+            lambda s: s.update(holdout_gram_factor=s["holdout_gram_factor"] * 2),
+            "stat/holdout_gram_factor",
+        ),
         (lambda s: s.update(class_count=torch.zeros(6, dtype=torch.float64)), "stat/class_count"),  # every class's
         (lambda s: s["class_count"].__setitem__(0, s["class_count"][0] + 1), "stat/class_count"),  # sum != samples
         (lambda s: s["class_sum"].__setitem__((0, 0), float("nan")), "stat/class_sum"),
@@ -538,8 +542,19 @@ def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out
         ),
         (lambda s: s.update(heldfit_class_sum=s["heldfit_class_sum"] * 10), "stat/heldfit_class_sum"),  # > its Gram
         (lambda s: s.pop("heldfit_gram_factor"), "stat"),
+        # The share's Gram beyond the whole one: the fit that chooses lambda would use an indefinite Gram.
+        (lambda s: s.update(heldfit_gram_factor=s["heldfit_gram_factor"] * 2), "stat/heldfit_gram_factor"),
     ],
-    ids=["honest", "rows-over-views", "share-rows", "held-out-rows", "share-counts", "share-sums", "no-share"],
+    ids=[
+        "honest",
+        "rows-over-views",
+        "share-rows",
+        "held-out-rows",
+        "share-counts",
+        "share-sums",
+        "no-share",
+        "share-beyond-gram",
+    ],
 )
 def test_a_views_step_bounds_rows_by_the_views_and_the_share_by_the_held_out_samples(break_it, field):
     """``ridge.views = 2``: a sample's clean features and two views make three factor rows; the held-out samples'
