@@ -544,11 +544,11 @@ QUOTED_PROSE = [
         ],
     ),
     (
-        "At β 1.0 and 0.2 (seed 0) FedAvg gives **{}** and **{}** (forgetting {} and {}), and seed 1 (host B, one "
-        "thread each, side by side, {} and {} min) **{}** and **{}**: **{} ± {}** and **{} ± {}** over two seeds. At "
-        "β 0.5 seeds 1 and 2 (host B, one thread each, side by side, {} and {} min) give **{}** and **{}**, so **{} ± "
-        "{}** over three seeds there. FedAvg is 1.1, 3.3 and 6.3 below LoRM's three-seed means at β 1.0, 0.5 and 0.2 "
-        "({}, {}, {}; seed 0 alone put it 0.4, 1.7 and 5.3 below",
+        "At β 1.0 and 0.2 (seed 0) FedAvg gives **{}** and **{}** (forgetting {} and {}), seed 1 (host B, one thread "
+        "each, side by side, {} and {} min) **{}** and **{}**, and seed 2 (likewise, {} and {} min) **{}** and **{}**: "
+        "**{} ± {}** and **{} ± {}** over three seeds. At β 0.5 seeds 1 and 2 (host B, one thread each, side by side, "
+        "{} and {} min) give **{}** and **{}**, so **{} ± {}** over three seeds there. FedAvg is 0.5, 3.3 and 7.3 "
+        "below LoRM's three-seed means at β 1.0, 0.5 and 0.2 ({}, {}, {}; seed 0 alone put it 0.4, 1.7 and 5.3 below",
         [
             "faa fedavg 1.0",
             "faa fedavg 0.2",
@@ -558,6 +558,10 @@ QUOTED_PROSE = [
             "min fedavg 0.2 1",
             "faa fedavg 1.0 1",
             "faa fedavg 0.2 1",
+            "min fedavg 1.0 2",
+            "min fedavg 0.2 2",
+            "faa fedavg 1.0 2",
+            "faa fedavg 0.2 2",
             "faa_mean fedavg 1.0 *",
             "faa_std fedavg 1.0 *",
             "faa_mean fedavg 0.2 *",
