@@ -20,6 +20,7 @@ describe its features step (:class:`FeatureStats`); prompt deltas shaped like th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -57,6 +58,13 @@ HEAD_FISHER = ("head.weight", "head.bias")  # the head's entries of ClientUpdate
 GRAM_FACTOR = "_factor"  # suffix of a statistic's Gram sent as its factor R (R^T R = G)
 HOLDOUT = "holdout_"  # prefix of the statistics of the held-out samples (FeatureStats.holdout)
 HELD_FIT = "heldfit_"  # prefix of the held-out samples' share of the sums, views included (FeatureStats.views)
+
+
+def held_share(stats: Mapping[str, object]) -> str:
+    """The prefix of the held-out samples' share of the sums (a client's statistics or the step's sums), what the
+    fit that chooses lambda leaves out: ``heldfit_`` with dropout views (their views in it), else their own
+    statistics, ``holdout_``."""
+    return HELD_FIT if HELD_FIT + "class_sum" in stats else HOLDOUT
 
 
 def declared_tensors(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:

@@ -26,6 +26,7 @@ from common.aggregation.declared import (
     declared_tensors,
     feature_stat_shapes,
     feature_stats_of,
+    held_share,
 )
 from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
@@ -243,9 +244,7 @@ class FeatureStatsAggregator(Aggregator):
             raise UpdateRejected(
                 f"stat/{HELD_FIT}class_count", "the held-out samples' share must count the held-out samples"
             )
-        # The held-out samples' share of the Gram the fit leaves out: with views their share of it (heldfit_), else
-        # their own Gram; within the whole one.
-        share = HELD_FIT if HELD_FIT + "class_count" in stats else HOLDOUT
+        share = held_share(stats)  # the held-out samples' share of the Gram, which the lambda fit leaves out
         whole, held = stats.get("gram" + FACTOR), stats.get(share + "gram" + FACTOR)
         if whole is not None and held is not None:
             check_share_within_gram(f"stat/{share}gram{FACTOR}", whole, held)

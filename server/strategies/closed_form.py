@@ -64,7 +64,7 @@ from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
-from common.aggregation.declared import HELD_FIT, HOLDOUT, feature_stats_of
+from common.aggregation.declared import HOLDOUT, feature_stats_of, held_share
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
@@ -139,12 +139,6 @@ def select_lambda(sums: dict[str, Tensor], grid: tuple[float, ...]) -> tuple[flo
     errors = heldout_errors(sums, grid)
     best = min(range(len(grid)), key=errors.__getitem__)
     return grid[best], errors
-
-
-def held_share(sums: dict[str, Tensor]) -> str:
-    """The prefix of the held-out samples' share of the sums, what the fit that chooses ``lam`` leaves out:
-    ``heldfit_`` with dropout views (their views in it), else their own statistics, ``holdout_``."""
-    return HELD_FIT if HELD_FIT + "class_sum" in sums else HOLDOUT
 
 
 def heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) -> list[float]:
