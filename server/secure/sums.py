@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
+from common.aggregation.declared import HELD_FIT, HOLDOUT
 from common.aggregation.validate import UpdateRejected
 from common.merges.sums import load_running_sums, not_summable
 from common.run.config import RunConfig
@@ -76,3 +77,39 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gr
                 raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
     if aggregator.num_samples < clients:
         raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
+    check_held_sums(sums, gram_slack)
+
+
+def check_held_sums(sums: dict[str, Tensor], gram_slack: float = 0.0) -> None:
+    """The held-out samples' sums against the whole's, summed over clients (a held-out rule: ``ridge.holdout``):
+    no class holds out more samples than it has, the share views included counts the held-out samples, and the
+    summed Gram minus the held-out samples' share of it (``heldfit_`` with views, else ``holdout_``), the Gram the
+    lambda fit keeps, is positive semidefinite on each block up to the rounding and twice ``gram_slack`` (both
+    carry the clients' noise). One client's share can no longer be told from the sum: a hostile client's excess is
+    bounded by the others' kept Grams, not refused (``docs/RELIABILITY.md``), but the fit's Gram stays a Gram."""
+    for name, t in sums.items():
+        head, _, leaf = name.rpartition("/")
+        if leaf == "class_count" and f"{head}/{HOLDOUT}class_count" in sums:
+            held = sums[f"{head}/{HOLDOUT}class_count"]
+            if bool((held > t).any()):
+                raise UpdateRejected(f"sum {head}/{HOLDOUT}class_count", "a class holds out more than it has")
+            fit = sums.get(f"{head}/{HELD_FIT}class_count")
+            if fit is not None and not torch.equal(fit, held):
+                raise UpdateRejected(f"sum {head}/{HELD_FIT}class_count", "must count the held-out samples")
+        if not name.endswith("/gram/total"):
+            continue
+        base = name[: -len("gram/total")]
+        share = next((base + p + "gram/total" for p in (HELD_FIT, HOLDOUT) if base + p + "gram/total" in sums), None)
+        if share is None or sums[share].shape != t.shape or t.dim() not in (2, 3):
+            continue
+        whole = t.reshape(-1, *t.shape[-2:])
+        for k, block in enumerate(whole - sums[share].reshape(whole.shape)):
+            scale = float(whole[k].abs().max()) if block.numel() else 0.0
+            low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
+            if low < -1e-9 * max(scale, 1.0) * block.shape[0] - 2 * gram_slack:
+                where = f" block {k}" if t.dim() == 3 else ""
+                raise UpdateRejected(
+                    f"sum {share}{where}",
+                    f"the held-out samples' summed Gram exceeds the whole's: what the lambda fit keeps must be "
+                    f"positive semidefinite ({low:.3g})",
+                )

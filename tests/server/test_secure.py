@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.aggregation.declared import HELD_FIT, HOLDOUT
 from common.aggregation.validate import UpdateRejected
 from common.merges.sums import running_sums, summable
 from common.methods import make_aggregator
@@ -18,7 +19,7 @@ from common.secagg.primitives import SecAggError, encode
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, unpack
 from common.wire.messages import LoraStep, ModelSpec
 from common.wire.tensors import HEAD_BIAS
-from server.secure import Timings, require_secure, secure_step
+from server.secure import Timings, check_sums, require_secure, secure_step
 from server.strategies import STRATEGIES, make_strategy
 
 from unit_helpers import valid_update
@@ -233,3 +234,53 @@ def test_a_block_grams_blocks_travel_as_their_lower_triangles():
     assert torch.equal(unpack(packed)["sums/grams/gram/total"], blocks)
     with pytest.raises(SecAggError, match="no lower triangle"):
         unpack({"g/total@tril": torch.zeros(3, 7, dtype=F64)})
+
+
+def held_out_step(name: str):
+    """The features step of ``name`` (a ridge with a held-out rule): its aggregator with the honest clients'
+    updates folded, and their summed terms, as the coordinator unmasks them."""
+    for _, plain, _, plan, updates in steps(name, clients=3):
+        folded = plain.aggregator(plan)
+        for update in updates.values():
+            folded.fold(update)
+        sums = running_sums(folded)
+        if any(HOLDOUT + "gram/total" in key for key in sums):
+            return folded, sums
+    raise AssertionError(f"{name} has no step with held-out sums")
+
+
+@pytest.mark.parametrize("name", ["ridge", "ridge-blocks", "ridge-views"])
+def test_a_held_out_share_above_the_whole_gram_is_refused_in_the_unmasked_sum(name):
+    """A hostile client sends a held-out share of the Gram (``heldfit_`` with views) with nothing behind it in its
+    whole Gram: the sum the lambda fit keeps (whole minus held-out) turns indefinite, and the coordinator refuses
+    the unmasked sum, though each summed Gram on its own is positive semidefinite. An excess within the honest
+    clients' kept Gram cannot be told from the sum and passes (docs/RELIABILITY.md). Also: more held-out samples
+    than samples in a class, and a share counting other samples than the held-out ones."""
+    folded, sums = held_out_step(name)
+    share = HELD_FIT if any(HELD_FIT in key for key in sums) else HOLDOUT
+    held = next(key for key in sums if key.endswith(f"/{share}gram/total"))
+    whole, count = held.replace(share + "gram", "gram"), held.replace(f"grams/{share}gram/total", "plain/class_count")
+    check_sums(folded, sums, clients=3)  # honest
+    blocks = sums[whole].reshape(-1, *sums[whole].shape[-2:])
+    kept = blocks - sums[held].reshape(blocks.shape)
+    top = float(max(torch.linalg.eigvalsh(b).max() for b in kept))
+    attack = dict(sums)
+    attack[held] = sums[held] + (2 * top * torch.eye(blocks.shape[-1], dtype=F64)).expand_as(blocks).reshape(
+        sums[held].shape
+    )
+    assert all(float(torch.linalg.eigvalsh(b).min()) >= 0 for b in attack[held].reshape(blocks.shape))
+    with pytest.raises(UpdateRejected, match="held-out samples' summed Gram exceeds the whole's"):
+        check_sums(folded, attack, clients=3)
+    within = dict(sums)
+    within[held] = sums[held] + (0.5 * kept).reshape(sums[held].shape)  # half of what the others keep
+    check_sums(folded, within, clients=3)
+    counts = dict(sums)
+    counts[count.replace("class_count", HOLDOUT + "class_count")] = sums[count] + 1
+    with pytest.raises(UpdateRejected, match="holds out more than it has"):
+        check_sums(folded, counts, clients=3)
+    if share == HELD_FIT:
+        fit = dict(sums)
+        held_count = sums[count.replace("class_count", HOLDOUT + "class_count")]
+        fit[count.replace("class_count", HELD_FIT + "class_count")] = held_count + 1
+        with pytest.raises(UpdateRejected, match="must count the held-out samples"):
+            check_sums(folded, fit, clients=3)
