@@ -14,6 +14,8 @@ head's features step), and :func:`ccvr` (FedAvg, then its features step).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -56,12 +58,23 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
         )
 
 
-def check_share_within_gram(field: str, total: Tensor, share: Tensor) -> None:
+KEPT_PSD = "their difference, the Gram of the samples the lambda fit keeps, must be positive semi-definite"
+
+
+def check_share_within_gram(
+    field: str,
+    total: Tensor,
+    share: Tensor,
+    what: str = "the held-out samples' Gram exceeds the client's whole Gram",
+    why: str = KEPT_PSD,
+) -> None:
     """``UpdateRejected`` unless the held-out samples' share of the Gram, ``S^T S``, is at most the client's whole
     Gram ``R^T R`` in the order of positive semi-definite matrices, on each diagonal block the whole one comes in
     (``total``: ``(r, F')`` or the blocks' ``(K, r, F'/K)``; ``share``: the same blocks, or whole ``(s, F')``).
     Their difference is the Gram of the samples that the fit choosing lambda keeps: an honest client's is positive
     semi-definite, and one made indefinite would steer that fit (and so the run's lambda) with no sample behind it.
+    ``what`` and ``why`` word the refusal (the same test bounds the held-out samples' clean Gram by their share's,
+    :meth:`FeatureStatsAggregator._check`).
 
     Each block's least eigenvalue of ``D = R^T R - S^T S`` must be at least ``-tol tr(R^T R)``, ``tol`` float64's
     rounding over the rows and the width (the clients' factors and this test): with ``m = r + s`` rows below the
@@ -91,8 +104,7 @@ def check_share_within_gram(field: str, total: Tensor, share: Tensor) -> None:
             where = f" in diagonal block {k}" if len(blocks) > 1 else ""
             raise UpdateRejected(
                 field,
-                f"the held-out samples' Gram exceeds the client's whole Gram{where}: their difference, the Gram of "
-                f"the samples the lambda fit keeps, must be positive semi-definite{shown}",
+                f"{what}{where}: {why}{shown}",
             )
 
 
@@ -248,6 +260,17 @@ class FeatureStatsAggregator(Aggregator):
         whole, held = stats.get("gram" + FACTOR), stats.get(share + "gram" + FACTOR)
         if whole is not None and held is not None:
             check_share_within_gram(f"stat/{share}gram{FACTOR}", whole, held)
+        clean = stats.get(HOLDOUT + "gram" + FACTOR)
+        if share == HELD_FIT and held is not None and clean is not None:
+            # The held-out samples' clean rows are among their share's 1 + V rows, which carry weight 1 / (1 + V):
+            # their clean Gram, which scores lambda, is at most (1 + V) times the share's.
+            check_share_within_gram(
+                f"stat/{HOLDOUT}gram{FACTOR}",
+                math.sqrt(self.rows_per_sample) * held,
+                clean,
+                f"the held-out samples' clean Gram exceeds {self.rows_per_sample} times their share of the Gram",
+                "their clean rows are among the share's rows, each at weight 1 / (1 + views)",
+            )
 
     def _fold(self, update: ClientUpdate) -> None:
         lo, hi = self.plan.class_range

@@ -77,39 +77,50 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gr
                 raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
     if aggregator.num_samples < clients:
         raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
-    check_held_sums(sums, gram_slack)
+    check_held_sums(sums, gram_slack, getattr(aggregator, "rows_per_sample", 1))
 
 
-def check_held_sums(sums: dict[str, Tensor], gram_slack: float = 0.0) -> None:
+def check_held_sums(sums: dict[str, Tensor], gram_slack: float = 0.0, rows_per_sample: int = 1) -> None:
     """The held-out samples' sums against the whole's, summed over clients (a held-out rule: ``ridge.holdout``):
-    no class holds out more samples than it has, the share views included counts the held-out samples, and the
-    summed Gram minus the held-out samples' share of it (``heldfit_`` with views, else ``holdout_``), the Gram the
-    lambda fit keeps, is positive semidefinite on each block up to the rounding and twice ``gram_slack`` (both
-    carry the clients' noise). One client's share can no longer be told from the sum: a hostile client's excess is
-    bounded by the others' kept Grams, not refused (``docs/RELIABILITY.md``), but the fit's Gram stays a Gram."""
+    no class holds out more samples than it has, the share views included counts the held-out samples, the summed
+    Gram minus the held-out samples' share of it (``heldfit_`` with views, else ``holdout_``), the Gram the lambda
+    fit keeps, positive semidefinite on each block, and with views (``rows_per_sample = 1 + V``, the step's
+    aggregator's) the clean held-out Gram, which scores lambda, at most ``1 + V`` times the share; up to the
+    rounding and the clients' noise on both (``gram_slack`` each). One client's share can no longer be told from the
+    sum: a hostile client's excess is bounded by what the others leave, not refused (``docs/RELIABILITY.md``), but
+    the fit's Gram stays a Gram."""
     for name, t in sums.items():
         head, _, leaf = name.rpartition("/")
         if leaf == "class_count" and f"{head}/{HOLDOUT}class_count" in sums:
             held = sums[f"{head}/{HOLDOUT}class_count"]
             if bool((held > t).any()):
                 raise UpdateRejected(f"sum {head}/{HOLDOUT}class_count", "a class holds out more than it has")
-            fit = sums.get(f"{head}/{HELD_FIT}class_count")
-            if fit is not None and not torch.equal(fit, held):
+            counted = sums.get(f"{head}/{HELD_FIT}class_count")
+            if counted is not None and not torch.equal(counted, held):
                 raise UpdateRejected(f"sum {head}/{HELD_FIT}class_count", "must count the held-out samples")
-        if not name.endswith("/gram/total"):
+        if not name.endswith("/gram/total") or t.dim() not in (2, 3):
             continue
         base = name[: -len("gram/total")]
-        share = next((base + p + "gram/total" for p in (HELD_FIT, HOLDOUT) if base + p + "gram/total" in sums), None)
-        if share is None or sums[share].shape != t.shape or t.dim() not in (2, 3):
-            continue
-        whole = t.reshape(-1, *t.shape[-2:])
-        for k, block in enumerate(whole - sums[share].reshape(whole.shape)):
-            scale = float(whole[k].abs().max()) if block.numel() else 0.0
-            low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
-            if low < -1e-9 * max(scale, 1.0) * block.shape[0] - 2 * gram_slack:
-                where = f" block {k}" if t.dim() == 3 else ""
-                raise UpdateRejected(
-                    f"sum {share}{where}",
-                    f"the held-out samples' summed Gram exceeds the whole's: what the lambda fit keeps must be "
-                    f"positive semidefinite ({low:.3g})",
-                )
+        clean, fit = base + HOLDOUT + "gram/total", base + HELD_FIT + "gram/total"
+        share = fit if fit in sums else clean
+        if share in sums:
+            _dominates(sums, name, share, 1, gram_slack, "the held-out samples' summed Gram exceeds the whole's")
+        if share == fit and clean in sums and rows_per_sample > 1:
+            what = f"the held-out samples' summed clean Gram exceeds {rows_per_sample} times their summed share"
+            _dominates(sums, fit, clean, rows_per_sample, gram_slack, what)
+
+
+def _dominates(sums: dict[str, Tensor], big: str, small: str, times: int, gram_slack: float, what: str) -> None:
+    """``UpdateRejected`` naming ``small`` unless ``times`` sums[big] - sums[small] is positive semidefinite on each
+    block, up to float64 rounding and the noise's slack on the two."""
+    if sums[small].shape != sums[big].shape:
+        return  # a Gram in another form (the average rule's factor rows) is not summed: secure runs refuse it
+    whole = times * sums[big].reshape(-1, *sums[big].shape[-2:])
+    for k, block in enumerate(whole - sums[small].reshape(whole.shape)):
+        scale = float(whole[k].abs().max()) if block.numel() else 0.0
+        low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
+        if low < -1e-9 * max(scale, 1.0) * block.shape[0] - (times + 1) * gram_slack:
+            where = f" block {k}" if sums[big].dim() == 3 else ""
+            raise UpdateRejected(
+                f"sum {small}{where}", f"{what}: the difference must be positive semidefinite ({low:.3g})"
+            )

@@ -544,6 +544,9 @@ def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out
         (lambda s: s.pop("heldfit_gram_factor"), "stat"),
         # The share's Gram beyond the whole one: the fit that chooses lambda would use an indefinite Gram.
         (lambda s: s.update(heldfit_gram_factor=s["heldfit_gram_factor"] * 2), "stat/heldfit_gram_factor"),
+        # The clean held-out Gram, which scores lambda, beyond 3 times the share it is part of: a score moved with
+        # no sample behind it.
+        (lambda s: s.update(holdout_gram_factor=s["holdout_gram_factor"] * 3), "stat/holdout_gram_factor"),
     ],
     ids=[
         "honest",
@@ -554,6 +557,7 @@ def test_dropout_views_head_is_the_weighted_fit_and_lambda_scores_clean_held_out
         "share-sums",
         "no-share",
         "share-beyond-gram",
+        "clean-beyond-share",
     ],
 )
 def test_a_views_step_bounds_rows_by_the_views_and_the_share_by_the_held_out_samples(break_it, field):

@@ -255,7 +255,8 @@ def test_a_held_out_share_above_the_whole_gram_is_refused_in_the_unmasked_sum(na
     whole Gram: the sum the lambda fit keeps (whole minus held-out) turns indefinite, and the coordinator refuses
     the unmasked sum, though each summed Gram on its own is positive semidefinite. An excess within the honest
     clients' kept Gram cannot be told from the sum and passes (docs/RELIABILITY.md). Also: more held-out samples
-    than samples in a class, and a share counting other samples than the held-out ones."""
+    than samples in a class, a share counting other samples than the held-out ones, and with views a clean held-out
+    Gram (which scores lambda) beyond 1 + V times the share it is part of."""
     folded, sums = held_out_step(name)
     share = HELD_FIT if any(HELD_FIT in key for key in sums) else HOLDOUT
     held = next(key for key in sums if key.endswith(f"/{share}gram/total"))
@@ -278,7 +279,16 @@ def test_a_held_out_share_above_the_whole_gram_is_refused_in_the_unmasked_sum(na
     counts[count.replace("class_count", HOLDOUT + "class_count")] = sums[count] + 1
     with pytest.raises(UpdateRejected, match="holds out more than it has"):
         check_sums(folded, counts, clients=3)
-    if share == HELD_FIT:
+    if share == HELD_FIT:  # the clean held-out Gram, which scores lambda, beyond 1 + V = 3 times the share
+        clean = held.replace(HELD_FIT, HOLDOUT)
+        shares = sums[held].reshape(blocks.shape)
+        extra = 3 * shares - sums[clean].reshape(blocks.shape)  # what is left below the bound: PSD when honest
+        scores = dict(sums)
+        scores[clean] = sums[clean] + (extra + top * torch.eye(blocks.shape[-1], dtype=F64)).reshape(sums[clean].shape)
+        with pytest.raises(UpdateRejected, match="summed clean Gram exceeds 3 times their summed share"):
+            check_sums(folded, scores, clients=3)
+        scores[clean] = sums[clean] + (0.5 * extra).reshape(sums[clean].shape)  # within the bound
+        check_sums(folded, scores, clients=3)
         fit = dict(sums)
         held_count = sums[count.replace("class_count", HOLDOUT + "class_count")]
         fit[count.replace("class_count", HELD_FIT + "class_count")] = held_count + 1
