@@ -373,19 +373,21 @@ def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
     return head + table + rest.split(end, 1)[1]
 
 
-def generated(text: str, results: Path = FULL.parent) -> str:
-    """``text`` (docs/RESULTS.md) with both tables written afresh from the cells under ``results``, the hosts
-    lettered by its ``hosts.json``."""
+def generated(text: str, results: Path = FULL.parent, sets: dict[str, list[dict]] | None = None) -> str:
+    """``text`` (docs/RESULTS.md) with both tables written afresh from the cells under ``results`` (``sets``: its
+    :func:`cost_sets`, when already loaded), the hosts lettered by its ``hosts.json``."""
     order = host_order(results)
-    text = replaced(text, summary(load_cells(results / FULL.name), order))
-    return replaced(text, costs(cost_sets(results), order), COSTS_START, COSTS_END)
+    sets = cost_sets(results) if sets is None else sets
+    text = replaced(text, summary(sets[FULL.name], order))
+    return replaced(text, costs(sets, order), COSTS_START, COSTS_END)
 
 
-def record_hosts(results: Path = FULL.parent) -> None:
-    """Append to ``hosts.json`` the machines its cells name that it lacks, so that each keeps its letter when
-    cells of a new host come (their letters follow the committed ones)."""
+def record_hosts(results: Path = FULL.parent, sets: dict[str, list[dict]] | None = None) -> None:
+    """Append to ``hosts.json`` the machines its cells name that it lacks (``sets``: its :func:`cost_sets`, when
+    already loaded), so that each keeps its letter when cells of a new host come (their letters follow the
+    committed ones)."""
     order = host_order(results)
-    every = [cell for cells in cost_sets(results).values() for cell in cells]
+    every = [cell for cells in (cost_sets(results) if sets is None else sets).values() for cell in cells]
     machines = [*order, *(m for m in hosts(every, order) if m not in order)]
     if machines != order:
         (results / HOSTS).write_text(json.dumps(machines, indent=2) + "\n")
@@ -401,9 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("docs/RESULTS.md's tables differ from the cells: run python -m engine.results_summary")
             return 1
         return 0
-    record_hosts()
-    RESULTS.write_text(generated(text))
-    cells = load_cells(FULL)
+    sets = cost_sets()  # the cells, loaded once: the hosts, both tables and the plots
+    record_hosts(sets=sets)
+    RESULTS.write_text(generated(text, sets=sets))
+    cells = sets[FULL.name]
     plot_faa(cells, FULL / "summary_faa.png")
     plot_bytes(cells, FULL / "summary_bytes.png")
     return 0
