@@ -135,7 +135,7 @@ QUOTED_ROWS = [
     (PROTOCOL, "`ties@tuned`", ["ties@tuned 1.0", "ties@tuned 0.5", "ties@tuned 0.2"]),
     (PROTOCOL, "`fisheravg`", ["fisheravg 1.0", "fisheravg 0.5", "fisheravg 0.2"]),
     (PROTOCOL, "`ncm`", ["ncm 1.0", "ncm 0.5", "ncm 0.2"]),
-    (PROTOCOL, "`ridge` (RP-5000)", ["ridge 1.0", "ridge 0.5", "ridge 0.2"]),
+    (PROTOCOL, "`ridge` (RP-5000;", ["ridge 1.0", "ridge 0.5", "ridge 0.2"]),
     (PROTOCOL, "`lorm-ridge` (LoRM", ["lorm-ridge 0.5"]),
     (PROTOCOL, "`lorm-ridge` (H100)", ["lorm-ridge 1.0", "lorm-ridge 0.2"]),
     (PROTOCOL, "`joint@tuned`", ["joint@tuned 0.5"]),
