@@ -133,7 +133,8 @@ QUOTED_ROWS = [
     (PROTOCOL, "`regmean` (H100)", ["regmean 1.0", "regmean 0.5", "regmean 0.2"]),
     (PROTOCOL, "`ties` (H100)", ["ties 1.0", "ties 0.5", "ties 0.2"]),
     (PROTOCOL, "`ties@tuned`", ["ties@tuned 1.0", "ties@tuned 0.5", "ties@tuned 0.2"]),
-    (PROTOCOL, "`fisheravg`", ["fisheravg 1.0", "fisheravg 0.5", "fisheravg 0.2"]),
+    (PROTOCOL, "`fisheravg` (sampled", ["fisheravg 1.0", "fisheravg 0.5", "fisheravg 0.2"]),
+    (PROTOCOL, "`fisheravg`, seed 1", ["fisheravg 1.0 1", "fisheravg 0.2 1"]),
     (PROTOCOL, "`ncm`", ["ncm 1.0", "ncm 0.5", "ncm 0.2"]),
     (PROTOCOL, "`ridge` (RP-5000;", ["ridge 1.0", "ridge 0.5", "ridge 0.2"]),
     (PROTOCOL, "`lorm-ridge` (LoRM", ["lorm-ridge 0.5"]),
@@ -496,6 +497,18 @@ QUOTED_PROSE = [
             "faa lorm 0.2",
         ],
     ),
+    (
+        "A second seed of FisherAvg at β 1.0 and 0.2 gave **{}** and **{}**: over seeds 0 and 1, **{} ± {}** and "
+        "**{} ± {}**, 1.7 below LoRM's",
+        [
+            "faa fisheravg 1.0 1",
+            "faa fisheravg 0.2 1",
+            "faa_mean fisheravg 1.0 *",
+            "faa_std fisheravg 1.0 *",
+            "faa_mean fisheravg 0.2 *",
+            "faa_std fisheravg 0.2 *",
+        ],
+    ),
     ("Fisher, {} MB per client over the run, 161 times LoRM's {} MB", ["mb fisheravg 0.5", "mb lorm 0.5"]),
     ("frozen closed-form heads above (`ncm` {}, `ridge` {})", ["faa ncm 0.5", "faa ridge 0.5"]),
     ("FedProto ({}) is 3.1 below LoRM", ["faa fedproto 0.5"]),
@@ -753,8 +766,16 @@ QUOTED_METHODS = [
     ),
     ("Fishers, 161 times LoRM's bytes) with {},", ["faa fisheravg 0.5"]),
     (
-        "above the mean): {} / {} / {} at β 1.0 / 0.5 / 0.2, one seed each",
-        ["faa fisheravg 1.0", "faa fisheravg 0.5", "faa fisheravg 0.2"],
+        "above the mean): {} / {} / {} at β 1.0 / 0.5 / 0.2, seed 0; over seeds 0 and 1, {} ± {} at β 1.0 and {} ± {}",
+        [
+            "faa fisheravg 1.0",
+            "faa fisheravg 0.5",
+            "faa fisheravg 0.2",
+            "faa_mean fisheravg 1.0 *",
+            "faa_std fisheravg 1.0 *",
+            "faa_mean fisheravg 0.2 *",
+            "faa_std fisheravg 0.2 *",
+        ],
     ),
     (
         "within the paper's figure at β 0.2 ({} against {}; docs/RESULTS.md)",
