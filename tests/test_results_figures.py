@@ -515,6 +515,18 @@ QUOTED_PROSE = [
         "and 2.2 and 1.6 below FedAvg's seed 0 ({}, {}),",
         ["faa fedproto 1.0", "faa fedproto 0.2", "faa fedavg 1.0", "faa fedavg 0.2"],
     ),
+    (
+        "`ridge@3layers+val` at β 1.0 and 0.2 (seed 0, side by side, one thread each, {} / {} min, {} / {} GB peak) "
+        "gives **{}** and **{}**, again",
+        [
+            "min ridge@3layers+val 1.0",
+            "min ridge@3layers+val 0.2",
+            "gb ridge@3layers+val 1.0",
+            "gb ridge@3layers+val 0.2",
+            "faa ridge@3layers+val 1.0",
+            "faa ridge@3layers+val 0.2",
+        ],
+    ),
     ("Fisher, {} MB per client over the run, 161 times LoRM's {} MB", ["mb fisheravg 0.5", "mb lorm 0.5"]),
     ("frozen closed-form heads above (`ncm` {}, `ridge` {})", ["faa ncm 0.5", "faa ridge 0.5"]),
     ("FedProto ({}) is 3.1 below LoRM", ["faa fedproto 0.5"]),
