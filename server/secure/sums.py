@@ -69,8 +69,8 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gr
                 scale = float(block.abs().max()) if block.numel() else 0.0
                 if not torch.allclose(block, block.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
                     raise UpdateRejected(what, "a summed Gram must be symmetric")
-                low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
-                if low < -1e-9 * max(scale, 1.0) * block.shape[0] - gram_slack:
+                low = _below_psd(block, scale, gram_slack)
+                if low is not None:
                     raise UpdateRejected(what, f"a summed Gram must be positive semidefinite ({low:.3g})")
         elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
             if t.numel() and float(t.min()) < 0:
@@ -118,9 +118,17 @@ def _dominates(sums: dict[str, Tensor], big: str, small: str, times: int, gram_s
     whole = times * sums[big].reshape(-1, *sums[big].shape[-2:])
     for k, block in enumerate(whole - sums[small].reshape(whole.shape)):
         scale = float(whole[k].abs().max()) if block.numel() else 0.0
-        low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
-        if low < -1e-9 * max(scale, 1.0) * block.shape[0] - (times + 1) * gram_slack:
+        low = _below_psd(block, scale, (times + 1) * gram_slack)
+        if low is not None:
             where = f" block {k}" if sums[big].dim() == 3 else ""
             raise UpdateRejected(
                 f"sum {small}{where}", f"{what}: the difference must be positive semidefinite ({low:.3g})"
             )
+
+
+def _below_psd(block: Tensor, scale: float, slack: float) -> float | None:
+    """The least eigenvalue of the symmetric ``block`` where it is below what a positive semidefinite sum allows:
+    ``-1e-9 max(scale, 1) d`` (the fixed point's and float64's rounding, ``scale`` the sum's largest entry) less
+    ``slack`` (the clients' noise); ``None`` when it is not."""
+    low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
+    return low if low < -1e-9 * max(scale, 1.0) * block.shape[0] - slack else None
