@@ -154,6 +154,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`ewc` (", ["ewc 0.5"]),
     (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
+    (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
     (COMPETITORS, "`coda-p` at β", ["coda-p 1.0", "coda-p 0.2"]),
     (COMPETITORS, "`coda-p@tuned` (", ["coda-p@tuned 0.5"]),
@@ -530,6 +531,20 @@ QUOTED_PROSE = [
     ("Fisher, {} MB per client over the run, 161 times LoRM's {} MB", ["mb fisheravg 0.5", "mb lorm 0.5"]),
     ("frozen closed-form heads above (`ncm` {}, `ridge` {})", ["faa ncm 0.5", "faa ridge 0.5"]),
     ("FedProto ({}) is 3.1 below LoRM", ["faa fedproto 0.5"]),
+    (
+        "At β 1.0 and 0.2 (`lwf`, seed 0, an H200, six cells at a time): **{}** and **{}** (forgetting {} and {}), "
+        "5.8 and 10.7 below LoRM's three-seed means ({}, {}) and 5.4 below FedAvg's seed 0 at both ({}, {}),",
+        [
+            "faa lwf 1.0",
+            "faa lwf 0.2",
+            "forgetting lwf 1.0",
+            "forgetting lwf 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.2 *",
+            "faa fedavg 1.0",
+            "faa fedavg 0.2",
+        ],
+    ),
     ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
     (
         "the sampled Fisher): **{}**, 1.6 below LoRM ({} over three seeds; 1.3 below its seed 0, {})",
