@@ -92,5 +92,7 @@ def secure_step(
         total = decode(server.result(), fp, len(survivors))
         payload = 16 * layout.size * len(survivors)
         slack = noise.gram_slack(layout.entries, len(survivors)) if noise is not None else 0.0
-        load_sums(aggregator, unpack(layout.unflatten(total)), len(survivors), payload, slack)
+        load_sums(
+            aggregator, unpack(layout.unflatten(total)), len(survivors), payload, slack, fp.error_bound(len(survivors))
+        )
     return server

@@ -366,7 +366,9 @@ class SecureStep:
         try:
             sums, survivors = self.unmasked()
             slack = self.noise.gram_slack(self.layout.entries, survivors) if self.noise is not None else 0.0
-            load_sums(aggregator, sums, survivors, 16 * self.layout.size * survivors, slack)
+            load_sums(
+                aggregator, sums, survivors, 16 * self.layout.size * survivors, slack, self.fp.error_bound(survivors)
+            )
         except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
             self._failed(err)
         return secagg_report(

@@ -43,21 +43,28 @@ def require_secure(config: RunConfig, strategy: Strategy) -> None:
 
 
 def load_sums(
-    aggregator: Aggregator, sums: dict[str, Tensor], clients: int, payload_bytes: int, gram_slack: float = 0.0
+    aggregator: Aggregator,
+    sums: dict[str, Tensor],
+    clients: int,
+    payload_bytes: int,
+    gram_slack: float = 0.0,
+    rounding: float = 0.0,
 ) -> None:
     """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them
-    (``gram_slack``: see :func:`check_sums`)."""
+    (``gram_slack``, ``rounding``: see :func:`check_sums`)."""
     load_running_sums(aggregator, sums, clients)
     aggregator.payload_bytes = payload_bytes
-    check_sums(aggregator, sums, clients, gram_slack)
+    check_sums(aggregator, sums, clients, gram_slack, rounding)
 
 
-def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gram_slack: float = 0.0) -> None:
+def check_sums(
+    aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gram_slack: float = 0.0, rounding: float = 0.0
+) -> None:
     """The coordinator's check of an unmasked sum (it can no longer check one update): every entry
     finite, summed Grams and Fishers and counts non-negative (a Gram's diagonal; a full Gram
-    symmetric positive semidefinite up to the fixed point's rounding and ``gram_slack``, a bound on the spectral
-    norm of the clients' distributed noise on it), the sample count at least one per client. ``UpdateRejected``
-    naming the sum."""
+    symmetric positive semidefinite up to the fixed point's rounding, ``rounding`` per entry of the sum
+    (``FixedPoint.error_bound`` of the clients), and ``gram_slack``, a bound on the spectral norm of the clients'
+    distributed noise on it), the sample count at least one per client. ``UpdateRejected`` naming the sum."""
     for name, t in sums.items():
         if not torch.isfinite(t).all():
             raise UpdateRejected(f"sum {name}", "not finite")
@@ -69,7 +76,7 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gr
                 scale = float(block.abs().max()) if block.numel() else 0.0
                 if not torch.allclose(block, block.T, rtol=0, atol=1e-9 * max(scale, 1.0)):
                     raise UpdateRejected(what, "a summed Gram must be symmetric")
-                low = _below_psd(block, scale, gram_slack)
+                low = _below_psd(block, scale, gram_slack, rounding)
                 if low is not None:
                     raise UpdateRejected(what, f"a summed Gram must be positive semidefinite ({low:.3g})")
         elif (gram and t.dim() == 1) or leaf in ("fisher", "weight") or "count" in leaf:
@@ -77,18 +84,20 @@ def check_sums(aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gr
                 raise UpdateRejected(f"sum {name}", f"must be non-negative, has {float(t.min()):.3g}")
     if aggregator.num_samples < clients:
         raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
-    check_held_sums(sums, gram_slack, getattr(aggregator, "rows_per_sample", 1))
+    check_held_sums(sums, gram_slack, getattr(aggregator, "rows_per_sample", 1), rounding)
 
 
-def check_held_sums(sums: dict[str, Tensor], gram_slack: float = 0.0, rows_per_sample: int = 1) -> None:
+def check_held_sums(
+    sums: dict[str, Tensor], gram_slack: float = 0.0, rows_per_sample: int = 1, rounding: float = 0.0
+) -> None:
     """The held-out samples' sums against the whole's, summed over clients (a held-out rule: ``ridge.holdout``):
     no class holds out more samples than it has, the share views included counts the held-out samples, the summed
     Gram minus the held-out samples' share of it (``heldfit_`` with views, else ``holdout_``), the Gram the lambda
     fit keeps, positive semidefinite on each block, and with views (``rows_per_sample = 1 + V``, the step's
     aggregator's) the clean held-out Gram, which scores lambda, at most ``1 + V`` times the share; up to the
-    rounding and the clients' noise on both (``gram_slack`` each). One client's share can no longer be told from the
-    sum: a hostile client's excess is bounded by what the others leave, not refused (``docs/RELIABILITY.md``), but
-    the fit's Gram stays a Gram."""
+    rounding (the fixed point's, ``rounding`` per entry of each sum) and the clients' noise on both (``gram_slack``
+    each). One client's share can no longer be told from the sum: a hostile client's excess is bounded by what the
+    others leave, not refused (``docs/RELIABILITY.md``), but the fit's Gram stays a Gram."""
     for name, t in sums.items():
         head, _, leaf = name.rpartition("/")
         if leaf == "class_count" and f"{head}/{HOLDOUT}class_count" in sums:
@@ -104,21 +113,26 @@ def check_held_sums(sums: dict[str, Tensor], gram_slack: float = 0.0, rows_per_s
         clean, fit = base + HOLDOUT + "gram/total", base + HELD_FIT + "gram/total"
         share = fit if fit in sums else clean
         if share in sums:
-            _dominates(sums, name, share, 1, gram_slack, "the held-out samples' summed Gram exceeds the whole's")
+            what = "the held-out samples' summed Gram exceeds the whole's"
+            _dominates(sums, name, share, 1, (gram_slack, rounding), what)
         if share == fit and clean in sums and rows_per_sample > 1:
             what = f"the held-out samples' summed clean Gram exceeds {rows_per_sample} times their summed share"
-            _dominates(sums, fit, clean, rows_per_sample, gram_slack, what)
+            _dominates(sums, fit, clean, rows_per_sample, (gram_slack, rounding), what)
 
 
-def _dominates(sums: dict[str, Tensor], big: str, small: str, times: int, gram_slack: float, what: str) -> None:
+def _dominates(
+    sums: dict[str, Tensor], big: str, small: str, times: int, errors: tuple[float, float], what: str
+) -> None:
     """``UpdateRejected`` naming ``small`` unless ``times`` sums[big] - sums[small] is positive semidefinite on each
-    block, up to float64 rounding and the noise's slack on the two."""
+    block, up to float64 rounding and ``errors``, each sum's noise slack and fixed-point rounding per entry, on the
+    two (``times + 1`` of each)."""
+    gram_slack, rounding = errors
     if sums[small].shape != sums[big].shape:
         return  # a Gram in another form (the average rule's factor rows) is not summed: secure runs refuse it
     whole = times * sums[big].reshape(-1, *sums[big].shape[-2:])
     for k, block in enumerate(whole - sums[small].reshape(whole.shape)):
         scale = float(whole[k].abs().max()) if block.numel() else 0.0
-        low = _below_psd(block, scale, (times + 1) * gram_slack)
+        low = _below_psd(block, scale, (times + 1) * gram_slack, (times + 1) * rounding)
         if low is not None:
             where = f" block {k}" if sums[big].dim() == 3 else ""
             raise UpdateRejected(
@@ -126,9 +140,10 @@ def _dominates(sums: dict[str, Tensor], big: str, small: str, times: int, gram_s
             )
 
 
-def _below_psd(block: Tensor, scale: float, slack: float) -> float | None:
+def _below_psd(block: Tensor, scale: float, slack: float, rounding: float = 0.0) -> float | None:
     """The least eigenvalue of the symmetric ``block`` where it is below what a positive semidefinite sum allows:
-    ``-1e-9 max(scale, 1) d`` (the fixed point's and float64's rounding, ``scale`` the sum's largest entry) less
-    ``slack`` (the clients' noise); ``None`` when it is not."""
+    ``-(1e-9 max(scale, 1) + rounding) d`` (float64's rounding, ``scale`` the sum's largest entry, and the fixed
+    point's, at most ``rounding`` per entry: a symmetric error of entries within ``e`` has spectral norm at most
+    ``e d``) less ``slack`` (the clients' noise); ``None`` when it is not."""
     low = float(torch.linalg.eigvalsh(block).min()) if block.numel() else 0.0
-    return low if low < -1e-9 * max(scale, 1.0) * block.shape[0] - slack else None
+    return low if low < -(1e-9 * max(scale, 1.0) + rounding) * block.shape[0] - slack else None

@@ -5,6 +5,8 @@ session never holds one client's unmasked terms; methods that need individual up
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from common.run.settings import SecAggSettings
 from common.secagg.primitives import SecAggError, encode
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, unpack
 from common.wire.messages import LoraStep, ModelSpec
-from common.wire.tensors import HEAD_BIAS
+from common.wire.tensors import HEAD_BIAS, HEAD_GRAM
 from server.secure import Timings, check_sums, require_secure, secure_step
 from server.strategies import STRATEGIES, make_strategy
 
@@ -60,10 +62,10 @@ def gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def steps(name: str, clients: int):
+def steps(name: str, clients: int, **fields):
     """Every step of both tasks: ``(plain strategy, secure strategy, plan, updates)``, the two strategies
-    brought to the step by the same plain merges."""
-    cfg = config(name, clients)
+    brought to the step by the same plain merges (``fields``: the run's configuration's, changed)."""
+    cfg = dataclasses.replace(config(name, clients), **fields)
     plain, secure = make_strategy(cfg, SPEC), make_strategy(cfg, SPEC)
     for task in range(2):
         plain.begin_task(task)
@@ -145,6 +147,32 @@ def test_clients_dropped_after_sharing_leave_the_survivors_sums(name):
             assert gap(want[key], have[key]) <= fp.error_bound(3) + 20 * scale * EPS, key
         assert got.count == 3
         break  # the first step is enough per method
+
+
+def test_a_singular_gram_passes_the_psd_check_at_few_fractional_bits():
+    """Honest clients whose summed Gram is singular (rank one here; fewer samples than features, as with a wide
+    projection)
+    under a coarse fixed point (``secagg.frac_bits`` 8): each entry's rounding, up to ``clients x 2^-9``, turns the
+    summed Gram's zero eigenvalues negative by up to ``d`` times that, and the coordinator's check allows exactly the
+    fixed point's rounding, so the step merges. A sum below that floor is still refused."""
+    coarse = SecAggSettings(enabled=True, frac_bits=8)
+    cfg, _, secure, plan, updates = next(steps("regmean", clients=3, gamma_head=1.0))  # the head's Gram undecayed
+    v = torch.randn(SPEC.feature_dim, generator=torch.Generator().manual_seed(51), dtype=F64)
+    for i, update in updates.items():  # the head's Gram, the step's full one: every client's along v
+        update.tensors[HEAD_GRAM] = (1.3 + i) * torch.outer(v, v)
+    got = secure.aggregator(plan)
+    secure_step(got, SPEC, cfg, updates, coarse, cfg.num_clients)
+    sums = running_sums(got)
+    grams = {k: t for k, t in sums.items() if k.endswith("/total") and t.dim() == 2}
+    lows = [float(torch.linalg.eigvalsh(t).min()) for t in grams.values()]
+    assert min(lows) < -1e-6  # the rounding pushed a zero eigenvalue below what float64 alone explains
+    rounding = fixed_point(coarse, 3).error_bound(3)
+    check_sums(got, sums, clients=3, rounding=rounding)
+    name, gram = next(iter(grams.items()))
+    d = gram.shape[0]
+    worse = dict(sums, **{name: gram - 2 * rounding * d * torch.eye(d, dtype=F64)})
+    with pytest.raises(UpdateRejected, match="positive semidefinite"):
+        check_sums(got, worse, clients=3, rounding=rounding)
 
 
 def test_too_many_dropped_fails_the_step_with_a_reason():
