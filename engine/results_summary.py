@@ -78,13 +78,18 @@ def megabytes(row: Cells) -> str:
 
 
 def peak_memory(row: Cells) -> str:
-    """The most memory (GB) any of the row's cells held, and how many of them logged it when not all did."""
+    """The most memory (GB) the row's cells held on hosts without a GPU (a GPU host's resident set holds its CUDA
+    runtime too, so the two do not compare), or, where none logged it there, on GPU hosts, marked; and how many of
+    the row's cells the figure covers when not all."""
     cells = [c for group in row.values() for c in group]
-    logged = [float(c["peak_rss_bytes"]) for c in cells if c.get("peak_rss_bytes")]
+    logged = [c for c in cells if c.get("peak_rss_bytes")]
     if not logged:
         return MISSING
-    text = f"{max(logged) / 1e9:.1f}"
-    return text if len(logged) == len(cells) else f"{text} ({len(logged)} of {len(cells)} cells)"
+    cpu = [c for c in logged if c["machine"]["gpu"] == "none"]
+    text = f"{max(float(c['peak_rss_bytes']) for c in cpu or logged) / 1e9:.1f}"
+    notes = [] if len(cpu or logged) == len(cells) else [f"{len(cpu or logged)} of {len(cells)} cells"]
+    notes += [] if cpu else ["GPU host"]
+    return f"{text} ({'; '.join(notes)})" if notes else text
 
 
 def commits(row: Cells) -> str:
@@ -184,7 +189,9 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
         f"`{UPPER_BOUND}` (one client holding all data, the upper bound) left out. MB: tensor "
         "payload one client sent over the whole run (10^6 bytes). Peak memory: the most the in-process run "
         "held at once (resident set of the one process, clients and coordinator together; GPU memory not "
-        "counted); cells run before it was logged have none. Host: where each β's cells ran, times of "
+        "counted), over the row's cells on hosts without a GPU, or where none logged it there over its GPU "
+        "hosts' (marked: their resident set holds the CUDA runtime too), with how many cells that covers when not "
+        "all; cells run before it was logged have none. Host: where each β's cells ran, times of "
         "different hosts are not comparable. Commits: the code that ran the row's cells.",
         "",
     ]

@@ -51,8 +51,17 @@ def test_summary_shows_mean_std_seeds_and_gaps():
 def test_memory_of_a_gpu_host_is_never_the_best():
     cells = [_cell("pilora", 0.5, 0, 90.0, gpu="H100", rss=1e9), _cell("lorm", 0.5, 0, 83.0, rss=3e9)]
     table = results_summary.summary(cells)
-    assert "| `pilora` | — | **90.00** | — | — / 1 / — | **42.3** | 1.0 |" in table
+    assert "| `pilora` | — | **90.00** | — | — / 1 / — | **42.3** | 1.0 (GPU host) |" in table
     assert "| `lorm` | — | 83.00 | — | — / 1 / — | **42.3** | **3.0** |" in table
+
+
+def test_memory_is_the_hosts_without_a_gpu_where_they_logged_it():
+    """A GPU host's resident set holds the CUDA runtime: a row with cells on both kinds of host gives the most of
+    its cells without a GPU (here below the GPU host's), saying how many of the row's cells that covers."""
+    cells = [_cell("ccvr", b, 0, 90.0, rss=2.9e9) for b in (1.0, 0.2)]
+    cells += [_cell("ccvr", 0.5, s, 89.0 + 2 * s, gpu="H200", rss=3.4e9) for s in range(2)]
+    table = results_summary.summary(cells)
+    assert "| `ccvr` | **90.00** | **90.00 ± 1.41** | **90.00** | 1 / 2 / 1 | **42.3** | 2.9 (2 of 4 cells) |" in table
 
 
 def test_the_frontier_keeps_what_nothing_beats_on_bytes_and_faa():
@@ -110,7 +119,7 @@ def test_a_committed_host_keeps_its_letter_when_cells_of_a_new_host_come():
     assert list(results_summary.hosts(new).values()) == ["A", "B", "C"]  # without the order, the GPU would come first
     assert "h200" in next(iter(results_summary.hosts(new)))
     table = results_summary.summary(new, order)
-    assert "| `ccvr` | — | **80.00** | — | — / 1 / — | **42.3** | 2.5 | — / C / — |" in table
+    assert "| `ccvr` | — | **80.00** | — | — / 1 / — | **42.3** | 2.5 (GPU host) | — / C / — |" in table
     assert "| `lorm` | — | **80.00** | — | — / 1 / — | **42.3** | **2.5** | — / A / — |" in table
     assert "- Host C: Linux, h200," in table
     # A committed host these cells do not name keeps its letter too: only ridge's host, B, is named.
