@@ -52,3 +52,7 @@ printf 'finished this call: %d cells\n' "${#new[@]}"
 [ "${#new[@]}" -eq 0 ] || tar -C runs/gpu45 -czf "$out/cells.tgz" "${new[@]}"
 for f in runs/gpu45/run-*.log; do echo "== $f"; tail -n 30 "$f"; done > "$out/logs.txt"
 find runs/gpu45/cells -name bench.log -newer .devkept/minilm.tar -exec sh -c 'echo "== $1"; tail -n 5 "$1"' _ {} \; >> "$out/logs.txt"
+# How far each cell of this call got (its run's last steps, with the time): a cell the budget cut short says what
+# share of its run one call holds, for the next call's plan.
+find runs/gpu45/cells -name log.txt -newer .devkept/minilm.tar \
+    -exec sh -c 'echo "== $1 (last written $(date -r "$1" +%T), call started $2)"; tail -n 2 "$1"' _ {} "$(date -d "@$start" +%T)" \; >> "$out/logs.txt"
