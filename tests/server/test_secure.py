@@ -175,6 +175,31 @@ def test_a_singular_gram_passes_the_psd_check_at_few_fractional_bits():
         check_sums(got, worse, clients=3, rounding=rounding)
 
 
+@pytest.mark.parametrize("d", [1, 7, 60])
+def test_the_psd_floor_refuses_exactly_below_it(d):
+    """The summed Gram's test refuses exactly when its least eigenvalue is below ``-(1e-9 max|G| + rounding) d -
+    slack``, whatever settles it (a shifted Cholesky passes what is above; the eigenvalues decide the rest): Grams
+    of known spectrum, with the least eigenvalue at fractions and multiples of that floor, and a singular one."""
+    folded, _ = held_out_step("ridge")
+    q, _ = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(d), dtype=F64))
+    rounding, slack = 1e-4, 2e-3
+    for times in (0.0, 0.5, 0.99, 1.01, 2.0, 50.0):
+        spectrum = torch.linspace(0.0, 40.0, d, dtype=F64)
+        spectrum[0] = 0.0
+        gram = q @ torch.diag(spectrum) @ q.T
+        gram = (gram + gram.T) / 2
+        floor = (1e-9 * max(float(gram.abs().max()), 1.0) + rounding) * d + slack
+        spectrum[0] = -times * floor
+        gram = q @ torch.diag(spectrum) @ q.T
+        gram = (gram + gram.T) / 2
+        sums = {"head/grams/total": gram}
+        if times < 1:
+            check_sums(folded, sums, clients=3, gram_slack=slack, rounding=rounding)
+        else:
+            with pytest.raises(UpdateRejected, match="positive semidefinite"):
+                check_sums(folded, sums, clients=3, gram_slack=slack, rounding=rounding)
+
+
 def test_too_many_dropped_fails_the_step_with_a_reason():
     cfg, plain, secure, plan, updates = next(steps("lorm", clients=5))
     with pytest.raises(SecAggError, match="fewer than the threshold 3"):
