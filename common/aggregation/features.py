@@ -42,10 +42,16 @@ DTYPE = torch.float64
 
 
 def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Tensor) -> None:
-    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = R^T R = X^T X`` can have come with.
+    """Class sums ``S: (C, F')`` and counts ``n: (C,)`` that the Gram ``G = R^T R = X^T X`` can have come with
+    (``factor``: ``R``, or the diagonal blocks' ``(K, r, F'/K)``).
 
-    By Cauchy-Schwarz ``|S_c|^2 <= n_c sum_{i in c} |x_i|^2``, so ``sum_c |S_c|^2 / n_c <= tr(G)
-    = |R|_F^2`` (classes with ``n_c > 0``); ``1e-6`` relative slack covers float64 rounding.
+    By Cauchy-Schwarz, for every direction ``u``, ``(u^T S_c)^2 <= n_c sum_{i in c} (u^T x_i)^2``, so
+    ``M^T M = sum_c S_c S_c^T / n_c <= G`` in the order of positive semi-definite matrices (``M`` the rows
+    ``S_c / sqrt(n_c)``, classes with ``n_c > 0``; with dropout views a sample's features are the mean of rows whose
+    weighted Gram is at least their mean's, by Jensen: the same bound). First its trace, ``sum_c |S_c|^2 / n_c <=
+    tr(G) = |R|_F^2`` (``1e-6`` relative slack for float64's rounding), then the whole order on each block
+    (:func:`check_share_within_gram`): sums within the trace but turned where the Gram holds little, which would
+    put the head's weight where the client's samples have none, no features give.
     """
     seen = count > 0
     lhs = float((class_sum[seen].to(DTYPE).pow(2).sum(1) / count[seen].to(DTYPE)).sum())
@@ -56,6 +62,9 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
             f"inconsistent with the Gram: sum_c |S_c|^2 / n_c = {lhs:.6g} exceeds "
             f"trace(G) = {trace:.6g}, which no set of features allows",
         )
+    means = class_sum[seen].to(DTYPE) / count[seen].to(DTYPE).sqrt().unsqueeze(1)
+    what = "inconsistent with the Gram: sum_c S_c S_c^T / n_c exceeds the Gram"
+    check_share_within_gram(field, factor, means, what, "no set of features allows it (Cauchy-Schwarz)")
 
 
 KEPT_PSD = "their difference, the Gram of the samples the lambda fit keeps, must be positive semi-definite"

@@ -93,6 +93,12 @@ def secure_step(
         payload = 16 * layout.size * len(survivors)
         slack = noise.gram_slack(layout.entries, len(survivors)) if noise is not None else 0.0
         load_sums(
-            aggregator, unpack(layout.unflatten(total)), len(survivors), payload, slack, fp.error_bound(len(survivors))
+            aggregator,
+            unpack(layout.unflatten(total)),
+            len(survivors),
+            payload,
+            slack,
+            fp.error_bound(len(survivors)),
+            noise is not None,
         )
     return server

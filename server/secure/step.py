@@ -367,7 +367,13 @@ class SecureStep:
             sums, survivors = self.unmasked()
             slack = self.noise.gram_slack(self.layout.entries, survivors) if self.noise is not None else 0.0
             load_sums(
-                aggregator, sums, survivors, 16 * self.layout.size * survivors, slack, self.fp.error_bound(survivors)
+                aggregator,
+                sums,
+                survivors,
+                16 * self.layout.size * survivors,
+                slack,
+                self.fp.error_bound(survivors),
+                self.noise is not None,
             )
         except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
             self._failed(err)

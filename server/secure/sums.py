@@ -9,6 +9,8 @@ the run starts (:func:`require_secure`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -49,22 +51,31 @@ def load_sums(
     payload_bytes: int,
     gram_slack: float = 0.0,
     rounding: float = 0.0,
+    noised: bool = False,
 ) -> None:
     """Make ``aggregator`` hold ``sums``, the unmasked sum of ``clients`` clients' terms, then check them
-    (``gram_slack``, ``rounding``: see :func:`check_sums`)."""
+    (``gram_slack``, ``rounding``, ``noised``: see :func:`check_sums`)."""
     load_running_sums(aggregator, sums, clients)
     aggregator.payload_bytes = payload_bytes
-    check_sums(aggregator, sums, clients, gram_slack, rounding)
+    check_sums(aggregator, sums, clients, gram_slack, rounding, noised)
 
 
 def check_sums(
-    aggregator: Aggregator, sums: dict[str, Tensor], clients: int, gram_slack: float = 0.0, rounding: float = 0.0
+    aggregator: Aggregator,
+    sums: dict[str, Tensor],
+    clients: int,
+    gram_slack: float = 0.0,
+    rounding: float = 0.0,
+    noised: bool = False,
 ) -> None:
     """The coordinator's check of an unmasked sum (it can no longer check one update): every entry
     finite, summed Grams and Fishers and counts non-negative (a Gram's diagonal; a full Gram
     symmetric positive semidefinite up to the fixed point's rounding, ``rounding`` per entry of the sum
     (``FixedPoint.error_bound`` of the clients), and ``gram_slack``, a bound on the spectral norm of the clients'
-    distributed noise on it), the sample count at least one per client. ``UpdateRejected`` naming the sum."""
+    distributed noise on it), the sample count at least one per client; the held-out sums against the whole's
+    (:func:`check_held_sums`), and, unless the clients ``noised`` their class sums (``dp.mode = distributed``, whose
+    noise no Gram bounds), the class sums against their Gram (:func:`check_class_sums`). ``UpdateRejected`` naming
+    the sum."""
     for name, t in sums.items():
         if not torch.isfinite(t).all():
             raise UpdateRejected(f"sum {name}", "not finite")
@@ -85,6 +96,50 @@ def check_sums(
     if aggregator.num_samples < clients:
         raise UpdateRejected("sum num_samples", f"{aggregator.num_samples} samples from {clients} clients")
     check_held_sums(sums, gram_slack, getattr(aggregator, "rows_per_sample", 1), rounding)
+    if not noised:
+        check_class_sums(sums, rounding)
+
+
+def check_class_sums(sums: dict[str, Tensor], rounding: float = 0.0) -> None:
+    """Summed class sums ``S`` and counts ``n`` that their summed Gram ``G`` can have come with, for the whole and
+    each held-out prefix: a class nobody counted has no sum, and ``sum_c S_c S_c^T / n_c <= G`` on each block in the
+    order of positive semidefinite matrices (Cauchy-Schwarz per client, and the sum keeps it: ``(s, n) -> s s^T / n``
+    is jointly convex), so that no client turns its sums where the Gram holds nothing (the per-update check,
+    ``common/aggregation/features.py:check_sums_fit_gram``). Up to float64's rounding and the fixed point's
+    (``rounding`` per entry of each sum: on ``M``, the rows ``S_c / sqrt(n_c)``, at most ``delta = rounding sqrt(d
+    sum_c 1 / n_c)`` in spectral norm, so ``2 |M| delta + delta^2`` on ``M^T M``)."""
+    for name, gram in sums.items():
+        if not name.endswith("/grams/gram/total") or gram.dim() not in (2, 3):
+            continue
+        root = name[: -len("grams/gram/total")]
+        for prefix in ("", HOLDOUT, HELD_FIT):
+            g, s, n = (
+                f"{root}grams/{prefix}gram/total",
+                f"{root}plain/{prefix}class_sum",
+                f"{root}plain/{prefix}class_count",
+            )
+            if not (g in sums and s in sums and n in sums) or sums[g].shape != gram.shape:
+                continue
+            class_sum, count = sums[s], sums[n]
+            seen = count > 0
+            if bool((class_sum[~seen].abs() > rounding).any()):
+                raise UpdateRejected(f"sum {s}", "a class with no samples must have a zero sum")
+            means = class_sum[seen] / count[seen].sqrt().unsqueeze(1)
+            blocks = sums[g].reshape(-1, *gram.shape[-2:])
+            width = blocks.shape[-1]
+            for k, block in enumerate(blocks):
+                m = means[:, k * width : (k + 1) * width]
+                delta = rounding * math.sqrt(width * float((1 / count[seen]).sum()))
+                norm = float(torch.linalg.matrix_norm(m, 2)) if m.numel() else 0.0
+                scale = float(block.abs().max()) if block.numel() else 0.0
+                low = _below_psd(block - m.T @ m, scale, 2 * norm * delta + delta**2, rounding)
+                if low is not None:
+                    where = f" block {k}" if gram.dim() == 3 else ""
+                    raise UpdateRejected(
+                        f"sum {s}{where}",
+                        f"inconsistent with the summed Gram: sum_c S_c S_c^T / n_c exceeds it ({low:.3g}), which no "
+                        "set of features allows",
+                    )
 
 
 def check_held_sums(

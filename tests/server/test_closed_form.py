@@ -313,6 +313,15 @@ def test_restart_from_state_gives_the_same_heads(settings):
     assert torch.equal(restarted.head_w, straight.head_w) and restarted.lam == straight.lam
 
 
+def _into_the_weakest_direction(stats: dict[str, torch.Tensor]) -> None:
+    """Every class sum turned, at its length, into the direction the client's Gram holds least: ``sum_c |S_c|^2 /
+    n_c`` stays within the Gram's trace, but not ``sum_c S_c S_c^T / n_c`` within the Gram, so no features give
+    it; a head fit to it puts its weight where the client's samples have none."""
+    factor = stats["gram_factor"]
+    weakest = torch.linalg.eigh(factor.T @ factor).eigenvectors[:, 0]
+    stats["class_sum"] = stats["class_sum"].norm(dim=1, keepdim=True) * weakest
+
+
 @pytest.mark.parametrize(
     "break_it, field",
     [
@@ -324,6 +333,7 @@ def test_restart_from_state_gives_the_same_heads(settings):
             "stat/holdout_gram_factor",
         ),
         (lambda s: s.update(gram_factor=s["gram_factor"] * 0.1), "stat/class_sum"),  # a Gram too small for the sums
+        (_into_the_weakest_direction, "stat/class_sum"),  # within the Gram's trace, beyond the Gram
         (  # the held-out samples' Gram beyond the client's whole Gram: the lambda fit's Gram made indefinite
             lambda s: s.update(holdout_gram_factor=s["holdout_gram_factor"] * 2),
             "stat/holdout_gram_factor",

@@ -175,6 +175,35 @@ def test_a_singular_gram_passes_the_psd_check_at_few_fractional_bits():
         check_sums(got, worse, clients=3, rounding=rounding)
 
 
+@pytest.mark.parametrize("name", ["ridge", "ridge-blocks", "ridge-views"])
+def test_class_sums_beyond_their_gram_are_refused_in_the_unmasked_sum(name):
+    """A hostile client's class sums put, on each block, twice the summed Gram's least eigenvalue into its
+    eigenvector: ``sum_c |S_c|^2 / n_c`` within the Gram's trace, but ``sum_c S_c S_c^T / n_c`` beyond the Gram, so
+    the coordinator refuses the unmasked sum, as the per-update check refuses one such update in a plain run. Also:
+    a sum for a class nobody counted. With distributed noise on the class sums (``noised``) the test is left out: no
+    Gram bounds the noise."""
+    folded, sums = held_out_step(name)
+    check_sums(folded, sums, clients=3)  # honest
+    whole = next(key for key in sums if key.endswith("/grams/gram/total"))
+    key = whole.replace("grams/gram/total", "plain/class_sum")
+    count = sums[key.replace("class_sum", "class_count")]
+    parts = []
+    for block in sums[whole].reshape(-1, *sums[whole].shape[-2:]):
+        values, vectors = torch.linalg.eigh(block)
+        assert 2 * values[0] < values.sum()  # within the trace
+        lengths = (2 * values[0] * count / int((count > 0).sum())).sqrt()  # sum_c length^2 / n_c = 2 x the least
+        parts.append(lengths.unsqueeze(1) * vectors[:, 0])
+    turned = dict(sums, **{key: torch.cat(parts, dim=1)})
+    with pytest.raises(UpdateRejected, match="exceeds it"):
+        check_sums(folded, turned, clients=3)
+    check_sums(folded, turned, clients=3, noised=True)
+    empty = dict(sums)
+    empty[key] = sums[key].clone()
+    empty[key][int(torch.nonzero(count == 0)[0])] = 1.0  # a class nobody counted (this task's classes are the first)
+    with pytest.raises(UpdateRejected, match="no samples must have a zero sum"):
+        check_sums(folded, empty, clients=3)
+
+
 @pytest.mark.parametrize("d", [1, 7, 60])
 def test_the_psd_floor_refuses_exactly_below_it(d):
     """The summed Gram's test refuses exactly when its least eigenvalue is below ``-(1e-9 max|G| + rounding) d -
