@@ -12,6 +12,9 @@ configuration (``joint``). Printed, not run: copy the cells into the committed f
 and runs only what is missing.
 
     .venv/bin/python bench/missing_cells.py [--out runs/gpu45] [--jobs 8] [--labels lorm,ccvr]
+
+With ``--times``, instead of the commands: each label with missing cells, how many, and the minutes its committed
+cells took on hosts without a GPU and with one (the range, and the cells), to plan what fits a lent GPU's call.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.benchmark_report import load_cells  # noqa: E402
-from engine.results_summary import BETAS, FULL, by_method  # noqa: E402
+from engine.results_summary import BETAS, FULL, by_method, cell_seconds  # noqa: E402
 
 HEADLINE = (
     "lorm",
@@ -102,6 +105,25 @@ def commands(
     return lines
 
 
+def times(cells: list[dict], gaps: dict[str, dict[float, list[int]]]) -> list[str]:
+    """Per label of ``gaps``: its missing cells, and the minutes its committed cells took on hosts without a GPU
+    and with one (a resumed cell's summed computing time counts as the others; what ran beside them is in the
+    cost table of docs/RESULTS.md)."""
+    rows = by_method(cells)
+    lines = []
+    for label, betas in gaps.items():
+        done = [c for group in rows[label].values() for c in group]
+        parts = []
+        for kind, on_gpu in (("CPU", False), ("GPU", True)):
+            minutes = sorted(cell_seconds(c) / 60 for c in done if (c["machine"]["gpu"] != "none") == on_gpu)
+            if minutes:
+                span = f"{minutes[0]:.1f}" + (f"-{minutes[-1]:.1f}" if minutes[-1] - minutes[0] >= 0.05 else "")
+                parts.append(f"{kind} {span} min ({len(minutes)} cell{'s' * (len(minutes) > 1)})")
+        count = sum(len(seeds) for seeds in betas.values())
+        lines.append(f"{label}: {count} missing; measured {', '.join(parts) or 'nowhere'}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -113,12 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         "--program", default=".venv/bin/lorm-bench", help="what runs lorm-bench (e.g. 'python3 -m engine.benchmark')"
     )
     parser.add_argument("--beside", default="", help="lorm-bench --beside: what else runs on the host meanwhile")
+    parser.add_argument("--times", action="store_true", help="each label's missing cells and measured minutes")
     args = parser.parse_args(argv)
     cells = load_cells(FULL)
     labels = [x for x in args.labels.split(",") if x] or None
     gaps = missing(cells, labels)
     count = sum(len(seeds) for betas in gaps.values() for seeds in betas.values())
     print(f"# {count} cells missing over {len(gaps)} labels (LORM_DATA_DIR must name the datasets)")
+    if args.times:
+        print("\n".join(times(cells, gaps)))
+        return 0
     print("\n".join(commands(cells, args.out, args.jobs, labels, args.program, args.beside)))
     return 0
 

@@ -91,3 +91,17 @@ def test_labels_whose_commands_order_their_options_otherwise_share_one_run_in_th
     assert words[words.index("--methods") + 1] == "lorm,ccvr"
     args = build_parser().parse_args(words[3:])
     assert args.preset == "p" and args.method_config == "m.json" and args.beside == "12 at a time"
+
+
+def test_times_give_each_gaps_measured_minutes_by_kind_of_host():
+    mc = planner()
+    on = [
+        cell("lwf", 0.5, 0) | {"wall_seconds": 2424.0, "machine": {"gpu": "none"}},
+        cell("lwf", 1.0, 0) | {"wall_seconds": 377.0, "machine": {"gpu": "NVIDIA H200"}},
+        cell("target", 0.5, 0) | {"wall_seconds": 3104.0, "machine": {"gpu": "none"}},
+    ]
+    gaps = mc.missing(on)
+    assert sorted(mc.times(on, gaps)) == [
+        "lwf: 1 missing; measured CPU 40.4 min (1 cell), GPU 6.3 min (1 cell)",
+        "target: 2 missing; measured CPU 51.7 min (1 cell)",
+    ]
