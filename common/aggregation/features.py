@@ -67,6 +67,30 @@ def check_sums_fit_gram(field: str, class_sum: Tensor, count: Tensor, factor: Te
     check_share_within_gram(field, factor, means, what, "no set of features allows it (Cauchy-Schwarz)")
 
 
+def check_moments_above_means(field: str, class_sum: Tensor, count: Tensor, moment: Tensor) -> None:
+    """Per-class second moments ``M_c = sum_{i in c} x_i x_i^T`` (``(C, F', F')``, or their diagonals ``(C, F')``)
+    at least what the class sums imply, ``S_c S_c^T / n_c`` (Cauchy-Schwarz; their difference is ``n_c - 1`` times
+    the class's covariance), up to ``32 (n_c + F') eps tr(M_c)`` for float64's rounding: below it, the covariance
+    CCVR samples its virtual features from would be negative, which no samples give (full: no Cholesky factor at
+    any shift, and the merge fails; diagonal: clamped to zero). ``UpdateRejected`` naming the first such class."""
+    eps = torch.finfo(DTYPE).eps
+    width = class_sum.shape[-1]
+    for c in torch.nonzero(count > 0).flatten().tolist():
+        n, s, m = float(count[c]), class_sum[c].to(DTYPE), moment[c].to(DTYPE)
+        slack = 32 * (n + width) * eps * float(m.diagonal().sum() if m.dim() == 2 else m.sum())
+        if m.dim() == 2:
+            diff = m - torch.outer(s, s) / n + slack * torch.eye(width, dtype=DTYPE)
+            below = int(torch.linalg.cholesky_ex(0.5 * (diff + diff.T)).info) != 0
+        else:
+            below = bool((m - s * s / n < -slack).any())
+        if below:
+            raise UpdateRejected(
+                field,
+                f"class {c}'s second moments are below what its sum implies (S S^T / n): its covariance would be "
+                "negative, which no samples give",
+            )
+
+
 KEPT_PSD = "their difference, the Gram of the samples the lambda fit keeps, must be positive semi-definite"
 
 
@@ -295,6 +319,7 @@ class CcvrStatsAggregator(FeatureStatsAggregator):
         count, moment = stats["class_count"], stats["class_moment"]
         if bool((moment[count == 0] != 0).any()):
             raise UpdateRejected("stat/class_moment", "a class with no samples must have zero second moments")
+        check_moments_above_means("stat/class_moment", stats["class_sum"], count, moment)
 
     def _fold(self, update: ClientUpdate) -> None:
         self.sums.fold(update.named(STAT))  # the task's classes only: rows (C_t, ...)

@@ -105,41 +105,72 @@ def check_class_sums(sums: dict[str, Tensor], rounding: float = 0.0) -> None:
     each held-out prefix: a class nobody counted has no sum, and ``sum_c S_c S_c^T / n_c <= G`` on each block in the
     order of positive semidefinite matrices (Cauchy-Schwarz per client, and the sum keeps it: ``(s, n) -> s s^T / n``
     is jointly convex), so that no client turns its sums where the Gram holds nothing (the per-update check,
-    ``common/aggregation/features.py:check_sums_fit_gram``). Up to float64's rounding and the fixed point's
-    (``rounding`` per entry of each sum: on ``M``, the rows ``S_c / sqrt(n_c)``, at most ``delta = rounding sqrt(d
-    sum_c 1 / n_c)`` in spectral norm, so ``2 |M| delta + delta^2`` on ``M^T M``)."""
-    for name, gram in sums.items():
-        if not name.endswith("/grams/gram/total") or gram.dim() not in (2, 3):
+    ``common/aggregation/features.py:check_sums_fit_gram``); likewise each class's summed second moments (CCVR's)
+    at least ``S_c S_c^T / n_c`` (``check_moments_above_means``), so that no covariance comes out negative. Up to
+    float64's rounding and the fixed point's (``rounding`` per entry of each sum: on ``M``, the rows ``S_c /
+    sqrt(n_c)``, at most ``delta = rounding sqrt(d sum_c 1 / n_c)`` in spectral norm, so ``2 |M| delta + delta^2``
+    on ``M^T M``)."""
+    for name, t in sums.items():
+        root, _, leaf = name.rpartition("plain/")
+        if leaf == "class_moment" and f"{root}plain/class_sum" in sums:
+            _check_moments(sums, root + "plain/", rounding)
+        if not name.endswith("/grams/gram/total") or t.dim() not in (2, 3):
             continue
         root = name[: -len("grams/gram/total")]
         for prefix in ("", HOLDOUT, HELD_FIT):
-            g, s, n = (
-                f"{root}grams/{prefix}gram/total",
-                f"{root}plain/{prefix}class_sum",
-                f"{root}plain/{prefix}class_count",
-            )
-            if not (g in sums and s in sums and n in sums) or sums[g].shape != gram.shape:
+            g, s = f"{root}grams/{prefix}gram/total", f"{root}plain/{prefix}class_sum"
+            if not (g in sums and s in sums and f"{root}plain/{prefix}class_count" in sums) or sums[g].shape != t.shape:
                 continue
-            class_sum, count = sums[s], sums[n]
-            seen = count > 0
-            if bool((class_sum[~seen].abs() > rounding).any()):
-                raise UpdateRejected(f"sum {s}", "a class with no samples must have a zero sum")
-            means = class_sum[seen] / count[seen].sqrt().unsqueeze(1)
-            blocks = sums[g].reshape(-1, *gram.shape[-2:])
+            means, count = _seen_means(sums, s, rounding)
+            blocks = sums[g].reshape(-1, *t.shape[-2:])
             width = blocks.shape[-1]
+            delta = rounding * math.sqrt(width * float((1 / count).sum()))
             for k, block in enumerate(blocks):
-                m = means[:, k * width : (k + 1) * width]
-                delta = rounding * math.sqrt(width * float((1 / count[seen]).sum()))
-                norm = float(torch.linalg.matrix_norm(m, 2)) if m.numel() else 0.0
-                scale = float(block.abs().max()) if block.numel() else 0.0
-                low = _below_psd(block - m.T @ m, scale, 2 * norm * delta + delta**2, rounding)
+                low = _below_means(block, means[:, k * width : (k + 1) * width], delta, rounding)
                 if low is not None:
-                    where = f" block {k}" if gram.dim() == 3 else ""
+                    where = f" block {k}" if t.dim() == 3 else ""
                     raise UpdateRejected(
                         f"sum {s}{where}",
                         f"inconsistent with the summed Gram: sum_c S_c S_c^T / n_c exceeds it ({low:.3g}), which no "
                         "set of features allows",
                     )
+
+
+def _seen_means(sums: dict[str, Tensor], name: str, rounding: float) -> tuple[Tensor, Tensor]:
+    """The rows ``S_c / sqrt(n_c)`` of the classes counted in the class sums ``name``, and their counts;
+    ``UpdateRejected`` if a class nobody counted has a sum (beyond the rounding)."""
+    class_sum, count = sums[name], sums[name.replace("class_sum", "class_count")]
+    seen = count > 0
+    if bool((class_sum[~seen].abs() > rounding).any()):
+        raise UpdateRejected(f"sum {name}", "a class with no samples must have a zero sum")
+    return class_sum[seen] / count[seen].sqrt().unsqueeze(1), count[seen]
+
+
+def _below_means(gram: Tensor, means: Tensor, delta: float, rounding: float) -> float | None:
+    """:func:`_below_psd` of ``gram - means^T means``, ``means``' rounding at most ``delta`` in spectral norm."""
+    norm = float(torch.linalg.matrix_norm(means, 2)) if means.numel() else 0.0
+    scale = float(gram.abs().max()) if gram.numel() else 0.0
+    return _below_psd(gram - means.T @ means, scale, 2 * norm * delta + delta**2, rounding)
+
+
+def _check_moments(sums: dict[str, Tensor], head: str, rounding: float) -> None:
+    """Each counted class's summed second moments at least ``S_c S_c^T / n_c`` (diagonal moments: entry by entry)."""
+    moments = sums[head + "class_moment"][sums[head + "class_count"] > 0]
+    means, count = _seen_means(sums, head + "class_sum", rounding)
+    for c, (moment, mean) in enumerate(zip(moments, means, strict=True)):
+        delta = rounding * math.sqrt(mean.numel() / float(count[c]))
+        if moment.dim() == 2:
+            low = _below_means(moment, mean.unsqueeze(0), delta, rounding)
+        else:  # |m_j^2 - mean_j^2| <= 2 |mean_j| delta + delta^2 per entry, the moment's own rounding besides
+            floor = 1e-9 * max(float(moment.abs().max()), 1.0) + rounding + 2 * mean.abs() * delta + delta**2
+            gap = moment - mean * mean + floor
+            low = float((moment - mean * mean).min()) if bool((gap < 0).any()) else None
+        if low is not None:
+            raise UpdateRejected(
+                f"sum {head}class_moment",
+                f"counted class {c}'s summed second moments are below what its sum implies ({low:.3g}): its "
+                "covariance would be negative, which no samples give",
+            )
 
 
 def check_held_sums(

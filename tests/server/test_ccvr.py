@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_baselines import SPEC as BASELINES_SPEC
 
+from common.aggregation.validate import UpdateRejected
 from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
 from common.wire.messages import FeaturesStep, Mode, Phase
@@ -103,3 +104,28 @@ def test_the_strategy_adds_a_features_step_keeps_every_seen_gaussian_and_calibra
     again = make_strategy(config, SPEC)
     again.load_state_tensors(strategy.state_tensors())
     assert torch.equal(again.cov, strategy.cov) and torch.equal(again.mean, strategy.mean)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_second_moments_below_the_means_are_refused(full):
+    """A hostile client's second moments below what its class sums imply (``M_c < S_c S_c^T / n_c``: a negative
+    covariance, which no samples give) are refused at the fold; folded, the merge could not sample the class (a
+    covariance with no Cholesky factor at any shift), and one client would halt the run. Honest moments of a class
+    of one sample, where the two are equal, pass."""
+    ccvr = {"ccvr": {"covariance": "full" if full else "diag"}}
+    config = RunConfig(num_clients=2, num_tasks=2, rounds_per_task=1, seed=3, method="ccvr", settings=ccvr)
+    strategy = make_strategy(config, SPEC)
+    strategy.begin_task(0)
+    lo, hi = strategy.tasks[0]
+    plan = strategy.configure(0, 1, Phase.FEATURES)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(8, SPEC.feature_dim, generator=gen, dtype=F64) + 3 * torch.arange(SPEC.feature_dim)
+    y = torch.arange(8) % (hi - lo)
+    strategy.aggregator(plan).fold(plan_update(plan, 0, 8, stats=client_stats(x, y, hi - lo, full)))  # honest
+    single = client_stats(x[:1], y[:1], hi - lo, full)  # one sample: the moment equals S S^T / n
+    strategy.aggregator(plan).fold(plan_update(plan, 0, 1, stats=single))
+    hostile = client_stats(x, y, hi - lo, full)
+    hostile["class_moment"] = 0.5 * hostile["class_moment"]  # still positive semidefinite, but below the means
+    with pytest.raises(UpdateRejected, match="class_moment") as err:
+        strategy.aggregator(plan).fold(plan_update(plan, 1, 8, stats=hostile))
+    assert "below" in str(err.value)

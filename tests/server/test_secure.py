@@ -19,7 +19,7 @@ from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.secagg.primitives import SecAggError, encode
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, unpack
-from common.wire.messages import LoraStep, ModelSpec
+from common.wire.messages import LoraStep, ModelSpec, Phase
 from common.wire.tensors import HEAD_BIAS, HEAD_GRAM
 from server.secure import Timings, check_sums, require_secure, secure_step
 from server.strategies import STRATEGIES, make_strategy
@@ -202,6 +202,25 @@ def test_class_sums_beyond_their_gram_are_refused_in_the_unmasked_sum(name):
     empty[key][int(torch.nonzero(count == 0)[0])] = 1.0  # a class nobody counted (this task's classes are the first)
     with pytest.raises(UpdateRejected, match="no samples must have a zero sum"):
         check_sums(folded, empty, clients=3)
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag"])
+def test_ccvr_moments_below_the_means_are_refused_in_the_unmasked_sum(covariance):
+    """CCVR's summed second moments below what the summed class sums imply (a negative covariance: with full ones
+    the merge could not sample the class, and the run would stop) are refused in the unmasked sum, as one such update
+    is at the fold in a plain run (tests/server/test_ccvr.py). The honest sum passes."""
+    run = steps("ccvr", clients=3, settings={"ccvr": {"covariance": covariance}})
+    _, plain, _, plan, updates = next(step for step in run if step[3].phase == Phase.FEATURES)
+    folded = plain.aggregator(plan)
+    for update in updates.values():
+        folded.fold(update)
+    sums = running_sums(folded)
+    check_sums(folded, sums, clients=3)  # honest
+    means = sums["sums/plain/class_sum"] / sums["sums/plain/class_count"].clamp_min(1).sqrt().unsqueeze(1)
+    implied = torch.einsum("cf,cg->cfg", means, means) if covariance == "full" else means * means
+    low = dict(sums, **{"sums/plain/class_moment": 0.5 * implied})  # positive semidefinite, half what the sums imply
+    with pytest.raises(UpdateRejected, match="second moments are below"):
+        check_sums(folded, low, clients=3)
 
 
 @pytest.mark.parametrize("d", [1, 7, 60])
