@@ -135,6 +135,7 @@ QUOTED_ROWS = [
     (PROTOCOL, "`ties@tuned`", ["ties@tuned 1.0", "ties@tuned 0.5", "ties@tuned 0.2"]),
     (PROTOCOL, "`fisheravg` (sampled", ["fisheravg 1.0", "fisheravg 0.5", "fisheravg 0.2"]),
     (PROTOCOL, "`fisheravg`, seed 1", ["fisheravg 1.0 1", "fisheravg 0.2 1"]),
+    (PROTOCOL, "`fisheravg`, seed 2", ["fisheravg 1.0 2", "fisheravg 0.2 2"]),
     (PROTOCOL, "`ncm`", ["ncm 1.0", "ncm 0.5", "ncm 0.2"]),
     (PROTOCOL, "`ridge` (RP-5000;", ["ridge 1.0", "ridge 0.5", "ridge 0.2"]),
     (PROTOCOL, "`lorm-ridge` (LoRM", ["lorm-ridge 0.5"]),
@@ -500,15 +501,22 @@ QUOTED_PROSE = [
         ],
     ),
     (
-        "A second seed of FisherAvg at β 1.0 and 0.2 gave **{}** and **{}**: over seeds 0 and 1, **{} ± {}** and "
-        "**{} ± {}**, 1.7 below LoRM's",
+        "Seeds 1 and 2 of FisherAvg at β 1.0 and 0.2 gave **{}** and **{}**, then **{}** and **{}**: over seeds 0–2, "
+        "**{} ± {}** and **{} ± {}**, 2.4 below LoRM's three-seed mean at β 1.0 and 0.7 above it at β 0.2 (one thread "
+        "each, two cells side by side on host B, beside other work: {} / {} min for seed 1, {} / {} min for seed 2;",
         [
             "faa fisheravg 1.0 1",
             "faa fisheravg 0.2 1",
+            "faa fisheravg 1.0 2",
+            "faa fisheravg 0.2 2",
             "faa_mean fisheravg 1.0 *",
             "faa_std fisheravg 1.0 *",
             "faa_mean fisheravg 0.2 *",
             "faa_std fisheravg 0.2 *",
+            "min fisheravg 1.0 1",
+            "min fisheravg 0.2 1",
+            "min fisheravg 1.0 2",
+            "min fisheravg 0.2 2",
         ],
     ),
     (
@@ -799,7 +807,7 @@ QUOTED_METHODS = [
     ),
     ("Fishers, 161 times LoRM's bytes) with {},", ["faa fisheravg 0.5"]),
     (
-        "above the mean): {} / {} / {} at β 1.0 / 0.5 / 0.2, seed 0; over seeds 0 and 1, {} ± {} at β 1.0 and {} ± {}",
+        "above the mean): {} / {} / {} at β 1.0 / 0.5 / 0.2, seed 0; over seeds 0–2, {} ± {} at β 1.0 and {} ± {}",
         [
             "faa fisheravg 1.0",
             "faa fisheravg 0.5",
