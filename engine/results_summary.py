@@ -86,8 +86,9 @@ def peak_memory(row: Cells) -> str:
     if not logged:
         return MISSING
     cpu = [c for c in logged if c["machine"]["gpu"] == "none"]
-    text = f"{max(float(c['peak_rss_bytes']) for c in cpu or logged) / 1e9:.1f}"
-    notes = [] if len(cpu or logged) == len(cells) else [f"{len(cpu or logged)} of {len(cells)} cells"]
+    counted = cpu or logged
+    text = f"{max(float(c['peak_rss_bytes']) for c in counted) / 1e9:.1f}"
+    notes = [] if len(counted) == len(cells) else [f"{len(counted)} of {len(cells)} cells"]
     notes += [] if cpu else ["GPU host"]
     return f"{text} ({'; '.join(notes)})" if notes else text
 

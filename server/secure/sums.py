@@ -163,8 +163,8 @@ def _check_moments(sums: dict[str, Tensor], head: str, rounding: float) -> None:
             low = _below_means(moment, mean.unsqueeze(0), delta, rounding)
         else:  # |m_j^2 - mean_j^2| <= 2 |mean_j| delta + delta^2 per entry, the moment's own rounding besides
             floor = 1e-9 * max(float(moment.abs().max()), 1.0) + rounding + 2 * mean.abs() * delta + delta**2
-            gap = moment - mean * mean + floor
-            low = float((moment - mean * mean).min()) if bool((gap < 0).any()) else None
+            diff = moment - mean * mean
+            low = float(diff.min()) if bool((diff < -floor).any()) else None
         if low is not None:
             raise UpdateRejected(
                 f"sum {head}class_moment",
@@ -200,19 +200,18 @@ def check_held_sums(
         share = fit if fit in sums else clean
         if share in sums:
             what = "the held-out samples' summed Gram exceeds the whole's"
-            _dominates(sums, name, share, 1, (gram_slack, rounding), what)
+            _dominates(sums, name, share, 1, what, gram_slack, rounding)
         if share == fit and clean in sums and rows_per_sample > 1:
             what = f"the held-out samples' summed clean Gram exceeds {rows_per_sample} times their summed share"
-            _dominates(sums, fit, clean, rows_per_sample, (gram_slack, rounding), what)
+            _dominates(sums, fit, clean, rows_per_sample, what, gram_slack, rounding)
 
 
 def _dominates(
-    sums: dict[str, Tensor], big: str, small: str, times: int, errors: tuple[float, float], what: str
+    sums: dict[str, Tensor], big: str, small: str, times: int, what: str, gram_slack: float, rounding: float
 ) -> None:
     """``UpdateRejected`` naming ``small`` unless ``times`` sums[big] - sums[small] is positive semidefinite on each
-    block, up to float64 rounding and ``errors``, each sum's noise slack and fixed-point rounding per entry, on the
-    two (``times + 1`` of each)."""
-    gram_slack, rounding = errors
+    block, up to float64 rounding and, on the two (``times + 1`` of each), each sum's noise slack ``gram_slack`` and
+    fixed-point rounding per entry ``rounding``."""
     if sums[small].shape != sums[big].shape:
         return  # a Gram in another form (the average rule's factor rows) is not summed: secure runs refuse it
     whole = times * sums[big].reshape(-1, *sums[big].shape[-2:])
