@@ -113,8 +113,7 @@ def ridge_head(gram: Tensor, class_sum: Tensor, lam: float) -> Tensor:
     if gram.dim() == 3:
         members = [ridge_head(g, part, lam) for g, part in zip(gram, class_sum.chunk(gram.shape[0], 1), strict=True)]
         return torch.cat(members, 1) / gram.shape[0]
-    regularised = gram.to(DTYPE) + lam * torch.eye(gram.shape[0], dtype=DTYPE)
-    return right_solve(class_sum, regularised)
+    return right_solve(class_sum, gram, shift=lam)  # G + lam I inside the solve: no (F', F') copy of G
 
 
 def squared_error(head: Tensor, gram: Tensor, class_sum: Tensor, count: Tensor) -> float:
@@ -181,7 +180,8 @@ def ensemble_heldout_errors(sums: dict[str, Tensor], grid: tuple[float, ...]) ->
     for i in range(k):
         cols = slice(i * d, (i + 1) * d)
         part, share_part = rows[:, cols], share_rows[:, cols]
-        gram_fit = gram[i].to(DTYPE) - share_part.T @ share_part
+        gram_fit = share_part.T @ share_part
+        torch.sub(gram[i].to(DTYPE), gram_fit, out=gram_fit)  # G_k - R_k^T R_k over the product: one (d, d) matrix
         for j, lam in enumerate(grid):
             head = ridge_head(gram_fit, fit_sum[:, cols], lam) / k  # (C, d): member i's share of W
             scores[j] += part @ head.T
