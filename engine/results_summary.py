@@ -193,7 +193,7 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
         "counted), over the row's cells on hosts without a GPU, or where none logged it there over its GPU "
         "hosts' (marked: their resident set holds the CUDA runtime too), with how many cells that covers when not "
         "all; cells run before it was logged have none. Host: where each β's cells ran, times of "
-        "different hosts are not comparable. Commits: the code that ran the row's cells.",
+        "different hosts are not comparable. Commits: the code that ran the row's cells." + _reused_key(cells),
         "",
     ]
     lines += [f"- Host {letter}: {m}" for m, letter in machines.items()]
@@ -209,6 +209,18 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
         END,
     ]
     return "\n".join(lines)
+
+
+def _reused_key(cells: list[dict]) -> str:
+    """The key's sentence on cells that lorm-bench copied from a twin of the same configuration (``joint``, whose one
+    client holds all data at every β), or nothing."""
+    reused = sorted({f"`{cell['method']}`" for cell in cells if cell.get("reused_from")})
+    if not reused:
+        return ""
+    return (
+        f" {_listed(reused)}: one run, reused at the other β (one client holds all data, so β changes nothing in "
+        "its configuration; lorm-bench copies such a twin instead of running it again)."
+    )
 
 
 def cost_sets(results: Path = FULL.parent) -> dict[str, list[dict]]:
@@ -258,7 +270,8 @@ def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
     main = next(iter(sets), None)
     summary = hosts(sets[main], order) if main is not None else {}
     letter = hosts(every, [*order, *(m for m in summary if m not in order)])  # the summary's letters first
-    logged = sum(1 for cell in every if cell.get("peak_rss_bytes"))
+    ran = [cell for cell in every if not cell.get("reused_from")]  # a twin's copy is no run of its own
+    logged = sum(1 for cell in ran if cell.get("peak_rss_bytes"))
     gpus = sorted({letter[_machine_line(c["machine"])] for c in every if c["machine"]["gpu"] != "none"})
     one = len(gpus) == 1
     on_gpu = f" (host{'' if one else 's'} {_listed(gpus)} {'has' if one else 'have'} a GPU)" if gpus else ""
@@ -268,8 +281,8 @@ def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
         "Which times compare. A cell's time is its wall time (a resumed cell's: the engine's computing time "
         "summed over its parts); its peak memory is the most the one process held at once (resident set, "
         f"coordinator and clients together, GPU memory not counted), logged by {logged} "
-        f"of the {len(every)} cells (those run before the log began have none). What else ran on its host "
-        f"meanwhile is recorded by {sum(1 for cell in every if cell.get('beside'))} of them (`lorm-bench --beside`); "
+        f"of the {len(ran)} cells that ran (those run before the log began have none). What else ran on its host "
+        f"meanwhile is recorded by {sum(1 for cell in ran if cell.get('beside'))} of them (`lorm-bench --beside`); "
         "the sections below say many others shared their host with other cells, sweeps or test runs: every "
         "time is an upper bound of the cell's own. Two times compare only within one "
         "group of the last column (the same host and the same number of threads), and then only as upper "
@@ -284,6 +297,13 @@ def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
         where = "" if name == main else f" ({name})"
         for cell in _in_order(cells):
             host = letter[_machine_line(cell["machine"])]
+            if cell.get("reused_from"):  # a twin's figures, listed once under the twin
+                twin = f"the run of `{cell['reused_from']}`, reused"
+                lines.append(
+                    f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} | — | — | {host} "
+                    f"| {cell['config']['threads']} | {twin} | no: not run again |"
+                )
+                continue
             lines.append(
                 f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} "
                 f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "

@@ -154,6 +154,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`l2p` at β", ["l2p 1.0", "l2p 0.2"]),
     (COMPETITORS, "`l2p@tuned` at β", ["l2p@tuned 1.0", "l2p@tuned 0.2"]),
     (COMPETITORS, "`ewc` (", ["ewc 0.5"]),
+    (COMPETITORS, "`ewc` at β", ["ewc 1.0", "ewc 0.2"]),
     (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
@@ -570,6 +571,21 @@ QUOTED_PROSE = [
         ],
     ),
     ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
+    (
+        "At β 1.0 and 0.2 (`ewc`, seed 0, host B, one thread each, side by side) it gives **{}** and **{}** "
+        "(forgetting {} and {}), 0.3 and 5.3 below LoRM's three-seed means ({}, {}) and within 0.05 of FedAvg's seed 0 "
+        "at both ({}, {}):",
+        [
+            "faa ewc 1.0",
+            "faa ewc 0.2",
+            "forgetting ewc 1.0",
+            "forgetting ewc 0.2",
+            "faa_mean lorm 1.0 *",
+            "faa_mean lorm 0.2 *",
+            "faa fedavg 1.0",
+            "faa fedavg 0.2",
+        ],
+    ),
     (
         "the sampled Fisher): **{}**, 1.6 below LoRM ({} over three seeds; 1.3 below its seed 0, {})",
         ["faa ewc 0.5", "faa_mean lorm 0.5 *", "faa lorm 0.5"],

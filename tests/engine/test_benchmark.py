@@ -353,6 +353,15 @@ def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     # a later call for another beta finds the finished cell on disk: no run either
     rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "0.2", "--seeds", "1", "--out", str(out)])
     assert rc == 0 and len(calls) == 1 and "same run as joint/beta1.0/seed1, reused" in printed
+    # RESULTS lists the run's time once: the copies name it, and the summary's key says why
+    from engine.benchmark_report import load_cells
+    from engine.results_summary import costs, summary
+
+    cells = load_cells(out)
+    table = costs({"g": cells})
+    assert table.count("| the run of `joint/beta1.0/seed1`, reused | no: not run again |") == 2
+    assert sum(1 for line in table.splitlines() if line.startswith("| `joint` |") and "reused" not in line) == 1
+    assert "`joint`: one run, reused at the other β" in summary(cells)
 
 
 def test_the_paper_column_comes_from_the_paper_table(tmp_path):
