@@ -108,12 +108,12 @@ def _spd_right_solve(m: Tensor, s: Tensor, shift: float = 0.0) -> Tensor:
     # Jacobi scaling keeps the singularity test independent of the inputs' units.
     diag = torch.diagonal(s) + shift if shift else torch.diagonal(s)
     scale = diag.rsqrt()
-    work = torch.empty_strided((d, d), (1, d), dtype=DTYPE)
+    work = torch.empty_strided((d, d), (1, d), dtype=DTYPE, device=s.device)
     torch.mul(s, scale[:, None], out=work)
     work.mul_(scale[None, :])  # D (S + shift I) D, its diagonal set apart
     if shift:
         work.diagonal().copy_(diag * scale * scale)
-    info = torch.empty((), dtype=torch.int32)
+    info = torch.empty((), dtype=torch.int32, device=s.device)
     torch.linalg.cholesky_ex(work, out=(work, info))  # its lower triangle: L, with L L^T = D (S + shift I) D
     if int(info) == 0 and float(torch.diagonal(work).min()) ** 2 > tol * 100:
         # X S = M  <=>  S X^T = M^T  (S symmetric); with S_n = D S D = L L^T: X = (L^-T L^-1 (D M^T))^T D
