@@ -111,7 +111,8 @@ QUOTED_ROWS = [
     (SYSTEM, "the same at β 0.2[", ["lorm-ridge-first@3layers 0.2"]),
     (MPNET, "`ridge@4layers+valx4avg` (MiniLM", ["ridge@4layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-4layers+valx4avg`", ["ridge@mpnet-4layers+valx4avg 0.5"]),
-    (MPNET, "`ridge@mpnet-6layers+valx4avg`", ["ridge@mpnet-6layers+valx4avg 0.5"]),
+    (MPNET, "`ridge@mpnet-6layers+valx4avg` (", ["ridge@mpnet-6layers+valx4avg 0.5"]),
+    (MPNET, "`ridge@mpnet-6layers+valx4avg`, seed 1", ["ridge@mpnet-6layers+valx4avg 0.5 1"]),
     (PROTOCOL, "`lorm` | 1.0", ["lorm 1.0"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (27124ac", ["lorm 1.0 1", "lorm 1.0 2"]),
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
@@ -278,6 +279,18 @@ QUOTED_PROSE = [
         ["faa ridge@mpnet-4layers+valx4avg 0.5", "mb ridge@mpnet-4layers+valx4avg 0.5"],
     ),
     ("and **{}** on the last six blocks", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
+    (
+        "gives **{}** (forgetting {}, the same λ per task): **{} ± {}** over the two seeds. Its peak memory, {} GB "
+        "against seed 0's {},",
+        [
+            "faa ridge@mpnet-6layers+valx4avg 0.5 1",
+            "forgetting ridge@mpnet-6layers+valx4avg 0.5 1",
+            "faa_mean ridge@mpnet-6layers+valx4avg 0.5 *",
+            "faa_std ridge@mpnet-6layers+valx4avg 0.5 *",
+            "gb ridge@mpnet-6layers+valx4avg 0.5 1",
+            "gb ridge@mpnet-6layers+valx4avg 0.5",
+        ],
+    ),
     (
         "gives **{}** (`ridge@3layers+valx4avg`), and on four layers, a choice that once looked at the test split, {} "
         '(`ridge@4layers+valx4avg`; "Choices made on held-out training samples only"); on three layers and one '
@@ -756,12 +769,18 @@ QUOTED_PROSE = [
 QUOTED_METHODS = [
     ("**{}** FAA at β 0.5, the one β run", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
     (
+        "(**{} ± {}** over seeds 0 and 1;",
+        ["faa_mean ridge@mpnet-6layers+valx4avg 0.5 *", "faa_std ridge@mpnet-6layers+valx4avg 0.5 *"],
+    ),
+    (
         "as `ncm` and `ridge` show at all three; {} on the last four blocks), {} MB sent per client over the run, "
-        "{} GB of peak memory in one process, {} minutes on two threads",
+        "{} GB of peak memory in one process ({} GB since the coordinator's solve holds one work matrix, seed 1), {} "
+        "minutes on two threads",
         [
             "faa ridge@mpnet-4layers+valx4avg 0.5",
             "mb ridge@mpnet-6layers+valx4avg 0.5",
             "gb ridge@mpnet-6layers+valx4avg 0.5",
+            "gb ridge@mpnet-6layers+valx4avg 0.5 1",
             "min ridge@mpnet-6layers+valx4avg 0.5",
         ],
     ),
