@@ -156,7 +156,8 @@ QUOTED_ROWS = [
     (COMPETITORS, "`l2p@tuned` at β", ["l2p@tuned 1.0", "l2p@tuned 0.2"]),
     (COMPETITORS, "`ewc` (", ["ewc 0.5"]),
     (COMPETITORS, "`ewc` at β", ["ewc 1.0", "ewc 0.2"]),
-    (COMPETITORS, "`ewc@reference`", ["ewc@reference 0.5"]),
+    (COMPETITORS, "`ewc@reference` (", ["ewc@reference 0.5"]),
+    (COMPETITORS, "`ewc@reference` at β 1.0", ["ewc@reference 1.0"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
@@ -584,6 +585,10 @@ QUOTED_PROSE = [
         ],
     ),
     ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
+    (
+        "no different either; at β 1.0 it gives **{}** (forgetting {}), `ewc`'s figures",
+        ["faa ewc@reference 1.0 & ewc 1.0", "forgetting ewc@reference 1.0 & ewc 1.0"],
+    ),
     (
         "At β 1.0 and 0.2 (`ewc`, seed 0, host B, one thread each, side by side) it gives **{}** and **{}** "
         "(forgetting {} and {}), 0.3 and 5.3 below LoRM's three-seed means ({}, {}) and within 0.05 of FedAvg's seed 0 "
