@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,11 +27,26 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from engine.benchmark import code_version  # noqa: E402
 from server.strategies.closed_form import ridge_head  # noqa: E402
 
 
 def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def solve_growth(dim: int, classes: int, lam: float) -> tuple[int, float]:
+    """One ridge solve at width ``dim`` in this process: the growth of its peak resident set in bytes over the Gram
+    and the class sums, and its wall time in seconds."""
+    gen = torch.Generator().manual_seed(0)
+    gram = torch.randn(dim, dim, generator=gen, dtype=torch.float64)
+    gram.diagonal().add_(2.0 * dim)
+    sums = torch.randn(classes, dim, generator=gen, dtype=torch.float64)
+    ridge_head(gram[:8, :8], sums[:, :8], lam)  # lazy loads (LAPACK, kernels) before the baseline
+    before = peak_bytes()
+    start = time.perf_counter()
+    ridge_head(gram, sums, lam)
+    return peak_bytes() - before, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,20 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     d = args.dim
-    gen = torch.Generator().manual_seed(0)
-    gram = torch.randn(d, d, generator=gen, dtype=torch.float64)
-    gram.diagonal().add_(2.0 * d)
-    sums = torch.randn(args.classes, d, generator=gen, dtype=torch.float64)
-    ridge_head(gram[:8, :8], sums[:, :8], args.lam)  # lazy loads (LAPACK, kernels) before the baseline
-    before = peak_bytes()
-    start = time.perf_counter()
-    ridge_head(gram, sums, args.lam)
-    seconds = time.perf_counter() - start
-    grown = peak_bytes() - before
+    grown, seconds = solve_growth(d, args.classes, args.lam)
     matrix = d * d * 8
-    code = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode != 0
-    where = (code.stdout.strip() or "?") + (" (changed)" if changed else "")
+    code = code_version(ROOT)
+    where = "?" if code is None else code["commit"][:7] + (" (changed)" if code["changed"] else "")
     print(
         f"ridge solve d={d} C={args.classes} threads={args.threads} code={where}: "
         f"peak grew by {grown / 1e9:.2f} GB = {grown / matrix:.2f} matrices of ({d}, {d}) float64 "

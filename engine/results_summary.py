@@ -212,14 +212,14 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
 
 
 def _reused_key(cells: list[dict]) -> str:
-    """The key's sentence on cells that lorm-bench copied from a twin of the same configuration (``joint``, whose one
-    client holds all data at every β), or nothing."""
+    """The key's sentence on cells that lorm-bench copied from a twin of the same configuration (``joint``: its one
+    client holds all data, so β is not in its configuration), or nothing."""
     reused = sorted({f"`{cell['method']}`" for cell in cells if cell.get("reused_from")})
     if not reused:
         return ""
     return (
-        f" {_listed(reused)}: one run, reused at the other β (one client holds all data, so β changes nothing in "
-        "its configuration; lorm-bench copies such a twin instead of running it again)."
+        f" {_listed(reused)}: one run, reused at the other β (its configuration is the same at every β; lorm-bench "
+        "copies such a twin instead of running it again)."
     )
 
 
@@ -298,16 +298,14 @@ def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
         for cell in _in_order(cells):
             host = letter[_machine_line(cell["machine"])]
             if cell.get("reused_from"):  # a twin's figures, listed once under the twin
-                twin = f"the run of `{cell['reused_from']}`, reused"
-                lines.append(
-                    f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} | — | — | {host} "
-                    f"| {cell['config']['threads']} | {twin} | no: not run again |"
-                )
-                continue
+                minutes, peak, beside = "—", "—", f"the run of `{cell['reused_from']}`, reused"
+                compares = "no: not run again"
+            else:
+                minutes, peak, compares = f"{cell_seconds(cell) / 60:.1f}", _peak_gb(cell), _compares(cell, host)
+                beside = cell.get("beside") or "not recorded"
             lines.append(
-                f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} "
-                f"| {cell_seconds(cell) / 60:.1f} | {_peak_gb(cell)} | {host} | {cell['config']['threads']} "
-                f"| {cell.get('beside') or 'not recorded'} | {_compares(cell, host)} |"
+                f"| `{cell['method']}`{where} | {float(cell['beta'])} | {cell['seed']} | {minutes} | {peak} | {host} "
+                f"| {cell['config']['threads']} | {beside} | {compares} |"
             )
     named = list(summary.values())
     if named:

@@ -589,29 +589,18 @@ def test_a_shifted_solve_is_the_solve_of_the_shifted_matrix_bit_for_bit(case: st
 
 
 def test_a_ridge_solve_holds_one_work_matrix_beside_its_gram() -> None:
-    """A ridge head's solve ``S (G + lam I)^-1`` at ``d = 3,000`` (72 MB a matrix), in a fresh process: its peak
-    resident memory grows by under two matrices beside the Gram and the inputs (the work matrix, factored in place,
-    and allocator slack). The explicit ``G + lam I``, its Jacobi-scaled copy, LAPACK's copies of the factor and the
-    identity made it five and more (0.8 GB each at a head block of 10,000)."""
+    """A ridge head's solve ``S (G + lam I)^-1`` at ``d = 3,000`` (72 MB a matrix), in a fresh process
+    (``bench/ridge_solve.py``): its peak resident memory grows by under two matrices beside the Gram and the inputs
+    (the work matrix, factored in place, and allocator slack). The explicit ``G + lam I``, its Jacobi-scaled copy,
+    LAPACK's copies of the factor and the identity made it five and more (0.8 GB each at a head block of 10,000)."""
+    import re
     import subprocess
     import sys
     from pathlib import Path
 
-    code = (
-        "import resource, torch\n"
-        "from server.strategies.closed_form import ridge_head\n"
-        "torch.set_num_threads(1)\n"
-        "g = torch.randn(3000, 3000, dtype=torch.float64)  # A + 2 d I: positive definite, made in place\n"
-        "g.diagonal().add_(6000.0)\n"
-        "m = torch.randn(150, 3000, dtype=torch.float64)\n"
-        "ridge_head(g[:10, :10], m[:, :10], 1.0)  # every lazy load before the baseline\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "ridge_head(g, m, 1000.0)\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n"
-    )
     root = Path(__file__).resolve().parents[2]
-    run = [sys.executable, "-c", code]
+    run = [sys.executable, str(root / "bench/ridge_solve.py"), "--dim", "3000", "--lam", "1000"]
     out = subprocess.run(run, capture_output=True, text=True, check=True, timeout=300, cwd=root)
-    grown = int(out.stdout.strip().splitlines()[-1])
-    matrix = 3000 * 3000 * 8
-    assert grown < 2 * matrix, f"peak grew by {grown / matrix:.2f} matrices of (3000, 3000)"
+    grown = re.search(r"= ([\d.]+) matrices of \(3000, 3000\)", out.stdout)
+    assert grown, out.stdout
+    assert float(grown.group(1)) < 2, out.stdout
