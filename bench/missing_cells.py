@@ -4,12 +4,12 @@ The comparison wants every method (every label with a committed cell in ``docs/r
 1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing
 cell's command is its label's committed command (its preset, method config and ``--set`` values, ``threads`` aside),
 for that β and those seeds, into ``--out``; a GPU host runs them ``--jobs`` at a time (``lorm-bench --jobs``: one
-process a cell). A frozen head (``ncm``, ``ridge*``) gives the same figure at every β (its sums are exact under any
-split, its held-out samples chosen by global index; with ``ridge.views`` up to the views' draws), but its cells run
-at each β all the same: a cell's configuration names its β, and lorm-bench reuses a twin only for an identical
-configuration (``joint``). Printed, not run: copy the cells into the committed folder when they finish, then
-``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so lorm-bench skips them
-and runs only what is missing.
+process a cell). A twin runs once: lorm-bench copies a finished cell to an identical configuration (``joint`` at
+every β) and to a frozen head's other β (``ncm``, ``ridge`` without ``ridge.views``: its sums are the same under any
+split, its held-out samples chosen by global index; ``common.methods.split_invariant``), so such a "missing" cell
+costs no run once its twin is committed. Printed, not run: copy the cells into the committed folder when they
+finish, then ``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so
+lorm-bench skips them and runs only what is missing.
 
     .venv/bin/python bench/missing_cells.py [--out runs/gpu45] [--jobs 8] [--labels lorm,ccvr]
 
@@ -112,7 +112,7 @@ def times(cells: list[dict], gaps: dict[str, dict[float, list[int]]]) -> list[st
     rows = by_method(cells)
     lines = []
     for label, betas in gaps.items():
-        done = [c for group in rows[label].values() for c in group]
+        done = [c for group in rows[label].values() for c in group if not c.get("reused_from")]  # each run once
         parts = []
         for kind, on_gpu in (("CPU", False), ("GPU", True)):
             minutes = sorted(cell_seconds(c) / 60 for c in done if (c["machine"]["gpu"] != "none") == on_gpu)

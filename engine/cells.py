@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from client.worker import resolve_device
+from common.methods import registry, split_invariant
 from common.run.config import RunConfig, current_keys
 from engine.benchmark_report import _duration, _pct, cell_seconds
 from engine.launch import launch
@@ -234,16 +235,28 @@ def _comparable(config: dict) -> dict:
     return {k: v for k, v in ({**FIELD_DEFAULTS, **current_keys(config)}).items() if k != "run_id"}
 
 
+def _twin_key(config: dict) -> str:
+    """A configuration as lorm-bench finds a twin to reuse, one comparable string: :func:`_comparable`, without
+    ``beta`` where the figures are the same at every beta (``common.methods.split_invariant``: a frozen head's sums
+    are the same under any split of its samples)."""
+    values = _comparable(config)
+    if values.get("method") in registry() and split_invariant(RunConfig.from_dict(values)):
+        values.pop("beta", None)
+    return json.dumps(values, sort_keys=True)
+
+
 def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
     want = _comparable(json.loads(planned.to_json()))
     have = _comparable(stored)
+    if _twin_key(have) == _twin_key(want):  # a twin's copy: its run's beta, the same figures
+        return []
     return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
 
 
 def finished_runs(out: Path) -> list[tuple[str, dict]]:
-    """(name, metrics) of every cell in the folder that ran (not one reused from a twin), to reuse for an
-    identical configuration (e.g. joint at every beta): this grid's, and any from an earlier call with
-    other methods or betas."""
+    """(name, metrics) of every cell in the folder that ran (not one reused from a twin), to reuse for a twin
+    (:func:`_twin_key`: an identical configuration, as joint's at every beta, or a frozen head's at another beta):
+    this grid's, and any from an earlier call with other methods or betas."""
     done = [
         (str(path.parent.relative_to(out / "cells")), json.loads(path.read_text()))
         for path in sorted((out / "cells").glob("*/*/*/metrics.json"))
@@ -265,9 +278,7 @@ def run_children(
     ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
     twins are left to :func:`run_grid`, which reuses them."""
 
-    def key(config: dict) -> str:  # a configuration, run_id aside, as one comparable string
-        return json.dumps(_comparable(config), sort_keys=True)
-
+    key = _twin_key
     finished = {key(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode}
     started: dict[str, str] = {}  # a configuration -> the name of the cell started for it
     todo: list[Cell] = []
@@ -358,10 +369,12 @@ def run_grid(
             )
             say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
             continue
-        want = _comparable(json.loads(cell.config.to_json()))
-        twin = next(((name, m) for name, m in done if _comparable(m["config"]) == want and m.get("mode") == mode), None)
+        want = _twin_key(json.loads(cell.config.to_json()))
+        twin = next(((name, m) for name, m in done if _twin_key(m["config"]) == want and m.get("mode") == mode), None)
         if twin is not None:
             metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
+            if twin[1]["config"].get("beta") != json.loads(cell.config.to_json()).get("beta"):
+                metrics["reused_why"] = "split-invariant"  # another beta's run: the same figures at every beta
             write_metrics(cell.dir(out), metrics)
             say(f"{tag}: same run as {twin[0]}, reused (FAA {_pct(metrics.get('faa'))})")
             continue

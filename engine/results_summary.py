@@ -212,15 +212,55 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
 
 
 def _reused_key(cells: list[dict]) -> str:
-    """The key's sentence on cells that lorm-bench copied from a twin of the same configuration (``joint``: its one
-    client holds all data, so β is not in its configuration), or nothing."""
-    reused = sorted({f"`{cell['method']}`" for cell in cells if cell.get("reused_from")})
-    if not reused:
-        return ""
-    return (
-        f" {_listed(reused)}: one run, reused at the other β (its configuration is the same at every β; lorm-bench "
-        "copies such a twin instead of running it again)."
+    """The key's sentences on cells that lorm-bench copied from a twin instead of running them: of the same
+    configuration (``joint``: its one client holds all data, so β is not in its configuration), or of another β
+    whose figures are the same by construction (``reused_why`` "split-invariant": a frozen head's sums); or nothing."""
+    same, split = (
+        sorted({f"`{c['method']}`" for c in cells if c.get("reused_from") and (c.get("reused_why") == why)})
+        for why in (None, "split-invariant")
     )
+    lines = []
+    if same:
+        lines.append(
+            f" {_listed(same)}: one run, reused at the other β (its configuration is the same at every β; lorm-bench "
+            "copies such a twin instead of running it again)."
+        )
+    if split:
+        agree, differ = split_checks(cells)
+        ran = (
+            f"{_listed([f'`{x}`' for x in agree])} ran at several β and agree to the last digit"
+            if agree
+            else "none ran twice"
+        )
+        lines.append(
+            f" {_listed(split)}: one run, reused at the other β: a frozen head's sums are the same under any split of "
+            f"the samples over the clients, and its held-out samples are chosen by global index, so its figures are "
+            f"the same at every β (of the frozen heads, {ran}"
+            + (f"; {_listed([f'`{x}`' for x in differ])} differ" if differ else "")
+            + ")."
+        )
+    return "".join(lines)
+
+
+def split_checks(cells: list[dict]) -> tuple[list[str], list[str]]:
+    """The labels whose figures are the same at every β by construction (``common.methods.split_invariant``) and
+    that ran (not reused) at more than one β for a seed: those whose accuracy matrices agree exactly at every β,
+    and those where one differs."""
+    runs: dict[str, dict[int, list[str]]] = {}  # label -> seed -> its accuracy matrix at each β it ran
+    for cell in cells:
+        if not cell.get("reused_from") and _split_invariant(cell["config"]):
+            runs.setdefault(cell["method"], {}).setdefault(int(cell["seed"]), []).append(json.dumps(cell["accuracy"]))
+    twice = {label: seeds for label, seeds in runs.items() if any(len(found) > 1 for found in seeds.values())}
+    agree = sorted(label for label, seeds in twice.items() if all(len(set(found)) == 1 for found in seeds.values()))
+    return agree, sorted(set(twice) - set(agree))
+
+
+def _split_invariant(config: dict) -> bool:
+    from common.methods import registry, split_invariant
+    from common.run.config import RunConfig, current_keys
+
+    values = current_keys(config)
+    return values.get("method") in registry() and split_invariant(RunConfig.from_dict(values))
 
 
 def cost_sets(results: Path = FULL.parent) -> dict[str, list[dict]]:

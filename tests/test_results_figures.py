@@ -772,13 +772,17 @@ QUOTED_PROSE = [
 # The figures of full-data cells that docs/METHODS.md quotes in its "which to use" passages and its notes (its
 # held-out tuning figures and differences between figures aside), as QUOTED_PROSE names them.
 QUOTED_METHODS = [
-    ("**{}** FAA at β 0.5, the one β run", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
     (
-        "(**{} ± {}** over seeds 0 and 1;",
-        ["faa_mean ridge@mpnet-6layers+valx4avg 0.5 *", "faa_std ridge@mpnet-6layers+valx4avg 0.5 *"],
+        "**{}** FAA (**{} ± {}** over seeds 0 and 1;",
+        [
+            "faa ridge@mpnet-6layers+valx4avg 0.5 0",
+            "faa_mean ridge@mpnet-6layers+valx4avg 0.5 *",
+            "faa_std ridge@mpnet-6layers+valx4avg 0.5 *",
+        ],
     ),
     (
-        "as `ncm` and `ridge` show at all three; {} on the last four blocks), {} MB sent per client over the run, "
+        "as `ncm`, `ridge` and `ridge@3layers` show at all three, and each run serves every β; {} on the last four "
+        "blocks), {} MB sent per client over the run, "
         "{} GB of peak memory in one process ({} GB since the coordinator's solve holds one work matrix, seed 1), {} "
         "minutes on two threads",
         [
@@ -790,8 +794,7 @@ QUOTED_METHODS = [
         ],
     ),
     (
-        "**{}** FAA at β 0.5 (the one β run; seed 0), **{}** when CLINC150's `val` split trains too. "
-        "It sends {} MB per",
+        "**{}** FAA at every β (seed 0), **{}** when CLINC150's `val` split trains too. It sends {} MB per",
         ["faa ridge@3layers 0.5", "faa ridge@3layers+val 0.5", "mb ridge@3layers 0.5"],
     ),
     (

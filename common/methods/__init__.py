@@ -89,6 +89,10 @@ class Method:
     # whether a run of it may set dp.mode = client (common/privacy/client_level.py): its merge is a plain mean of the
     # clients' factors, deltas and head, which the coordinator can take as clipped changes with equal weights
     dp_client_level: bool = field(default=False, kw_only=True)
+    # whether a run's figures depend on the clients' data only through sums over every client, so another split of the
+    # same samples (another data.beta) gives the same figures: run config -> bool (None: never). The frozen heads
+    # without per-client draws; :func:`split_invariant` adds what every method needs for it
+    sums_only: Callable[[RunConfig], bool] | None = field(default=None, kw_only=True)
 
 
 BUILT_IN: dict[str, Method] = {
@@ -222,6 +226,21 @@ def method(name: str) -> Method:
     if name not in methods:
         raise ValueError(f"unknown method {name!r}; known: {sorted(methods)}")
     return methods[name]
+
+
+def split_invariant(config: RunConfig) -> bool:
+    """Whether ``config``'s figures are the same under any split of its samples over its clients (any ``beta``): its
+    method's statistics are sums over every client (``Method.sums_only``), and nothing acts on a client's own part
+    of them: no robust screening, no secure aggregation (each client's terms rounded to fixed point) and no
+    differential privacy (noise, clipping). lorm-bench then runs one beta and reuses it for the others."""
+    check = method(config.method).sums_only
+    return (
+        check is not None
+        and check(config)
+        and not config.section(RobustSettings).enabled
+        and not config.section(SecAggSettings).enabled
+        and not config.section(DpSettings).enabled
+    )
 
 
 def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:

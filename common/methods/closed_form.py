@@ -183,6 +183,12 @@ class RidgeSettings(NcmSettings):
         return self.blocks > 1 and (self.lambda_rule == "average" or (self.lambda_rule == "auto" and not secure))
 
 
+def _no_views(config: RunConfig) -> bool:
+    """A ridge head's sums hold no draws of a client's own (``ridge.views``: dropout views, drawn per client): its
+    head is then the same under any split of the samples (its held-out samples are chosen by global index)."""
+    return config.section(RidgeSettings).views == 0
+
+
 METHODS = (
     Method(
         "ncm",
@@ -192,6 +198,7 @@ METHODS = (
         NcmSettings,
         aggregator="common.aggregation.features:ncm",
         private=True,
+        sums_only=lambda config: True,
     ),
     Method(
         "ridge",
@@ -201,6 +208,7 @@ METHODS = (
         RidgeSettings,
         aggregator="common.aggregation.features:ridge",
         private=True,
+        sums_only=_no_views,
     ),
     Method(
         "lorm-ridge",

@@ -77,6 +77,10 @@ def test_the_committed_table_lacks_the_headline_rows_seeds_and_the_competitors_o
     assert "ewc" not in gaps  # its beta 1.0 and 0.2 ran on the CPU
     assert "joint@tuned" not in gaps  # one client holds all data: its beta 0.5 run is reused at every beta
     assert gaps["target"] == {1.0: [0], 0.2: [0]}  # a competitor not yet run at beta 1.0 and 0.2
+    # a frozen head's beta 0.5 run is reused at the other betas (its figures are the same under any split), but not
+    # with dropout views, which each client draws from its own shard
+    assert "ridge@4layers+valx4avg" not in gaps and "ridge@mpnet-4layers+valx4avg" not in gaps
+    assert gaps["ridge@3layers+valx4avg+views"] == {1.0: [0], 0.2: [0]}
 
 
 def test_labels_whose_commands_order_their_options_otherwise_share_one_run_in_the_order_asked():
@@ -100,9 +104,12 @@ def test_times_give_each_gaps_measured_minutes_by_kind_of_host():
         cell("lwf", 0.5, 0) | {"wall_seconds": 2424.0, "machine": {"gpu": "none"}},
         cell("lwf", 1.0, 0) | {"wall_seconds": 377.0, "machine": {"gpu": "NVIDIA H200"}},
         cell("target", 0.5, 0) | {"wall_seconds": 3104.0, "machine": {"gpu": "none"}},
+        # a copy of a twin's run is no run of its own: its minutes are not counted again
+        cell("target", 1.0, 0)
+        | {"wall_seconds": 3104.0, "machine": {"gpu": "none"}, "reused_from": "target/beta0.5/seed0"},
     ]
     gaps = mc.missing(on)
     assert sorted(mc.times(on, gaps)) == [
         "lwf: 1 missing; measured CPU 40.4 min (1 cell), GPU 6.3 min (1 cell)",
-        "target: 2 missing; measured CPU 51.7 min (1 cell)",
+        "target: 1 missing; measured CPU 51.7 min (1 cell)",
     ]

@@ -364,6 +364,34 @@ def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     assert "`joint`: one run, reused at the other β" in summary(cells)
 
 
+def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path, monkeypatch):
+    """A frozen head's figures are the same under any split (tests/server/test_closed_form.py runs it at two betas):
+    lorm-bench runs one beta and copies it to the others, saying why; with dropout views (drawn per client) it runs
+    every beta."""
+    calls = []
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    out = tmp_path / "g"
+    grid = TINY + ["--methods", "ridge", "--betas", "1.0,0.5,0.2", "--seeds", "1", "--out", str(out)]
+    rc, printed = bench_main(grid)
+    assert rc == 0 and [c.beta for c in calls] == [1.0]
+    reused = json.loads((out / "cells/ridge/beta0.2/seed1/metrics.json").read_text())
+    assert (reused["beta"], reused["reused_from"], reused["reused_why"]) == (
+        0.2,
+        "ridge/beta1.0/seed1",
+        "split-invariant",
+    )
+    rc, printed = bench_main(grid)  # finished: skipped, and its run's beta is no changed configuration
+    assert rc == 0 and len(calls) == 1 and "WARNING" not in printed and printed.count("finished before, skipped") == 3
+    from engine.benchmark_report import load_cells
+    from engine.results_summary import summary
+
+    assert "`ridge`: one run, reused at the other β: a frozen head's sums are the same" in summary(load_cells(out))
+    calls.clear()
+    views = [*grid[:-1], str(tmp_path / "views"), "--set", "ridge.views=2"]
+    rc, _ = bench_main(views)
+    assert rc == 0 and sorted(c.beta for c in calls) == [0.2, 0.5, 1.0]
+
+
 def test_the_paper_column_comes_from_the_paper_table(tmp_path):
     assert report.paper_faa("clinc150", "joint", 0.2) == 95.53
     assert report.paper_faa("clinc150", "ccvr", 0.5) == 38.13

@@ -4,6 +4,8 @@ The centralised references are computed from the union of the clients' feature r
 generic torch (masks, means, ``torch.linalg.solve``), not with the strategy's helpers.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from common.aggregation.declared import feature_stats_of
 from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
 from common.merges.regmean import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
+from common.methods import split_invariant
 from common.methods.closed_form import ACTIVATIONS
 from common.run.config import RunConfig
 from common.wire.messages import FeaturesStep, Phase
@@ -144,6 +147,30 @@ def test_federated_head_equals_centralised_on_the_union(variant):
     assert_close_to_dtype(strategy.head_w, want, torch.float64, terms=len(x), cond=cond)
 
 
+def test_dropout_views_change_with_the_split_so_they_are_not_split_invariant():
+    """``ridge.views``: each client draws its samples' views from its own shard, so another split of the same
+    samples draws others and fits another head: lorm-bench must run such a head at every beta."""
+    configs = [tiny("ridge", {"ridge": {"rp_dim": 48, "views": 2}}).replace(beta=beta) for beta in (1.0, 0.2)]
+    assert not any(split_invariant(c) for c in configs)
+    runs = [run_inprocess(c) for c in configs]
+    assert not torch.equal(runs[0].head_weight, runs[1].head_weight)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"method": "lorm-ridge"},  # LoRM trains on each client's own shard first
+        {"settings": {"robust": {"enabled": True}}},  # screens each client's own update
+        {"settings": {"secagg": {"enabled": True}}},  # rounds each client's terms to fixed point
+        {"settings": {"dp": {"epsilon": 1.0}}},  # clips and noises
+    ],
+)
+def test_what_acts_on_a_clients_own_part_is_not_split_invariant(change):
+    base = json.loads(tiny("ridge").to_json())
+    assert split_invariant(RunConfig.from_dict(base))
+    assert not split_invariant(RunConfig.from_dict({**base, **change}))
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_identical_across_betas(variant, monkeypatch):
     """Different Dirichlet splits, one result: equal accuracy matrices, heads equal to float64 summation order
@@ -151,7 +178,9 @@ def test_identical_across_betas(variant, monkeypatch):
     name, extra = VARIANTS[variant]
     made = []
     monkeypatch.setattr(simulation, "make_strategy", lambda c, s: made.append(make_strategy(c, s)) or made[-1])
-    runs = [run_inprocess(tiny(name, **extra).replace(beta=beta)) for beta in (1.0, 0.2)]
+    configs = [tiny(name, **extra).replace(beta=beta) for beta in (1.0, 0.2)]
+    assert all(split_invariant(c) for c in configs)  # what lets lorm-bench run one beta for all (engine/cells.py)
+    runs = [run_inprocess(c) for c in configs]
     assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
     cond = 1.0
     if name == "ridge":
