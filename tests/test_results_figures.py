@@ -113,6 +113,7 @@ QUOTED_ROWS = [
     (MPNET, "`ridge@mpnet-4layers+valx4avg`", ["ridge@mpnet-4layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg` (", ["ridge@mpnet-6layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg`, seed 1", ["ridge@mpnet-6layers+valx4avg 0.5 1"]),
+    (MPNET, "`ridge@mpnet-6layers+valx4avg`, seed 2", ["ridge@mpnet-6layers+valx4avg 0.5 2"]),
     (PROTOCOL, "`lorm` | 1.0", ["lorm 1.0"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (27124ac", ["lorm 1.0 1", "lorm 1.0 2"]),
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
@@ -158,6 +159,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`ewc` at β", ["ewc 1.0", "ewc 0.2"]),
     (COMPETITORS, "`ewc@reference` (", ["ewc@reference 0.5"]),
     (COMPETITORS, "`ewc@reference` at β 1.0", ["ewc@reference 1.0"]),
+    (COMPETITORS, "`ewc@reference` at β 0.2", ["ewc@reference 0.2"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
@@ -281,16 +283,26 @@ QUOTED_PROSE = [
     ),
     ("and **{}** on the last six blocks", ["faa ridge@mpnet-6layers+valx4avg 0.5"]),
     (
-        "gives **{}** (forgetting {}, the same λ per task): **{} ± {}** over the two seeds. Its peak memory, {} GB "
-        "against seed 0's {},",
+        "gives **{}** (forgetting {}, the same λ per task), seed 2 **{}** (forgetting {}, the same λ per task): "
+        "**{} ± {}** over the three seeds. Seed 1's peak memory, {} GB against seed 0's {},",
         [
             "faa ridge@mpnet-6layers+valx4avg 0.5 1",
             "forgetting ridge@mpnet-6layers+valx4avg 0.5 1",
+            "faa ridge@mpnet-6layers+valx4avg 0.5 2",
+            "forgetting ridge@mpnet-6layers+valx4avg 0.5 2",
             "faa_mean ridge@mpnet-6layers+valx4avg 0.5 *",
             "faa_std ridge@mpnet-6layers+valx4avg 0.5 *",
             "gb ridge@mpnet-6layers+valx4avg 0.5 1",
             "gb ridge@mpnet-6layers+valx4avg 0.5",
         ],
+    ),
+    (
+        "Seed 2's: {} GB too, {} min.",
+        ["gb ridge@mpnet-6layers+valx4avg 0.5 2", "min ridge@mpnet-6layers+valx4avg 0.5 2"],
+    ),
+    (
+        "held-out samples choose (**{} ± {}** over three seeds;",
+        ["faa_mean ridge@mpnet-6layers+valx4avg 0.5 *", "faa_std ridge@mpnet-6layers+valx4avg 0.5 *"],
     ),
     (
         "gives **{}** (`ridge@3layers+valx4avg`), and on four layers, a choice that once looked at the test split, {} "
@@ -586,8 +598,15 @@ QUOTED_PROSE = [
     ),
     ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
     (
-        "no different either; at β 1.0 it gives **{}** (forgetting {}), `ewc`'s figures",
-        ["faa ewc@reference 1.0 & ewc 1.0", "forgetting ewc@reference 1.0 & ewc 1.0"],
+        "no different either; at β 1.0 it gives **{}** (forgetting {}), `ewc`'s figures, and at β 0.2 **{}** "
+        "(forgetting {} against `ewc`'s {}), each with the same count correct",
+        [
+            "faa ewc@reference 1.0 & ewc 1.0",
+            "forgetting ewc@reference 1.0 & ewc 1.0",
+            "faa ewc@reference 0.2 & ewc 0.2",
+            "forgetting ewc@reference 0.2",
+            "forgetting ewc 0.2",
+        ],
     ),
     (
         "At β 1.0 and 0.2 (`ewc`, seed 0, host B, one thread each, side by side) it gives **{}** and **{}** "
@@ -773,7 +792,7 @@ QUOTED_PROSE = [
 # held-out tuning figures and differences between figures aside), as QUOTED_PROSE names them.
 QUOTED_METHODS = [
     (
-        "**{}** FAA (**{} ± {}** over seeds 0 and 1;",
+        "**{}** FAA (**{} ± {}** over seeds 0 to 2;",
         [
             "faa ridge@mpnet-6layers+valx4avg 0.5 0",
             "faa_mean ridge@mpnet-6layers+valx4avg 0.5 *",
