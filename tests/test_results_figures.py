@@ -425,6 +425,19 @@ QUOTED_PROSE = [
     ),
     ("on the same layers (`ridge@3layers+valx4avg`, {}) and 0.20 below", ["faa ridge@3layers+valx4avg 0.5"]),
     (
+        "Seed 1 (one thread beside one other cell, a CI run and a demo; code `707045f`, whose ridge solve holds one "
+        "work matrix): **{}**, forgetting {}, {} min, {} GB peak; task 0 right after it 98.22, at the end 96.33 / "
+        "97.67 / 97.00 / 95.78 / 96.11. **{} ± {}** over the two seeds",
+        [
+            "faa lorm-ridge-first@3layers+valx4avg 0.5 1",
+            "forgetting lorm-ridge-first@3layers+valx4avg 0.5 1",
+            "min lorm-ridge-first@3layers+valx4avg 0.5 1",
+            "gb lorm-ridge-first@3layers+valx4avg 0.5 1",
+            "faa_mean lorm-ridge-first@3layers+valx4avg 0.5 *",
+            "faa_std lorm-ridge-first@3layers+valx4avg 0.5 *",
+        ],
+    ),
+    (
         "**{}**, forgetting {}, the same λ and {} MB, {} min, {} GB peak",
         [
             "faa lorm-ridge-first@4layers+valx4avg 0.5",
@@ -880,8 +893,12 @@ QUOTED_METHODS = [
         [f"faa_mean {label} {beta} *" for label in ("ccvr", "pilora") for beta in ("1.0", "0.5", "0.2")],
     ),
     (
-        "on layers 4 to 6, the held-out choice, {} at β 0.5 against the frozen ensemble's {})",
-        ["faa lorm-ridge-first@3layers+valx4avg 0.5", "faa ridge@3layers+valx4avg 0.5"],
+        "on layers 4 to 6, the held-out choice, {} ± {} at β 0.5 (two seeds) against the frozen ensemble's {})",
+        [
+            "faa_mean lorm-ridge-first@3layers+valx4avg 0.5 *",
+            "faa_std lorm-ridge-first@3layers+valx4avg 0.5 *",
+            "faa ridge@3layers+valx4avg 0.5",
+        ],
     ),
     (
         "Fishers, 161 times LoRM's bytes) is level with LoRM at β 0.5: {} ± {} over three seeds, 0.33 below LoRM's "
