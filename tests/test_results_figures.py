@@ -427,12 +427,18 @@ QUOTED_PROSE = [
     (
         "Seed 1 (one thread beside one other cell, a CI run and a demo; code `707045f`, whose ridge solve holds one "
         "work matrix): **{}**, forgetting {}, {} min, {} GB peak; task 0 right after it 98.22, at the end 96.33 / "
-        "97.67 / 97.00 / 95.78 / 96.11. **{} ± {}** over the two seeds",
+        "97.67 / 97.00 / 95.78 / 96.11. Seed 2 (one thread beside one other cell and light editing; code `f31a0e8`): "
+        "**{}**, forgetting {}, {} min, {} GB peak; task 0 right after it 98.00, at the end 96.22 / 97.33 / 96.78 / "
+        "96.11 / 97.00. **{} ± {}** over the three seeds",
         [
             "faa lorm-ridge-first@3layers+valx4avg 0.5 1",
             "forgetting lorm-ridge-first@3layers+valx4avg 0.5 1",
             "min lorm-ridge-first@3layers+valx4avg 0.5 1",
             "gb lorm-ridge-first@3layers+valx4avg 0.5 1",
+            "faa lorm-ridge-first@3layers+valx4avg 0.5 2",
+            "forgetting lorm-ridge-first@3layers+valx4avg 0.5 2",
+            "min lorm-ridge-first@3layers+valx4avg 0.5 2",
+            "gb lorm-ridge-first@3layers+valx4avg 0.5 2",
             "faa_mean lorm-ridge-first@3layers+valx4avg 0.5 *",
             "faa_std lorm-ridge-first@3layers+valx4avg 0.5 *",
         ],
@@ -893,7 +899,7 @@ QUOTED_METHODS = [
         [f"faa_mean {label} {beta} *" for label in ("ccvr", "pilora") for beta in ("1.0", "0.5", "0.2")],
     ),
     (
-        "on layers 4 to 6, the held-out choice, {} ± {} at β 0.5 (two seeds) against the frozen ensemble's {})",
+        "on layers 4 to 6, the held-out choice, {} ± {} at β 0.5 (three seeds) against the frozen ensemble's {})",
         [
             "faa_mean lorm-ridge-first@3layers+valx4avg 0.5 *",
             "faa_std lorm-ridge-first@3layers+valx4avg 0.5 *",
