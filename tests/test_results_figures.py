@@ -160,6 +160,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`ewc@reference` (", ["ewc@reference 0.5"]),
     (COMPETITORS, "`ewc@reference` at β 1.0", ["ewc@reference 1.0"]),
     (COMPETITORS, "`ewc@reference` at β 0.2", ["ewc@reference 0.2"]),
+    (COMPETITORS, "`target` at β 1.0", ["target 1.0"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
@@ -167,7 +168,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`coda-p@tuned` (", ["coda-p@tuned 0.5"]),
     (COMPETITORS, "`coda-p@tuned` at β", ["coda-p@tuned 1.0", "coda-p@tuned 0.2"]),
     (COMPETITORS, "`lwf@tuned`", ["lwf@tuned 0.5"]),
-    (COMPETITORS, "`target`", ["target 0.5"]),
+    (COMPETITORS, "`target` (the grid", ["target 0.5"]),
 ]
 
 # Figures quoted in prose: the passage (whitespace as one space, ``{}`` where a figure stands) and, for each
@@ -616,6 +617,12 @@ QUOTED_PROSE = [
         ],
     ),
     ("(`l2p@tuned`) 4.6 below ({};", ["faa l2p@tuned 0.5"]),
+    (
+        "TARGET at β 1.0 (`target`, seed 0, host B, one thread): **{}** (forgetting {}), 11.0 below FedAvg's seed 0 "
+        "({}) and 11.4 below LoRM's three-seed mean ({});",
+        ["faa target 1.0", "forgetting target 1.0", "faa fedavg 1.0", "faa_mean lorm 1.0 *"],
+    ),
+    ("62.89). {} min on one thread beside other cells", ["min target 1.0"]),
     (
         "no different either; at β 1.0 it gives **{}** (forgetting {}), `ewc`'s figures, and at β 0.2 **{}** "
         "(forgetting {} against `ewc`'s {}), each with the same count correct",
