@@ -235,12 +235,19 @@ def _comparable(config: dict) -> dict:
     return {k: v for k, v in ({**FIELD_DEFAULTS, **current_keys(config)}).items() if k != "run_id"}
 
 
+def stored_split_invariant(config: dict) -> bool:
+    """``common.methods.split_invariant`` of a stored configuration (a cell's ``config``): false for a method this
+    checkout no longer has."""
+    values = _comparable(config)
+    return values.get("method") in registry() and split_invariant(RunConfig.from_dict(values))
+
+
 def _twin_key(config: dict) -> str:
     """A configuration as lorm-bench finds a twin to reuse, one comparable string: :func:`_comparable`, without
-    ``beta`` where the figures are the same at every beta (``common.methods.split_invariant``: a frozen head's sums
+    ``beta`` where the figures are the same at every beta (:func:`stored_split_invariant`: a frozen head's sums
     are the same under any split of its samples)."""
     values = _comparable(config)
-    if values.get("method") in registry() and split_invariant(RunConfig.from_dict(values)):
+    if stored_split_invariant(config):
         values.pop("beta", None)
     return json.dumps(values, sort_keys=True)
 
@@ -278,13 +285,12 @@ def run_children(
     ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
     twins are left to :func:`run_grid`, which reuses them."""
 
-    key = _twin_key
-    finished = {key(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode}
+    finished = {_twin_key(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode}
     started: dict[str, str] = {}  # a configuration -> the name of the cell started for it
     todo: list[Cell] = []
     twins: dict[str, list[str]] = {}  # a started cell's name -> its unfinished twins' names
     for cell in cells:
-        want = key(json.loads(cell.config.to_json()))
+        want = _twin_key(json.loads(cell.config.to_json()))
         if (cell.dir(out) / "metrics.json").exists() or want in finished:
             continue
         if want in started:
@@ -373,7 +379,7 @@ def run_grid(
         twin = next(((name, m) for name, m in done if _twin_key(m["config"]) == want and m.get("mode") == mode), None)
         if twin is not None:
             metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
-            if twin[1]["config"].get("beta") != json.loads(cell.config.to_json()).get("beta"):
+            if twin[1]["config"].get("beta") != cell.config.beta:
                 metrics["reused_why"] = "split-invariant"  # another beta's run: the same figures at every beta
             write_metrics(cell.dir(out), metrics)
             say(f"{tag}: same run as {twin[0]}, reused (FAA {_pct(metrics.get('faa'))})")

@@ -246,21 +246,15 @@ def split_checks(cells: list[dict]) -> tuple[list[str], list[str]]:
     """The labels whose figures are the same at every β by construction (``common.methods.split_invariant``) and
     that ran (not reused) at more than one β for a seed: those whose accuracy matrices agree exactly at every β,
     and those where one differs."""
+    from engine.cells import stored_split_invariant  # the engine's run machinery, only where a copy is keyed
+
     runs: dict[str, dict[int, list[str]]] = {}  # label -> seed -> its accuracy matrix at each β it ran
     for cell in cells:
-        if not cell.get("reused_from") and _split_invariant(cell["config"]):
+        if not cell.get("reused_from") and stored_split_invariant(cell["config"]):
             runs.setdefault(cell["method"], {}).setdefault(int(cell["seed"]), []).append(json.dumps(cell["accuracy"]))
     twice = {label: seeds for label, seeds in runs.items() if any(len(found) > 1 for found in seeds.values())}
     agree = sorted(label for label, seeds in twice.items() if all(len(set(found)) == 1 for found in seeds.values()))
     return agree, sorted(set(twice) - set(agree))
-
-
-def _split_invariant(config: dict) -> bool:
-    from common.methods import registry, split_invariant
-    from common.run.config import RunConfig, current_keys
-
-    values = current_keys(config)
-    return values.get("method") in registry() and split_invariant(RunConfig.from_dict(values))
 
 
 def cost_sets(results: Path = FULL.parent) -> dict[str, list[dict]]:
