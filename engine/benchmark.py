@@ -30,7 +30,11 @@ the command line.
 
 ``joint`` is the upper bound: the ``lorm`` strategy with one client that holds all the data and
 one task with all the classes. Its cells of different betas are the same run (one client has
-no split), so the first finished one is reused for the others.
+no split), so the first finished one is reused for the others. So is a frozen head's (``ncm``, ``ridge`` without
+dropout views): its figures are the same under any split. A stored cell is compared with the grid (a twin to reuse,
+a changed configuration to warn of) as the code that ran it read it: a setting it left unset at that code's default
+(``common.run.settings.DEFAULT_CHANGES``, by the cell's ``code`` commit), a section the run did not read or a
+setting without effect beside the others left out.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,7 +54,7 @@ from typing import Any
 
 from common.run.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
 from engine.benchmark_report import JOINT, _duration, write_report
-from engine.cells import RUNNERS, Cell, run_children, run_grid
+from engine.cells import RUNNERS, Cell, code_version, run_children, run_grid
 from server.strategies import STRATEGIES
 
 # Keys the grid itself sets in every cell; a method configuration may not.
@@ -166,25 +169,6 @@ def _at(values: Any, path: list[str]) -> Any:
 
 
 # ---------------------------------------------------------------------- command line
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def code_version(root: Path = ROOT) -> dict | None:
-    """``{"commit": ..., "changed": bool}`` of the git checkout the code runs from (``changed``: its
-    tracked files differ from the commit), or ``None`` outside a checkout or without git."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True)
-        return done.stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        changed = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "changed": changed}
 
 
 def machine_info() -> dict:

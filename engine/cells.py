@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 import shutil
@@ -23,12 +24,22 @@ from types import FrameType
 from typing import Any, NoReturn, TextIO
 
 from client.worker import resolve_device
-from common.methods import registry, split_invariant
+from common.methods import registry, sections, split_invariant
 from common.run.config import RunConfig, current_keys
+from common.run.settings import (
+    DEFAULT_CHANGES,
+    DataSettings,
+    DpSettings,
+    ModelSettings,
+    RobustSettings,
+    SecAggSettings,
+)
 from engine.benchmark_report import _duration, _pct, cell_seconds
 from engine.launch import launch
 from engine.simulation import run_inprocess, saved_config
 from server.export import write_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -226,38 +237,159 @@ FIELD_DEFAULTS = {
     f.name: json.loads(json.dumps(f.default if f.default_factory is dataclasses.MISSING else f.default_factory()))
     for f in dataclasses.fields(RunConfig)
 }
+# The commit from which lorm-bench records in each cell the code that ran it: a cell without ``code`` is older.
+CODE_RECORDED = "80d857a6aebda70ee9b058e4f58a2762bd571c25"
 
 
-def _comparable(config: dict) -> dict:
-    """A cell's configuration as cells are compared (a changed grid, a twin): every field of today's
-    RunConfig, one that a cell's stored configuration predates at its default (a field is added with
-    the behaviour that was there before it), without the run's name."""
+def code_version(root: Path = ROOT) -> dict | None:
+    """``{"commit": ..., "changed": bool}`` of the git checkout the code runs from (``changed``: its
+    tracked files differ from the commit), or ``None`` outside a checkout or without git."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        changed = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "changed": changed}
+
+
+@functools.cache
+def _this_commit() -> str | None:
+    return (code_version() or {}).get("commit")
+
+
+@functools.cache
+def _includes(commit: str, change: str) -> bool | None:
+    """Whether the code of ``commit`` holds the commit ``change`` (git ancestry); None where git cannot tell
+    (no git, no checkout, or a commit it does not know)."""
+    try:
+        done = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", change, commit], cwd=ROOT, capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(done.returncode)
+
+
+@functools.cache
+def _setting_defaults() -> dict[str, dict[str, Any]]:
+    """Every settings section's defaults in this code, as a configuration's JSON holds them."""
+    return {name: json.loads(json.dumps(dataclasses.asdict(cls()))) for name, cls in sections().items()}
+
+
+def _fields(config: dict) -> dict:
+    """A stored configuration's fields by today's RunConfig: one it predates at its default (a field is added with
+    the behaviour that was there before it), ``method`` under its earlier name too; without the run's name."""
     return {k: v for k, v in ({**FIELD_DEFAULTS, **current_keys(config)}).items() if k != "run_id"}
+
+
+def _read_sections(values: dict) -> list[str]:
+    """The settings sections a run of ``values`` (:func:`_fields`) reads: the data's and the model's; its method's own;
+    the guard's, secure aggregation's and DP's where the run turns them on (a section this code cannot parse counts)."""
+    set_values = values.get("settings") or {}
+    read = [DataSettings.section, ModelSettings.section]
+    own = registry().get(values.get("method", ""))
+    if own is not None and own.settings is not None:
+        read.append(own.settings.section)
+    for optional in (RobustSettings, SecAggSettings, DpSettings):
+        try:
+            on = optional.parse(set_values.get(optional.section, {})).enabled
+        except (ValueError, TypeError):
+            on = True
+        if on:
+            read.append(optional.section)
+    return read
+
+
+def defaults_then(metrics: dict) -> dict[tuple[str, str], Any]:
+    """The settings defaults of the code that ran a stored cell (its metrics) where they differ from this code's
+    (``common.run.settings.DEFAULT_CHANGES``), by the cell's ``code`` record: this checkout's commit or a later one,
+    none; an earlier one, the default it had; a cell from before the record began (no ``code``), the earlier
+    default of each change made since; where git cannot tell (a commit it does not know, a cell that ran outside a
+    checkout while this code runs in one), a value no configuration holds, so that the cell is no twin and a grid
+    that would run it again says so."""
+    code = metrics.get("code", dataclasses.MISSING)
+    then: dict[tuple[str, str], Any] = {}
+    for change in DEFAULT_CHANGES:
+        if code is dataclasses.MISSING:  # older than the record: it predates every change made after it began
+            held = False if _includes(change.commit, CODE_RECORDED) else None
+        elif (code or {}).get("commit") == _this_commit():  # this code (outside git: both unrecorded)
+            held = True
+        else:
+            held = _includes(code["commit"], change.commit) if code else None
+        if held is not True:
+            unknown = f"unknown (the default changed at {change.commit[:7]})"
+            then[(change.section, change.key)] = change.before if held is False else unknown
+    return then
+
+
+def _comparable(config: dict, then: dict[tuple[str, str], Any] | None = None) -> dict:
+    """A cell's configuration as cells are compared (a changed grid, a twin): :func:`_fields`, and each settings
+    section the run reads (:func:`_read_sections`) whole, a setting the configuration leaves unset at the default
+    of the code that ran it (``then``: :func:`defaults_then` of a stored cell; none for a configuration this code
+    runs), without the settings that have no effect beside the others (``Settings.inert``, e.g. ``ridge.lambda_rule``
+    of one head). A section the run does not read is left out: a default changed there changed nothing for it."""
+    values = _fields(config)
+    set_values = values.get("settings") or {}
+    settings: dict[str, Any] = {}
+    for name in _read_sections(values):
+        section = {**_setting_defaults()[name], **{k: v for (s, k), v in (then or {}).items() if s == name}}
+        mine = set_values.get(name, {})
+        if not isinstance(mine, dict):  # not an object of settings: compared as it is
+            settings[name] = mine
+            continue
+        section |= mine
+        with contextlib.suppress(ValueError, TypeError):  # a value this code refuses (or an unknown one): all kept
+            for key in sections()[name].parse(section).inert():
+                section.pop(key, None)
+        settings[name] = section
+    for name in set(set_values) - set(sections()):  # a section this code does not know: compared as it is
+        settings[name] = set_values[name]
+    return values | {"settings": settings}
 
 
 def stored_split_invariant(config: dict) -> bool:
     """``common.methods.split_invariant`` of a stored configuration (a cell's ``config``): false for a method this
     checkout no longer has."""
-    values = _comparable(config)
+    values = _fields(config)
     return values.get("method") in registry() and split_invariant(RunConfig.from_dict(values))
 
 
-def _twin_key(config: dict) -> str:
+def _twin_key(config: dict, then: dict[tuple[str, str], Any] | None = None) -> str:
     """A configuration as lorm-bench finds a twin to reuse, one comparable string: :func:`_comparable`, without
     ``beta`` where the figures are the same at every beta (:func:`stored_split_invariant`: a frozen head's sums
     are the same under any split of its samples)."""
-    values = _comparable(config)
+    values = _comparable(config, then)
     if stored_split_invariant(config):
         values.pop("beta", None)
     return json.dumps(values, sort_keys=True)
 
 
+def stored_twin_key(metrics: dict) -> str:
+    """:func:`_twin_key` of a stored cell (its metrics), read with the defaults of the code that ran it."""
+    return _twin_key(metrics.get("config", {}), defaults_then(metrics))
+
+
 def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
-    want = _comparable(json.loads(planned.to_json()))
-    have = _comparable(stored)
-    if _twin_key(have) == _twin_key(want):  # a twin's copy: its run's beta, the same figures
+    """The fields (``settings.SECTION.KEY`` for a setting) in which a stored cell's configuration (its metrics)
+    differs from the one planned for it; none where the cell is the planned one's twin (another beta's run)."""
+    planned_config = json.loads(planned.to_json())
+    if stored_twin_key(stored) == _twin_key(planned_config):  # a twin's copy: its run's beta, the same figures
         return []
-    return sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    want = _comparable(planned_config)
+    have = _comparable(stored.get("config", {}), defaults_then(stored))
+    changed = sorted(k for k in set(want) | set(have) if k != "settings" and want.get(k) != have.get(k))
+    for section in sorted(set(want["settings"]) | set(have["settings"])):
+        mine, theirs = want["settings"].get(section, {}), have["settings"].get(section, {})
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            changed += [f"settings.{section}"] if mine != theirs else []
+            continue
+        changed += [f"settings.{section}.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return changed
 
 
 def finished_runs(out: Path) -> list[tuple[str, dict]]:
@@ -285,7 +417,7 @@ def run_children(
     ``bench.log``; returns the names of the cells whose child failed, and of their unfinished twins. The
     twins are left to :func:`run_grid`, which reuses them."""
 
-    finished = {_twin_key(m["config"]) for _, m in finished_runs(out) if m.get("mode") == mode}
+    finished = {stored_twin_key(m) for _, m in finished_runs(out) if m.get("mode") == mode}
     started: dict[str, str] = {}  # a configuration -> the name of the cell started for it
     todo: list[Cell] = []
     twins: dict[str, list[str]] = {}  # a started cell's name -> its unfinished twins' names
@@ -366,7 +498,7 @@ def run_grid(
         path = cell.dir(out) / "metrics.json"
         if path.exists():
             metrics = json.loads(path.read_text())
-            changed = _config_changes(metrics.get("config", {}), cell.config)
+            changed = _config_changes(metrics, cell.config)
             note = (
                 f"; WARNING: it ran with other values of {changed} than this grid would use "
                 f"(delete its metrics.json to rerun it)"
@@ -376,7 +508,7 @@ def run_grid(
             say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
             continue
         want = _twin_key(json.loads(cell.config.to_json()))
-        twin = next(((name, m) for name, m in done if _twin_key(m["config"]) == want and m.get("mode") == mode), None)
+        twin = next(((name, m) for name, m in done if stored_twin_key(m) == want and m.get("mode") == mode), None)
         if twin is not None:
             metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
             if twin[1]["config"].get("beta") != cell.config.beta:

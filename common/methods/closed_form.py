@@ -165,6 +165,10 @@ class RidgeSettings(NcmSettings):
                 "or a fixed ridge.fixed_lambda > 0"
             )
 
+    def inert(self) -> frozenset[str]:
+        """``lambda_rule`` with one head (``blocks = 1``): every rule is the same."""
+        return frozenset({"lambda_rule"}) if self.blocks == 1 else frozenset()
+
     def feature_map(self) -> FeatureMap:
         """The K members' projections side by side: ``K rp_dim`` rows of one projection, ``F' = K rp_dim``."""
         return replace(super().feature_map(), rp_dim=self.rp_dim * self.blocks)

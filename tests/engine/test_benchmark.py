@@ -547,7 +547,7 @@ def test_cells_from_several_machines_name_each_rows_machine(tmp_path):
 def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
     """bench/clinc150_methods.json, which the grid scripts run for hours: every label names a known method and
     every override a known key, at each of the table's betas, so a typo fails here and not mid-grid."""
-    method_config = bench.load_method_config(str(bench.ROOT / "bench" / "clinc150_methods.json"))
+    method_config = bench.load_method_config(str(runner.ROOT / "bench" / "clinc150_methods.json"))
     assert "lorm" in method_config and any("@" in label for label in method_config)
     for preset_name in ("cpu-clinc150-quick", "cpu-clinc150-full"):
         base = RunConfig.from_dict(preset(preset_name))
@@ -613,7 +613,7 @@ def test_a_terminated_jobs_grid_stops_its_children(tmp_path):
     argv = ["--preset", "tiny", "--set", "rounds_per_task=200", "--methods", "lorm", "--betas", "0.5,1.0"]
     parent = subprocess.Popen(
         [sys.executable, "-m", "engine.benchmark", *argv, "--out", str(tmp_path), "--jobs", "2"],
-        cwd=bench.ROOT,
+        cwd=runner.ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
