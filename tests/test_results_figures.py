@@ -445,6 +445,16 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "At β 1.0, seed 0 (one thread beside one other cell and test runs; code `9f75649`): **{}**, forgetting {}, {} "
+        "min, {} GB peak",
+        [
+            "faa lorm-ridge-first@3layers+valx4avg 1.0",
+            "forgetting lorm-ridge-first@3layers+valx4avg 1.0",
+            "min lorm-ridge-first@3layers+valx4avg 1.0",
+            "gb lorm-ridge-first@3layers+valx4avg 1.0",
+        ],
+    ),
+    (
         "**{}**, forgetting {}, the same λ and {} MB, {} min, {} GB peak",
         [
             "faa lorm-ridge-first@4layers+valx4avg 0.5",
@@ -735,6 +745,11 @@ QUOTED_PROSE = [
         ["faa lwf 0.5", "faa_mean lorm 0.5 *", "forgetting lwf 0.5"],
     ),
     ("(`lwf@tuned`, 1e-5): {}, 14.6 below LoRM, forgetting {}.", ["faa lwf@tuned 0.5", "forgetting lwf@tuned 0.5"]),
+    (
+        "(`lwf@tuned`, seed 0, host B, one thread beside one other cell, {} min, {} GB) at β 1.0: **{}** (forgetting "
+        "{}), 4.9 below `lwf`",
+        ["min lwf@tuned 1.0", "gb lwf@tuned 1.0", "faa lwf@tuned 1.0", "forgetting lwf@tuned 1.0"],
+    ),
     (
         "(`coda-p`): **{}**, 13.1 below LoRM, forgetting {}, for {} MB per client",
         ["faa coda-p 0.5", "forgetting coda-p 0.5", "mb coda-p 0.5"],
