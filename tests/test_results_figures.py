@@ -751,6 +751,18 @@ QUOTED_PROSE = [
         ["min lwf@tuned 1.0", "gb lwf@tuned 1.0", "faa lwf@tuned 1.0", "forgetting lwf@tuned 1.0"],
     ),
     (
+        "At β 0.2 (the same host and company, {} min, {} GB): **{}** (forgetting {}), 13.2 below `lwf` ({}) and 23.8 "
+        "below LoRM's three-seed mean ({})",
+        [
+            "min lwf@tuned 0.2",
+            "gb lwf@tuned 0.2",
+            "faa lwf@tuned 0.2",
+            "forgetting lwf@tuned 0.2",
+            "faa lwf 0.2",
+            "faa_mean lorm 0.2 *",
+        ],
+    ),
+    (
         "(`coda-p`): **{}**, 13.1 below LoRM, forgetting {}, for {} MB per client",
         ["faa coda-p 0.5", "forgetting coda-p 0.5", "mb coda-p 0.5"],
     ),
