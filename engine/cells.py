@@ -492,6 +492,13 @@ def run_grid(
     """Run every unfinished cell in order; returns the names of the cells that failed."""
     failed: list[str] = []
     done = finished_runs(out)
+    keys: dict[str, str] = {}  # a finished cell's name -> its twin key, read once
+
+    def key_of(name: str, metrics: dict) -> str:
+        if name not in keys:
+            keys[name] = stored_twin_key(metrics)
+        return keys[name]
+
     ran_seconds: list[float] = []
     for i, cell in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {cell.method} beta={cell.beta} seed={cell.seed}"
@@ -508,7 +515,7 @@ def run_grid(
             say(f"{tag}: finished before, skipped (FAA {_pct(metrics.get('faa'))}){note}")
             continue
         want = _twin_key(json.loads(cell.config.to_json()))
-        twin = next(((name, m) for name, m in done if stored_twin_key(m) == want and m.get("mode") == mode), None)
+        twin = next(((name, m) for name, m in done if key_of(name, m) == want and m.get("mode") == mode), None)
         if twin is not None:
             metrics = {**twin[1], "method": cell.method, "beta": cell.beta, "seed": cell.seed, "reused_from": twin[0]}
             if twin[1]["config"].get("beta") != cell.config.beta:
