@@ -446,12 +446,24 @@ QUOTED_PROSE = [
     ),
     (
         "At β 1.0, seed 0 (one thread beside one other cell and test runs; code `9f75649`): **{}**, forgetting {}, {} "
-        "min, {} GB peak",
+        "min, {} GB peak; task 0 right after it 97.89, at the end 96.67 / 97.56 / 96.89 / 96.11 / 96.78. Seed 1 "
+        "(likewise): **{}**, forgetting {}, {} min, {} GB peak; at the end 96.22 / 97.22 / 96.78 / 96.22 / 96.56. "
+        "Seed 2 (likewise): **{}**, forgetting {}, {} min, {} GB peak; at the end 96.11 / 97.44 / 97.11 / 95.89 / "
+        "97.00. **{} ± {}** over the three seeds at β 1.0, 0.19 above the frozen ensemble ({}). At β 0.2, seed 0 "
+        "(likewise; code `641dd6e`): **{}**, forgetting {}, {} min, {} GB peak",
         [
-            "faa lorm-ridge-first@3layers+valx4avg 1.0",
-            "forgetting lorm-ridge-first@3layers+valx4avg 1.0",
-            "min lorm-ridge-first@3layers+valx4avg 1.0",
-            "gb lorm-ridge-first@3layers+valx4avg 1.0",
+            *(
+                f"{field} lorm-ridge-first@3layers+valx4avg 1.0{seed}"
+                for seed in ("", " 1", " 2")
+                for field in ("faa", "forgetting", "min", "gb")
+            ),
+            "faa_mean lorm-ridge-first@3layers+valx4avg 1.0 *",
+            "faa_std lorm-ridge-first@3layers+valx4avg 1.0 *",
+            "faa ridge@3layers+valx4avg 0.5",
+            "faa lorm-ridge-first@3layers+valx4avg 0.2",
+            "forgetting lorm-ridge-first@3layers+valx4avg 0.2",
+            "min lorm-ridge-first@3layers+valx4avg 0.2",
+            "gb lorm-ridge-first@3layers+valx4avg 0.2",
         ],
     ),
     (
