@@ -450,7 +450,11 @@ QUOTED_PROSE = [
         "(likewise): **{}**, forgetting {}, {} min, {} GB peak; at the end 96.22 / 97.22 / 96.78 / 96.22 / 96.56. "
         "Seed 2 (likewise): **{}**, forgetting {}, {} min, {} GB peak; at the end 96.11 / 97.44 / 97.11 / 95.89 / "
         "97.00. **{} ± {}** over the three seeds at β 1.0, 0.19 above the frozen ensemble ({}). At β 0.2, seed 0 "
-        "(likewise; code `641dd6e`): **{}**, forgetting {}, {} min, {} GB peak",
+        "(likewise; code `641dd6e`): **{}**, forgetting {}, {} min, {} GB peak; task 0 right after it 97.78, at the "
+        "end 95.78 / 97.56 / 97.22 / 95.67 / 96.44. Seed 1 (likewise): **{}**, forgetting {}, {} min, {} GB peak; at "
+        "the end 96.11 / 97.44 / 96.89 / 95.67 / 96.56. Seed 2 (likewise; code `0bf3a42`): **{}**, forgetting {}, {} "
+        "min, {} GB peak; at the end 96.78 / 97.78 / 96.67 / 95.67 / 97.00. **{} ± {}** over the three seeds at β 0.2. "
+        "So {} / {} / {} at β 1.0 / 0.5 / 0.2",
         [
             *(
                 f"{field} lorm-ridge-first@3layers+valx4avg 1.0{seed}"
@@ -460,10 +464,13 @@ QUOTED_PROSE = [
             "faa_mean lorm-ridge-first@3layers+valx4avg 1.0 *",
             "faa_std lorm-ridge-first@3layers+valx4avg 1.0 *",
             "faa ridge@3layers+valx4avg 0.5",
-            "faa lorm-ridge-first@3layers+valx4avg 0.2",
-            "forgetting lorm-ridge-first@3layers+valx4avg 0.2",
-            "min lorm-ridge-first@3layers+valx4avg 0.2",
-            "gb lorm-ridge-first@3layers+valx4avg 0.2",
+            *(
+                f"{field} lorm-ridge-first@3layers+valx4avg 0.2{seed}"
+                for seed in ("", " 1", " 2")
+                for field in ("faa", "forgetting", "min", "gb")
+            ),
+            *(f"faa_{stat} lorm-ridge-first@3layers+valx4avg 0.2 *" for stat in ("mean", "std")),
+            *(f"faa_mean lorm-ridge-first@3layers+valx4avg {beta} *" for beta in ("1.0", "0.5", "0.2")),
         ],
     ),
     (
@@ -945,10 +952,14 @@ QUOTED_METHODS = [
         [f"faa_mean {label} {beta} *" for label in ("ccvr", "pilora") for beta in ("1.0", "0.5", "0.2")],
     ),
     (
-        "on layers 4 to 6, the held-out choice, {} ± {} at β 0.5 (three seeds) against the frozen ensemble's {})",
+        "on layers 4 to 6, the held-out choice, {} ± {} / {} ± {} / {} ± {} at β 1.0 / 0.5 / 0.2 (three seeds each) "
+        "against the frozen ensemble's {})",
         [
-            "faa_mean lorm-ridge-first@3layers+valx4avg 0.5 *",
-            "faa_std lorm-ridge-first@3layers+valx4avg 0.5 *",
+            *(
+                f"faa_{stat} lorm-ridge-first@3layers+valx4avg {beta} *"
+                for beta in ("1.0", "0.5", "0.2")
+                for stat in ("mean", "std")
+            ),
             "faa ridge@3layers+valx4avg 0.5",
         ],
     ),
