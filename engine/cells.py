@@ -363,9 +363,13 @@ def _twin_key(config: dict, then: dict[tuple[str, str], Any] | None = None) -> s
     """A configuration as lorm-bench finds a twin to reuse, one comparable string: :func:`_comparable`, without
     ``beta`` where the figures are the same at every beta (:func:`stored_split_invariant`: a frozen head's sums
     are the same under any split of its samples)."""
-    values = _comparable(config, then)
+    return _key(_comparable(config, then), config)
+
+
+def _key(values: dict, config: dict) -> str:
+    """:func:`_twin_key` of ``config`` from its :func:`_comparable` ``values``."""
     if stored_split_invariant(config):
-        values.pop("beta", None)
+        values = {k: v for k, v in values.items() if k != "beta"}
     return json.dumps(values, sort_keys=True)
 
 
@@ -377,11 +381,10 @@ def stored_twin_key(metrics: dict) -> str:
 def _config_changes(stored: dict, planned: RunConfig) -> list[str]:
     """The fields (``settings.SECTION.KEY`` for a setting) in which a stored cell's configuration (its metrics)
     differs from the one planned for it; none where the cell is the planned one's twin (another beta's run)."""
-    planned_config = json.loads(planned.to_json())
-    if stored_twin_key(stored) == _twin_key(planned_config):  # a twin's copy: its run's beta, the same figures
+    planned_config, stored_config = json.loads(planned.to_json()), stored.get("config", {})
+    want, have = _comparable(planned_config), _comparable(stored_config, defaults_then(stored))
+    if _key(have, stored_config) == _key(want, planned_config):  # a twin's copy: its run's beta, the same figures
         return []
-    want = _comparable(planned_config)
-    have = _comparable(stored.get("config", {}), defaults_then(stored))
     changed = sorted(k for k in set(want) | set(have) if k != "settings" and want.get(k) != have.get(k))
     for section in sorted(set(want["settings"]) | set(have["settings"])):
         mine, theirs = want["settings"].get(section, {}), have["settings"].get(section, {})

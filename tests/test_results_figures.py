@@ -83,6 +83,15 @@ def _row(text: str, section: str, start: str) -> dict[str, str]:
     return found[0]
 
 
+def _three_seeds(label: str, beta: str) -> list[str]:
+    """A passage's figures of seeds 0, 1 and 2 at one beta (FAA, forgetting, minutes, GB each), then their mean and
+    std."""
+    each = [
+        f"{field} {label} {beta}{seed}" for seed in ("", " 1", " 2") for field in ("faa", "forgetting", "min", "gb")
+    ]
+    return [*each, f"faa_mean {label} {beta} *", f"faa_std {label} {beta} *"]
+
+
 SYSTEM = ("The same in the system, full training set", {"FAA": "faa", "bytes per client": "mb", "time": "s"})
 MPNET = (
     "A stronger encoder: all-mpnet-base-v2",
@@ -456,20 +465,9 @@ QUOTED_PROSE = [
         "min, {} GB peak; at the end 96.78 / 97.78 / 96.67 / 95.67 / 97.00. **{} ± {}** over the three seeds at β 0.2. "
         "So {} / {} / {} at β 1.0 / 0.5 / 0.2",
         [
-            *(
-                f"{field} lorm-ridge-first@3layers+valx4avg 1.0{seed}"
-                for seed in ("", " 1", " 2")
-                for field in ("faa", "forgetting", "min", "gb")
-            ),
-            "faa_mean lorm-ridge-first@3layers+valx4avg 1.0 *",
-            "faa_std lorm-ridge-first@3layers+valx4avg 1.0 *",
+            *_three_seeds("lorm-ridge-first@3layers+valx4avg", "1.0"),
             "faa ridge@3layers+valx4avg 0.5",
-            *(
-                f"{field} lorm-ridge-first@3layers+valx4avg 0.2{seed}"
-                for seed in ("", " 1", " 2")
-                for field in ("faa", "forgetting", "min", "gb")
-            ),
-            *(f"faa_{stat} lorm-ridge-first@3layers+valx4avg 0.2 *" for stat in ("mean", "std")),
+            *_three_seeds("lorm-ridge-first@3layers+valx4avg", "0.2"),
             *(f"faa_mean lorm-ridge-first@3layers+valx4avg {beta} *" for beta in ("1.0", "0.5", "0.2")),
         ],
     ),

@@ -9,7 +9,6 @@ import dataclasses
 import io
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +17,7 @@ import engine.cells as cells
 from common.run.config import RunConfig
 from common.run.settings import DEFAULT_CHANGES
 
-ROOT = Path(__file__).resolve().parents[2]
 LAMBDA_RULE = next(c for c in DEFAULT_CHANGES if (c.section, c.key) == ("ridge", "lambda_rule"))
-KAPPA = next(c for c in DEFAULT_CHANGES if (c.section, c.key) == ("robust", "kappa"))
 BEFORE_RULE = "14fa52168413b2ef65b7e202acc5f8a54639294b"  # the parent of LAMBDA_RULE's commit
 TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1"]
 ENSEMBLE = ["--methods", "ridge", "--set", "ridge.blocks=2", "--set", "ridge.rp_dim=32", "--seeds", "1"]
