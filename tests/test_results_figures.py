@@ -502,6 +502,16 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "**{}**, forgetting {}, the same λ path, {} MB per client, {} min, {} GB peak",
+        [
+            "faa lorm-ridge@4layers+valx4avg 1.0",
+            "forgetting lorm-ridge@4layers+valx4avg 1.0",
+            "mb lorm-ridge@4layers+valx4avg 1.0",
+            "min lorm-ridge@4layers+valx4avg 1.0",
+            "gb lorm-ridge@4layers+valx4avg 1.0",
+        ],
+    ),
+    (
         "The {} min ran on one thread beside the test suite for 11 of them, the six blocks' {} min on two threads",
         ["min ridge@mpnet-4layers+valx4avg 0.5", "min ridge@mpnet-6layers+valx4avg 0.5"],
     ),
