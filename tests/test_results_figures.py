@@ -169,7 +169,7 @@ QUOTED_ROWS = [
     (COMPETITORS, "`ewc@reference` (", ["ewc@reference 0.5"]),
     (COMPETITORS, "`ewc@reference` at β 1.0", ["ewc@reference 1.0"]),
     (COMPETITORS, "`ewc@reference` at β 0.2", ["ewc@reference 0.2"]),
-    (COMPETITORS, "`target` at β 1.0", ["target 1.0"]),
+    (COMPETITORS, "`target` at β 1.0 / 0.2", ["target 1.0", "target 0.2"]),
     (COMPETITORS, "`lwf` (", ["lwf 0.5"]),
     (COMPETITORS, "`lwf` at β", ["lwf 1.0", "lwf 0.2"]),
     (COMPETITORS, "`coda-p` (", ["coda-p 0.5"]),
@@ -660,6 +660,21 @@ QUOTED_PROSE = [
         ["faa target 1.0", "forgetting target 1.0", "faa fedavg 1.0", "faa_mean lorm 1.0 *"],
     ),
     ("62.89). {} min on one thread beside other cells", ["min target 1.0"]),
+    (
+        "TARGET at β 0.2 (`target`, seed 0, host B, one thread beside one other cell; code `39b3feb`): **{}** "
+        "(forgetting {}), 15.8 below FedAvg's seed 0 ({}) and 21.1 below LoRM's three-seed mean ({}); so {} / {} / {} "
+        "at β 1.0 / 0.5 / 0.2",
+        [
+            "faa target 0.2",
+            "forgetting target 0.2",
+            "faa fedavg 0.2",
+            "faa_mean lorm 0.2 *",
+            "faa target 1.0",
+            "faa target 0.5",
+            "faa target 0.2",
+        ],
+    ),
+    ("{} min on one thread beside one other cell ({} GB peak)", ["min target 0.2", "gb target 0.2"]),
     (
         "no different either; at β 1.0 it gives **{}** (forgetting {}), `ewc`'s figures, and at β 0.2 **{}** "
         "(forgetting {} against `ewc`'s {}), each with the same count correct",
