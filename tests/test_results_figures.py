@@ -512,6 +512,29 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "**{}**, forgetting {}, the same λ path again, {} MB per client, {} min, {} GB peak",
+        [
+            "faa lorm-ridge@4layers+valx4avg 0.2",
+            "forgetting lorm-ridge@4layers+valx4avg 0.2",
+            "mb lorm-ridge@4layers+valx4avg 0.2",
+            "min lorm-ridge@4layers+valx4avg 0.2",
+            "gb lorm-ridge@4layers+valx4avg 0.2",
+        ],
+    ),
+    (
+        "So {} / {} / {} at β 1.0 / 0.5 / 0.2, one seed each, every one below the frozen head ({}) and below LoRM on "
+        "the first task only (`lorm-ridge-first@4layers+valx4avg`, {} / {} / {})",
+        [
+            "faa lorm-ridge@4layers+valx4avg 1.0",
+            "faa lorm-ridge@4layers+valx4avg 0.5",
+            "faa lorm-ridge@4layers+valx4avg 0.2",
+            "faa ridge@4layers+valx4avg 0.5",
+            "faa lorm-ridge-first@4layers+valx4avg 1.0",
+            "faa lorm-ridge-first@4layers+valx4avg 0.5",
+            "faa lorm-ridge-first@4layers+valx4avg 0.2",
+        ],
+    ),
+    (
         "The {} min ran on one thread beside the test suite for 11 of them, the six blocks' {} min on two threads",
         ["min ridge@mpnet-4layers+valx4avg 0.5", "min ridge@mpnet-6layers+valx4avg 0.5"],
     ),
