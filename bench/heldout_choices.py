@@ -32,6 +32,7 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python bench/heldout_choices.py --cache /tmp/ch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -331,14 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     data = load_training(Path(args.data_dir))
     cache = Path(args.cache)
-    extracted: list[TrainingOnly[dict[str, np.ndarray]]] = []
-
-    def feats() -> TrainingOnly[dict[str, np.ndarray]]:
-        """The training features, read or extracted at the first choice that needs them (none under ``--resume``
-        when every ridge choice is kept)."""
-        if not extracted:
-            extracted.append(training_features(data, cache, args.max_length))
-        return extracted[0]
+    # the training features, read or extracted at the first choice that needs them (none under --resume when every
+    # ridge choice is kept)
+    feats = functools.cache(lambda: training_features(data, cache, args.max_length))
 
     labels = TrainingOnly({s: data[s][1] for s in TRAINING_SPLITS})
     out = Path(args.out)
@@ -354,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         for option, c in options.items():
             mark = "*" if option == pick else " "
             print(
-                f"{name:12s} {mark}{option:10s} lambda {c.lam:9.3g} held-out error {c.error:10.2f} "
+                f"{name:15s} {mark}{option:10s} lambda {c.lam:9.3g} held-out error {c.error:10.2f} "
                 f"acc {c.accuracy:6.2f} {c.seconds:6.0f} s",
                 flush=True,
             )
@@ -365,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         gammas = gamma_cells(root, 0.2)
         pick = choose_gamma(gammas)
         for gamma, cell in gammas.items():
-            print(f"{name:12s} {'*' if gamma == pick else ' '}{gamma:10s} held-out FAA {cell.faa:6.2f}", flush=True)
+            print(f"{name:15s} {'*' if gamma == pick else ' '}{gamma:10s} held-out FAA {cell.faa:6.2f}", flush=True)
         record[name] = {"choice": pick, "current": CURRENT[name], "options": figures(gammas)}
     if "lambda_rule" in kept:
         four = kept["layers"]["3456"]
