@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from common.run.config import RunConfig, add_config_arguments, config_from_args, key_path, merged
+from common.run.presets import PRESETS
 from engine.benchmark_report import JOINT, _duration, write_report
 from engine.cells import RUNNERS, Cell, code_version, run_children, run_grid
 from server.strategies import STRATEGIES
@@ -78,7 +79,12 @@ def method_of(label: str) -> str:
 
 
 def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
-    """``{method: {key: value, "beta=<b>": {key: value}}}`` from a JSON file, checked."""
+    """``{method: {key: value, "beta=<b>": {key: value}, "preset=<name>": {...}}}`` from a JSON file, checked.
+
+    A ``preset=<name>`` object holds overrides of the same form (plain keys and ``beta=`` objects) that apply only to
+    a grid run from that ``--preset``: a choice made on one protocol's held-out samples (LoRM's head γ at β 0.2 on
+    the full data) without changing the cells of another protocol (the quick one, whose held-out samples chose
+    otherwise)."""
     if not path:
         return {}
     with open(path) as f:
@@ -94,16 +100,30 @@ def load_method_config(path: str | None) -> dict[str, dict[str, Any]]:
             raise ValueError(f"--method-config {path}: {err}") from None
         if not isinstance(overrides, dict):
             raise ValueError(f"--method-config {path}: {method}: expected an object, got {overrides!r}")
-        for key, value in overrides.items():
-            if key.startswith("beta="):
-                _beta_of(key, path)
-                if not isinstance(value, dict):
-                    raise ValueError(f"--method-config {path}: {method}.{key}: expected an object, got {value!r}")
-            keys = value if key.startswith("beta=") else {key: value}
-            fixed = sorted(set(keys) & set(GRID_KEYS))
-            if fixed:
-                raise ValueError(f"--method-config {path}: {method}: {fixed} are set by the grid, not per method")
+        _check_overrides(overrides, f"--method-config {path}: {method}", path, presets=True)
     return values
+
+
+def _check_overrides(overrides: dict[str, Any], where: str, path: str, presets: bool) -> None:
+    for key, value in overrides.items():
+        if key.startswith("preset="):
+            name = key.partition("=")[2]
+            if not presets:
+                raise ValueError(f"{where}.{key}: a preset's overrides cannot hold another preset's")
+            if name not in PRESETS:
+                raise ValueError(f"{where}.{key}: unknown preset {name!r}; known: {sorted(PRESETS)}")
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}.{key}: expected an object, got {value!r}")
+            _check_overrides(value, f"{where}.{key}", path, presets=False)
+            continue
+        if key.startswith("beta="):
+            _beta_of(key, path)
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}.{key}: expected an object, got {value!r}")
+        keys = value if key.startswith("beta=") else {key: value}
+        fixed = sorted(set(keys) & set(GRID_KEYS))
+        if fixed:
+            raise ValueError(f"{where}: {fixed} are set by the grid, not per method")
 
 
 def _beta_of(key: str, path: str) -> float:
@@ -113,17 +133,29 @@ def _beta_of(key: str, path: str) -> float:
         raise ValueError(f"--method-config {path}: expected 'beta=<number>', got {key!r}") from None
 
 
-def cell_config(
-    base: RunConfig, method: str, beta: float, seed: int, method_config: dict[str, dict[str, Any]]
-) -> RunConfig:
-    """Base < the method's overrides < its overrides for ``beta`` < the grid's (strategy, beta, seed)."""
-    values = json.loads(base.to_json())
-    overrides = method_config.get(method, {})
+def _applied(values: dict[str, Any], overrides: dict[str, Any], beta: float) -> dict[str, Any]:
+    """``values`` < the plain overrides < those for ``beta`` (``preset=`` objects aside)."""
     # Objects (settings sections, legacy extra) merge key by key at any depth, never replace.
-    values = merged(values, {k: v for k, v in overrides.items() if not k.startswith("beta=")})
+    values = merged(values, {k: v for k, v in overrides.items() if not k.startswith(("beta=", "preset="))})
     for key, per_beta in overrides.items():
         if key.startswith("beta=") and math.isclose(_beta_of(key, "method config"), beta):
             values = merged(values, per_beta)
+    return values
+
+
+def cell_config(
+    base: RunConfig,
+    method: str,
+    beta: float,
+    seed: int,
+    method_config: dict[str, dict[str, Any]],
+    preset_name: str = "",
+) -> RunConfig:
+    """Base < the method's overrides < its overrides for ``beta`` < its ``preset=<preset_name>`` overrides (plain,
+    then for ``beta``) < the grid's (strategy, beta, seed)."""
+    overrides = method_config.get(method, {})
+    values = _applied(json.loads(base.to_json()), overrides, beta)
+    values = _applied(values, overrides.get(f"preset={preset_name}", {}) if preset_name else {}, beta)
     run_id = f"{base.run_id}-{method.replace('@', '-')}-b{beta}-s{seed}"
     values.update(method=method_of(method), beta=beta, seed=seed, run_id=run_id)
     if method_of(method) == JOINT:
@@ -135,9 +167,19 @@ def cell_config(
 
 
 def plan_grid(
-    base: RunConfig, methods: list[str], betas: list[float], seeds: list[int], method_config: dict[str, dict[str, Any]]
+    base: RunConfig,
+    methods: list[str],
+    betas: list[float],
+    seeds: list[int],
+    method_config: dict[str, dict[str, Any]],
+    preset_name: str = "",
 ) -> list[Cell]:
-    return [Cell(m, b, s, cell_config(base, m, b, s, method_config)) for m in methods for b in betas for s in seeds]
+    return [
+        Cell(m, b, s, cell_config(base, m, b, s, method_config, preset_name))
+        for m in methods
+        for b in betas
+        for s in seeds
+    ]
 
 
 def overridden_sets(base: RunConfig, cells: list[Cell], sets: list[str]) -> list[str]:
@@ -307,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
         seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]
-        cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config))
+        cells = plan_grid(base, methods, betas, seeds, load_method_config(args.method_config), args.preset)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except (ValueError, OSError) as err:

@@ -281,6 +281,34 @@ def test_overrides_apply_base_then_method_then_beta():
     assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
 
 
+def test_a_presets_overrides_apply_only_to_a_grid_of_that_preset(tmp_path):
+    """``preset=<name>``: a choice one protocol's held-out samples made (LoRM's head gamma at beta 0.2 on the full
+    data) changes that preset's cells alone, after the method's own overrides; an unknown preset, a nested one or
+    a grid key inside one is refused when the file loads."""
+    overrides = {
+        "lorm": {"lr": 0.02, "beta=0.2": {"gamma_head": 0.1}, "preset=tiny": {"beta=0.2": {"gamma_head": 0.7}}}
+    }
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(overrides))
+    assert bench.load_method_config(str(path)) == overrides
+    base = RunConfig.from_dict(preset("tiny"))
+    tiny = bench.cell_config(base, "lorm", 0.2, 0, overrides, "tiny")
+    other = bench.cell_config(base, "lorm", 0.2, 0, overrides, "demo")
+    assert (tiny.gamma_head, other.gamma_head, tiny.lr, other.lr) == (0.7, 0.1, 0.02, 0.02)
+    assert bench.cell_config(base, "lorm", 0.5, 0, overrides, "tiny").gamma_head == base.gamma_head
+    cells = bench.plan_grid(base, ["lorm"], [0.5, 0.2], [0], overrides, "tiny")
+    assert [cell.config.gamma_head for cell in cells] == [base.gamma_head, 0.7]
+    for bad, message in (
+        ({"preset=nosuch": {}}, "unknown preset 'nosuch'"),
+        ({"preset=tiny": {"preset=demo": {}}}, "cannot hold another preset's"),
+        ({"preset=tiny": {"beta=0.2": {"seed": 3}}}, "set by the grid"),
+        ({"preset=tiny": 0.7}, "expected an object"),
+    ):
+        path.write_text(json.dumps({"lorm": bad}))
+        with pytest.raises(ValueError, match=message):
+            bench.load_method_config(str(path))
+
+
 def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch, capsys):
     # --set is the grid's base and the method config each method's own: where the two disagree the
     # cell runs the method config's value, and lorm-bench says so for that cell alone
@@ -553,8 +581,22 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
         base = RunConfig.from_dict(preset(preset_name))
         for label in method_config:
             for beta in (1.0, 0.5, 0.2):
-                cell = bench.cell_config(base, label, beta, 0, method_config)
+                cell = bench.cell_config(base, label, beta, 0, method_config, preset_name)
                 assert cell.method == ("lorm" if label.startswith("joint") else bench.method_of(label))
+    # LoRM's head gamma (and its ablations', which share its head): 0.5 but at beta 0.2 on the full data, where
+    # its held-out samples chose 0.7 (docs/results/choices: gamma_head and gamma_head_full); the appendix's variant
+    # keeps its 0.1 at beta 0.2 on both
+    gammas = {
+        (label, name, beta): bench.cell_config(
+            RunConfig.from_dict(preset(name)), label, beta, 0, method_config, name
+        ).gamma_head
+        for label in ("lorm", "lorm-b-only", "lorm-avg-tasks", "lorm-seq", "lorm@appendix-gamma")
+        for name in ("cpu-clinc150-quick", "cpu-clinc150-full")
+        for beta in (1.0, 0.5, 0.2)
+    }
+    appendix = {key: 0.1 for key in gammas if key[0] == "lorm@appendix-gamma" and key[2] == 0.2}
+    full = {key: 0.7 for key in gammas if key[1:] == ("cpu-clinc150-full", 0.2) and key not in appendix}
+    assert gammas == {key: 0.5 for key in gammas} | appendix | full
 
 
 @pytest.mark.long(22)
