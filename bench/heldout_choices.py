@@ -314,7 +314,7 @@ def figures(options: Mapping[str, Candidate | GammaCell]) -> dict[str, dict]:
     return {name: asdict(c) for name, c in options.items()}
 
 
-CURRENT = {"lambda_rule": "average", "layers": "3456", "views": "0", "gamma_head": "0.5", "gamma_head_full": "0.5"}
+CURRENT = {"lambda_rule": "average", "layers": "3456", "views": "0", "gamma_head": "0.5", "gamma_head_full": "0.7"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 The comparison wants every method (every label with a committed cell in ``docs/results/clinc150-full/cells``) at β
 1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing
-cell's command is its label's committed command (its preset, method config and ``--set`` values, ``threads`` aside),
+cell's command is its label's committed command (the preset, method config and ``--set`` values every committed cell
+of the label ran with, ``threads`` aside),
 for that β and those seeds, into ``--out``; a GPU host runs them ``--jobs`` at a time (``lorm-bench --jobs``: one
 process a cell). A twin runs once: lorm-bench copies a finished cell to an identical configuration (``joint`` at
 every β) and to a frozen head's other β (``ncm``, ``ridge`` without ``ridge.views``: its sums are the same under any
@@ -61,11 +62,19 @@ def missing(cells: list[dict], labels: list[str] | None = None) -> dict[str, dic
     return out
 
 
-def carried(command: str) -> list[str]:
-    """The options of a committed cell's command that every cell of its label shares: the preset, the method
-    config (the grid's, where the command named none: a label's β-specific values live there), the mode and each
-    ``--set`` but ``threads``; in one order (labels whose commands wrote the same options in another order share a
-    group, so one lorm-bench runs their cells side by side)."""
+def carried(*commands: str) -> list[str]:
+    """The options the committed commands of a label's cells all share: the preset, the method config (the grid's,
+    where a command named none: a label's β-specific values live there), the mode and each ``--set`` but
+    ``threads``; in one order (labels whose commands wrote the same options in another order share a group, so one
+    lorm-bench runs their cells side by side). An option one cell's command has and another's lacks is that cell's
+    own, not the label's (LoRM's head γ 0.7 at β 0.2, first given as ``--set``, is the method config's now), and is
+    left out, so that it cannot reach the label's other β."""
+    shared = [_pairs(command) for command in commands]
+    kept = [pair for pair in shared[0] if all(pair in other for other in shared[1:])]
+    return [word for pair in sorted(kept, key=lambda p: (KEPT.index(p[0]), p[1])) for word in pair]
+
+
+def _pairs(command: str) -> list[tuple[str, str]]:
     words, kept = shlex.split(command), []
     if "--method-config" not in words:
         kept.append(("--method-config", METHOD_CONFIG))
@@ -75,7 +84,7 @@ def carried(command: str) -> list[str]:
             if word == "--set" and value.startswith("threads="):
                 continue
             kept.append((word, value))
-    return [word for pair in sorted(kept, key=lambda p: (KEPT.index(p[0]), p[1])) for word in pair]
+    return kept
 
 
 def commands(
@@ -93,9 +102,9 @@ def commands(
     groups: dict[tuple[tuple[str, ...], tuple[int, ...]], list[str]] = {}
     gaps = missing(cells, labels)
     for label in sorted(gaps, key=lambda x: labels.index(x)) if labels else gaps:
-        example = next(cell for group in rows[label].values() for cell in group)
+        options = carried(*(cell["command"] for group in rows[label].values() for cell in group))
         seeds: tuple[int, ...] = SEEDS if label in HEADLINE else (0,)
-        groups.setdefault((tuple(carried(example["command"])), seeds), []).append(label)
+        groups.setdefault((tuple(options), seeds), []).append(label)
     committed = shlex.quote(str(FULL.relative_to(ROOT) / "cells"))
     lines = [f"mkdir -p {shlex.quote(out)} && cp -rn {committed} {shlex.quote(out)}/"]
     for (base, seeds), members in groups.items():

@@ -15,6 +15,7 @@ from engine.benchmark_report import cell_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "docs" / "results"
+GAMMA_05 = "clinc150-full-diag/gamma-head-0.5"  # LoRM's and its ablations' beta 0.2 cells at head gamma 0.5
 
 
 def _group(spec: str, results: Path = RESULTS_DIR) -> list[dict]:
@@ -127,16 +128,24 @@ QUOTED_ROWS = [
     (PROTOCOL, "`lorm`, seeds 1 and 2 (27124ac", ["lorm 1.0 1", "lorm 1.0 2"]),
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (8200015", ["lorm 0.5 1", "lorm 0.5 2"]),
-    (PROTOCOL, "`lorm` | 0.2", ["lorm 0.2"]),
-    (PROTOCOL, "`lorm`, seeds 1 and 2 (ba5836c", ["lorm 0.2 1", "lorm 0.2 2"]),
+    (PROTOCOL, "`lorm` (head γ 0.7", ["lorm 0.2"]),
+    (PROTOCOL, "`lorm`, seeds 1 and 2 (7d878b3", ["lorm 0.2 1", "lorm 0.2 2"]),
+    (PROTOCOL, "`lorm` at head γ 0.5", [f"lorm 0.2 0 {GAMMA_05}"]),
+    (
+        PROTOCOL,
+        "the same, seeds 1 and 2 (ba5836c",
+        [f"lorm 0.2 1 {GAMMA_05}", f"lorm 0.2 2 {GAMMA_05}"],
+    ),
     (PROTOCOL, "`lorm@appendix-gamma`", ["lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"]),
     (PROTOCOL, "the same, seed 1", ["lorm 0.2 1 clinc150-full-diag/gamma-head-0.1"]),
     (PROTOCOL, "the same, batch 32", ["lorm 0.2 0 clinc150-full-diag/batch32"]),
     (PROTOCOL, "`lorm` (H100", ["lorm 0.5 0 clinc150-full-h100-check"]),
     (PROTOCOL, "`lorm-b-only` (B trained", ["lorm-b-only 0.5"]),
-    (PROTOCOL, "`lorm-b-only` (H100)", ["lorm-b-only 1.0", "lorm-b-only 0.2"]),
+    (PROTOCOL, "`lorm-b-only` (H100", ["lorm-b-only 1.0", f"lorm-b-only 0.2 0 {GAMMA_05}"]),
+    (PROTOCOL, "`lorm-b-only` at head γ 0.7", ["lorm-b-only 0.2"]),
     (PROTOCOL, "`lorm-avg-tasks` (task", ["lorm-avg-tasks 0.5"]),
-    (PROTOCOL, "`lorm-avg-tasks` (H100)", ["lorm-avg-tasks 1.0", "lorm-avg-tasks 0.2"]),
+    (PROTOCOL, "`lorm-avg-tasks` (H100", ["lorm-avg-tasks 1.0", f"lorm-avg-tasks 0.2 0 {GAMMA_05}"]),
+    (PROTOCOL, "`lorm-avg-tasks` at head γ 0.7", ["lorm-avg-tasks 0.2"]),
     (PROTOCOL, "`fedavg-lora` (resumed", ["fedavg-lora 0.5"]),
     (PROTOCOL, "`fedavg-lora` (H100)", ["fedavg-lora 1.0", "fedavg-lora 0.2"]),
     (PROTOCOL, "`fedavg` (", ["fedavg 0.5"]),
@@ -211,22 +220,48 @@ QUOTED_PROSE = [
         ],
     ),
     (
-        "`lorm` over three seeds at β 0.2: {} / {} / {}, **{} ± {}**, +2.14 above the paper's 77.67; seeds 1 and 2 "
-        "held at most {} GB each. With every β at three seeds, LoRM loses 6.2 points from β 1.0 to 0.2 ({} to {})",
+        "`lorm` over three seeds at β 0.2 with head γ 0.5: {} / {} / {}, {} ± {}, +2.14 above the paper's 77.67; "
+        "seeds 1 and 2 held at most {} GB each.",
         [
-            "faa lorm 0.2",
-            "faa lorm 0.2 1",
-            "faa lorm 0.2 2",
-            "faa_mean lorm 0.2 *",
-            "faa_std lorm 0.2 *",
-            "gb lorm 0.2 1 & lorm 0.2 2",
-            "faa_mean lorm 1.0 *",
-            "faa_mean lorm 0.2 *",
+            *(f"faa lorm 0.2 {seed} {GAMMA_05}" for seed in (0, 1, 2)),
+            f"faa_mean lorm 0.2 * {GAMMA_05}",
+            f"faa_std lorm 0.2 * {GAMMA_05}",
+            f"gb lorm 0.2 1 {GAMMA_05} & lorm 0.2 2 {GAMMA_05}",
         ],
     ),
-    ("4.3 and 5.5 over its three seeds there, {} ± {})", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
-    ("(1.0 above its three seeds' mean, {} ± {}, two of", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
-    ("and 0.49 at β 0.2, where they give {}, 0.2 and 0.9", ["faa_mean lorm 0.2 *"]),
+    (
+        "cell, code `7d878b3`, the γ given as `--set gamma_head=0.7`, which the grid file's entry now sets): {} / {} / "
+        "{}, **{} ± {}**, +2.83 above the paper,",
+        ["faa lorm 0.2", "faa lorm 0.2 1", "faa lorm 0.2 2", "faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"],
+    ),
+    ("by seed (+1.27, +0.16, +0.66), at {} / {} / {} GB peak.", ["gb lorm 0.2", "gb lorm 0.2 1", "gb lorm 0.2 2"]),
+    (
+        "With every β at three seeds, LoRM loses 5.5 points from β 1.0 to 0.2 ({} to {})",
+        ["faa_mean lorm 1.0 *", "faa_mean lorm 0.2 *"],
+    ),
+    ("5.0 and 6.2 over its three seeds there, {} ± {}; with γ 0.5", ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"]),
+    (
+        "(0.3 above its three seeds' mean, {} ± {}; 1.5 and 1.0 above LoRM's γ 0.5 cells, {} and {} ± {})",
+        [
+            "faa_mean lorm 0.2 *",
+            "faa_std lorm 0.2 *",
+            f"faa lorm 0.2 0 {GAMMA_05}",
+            f"faa_mean lorm 0.2 * {GAMMA_05}",
+            f"faa_std lorm 0.2 * {GAMMA_05}",
+        ],
+    ),
+    (
+        "from its three seeds' mean, {} ± {}; single seeds.",
+        ["faa_mean lorm 0.2 *", "faa_std lorm 0.2 *"],
+    ),
+    (
+        "With the head γ 0.5 the two gave {} and {} at β 0.2 (H100), 0.2 and 0.9 above LoRM's γ 0.5 mean, {}.",
+        [
+            f"faa lorm-b-only 0.2 0 {GAMMA_05}",
+            f"faa lorm-avg-tasks 0.2 0 {GAMMA_05}",
+            f"faa_mean lorm 0.2 * {GAMMA_05}",
+        ],
+    ),
     ("its clean counterpart, `ridge@3layers+valx4avg`, gives {} (full data", ["faa ridge@3layers+valx4avg 0.5"]),
     (
         "`lorm` over three seeds at β 1.0 (rank 2): {} / {} / {}, **{} ± {}**",
@@ -237,7 +272,7 @@ QUOTED_PROSE = [
         "its seed 0 leads by 1.0 and 1.4, but its three seeds' mean ({} ± {})",
         ["faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"],
     ),
-    ("where LoRM's three seeds give {}, between the two ablations", ["faa_mean lorm 1.0 *"]),
+    ("where its three seeds give {}, between the two ablations", ["faa_mean lorm 1.0 *"]),
     ("(0.4 below its three seeds' mean, {} ± {})", ["faa_mean lorm 1.0 *", "faa_std lorm 1.0 *"]),
     (
         "by 6.3 points each over three seeds ({} and {} against {}; seed 0 alone: {} and {}, 6.9 and 6.4 above)",
@@ -252,7 +287,7 @@ QUOTED_PROSE = [
     ),
     (
         "the one GPU, {} min each), three seeds each: CCVR **{} ± {} / {} ± {} / {} ± {}** and PILoRA **{} ± {} / {} "
-        "± {} / {} ± {}** at β 1.0 / 0.5 / 0.2, 3.8, 6.3 and 8.2 (CCVR) and 3.8, 6.3 and 10.3 (PILoRA) above LoRM's "
+        "± {} / {} ± {}** at β 1.0 / 0.5 / 0.2, 3.8, 6.3 and 7.5 (CCVR) and 3.8, 6.3 and 9.6 (PILoRA) above LoRM's "
         "three-seed means ({}, {}, {})",
         [
             "min "
@@ -267,7 +302,7 @@ QUOTED_PROSE = [
         ],
     ),
     (
-        "`l2p` **{}** and **{}**, `l2p@tuned` **{}** and **{}**, 2.3 and 15.1 below LoRM's three-seed means ({}, {})",
+        "`l2p` **{}** and **{}**, `l2p@tuned` **{}** and **{}**, 2.3 and 15.8 below LoRM's three-seed means ({}, {})",
         [
             "faa l2p 1.0",
             "faa l2p 0.2",
@@ -349,6 +384,19 @@ QUOTED_PROSE = [
             "min ridge@3layers+valx4avg+views 0.5",
             "gb ridge@3layers+valx4avg+views 0.5",
         ],
+    ),
+    (
+        "cell of the LoRM family at a time; code `7d878b3`)[^7d878b3]: **{}** and **{}** (forgetting {} and {}), "
+        "λ 3.2e4 on every task at both, the same bytes, {} and {} min, {} and {} GB peak;",
+        [
+            f"{field} ridge@3layers+valx4avg+views {beta}"
+            for field in ("faa", "forgetting", "min", "gb")
+            for beta in ("1.0", "0.2")
+        ],
+    ),
+    (
+        "So {} / {} / {} at β 1.0 / 0.5 / 0.2, within 0.18 of one another",
+        [f"faa ridge@3layers+valx4avg+views {beta}" for beta in ("1.0", "0.5", "0.2")],
     ),
     (
         "(`ridge@3layers+valx4avg`, otherwise as above), full data, β 0.5, seed 0: **{}**, forgetting {}, λ 3.2e4 on "
@@ -610,8 +658,9 @@ QUOTED_PROSE = [
     ),
     (
         "Seeds 1 and 2 of FisherAvg at β 1.0 and 0.2 gave **{}** and **{}**, then **{}** and **{}**: over seeds 0–2, "
-        "**{} ± {}** and **{} ± {}**, 2.4 below LoRM's three-seed mean at β 1.0 and 0.7 above it at β 0.2 (one thread "
-        "each, two cells side by side on host B, beside other work: {} / {} min for seed 1, {} / {} min for seed 2;",
+        "**{} ± {}** and **{} ± {}**, 2.4 below LoRM's three-seed mean at β 1.0 and 0.04 above it at β 0.2 (0.7 above "
+        "γ 0.5's). One thread each, two cells side by side on host B, beside other work: {} / {} min for seed 1, {} / "
+        "{} min for seed 2 (upper bounds)",
         [
             "faa fisheravg 1.0 1",
             "faa fisheravg 0.2 1",
@@ -664,7 +713,7 @@ QUOTED_PROSE = [
     ("FedProto ({}) is 3.1 below LoRM", ["faa fedproto 0.5"]),
     (
         "At β 1.0 and 0.2 (`lwf`, seed 0, an H200, six cells at a time): **{}** and **{}** (forgetting {} and {}), "
-        "5.8 and 10.7 below LoRM's three-seed means ({}, {}) and 5.4 below FedAvg's seed 0 at both ({}, {}),",
+        "5.8 and 11.3 below LoRM's three-seed means ({}, {}) and 5.4 below FedAvg's seed 0 at both ({}, {}),",
         [
             "faa lwf 1.0",
             "faa lwf 0.2",
@@ -685,7 +734,7 @@ QUOTED_PROSE = [
     ("62.89). {} min on one thread beside other cells", ["min target 1.0"]),
     (
         "TARGET at β 0.2 (`target`, seed 0, host B, one thread beside one other cell; code `39b3feb`): **{}** "
-        "(forgetting {}), 15.8 below FedAvg's seed 0 ({}) and 21.1 below LoRM's three-seed mean ({}); so {} / {} / {} "
+        "(forgetting {}), 15.8 below FedAvg's seed 0 ({}) and 21.8 below LoRM's three-seed mean ({}); so {} / {} / {} "
         "at β 1.0 / 0.5 / 0.2",
         [
             "faa target 0.2",
@@ -711,7 +760,7 @@ QUOTED_PROSE = [
     ),
     (
         "At β 1.0 and 0.2 (`ewc`, seed 0, host B, one thread each, side by side) it gives **{}** and **{}** "
-        "(forgetting {} and {}), 0.3 and 5.3 below LoRM's three-seed means ({}, {}) and within 0.05 of FedAvg's seed 0 "
+        "(forgetting {} and {}), 0.3 and 6.0 below LoRM's three-seed means ({}, {}) and within 0.05 of FedAvg's seed 0 "
         "at both ({}, {}):",
         [
             "faa ewc 1.0",
@@ -756,7 +805,7 @@ QUOTED_PROSE = [
         ],
     ),
     (
-        "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 25.6 below LoRM's "
+        "At β 1.0 and 0.2 (`coda-p`, seed 0): **{}** and **{}** (forgetting {} and {}), 9.4 and 26.3 below LoRM's "
         "three-seed means ({}, {})",
         [
             "faa coda-p 1.0",
@@ -771,8 +820,8 @@ QUOTED_PROSE = [
         "At β 1.0 and 0.2 (seed 0) FedAvg gives **{}** and **{}** (forgetting {} and {}), seed 1 (host B, one thread "
         "each, side by side, {} and {} min) **{}** and **{}**, and seed 2 (likewise, {} and {} min) **{}** and **{}**: "
         "**{} ± {}** and **{} ± {}** over three seeds. At β 0.5 seeds 1 and 2 (host B, one thread each, side by side, "
-        "{} and {} min) give **{}** and **{}**, so **{} ± {}** over three seeds there. FedAvg is 0.5, 3.3 and 7.3 "
-        "below LoRM's three-seed means at β 1.0, 0.5 and 0.2 ({}, {}, {}; seed 0 alone put it 0.4, 1.7 and 5.3 below",
+        "{} and {} min) give **{}** and **{}**, so **{} ± {}** over three seeds there. FedAvg is 0.5, 3.3 and 8.0 "
+        "below LoRM's three-seed means at β 1.0, 0.5 and 0.2 ({}, {}, {}; seed 0 alone put it 0.4, 1.7 and 6.0 below",
         [
             "faa fedavg 1.0",
             "faa fedavg 0.2",
@@ -816,7 +865,7 @@ QUOTED_PROSE = [
         ["min lwf@tuned 1.0", "gb lwf@tuned 1.0", "faa lwf@tuned 1.0", "forgetting lwf@tuned 1.0"],
     ),
     (
-        "At β 0.2 (the same host and company, {} min, {} GB): **{}** (forgetting {}), 13.2 below `lwf` ({}) and 23.8 "
+        "At β 0.2 (the same host and company, {} min, {} GB): **{}** (forgetting {}), 13.2 below `lwf` ({}) and 24.5 "
         "below LoRM's three-seed mean ({})",
         [
             "min lwf@tuned 0.2",
@@ -874,7 +923,7 @@ QUOTED_PROSE = [
     ),
     ("`ridge` here is {}; the older script", ["faa ridge 0.5"]),
     (
-        "(0.1, this grid's setting until now) `lorm` is {}, −3.94",
+        "(0.1, this grid's setting before either) `lorm` is {}, −3.94",
         ["faa lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"],
     ),
     (
@@ -882,7 +931,7 @@ QUOTED_PROSE = [
         ["faa lorm 0.2 1 clinc150-full-diag/gamma-head-0.1", "faa_mean lorm 0.2 * clinc150-full-diag/gamma-head-0.1"],
     ),
     ("its head γ not recorded): {}, +0.31", ["faa lorm 0.2 0 clinc150-full-diag/batch32"]),
-    ("(the paper's value at β 1.0 and 0.5): **{}, +5.60**", ["faa lorm 0.2"]),
+    ("(the paper's value at β 1.0 and 0.5): **{}, +5.60**", [f"faa lorm 0.2 0 {GAMMA_05}"]),
     (
         "All this while sending {} MB per client where these send the whole encoder's update ({} MB; RegMean its "
         "Grams too, {} MB)",
@@ -979,7 +1028,7 @@ QUOTED_METHODS = [
     ),
     (
         "this `lorm` on the full training set {} / {} / {} (seed 0, 1 local epoch per round; over seeds 0-2, "
-        "{} ± {} at β 1.0, {} ± {} at β 0.5 and {} ± {} at β 0.2",
+        "{} ± {} at β 1.0, {} ± {} at β 0.5 and {} ± {} at β 0.2, head γ 0.7 there",
         [
             "faa lorm 1.0",
             "faa lorm 0.5",
@@ -1026,8 +1075,8 @@ QUOTED_METHODS = [
         ],
     ),
     (
-        "within the paper's figure at β 0.2 ({} against {}; docs/RESULTS.md)",
-        ["faa lorm 0.2", "faa lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"],
+        "within the paper's figure at β 0.2 ({} at 0.5, {} at 0.7, against {} at 0.1, seed 0; docs/RESULTS.md)",
+        [f"faa lorm 0.2 0 {GAMMA_05}", "faa lorm 0.2", "faa lorm 0.2 0 clinc150-full-diag/gamma-head-0.1"],
     ),
 ]
 

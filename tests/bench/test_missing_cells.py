@@ -65,26 +65,32 @@ def test_the_commands_run_what_is_missing_with_each_labels_own_options():
     assert planned - committed == wanted and ("ncm", 1.0, 0) in wanted
 
 
-def test_the_committed_table_lacks_the_headline_rows_seeds_and_the_competitors_other_betas():
+def test_the_committed_table_has_every_label_at_every_beta_and_the_headline_rows_three_seeds():
+    """Nothing is missing: every label at beta 1.0, 0.5 and 0.2 (seed 0), the headline rows at seeds 0-2. Twins
+    count once run: joint's one configuration and a frozen head's beta 0.5 run serve every beta, but not a head
+    with dropout views (``ridge@3layers+valx4avg+views``), which each client draws from its own shard: it ran at
+    each beta."""
     mc = planner()
-    gaps = mc.missing(mc.load_cells(mc.FULL))
-    # CCVR and PILoRA have three seeds at every beta (seeds 1 and 2 on a GPU): nothing of theirs remains;
-    # FisherAvg, a headline row, has three seeds at every beta too
-    assert "ccvr" not in gaps and "pilora" not in gaps and 0.5 not in gaps.get("ncm", {})
-    assert "fisheravg" not in gaps
-    assert "l2p" not in gaps and "lwf" not in gaps  # the competitors' other betas, on a GPU
-    assert "fedproto" not in gaps  # not a headline row: seed 0 at every beta is all it needs
-    assert "ewc" not in gaps and "ewc@reference" not in gaps  # their beta 1.0 and 0.2 ran on the CPU
-    assert "joint@tuned" not in gaps  # one client holds all data: its beta 0.5 run is reused at every beta
-    assert "target" not in gaps and "lorm-ridge@4layers+valx4avg" not in gaps  # their other betas ran on the CPU
-    # a frozen head's beta 0.5 run is reused at the other betas (its figures are the same under any split), but not
-    # with dropout views, which each client draws from its own shard
-    assert "ridge@4layers+valx4avg" not in gaps and "ridge@mpnet-4layers+valx4avg" not in gaps
-    assert gaps["ridge@3layers+valx4avg+views"] == {1.0: [0], 0.2: [0]}
-    # its cell from before lambda_rule defaulted to auto is read with the rule it ran (the members', as named now)
-    assert "ridge@4layers+valx4" not in gaps
-    assert "lwf@tuned" not in gaps
-    assert "lorm-ridge-first@3layers+valx4avg" not in gaps  # a headline row: three seeds at every beta
+    cells = mc.load_cells(mc.FULL)
+    rows = mc.by_method(cells)
+    assert set(mc.HEADLINE) <= set(rows) and len(rows) >= 38
+    assert mc.missing(cells) == {}
+    views = rows["ridge@3layers+valx4avg+views"]
+    assert sorted(views) == [0.2, 0.5, 1.0] and not any(c.get("reused_from") for b in views for c in views[b])
+
+
+def test_an_option_only_some_of_a_labels_cells_ran_with_is_not_carried_to_its_other_cells():
+    """LoRM's beta 0.2 cells ran with ``--set gamma_head=0.7`` (the method config's value now); a missing beta 1.0
+    cell of the label must not get it, while what every cell shares (``fisher_batch``) still goes along."""
+    mc = planner()
+    plain = "lorm-bench --preset cpu-clinc150-full --methods lorm --set fisher_batch=16 --set threads=1"
+    cells = [cell("lorm", 0.2, s, plain + " --set gamma_head=0.7") for s in range(3)]  # the first a label has
+    cells += [cell("lorm", 0.5, s, plain) for s in range(3)]
+    (line,) = mc.commands(cells, "runs/x", 2)[1:]
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    assert "fisher_batch=16" in args.set and not any(item.startswith("gamma_head") for item in args.set)
+    assert ",".join(args.betas) == "1.0,0.5,0.2" and args.preset == "cpu-clinc150-full"
+    assert mc.carried(plain, plain + " --set gamma_head=0.7") == mc.carried(plain)
 
 
 def test_labels_whose_commands_order_their_options_otherwise_share_one_run_in_the_order_asked():
