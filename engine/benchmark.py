@@ -281,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="inprocess: the in-process engine; distributed: coordinator + client processes",
     )
     parser.add_argument("--out", required=True, help="the grid's folder (cells/, results.md, results.csv, plots)")
-    parser.add_argument("--method-config", default="", help='JSON {method: {key: value, "beta=<b>": {key: value}}}')
+    parser.add_argument(
+        "--method-config",
+        default="",
+        help='JSON {method: {key: value, "beta=<b>": {key: value}, "preset=<name>": {the same, for that --preset}}}',
+    )
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds one cell may take (0: no limit)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots from the cells")
     parser.add_argument(
