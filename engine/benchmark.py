@@ -155,7 +155,7 @@ def cell_config(
     then for ``beta``) < the grid's (strategy, beta, seed)."""
     overrides = method_config.get(method, {})
     values = _applied(json.loads(base.to_json()), overrides, beta)
-    values = _applied(values, overrides.get(f"preset={preset_name}", {}) if preset_name else {}, beta)
+    values = _applied(values, overrides.get(f"preset={preset_name}", {}), beta)  # no "preset=" key loads
     run_id = f"{base.run_id}-{method.replace('@', '-')}-b{beta}-s{seed}"
     values.update(method=method_of(method), beta=beta, seed=seed, run_id=run_id)
     if method_of(method) == JOINT:
