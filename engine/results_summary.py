@@ -222,8 +222,8 @@ def _reused_key(cells: list[dict]) -> str:
     lines = []
     if same:
         lines.append(
-            f" {_listed(same)}: one run, reused at the other β (its configuration is the same at every β; lorm-bench "
-            "copies such a twin instead of running it again)."
+            f" {_listed(same)}: a run at one β, copied to each β where it did not run (its configuration is the same "
+            "at every β; lorm-bench copies such a twin instead of running it again)."
         )
     if split:
         agree, differ = split_checks(cells)
@@ -233,9 +233,9 @@ def _reused_key(cells: list[dict]) -> str:
             else "none ran twice"
         )
         lines.append(
-            f" {_listed(split)}: one run, reused at the other β: a frozen head's sums are the same under any split of "
-            f"the samples over the clients, and its held-out samples are chosen by global index, so its figures are "
-            f"the same at every β (of the frozen heads, {ran}"
+            f" {_listed(split)}: a run at one β, copied to each β where it did not run: a frozen head's sums are the "
+            "same under any split of the samples over the clients, and its held-out samples are chosen by global "
+            f"index, so its figures are the same at every β (of the frozen heads, {ran}"
             + (f"; {_listed([f'`{x}`' for x in differ])} differ" if differ else "")
             + ")."
         )

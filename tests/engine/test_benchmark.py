@@ -389,7 +389,7 @@ def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     table = costs({"g": cells})
     assert table.count("| the run of `joint/beta1.0/seed1`, reused | no: not run again |") == 2
     assert sum(1 for line in table.splitlines() if line.startswith("| `joint` |") and "reused" not in line) == 1
-    assert "`joint`: one run, reused at the other β" in summary(cells)
+    assert "`joint`: a run at one β, copied to each β where it did not run" in summary(cells)
 
 
 def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path, monkeypatch):
@@ -413,7 +413,10 @@ def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path,
     from engine.benchmark_report import load_cells
     from engine.results_summary import summary
 
-    assert "`ridge`: one run, reused at the other β: a frozen head's sums are the same" in summary(load_cells(out))
+    assert (
+        "`ridge`: a run at one β, copied to each β where it did not run: a frozen head's sums are the same"
+        in summary(load_cells(out))
+    )
     calls.clear()
     views = [*grid[:-1], str(tmp_path / "views"), "--set", "ridge.views=2"]
     rc, _ = bench_main(views)
