@@ -450,6 +450,16 @@ QUOTED_PROSE = [
         ],
     ),
     (
+        "Run again at β 1.0 with the peak logged (code `2977770`, one other cell beside it): the same figures, {} min, "
+        "{} GB peak",
+        ["min ridge@4layers+valx4 1.0", "gb ridge@4layers+valx4 1.0"],
+    ),
+    (
+        "run again at β 1.0 with the peak logged, code `e625c55`, one other cell beside it: the same figures, {} min, "
+        "{} GB peak, against {} GB for the members' rule",
+        ["min ridge@4layers+valx4avg 1.0", "gb ridge@4layers+valx4avg 1.0", "gb ridge@4layers+valx4 1.0"],
+    ),
+    (
         "full data, β 0.5, seed 0[^80c542f]: **{}**, forgetting {}, λ 3.2e4 on the first task and 1e5 on the next "
         "four (half a decade below the members' rule each time, as on the sweep), the same {} MB per client, {} min",
         [
