@@ -118,7 +118,7 @@ QUOTED_ROWS = [
     (SYSTEM, "the same at β 0.2 (resumed once", ["lorm-ridge@3layers 0.2"]),
     (SYSTEM, "`lorm-ridge-first@3layers`", ["lorm-ridge-first@3layers 0.5"]),
     (SYSTEM, "the same at β 1.0 (rank 1;", ["lorm-ridge-first@3layers 1.0"]),
-    (SYSTEM, "the same at β 0.2[", ["lorm-ridge-first@3layers 0.2"]),
+    (SYSTEM, "the same at β 0.2 (run again", ["lorm-ridge-first@3layers 0.2"]),
     (MPNET, "`ridge@4layers+valx4avg` (MiniLM", ["ridge@4layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-4layers+valx4avg`", ["ridge@mpnet-4layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg` (", ["ridge@mpnet-6layers+valx4avg 0.5"]),
