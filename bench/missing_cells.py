@@ -69,8 +69,8 @@ def carried(*commands: str) -> list[str]:
     lorm-bench runs their cells side by side). An option one cell's command has and another's lacks is that cell's
     own, not the label's (LoRM's head γ 0.7 at β 0.2, first given as ``--set``, is the method config's now), and is
     left out, so that it cannot reach the label's other β."""
-    shared = [_pairs(command) for command in commands]
-    kept = [pair for pair in shared[0] if all(pair in other for other in shared[1:])]
+    first, *others = [_pairs(command) for command in commands]
+    kept = [pair for pair in first if all(pair in other for other in others)]
     return [word for pair in sorted(kept, key=lambda p: (KEPT.index(p[0]), p[1])) for word in pair]
 
 

@@ -124,7 +124,7 @@ QUOTED_ROWS = [
     (MPNET, "`ridge@mpnet-6layers+valx4avg` (", ["ridge@mpnet-6layers+valx4avg 0.5"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg`, seed 1", ["ridge@mpnet-6layers+valx4avg 0.5 1"]),
     (MPNET, "`ridge@mpnet-6layers+valx4avg`, seed 2", ["ridge@mpnet-6layers+valx4avg 0.5 2"]),
-    (PROTOCOL, "`lorm` (run again with its peak memory logged: the same figures)[^fd0cc95] | 1.0", ["lorm 1.0"]),
+    (PROTOCOL, "`lorm` (run again", ["lorm 1.0"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (27124ac", ["lorm 1.0 1", "lorm 1.0 2"]),
     (PROTOCOL, "`lorm` | 0.5", ["lorm 0.5"]),
     (PROTOCOL, "`lorm`, seeds 1 and 2 (8200015", ["lorm 0.5 1", "lorm 0.5 2"]),
