@@ -607,9 +607,10 @@ QUOTED_PROSE = [
         ["faa joint@tuned 0.5", "mb joint@tuned 0.5", "min joint@tuned 0.5"],
     ),
     (
-        "run again at β 1.0 with the peak logged, code `d1d3a46`, one other cell beside it: the same figures, {} min, "
-        "{} GB peak), against the paper's joint",
-        ["min joint@tuned 1.0", "gb joint@tuned 1.0"],
+        "run again with the peak logged, code `811068a`, one other cell beside it: the same figures, {} GB peak; the "
+        "first run took 61.7 min beside two to four other runs; at β 1.0, code `d1d3a46`, one other cell beside it: "
+        "the same figures, {} min, {} GB), against the paper's joint",
+        ["gb joint@tuned 0.5", "min joint@tuned 1.0", "gb joint@tuned 1.0"],
     ),
     ("`lorm-b-only` at β 0.5: {}, 1.1 below `lorm`", ["faa lorm-b-only 0.5"]),
     ("`lorm-avg-tasks` {}, level with `lorm` ({};", ["faa lorm-avg-tasks 0.5", "faa lorm 0.5"]),
