@@ -440,13 +440,15 @@ QUOTED_PROSE = [
     (
         "full data, β 0.5, seed 0[^c2eb920]: **{}**, forgetting {}, λ 1e5 on the first task and 3.2e5 on the next "
         "four (the members' rule, as the sweep's), {} MB per client over the run (4.0 times `ridge@3layers+val`'s {} "
-        "MB), {} min",
+        "MB), {} min run again with the peak logged (code `811068a`, one other cell beside it: the same figures, {} GB "
+        "peak; the first run took 60.9 min",
         [
             "faa ridge@4layers+valx4 0.5",
             "forgetting ridge@4layers+valx4 0.5",
             "mb ridge@4layers+valx4 0.5",
             "mb ridge@3layers+val 0.5",
             "min ridge@4layers+valx4 0.5",
+            "gb ridge@4layers+valx4 0.5",
         ],
     ),
     (
