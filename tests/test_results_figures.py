@@ -464,12 +464,16 @@ QUOTED_PROSE = [
     ),
     (
         "full data, β 0.5, seed 0[^80c542f]: **{}**, forgetting {}, λ 3.2e4 on the first task and 1e5 on the next "
-        "four (half a decade below the members' rule each time, as on the sweep), the same {} MB per client, {} min",
+        "four (half a decade below the members' rule each time, as on the sweep), the same {} MB per client, {} min "
+        "run again with the peak logged (code `dabd65f`, one other cell beside it: the same figures, {} GB peak, "
+        "against {} GB for the members' rule",
         [
             "faa ridge@4layers+valx4avg 0.5",
             "forgetting ridge@4layers+valx4avg 0.5",
             "mb ridge@4layers+valx4avg 0.5",
             "min ridge@4layers+valx4avg 0.5",
+            "gb ridge@4layers+valx4avg 0.5",
+            "gb ridge@4layers+valx4 0.5",
         ],
     ),
     (
@@ -599,7 +603,7 @@ QUOTED_PROSE = [
         "The {} min ran on one thread beside the test suite for 11 of them, the six blocks' {} min on two threads",
         ["min ridge@mpnet-4layers+valx4avg 0.5", "min ridge@mpnet-6layers+valx4avg 0.5"],
     ),
-    ("MiniLM's {} ran beside three to four other runs", ["min ridge@4layers+valx4avg 0.5"]),
+    ("MiniLM's {} ran beside one other cell", ["min ridge@4layers+valx4avg 0.5"]),
     (
         "`lorm` over three seeds at β 0.5: {} / {} / {}, **{} ± {}**",
         ["faa lorm 0.5 0", "faa lorm 0.5 1", "faa lorm 0.5 2", "faa_mean lorm 0.5 *", "faa_std lorm 0.5 *"],
