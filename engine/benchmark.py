@@ -174,6 +174,14 @@ def plan_grid(
     method_config: dict[str, dict[str, Any]],
     preset_name: str = "",
 ) -> list[Cell]:
+    for label in methods:
+        if "@" in label and label not in method_config:
+            # a variant is its overrides: without them the label would run its plain method under another name
+            variants = sorted(v for v in method_config if v.partition("@")[0] == method_of(label) and "@" in v)
+            raise ValueError(
+                f"--methods {label}: no such variant in --method-config (variants of {method_of(label)} there: "
+                f"{', '.join(variants) or 'none'})"
+            )
     return [
         Cell(m, b, s, cell_config(base, m, b, s, method_config, preset_name))
         for m in methods

@@ -331,6 +331,27 @@ def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch,
     ]
 
 
+def test_a_variant_the_method_config_does_not_define_is_refused_before_any_cell(tmp_path, monkeypatch, capsys):
+    # NAME@VARIANT is the method with the variant's overrides: a label the config lacks (a typo, or the wrong config)
+    # would run the plain method under the variant's name, so the grid refuses it and names the variants there are
+    calls = []
+    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    (tmp_path / "m.json").write_text(json.dumps({"lorm@slow": {"lr": 0.01}, "lwf@fast": {"lr": 0.1}}))
+    argv = ["--methods", "lorm,lorm@sloww", "--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")]
+    with pytest.raises(SystemExit) as exc:
+        bench.main(TINY + argv)
+    assert exc.value.code == 2 and calls == [] and not (tmp_path / "g" / "cells").exists()
+    assert "--methods lorm@sloww: no such variant in --method-config (variants of lorm there: lorm@slow)" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):  # no method config at all: no variant exists
+        bench.main(TINY + ["--methods", "lorm@slow", "--out", str(tmp_path / "h")])
+    assert "variants of lorm there: none" in capsys.readouterr().err and calls == []
+    argv[1] = "lorm,lorm@slow"
+    assert bench.main(TINY + argv) == 0
+    assert sorted((c.method, c.lr) for c in calls) == [("lorm", 0.01), ("lorm", preset("tiny")["lr"])]
+
+
 def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, monkeypatch):
     out = tmp_path / "g"
     argv = TINY + ["--methods", "lorm", "--seeds", "1,2,3", "--out", str(out)]
@@ -588,17 +609,21 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
                 assert cell.method == ("lorm" if label.startswith("joint") else bench.method_of(label))
     # LoRM's head gamma (and its ablations', which share its head): 0.5 but at beta 0.2 on the full data, where
     # its held-out samples chose 0.7 (docs/results/choices: gamma_head and gamma_head_full); the appendix's variant
-    # keeps its 0.1 at beta 0.2 on both
+    # keeps its 0.1 at beta 0.2 on both, and lorm@gamma-0.5 (the grid's before that choice) 0.5 everywhere
     gammas = {
         (label, name, beta): bench.cell_config(
             RunConfig.from_dict(preset(name)), label, beta, 0, method_config, name
         ).gamma_head
-        for label in ("lorm", "lorm-b-only", "lorm-avg-tasks", "lorm-seq", "lorm@appendix-gamma")
+        for label in ("lorm", "lorm-b-only", "lorm-avg-tasks", "lorm-seq", "lorm@appendix-gamma", "lorm@gamma-0.5")
         for name in ("cpu-clinc150-quick", "cpu-clinc150-full")
         for beta in (1.0, 0.5, 0.2)
     }
     appendix = {key: 0.1 for key in gammas if key[0] == "lorm@appendix-gamma" and key[2] == 0.2}
-    full = {key: 0.7 for key in gammas if key[1:] == ("cpu-clinc150-full", 0.2) and key not in appendix}
+    full = {
+        key: 0.7
+        for key in gammas
+        if key[1:] == ("cpu-clinc150-full", 0.2) and key not in appendix and key[0] != "lorm@gamma-0.5"
+    }
     assert gammas == {key: 0.5 for key in gammas} | appendix | full
 
 
