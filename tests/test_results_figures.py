@@ -115,7 +115,7 @@ QUOTED_ROWS = [
     (SYSTEM, "`ridge@4layers+valx4avg`", ["ridge@4layers+valx4avg 0.5"]),
     (SYSTEM, "`lorm-ridge@3layers`", ["lorm-ridge@3layers 0.5"]),
     (SYSTEM, "the same at β 1.0 (rank 2;", ["lorm-ridge@3layers 1.0"]),
-    (SYSTEM, "the same at β 0.2 (resumed once", ["lorm-ridge@3layers 0.2"]),
+    (SYSTEM, "the same at β 0.2 (its first run resumed once", ["lorm-ridge@3layers 0.2"]),
     (SYSTEM, "`lorm-ridge-first@3layers`", ["lorm-ridge-first@3layers 0.5"]),
     (SYSTEM, "the same at β 1.0 (rank 1;", ["lorm-ridge-first@3layers 1.0"]),
     (SYSTEM, "the same at β 0.2 (run again", ["lorm-ridge-first@3layers 0.2"]),
