@@ -146,7 +146,7 @@ QUOTED_ROWS = [
     (PROTOCOL, "`lorm-avg-tasks` (task", ["lorm-avg-tasks 0.5"]),
     (PROTOCOL, "`lorm-avg-tasks` (H100", ["lorm-avg-tasks 1.0", f"lorm-avg-tasks 0.2 0 {GAMMA_05}"]),
     (PROTOCOL, "`lorm-avg-tasks` at head γ 0.7", ["lorm-avg-tasks 0.2"]),
-    (PROTOCOL, "`fedavg-lora` (resumed", ["fedavg-lora 0.5"]),
+    (PROTOCOL, "`fedavg-lora` (its first run", ["fedavg-lora 0.5"]),
     (PROTOCOL, "`fedavg-lora` (H100)", ["fedavg-lora 1.0", "fedavg-lora 0.2"]),
     (PROTOCOL, "`fedavg` (", ["fedavg 0.5"]),
     (PROTOCOL, "`fedavg` at β 1.0", ["fedavg 1.0", "fedavg 0.2"]),
