@@ -297,6 +297,13 @@ def _compares(cell: dict, host: str) -> str:
     return f"within {host}, {threads} thread{'s' if threads > 1 else ''}"
 
 
+def _logged_by(logged: int, ran: int) -> str:
+    """Which cells logged their peak memory: all of them, or how many (the others ran before the log began)."""
+    if logged == ran:
+        return f"every one of the {ran} cells that ran"
+    return f"{logged} of the {ran} cells that ran (those run before the log began have none)"
+
+
 def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
     """The cost table of every in-process cell of ``sets`` (the summary's set first), between its markers:
     host letters as the summary's (:func:`hosts`), hosts it does not name listed under the table."""
@@ -314,8 +321,8 @@ def costs(sets: dict[str, list[dict]], order: Sequence[str] = ()) -> str:
         "",
         "Which times compare. A cell's time is its wall time (a resumed cell's: the engine's computing time "
         "summed over its parts); its peak memory is the most the one process held at once (resident set, "
-        f"coordinator and clients together, GPU memory not counted), logged by {logged} "
-        f"of the {len(ran)} cells that ran (those run before the log began have none). What else ran on its host "
+        f"coordinator and clients together, GPU memory not counted), logged by {_logged_by(logged, len(ran))}. "
+        "What else ran on its host "
         f"meanwhile is recorded by {sum(1 for cell in ran if cell.get('beside'))} of them (`lorm-bench --beside`); "
         "the sections below say many others shared their host with other cells, sweeps or test runs: every "
         "time is an upper bound of the cell's own. Two times compare only within one "

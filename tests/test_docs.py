@@ -106,7 +106,11 @@ def test_costs_name_each_cells_time_memory_host_and_group():
     # A host the summary does not name is listed under the table, after the summary's letters.
     assert "Hosts A and B: as in the summary." in table and "- Host C: Linux, other, 2 CPU cores" in table
     assert "times of different hosts never compare (host C has a GPU)" in table
-    assert "logged by 3 of the 4 cells" in table
+    assert "logged by 3 of the 4 cells that ran (those run before the log began have none)." in table
+    # once every cell has its peak, the sentence says so and no longer speaks of cells without one
+    sets["clinc150-full"][0] = _costed("lorm", "epyc")
+    table = results_summary.costs(sets)
+    assert "logged by every one of the 4 cells that ran. What else" in table and "not logged" not in table
 
 
 def test_a_committed_host_keeps_its_letter_when_cells_of_a_new_host_come():
