@@ -192,7 +192,7 @@ def summary(cells: list[dict], order: Sequence[str] = ()) -> str:
         "held at once (resident set of the one process, clients and coordinator together; GPU memory not "
         "counted), over the row's cells on hosts without a GPU, or where none logged it there over its GPU "
         "hosts' (marked: their resident set holds the CUDA runtime too), with how many cells that covers when not "
-        "all; cells run before it was logged have none. Host: where each β's cells ran, times of "
+        "all (the others ran on a GPU host, or before the memory was logged). Host: where each β's cells ran, times of "
         "different hosts are not comparable. Commits: the code that ran the row's cells." + _reused_key(cells),
         "",
     ]
