@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -348,42 +349,150 @@ def _label_name(found: list[str], chosen: str, where: str) -> str:
     return name
 
 
-def text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
-    """``(text, label)`` rows of a CSV or JSONL file, UTF-8 with or without a byte-order mark.
+CSV_DELIMITERS = (",", ";", "\t")  # the delimiters a CSV header may use, in the order tried
 
-    CSV: a header with ``text`` and a label column (``label``, ``intent`` or ``category``, or
-    ``label_column``); the delimiter is sniffed among comma, semicolon and tab. JSONL: one object
-    a line with the same keys.
+
+def _decoded(path: Path) -> str:
+    """The whole file as text, UTF-8 with or without a byte-order mark (spreadsheets write one)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{path} line {line}: not UTF-8 ({exc.reason} at byte {exc.start}); save the file as UTF-8 "
+            '(in a spreadsheet: "CSV UTF-8")'
+        ) from exc
+
+
+def _sample(where: str, text: object, label: object) -> tuple[str, str]:
+    """``(text, label)`` of one row, or an error: a row without a text or a label is no sample, and leaving
+    it out would drop data without a word."""
+    if not isinstance(text, str):
+        raise DatasetError(f"{where}: the text must be a string, got {json.dumps(text)}")
+    if isinstance(label, bool) or not isinstance(label, (str, int)):
+        raise DatasetError(f"{where}: the label must be a string or an integer, got {json.dumps(label)}")
+    if not text.strip():
+        raise DatasetError(f"{where}: empty text")
+    if not str(label).strip():
+        raise DatasetError(f"{where}: empty label")
+    return text, str(label)
+
+
+def _csv_delimiter(text: str, suffix: str) -> str:
+    """The delimiter under which the header (the first non-blank line) names a ``text`` column.
+
+    Only the delimiter is looked for; the quoting is RFC 4180's in every file. A dialect sniffed from a
+    sample of rows decides ``doublequote`` by the rows that happen to fall in the sample, and with the wrong
+    answer every ``""`` inside a quoted field splits it. Without a ``text`` column under any delimiter:
+    tab for ``.tsv``, else the one that splits the header most (the error then names those columns).
+    """
+    header = next((line for line in io.StringIO(text, newline="") if line.strip()), "")
+    columns: dict[str, list[str]] = {}
+    for delimiter in CSV_DELIMITERS:
+        try:
+            columns[delimiter] = next(csv.reader([header], csv.excel, delimiter=delimiter, strict=True), [])
+        except csv.Error:
+            continue
+    naming = [d for d in columns if "text" in columns[d]]
+    if naming:
+        return max(naming, key=lambda d: len(columns[d]))
+    if suffix == ".tsv":
+        return "\t"
+    return max(columns, key=lambda d: len(columns[d]), default=",")
+
+
+def _csv_error(exc: csv.Error) -> str:
+    """What the csv module's error means in a file that is otherwise readable."""
+    message = str(exc)
+    if "unexpected end of data" in message:
+        return f"a quote opened in the row that starts here never closes ({message})"
+    if "field larger than field limit" in message:
+        return f"a field of over {csv.field_size_limit()} characters starts here: most likely a quote that never closes"
+    if "expected after" in message:
+        return (
+            f'text after a closing quote ({message}): a field that starts with " ends with it, '
+            'and a " inside it is written ""'
+        )
+    return message
+
+
+def _csv_records(path: Path, text: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line, fields)`` of every record, ``line`` the one it starts on (a quoted field may hold line breaks).
+
+    Blank lines, and rows whose every field is empty (spreadsheets save formatted empty rows so), are no
+    records. ``strict``: a quote that never closes, or text after a closing one, is an error here instead of
+    a field that silently swallows the rows after it.
+    """
+    reader = csv.reader(io.StringIO(text, newline=""), csv.excel, delimiter=delimiter, strict=True)
+    while True:
+        start = reader.line_num + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DatasetError(f"{path} line {start}: {_csv_error(exc)}") from exc
+        if any(field.strip() for field in fields):
+            yield start, fields
+
+
+def _csv_rows(path: Path, text: str, label_column: str) -> list[tuple[str, str]]:
+    delimiter = _csv_delimiter(text, path.suffix.lower())
+    records = _csv_records(path, text, delimiter)
+    header = next(records, (0, []))[1]
+    if "text" not in header:
+        raise DatasetError(f"{path}: a CSV file needs a text column, got {header}")
+    label = _label_name(header, label_column, str(path))
+    text_at, label_at = header.index("text"), header.index(label)
+    rows = []
+    for line, fields in records:
+        if len(fields) != len(header):
+            raise DatasetError(
+                f"{path} line {line}: {len(fields)} field{'s' if len(fields) != 1 else ''}, expected "
+                f"{len(header)} ({', '.join(header)}); a field that holds {delimiter!r}, a quote or a line "
+                'break must be quoted ("..."), with each " inside it written ""'
+            )
+        rows.append(_sample(f"{path} line {line}", fields[text_at], fields[label_at]))
+    return rows
+
+
+def _jsonl_rows(path: Path, text: str, label_column: str) -> list[tuple[str, str]]:
+    rows = []
+    # Lines end at \n only: a JSON string may hold U+2028 and other characters that str.splitlines breaks at.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: not JSON ({exc.msg}): {line[:80]!r}") from exc
+        if not isinstance(item, dict):
+            raise DatasetError(f"{where}: expected a JSON object with text and label, got {line[:80]!r}")
+        label = _label_name(list(item), label_column, where)
+        if "text" not in item:
+            raise DatasetError(f"{where}: no text key, got keys {list(item)}")
+        rows.append(_sample(where, item["text"], item[label]))
+    return rows
+
+
+def text_rows(path: Path, label_column: str = "") -> list[tuple[str, str]]:
+    """``(text, label)`` rows of a CSV or JSONL file, UTF-8 with or without a byte-order mark, in file order.
+
+    CSV (``.csv``, ``.tsv``): a header with ``text`` and a label column (``label``, ``intent`` or
+    ``category``, or ``label_column``), other columns ignored; the delimiter (comma, semicolon or tab) is the
+    one under which the header names ``text``; quoting is RFC 4180's, as Python's csv module, pandas and
+    spreadsheets write it (``"`` around a field that holds a delimiter, a quote or a line break, ``""`` for a
+    quote inside it). JSONL (``.jsonl``, ``.ndjson``): one object a line with the same keys. A row that
+    cannot be read (a wrong number of fields, a quote that never closes, an empty text or label) is a
+    ``DatasetError`` naming the file and the line it starts on; blank lines are skipped.
     """
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
-        with path.open(newline="", encoding="utf-8-sig") as f:  # spreadsheets write a byte-order mark
-            sample = f.read(64 * 1024)
-            f.seek(0)
-            try:
-                dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(sample, delimiters=",;\t")
-            except csv.Error:
-                dialect = csv.excel_tab if suffix == ".tsv" else csv.excel
-            reader = csv.DictReader(f, dialect=dialect)
-            fields = [str(n) for n in reader.fieldnames or ()]
-            if "text" not in fields:
-                raise DatasetError(f"{path}: a CSV file needs a text column, got {fields}")
-            label = _label_name(fields, label_column, str(path))
-            return [(row["text"], str(row[label])) for row in reader]
+        return _csv_rows(path, _decoded(path), label_column)
     if suffix in (".jsonl", ".ndjson"):
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                label = _label_name(list(item), label_column, f"{path} line {number}")
-                rows.append((str(item["text"]), str(item[label])))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise DatasetError(
-                    f"{path} line {number}: expected a JSON object with text and label, got {line[:80]!r}"
-                ) from exc
-        return rows
+        return _jsonl_rows(path, _decoded(path), label_column)
     raise DatasetError(f'{path}: expected a .csv (columns text,label) or .jsonl file ({{"text": .., "label": ..}})')
 
 
