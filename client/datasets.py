@@ -174,8 +174,9 @@ def _lookup(labels: Iterable[Label], index: dict[Label, int], where: str) -> np.
     labels = list(labels)
     unknown = sorted({label for label in labels if label not in index}, key=str)
     if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise DatasetError(
-            f"{where}: unknown labels {unknown[:5]} (not among the {len(index)} classes, e.g. {list(index)[:5]})"
+            f"{where}: unknown labels {unknown[:5]}{more} (not among the {len(index)} classes, e.g. {list(index)[:5]})"
         )
     return np.array([index[label] for label in labels], dtype=np.int64)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from client.datasets import DatasetError, text_rows
+from client.datasets import DatasetError, load_dataset, text_rows
 from client.owned import OwnData, load_owned
+from common.run.config import RunConfig
 
 from own_data import owned_config
 
@@ -128,6 +129,16 @@ def test_a_quote_that_never_closes_in_a_large_file_names_the_line_it_opens_on(tm
     path.write_text('text,label\nhi,greet\n"an unclosed quote, here,greet\n' + plain)
     with pytest.raises(DatasetError, match=f"{path} line 3: .*a quote that never closes"):
         text_rows(path)
+
+
+def test_labels_of_the_test_file_in_no_class_are_named_five_and_counted(tmp_path):
+    train = write_csv(tmp_path / "train.csv", [("hi", "greet"), ("bye", "leave")])
+    test = write_csv(tmp_path / "test.csv", [(f"text {k}", f"other{k}") for k in range(8)])
+    config = RunConfig(
+        dataset="textfile", num_tasks=1, settings={"data": {"train_file": str(train), "test_file": str(test)}}
+    )
+    with pytest.raises(DatasetError, match=r"unknown labels \['other0', .*'other4'\] and 3 more \(not among"):
+        load_dataset(config)
 
 
 @pytest.mark.parametrize(
