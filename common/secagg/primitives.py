@@ -30,6 +30,7 @@ refuses a sum beyond ``n * bound``: overflow is detected, not wrapped.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -150,10 +151,53 @@ def keypair() -> tuple[bytes, bytes]:
     )
 
 
+P25519 = 2**255 - 19  # the field of Curve25519: a canonical X25519 encoding is a u-coordinate below it
+_PROBE = X25519PrivateKey.from_private_bytes(hashlib.sha256(b"lorm-secagg-point-probe").digest())
+
+
+def point_fingerprint(public: bytes, what: str) -> bytes:
+    """The 32-byte value every honest key agreement with ``public`` depends on: its X25519 exchange with a
+    fixed key. ``SecAggError`` naming ``what`` for a key no honest client makes:
+
+    - a non-canonical encoding (``u >= 2^255 - 19``, the high bit included): the same point as ``u mod p``
+      under other bytes, which would pass a byte-wise check of distinct keys (a copied key in disguise);
+    - a low-order point (the eight of Curve25519's small subgroup and of its twist, any encoding): the
+      exchange with it is all-zero for every clamped private key, so every peer's exchange raises (the
+      attack that crashed every honest client) and its "secret" is public.
+
+    A point with a low-order component added (``P + T``) gives the same exchange as ``P`` with every
+    clamped key: equal fingerprints, so :func:`common.secagg.rounds.check_distinct` and the coordinator's
+    memory of earlier steps' keys compare fingerprints, not bytes."""
+    if len(public) != 32:
+        raise SecAggError(f"{what}: an X25519 public key has 32 bytes, got {len(public)}")
+    u = int.from_bytes(public, "little")
+    if u >= P25519:
+        raise SecAggError(
+            f"{what} is not a canonical X25519 encoding (its u-coordinate is at least 2^255 - 19"
+            f"{', its high bit set' if u >> 255 else ''}): no honest key pair gives it"
+        )
+    try:
+        return _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError:  # the library refuses an all-zero shared secret
+        raise SecAggError(
+            f"{what} is a low-order X25519 point: every key agreement with it is all-zero (public), and no "
+            "honest key pair gives it"
+        ) from None
+
+
+def exchange(private: bytes, peer_public: bytes, what: str) -> bytes:
+    """The X25519 secret of ``private`` and ``peer_public``; ``SecAggError`` naming ``what`` where the library
+    refuses it (a low-order peer key: checked at advertise, so only a coordinator that let one through)."""
+    try:
+        return X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as err:
+        raise SecAggError(f"{what}: the X25519 exchange fails ({err}): a low-order or malformed key") from None
+
+
 def agree(private: bytes, peer_public: bytes, context: bytes) -> bytes:
     """The 32-byte seed two clients share: HKDF-SHA256 of their X25519 secret, bound to ``context``
     (run, task, round, phase: a mask is never reused across steps)."""
-    secret = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    secret = exchange(private, peer_public, "the pairwise mask's key agreement")
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"lorm-secagg-pair|" + context).derive(secret)
 
 

@@ -21,7 +21,23 @@ SecAgg (Bonawitz et al., CCS 2017) against an honest-but-curious coordinator, on
 A client refuses an unmask request that names fewer than ``t`` survivors, that is not a partition of
 ``U2``, or that would reveal both secrets of one client. Keys, seeds and masks are fresh for every
 step and bound to the step's ``context``. Each client commits to its seed when it advertises, so that a
-rebuilt seed is checked (and, with spare answers, the sender of a wrong share is named: :func:`rebuild`).
+rebuilt seed is checked.
+
+Against hostile clients (each check names the attack it stops):
+
+- **Keys** (:func:`key_fingerprints`): a public key must be a canonical encoding of a point of no low
+  order, or every honest client's exchange with it fails (or is public); keys are compared by their
+  exchange with a fixed key, so that another encoding of a copied key is a copy. The coordinator refuses
+  such an advertise, and each client refuses a roster holding one (the coordinator deviated).
+- **Boxes** (:func:`seal_with`): each box carries, in the clear, its dealer's commitments to the two
+  shares in it (:func:`share_commitment`) and to the pair's box key. The recipient checks what it opens
+  against them, the coordinator each revealed share: an answerer that reveals another share than it was
+  dealt is named, and shares that do not rebuild the committed secret are their dealer's fault
+  (:func:`rebuild`), never an honest recipient's.
+- **Complaints** (:meth:`ClientSession.reveal`, :meth:`ServerSession.complaint_verdicts`): a box that does not
+  open is left out of the recipient's answer (a dropout of that pair: the other shares rebuild the secret)
+  and the recipient complains, revealing that pair's box key (honest mode), by which the coordinator judges
+  whose box is wrong from the two boxes it relayed.
 
 The signed mode (Bonawitz et al. 2017, section 6, against a coordinator that deviates) adds: each
 client signs its advertised keys with its mTLS key and checks every roster entry against the run's CA
@@ -36,7 +52,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
+import hmac
 import os
 import struct
 from collections.abc import Callable
@@ -45,11 +61,22 @@ from dataclasses import dataclass, field
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from common.secagg.primitives import SecAggError, combine, keypair, masked, ring_add, ring_zeros, share, unmask
+from common.secagg.primitives import (
+    SecAggError,
+    combine,
+    exchange,
+    keypair,
+    masked,
+    point_fingerprint,
+    ring_add,
+    ring_zeros,
+    share,
+    unmask,
+)
 from common.secagg.signing import Signer, Verifier, keys_message, survivors_message
 
 
@@ -64,7 +91,10 @@ KEY_BYTES = 32  # an X25519 public key
 COMMITMENT_BYTES = 32  # SHA-256
 SEED_BYTES = 16  # a client's own-mask seed (one Shamir block)
 PIECE_BYTES = SEED_BYTES + 2 * 16  # one recipient's shares: of the seed, and of the 32-byte mask key (two blocks)
-BOX_BYTES = PIECE_BYTES + 16  # sealed: ChaCha20-Poly1305 adds its 16-byte tag
+TAG_BYTES = 32  # SHA-256 or HMAC-SHA256: a share's commitment, a box key's
+BOX_HEADER_BYTES = 3 * TAG_BYTES  # in the clear: the dealer's commitments to the two shares and to the box key
+BOX_BYTES = BOX_HEADER_BYTES + PIECE_BYTES + 16  # sealed: ChaCha20-Poly1305 adds its 16-byte tag
+COMPLAINT = b"!"  # an unmask answer's entry for a sender whose box did not open: this tag, then the pair's box key
 MAX_SIGNATURE_BYTES = 512
 
 
@@ -90,6 +120,14 @@ class Culprits(SecAggError):
         super().__init__("; ".join(f"client {i}: {w}" for i, w in self.why.items()))
 
 
+def _digest(tag: bytes, *fields: bytes) -> bytes:
+    """SHA-256 of ``tag`` and each field with its length before it (no two field lists hash alike)."""
+    h = hashlib.sha256(tag)
+    for f in fields:
+        h.update(struct.pack(">I", len(f)) + f)
+    return h.digest()
+
+
 def seed_commitment(seed: bytes, index: int, context: bytes) -> bytes:
     """SHA-256 over the step's ``context``, the client's index and its own-mask ``seed``: published in the
     advertise round, it lets the coordinator check a seed rebuilt from shares (a wrong share is caught,
@@ -97,8 +135,20 @@ def seed_commitment(seed: bytes, index: int, context: bytes) -> bytes:
     return hashlib.sha256(b"lorm-secagg-seed|" + struct.pack(">I", index) + context + b"|" + seed).digest()
 
 
-def check_keys_form(keys: Keys) -> None:
-    """``SecAggError`` unless ``keys`` has the sizes the protocol uses (checked before anything is stored)."""
+def share_commitment(kind: str, share: bytes, dealer: int, recipient: int, context: bytes) -> bytes:
+    """SHA-256 binding one share (``kind`` "seed": of the dealer's own-mask seed, "key": of its mask key) to
+    its dealer, recipient and step. The dealer puts both in the clear in front of the box it seals for the
+    recipient; the recipient checks what it opens against them, and the coordinator each share revealed to
+    it. So an answerer cannot reveal another share than it was dealt, and a dealer cannot deny what it
+    dealt: shares that do not rebuild the committed secret are the dealer's doing, never an honest
+    recipient's. Hiding: each share is uniform (at least 128 bits) to anyone holding fewer than ``t``."""
+    return _digest(b"lorm-secagg-share|", kind.encode(), struct.pack(">II", dealer, recipient), context, share)
+
+
+def key_fingerprints(keys: Keys) -> tuple[bytes, bytes]:
+    """The fingerprints (:func:`~common.secagg.primitives.point_fingerprint`) of ``keys``' two public keys,
+    once its fields have the protocol's sizes and both keys are canonical points of no low order; else
+    ``SecAggError`` naming the client and the key (checked before anything is stored or used)."""
     if len(keys.cipher_public) != KEY_BYTES or len(keys.mask_public) != KEY_BYTES:
         raise SecAggError(
             f"client {keys.index} advertised keys of {len(keys.cipher_public)} and "
@@ -108,67 +158,127 @@ def check_keys_form(keys: Keys) -> None:
         raise SecAggError(
             f"client {keys.index}'s seed commitment has {len(keys.commitment)} bytes, not {COMMITMENT_BYTES}"
         )
+    return (
+        point_fingerprint(keys.cipher_public, f"client {keys.index}'s share-encryption key"),
+        point_fingerprint(keys.mask_public, f"client {keys.index}'s mask-agreement key"),
+    )
 
 
-def check_distinct(roster: dict[int, Keys]) -> None:
-    """``SecAggError`` if two clients of ``roster`` share a public key: a copied key would let its owner's
-    masks or shares be computed by the copier (or mark a coordinator relaying one client twice)."""
+def check_keys_form(keys: Keys) -> None:
+    """``SecAggError`` unless ``keys`` has the protocol's sizes and two usable points (:func:`key_fingerprints`)."""
+    key_fingerprints(keys)
+
+
+def check_distinct(roster: dict[int, Keys], prints: dict[int, tuple[bytes, bytes]] | None = None) -> None:
+    """``SecAggError`` if two keys of ``roster`` are the same point up to a low-order component (equal
+    fingerprints; ``prints``: those already computed, by index): a copied key would let its owner's masks
+    or shares be computed by the copier (or mark a coordinator relaying one client twice)."""
     seen: dict[bytes, int] = {}
     for i, k in sorted(roster.items()):
-        for key in (k.cipher_public, k.mask_public):
-            if key in seen:
-                raise SecAggError(f"clients {seen[key]} and {i} advertised the same public key")
-            seen[key] = i
+        for fingerprint in (prints or {}).get(i) or key_fingerprints(k):
+            if fingerprint in seen:
+                raise SecAggError(f"clients {seen[fingerprint]} and {i} advertised the same public key")
+            seen[fingerprint] = i
 
 
 def verify_roster(verifier: Verifier, roster: dict[int, Keys], context: bytes) -> dict[int, str]:
     """Signed mode: each roster entry's certificate is the run CA's and its signature covers this step,
     its index and its keys; no identity holds two slots. Returns each index's identity; ``SecAggError``
-    naming the first entry that fails (a coordinator that substituted or moved keys)."""
+    naming the first entry that fails (a coordinator that substituted or moved keys, or let through an
+    advertise it should have refused: it checks each signature when the advertise arrives)."""
     identities: dict[int, str] = {}
     for i, k in sorted(roster.items()):
         if not k.certificate or not k.signature:
             raise SecAggError(f"client {i}'s keys carry no certificate and signature: the run is signed")
-        who = verifier.identity(k.certificate)
-        message = keys_message(context, i, who, k.cipher_public, k.mask_public, k.commitment)
-        verifier.verify(k.certificate, message, k.signature)
+        try:
+            who = verifier.identity(k.certificate)
+            message = keys_message(context, i, who, k.cipher_public, k.mask_public, k.commitment)
+            verifier.verify(k.certificate, message, k.signature)
+        except SecAggError as err:
+            raise SecAggError(f"the roster's entry for client {i}: {err}") from None
         if who in identities.values():
             raise SecAggError(f"identity {who!r} holds two slots of the roster")
         identities[i] = who
     return identities
 
 
-def _box_key(private: bytes, peer_public: bytes, context: bytes) -> bytes:
-    secret = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+def box_key(private: bytes, peer_public: bytes, context: bytes) -> bytes:
+    """The 32-byte key of one pair's boxes in one step: HKDF-SHA256 of their X25519 secret. Both directions
+    share it (distinct nonces); a complaint reveals it for that one pair (:meth:`ClientSession.reveal`)."""
+    secret = exchange(private, peer_public, "the sealed shares' key agreement")
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"lorm-secagg-box|" + context).derive(secret)
+
+
+def _subkey(root: bytes, label: bytes) -> bytes:
+    return hmac.new(root, b"lorm-secagg-box-" + label, hashlib.sha256).digest()
 
 
 def _aad(context: bytes, sender: int, recipient: int) -> bytes:
     return context + struct.pack(">II", sender, recipient)
 
 
+def _nonce(sender: int) -> bytes:
+    return struct.pack(">I", sender).rjust(12, b"\x00")
+
+
+def _share_header(plaintext: bytes, sender: int, recipient: int, context: bytes) -> bytes:
+    seed, key = plaintext[:SEED_BYTES], plaintext[SEED_BYTES:]
+    return share_commitment("seed", seed, sender, recipient, context) + share_commitment(
+        "key", key, sender, recipient, context
+    )
+
+
+def seal_with(root: bytes, sender: int, recipient: int, plaintext: bytes, context: bytes) -> bytes:
+    """``plaintext`` (the recipient's shares) sealed under the pair's box key ``root``: in the clear, the
+    dealer's commitments to both shares (:func:`share_commitment`) and to ``root`` (an HMAC: ChaCha20-Poly1305
+    alone is not key-committing, and a box that opens under two keys would let its sender frame its
+    recipient); then ChaCha20-Poly1305 under a key derived from ``root``, the header authenticated with it. The
+    nonce is the sender's index (each pair's key is used once per direction and step)."""
+    header = _share_header(plaintext, sender, recipient, context) + _subkey(root, b"commit")
+    sealed = ChaCha20Poly1305(_subkey(root, b"encrypt")).encrypt(
+        _nonce(sender), plaintext, _aad(context, sender, recipient) + header
+    )
+    return header + sealed
+
+
 def seal(private: bytes, peer_public: bytes, sender: int, recipient: int, plaintext: bytes, context: bytes) -> bytes:
-    """``plaintext`` for ``recipient`` only: ChaCha20-Poly1305 under the pair's key; the nonce is the
-    sender's index (each pair's key is used once per direction and step)."""
-    nonce = struct.pack(">I", sender).rjust(12, b"\x00")
-    key = _box_key(private, peer_public, context)
-    return ChaCha20Poly1305(key).encrypt(nonce, plaintext, _aad(context, sender, recipient))
+    """``plaintext`` for ``recipient`` only (:func:`seal_with` under the pair's :func:`box_key`)."""
+    return seal_with(box_key(private, peer_public, context), sender, recipient, plaintext, context)
+
+
+def open_with(root: bytes, sender: int, recipient: int, box: bytes, context: bytes) -> bytes | None:
+    """The plaintext of ``box`` if it was sealed under ``root`` (its key commitment), from ``sender`` to
+    ``recipient``, unchanged, and holds the shares its header commits to; else ``None``. The coordinator
+    runs the same check on a box key revealed in a complaint."""
+    header, sealed = box[:BOX_HEADER_BYTES], box[BOX_HEADER_BYTES:]
+    if len(header) != BOX_HEADER_BYTES or not hmac.compare_digest(header[2 * TAG_BYTES :], _subkey(root, b"commit")):
+        return None
+    try:
+        plain = ChaCha20Poly1305(_subkey(root, b"encrypt")).decrypt(
+            _nonce(sender), sealed, _aad(context, sender, recipient) + header
+        )
+    except InvalidTag:
+        return None
+    return plain if header[: 2 * TAG_BYTES] == _share_header(plain, sender, recipient, context) else None
 
 
 def open_box(private: bytes, peer_public: bytes, sender: int, recipient: int, box: bytes, context: bytes) -> bytes:
     """The plaintext of :func:`seal`; ``SecAggError`` if it was changed, or is not from ``sender`` to ``recipient``."""
-    nonce = struct.pack(">I", sender).rjust(12, b"\x00")
-    try:
-        return ChaCha20Poly1305(_box_key(private, peer_public, context)).decrypt(
-            nonce, box, _aad(context, sender, recipient)
-        )
-    except InvalidTag:
-        raise SecAggError(f"the shares client {sender} sent to client {recipient} do not authenticate") from None
+    plain = open_with(box_key(private, peer_public, context), sender, recipient, box, context)
+    if plain is None:
+        raise SecAggError(f"the shares client {sender} sent to client {recipient} do not authenticate")
+    return plain
 
 
 def public_of(private: bytes) -> bytes:
     raw = serialization.Encoding.Raw
     return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(raw, serialization.PublicFormat.Raw)
+
+
+def is_complaint(entry: bytes) -> bool:
+    """Whether an unmask answer's entry is a complaint (:data:`COMPLAINT`, then nothing or a 32-byte box key)
+    rather than a share (16 or 32 bytes: no complaint has either length)."""
+    return entry[:1] == COMPLAINT and len(entry) in (1, 1 + KEY_BYTES)
 
 
 def _check_partition(survivors: list[int], dropped: list[int], sharers: list[int], threshold: int) -> None:
@@ -210,6 +320,7 @@ class ClientSession:
         self.sharers: list[int] = []
         self.own = b""  # this client's own shares of its secrets (set by share)
         self.answered = False
+        self.complaints: list[int] = []  # the senders whose boxes did not open (set by reveal)
 
     def advertise(self) -> Keys:
         return self.keys
@@ -220,11 +331,14 @@ class ClientSession:
             raise SecAggError(f"the roster does not hold client {self.index}'s advertised keys")
         if len(roster) < self.threshold:
             raise SecAggError(f"a roster of {len(roster)} clients, fewer than the threshold {self.threshold}")
+        prints = {}
         for i, k in roster.items():
             if k.index != i:
                 raise SecAggError(f"the roster lists client {k.index}'s keys under index {i}")
-            check_keys_form(k)
-        check_distinct(roster)
+            # Sizes, canonical points of no low order: the coordinator refuses any other advertise, so an entry
+            # failing here means it deviated; this client sits the session out rather than raise in an exchange.
+            prints[i] = key_fingerprints(k)
+        check_distinct(roster, prints)
         if self.verifier is not None:
             self.identities = verify_roster(self.verifier, roster, self.context)
         self.roster = dict(roster)
@@ -295,26 +409,45 @@ class ClientSession:
         """The shares the coordinator may have: of each survivor's seed and each dropped client's mask key.
 
         ``inbox``: the sealed shares the other clients of ``U2`` sent this client. Answers once per step.
-        Signed: ``confirmations`` (signer -> signature over the request) must hold the threshold's."""
+        Signed: ``confirmations`` (signer -> signature over the request) must hold the threshold's.
+
+        A box of the protocol's size that does not open (not sealed under the pair's key, changed, or holding
+        other shares than its header commits to) is its sender's fault or the coordinator's, not a reason to
+        stop: that sender's share is left out (as if the pair had dropped: the other answers rebuild its
+        secret) and the entry carries a complaint instead (:data:`COMPLAINT`; ``self.complaints`` names the
+        senders). In the honest mode the complaint reveals the pair's box key, which opens this pair's two
+        boxes and nothing else, so that the coordinator can tell whose box is wrong
+        (:meth:`ServerSession.complaint_verdicts`); in the signed mode it reveals no key, since a coordinator that
+        deviates could spoil boxes on purpose to collect this client's shares. A box of another size, or one
+        missing, the coordinator should have refused: ``SecAggError`` (this client sits the session out)."""
         if self.answered:
             raise SecAggError(f"client {self.index} has answered this step's unmask request already")
         self._check_request(survivors, dropped)
         if self.verifier is not None:
             self.check_confirmations(survivors, dropped, confirmations or {})
         plain = {self.index: self.own}
+        complaints: dict[int, bytes] = {}
         for j in self.sharers:
             if j == self.index:
                 continue
             if j not in inbox:
                 raise SecAggError(f"client {self.index} holds no shares from client {j}")
-            peer = self.roster[j].cipher_public
-            plain[j] = open_box(self.cipher_private, peer, j, self.index, inbox[j], self.context)
-            if len(plain[j]) != PIECE_BYTES:
+            root = box_key(self.cipher_private, self.roster[j].cipher_public, self.context)
+            opened = open_with(root, j, self.index, inbox[j], self.context)
+            if opened is not None and len(opened) != PIECE_BYTES or opened is None and len(inbox[j]) != BOX_BYTES:
+                size = f"hold {len(opened)} bytes, not {PIECE_BYTES}" if opened else f"are {len(inbox[j])} bytes"
                 raise SecAggError(
-                    f"client {j}'s sealed shares for client {self.index} hold {len(plain[j])} bytes, not {PIECE_BYTES}"
+                    f"client {j}'s sealed shares for client {self.index} {size}: the coordinator relays boxes of "
+                    f"{BOX_BYTES} bytes only"
                 )
+            if opened is None:
+                complaints[j] = COMPLAINT + (root if self.verifier is None else b"")
+            else:
+                plain[j] = opened
         self.answered = True
-        return {j: plain[j][:SEED_BYTES] for j in survivors} | {j: plain[j][SEED_BYTES:] for j in dropped}
+        self.complaints = sorted(complaints)
+        answer = {j: plain[j][:SEED_BYTES] for j in survivors if j in plain}
+        return answer | {j: plain[j][SEED_BYTES:] for j in dropped if j in plain} | complaints
 
 
 @dataclass
@@ -336,9 +469,10 @@ class ServerSession:
     total: np.ndarray = field(init=False)
     inputs: list[int] = field(default_factory=list)  # U3 so far
     survivors: list[int] | None = None
-    revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)  # answerer -> owner -> share
+    revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)  # answerer -> owner -> share or complaint
     confirmations: dict[int, bytes] = field(default_factory=dict)  # signed mode: survivor -> its signed request
     received: dict[str, int] = field(default_factory=dict)  # round -> bytes the clients sent in it
+    prints: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)  # keys' fingerprints (a cache)
 
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= len(self.expected):
@@ -358,13 +492,16 @@ class ServerSession:
             raise SecAggError(f"client {keys.index} advertised keys after the roster was fixed")
         if keys.index not in self.expected:
             raise SecAggError(f"client {keys.index} is not one of this step's clients")
-        check_keys_form(keys)
+        prints = key_fingerprints(keys)  # sizes; no low-order or non-canonical point (each peer would raise on it)
         if keys.index in self.keys:
             if self.keys[keys.index] != keys:
                 raise SecAggError(f"client {keys.index} advertised different keys twice")
             return
-        check_distinct({**self.keys, keys.index: keys})
+        for i, k in self.keys.items():
+            self.prints.setdefault(i, key_fingerprints(k))
+        check_distinct({**self.keys, keys.index: keys}, {**self.prints, keys.index: prints})
         self.keys[keys.index] = keys
+        self.prints[keys.index] = prints
         self._count(
             "advertise",
             sum(map(len, (keys.cipher_public, keys.mask_public, keys.commitment, keys.certificate, keys.signature))),
@@ -448,12 +585,20 @@ class ServerSession:
         return answers == len(self.survivors) or (late and answers >= self.threshold)
 
     def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
+        """Survivor ``answerer``'s unmask answer: for each client of ``U2`` its share (of a survivor's seed,
+        16 bytes; of a dropped client's mask key, 32), or for another client a complaint (:func:`is_complaint`)
+        that its box did not open. Checked for form only; what the shares are worth, :meth:`result` checks."""
         survivors, dropped = self.close_inputs()
         if answerer not in survivors:
             raise SecAggError(f"client {answerer} answered the unmask request but is not a survivor")
         want = {j: 16 for j in survivors} | {j: 32 for j in dropped}
-        if {j: len(s) for j, s in shares.items()} != want:
-            raise SecAggError(f"client {answerer}'s unmask answer does not hold one share per client of the step")
+        if sorted(shares) != sorted(want) or any(
+            len(s) != want[j] and (j == answerer or not is_complaint(s)) for j, s in shares.items()
+        ):
+            raise SecAggError(
+                f"client {answerer}'s unmask answer does not hold one share (or a complaint about another's box) "
+                "per client of the step"
+            )
         self.revealed[answerer] = dict(shares)
         self._count("unmask", sum(len(s) for s in shares.values()))
 
@@ -465,24 +610,31 @@ class ServerSession:
     def result(self) -> np.ndarray:
         """The ring sum of the survivors' encoded inputs (masks removed).
 
-        Each secret is rebuilt from the answers and checked: a survivor's seed against its commitment, a
-        dropped client's mask key against its advertised public key. :class:`Culprits` when a check fails
-        and the protocol can tell who lied (:func:`rebuild`), else ``SecAggError``."""
+        Each revealed share is checked against what its dealer committed to dealing the answerer
+        (:func:`share_commitment`, in the box's header): a share that differs is the answerer's lie. Each
+        secret is rebuilt from the shares that pass and checked: a survivor's seed against its commitment, a
+        dropped client's mask key against its advertised public key; one that fails was dealt wrong by its
+        owner. A complaint leaves that pair's share out; :meth:`complaint_verdicts` says whose box was wrong.
+        :class:`Culprits` when a check fails and the protocol can tell who lied, else ``SecAggError``."""
         survivors, dropped = self.close_inputs()
         self._need(len(self.revealed), "unmask answers")
         assert self.roster is not None and self.sharers is not None
         roster = self.roster
         positions = sorted(roster)  # the x-coordinates each client's shares were made for
+        blamed, _ = self.complaint_verdicts()
+        liars = self._wrong_shares(survivors)
+        if liars:
+            raise Culprits(blamed | liars)
         seeds: dict[int, bytes] = {}
         keys: dict[int, bytes] = {}
-        blamed: dict[int, str] = {}
         for j in survivors + dropped:
+            answers = {a: s[j] for a, s in self.revealed.items() if not is_complaint(s[j])}
             if j in survivors:
-                pieces = {a: [s[j]] for a, s in self.revealed.items()}
+                pieces = {a: [s] for a, s in answers.items()}
                 check = functools.partial(_seed_matches, roster[j].commitment, j, self.context)
                 what = "own-mask seed"
             else:
-                pieces = {a: [s[j][:16], s[j][16:]] for a, s in self.revealed.items()}
+                pieces = {a: [s[:16], s[16:]] for a, s in answers.items()}
                 check = functools.partial(_key_matches, roster[j].mask_public)
                 what = "mask key"
             try:
@@ -490,11 +642,84 @@ class ServerSession:
             except Culprits as err:
                 blamed |= err.why
                 continue
+            except SecAggError:
+                if blamed:  # too few shares left, and the complaints named whose boxes were wrong
+                    raise Culprits(blamed) from None
+                raise
             (seeds if j in survivors else keys)[j] = secret
-        if blamed:
+        if blamed and (len(seeds) < len(survivors) or len(keys) < len(dropped)):
             raise Culprits(blamed)
         publics = {j: roster[j].mask_public for j in self.sharers}
         return unmask(self.total, survivors, keys, seeds, publics, self.context)
+
+    def _wrong_shares(self, survivors: list[int]) -> dict[int, str]:
+        """The answerers that revealed a share other than the one its dealer committed to dealing them. An
+        honest answerer reveals exactly what it opened, which it checked against the same commitment."""
+        liars: dict[int, str] = {}
+        for a, answer in sorted(self.revealed.items()):
+            for j, s in sorted(answer.items()):
+                if j == a or is_complaint(s):
+                    continue  # an answerer's share of its own secret has no box: a lie there is its own deal
+                kind, what, header = ("seed", "own-mask seed", 0) if j in survivors else ("key", "mask key", 1)
+                committed = self.boxes[j][a][header * TAG_BYTES : (header + 1) * TAG_BYTES]
+                if share_commitment(kind, s, j, a, self.context) != committed:
+                    liars[a] = f"revealed a wrong share of client {j}'s {what}"
+        return liars
+
+    def complaint_verdicts(self) -> tuple[dict[int, str], list[str]]:
+        """Who is to blame for each complaint of the unmask answers: ``(blamed, unresolved)``, client -> why,
+        and what could not be told. Client ``a`` complained about ``x``'s box, revealing the pair's box key
+        ``K`` (honest mode); the coordinator holds both boxes of the pair, each committing to its sealer's key:
+
+        1. ``x``'s box commits to ``K``: ``K`` is the key ``x`` sealed with, and the box is judged under it. It
+           does not open (garbage, or shares unlike its header): ``x`` is blamed; it opens: the complaint is
+           false and ``a`` is blamed (it reached the same verdict under the same key).
+        2. Otherwise ``a``'s own box for ``x`` must commit to ``K`` and open under it, or ``a`` revealed another
+           key than its own and is blamed. Then the pair disagrees on its key. ``x`` is blamed if it answered
+           without complaining about ``a``: it opened ``a``'s box, so its key is ``K`` too, and it sealed under
+           another (an honest ``x`` that used the pair's key would have fallen under 1). If ``x`` complained
+           back or did not answer, nobody can be named, unless at least ``t`` clients complain so about ``x``
+           (a coalition of ``t`` can unmask any input anyway: the protocol's bound).
+
+        A complaint without a key (signed mode) is recorded as unresolved. No rule blames an honest client:
+        an honest accuser's key is the pair's, its own box commits to it, and an honest dealer's box opens
+        under it; an honest accused seals under the pair's key, so only rule 1 applies to it."""
+        blamed: dict[int, str] = {}
+        unresolved: list[str] = []
+        disputed: dict[int, list[int]] = {}
+        for a, answer in sorted(self.revealed.items()):
+            for x, entry in sorted(answer.items()):
+                if x == a or not is_complaint(entry):
+                    continue
+                root = entry[1:]
+                if not root:
+                    unresolved.append(f"client {a} reports that client {x}'s box does not open (no key revealed)")
+                    continue
+                theirs, mine = self.boxes[x][a], self.boxes[a][x]
+                if hmac.compare_digest(theirs[2 * TAG_BYTES : BOX_HEADER_BYTES], _subkey(root, b"commit")):
+                    if open_with(root, x, a, theirs, self.context) is None:
+                        blamed[x] = f"sealed shares for client {a} that do not open under the key it committed to"
+                    else:
+                        blamed[a] = f"complained about client {x}'s shares, which open under the pair's key"
+                elif open_with(root, a, x, mine, self.context) is None:
+                    blamed[a] = f"complained about client {x}'s shares revealing a key its own box did not use"
+                elif x in self.revealed and not is_complaint(self.revealed[x].get(a, COMPLAINT)):
+                    blamed[x] = (
+                        f"sealed shares for client {a} that do not open under the pair's key (client {a}'s box for "
+                        "it proves the key, and it opened that box without complaint)"
+                    )
+                else:
+                    disputed.setdefault(x, []).append(a)
+        for x, accusers in sorted(disputed.items()):
+            if x in blamed:
+                continue
+            if len(accusers) >= self.threshold:
+                blamed[x] = (
+                    f"{len(accusers)} clients (the threshold {self.threshold}) found its boxes sealed under another key"
+                )
+            else:
+                unresolved.append(f"clients {accusers} and client {x} disagree on their pairs' box keys")
+        return blamed, unresolved
 
 
 def _seed_matches(commitment: bytes, index: int, context: bytes, seed: bytes) -> bool:
@@ -503,9 +728,6 @@ def _seed_matches(commitment: bytes, index: int, context: bytes, seed: bytes) ->
 
 def _key_matches(public: bytes, private: bytes) -> bool:
     return public_of(private) == public
-
-
-SEARCH_LIMIT = 256  # subsets of answers tried to find a wrong share's sender (leave-one-out, then leave-two-out)
 
 
 def rebuild(
@@ -518,52 +740,20 @@ def rebuild(
 ) -> bytes:
     """The secret of client ``owner`` from the answers ``pieces`` (answerer -> its shares), checked by ``check``.
 
-    The first and the last ``threshold`` answers are both checked (one more combine with spare answers):
-    together they cover every answerer, so a wrong share is caught whatever its sender's index; the first
-    alone would pass over a liar ranked past the threshold. With a wrong share among the answers, a
-    ``threshold``-subset that passes the check is searched for (leaving out one answerer, then two; at
-    most :data:`SEARCH_LIMIT` subsets); the answerers whose shares
-    do not lie on that subset's polynomial lied: :class:`Culprits` names them. If every answer lies on one
-    polynomial (each later answer swapped into the first ``threshold`` gives the same secret) whose secret
-    fails the check, ``owner`` dealt shares of another secret than it committed
-    to: :class:`Culprits` names ``owner``. Otherwise ``SecAggError`` (too few spare answers to tell)."""
-    answerers = sorted(pieces)
-    first = combine({a: pieces[a] for a in answerers[:threshold]}, positions, threshold)
-    last = answerers[-threshold:]
-    if check(first) and (
-        last == answerers[:threshold] or check(combine({a: pieces[a] for a in last}, positions, threshold))
-    ):
-        return first
-    spare = len(answerers) - threshold
-    tried = 0
-    for left_out in (1, 2):
-        if left_out > spare:
-            break
-        for out in itertools.combinations(answerers, left_out):
-            tried += 1
-            if tried > SEARCH_LIMIT:
-                break
-            kept = [a for a in answerers if a not in out][:threshold]
-            secret = combine({a: pieces[a] for a in kept}, positions, threshold)
-            if check(secret):
-                liars = [a for a in answerers if a not in kept and not check(_swapped(pieces, kept, a, positions))]
-                if liars:
-                    raise Culprits({a: f"revealed a wrong share of client {owner}'s {what}" for a in liars})
-                return secret
-    base = answerers[:threshold]
-    if spare >= 1 and all(_swapped(pieces, base, a, positions) == first for a in answerers[threshold:]):
+    Every share here is one ``owner`` committed to dealing (:meth:`ServerSession.result` left out any other,
+    and named its answerer), so any ``threshold`` of them rebuild what ``owner`` dealt: a secret that fails
+    the check means ``owner`` dealt shares of another secret than it committed to, and :class:`Culprits` names
+    ``owner``, never an answerer. Fewer than ``threshold`` shares (complaints left the others out):
+    ``SecAggError``."""
+    if len(pieces) < threshold:
+        raise SecAggError(
+            f"client {owner}'s {what}: {len(pieces)} shares left, fewer than the threshold {threshold} (the others' "
+            "boxes did not open)"
+        )
+    secret = combine(pieces, positions, threshold)
+    if not check(secret):
         raise Culprits({owner: f"dealt shares of its {what} that rebuild to another value than it committed to"})
-    raise SecAggError(
-        f"the shares of client {owner}'s {what} do not rebuild to what it committed to, and {len(answerers)} answers "
-        f"(threshold {threshold}) do not tell whose share is wrong"
-    )
-
-
-def _swapped(pieces: dict[int, list[bytes]], base: list[int], a: int, positions: list[int]) -> bytes:
-    """The secret of ``base``'s answers with answerer ``a``'s in place of the last: ``a``'s share lies on the
-    polynomial of ``base`` exactly when this is ``base``'s own secret."""
-    chosen = base[:-1] + [a]
-    return combine({b: pieces[b] for b in chosen}, positions, len(chosen))
+    return secret
 
 
 def session_state(session: ServerSession) -> dict:

@@ -329,6 +329,37 @@ class Verifier:
         )
 
 
+def certificate_identity(certificate_pem: bytes) -> str:
+    """The client id of ``certificate_pem`` once it is valid now, a client's (not a CA, for signatures and
+    client authentication) and its key strong enough; ``SecAggError`` naming what failed. Not checked: that
+    the run's CA issued it (:meth:`Verifier.identity` checks that too).
+
+    With :func:`check_signature`, what the coordinator checks of a signed advertise when it holds no verifier
+    of the run's CA: a forged or replayed advertise (the signature covers the step's context) is refused
+    before it reaches any client."""
+    cert = _load_certificate(certificate_pem, "a client certificate")
+    who, now = _who(cert), dt.datetime.now(dt.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise SecAggError(f"{who} is not valid now ({now:%Y-%m-%d %H:%M:%S} UTC)")
+    _check_client_purpose(cert, who)
+    _check_key(cert.public_key(), who)
+    return _identity_or_refuse(cert, who)
+
+
+def check_signature(certificate_pem: bytes, message: bytes, signature: bytes) -> None:
+    """``SecAggError`` unless ``signature`` over ``message`` verifies under ``certificate_pem``'s own key."""
+    _bounded(signature, MAX_SIGNATURE_BYTES, "a signature")
+    cert = _load_certificate(certificate_pem, "a client certificate")
+    _check_key(cert.public_key(), _who(cert))
+    try:
+        _check_signature(cert.public_key(), signature, message)
+    except (InvalidSignature, ValueError) as err:
+        raise SecAggError(
+            f"the signature of {_who(cert)} over {_describe(message)} does not verify: the message was changed "
+            "(another step's, another index's, other keys) or the signature is someone else's"
+        ) from err
+
+
 def _client_verifier(cas: list[x509.Certificate], now: dt.datetime) -> verification.ClientVerifier:
     """The library's client verifier for ``cas`` at ``now``, its web-PKI profile but for the SAN, which a
     client certificate may lack (its identity is then its CN, as for the coordinator's TLS)."""
