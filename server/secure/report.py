@@ -24,7 +24,10 @@ def secagg_report(
     counts, the bytes each round brought in (``earlier``: those of the step's abandoned sessions,
     added), and which session finished (``attempt``: 0 unless the step was restarted). After a
     restart also why each earlier session failed (``failures``) and the clients caught deviating and
-    left out of the step (``excluded``: client -> what it did), so the record outlives the log."""
+    left out of the step (``excluded``: client -> what it did), so the record outlives the log. Complaints of
+    the unmask answers about boxes that did not open: the clients they proved at fault (``blamed``: client ->
+    what it did; the sum was rebuilt without those pairs' shares) and those nobody can be named for
+    (``complaints``)."""
     survivors, dropped = session.close_inputs()
     received = added_counts(session.received, earlier or {})
     report: dict[str, object] = {
@@ -40,6 +43,11 @@ def secagg_report(
         report["failed"] = list(failures)
     if excluded:
         report["excluded"] = {str(i): why for i, why in sorted(excluded.items())}
+    blamed, unresolved = session.complaint_verdicts()
+    if blamed:
+        report["blamed"] = {str(i): why for i, why in sorted(blamed.items())}
+    if unresolved:
+        report["complaints"] = unresolved
     return report
 
 

@@ -13,6 +13,7 @@ coordinator keeps the lock, the staging on disk (:class:`Staging`) and what a fi
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -24,9 +25,18 @@ from torch import Tensor
 from common.aggregation.base import Aggregator
 from common.aggregation.validate import UpdateRejected
 from common.infra.faults import fault_point
+from common.infra.files import atomic_write_json
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.primitives import SecAggError, decode
-from common.secagg.rounds import Culprits, Keys, ServerSession, session_from_state, session_state
+from common.secagg.rounds import (
+    Culprits,
+    Keys,
+    ServerSession,
+    key_fingerprints,
+    session_from_state,
+    session_state,
+)
+from common.secagg.signing import Verifier, certificate_identity, check_signature, keys_message
 from common.secagg.terms import Layout, context, run_encoding, threshold, unpack
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import MASKED
@@ -60,6 +70,26 @@ class Staging:
         """Forget the staged masked inputs (an abandoned session's), on disk and in memory."""
         self.store.drop_updates(self.key)
         self.submitted.clear()
+
+    def seen_keys(self) -> set[str]:
+        """The fingerprints (hex) of every public key advertised in the run's earlier secure sessions."""
+        path = self.store.root / SEEN_KEYS
+        return set(json.loads(path.read_text())) if path.exists() else set()
+
+    def remember_keys(self, fingerprints: Iterable[str]) -> None:
+        """Add ``fingerprints`` to the run's record of advertised keys (kept beside its generations: the
+        staging of a step is dropped once it is merged, the record outlives it)."""
+        seen = self.seen_keys()
+        if not set(fingerprints) <= seen:
+            atomic_write_json(self.store.root / SEEN_KEYS, sorted(seen | set(fingerprints)))
+
+
+SEEN_KEYS = "secagg-seen-keys.json"  # in the store's root: 16 bytes of each key's fingerprint, hex, one list
+
+
+def fingerprint(point: bytes) -> str:
+    """What the run's record of keys holds of a key's fingerprint (:func:`key_fingerprints`): 16 bytes, hex."""
+    return point[:16].hex()
 
 
 @dataclass(frozen=True)
@@ -113,8 +143,13 @@ class SecureStep:
         state: dict | None = None,
         awaited: Callable[[], Collection[int]] | None = None,
         dp: DpSettings | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.clients = clients
+        # Signed mode: the run's CA, by which each advertise's certificate is checked when it arrives (None: the
+        # certificate's own signature and identity only; the clients check the CA, and refuse a roster that fails).
+        self.verifier = verifier
+        self.seen = staging.seen_keys()  # keys of the run's earlier sessions: one advertised again is a replay
         # The slots the keys round waits for (``Run.awaited``: in a --start-with run, those a client has joined).
         # None: every slot.
         self.awaited = awaited
@@ -166,12 +201,19 @@ class SecureStep:
     def restart(self, exclude: dict[int, str] | None = None) -> None:
         """A fresh session for the step (the next attempt): every client may take part again but those
         ``exclude`` names (client -> what it did), which stay out of the step's later sessions."""
+        self.remember(self.session.keys.values())  # the abandoned session's keys may not come back either
         self.earlier = added_counts(self.earlier, self.session.received)
         self.excluded |= exclude or {}
         self.attempt += 1
         self.session = ServerSession(self.members(), self.t, context(self.plan_for_clients()))
         self.resumed_survivors, self.knocking = None, set()
         self.round_closed()
+
+    def remember(self, keys: Iterable[Keys]) -> None:
+        """Record ``keys``' fingerprints as the run's: no later session takes them (:meth:`_advertise`)."""
+        prints = {fingerprint(p) for k in keys for p in key_fingerprints(k)}
+        self.seen |= prints
+        self.staging.remember_keys(prints)
 
     def can_restart(self) -> bool:
         """Whether the clients not excluded can still reach the threshold (else no session can succeed)."""
@@ -292,7 +334,7 @@ class SecureStep:
         s, changed = self.session, False
         # Each round is late by its own deadline: self.late() is read afresh after every round that closes.
         if s.roster is None and (self.keys_complete() or (self.late(deadline) and len(s.keys) >= t)):
-            s.close_keys()
+            self.remember(s.close_keys().values())  # before the roster is persisted: no replay after a crash
             self.round_closed()
             changed = True
             self.emit(f"{self.where}: roster of {len(s.keys)} clients (threshold {t})")
@@ -377,6 +419,11 @@ class SecureStep:
             )
         except (SecAggError, UpdateRejected) as err:  # Culprits is a SecAggError
             self._failed(err)
+        blamed, unresolved = self.session.complaint_verdicts()
+        for i, why in sorted(blamed.items()):
+            self.emit(f"{self.where} (attempt {self.attempt}): client {i} {why}; its pairs' shares were left out")
+        for line in unresolved:
+            self.emit(f"{self.where} (attempt {self.attempt}): unresolved complaint: {line}")
         return secagg_report(
             self.session, self.clients, aggregator, self.attempt, self.earlier, self.failures, self.excluded
         )
@@ -411,6 +458,9 @@ class SecureStep:
     # ------------------------------------------------------------ one handler per stage
 
     def _advertise(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
+        """Client ``index``'s keys, each check refusing (``INVALID_ARGUMENT``, or ``PERMISSION_DENIED``) what would
+        otherwise reach every honest client. A refused advertise leaves the slot as it was: open for the
+        client's own, which is then taken."""
         if keys is None:
             raise Refused("INVALID_ARGUMENT", "an advertise carries the client's keys")
         if keys.index != index:  # the body's index is the caller's claim, not its identity (H1)
@@ -418,8 +468,42 @@ class SecureStep:
                 "PERMISSION_DENIED",
                 f"client {client_id!r} holds index {index}: it cannot advertise keys for index {keys.index}",
             )
-        self.session.advertise(keys)  # sizes, distinct keys, the roster still open, one of the step's clients
+        try:
+            # A low-order or non-canonical point: every honest client's exchange with it fails or is public.
+            prints = key_fingerprints(keys)
+            self._check_signed(index, client_id, keys)
+        except SecAggError as err:
+            raise Refused("INVALID_ARGUMENT", f"client {index}'s advertise is refused: {err}") from err
+        current = self.session.keys.get(index)
+        if current != keys and any(fingerprint(p) in self.seen for p in prints):
+            # A copy of an earlier step's (or session's) advertise: taken, it would fill the client's slot with
+            # keys whose private halves belong to a finished session, and refuse the client's own advertise.
+            raise Refused(
+                "INVALID_ARGUMENT",
+                f"client {index}'s advertise is refused: a public key of an earlier secure session of this run "
+                "(a replay; every session's keys are fresh)",
+            )
+        self.session.advertise(keys)  # distinct keys, the roster still open, one of the step's clients
         self.staging.save(self.state())
+
+    def _check_signed(self, index: int, client_id: str, keys: Keys) -> None:
+        """Signed mode: the advertise's signature covers this session's context, the index and the keys, and
+        its certificate names the caller. The clients check the same of every roster entry (and the CA, which
+        ``self.verifier`` checks here too when given); one bad entry makes each of them refuse the session, so
+        a client's forged or replayed advertise must stop here."""
+        if not self.signed:
+            return
+        if not keys.certificate or not keys.signature:
+            raise SecAggError("the run is signed: an advertise carries the client's certificate and signature")
+        k = keys
+        identity = (self.verifier.identity if self.verifier else certificate_identity)(k.certificate)
+        message = keys_message(self.session.context, index, identity, k.cipher_public, k.mask_public, k.commitment)
+        if self.verifier is not None:
+            self.verifier.verify(k.certificate, message, k.signature)
+        else:
+            check_signature(k.certificate, message, k.signature)
+        if identity != client_id:
+            raise SecAggError(f"its certificate names client {identity!r}, but client {client_id!r} sent it")
 
     def _roster(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
         s = self.session
