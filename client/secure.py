@@ -32,6 +32,17 @@ from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 log = logging.getLogger("lorm.client")
 
 
+class SessionRefused(SecAggError):
+    """This client sits out the step's secure session; the run goes on.
+
+    Raised by :meth:`SecureRounds.begin` and :meth:`SecureRounds.finish` when what the coordinator relays fails
+    this client's checks: a roster entry with a low-order or non-canonical key, a repeated key or a signature
+    that does not verify (the coordinator refuses each at advertise, so it deviated or let one through), or an
+    unmask request that could reveal an input. The client has revealed nothing it should not and sends nothing
+    more in this session; the step goes on without it, or restarts. A box that does not open is no reason to
+    refuse: that sender's share is left out and reported (:meth:`common.secagg.rounds.ClientSession.reveal`)."""
+
+
 def signing(settings: SecAggSettings, security: Security | None) -> tuple[Signer | None, Verifier | None]:
     """The client's signer and the run CA's verifier in the signed mode (``None, None`` otherwise); a
     ``SecAggError`` naming what is missing when the mode needs a certificate the client does not have."""
@@ -74,10 +85,20 @@ class SecureRounds:
                 return reply
             time.sleep(max(reply["retry_after_s"], 0.05))
 
+    def _refuse(self, err: SecAggError) -> SessionRefused:
+        p = self.plan
+        where = f"task {p.task} round {p.round} {p.phase.value} secure session {p.secure_attempt}"
+        return SessionRefused(f"{where}: client {self.index} sits it out: {err}")
+
     def begin(self) -> None:
+        """Advertise, then share among the roster; :class:`SessionRefused` when the roster fails the checks."""
         self.client.secagg(self.plan, self.index, "advertise", keys=self.session.advertise())
         roster = self._until_ready("roster")["roster"]
-        self.client.secagg(self.plan, self.index, "share", shares=self.session.share(roster))
+        try:
+            shares = self.session.share(roster)
+        except SecAggError as err:
+            raise self._refuse(err) from err
+        self.client.secagg(self.plan, self.index, "share", shares=shares)
 
     def finish(
         self,
@@ -101,11 +122,25 @@ class SecureRounds:
             return len(survivors)
         if unmasking is not None and len(survivors) >= self.session.threshold:
             unmasking()
+        try:
+            answer = self._answer(inbox["shares"], survivors, dropped)
+        except SecAggError as err:
+            raise self._refuse(err) from err
+        if self.session.complaints:
+            log.warning(
+                "secure aggregation: the shares of clients %s for this client do not open; answering without them "
+                "and reporting them to the coordinator",
+                self.session.complaints,
+            )
+        self.client.secagg(self.plan, self.index, "reveal", shares=answer)
+        return len(survivors)
+
+    def _answer(self, boxes: dict[int, bytes], survivors: list[int], dropped: list[int]) -> dict[int, bytes]:
+        """The unmask answer, after the consistency round in the signed mode (the same request, signed by the
+        threshold)."""
         confirmations = None
-        if self.session.signer is not None:  # the consistency round: the same request, signed by the threshold
+        if self.session.signer is not None:
             signature = self.session.confirm(survivors, dropped)
             self.client.secagg(self.plan, self.index, "confirm", shares={self.index: signature})
             confirmations = self._until_ready("confirmations")["shares"]
-        answer = self.session.reveal(inbox["shares"], survivors, dropped, confirmations)
-        self.client.secagg(self.plan, self.index, "reveal", shares=answer)
-        return len(survivors)
+        return self.session.reveal(boxes, survivors, dropped, confirmations)
