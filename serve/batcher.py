@@ -6,6 +6,10 @@ it runs: up to ``max_batch`` samples, or whatever has come when the oldest waiti
 ``max_wait_s``. Under load the queue already holds a full batch when a batch ends, so nothing waits; alone,
 a request waits at most ``max_wait_s`` for company. A request larger than ``max_batch`` is cut across
 batches and answered when its last piece is done.
+
+The samples held at once (admitted and not yet answered: being prepared, waiting or in the running batch) are
+at most ``max_queue``; a request that would pass it is refused at once (:class:`QueueFull`), before anything
+of it is prepared, so that a burst costs its callers a retry, not the server its memory.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
+
+
+class QueueFull(RuntimeError):
+    """The queue holds too many samples to admit a request now; the message says how many and the bound."""
 
 
 @dataclass
@@ -36,27 +44,56 @@ class _Request:
 
 class MicroBatcher(Generic[R]):
     """``await submit(samples)`` returns ``run(samples)``'s results in order; ``run`` sees batches that mix
-    the samples of concurrent calls, at most ``max_batch`` of them."""
+    the samples of concurrent calls, at most ``max_batch`` of them; at most ``max_queue`` samples are held."""
 
-    def __init__(self, run: Callable[[list[Any]], list[R]], max_batch: int = 32, max_wait_s: float = 0.005) -> None:
-        if max_batch < 1 or not max_wait_s >= 0:
-            raise ValueError(f"max_batch must be >= 1 and max_wait_s >= 0, got {max_batch} and {max_wait_s}")
-        self.run, self.max_batch, self.max_wait_s = run, max_batch, max_wait_s
+    def __init__(
+        self,
+        run: Callable[[list[Any]], list[R]],
+        max_batch: int = 32,
+        max_wait_s: float = 0.005,
+        max_queue: int = 512,
+    ) -> None:
+        if max_batch < 1 or not max_wait_s >= 0 or max_queue < 1:
+            raise ValueError(
+                f"max_batch must be >= 1, max_queue >= 1 and max_wait_s >= 0, got {max_batch}, {max_queue} and "
+                f"{max_wait_s}"
+            )
+        self.run, self.max_batch, self.max_wait_s, self.max_queue = run, max_batch, max_wait_s, max_queue
         self.sizes: Counter[int] = Counter()  # batch size -> how many batches ran with it
+        self.held = 0  # samples admitted and not yet answered
         self._queue: deque[_Request] = deque()
         self._arrived = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lorm-batch")
         self._task: asyncio.Task | None = None
 
-    async def submit(self, samples: Sequence[Any]) -> list[R]:
+    async def submit(
+        self, samples: Sequence[Any], prepare: Callable[[Sequence[Any]], Sequence[Any]] | None = None
+    ) -> list[R]:
+        """``run``'s results for ``samples``, or :class:`QueueFull` at once. ``prepare`` (on a thread, once the
+        samples are admitted) turns them into what ``run`` takes, one for one: what it builds (decoded images)
+        is counted against ``max_queue`` before it exists."""
         if self._task is None:
             raise RuntimeError("the batcher is not started (await start() first)")
         if not samples:
             return []
-        request = _Request(samples, asyncio.get_running_loop().create_future(), time.monotonic())
-        self._queue.append(request)
-        self._arrived.set()
-        return await request.future
+        n = len(samples)
+        if n > self.max_queue:
+            raise ValueError(f"{n} samples in one request, more than the queue holds ({self.max_queue})")
+        if self.held + n > self.max_queue:
+            raise QueueFull(
+                f"the queue holds {self.held} samples and takes {self.max_queue} at most: {n} more do not fit now"
+            )
+        self.held += n
+        try:
+            if prepare is not None:
+                samples = await asyncio.to_thread(prepare, samples)
+                assert len(samples) == n, f"prepare returned {len(samples)} samples for {n}"
+            request = _Request(samples, asyncio.get_running_loop().create_future(), time.monotonic())
+            self._queue.append(request)
+            self._arrived.set()
+            return await request.future
+        finally:  # answered, failed or abandoned by its caller: its samples no longer count
+            self.held -= n
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="lorm-batcher")

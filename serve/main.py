@@ -4,7 +4,8 @@ It serves the newest export under ``--models`` and replaces it when the coordina
 Connections are secured with the coordinator's own flags (``common/infra/tls.py``): ``--tls-cert``/``--tls-key``
 for HTTPS; ``--tls-ca`` for mutual TLS (a caller's identity is its certificate's ``lorm-client://<id>`` SAN
 URI, else its CN, checked against ``--allowed-clients`` when the connection is made); ``--token-file`` for
-bearer tokens; ``--insecure`` for plain HTTP on a trusted network.
+bearer tokens; ``--insecure`` for plain HTTP on a trusted network. What requests may make it hold is bounded by
+the ``--max-*`` flags of :class:`serve.app.Limits`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import socket
 import ssl
 import sys
+from dataclasses import fields
 from functools import partial
 from typing import Any
 
@@ -25,7 +27,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from common.infra.logs import add_logging_arguments, setup_logging
 from common.infra.tls import CLIENT_URI_SCHEME, Security, SecurityError, add_security_arguments, read_token_digests
 from common.infra.tls import security_from_args as checked_security
-from serve.app import Identities, create_app
+from serve.app import Identities, Limits, create_app, flag
 from serve.model import Classifier
 from serve.watch import ModelSlot
 
@@ -90,9 +92,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks for a newer export (0: never)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when present), cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add_limit_arguments(parser)
     add_security_arguments(parser, "server")
     add_logging_arguments(parser)
     return parser
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`Limits` field, its default the field's."""
+    limits = Limits()
+    helps = {
+        "max_body_bytes": "bytes of a request's body, at most (413 beyond)",
+        "max_inputs": "sentences or images per request, at most (422 beyond)",
+        "max_queue": "samples held across requests, prepared, waiting or running (503 and Retry-After beyond)",
+        "max_chars": "characters per sentence, at most (422 beyond)",
+        "max_image_bytes": "bytes of an image file, at most (413 beyond)",
+        "max_image_pixels": "width x height of an image, read from its header before decoding (413 beyond)",
+    }
+    for f in fields(Limits):
+        default = getattr(limits, f.name)
+        parser.add_argument(flag(f.name), type=int, default=default, help=f"{helps[f.name]} (default {default})")
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The limits the flags name; ``ValueError`` naming the flag for one that cannot be."""
+    return Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
 
 
 def security_from_args(args: argparse.Namespace) -> Security:
@@ -128,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.max_batch < 1 or args.max_wait_ms < 0:
         parser.error(f"--max-batch must be >= 1 and --max-wait-ms >= 0, got {args.max_batch} and {args.max_wait_ms}")
+    try:
+        limits = limits_from_args(args)
+    except ValueError as err:
+        parser.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
     security.announce(log, "server")
@@ -141,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         token_digests=read_token_digests(security.token_file) if security.token_file else None,
         allowed=frozenset(security.allowed_clients),
         identities=identities,
+        limits=limits,
     )
     server = uvicorn.Server(uvicorn_config(app, security, identities))
     listener = socket.create_server((args.host, args.port))

@@ -72,7 +72,7 @@ def read_card(export: Path) -> ModelCard:
 
 class Classifier:
     """An export's model on ``device``: :meth:`predict` takes raw samples (sentences, or images as paths,
-    bytes or PIL images) and returns one :class:`Prediction` each."""
+    bytes, PIL images or :meth:`prepare`'s tensors) and returns one :class:`Prediction` each."""
 
     def __init__(self, export: str | Path, device: str = "auto") -> None:
         self.path = Path(export)
@@ -90,7 +90,7 @@ class Classifier:
         backbone = build_backbone(config)
         self.kind = "image" if "pixel_values" in inspect.signature(backbone.forward).parameters else "text"
         if self.kind == "image":
-            size = image_size(config.section(DataSettings))
+            self.image_size = size = image_size(config.section(DataSettings))
             self.transform = image_transforms(card.preprocessing.image_transforms, size).test
         _add_delta(backbone, self.path, card)
         head = load_file(str(self.path / HEAD_FILE))
@@ -129,7 +129,15 @@ class Classifier:
             if not all(isinstance(s, str) for s in samples):
                 raise TypeError("this model classifies sentences: every input must be a string")
             return self.backbone.encode(list(samples))
-        return {"pixel_values": torch.stack([self.transform(_image(s)) for s in samples])}  # (batch, 3, H, W)
+        pixels = [s if isinstance(s, Tensor) else self.prepare(_image(s)) for s in samples]
+        if any(p.shape != (3, self.image_size, self.image_size) for p in pixels):
+            raise RuntimeError("an image was prepared for the export served before this one: send it again")
+        return {"pixel_values": torch.stack(pixels)}  # (batch, 3, H, W)
+
+    def prepare(self, image: Image.Image) -> Tensor:
+        """An RGB image as the model takes it, ``(3, H, W)`` at its input size (the evaluation transform): the
+        server prepares each image as it decodes it, so that a large one is not held until its batch runs."""
+        return self.transform(image)
 
     @torch.inference_mode()
     def probabilities(self, inputs: dict[str, Tensor]) -> Tensor:
