@@ -1,171 +1,419 @@
-"""This client's own account of what its records have released in a privately trained run (``dp.mode = local``).
+"""This client's own account of what its records have released, kept by the client alone and keyed to its data.
 
-In local mode nobody is trusted with a client's records, the coordinator included, so the coordinator's ledger
-(``server/strategies/private.py``) protects nobody from the coordinator. A hostile one could ask the same round
-again and again, each answer carrying fresh noise, and average the noise away; or say a training round sends no
-Grams (so the client calibrates its gradient noise for the whole budget) and then ask for a Gram step anyway. This
-ledger is the client's defence, kept by the client alone:
+In local mode (``dp.mode = local``) nobody is trusted with a client's records, the coordinator included, so the
+coordinator's ledger (``server/strategies/private.py``) protects nobody from the coordinator. This ledger is the
+client's defence, and it counts by what the client computes, never by what a plan says about itself:
 
-- **a fixed plan.** The mechanism (``common.privacy.training.training_noise``) is pinned at the client's first private
-  step, Grams or none, and every later step is noised by that plan, whatever its instruction says; a step asking
-  for a Gram release the plan has no room for is refused.
-- **a count.** Each step that releases something (a training round, a Gram release) is counted per task before its
-  update leaves the client; a step beyond the plan (``BudgetExceeded``) is refused, and nothing is computed.
+- **a release is what is read.** A step that trains (``TRAIN``) is a training round of its task's records, and a
+  step whose instruction asks for any Gram is a Gram release, whatever its phase label
+  (``common.privacy.training.releases``); a step of a kind the run's method never produces was refused before it
+  got here (``client/plans.py``).
+- **a fixed plan.** The mechanism (``common.privacy.training.training_noise``) follows the run's method: with Grams
+  when the method has a Gram step (LoRM's family), else for training alone. A step asking for a Gram release the
+  plan has no room for is refused.
+- **a count.** Each release is counted per task before its update leaves the client; a release beyond the plan
+  (``BudgetExceeded``) is refused, and nothing is computed.
+- **nothing un-noised.** Before an update is returned, each of its tensors is held to what was counted: Grams only
+  from a counted Gram release whose noise is not zero, trained weights only from a counted DP-SGD round, the head
+  unchanged from the plan's otherwise, and nothing else at all (:func:`unnoised`).
 - **no fresh noise for the same step.** The same step asked again (a push lost to a coordinator's restart) gets
   the very update already sent: the same noisy message says nothing new, and costs nothing.
-- **kept on disk** (``path``: the client's own file, written atomically before the update is returned), so that a
-  client restarted by its operator cannot be asked again from zero. The update itself is not kept there: after a
-  restart the same step asked again is a new release, counted as one.
 
-Distributed mode (``dp.mode = distributed``, the closed-form heads under secure aggregation) has its own hole: each
-secure session of a step masks the client's statistics with a fresh noise share, so a coordinator that unmasks a
-session's sum and then claims it failed gets a second sum with independent noise, and averages the two. The ledger
-records, before the client reveals anything, each step whose unmask request counted it among at least the
-threshold's survivors (from then on the sum can be unmasked, with or without this client's answer); a later session
-of that step gets nothing from it (:meth:`may_mask`: the client sits it out). A session that failed before its
-unmask request spent nothing, and the client takes part in the next.
+Secure aggregation (any run with ``secagg.enabled``, and distributed mode's noise shares) has its own hole: a
+coordinator that unmasks one session's sum and then runs the same step again (another session, a roster without a
+victim, another round label) gets a second sum over the same inputs, and the difference of the two is one client's
+input (or, under distributed DP, an average that halves the noise). The ledger writes down, before the client
+reveals anything, the digest of each step's inputs (:func:`inputs_digest`: the plan's instruction, task, classes and
+tensors, not its labels) whose unmask request counted it among at least the threshold's survivors; those inputs are
+never masked again (:meth:`ClientLedger.may_mask`), in this run or any other on the same data. A session that failed
+before its unmask request spent nothing, and the client takes part in the next.
+
+**Kept on disk, keyed to the data, across runs.** The file (``path``) belongs to this client's data (its digest,
+:func:`data_digest`), not to a run id the coordinator chooses: each run is an entry keyed by the digest of its
+configuration apart from its schedule (which grows while an open run lives), and a new run id does not start afresh.
+A run whose budget, added to what other runs have already spent from the same records, exceeds the client's lifetime
+budget (``--lifetime-epsilon``; by default the first private run's budget: the records take part in one private run)
+is refused. Runs compose by adding their epsilons and deltas (basic composition: loose, never wrong). Only the site's
+operator resets the account (``lorm-ledger reset``). The update itself is not kept: after a restart the same step
+asked again is a new release, counted as one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from common.infra.files import atomic_write_json
 from common.methods import method
 from common.privacy.ledger import BudgetExceeded
-from common.privacy.training import TrainingLedger, TrainingNoise, releases, training_noise
+from common.privacy.training import TrainingNoise, releases, training_noise
 from common.run.config import RunConfig
-from common.run.settings import DpSettings
-from common.wire.messages import ClientUpdate, RoundPlan, TrainInstruction
+from common.run.schedule import bare_config, class_schedule
+from common.run.settings import DpSettings, SecAggSettings
+from common.wire.messages import ClientUpdate, RoundPlan
+from common.wire.tensors import DELTA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, parse_tensor_name
 
 log = logging.getLogger("lorm.client")
 
-VERSION = 1
+VERSION = 2
+MASKED_KEEP = 100_000  # input digests kept per file: far more steps than any run has, and a bounded file
 
 
-def step_of(plan: RoundPlan) -> tuple[int, int, str]:
-    """The step ``plan`` asks for, whatever its secure session: (task, round, phase)."""
-    return plan.task, plan.round, plan.phase.value
+class LedgerRefused(ValueError):
+    """This client's account refuses the run: another site's file, a run the lifetime budget cannot afford, or the
+    same run with its tasks cut otherwise than when its records were first released."""
+
+
+def config_digest(config: RunConfig) -> str:
+    """The run's configuration apart from its schedule, hashed: the key of its entry in a ledger."""
+    values = bare_config(config)
+    values.pop("run_id")  # the same configuration under another id: the same mechanism on the same records
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
+def data_digest(config: RunConfig, train: str = "", index: int = 0) -> str:
+    """What this client's records are: the bytes of its own training file (``train``; a folder: every file's
+    relative path and bytes), or, on a shard of a common dataset, the dataset and the client's index (a shard of
+    the same dataset under another partition shares records with this one: the same file)."""
+    sha = hashlib.sha256()
+    if train:
+        root = Path(train)
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for p in files:
+            sha.update(str(p.relative_to(root) if root.is_dir() else p.name).encode() + b"\0")
+            with p.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    sha.update(chunk)
+        return "own-" + sha.hexdigest()
+    sha.update(json.dumps({"dataset": config.dataset, "index": index}, sort_keys=True).encode())
+    return "shard-" + sha.hexdigest()
+
+
+def inputs_digest(plan: RoundPlan) -> str:
+    """The digest of what ``plan`` asks a client to compute from: its task, classes, instruction and tensors (names,
+    dtypes, shapes, bytes). Not its labels (phase, round, secure session, seed): the same inputs under another label
+    give the same statistics."""
+    sha = hashlib.sha256()
+    head = [plan.task, list(plan.class_range), plan.seen_classes, plan.instruction.KIND, plan.instruction.to_json()]
+    sha.update(json.dumps(head).encode())
+    for name in sorted(plan.tensors):
+        t = plan.tensors[name].detach().cpu().contiguous()
+        sha.update(f"|{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        sha.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return sha.hexdigest()
+
+
+def unnoised(update: ClientUpdate, plan: RoundPlan, rounds: int, grams: int, noise: TrainingNoise) -> list[str]:
+    """The tensors of ``update`` that would leave a privately trained client without noise: a Gram without a counted
+    Gram release of non-zero noise; trained weights without a counted DP-SGD round of non-zero noise; a head that
+    differs from the plan's without one; any other kind (a Fisher, feature statistics), which local mode never
+    noises."""
+    trained = rounds > 0 and noise.noise_multiplier > 0
+    bad = []
+    for name, tensor in update.tensors.items():
+        kind = parse_tensor_name(name)[0]
+        if name == HEAD_GRAM or kind == GRAM:
+            ok = grams > 0 and noise.gram_multiplier > 0
+        elif name in (HEAD_WEIGHT, HEAD_BIAS):
+            given = plan.get(name)
+            ok = trained or (given is not None and torch.equal(given.to(tensor.dtype), tensor))
+        elif kind in (FACTOR, DELTA):
+            ok = trained
+        else:
+            ok = False
+        if not ok:
+            bad.append(name)
+    return sorted(bad)
+
+
+@dataclass
+class RunEntry:
+    """One run's releases of this client's records: its id, budget, plan, each task's classes and counts."""
+
+    run_id: str
+    epsilon: float  # the run's budget (0: no budget, a secure run without differential privacy)
+    delta: float
+    mode: str
+    grams: bool | None = None  # the plan's Gram releases, fixed at the first private step
+    tasks: dict[int, str] | None = None  # task -> its classes, as first released
+    released: dict[int, tuple[int, int]] | None = None  # task -> (rounds, Gram releases)
+    unmasked: bool = False  # distributed mode: a sum holding this client's noise share may be out
+    spent: float = 0.0  # the epsilon its most spent task's records have spent
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "mode": self.mode,
+            "grams": self.grams,
+            "tasks": {str(t): c for t, c in sorted((self.tasks or {}).items())},
+            "released": {str(t): list(c) for t, c in sorted((self.released or {}).items())},
+            "unmasked": self.unmasked,
+            "spent": self.spent,
+        }
+
+    @staticmethod
+    def from_json(value: dict[str, Any]) -> RunEntry:
+        return RunEntry(
+            run_id=str(value["run_id"]),
+            epsilon=float(value["epsilon"]),
+            delta=float(value["delta"]),
+            mode=str(value["mode"]),
+            grams=None if value["grams"] is None else bool(value["grams"]),
+            tasks={int(t): str(c) for t, c in value["tasks"].items()},
+            released={int(t): (int(r), int(g)) for t, (r, g) in value["released"].items()},
+            unmasked=bool(value["unmasked"]),
+            spent=float(value["spent"]),
+        )
 
 
 class ClientLedger:
-    """The releases of this client's records in run ``config``: a ``dp_training`` method's in local mode (rounds and
-    Gram releases against the plan), and in distributed mode the steps whose secure sum may be out."""
+    """The releases of this client's records: run ``config``'s entry (a ``dp_training`` method's rounds and Gram
+    releases in local mode, in distributed mode whether a sum is out) and, for every secure run, the inputs whose
+    secure sum may be out; ``path`` holds every run's on the same data (``data``: :func:`data_digest`)."""
 
-    def __init__(self, config: RunConfig, path: Path | None = None) -> None:
-        self.config, self.path = config, path
+    def __init__(self, config: RunConfig, path: Path | None = None, data: str = "") -> None:
+        self.config, self.path, self.data = config, path, data
         self.settings = config.section(DpSettings)
-        self.grams: bool | None = None  # the plan's Gram releases, pinned at the first private step
-        self.ledger: TrainingLedger | None = None
+        self.key = config_digest(config)
+        budget = self.settings.epsilon if self.settings.enabled else 0.0
+        self.entry = RunEntry(config.run_id, budget, self.settings.delta if budget else 0.0, self.settings.mode)
+        self.others: dict[str, RunEntry] = {}  # the other runs on the same data
+        self.masked: dict[str, list[Any]] = {}  # inputs digest -> [run key, task, round, phase, session]
         self.last: tuple[tuple[int, int, str], ClientUpdate] | None = None  # the last step released, and its update
-        self.unmasked: dict[tuple[int, int, str], int] = {}  # distributed: step -> the session whose sum may be out
+        self.noise_plan: TrainingNoise | None = None
         if path is not None and path.exists():
             self._load(path)
+        if self.entry.grams is not None:
+            self._pin(self.entry.grams)
 
     @staticmethod
-    def of(config: RunConfig, path: Path | None = None) -> ClientLedger | None:
-        """The ledger of ``config``'s run when its method trains privately under a budget (local mode) or its clients
-        add the noise shares (distributed mode), else ``None``."""
+    def of(config: RunConfig, path: Path | None = None, data: str = "") -> ClientLedger | None:
+        """The ledger of ``config``'s run when its method trains privately under a budget (local mode), its clients
+        add the noise shares (distributed mode), or it aggregates securely; else ``None``."""
         dp = config.section(DpSettings)
         trained = dp.local and method(config.method).dp_training
-        return ClientLedger(config, path) if trained or dp.distributed else None
+        secure = config.section(SecAggSettings).enabled
+        return ClientLedger(config, path, data) if trained or dp.distributed or secure else None
+
+    # ---------------------------------------------------------------- the run's admission
+
+    def lifetime_spent(self) -> tuple[float, float]:
+        """The epsilon and delta the other runs on these records have spent (basic composition: their sums)."""
+        spent = [e for e in self.others.values() if e.spent > 0]
+        return sum(e.spent for e in spent), sum(e.delta for e in spent)
+
+    def admit(self, lifetime_epsilon: float | None = None) -> None:
+        """``LedgerRefused`` unless this run's budget fits the records' lifetime budget beside what other runs on the
+        same data have spent: ``lifetime_epsilon``, by default this run's own budget (so that records which took part
+        in one private run take part in no second one until the site's operator says so)."""
+        if not self.entry.epsilon:
+            return
+        others, others_delta = self.lifetime_spent()
+        cap = self.entry.epsilon if lifetime_epsilon is None else lifetime_epsilon
+        if others and others + self.entry.epsilon > cap * (1 + 1e-9):
+            runs = sorted(e.run_id for e in self.others.values() if e.spent > 0)
+            raise LedgerRefused(
+                f"privacy ledger {self.path}: these records have spent epsilon {others:.4g} (delta {others_delta:.3g}) "
+                f"in other runs ({', '.join(runs)}); this run's budget of {self.entry.epsilon:g} would take them to "
+                f"{others + self.entry.epsilon:.4g}, over the lifetime budget of {cap:g} (--lifetime-epsilon; by "
+                "default one run's budget). A new run id does not reset the account: only the site's operator can "
+                "(lorm-ledger reset)"
+            )
+
+    # ---------------------------------------------------------------- local mode
 
     def noise(self, plan: RoundPlan) -> TrainingNoise:
-        """The plan's mechanism, which noises every step of the run on this client: pinned at the first call (by
-        ``plan``'s instruction: whether the method's rounds send Grams), the same at every later one."""
-        if self.grams is None:
-            step = plan.expect(TrainInstruction)
-            self._pin(step.sends_grams)
-        assert self.ledger is not None
-        return self.ledger.noise
+        """The run's mechanism, which noises every step of the run on this client: fixed by the method (with Grams
+        when it has a Gram step), the same at every call whatever a plan's instruction says."""
+        if self.noise_plan is None:
+            steps = method(self.config.method).steps
+            self._pin(any(phase == "task_gram" for phase, _ in steps))
+            self._save()
+        assert self.noise_plan is not None
+        return self.noise_plan
 
-    def release(self, plan: RoundPlan, compute: Callable[[], ClientUpdate]) -> ClientUpdate:
+    def release(self, plan: RoundPlan, compute: Callable[[], ClientUpdate], reads: str = "") -> ClientUpdate:
         """``plan``'s update by ``compute``, within the plan: the update already sent when ``plan`` is the step last
-        released; ``BudgetExceeded`` (nothing computed) when the step would take its task's records past the plan;
-        otherwise computed, counted and written down before it is returned."""
-        key = step_of(plan)
+        released; ``BudgetExceeded`` (nothing computed) when the step would take its task's records past the plan,
+        or its update would carry something un-noised; otherwise computed, counted and written down before it is
+        returned. ``reads``: the classes of the task whose records the step reads (the worker's own cut)."""
+        key = (plan.task, plan.round, plan.phase.value)
         if self.last is not None and self.last[0] == key:
             log.info("task %d round %d %s asked again: sending the update already sent (no new noise)", *key)
             return self.last[1]
+        if not (self.settings.local and method(self.config.method).dp_training):
+            return compute()
         rounds, grams = releases(plan)
         if not rounds and not grams:
-            return compute()
+            update = compute()
+            self._refuse_unnoised(update, plan, 0, 0, self.noise(plan))
+            return update
         noise = self.noise(plan)
         what = f"the coordinator's task {plan.task} {plan.phase.value} step {plan.round}"
         if grams and not noise.grams:
             raise BudgetExceeded(
-                f"dp: {what} asks for a Gram release, but this client's plan, pinned at its first private step, "
-                "has none (its noise was calibrated for training alone): refused"
+                f"dp: {what} asks for a Gram release, but this client's plan for method {self.config.method} has "
+                "none (its noise is calibrated for training alone): refused"
             )
-        assert self.ledger is not None
-        self.ledger.check(plan.task, rounds, grams, what)
+        self._check_classes(plan.task, reads, what)
+        after = self._after(plan.task, rounds, grams)
+        if after[0] > noise.rounds or after[1] > noise.grams:
+            raise BudgetExceeded(
+                f"dp: {what} would take task {plan.task}'s records through {after[0]} rounds and {after[1]} Gram "
+                f"releases; the noise is calibrated for {noise.rounds} and {noise.grams}, which spend the run's budget "
+                f"(epsilon {self.settings.epsilon:g}, delta {self.settings.delta:g}); they have spent epsilon "
+                f"{self.epsilon_spent(plan.task):.4g}: refused"
+            )
         update = compute()
-        self.ledger.spend(plan.task, rounds, grams, what)
+        self._refuse_unnoised(update, plan, rounds, grams, noise)
+        released = self.entry.released = self.entry.released or {}
+        released[plan.task] = after
+        self.entry.spent = self.epsilon_spent()
         self._save()
         self.last = (key, update)
         return update
 
+    def _refuse_unnoised(self, update: ClientUpdate, plan: RoundPlan, rounds: int, grams: int, noise: Any) -> None:
+        bad = unnoised(update, plan, rounds, grams, noise)
+        if bad:
+            raise BudgetExceeded(
+                f"dp: the update of the coordinator's task {plan.task} {plan.phase.value} step {plan.round} would "
+                f"carry {', '.join(bad)} without noise ({rounds} training rounds and {grams} Gram releases counted): "
+                "refused"
+            )
+
+    def _after(self, task: int, rounds: int, grams: int) -> tuple[int, int]:
+        done = (self.entry.released or {}).get(task, (0, 0))
+        return done[0] + rounds, done[1] + grams
+
+    def _check_classes(self, task: int, reads: str, what: str) -> None:
+        tasks = self.entry.tasks = self.entry.tasks or {}
+        if task in tasks and reads and tasks[task] != reads:
+            raise LedgerRefused(
+                f"dp: {what}: this run's task {task} now holds other classes ({reads:.200}) than when its records were "
+                f"first released ({tasks[task]:.200}); their releases would be counted against the wrong records: "
+                "refused"
+            )
+        if reads:
+            tasks.setdefault(task, reads)
+
+    def epsilon_spent(self, task: int | None = None) -> float:
+        """The epsilon task ``task``'s records have spent in this run; ``None``: the most any task's have."""
+        if self.settings.distributed:
+            return self.entry.epsilon if self.entry.unmasked else 0.0
+        if self.noise_plan is None:
+            return 0.0
+        done = self.entry.released or {}
+        tasks = list(done) if task is None else [task]
+        delta = self.settings.delta
+        return max((self.noise_plan.epsilon(*done.get(t, (0, 0)), delta) for t in tasks), default=0.0)
+
+    # ---------------------------------------------------------------- secure aggregation
+
     def may_mask(self, plan: RoundPlan) -> bool:
-        """Whether this client may mask ``plan``'s statistics for its secure session: not when an earlier session of
-        the same step reached an unmask request that counted it (its sum, with other noise, may be out)."""
-        session = self.unmasked.get(step_of(plan))  # only distributed mode writes sessions down (unmasking)
-        return session is None or session == plan.secure_attempt
+        """Whether this client may mask ``plan``'s inputs for its secure session: not when a session of any step, in
+        any run on these records, with the same inputs reached an unmask request that counted this client (its
+        sum may be out). The very session written down may go on (a retried answer)."""
+        seen = self.masked.get(inputs_digest(plan))
+        return seen is None or seen == self._session(plan)
 
     def unmasking(self, plan: RoundPlan) -> None:
-        """``plan``'s session asks to unmask a sum that holds this client's noised statistics: written down before
-        the client answers. Local mode records nothing: each of its updates is private on its own, and a new session
-        masks the same noisy update again."""
-        if not self.settings.distributed:
-            return
-        self.unmasked[step_of(plan)] = plan.secure_attempt
+        """``plan``'s session asks to unmask a sum that holds this client's inputs: written down before the client
+        answers."""
+        self.masked[inputs_digest(plan)] = self._session(plan)
+        if self.settings.distributed:
+            self.entry.unmasked = True
+            self.entry.spent = self.epsilon_spent()
         self._save()
 
-    def epsilon_spent(self) -> float:
-        return self.ledger.epsilon_spent() if self.ledger is not None else 0.0
+    def _session(self, plan: RoundPlan) -> list[Any]:
+        return [self.key, plan.task, plan.round, plan.phase.value, plan.secure_attempt]
 
     # ---------------------------------------------------------------- on disk
 
     def _pin(self, grams: bool) -> None:
         cfg = self.config
-        self.grams = grams
-        self.ledger = TrainingLedger(
-            self.settings, training_noise(self.settings, cfg.local_epochs, cfg.rounds_per_task, grams)
-        )
+        self.entry.grams = grams
+        self.noise_plan = training_noise(self.settings, cfg.local_epochs, cfg.rounds_per_task, grams)
+
+    def state(self) -> dict[str, Any]:
+        masked = sorted(self.masked.items(), key=lambda item: item[0])[-MASKED_KEEP:]
+        return {
+            "version": VERSION,
+            "data": self.data,
+            "runs": {key: entry.to_json() for key, entry in sorted((self.others | {self.key: self.entry}).items())},
+            "masked": [[digest, *session] for digest, session in masked],
+        }
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        done = {str(task): list(counts) for task, counts in sorted(self.ledger.done.items())} if self.ledger else {}
-        unmasked = [[*step, session] for step, session in sorted(self.unmasked.items())]
-        atomic_write_json(
-            self.path,
-            {
-                "version": VERSION,
-                "run_id": self.config.run_id,
-                "grams": self.grams,
-                "released": done,
-                "unmasked": unmasked,
-            },
-        )
+        if self.path is not None:
+            atomic_write_json(self.path, self.state())
 
     def _load(self, path: Path) -> None:
-        try:
-            state = json.loads(path.read_text())
-            run_id, grams, done = state["run_id"], state["grams"], state["released"]
-            released = {int(task): (int(r), int(g)) for task, (r, g) in done.items()}
-            unmasked = {(int(t), int(r), str(p)): int(a) for t, r, p, a in state.get("unmasked", [])}
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"privacy ledger {path}: unreadable ({err}); it is this client's only account") from err
-        if state.get("version") != VERSION or run_id != self.config.run_id:
-            raise ValueError(
-                f"privacy ledger {path} is run {run_id!r}'s (version {state.get('version')}), not run "
-                f"{self.config.run_id!r}'s: give each run its own file"
+        state = read_ledger(path)
+        if state.get("data") != self.data:
+            raise LedgerRefused(
+                f"privacy ledger {path} is the account of other data ({str(state.get('data'))[:24]}…), not of this "
+                f"client's ({self.data[:24]}…): give each site's data its own file"
             )
-        self.unmasked = unmasked
-        if grams is not None:
-            self._pin(bool(grams))
-            assert self.ledger is not None
-            self.ledger.done = released
+        try:
+            runs = {str(k): RunEntry.from_json(v) for k, v in state["runs"].items()}
+            self.masked = {str(d): list(rest) for d, *rest in state["masked"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise LedgerRefused(f"privacy ledger {path}: unreadable ({err}); it is this client's only account") from err
+        mine = runs.pop(self.key, None)
+        if mine is not None:
+            mine.run_id = self.config.run_id  # the same configuration: the same run, whatever its id
+            self.entry = mine
+        self.others = runs
+
+
+def read_ledger(path: Path) -> dict[str, Any]:
+    """A ledger file's JSON; ``LedgerRefused`` when it cannot be read or is of another version."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LedgerRefused(f"privacy ledger {path}: unreadable ({err}); it is this client's only account") from err
+    if not isinstance(state, dict) or state.get("version") != VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        raise LedgerRefused(
+            f"privacy ledger {path} is of version {version}, not {VERSION}: this client cannot read its account "
+            "(an older client's file: keep it with that client, or let the site's operator reset it, lorm-ledger reset)"
+        )
+    return state
+
+
+def ledger_path(data: str) -> Path:
+    """Where a client keeps its privacy ledger unless told: ``$XDG_STATE_HOME/lorm/privacy/<data>.json`` (its own
+    data's digest; on a shard of a common dataset, the dataset's and its index's), ``~/.local/state`` when unset."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "lorm" / "privacy" / f"{data[:40]}.json"
+
+
+def task_classes(config: RunConfig, task: int, class_range: tuple[int, int]) -> str:
+    """Task ``task``'s classes as the client cuts them: their names when the run names them, else the head rows
+    under the run's class order."""
+    schedule = class_schedule(config)
+    if schedule is not None and task < len(schedule):
+        return ",".join(schedule[task])
+    lo, hi = class_range
+    return f"{config.class_order}:{lo}-{hi}"
+
+
+def budget_line(ledger: ClientLedger) -> str:
+    """What the ledger holds for the log: this run's epsilon spent and the other runs'."""
+    others, _ = ledger.lifetime_spent()
+    return (
+        f"epsilon {ledger.epsilon_spent():.4g} spent in this run, {others:.4g} in {len(ledger.others)} other runs on "
+        "the same data"
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from client.datasets import DatasetError
 from client.floor import FloorError, add_floor_arguments, check_floor, floor_from_args, pinned
-from client.ledger import ClientLedger
+from client.ledger import ClientLedger, LedgerRefused, budget_line, data_digest, ledger_path
 from client.local import (
     LocalSettingError,
     add_local_arguments,
@@ -24,6 +24,7 @@ from client.local import (
     refuse_coordinator_local,
 )
 from client.owned import OwnData
+from client.plans import PlanRefused, add_caps_arguments, caps_from_args, check_caps
 from client.runtime import ClientRuntime, build_runtime, with_tasks
 from client.secure import SecureRounds
 from client.telemetry import DEFAULT_HOST, HOST_HELP, ClientMetrics
@@ -35,6 +36,7 @@ from common.infra.tls import SecurityError, add_security_arguments, security_fro
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.run.schedule import same_but_schedule
+from common.secagg.primitives import SecAggError
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan, Wait
 from common.wire.tensors import WireError
 
@@ -54,13 +56,6 @@ def _record(
         metrics.step_done(plan.phase.value, plan.task, plan.round, samples, seconds, result.train_loss)
     else:
         metrics.step_done(plan.phase.value, plan.task, plan.round, int(sum(result.total)), seconds)
-
-
-def default_ledger_path(run_id: str, index: int) -> Path:
-    """Where a client keeps its privacy ledger unless told: ``$XDG_STATE_HOME/lorm/privacy/<run>-<index>.json``."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run_id)
-    return Path(state) / "lorm" / "privacy" / f"{safe}-{index}.json"
 
 
 def push_as(client: CoordinatorClient, key: str, update: ClientUpdate) -> bool:
@@ -137,12 +132,21 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=env("LORM_PRIVACY_LEDGER") or None,
         metavar="FILE",
-        help="a private run whose clients add the noise (dp.mode local or distributed): this client's own account of "
-        "what its records have released, "
-        "kept across restarts (default $LORM_PRIVACY_LEDGER, else $XDG_STATE_HOME/lorm/privacy/<run>-<index>.json, "
+        help="a private or secure run: this client's own account of what its records have released, kept across "
+        "restarts and runs (default $LORM_PRIVACY_LEDGER, else $XDG_STATE_HOME/lorm/privacy/<its data's digest>.json, "
         "~/.local/state when unset); keep it on a volume that outlives the container",
     )
+    parser.add_argument(
+        "--lifetime-epsilon",
+        type=float,
+        default=float(env("LORM_LIFETIME_EPSILON") or 0) or None,
+        metavar="E",
+        help="the most epsilon this client's records may spend over all private runs together (basic composition); "
+        "default $LORM_LIFETIME_EPSILON, else one run's budget: the records take part in one private run until the "
+        "site's operator resets the ledger (lorm-ledger reset)",
+    )
     add_floor_arguments(parser)
+    add_caps_arguments(parser)
     add_local_arguments(parser)
     add_security_arguments(parser, "client")
     add_logging_arguments(parser)
@@ -150,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         security = security_from_args(args, "client")
         floor = floor_from_args(args)
+        caps = caps_from_args(args)
         local = local_from_args(args)
-    except (SecurityError, FloorError, ValueError) as err:
+    except (SecurityError, FloorError, PlanRefused, ValueError) as err:
         parser.error(str(err))
     setup_logging(args.log_format)
     set_context(client=args.client_id)
@@ -180,10 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     log.info("joined run %s as client %d of %d", config.run_id, index, config.num_clients)
     # Checked before this client sends anything more: what it accepts is its own decision, not the coordinator's.
     try:
+        if not 0 <= index < config.num_clients:
+            raise LocalSettingError(f"the coordinator gave this client index {index} of {config.num_clients} clients")
         refuse_coordinator_local(config, local)
         check_own_data(config, local)
+        check_caps(config, caps)
         accepted = check_floor(config, floor)
-    except (LocalSettingError, FloorError) as err:
+    except (LocalSettingError, FloorError, PlanRefused) as err:
         log.error("refusing run %s: %s", config.run_id, err)
         client.close()
         return 3
@@ -196,14 +204,18 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         return 2
     worker = runtime.worker(index, args.client_id)
+    own = local.own()
     try:
-        ledger = ClientLedger.of(config, args.privacy_ledger or default_ledger_path(config.run_id, index))
-    except ValueError as err:  # another run's file, or unreadable: this client's account cannot be trusted
+        data = data_digest(config, own.train if own is not None else "", index)
+        ledger = ClientLedger.of(config, args.privacy_ledger or ledger_path(data), data)
+        if ledger is not None:
+            ledger.admit(args.lifetime_epsilon)
+    except (LedgerRefused, OSError) as err:  # another site's file, unreadable, or over the lifetime budget
         log.error("refusing run %s: %s", config.run_id, err)
         client.close()
         return 3
     if ledger is not None:
-        log.info("privacy ledger %s: epsilon %.4g spent so far", ledger.path, ledger.epsilon_spent())
+        log.info("privacy ledger %s: %s", ledger.path, budget_line(ledger))
     worker.ledger = ledger
     metrics.watch_device(runtime.device)
     client.describe(runtime.spec)
@@ -225,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     kept: tuple | None = None  # (step, result) of a secure step: kept, not recomputed, if its session restarts
     waits = 0  # Wait answers in a row: a long idle is polled ever more slowly, up to a bound
     while True:
-        answer = client.pull()
+        try:
+            answer = client.pull()
+        except (ValueError, RecursionError) as err:  # a plan that does not decode: nothing of it is used
+            log.error("refusing run %s: the coordinator's plan is malformed: %s", config.run_id, err)
+            client.close()
+            return 3
         if isinstance(answer, Wait):
             waits += 1
             time.sleep(client.backoff.wait_s(answer.retry_after_s, waits))
@@ -252,12 +269,19 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)
             continue
         set_context(task=plan.task, round=plan.round)
+        if plan.phase != Phase.EVALUATE:  # before any key is advertised for it (evaluations: counted by handle)
+            try:
+                worker.check(plan)
+            except PlanRefused as err:
+                log.error("refusing run %s: %s", config.run_id, err)
+                client.close()
+                return 3
         rounds = None
         if secure and plan.phase != Phase.EVALUATE and ledger is not None and not ledger.may_mask(plan):
             log.warning(
-                "task %d round %d %s: a new secure session (attempt %d) after an earlier one reached its unmask "
-                "request with this client's noised statistics: sitting it out (a second sum with fresh noise would "
-                "spend the budget again)",
+                "task %d round %d %s (session %d): a secure session over the same inputs reached an unmask request "
+                "that counted this client before: sitting it out (two sums over the same inputs can be differenced, "
+                "and fresh noise averaged away)",
                 plan.task,
                 plan.round,
                 plan.phase.value,
@@ -269,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
             rounds = SecureRounds(client, config, runtime.spec, index, plan, security=security)
             try:
                 rounds.begin()  # keys and sealed shares before training: the others need them to mask
+            except SecAggError as err:  # a roster a hostile peer or coordinator spoilt: this session goes on without us
+                log.warning("sitting out secure session %d of this step: %s", plan.secure_attempt, err)
+                skipped = (*step, plan.secure_attempt)
+                continue
             except Rejected as err:
                 if err.code.name == "ABORTED":
                     log.info("secure aggregation of this step restarted (%s); joining its new session", err)
@@ -285,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
             progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
             try:
                 result = worker.handle(plan)
-            except BudgetExceeded as err:  # only a coordinator that breaks the plan asks this: nothing is sent
+            except (BudgetExceeded, LedgerRefused, PlanRefused) as err:  # a plan beyond the account: nothing is sent
                 log.error("refusing run %s: %s", config.run_id, err)
+                client.close()
+                return 3
+            except ValueError as err:  # a plan the method's client half cannot read (another mode, a half pair)
+                log.error("refusing run %s: the coordinator's plan is malformed: %s", config.run_id, err)
                 client.close()
                 return 3
             finally:
@@ -317,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                 client.report(result, key)
                 acc = [100.0 * c / t if t else float("nan") for c, t in zip(result.correct, result.total)]
                 log.info("task %d evaluated on my test share: %s", plan.task, " ".join(f"{a:.1f}" for a in acc))
+        except SecAggError as err:  # an unmask request or peer this client will not answer: nothing more revealed
+            log.warning("sitting out the rest of secure session %d of this step: %s", plan.secure_attempt, err)
+            skipped = (*step, plan.secure_attempt)
         except Rejected as err:
             if err.code.name == "ABORTED":  # the step's secure session restarted: mask the kept result anew
                 log.info("secure aggregation of this step restarted (%s); joining its new session", err)

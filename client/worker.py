@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from client.backbones import ClassifierModel, model_spec
-from client.ledger import ClientLedger
+from client.ledger import ClientLedger, task_classes
 from client.methods import client_method
 from client.methods.base import Samples, set_view
+from client.plans import PlanCheck
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.run.config import RunConfig
 from common.run.partition import client_test_indices, dirichlet_partition
@@ -112,8 +113,13 @@ class ClientWorker:
         self.spec = model_spec(model)  # the shapes the coordinator knows the model by
         # a privately trained run's releases of this client's records (client/ledger.py); lorm-client gives it a file
         self.ledger = ClientLedger.of(config)
+        # each plan held to the run's method's steps and this client's cut of the tasks (client/plans.py)
+        self.check = PlanCheck(config, self.tasks)
 
     def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        """``plan``'s update or evaluation; ``PlanRefused`` (nothing read) for a step this client does not carry
+        out."""
+        self.check(plan)
         if plan.phase == Phase.EVALUATE:
             return self.evaluate(plan)
         if plan.phase in (Phase.TRAIN, Phase.TASK_GRAM, Phase.FEATURES):
@@ -125,7 +131,8 @@ class ClientWorker:
         those the step declares (``common.aggregation.declared``), which the coordinator will expect."""
         half = self.method.serves(plan)
         if self.ledger is not None:  # within the plan, and the same step's update sent again rather than re-noised
-            update = self.ledger.release(plan, lambda: half.update(self, plan))
+            reads = task_classes(self.config, plan.task, self.tasks[plan.task])
+            update = self.ledger.release(plan, lambda: half.update(self, plan), reads)
         else:
             update = half.update(self, plan)
         got = {name: tuple(t.shape) for name, t in update.tensors.items()}

@@ -5,7 +5,7 @@ from types import ModuleType
 import pytest
 
 from client.methods import ClientMethod, client_method
-from common.methods import Method, load_half, method, registry, slice_methods
+from common.methods import LORA_ROUNDS, Method, load_half, method, registry, slice_methods
 from common.run.config import RunConfig
 from common.wire.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
 from server.strategies import STRATEGIES, Strategy
@@ -27,7 +27,10 @@ def test_a_layer_loads_only_its_own_half():
 
 
 def test_a_slice_registers_one_method_or_a_family():
-    one, two = (Method(name, "server.x:X", "client.x:X", "help", aggregator="common.x:x") for name in ("a", "b"))
+    one, two = (
+        Method(name, "server.x:X", "client.x:X", "help", steps=LORA_ROUNDS, aggregator="common.x:x")
+        for name in ("a", "b")
+    )
     slice_of = {"METHOD": one}, {"METHODS": (one, two)}
     wrong = {}, {"METHOD": (one,)}, {"METHODS": ()}, {"METHODS": [one]}, {"METHOD": one, "METHODS": (two,)}
 

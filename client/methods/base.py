@@ -31,6 +31,7 @@ from client.dpsgd import (
     sampling_bits,
 )
 from client.ledger import ClientLedger
+from common.privacy.ledger import BudgetExceeded
 from common.privacy.training import TrainingNoise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
@@ -244,6 +245,8 @@ class ClientMethod:
         source = gradient_noise(dp.seed, client.index, plan.task, plan.round)
         expected = expected_batch(shard.numel(), noise)
         sigma = noise.noise_multiplier * dp.clip
+        if not sigma > 0:  # the last check before training: no plan or setting may train un-noised
+            raise BudgetExceeded(f"dp: DP-SGD on task {plan.task}'s records with noise deviation {sigma}: refused")
         batches = poisson_batches(shard.numel(), noise, sampling_bits(dp.seed, client.index, plan.task, plan.round))
         for done, positions in enumerate(batches, start=1):
             losses = torch.zeros(0)

@@ -17,6 +17,7 @@ from client.dpsgd import gradient_noise
 from client.methods.base import Client, ClientMethod, private_noise, sent_head, set_view
 from common.adapters.lora import GramRecorder
 from common.privacy.gaussian import Release, add_gram_noise, noise_floor_lambda
+from common.privacy.ledger import BudgetExceeded
 from common.run.settings import DpSettings
 from common.wire.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
 from common.wire.tensors import pack
@@ -103,6 +104,8 @@ def noise_grams(client: Client, plan: RoundPlan, grams: dict[str, Tensor]) -> No
     dp = config.section(DpSettings)
     noise = private_noise(client, plan)
     sigma = noise.gram_multiplier * config.gram_passes * math.sqrt(len(grams)) * dp.gram_clip
+    if not sigma > 0:  # the last check before the Grams leave: no plan or setting may send them un-noised
+        raise BudgetExceeded(f"dp: a Gram release of task {plan.task} with noise deviation {sigma}: refused")
     source = gradient_noise(dp.seed, client.index, plan.task, plan.round, kind=f"gram/{plan.phase.value}")
     for name in sorted(grams):  # a fixed order of draws
         gram = grams[name]

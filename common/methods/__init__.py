@@ -52,6 +52,14 @@ if TYPE_CHECKING:
 LORA = "client.methods.lora:LoRATrainer"  # LoRA factors + head with ACE, then a Gram pass
 DENSE = "client.methods.dense:DenseTrainer"  # every backbone weight + head with ACE (and Fisher when asked)
 
+# The steps that read a task's records, as (phase, instruction kind), which a method's plans may hold: a client
+# refuses any other (client/worker.py), whatever the plan's phase says about itself. Evaluations are not listed:
+# they read the client's test split, and the client half's mode is checked for them.
+LORA_ROUNDS = frozenset({("train", "lora")})  # LoRA training rounds (FedAvg-LoRA)
+LORM_STEPS = LORA_ROUNDS | {("task_gram", "lora")}  # LoRA rounds with Grams, then a task's Gram step (LoRM)
+DENSE_ROUNDS = frozenset({("train", "dense")})  # full fine-tuning rounds
+FEATURES_STEP = frozenset({("features", "features")})  # statistics of the task's features (closed-form heads)
+
 
 @dataclass(frozen=True)
 class Method:
@@ -72,6 +80,8 @@ class Method:
     # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
     # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)
     aggregator: str = field(kw_only=True)
+    # the record-reading steps its plans hold (LORM_STEPS, ...): a client refuses a plan of any other
+    steps: frozenset[tuple[str, str]] = field(kw_only=True)
     # its export is the head on the backbone's own features, head(backbone W0 + delta), which is how its client
     # half scores a sample: lorm-predict and lorm-serve (serve/model.py) rebuild and serve it. Not so for
     # prototypes, prompt pools, (IA)^3 vectors or the closed-form heads' projected features.
@@ -103,6 +113,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.lorm:LoRM",
             LORA,
             "LoRM: alternating B/A rounds, closed-form merges",
+            steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
             servable=True,
             dp_training=True,
@@ -112,6 +123,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.lorm:LoRMBOnly",
             LORA,
             "ablation: LoRM training B every round (A stays its init)",
+            steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
             servable=True,
             dp_training=True,
@@ -121,6 +133,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.lorm:LoRMAverageTasks",
             LORA,
             "ablation: tasks' residuals averaged instead of the task RegMean",
+            steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
             servable=True,
             dp_training=True,
@@ -130,6 +143,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.lorm:LoRMSequential",
             LORA,
             "variant: each task's LoRA a residual on the earlier tasks'",
+            steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
             servable=True,
             dp_training=True,
@@ -139,6 +153,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.fedavg_lora:FedAvgLoRA",
             LORA,
             "FedAvg of LoRA factors and head",
+            steps=LORA_ROUNDS,
             aggregator="common.aggregation.lora:fedavg_lora",
             servable=True,
             dp_training=True,
@@ -149,6 +164,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.fedavg:FedAvg",
             DENSE,
             "FedAvg, full fine-tuning",
+            steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:fedavg",
             servable=True,
             dp_training=True,
@@ -159,6 +175,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.regmean:RegMean",
             DENSE,
             "RegMean, full fine-tuning",
+            steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:regmean",
             servable=True,
         ),
@@ -167,6 +184,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.fisheravg:FisherAvg",
             DENSE,
             "Fisher averaging, full fine-tuning",
+            steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:fisheravg",
             servable=True,
         ),
@@ -175,6 +193,7 @@ BUILT_IN: dict[str, Method] = {
             "server.strategies.head_only:HeadOnly",
             LORA,
             "toy: the head alone on W0, heads averaged",
+            steps=LORA_ROUNDS,
             aggregator="common.aggregation.lora:head_only",
             servable=True,
         ),

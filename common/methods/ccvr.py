@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from common.aggregation.declared import FeatureStats
-from common.methods import Method
+from common.methods import DENSE_ROUNDS, FEATURES_STEP, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
 
@@ -52,5 +52,6 @@ METHOD = Method(
     "client.methods.features:DenseThenFeatures",
     "CCVR: FedAvg, then the head re-trained on virtual features of the merged per-class Gaussians",
     CcvrSettings,
+    steps=DENSE_ROUNDS | FEATURES_STEP,
     aggregator="common.aggregation.features:ccvr",
 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from common.aggregation.declared import FeatureMap, FeatureStats
-from common.methods import Method
+from common.methods import FEATURES_STEP, LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings, Settings, non_negative_int, setting
 
@@ -200,6 +200,7 @@ METHODS = (
         FEATURES,
         "cosine nearest class mean on W0",
         NcmSettings,
+        steps=FEATURES_STEP,
         aggregator="common.aggregation.features:ncm",
         private=True,
         sums_only=lambda config: True,
@@ -210,6 +211,7 @@ METHODS = (
         FEATURES,
         "ridge regression head on W0",
         RidgeSettings,
+        steps=FEATURES_STEP,
         aggregator="common.aggregation.features:ridge",
         private=True,
         sums_only=_no_views,
@@ -220,6 +222,7 @@ METHODS = (
         LORA_THEN_FEATURES,
         "LoRM's backbone with a ridge head",
         RidgeSettings,
+        steps=LORM_STEPS | FEATURES_STEP,
         aggregator="common.aggregation.features:lorm_ridge",
     ),
     Method(
@@ -228,6 +231,7 @@ METHODS = (
         LORA_THEN_FEATURES,
         "LoRM's backbone with a cosine NCM head",
         NcmSettings,
+        steps=LORM_STEPS | FEATURES_STEP,
         aggregator="common.aggregation.features:lorm_ncm",
     ),
     Method(
@@ -236,6 +240,7 @@ METHODS = (
         LORA_THEN_FEATURES,
         "LoRM on task 0 only, then ridge heads",
         RidgeSettings,
+        steps=LORM_STEPS | FEATURES_STEP,
         aggregator="common.aggregation.features:lorm_ridge",
     ),
 )

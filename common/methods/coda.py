@@ -34,6 +34,7 @@ METHOD = Method(
     "client.methods.prompts:CodaTrainer",
     "CODA-Prompt: prompt components weighted by attended keys, grown per task, old ones frozen, FedAvg",
     CodaSettings,
+    steps=frozenset({("train", "prompt")}),
     aggregator="common.aggregation.dense:prompts",
     open_schedule=False,  # components // tasks per task, the tasks counted at the start
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.methods import Method
+from common.methods import DENSE_ROUNDS, Method
 from common.run.settings import Settings, finite_number, setting
 
 
@@ -37,6 +37,7 @@ METHOD = Method(
     "client.methods.continual:EwcTrainer",
     "EWC: full fine-tuning with the Fisher penalty around the previous task's weights, FedAvg",
     EwcSettings,
+    steps=DENSE_ROUNDS | {("task_gram", "dense")},
     aggregator="common.aggregation.dense:ewc",
     servable=True,
 )

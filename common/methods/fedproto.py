@@ -18,7 +18,7 @@ from common.aggregation.base import Aggregator
 from common.aggregation.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
 from common.aggregation.dense import FedAvgAggregator
 from common.aggregation.features import StatSums, check_class_counts
-from common.methods import Method
+from common.methods import DENSE_ROUNDS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, finite_number, setting
 from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
@@ -88,5 +88,6 @@ METHOD = Method(
     "FedProto: FedAvg, with each sample's features pulled to its class's global prototype",
     FedProtoSettings,
     declare=declare,
+    steps=DENSE_ROUNDS,
     aggregator="common.methods.fedproto:aggregator",
 )

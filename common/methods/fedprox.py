@@ -46,6 +46,7 @@ METHOD = Method(
     "client.methods.fedprox:FedProxTrainer",
     "FedProx: FedAvg of LoRA factors and head, each client's loss with the proximal term mu/2 ||w - w_global||^2",
     FedProxSettings,
+    steps=frozenset({("train", "fedprox")}),
     aggregator="common.aggregation.lora:fedavg_lora",
     servable=True,
 )

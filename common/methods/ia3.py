@@ -12,7 +12,7 @@ from typing import ClassVar
 from common.adapters.ia3 import SIDE
 from common.aggregation.declared import Shapes, step_head_shapes
 from common.merges.vectors import ia3_statistic_shape
-from common.methods import Method
+from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, setting
 from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
@@ -65,5 +65,6 @@ METHOD = Method(
     Ia3Settings,
     adapter="ia3",
     declare=declare,
+    steps=LORM_STEPS,
     aggregator="common.aggregation.lora:ia3",
 )

@@ -49,5 +49,6 @@ METHOD = Method(
     "client.methods.prompts:L2pTrainer",
     "L2P: a prompt pool on the frozen backbone, top-k prompts by query-key matching, FedAvg",
     L2pSettings,
+    steps=frozenset({("train", "prompt")}),
     aggregator="common.aggregation.dense:prompts",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.methods import Method
+from common.methods import DENSE_ROUNDS, Method
 from common.run.settings import Settings, finite_number, setting
 
 
@@ -32,6 +32,7 @@ METHOD = Method(
     "client.methods.continual:LwfTrainer",
     "LwF: full fine-tuning with distillation on the old classes from the previous task's model, FedAvg",
     LwfSettings,
+    steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:fedavg",
     servable=True,
 )

@@ -20,7 +20,7 @@ from common.aggregation.base import Aggregator
 from common.aggregation.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
 from common.aggregation.features import check_class_counts
 from common.merges.regmean import WeightedMeanAccumulator
-from common.methods import Method
+from common.methods import LORA_ROUNDS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, finite_number, setting
 from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
@@ -102,5 +102,6 @@ METHOD = Method(
     "PILoRA: a LoRA module per task, classes scored by prototypes re-weighted across clients, FedAvg",
     PiLoraSettings,
     declare=declare,
+    steps=LORA_ROUNDS,
     aggregator="common.methods.pilora:aggregator",
 )

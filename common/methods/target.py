@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.methods import Method
+from common.methods import DENSE_ROUNDS, Method
 from common.run.settings import Settings, at_least_one, finite_number, setting
 
 
@@ -57,6 +57,7 @@ METHOD = Method(
     "client.methods.target:TargetTrainer",
     "TARGET: FedAvg, distilling the previous task's model on synthetic inputs of its classes, drawn data-free",
     TargetSettings,
+    steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:fedavg",
     servable=True,
 )

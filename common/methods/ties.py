@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.methods import DENSE, Method
+from common.methods import DENSE, DENSE_ROUNDS, Method
 from common.run.settings import Settings, setting
 
 
@@ -34,6 +34,7 @@ METHOD = Method(
     DENSE,
     "TIES merging, full fine-tuning",
     TiesSettings,
+    steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:ties",
     servable=True,
 )

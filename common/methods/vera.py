@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from common.aggregation.declared import Shapes, gram_shapes, step_head_shapes
 from common.merges.vectors import vera_sends_diagonal
-from common.methods import Method
+from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
 from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
@@ -70,6 +70,7 @@ METHOD = Method(
     VeraSettings,
     adapter="vera",
     declare=declare,
+    steps=LORM_STEPS,
     aggregator="common.aggregation.lora:vera",
     servable=True,
 )

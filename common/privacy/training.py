@@ -155,14 +155,15 @@ def training_noise(settings: DpSettings, epochs: int, rounds: int, grams: bool) 
 
 
 def releases(plan: RoundPlan) -> tuple[int, int]:
-    """What ``plan``'s step releases of its task's records: (training rounds, Gram releases)."""
+    """What ``plan``'s step releases of its task's records, by what a client computes for it, never by the phase
+    label alone: a training round when it trains (the client halves train in ``TRAIN`` steps only), and a Gram
+    release whenever its instruction asks for any Gram, whatever its phase (a Gram step relabelled ``FEATURES`` runs
+    the same Gram pass). ``EVALUATE`` reads the test split, not the task's training records: (0, 0)."""
+    if plan.phase == Phase.EVALUATE:
+        return 0, 0
     step = plan.instruction
     grams = int(isinstance(step, TrainInstruction) and step.sends_grams)
-    if plan.phase == Phase.TRAIN:
-        return 1, grams
-    if plan.phase == Phase.TASK_GRAM:
-        return 0, grams
-    return 0, 0
+    return int(plan.phase == Phase.TRAIN), grams
 
 
 class TrainingLedger:

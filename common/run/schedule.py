@@ -113,17 +113,19 @@ def with_schedule(config: RunConfig, schedule: Schedule) -> RunConfig:
     )
 
 
+def bare_config(config: RunConfig) -> dict[str, Any]:
+    """``config`` as JSON values without its schedule (classes and their cut): what stays while an open run's
+    schedule grows."""
+    values = json.loads(config.to_json())
+    for key in ("class_order", "num_classes", "num_tasks", "task_sizes"):
+        values.pop(key)
+    values["settings"].get("data", {}).pop("classes", None)
+    return values
+
+
 def same_but_schedule(a: RunConfig, b: RunConfig) -> bool:
     """Whether ``a`` and ``b`` are one run's configuration, but for its schedule (classes and their cut)."""
-
-    def bare(config: RunConfig) -> dict[str, Any]:
-        values = json.loads(config.to_json())
-        for key in ("class_order", "num_classes", "num_tasks", "task_sizes"):
-            values.pop(key)
-        values["settings"].get("data", {}).pop("classes", None)
-        return values
-
-    return bare(a) == bare(b)
+    return bare_config(a) == bare_config(b)
 
 
 def parse_task(text: str, where: str) -> list[str]:

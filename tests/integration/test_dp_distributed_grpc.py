@@ -42,8 +42,8 @@ def test_a_distributed_dp_run_over_grpc_is_the_in_process_run(cluster, tmp_path)
     assert "dp_mode distributed" in "".join(server.lines)
     features = [(h["task"], h["round"], h["phase"]) for h in metrics["history"] if h["phase"] == "features"]
     for i in range(3):  # each client wrote down, before revealing, the one session of each step whose sum is out
-        unmasked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["unmasked"]
-        assert [tuple(step[:3]) for step in unmasked] == features and all(step[3] == 0 for step in unmasked)
+        masked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["masked"]
+        assert sorted(tuple(m[2:5]) for m in masked) == sorted(features) and all(m[5] == 0 for m in masked)
 
 
 @pytest.mark.slow  # the same statement for a dropped client is checked on the coordinator's own path in
@@ -78,10 +78,10 @@ def test_no_client_masks_a_second_session_of_a_step_whose_noised_sum_was_unmaske
     server.wait_for("hostile: unmasked")
     server.wait_for(r"restarted with fresh keys \(attempt 1\)")
     for p in clients:
-        p.wait_for(r"a new secure session \(attempt 1\) after an earlier one reached its unmask request")
+        p.wait_for(r"\(session 1\): a secure session over the same inputs reached an unmask request")
     for i in range(3):
-        unmasked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["unmasked"]
-        assert [step[3] for step in unmasked] == [0]  # the first session only
+        masked = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["masked"]
+        assert [m[5] for m in masked] == [0]  # the first session only
     (state,) = (c.run_dir / "state").rglob("secagg.json")
     session = json.loads(state.read_text())
     assert session["attempt"] == 1 and session["session"]["keys"] == {} and session["session"]["roster"] is None

@@ -37,6 +37,6 @@ def test_a_private_lorm_run_over_grpc_with_secure_aggregation_is_the_in_process_
     assert "dp_epsilon" in "".join(server.lines)
     plan = {"rounds": config.rounds_per_task, "grams": config.rounds_per_task + 1}
     for i in range(3):  # each client's own account: every task's records through exactly the plan
-        ledger = json.loads((c.run_dir / f"ledger-{i}.json").read_text())
-        assert ledger["run_id"] == config.run_id and ledger["grams"] is True
-        assert ledger["released"] == {str(t): [plan["rounds"], plan["grams"]] for t in range(config.num_tasks)}
+        (run,) = json.loads((c.run_dir / f"ledger-{i}.json").read_text())["runs"].values()
+        assert run["run_id"] == config.run_id and run["grams"] is True
+        assert run["released"] == {str(t): [plan["rounds"], plan["grams"]] for t in range(config.num_tasks)}

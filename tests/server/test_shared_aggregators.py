@@ -92,3 +92,25 @@ def test_a_client_builds_the_coordinators_aggregator_from_the_plan_it_received(n
             strategy.aggregate(plan, coordinators)  # the next step's plan carries the merged state
             checked += 1
     assert checked >= 2
+
+
+@pytest.mark.parametrize("name", sorted(registry()))
+def test_every_step_a_method_plans_is_one_it_declares_and_every_declared_one_is_planned(name):
+    """A client refuses a record-reading step whose (phase, instruction) pair its run's method does not declare
+    (``Method.steps``): the declaration is exactly what the method's strategy plans over two tasks, and a method
+    that trains privately calibrates its clients' noise with Grams exactly when its strategy sends them."""
+    cfg = config(name)
+    strategy = make_strategy(cfg, SPEC)
+    planned = set()
+    for task in range(2):
+        strategy.begin_task(task)
+        for phase, round_ in strategy.steps(task):
+            plan = strategy.configure(task, round_, phase)
+            planned.add((plan.phase.value, plan.instruction.KIND))
+            aggregator = strategy.aggregator(plan)
+            for i in range(2):
+                aggregator.fold(valid_update(plan, aggregator.expected(), i, seed=10 * task + i))
+            strategy.aggregate(plan, aggregator)
+    assert planned == set(registry()[name].steps)
+    if registry()[name].dp_training:
+        assert strategy.sends_grams == any(phase == "task_gram" for phase, _ in registry()[name].steps)
