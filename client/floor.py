@@ -1,4 +1,4 @@
-"""The client's own floor under the coordinator's secure-aggregation settings (issue 41, H3).
+"""The client's own floor under the coordinator's secure-aggregation and privacy settings.
 
 Secure aggregation protects a client from the coordinator, so the coordinator cannot be the one
 that decides whether it is on and how many clients must answer before a sum is unmasked. The
@@ -12,7 +12,13 @@ client's own flags and returns the parameters it accepted. Each check names the 
   the shares it collects; ``t = 1`` lets it unmask any client alone. Default: a majority of the
   run's clients, ``n // 2 + 1``.
 - ``min_clients``: a sum over few clients says much about each of them (of two, one client's
-  input is the sum minus the other's).
+  input is the sum minus the other's; of one, the "sum" is the client's own input). With
+  ``require_secure`` at least :data:`SECURE_MIN_CLIENTS`, and the threshold at least
+  :data:`SECURE_MIN_THRESHOLD`, whatever the flags say lower: a secure run of one client is none.
+- ``min_colluders``: distributed DP sizes each client's noise share so that the sum holds enough honest noise
+  when ``dp.colluders`` clients collude with the coordinator; a coordinator that states fewer than the client
+  fears leaves the sum with too little. A distributed run with ``dp.colluders`` below the client's
+  ``--min-colluders`` is refused.
 
 - ``max_epsilon`` (with ``max_delta``): differential privacy is a promise to the client only if the client's own
   noise keeps it. A coordinator could switch the budget off, raise it, keep the noise for itself (central mode: it
@@ -30,7 +36,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
@@ -41,6 +47,8 @@ from common.secagg.terms import threshold
 ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
 ENV_MAX_EPSILON = "LORM_MAX_EPSILON"
 HONEST = "honest"  # the mode of a run whose settings name none: a curious coordinator that follows the protocol
+SECURE_MIN_CLIENTS = 3  # with --require-secure-aggregation: of two, one input is the sum minus the other
+SECURE_MIN_THRESHOLD = 2  # with --require-secure-aggregation: one share never unmasks anything
 
 
 class FloorError(ValueError):
@@ -53,9 +61,14 @@ class Floor:
 
     require_secure: bool = False  # refuse a run without secure aggregation
     min_threshold: int = 0  # the least threshold accepted (0: a majority of the run's clients, n // 2 + 1)
-    min_clients: int = 1  # the least number of clients in the run
+    min_clients: int = 0  # the least number of clients in the run (0: 1, or SECURE_MIN_CLIENTS with require_secure)
     max_epsilon: float = math.inf  # the largest privacy budget accepted (inf: none required)
     max_delta: float = 1e-5  # with max_epsilon: the largest delta accepted
+    min_colluders: int = 0  # distributed DP: the least dp.colluders the noise must be sized for
+
+    def least_clients(self) -> int:
+        least = self.min_clients or 1
+        return max(least, SECURE_MIN_CLIENTS) if self.require_secure else least
 
 
 @dataclass(frozen=True)
@@ -66,11 +79,20 @@ class Accepted:
     threshold: int  # 0 when secure aggregation is off
     num_clients: int
     mode: str
+    colluders: int = 0  # distributed DP: the colluders the noise is sized for
+    epsilon: float = math.inf  # the run's privacy budget (inf: none)
+    delta: float = 0.0
+    dp_mode: str = ""
 
     def describe(self) -> str:
-        if not self.enabled:
-            return f"secure aggregation off, {self.num_clients} clients"
-        return f"secure aggregation on: threshold {self.threshold} of {self.num_clients} clients, mode {self.mode}"
+        """One line: the n, t, k and epsilon this client accepted."""
+        secure = f"threshold t {self.threshold}, mode {self.mode}" if self.enabled else "secure aggregation off"
+        privacy = (
+            f"epsilon {self.epsilon:g}, delta {self.delta:g} ({self.dp_mode}), colluders k {self.colluders}"
+            if math.isfinite(self.epsilon)
+            else "no privacy budget"
+        )
+        return f"n {self.num_clients} clients, {secure}, {privacy}"
 
 
 def majority(clients: int) -> int:
@@ -120,12 +142,22 @@ def check_floor(config: RunConfig, floor: Floor) -> Accepted:
     (:func:`check_privacy`); else :class:`FloorError` naming the setting that failed, its value and this client's
     floor."""
     check_privacy(config, floor)
+    dp = config.section(DpSettings)
+    if dp.distributed:
+        if dp.colluders < floor.min_colluders:
+            raise FloorError(
+                f"the coordinator's configuration sets dp.colluders={dp.colluders}, below this client's "
+                f"--min-colluders {floor.min_colluders}: its noise share would be sized for fewer colluding clients "
+                "than this client allows for, and a sum would hold too little honest noise: refusing"
+            )
     settings = config.section(SecAggSettings)
     n = config.num_clients
-    if n < floor.min_clients:
+    least_clients = floor.least_clients()
+    if n < least_clients:
+        source = f"--min-clients {floor.min_clients}" if floor.min_clients >= least_clients else "a secure run's"
         raise FloorError(
-            f"the coordinator's configuration sets num_clients={n}, below this client's --min-clients "
-            f"{floor.min_clients}: refusing to take part"
+            f"the coordinator's configuration sets num_clients={n}, below this client's floor of {least_clients} "
+            f"({source}): refusing to take part"
         )
     mode = settings.mode
     if not settings.enabled:
@@ -134,7 +166,7 @@ def check_floor(config: RunConfig, floor: Floor) -> Accepted:
                 "the coordinator's configuration sets secagg.enabled=false, but this client requires secure "
                 f"aggregation (--require-secure-aggregation or ${ENV_REQUIRE}): refusing to send updates in the clear"
             )
-        return Accepted(False, 0, n, mode)
+        return with_budget(Accepted(False, 0, n, mode), dp)
     try:
         t = threshold(settings, n)
     except SecAggError as err:
@@ -145,13 +177,23 @@ def check_floor(config: RunConfig, floor: Floor) -> Accepted:
             f"(it knows {sorted(MODE_FLOORS)}): refusing a protocol it cannot check"
         )
     least = floor.min_threshold or MODE_FLOORS[mode](n)
+    if floor.require_secure:
+        least = max(least, SECURE_MIN_THRESHOLD)
     if t < least:
         source = f"--min-secagg-threshold {floor.min_threshold}" if floor.min_threshold else f"mode {mode}'s for {n}"
         raise FloorError(
             f"the coordinator's configuration sets secagg.threshold={t} for num_clients={n}, below this client's "
             f"floor of {least} ({source}): with {t} shares the coordinator could unmask a single client's input"
         )
-    return Accepted(True, t, n, mode)
+    return with_budget(Accepted(True, t, n, mode), dp)
+
+
+def with_budget(accepted: Accepted, dp: DpSettings) -> Accepted:
+    """``accepted`` with the run's privacy budget, and the colluders its distributed noise is sized for."""
+    if not dp.enabled:
+        return accepted
+    colluders = dp.colluders if dp.distributed else 0
+    return replace(accepted, epsilon=dp.epsilon, delta=dp.delta, dp_mode=dp.mode, colluders=colluders)
 
 
 def pinned(config: RunConfig, accepted: Accepted) -> RunConfig:
@@ -185,7 +227,20 @@ def add_floor_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse a secure run whose threshold is below T (default: a majority of the run's clients, n // 2 + 1)",
     )
     g.add_argument(
-        "--min-clients", type=int, default=1, metavar="N", help="refuse a run of fewer than N clients (default 1)"
+        "--min-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"refuse a run of fewer than N clients (default 1; with --require-secure-aggregation at least "
+        f"{SECURE_MIN_CLIENTS}, and a threshold of at least {SECURE_MIN_THRESHOLD})",
+    )
+    g.add_argument(
+        "--min-colluders",
+        type=int,
+        default=0,
+        metavar="K",
+        help="distributed DP: refuse a run whose noise is sized for fewer than K clients colluding with the "
+        "coordinator (dp.colluders; default 0)",
     )
     g.add_argument(
         "--max-epsilon",
@@ -209,10 +264,10 @@ def floor_from_args(args: argparse.Namespace) -> Floor:
         raise FloorError(
             f"--max-epsilon must be > 0 and --max-delta in (0, 1), got {args.max_epsilon} and {args.max_delta}"
         )
-    if args.min_secagg_threshold < 0 or args.min_clients < 1:
+    if args.min_secagg_threshold < 0 or args.min_clients < 0 or args.min_colluders < 0:
         raise FloorError(
-            f"--min-secagg-threshold must be >= 0 (0: a majority) and --min-clients >= 1, got "
-            f"{args.min_secagg_threshold} and {args.min_clients}"
+            f"--min-secagg-threshold, --min-clients and --min-colluders must be >= 0, got "
+            f"{args.min_secagg_threshold}, {args.min_clients} and {args.min_colluders}"
         )
     return Floor(
         args.require_secure_aggregation,
@@ -220,4 +275,5 @@ def floor_from_args(args: argparse.Namespace) -> Floor:
         args.min_clients,
         args.max_epsilon,
         args.max_delta,
+        args.min_colluders,
     )

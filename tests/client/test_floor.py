@@ -40,7 +40,7 @@ def test_a_majority_is_accepted_and_a_raised_floor_refuses_it():
     majority = run(10, enabled=True)  # 0: a majority, 6 of 10
     accepted = check_floor(majority, Floor())
     assert (accepted.enabled, accepted.threshold, accepted.num_clients) == (True, 6, 10)
-    assert "threshold 6 of 10 clients" in accepted.describe()
+    assert "n 10 clients, threshold t 6" in accepted.describe()
     with pytest.raises(FloorError, match=r"secagg.threshold=6 .* floor of 7 \(--min-secagg-threshold 7\)"):
         check_floor(majority, floor("--min-secagg-threshold", "7"))
     assert check_floor(run(10, enabled=True, threshold=7), floor("--min-secagg-threshold", "7")).threshold == 7
@@ -58,14 +58,14 @@ def test_secure_aggregation_switched_off_is_refused_when_the_client_requires_it(
 
 def test_too_few_clients_are_refused_with_or_without_secure_aggregation():
     for config in (run(2), run(2, enabled=True)):
-        with pytest.raises(FloorError, match="num_clients=2, below this client's --min-clients 3"):
+        with pytest.raises(FloorError, match=r"num_clients=2, below this client's floor of 3 \(--min-clients 3\)"):
             check_floor(config, floor("--min-clients", "3"))
     assert check_floor(run(3), floor("--min-clients", "3")).num_clients == 3
 
 
 def test_bad_floor_flags_are_refused():
-    with pytest.raises(FloorError, match="--min-clients >= 1"):
-        floor("--min-clients", "0")
+    with pytest.raises(FloorError, match="--min-clients and --min-colluders must be >= 0"):
+        floor("--min-clients", "-1")
 
 
 def test_the_threshold_masked_with_is_the_checked_one_written_out():
@@ -185,3 +185,37 @@ def test_a_run_within_the_clients_budget_is_accepted_in_local_and_distributed_mo
         check_floor(private_run(), floor())
     with pytest.raises(FloorError, match="--max-epsilon must be > 0"):
         floor("--max-epsilon", "0")
+
+
+# ------------------------------------------------------------------ floors a client sets for itself
+
+
+@pytest.mark.parametrize("clients", [1, 2])
+def test_a_secure_run_of_one_or_two_clients_is_refused_when_the_client_requires_secure_aggregation(clients):
+    """A one-client "secure" run: threshold 1 of 1 is a majority, and the "sum" is the client's own input; of two,
+    one input is the sum minus the other. --require-secure-aggregation puts the floor at 3 clients and t >= 2,
+    whatever --min-clients says lower."""
+    tiny = run(clients, enabled=True)
+    assert check_floor(tiny, Floor()).threshold == clients // 2 + 1  # without the requirement: accepted, as before
+    for argv in [("--require-secure-aggregation",), ("--require-secure-aggregation", "--min-clients", "1")]:
+        with pytest.raises(FloorError, match=f"num_clients={clients}, below this client's floor of 3"):
+            check_floor(tiny, floor(*argv))
+    assert check_floor(run(3, enabled=True), floor("--require-secure-aggregation")).threshold == 2
+    assert floor("--require-secure-aggregation", "--min-clients", "5").least_clients() == 5
+
+
+def test_a_distributed_run_sized_for_fewer_colluders_than_the_client_allows_for_is_refused():
+    """dp.colluders is the coordinator's choice: with --min-colluders K the client refuses a noise sized for fewer,
+    and the line it logs names the n, t, k and epsilon it accepted."""
+    distributed = RunConfig(
+        method="ncm",
+        num_clients=10,
+        settings={"dp": {"epsilon": 1.0, "mode": "distributed", "colluders": 1}, "secagg": {"enabled": True}},
+    )
+    with pytest.raises(FloorError, match="dp.colluders=1, below this client's --min-colluders 2"):
+        check_floor(distributed, floor("--min-colluders", "2"))
+    accepted = check_floor(distributed, floor("--min-colluders", "1"))
+    assert accepted.describe() == (
+        "n 10 clients, threshold t 6, mode honest, epsilon 1, delta 1e-05 (distributed), colluders k 1"
+    )
+    assert check_floor(run(4), Floor()).describe() == "n 4 clients, secure aggregation off, no privacy budget"

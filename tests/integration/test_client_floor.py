@@ -35,7 +35,7 @@ OWNED = {"owned": True, "classes": ["alarm", "balance"]}
         # H3: a coordinator that switched secure aggregation off
         (RunConfig(num_clients=3), ["--require-secure-aggregation"], "sets secagg.enabled=false"),
         # H3: a run too small for the client
-        (RunConfig(num_clients=2), ["--min-clients", "3"], "num_clients=2, below this client's --min-clients 3"),
+        (RunConfig(num_clients=2), ["--min-clients", "3"], "num_clients=2, below this client's floor of 3"),
         # M6: a coordinator that picks the client's data directory, data file or weight file
         (RunConfig(num_clients=2, data_dir="/x"), [], "sets data_dir=/x: a client's data paths are its own"),
         (
@@ -103,10 +103,10 @@ def test_an_accepted_run_logs_the_secure_aggregation_it_accepted(cluster):
     c = cluster(RunConfig(run_id="floor-ok", num_clients=1, settings=secure, **BASE).to_json())
     server = c.server()
     server.wait_for("serving on")
-    client = c.client(0, "--require-secure-aggregation", "--min-clients", "1")
+    client = c.client(0, "--min-clients", "1", "--min-secagg-threshold", "1")
     assert client.wait(timeout=180) == 0, "".join(client.lines[-20:])
     accepted = "".join(line for line in client.lines if "accepted" in line)
-    assert "accepted secure aggregation on: threshold 1 of 1 clients, mode honest" in accepted, accepted
+    assert "accepted n 1 clients, threshold t 1, mode honest, no privacy budget" in accepted, accepted
     assert server.wait(timeout=60) == 0
 
 
