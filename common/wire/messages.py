@@ -198,6 +198,7 @@ class LowRank:
 # head (weight, bias): the teacher's own, fixed for the task. The plan's head moves during the task (the
 # distillation trains the old classes' rows), so the teacher cannot take it. Backbone names never hold "/".
 ANCHOR_HEAD = ("head/weight", "head/bias")
+MAX_INSTRUCTION = 65_536  # characters of an instruction's fields: a few scalars, far below it
 
 
 # ----------------------------------------------------------------------- instructions
@@ -248,10 +249,12 @@ class Instruction:
         cls = Instruction if kind == Instruction.KIND else _INSTRUCTIONS.get(kind)
         if cls is None:
             raise ValueError(f"unknown instruction kind {kind!r}; this client knows {sorted(_INSTRUCTIONS)}")
+        if len(text) > MAX_INSTRUCTION:
+            raise ValueError(f"instruction {kind!r}: {len(text)} characters of fields, over {MAX_INSTRUCTION}")
         try:
             values = json.loads(text or "{}")
-        except ValueError as err:
-            raise ValueError(f"instruction {kind!r}: not JSON ({err})") from err
+        except (ValueError, RecursionError) as err:  # nested past the parser's stack: not an instruction either
+            raise ValueError(f"instruction {kind!r}: not JSON ({type(err).__name__}: {err})") from err
         if not isinstance(values, dict):
             raise ValueError(f"instruction {kind!r}: expected a JSON object, got {type(values).__name__}")
         return parse_fields(cls, values, f"instruction {kind!r}", lambda name: f"instruction {kind!r} field {name!r}")
