@@ -434,8 +434,12 @@ class ClientSession:
                 raise SecAggError(f"client {self.index} holds no shares from client {j}")
             root = box_key(self.cipher_private, self.roster[j].cipher_public, self.context)
             opened = open_with(root, j, self.index, inbox[j], self.context)
-            if opened is not None and len(opened) != PIECE_BYTES or opened is None and len(inbox[j]) != BOX_BYTES:
-                size = f"hold {len(opened)} bytes, not {PIECE_BYTES}" if opened else f"are {len(inbox[j])} bytes"
+            if (len(opened) != PIECE_BYTES) if opened is not None else (len(inbox[j]) != BOX_BYTES):
+                size = (
+                    f"hold {len(opened)} bytes, not {PIECE_BYTES}"
+                    if opened is not None
+                    else f"are {len(inbox[j])} bytes"
+                )
                 raise SecAggError(
                     f"client {j}'s sealed shares for client {self.index} {size}: the coordinator relays boxes of "
                     f"{BOX_BYTES} bytes only"
