@@ -211,7 +211,8 @@ class SecureStep:
 
     def remember(self, keys: Iterable[Keys]) -> None:
         """Record ``keys``' fingerprints as the run's: no later session takes them (:meth:`_advertise`)."""
-        prints = {fingerprint(p) for k in keys for p in key_fingerprints(k)}
+        known = self.session.prints  # the open session's, computed at advertise
+        prints = {fingerprint(p) for k in keys for p in known.get(k.index) or key_fingerprints(k)}
         self.seen |= prints
         self.staging.remember_keys(prints)
 
