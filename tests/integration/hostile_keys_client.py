@@ -1,0 +1,107 @@
+"""A hostile client of a secure run that attacks the keys and the boxes, as a real process
+(tests/integration/test_secagg_hostile_keys.py). As ``hostile_client.py`` it joins with its own certificate,
+trains honestly and reports its evaluations honestly; in its secure sessions:
+
+- ``--low-order R``: in training round ``R``'s first session it advertises a low-order mask key (the all-zero
+  point, signed as the protocol asks: only the point is wrong) and, refused, sends nothing more;
+- ``--garbage-box R``: in training round ``R``'s first session it sends client 0 a box of random bytes (the
+  others' boxes honest), then masks its honest update and answers the unmask request honestly;
+
+and in every other session it drops: keys and shares sent, no masked input. Every wait is bounded.
+
+    PYTHONPATH=<project> python tests/integration/hostile_keys_client.py --server HOST:PORT --client-id ID \\
+        --index I --tls-ca CA --tls-cert CERT --tls-key KEY --low-order 0 --garbage-box 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+
+from hostile_client import Hostile, say
+
+from client.secure import signing
+from client.transport import Rejected
+from common.methods import make_aggregator
+from common.secagg.rounds import BOX_BYTES, ClientSession, Keys
+from common.secagg.signing import keys_message
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.wire.messages import ClientUpdate, RoundPlan
+
+
+class HostileKeys(Hostile):
+    def __init__(self, args: argparse.Namespace) -> None:
+        args.wrong_share = args.garbage = -1
+        super().__init__(args)
+        self.low_order, self.garbage_box = args.low_order, args.garbage_box
+
+    def secure_step(self, plan: RoundPlan, train: Callable[[], object], key: str) -> None:
+        signer, verifier = signing(self.settings, self.security)
+        n, ctx = self.config.num_clients, context(plan)
+        session = ClientSession(self.index, threshold(self.settings, n), ctx, signer, verifier)
+        what = f"task {plan.task} round {plan.round} attempt {plan.secure_attempt}"
+        first = plan.secure_attempt == 0
+        if first and plan.round == self.low_order:
+            keys = dataclasses.replace(session.advertise(), mask_public=bytes(32))
+            if signer is not None:  # a valid signature over the bad key: only the point is wrong
+                k = keys
+                message = keys_message(ctx, k.index, signer.identity, k.cipher_public, k.mask_public, k.commitment)
+                keys = Keys(k.index, k.cipher_public, k.mask_public, k.commitment, k.certificate, signer.sign(message))
+            try:
+                self.client.secagg(plan, self.index, "advertise", keys=keys)
+            except Rejected as err:
+                say(f"{what}: low-order key refused ({err.code.name}): {err}")
+                return
+            say(f"{what}: low-order key taken")
+            return
+        self.client.secagg(plan, self.index, "advertise", keys=session.advertise())
+        roster = self.poll(plan, "roster")["roster"]
+        boxes = session.share(roster)
+        if not (first and plan.round == self.garbage_box):
+            self.client.secagg(plan, self.index, "share", shares=boxes)
+            say(f"{what}: keys and shares sent, dropping out (no masked input)")
+            return
+        boxes[0] = os.urandom(BOX_BYTES)
+        self.client.secagg(plan, self.index, "share", shares=boxes)
+        say(f"{what}: sent client 0 a garbage box")
+        inbox = self.poll(plan, "inbox")
+        update = train()
+        assert isinstance(update, ClientUpdate)
+        terms = client_terms(make_aggregator(plan, self.spec, self.config), update)
+        fp = fixed_point(self.settings, n)
+        self.client.push(masked_update(update, terms, session, inbox["sharers"], fp, plan.secure_attempt), key)
+        request = self.poll(plan, "unmask")
+        survivors, dropped = request["survivors"], request["dropped"]
+        confirmations = None
+        if signer is not None:
+            self.client.secagg(plan, self.index, "confirm", shares={self.index: session.confirm(survivors, dropped)})
+            confirmations = self.poll(plan, "confirmations")["shares"]
+        answer = session.reveal(inbox["shares"], survivors, dropped, confirmations)
+        self.client.secagg(plan, self.index, "reveal", shares=answer)
+        say(f"{what}: masked input and an honest answer sent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A hostile client of a secure run: bad keys and boxes (tests only).")
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--client-id", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--tls-ca", required=True)
+    parser.add_argument("--tls-cert", required=True)
+    parser.add_argument("--tls-key", required=True)
+    parser.add_argument("--low-order", type=int, default=-1, help="training round whose first session gets it")
+    parser.add_argument("--garbage-box", type=int, default=-1, help="training round whose first session gets it")
+    parser.add_argument("--limit", type=float, default=420.0, help="seconds the whole run may take")
+    args = parser.parse_args(argv)
+    hostile = HostileKeys(args)
+    try:
+        return hostile.run(args.index)
+    finally:
+        hostile.client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

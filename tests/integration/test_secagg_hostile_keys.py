@@ -1,0 +1,122 @@
+"""Secure aggregation against a client that attacks the keys and the boxes (H4), over real processes: three
+honest ``lorm-client`` s and a hostile fourth (``hostile_keys_client.py``), mTLS certificates of a dev CA, the
+honest mode (threshold 3 of 4).
+
+In training round 0 the hostile client advertises a low-order mask key: the coordinator refuses it at advertise
+(before, every honest client's exchange with that key raised and each client process exited), the keys round
+closes at its deadline with the three honest clients, and their sum is merged. In round 1 it sends client 0 a
+box of random bytes, then masks its honest update and answers honestly: client 0 answers without that share and
+complains, revealing that pair's box key (before, its reveal raised); the hostile client's own share and the two
+other honest clients' rebuild its seed, the sum of all four is exact, and the coordinator names the hostile
+client in the history. In the task Gram it drops out after sharing.
+
+The reference: the in-process engine on the same configuration, client 3 dropping out after the share round of
+round 0 and of the task Gram and taking part in round 1; each step unmasks the ring sum of the same encoded
+inputs, so the result is bit-identical (``test_secagg_hostile_run.py``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.run.config import RunConfig
+from common.wire.messages import Phase
+from engine import simulation
+from server.secure import secure_step
+
+from procs import ProjectProc
+
+HOSTILE = 3
+LOW_ORDER, GARBAGE_BOX = 0, 1
+CONFIG = RunConfig(
+    run_id="hostile-keys",
+    num_clients=4,
+    num_tasks=1,
+    rounds_per_task=2,  # train B (round 0), train A (round 1), the task Gram (round 2), the evaluation
+    local_epochs=1,
+    rank=2,
+    lr=3e-2,
+    lr_lora=1e-3,
+    threads=1,
+    seed=9,
+    extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
+    settings={"secagg": {"enabled": True}},  # threshold n/2 + 1 = 3
+)
+DEADLINE_S = "6"  # round 0's keys round, and the task Gram's inputs round, close this long after they open
+RESULTS = ("adapter/adapter_model.safetensors", "head.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    patch = pytest.MonkeyPatch()
+
+    def dropping(aggregator, *args, **kwargs):
+        plan = aggregator.plan
+        takes_part = plan.phase == Phase.TRAIN and plan.round == GARBAGE_BOX
+        return secure_step(aggregator, *args, drop_after_sharing=() if takes_part else (HOSTILE,), **kwargs)
+
+    patch.setattr(simulation, "secure_step", dropping)
+    try:
+        result = simulation.run_inprocess(CONFIG, results_dir=out)
+    finally:
+        patch.undo()
+    return result, {name: load_file(str(out / name)) for name in RESULTS}
+
+
+def hostile_client(c) -> ProjectProc:
+    pki, name = c.pki, f"client-{HOSTILE}"
+    p = ProjectProc(
+        "hostile",
+        [
+            sys.executable,
+            str(Path(__file__).with_name("hostile_keys_client.py")),
+            *("--server", f"127.0.0.1:{c.port}", "--client-id", name, "--index", str(HOSTILE)),
+            *(
+                "--tls-ca",
+                str(pki.ca),
+                "--tls-cert",
+                str(pki.client_cert(name)),
+                "--tls-key",
+                str(pki.client_key(name)),
+            ),
+            *("--low-order", str(LOW_ORDER), "--garbage-box", str(GARBAGE_BOX)),
+        ],
+    )
+    c.procs.append(p)
+    return p
+
+
+@pytest.mark.slow  # 43 s on 2 shared cores: four client processes and a coordinator
+def test_a_low_order_key_and_a_garbage_box_leave_every_honest_client_running_and_the_clean_result(cluster, reference):
+    expected, files = reference
+    c = cluster(CONFIG.to_json())
+    server = c.server("--round-deadline", DEADLINE_S, "--linger", "60")
+    server.wait_for("serving on")
+    honest = [c.client(i) for i in range(HOSTILE)]
+    for p in honest:
+        p.wait_for("model: ", timeout=300)
+    hostile = hostile_client(c)
+    assert server.wait(timeout=300) == 0
+    assert [p.wait(timeout=30) for p in honest] == [0] * HOSTILE  # no honest client exited on the attacks
+    assert hostile.wait(timeout=30) == 0
+    said = "".join(hostile.lines)
+    assert "round 0 attempt 0: low-order key refused (INVALID_ARGUMENT)" in said and "low-order" in said
+    assert "round 1 attempt 0: masked input and an honest answer sent" in said
+    assert "do not open" in "".join(honest[0].lines)  # client 0 answered without that box, and said so
+
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    assert (metrics["correct"], metrics["total"]) == (expected.matrix.correct, expected.matrix.total)
+    for name, want in files.items():
+        got = load_file(str(c.run_dir / "results" / name))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    low, box, gram = (h["secagg"] for h in metrics["history"][:3])
+    assert low["attempt"] == 0 and low["survivors"] == HOSTILE and "failed" not in low
+    assert box["attempt"] == 0 and box["survivors"] == HOSTILE + 1 and "failed" not in box
+    assert list(box["blamed"]) == [str(HOSTILE)] and "client 0" in box["blamed"][str(HOSTILE)]
+    assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE]
