@@ -9,10 +9,11 @@ project releases is the same on both. One record so replaced moves a class sum b
 Each release goes through the project's own code: the client's clip and sums (``client/features.py``), the
 coordinator's :class:`~server.strategies.closed_form.PrivateRelease` (its calibration and noise), the clients'
 discrete Gaussian shares on the secure aggregation ring (``common/secagg/``), a client's DP-SGD round
-(``ClientMethod.train_private``: ``poisson_batches``, ``PerSampleNorms``, ``private_step``) and the coordinator's
-client-level :class:`~server.strategies.private.ClippedChanges`. Where a real call gives one release at a time (a
-round of DP-SGD, a client-level mean) the release is measured as what it is, the un-noised output plus the noise
-source's draws times a scale (both read off the real call, which is checked to be exactly that), and its ``N``
+(``ClientMethod.train_private``: ``poisson_batches``, ``PerSampleNorms``, ``private_step``), a LoRM client's Gram
+release (``GramRecorder``'s energy clip, ``noise_grams``) and the coordinator's client-level
+:class:`~server.strategies.private.ClippedChanges`. Where a real call gives one release at a time (a round of DP-SGD,
+a Gram release, a client-level mean) the release is measured as what it is, the un-noised output plus a linear image
+of the noise source's draws (both read off the real call, which is checked to be exactly that), and its ``N``
 releases are drawn at once from the project's seeded normal source.
 
 The score of a release ``y``: the log-likelihood ratio of the Gaussian laws at ``D`` and ``D'`` with the noise the
@@ -57,6 +58,7 @@ DELTA_DP = 1e-5  # the stated delta of every audit (the project's default)
 CLIP = 1.0  # C, S
 FAST_EPSILON = 2.0  # the default suite's stated epsilon: where a factor 2 shows with the fewest releases
 SLOW_EPSILON = 8.0  # the slow audits' (and the report's)
+LORM_BUDGET = 4.4  # LoRM's budget: each of its two Gram releases a task then states about 2
 CHUNK = 250_000  # releases drawn at once (memory: a few (CHUNK, 2, 2) float64 tensors)
 CLIENTS = 3  # distributed mode's least federation: three clients, threshold 2
 
@@ -263,38 +265,58 @@ class Recorded:
         return draw
 
 
-def measured(release: Callable[[Any], Tensor], seed: int) -> tuple[Tensor, float]:
-    """``(m, s)`` with ``release(source) = m + s Z`` for the source's standard normal draws ``Z`` (one deviation
-    for every entry): ``m`` the release with a source of zeros, ``s`` read off a seeded one; ``AssertionError``
-    unless the release is exactly that (an affine image of the draws with one scale)."""
+class Basis:
+    """A noise source whose draws, in the order asked, are all 0 but the ``index``-th, 1: one column of the linear
+    map from a release's draws to its noise."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.drawn = index, 0
+
+    def normal(self, shape: tuple[int, ...]) -> Tensor:
+        out = torch.zeros(math.prod(shape), dtype=torch.float64)
+        if 0 <= self.index - self.drawn < out.numel():
+            out[self.index - self.drawn] = 1.0
+        self.drawn += out.numel()
+        return out.view(shape)
+
+
+def measured(release: Callable[[Any], Tensor], seed: int) -> tuple[Tensor, Tensor]:
+    """``(m, A)`` with ``release(source) = m + A Z`` for the ``p`` standard normal draws ``Z`` the release asks of
+    its source, ``m: (k,)`` and ``A: (k, p)``: ``m`` the release with a source of zeros, each column of ``A`` with
+    a source of one 1 (:class:`Basis`); ``AssertionError`` unless a seeded source's release is exactly that (the
+    release is affine in its draws, as a Gaussian mechanism's is)."""
     mean = release(Zeros()).flatten()
     source = Recorded(seed)
     noisy = release(source).flatten()
     draws = torch.cat([d.flatten() for d in source.draws])
-    assert draws.numel() == mean.numel(), f"{draws.numel()} draws for a release of {mean.numel()} entries"
-    scale = float((noisy - mean) @ draws / (draws @ draws))
-    residual = float((noisy - mean - scale * draws).abs().max())
-    assert residual <= 1e-12 * max(abs(scale), 1e-300), f"the release is not its mean plus {scale:g} x the draws"
-    return mean, abs(scale)
+    columns = torch.stack([release(Basis(j)).flatten() - mean for j in range(draws.numel())], 1)
+    residual = float((noisy - mean - columns @ draws).abs().max())
+    assert residual <= 1e-12 * float(columns.abs().max()), f"the release is not affine in its draws ({residual:g})"
+    return mean, columns
 
 
 def affine(
     mechanism: str, stated: float, release: Callable[[Tensor, Any], Tensor], sides: tuple[Tensor, Tensor], samples: int
 ) -> Audit:
-    """An audit of a release that is its un-noised value plus one scale times standard normal draws (:func:`
-    measured` on each side: the scales must agree), ``samples`` releases a side drawn at once from the project's
-    seeded source."""
-    (m0, s0), (m1, s1) = (measured(functools.partial(release, d), seed=1) for d in sides)
-    assert math.isclose(s0, s1, rel_tol=1e-12), f"the noise's scale differs between D and D': {s0:g}, {s1:g}"
+    """An audit of a release that is its un-noised value plus a linear image of standard normal draws
+    (:func:`measured` on each side: the maps must agree), ``samples`` releases a side drawn at once from the
+    project's seeded source. The score: the log-likelihood ratio under the noise's covariance ``A A^T`` (its
+    pseudo-inverse: a full Gram's mirrored entries are one coordinate)."""
+    (m0, a0), (m1, a1) = (measured(functools.partial(release, d), seed=1) for d in sides)
+    assert torch.allclose(a0, a1, rtol=1e-12, atol=0.0), "the noise differs between D and D'"
     difference = m1 - m0
-    mu = float(difference.norm()) / s0
-    direction = difference / float(difference.norm())
+    covariance = a0 @ a0.T
+    weights = torch.linalg.pinv(covariance, hermitian=True) @ difference
+    assert torch.allclose(covariance @ weights, difference, atol=1e-9 * float(difference.abs().max())), (
+        "D and D' differ where no noise covers the release: a perfect distinguisher"
+    )
+    mu = math.sqrt(float(difference @ weights))
     scores: list[list[np.ndarray]] = [[], []]
     for side, mean in enumerate((m0, m1)):
         source = SeededNoise(100 + side)
         for m in chunks(samples):
-            released = mean + s0 * source.normal((m, mean.numel()))
-            scores[side].append(((released - m0) @ direction / s0).numpy())
+            released = mean + source.normal((m, a0.shape[1])) @ a0.T
+            scores[side].append(((released - m0) @ weights / mu).numpy())
     return audit_of(mechanism, stated, mu, np.concatenate(scores[0]), np.concatenate(scores[1]))
 
 
@@ -371,6 +393,43 @@ def dpsgd(epsilon: float, samples: int, seed: int = 0) -> Audit:
     )
 
 
+def lorm_config(epsilon: float, seed: int) -> RunConfig:
+    """LoRM with a budget, one round a task, half of it to the Grams: each of its two Gram releases (the round's
+    and the task Gram step's) then states about epsilon 2 at a budget of 4.4."""
+    dp = {"epsilon": epsilon, "delta": DELTA_DP, "mode": "local", "sample_rate": 1.0, "gram_share": 0.5, "seed": seed}
+    return RunConfig(method="lorm", settings={"dp": dp}, local_epochs=1, rounds_per_task=1)
+
+
+def lorm_gram(config: RunConfig, canary_row: Tensor, source: Any) -> Tensor:
+    """The head's full Gram a LoRM client releases (``client/methods/lora.py``'s ``noise_grams``, its noise source
+    replaced by ``source``): the model's head input recorded with the energy clip ``dp.gram_clip``
+    (``GramRecorder``), noised, ``lambda I`` added; ``(2, 2)``. The shard: the canary and the class's other
+    records (within the clip)."""
+    from client.methods.lora import noise_grams
+    from common.adapters.lora import GramRecorder
+
+    model = TinyModel()
+    recorder = GramRecorder({"<head>": model.head}, full=True, energy_clip=config.section(DpSettings).gram_clip)
+    with torch.no_grad(), recorder.recording():
+        model({"x": torch.cat([canary_row, OTHERS])})
+    grams = recorder.result()
+    client = SimpleNamespace(config=config, index=0, ledger=ClientLedger(config))
+    plan = SimpleNamespace(task=0, round=0, phase=Phase.TASK_GRAM)
+    with mock.patch("client.methods.lora.gradient_noise", lambda *args, **kwargs: source):
+        noise_grams(cast(Any, client), cast(Any, plan), grams)
+    return grams["<head>"]
+
+
+def lorm_grams(epsilon: float, samples: int, seed: int = 0) -> Audit:
+    """One of LoRM's Gram releases (local mode) of the head's input: the canary ``x`` replaced by an orthogonal
+    ``x'`` of the same energy moves the Gram by ``sqrt(2) c``, the most two positive semi-definite parts of norm
+    ``c`` can differ. Its stated epsilon: one Gram release's (``TrainingNoise.epsilon(0, 1, delta)``)."""
+    config = lorm_config(epsilon, seed)
+    stated = ClientLedger(config).noise(cast(Any, SimpleNamespace())).epsilon(0, 1, DELTA_DP)
+    x, x_prime = canary(orthogonal=True)
+    return affine("lorm gram (one release)", stated, functools.partial(lorm_gram, config), (x, x_prime), samples)
+
+
 # ----------------------------------------------------------------------------- (d) client level
 
 
@@ -429,5 +488,6 @@ MECHANISMS: dict[str, Callable[[float, int], Audit]] = {
     "distributed ncm": lambda eps, n: distributed(eps, n),
     "dp-sgd": lambda eps, n: dpsgd(eps, n),
     "client level": lambda eps, n: client_level(eps, n),
+    "lorm grams": lambda eps, n: lorm_grams(eps, n),
     "class count, add/remove": lambda eps, n: central_counts(n, remove=True),
 }

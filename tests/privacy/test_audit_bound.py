@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from audit import (
     clopper_pearson_upper,
     epsilon_lower_bound,
@@ -16,6 +17,7 @@ from audit import (
     samples_needed,
     unit_thresholds,
 )
+from audit_mechanisms import affine, measured
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -109,3 +111,45 @@ def test_a_factor_two_in_the_sensitivity_shows_with_these_many_releases(epsilon,
     mu = gaussian_mu(epsilon, 1e-5)
     assert samples_needed(2 * mu, 1e-5, epsilon) == needed
     assert gaussian_bound(mu, 1e-5, 10 * needed) < 0.8 * epsilon
+
+
+class Linear:
+    """A release ``m + A z`` of the source's draws ``z: (3,)``, optionally clamped at 0 (then not affine: the
+    probes of ``A``'s columns, all positive, cannot tell, the seeded draws can)."""
+
+    def __init__(self, clamp: bool = False) -> None:
+        self.mean = (
+            torch.zeros(3, dtype=torch.float64) if clamp else torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+        )
+        self.map = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.0, 0.0]], dtype=torch.float64)
+        self.clamp = clamp
+
+    def __call__(self, source) -> torch.Tensor:
+        out = self.mean + self.map @ source.normal((3,))
+        return out.clamp(min=0.0) if self.clamp else out
+
+
+def test_a_release_is_measured_as_its_mean_and_the_linear_map_of_its_draws():
+    """The mechanisms' audits that draw their releases at once (DP-SGD, LoRM's Grams, client level) read the real
+    call's mean and noise map: read exactly, and a release that is not affine in its draws (here clamped, as a
+    diagonal Gram is after its noise) is refused rather than audited as the Gaussian it is not."""
+    mean, columns = measured(Linear(), seed=0)
+    torch.testing.assert_close(mean, Linear().mean, rtol=0, atol=0)
+    torch.testing.assert_close(columns, Linear().map, rtol=0, atol=0)
+    with pytest.raises(AssertionError, match="not affine in its draws"):
+        measured(Linear(clamp=True), seed=0)
+
+
+def test_neighbours_that_differ_where_no_noise_is_are_a_perfect_distinguisher():
+    """A release whose third entry carries no noise (``A``'s last row is 0) must not let ``D`` and ``D'`` differ
+    there: the auditor says so instead of scoring the covered entries only."""
+    with pytest.raises(AssertionError, match="no noise covers"):
+        affine("un-noised entry", 1.0, lambda row, source: Linear()(source) + row, sides(third=1.0), 1000)
+    audit = affine("noised entries", 1.0, lambda row, source: Linear()(source) + row, sides(third=0.0), 1000)
+    assert audit.mu == pytest.approx(math.sqrt(1 / 4 + 1 / 0.5), rel=1e-9)  # variances 4 and 0.5: A A^T
+
+
+def sides(third: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``D``'s and ``D'``'s offsets of :class:`Linear`'s release: ``D'`` moves each entry by 1 (the third by
+    ``third``)."""
+    return torch.zeros(3, dtype=torch.float64), torch.tensor([1.0, 1.0, third], dtype=torch.float64)
