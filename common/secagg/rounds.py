@@ -502,7 +502,8 @@ class ServerSession:
                 raise SecAggError(f"client {keys.index} advertised different keys twice")
             return
         for i, k in self.keys.items():
-            self.prints.setdefault(i, key_fingerprints(k))
+            if i not in self.prints:  # a resumed session's keys: fingerprinted once
+                self.prints[i] = key_fingerprints(k)
         check_distinct({**self.keys, keys.index: keys}, {**self.prints, keys.index: prints})
         self.keys[keys.index] = keys
         self.prints[keys.index] = prints
