@@ -29,7 +29,7 @@ from common.run.settings import DataSettings
 log = logging.getLogger("lorm.client")
 
 TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")  # the files client.datasets.text_rows reads
-SHOWN_LABELS = 20  # unscheduled labels named in the report (the count covers them all)
+SHOWN_LABELS = 5  # unscheduled labels named in the report (the count covers them all)
 
 
 @dataclass(frozen=True)

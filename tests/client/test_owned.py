@@ -158,3 +158,18 @@ def test_lorm_spec_takes_the_coordinators_schedule_flags_and_describes_the_heads
     argv += ["--task", "alarm,balance", "--open", "--set", "data.max_classes=5", "--out", str(out)]
     assert spec.main(argv) == 0 and "5 classes" in capsys.readouterr().out
     assert ModelSpec.from_json(out.read_text()).num_classes == 5
+
+
+def test_the_report_of_labels_in_no_task_names_five_and_counts_the_rest(tmp_path, caplog):
+    """A file of many labels outside the run's schedule: one line naming five of them and counting the others, not a
+    screenful."""
+    from collections import Counter
+
+    from client.owned import report_unscheduled
+
+    unscheduled = Counter({f"label-{i}": i + 1 for i in range(8)})
+    with caplog.at_level(logging.WARNING, logger="lorm.client"):
+        report_unscheduled(tmp_path / "mine.csv", unscheduled)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "36 samples have a label in no task of the run" in line and line.count("'label-") == 5
+    assert "and 3 more" in line
