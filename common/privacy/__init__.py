@@ -3,14 +3,17 @@ calibration by ``dp_accounting``, its noise and the clipping it assumes (``gauss
 an over-budget release and states a run's guarantee (``ledger.py``); the settings are ``common.run.settings.DpSettings``
 (the ``dp`` section).
 
-The mechanism perturbs the sufficient statistics once (Analyze Gauss; AdaSSP). Each sample's features, after the
-feature map (layers, norm, random projection), are scaled down to L2 norm at most ``C = dp.clip`` before they
-enter any sum (``FeatureMap.clip``), so adding or removing one record changes
+The adjacency (``gaussian.ADJACENCY``): two data sets are neighbours when one record is replaced by another of the
+same label; the counts a run releases exactly are then the same on both, and a record's label is not protected. The
+mechanism perturbs the sufficient statistics once (Analyze Gauss; AdaSSP). Each sample's features, after the feature
+map (layers, norm, random projection), are scaled down to L2 norm at most ``C = dp.clip`` before they enter any sum
+(``FeatureMap.clip``), so replacing one record ``x`` by ``x'`` of the same class changes
 
-- the Gram ``G = sum_i x_i x_i^T`` ``(F', F')`` by ``x x^T``, of Frobenius norm ``|x|^2 <= C^2`` (its ``K``
-  diagonal blocks with ``ridge.blocks`` by at most that too);
-- the class sums ``S: (C, F')`` by one row ``x``: L2 norm ``<= C``;
-- the class counts by 1: **public by design**, never noised; neither head reads them (cosine NCM's rows are
+- the Gram ``G = sum_i x_i x_i^T`` ``(F', F')`` by ``x x^T - x' x'^T``, of Frobenius norm at most ``sqrt(2) C^2``
+  (both are positive semi-definite of norm ``|x|^2 <= C^2``; its ``K`` diagonal blocks with ``ridge.blocks`` by at
+  most that too);
+- the class sums ``S: (C, F')`` by ``x - x'`` in one row: L2 norm ``<= 2 C``;
+- the class counts not at all: **public**, never noised; neither head reads them (cosine NCM's rows are
   ``S_c / |S_c|``, the ridge head is ``S (G + lam I)^-1``), and the coordinator sees them.
 
 Every entry of a statistic gets ``N(0, sigma^2)`` noise, ``sigma = sensitivity / mu_k``; the Gram's is symmetric,

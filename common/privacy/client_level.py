@@ -5,12 +5,13 @@ data set, not one record.
 Each round, the coordinator takes every client's update as a change from the round's plan (a data-independent
 reference: the factors and head it sent, zero for a dense delta), scales the change down to L2 norm ``S =
 dp.clip`` over all its tensors together, averages the clipped changes with equal weights (a client's sample count
-no longer weighs it), and adds ``N(0, (z S / n)^2)`` to every entry of the mean, ``n`` the clients folded (public).
-The head's rows outside the task's classes are taken from the reference, which no client's data moves, so they need
-no noise. Adding or removing one client moves the sum of clipped changes by at most ``S``: each round is a Gaussian
-mechanism of ratio ``1 / z`` on every client, and the run's ``R = num_tasks x rounds_per_task`` rounds compose
-exactly in Gaussian DP to ``sqrt(R) / z``: ``z = sqrt(R) / mu``, ``mu = gaussian_mu(epsilon, delta)`` (every client
-takes part in every round, so there is no sampling to amplify it).
+no longer weighs it), and adds ``N(0, (z S / n)^2)`` to every entry of the mean, ``n`` the clients folded (public:
+which clients take part is released, so the adjacency is ``common.privacy.gaussian``'s replace-one, here of one
+client's whole data set by another's). The head's rows outside the task's classes are taken from the reference,
+which no client's data moves, so they need no noise. Replacing one client's data moves the sum of clipped changes by
+at most ``2 S``: each round is a Gaussian mechanism of ratio ``2 / z`` on every client, and the run's ``R = num_tasks
+x rounds_per_task`` rounds compose exactly in Gaussian DP to ``2 sqrt(R) / z``: ``z = 2 sqrt(R) / mu``, ``mu =
+gaussian_mu(epsilon, delta)`` (every client takes part in every round, so there is no sampling to amplify it).
 
 What it trusts: the coordinator, which sees each client's update before clipping it (as central record-level DP
 trusts it with the un-noised sums); so secure aggregation, which hides the individual updates from it, is refused
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from common.privacy.gaussian import NoiseSource, gaussian_epsilon, gaussian_mu
+from common.privacy.gaussian import SUM_REPLACE, NoiseSource, gaussian_epsilon, gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
@@ -43,12 +44,13 @@ class ClientLevelNoise:
     @staticmethod
     def of(settings: DpSettings, rounds: int) -> ClientLevelNoise:
         return ClientLevelNoise(
-            settings.clip, rounds, math.sqrt(rounds) / gaussian_mu(settings.epsilon, settings.delta)
+            settings.clip, rounds, SUM_REPLACE * math.sqrt(rounds) / gaussian_mu(settings.epsilon, settings.delta)
         )
 
     def epsilon(self, released: int, delta: float) -> float:
         """The epsilon at ``delta`` of every client after ``released`` rounds (Gaussian DP composes exactly)."""
-        return gaussian_epsilon(math.sqrt(released) / self.noise_multiplier, delta) if released else 0.0
+        mu = SUM_REPLACE * math.sqrt(released) / self.noise_multiplier
+        return gaussian_epsilon(mu, delta) if released else 0.0
 
 
 def run_rounds(config: RunConfig) -> int:

@@ -22,6 +22,25 @@ DTYPE = torch.float64
 GRAM, CLASS_SUM, CLASS_COUNT = "gram", "class_sum", "class_count"  # the statistics' names (StatSums)
 PUBLIC = (CLASS_COUNT,)  # released un-noised, public by design
 
+# The adjacency every guarantee of the project is stated under: two data sets are neighbours when one record is
+# replaced by another record of the same label. Counts (of a class, of a client's samples, of an update's rows and
+# bytes) are released exactly, so under add-or-remove no epsilon would hold; under replace-one they are the same on
+# both data sets, and a record's label is not protected. A sum of per-record parts of norm at most b moves by at most
+# SUM_REPLACE b when one record is replaced; a sum of positive semi-definite parts (a Gram, x x^T) by at most
+# GRAM_REPLACE b: |A - B|_F^2 = |A|^2 + |B|^2 - 2 <A, B> <= 2 b^2, since <A, B> >= 0.
+ADJACENCY = "replace-one"
+SUM_REPLACE = 2.0
+GRAM_REPLACE = math.sqrt(2.0)
+
+
+def noise_statement(seed: int) -> str:
+    """What a run's statement says of its noise's source: ``dp.seed -1``, the OS's CSPRNG; otherwise a seeded
+    generator, whose noise whoever knows the seed (it is in the run's ``config.json`` and ``metrics.json``) can
+    subtract: such a run is reproducible, and private against nobody who holds its results."""
+    if seed < 0:
+        return "csprng"
+    return f"seeded (dp.seed {seed}): not private against anyone who knows the seed, which the run's files hold"
+
 
 def gaussian_mu(epsilon: float, delta: float) -> float:
     """``mu``: the ratio sensitivity / sigma of the one-shot Gaussian mechanism that is exactly
@@ -67,12 +86,13 @@ def calibrate(settings: DpSettings, statistics: tuple[str, ...]) -> dict[str, Re
     if unknown:
         raise ValueError(f"dp: no sensitivity is known for the statistics {unknown}: they cannot be released")
     mu = gaussian_mu(settings.epsilon, settings.delta)
-    c = settings.clip
+    class_sum = SUM_REPLACE * settings.clip  # x -> x' of the same class: |x - x'| <= 2C
     if GRAM not in statistics:
-        return {CLASS_SUM: Release(c, c / mu)}
+        return {CLASS_SUM: Release(class_sum, class_sum / mu)}
+    gram = GRAM_REPLACE * settings.clip**2  # x x^T -> x' x'^T: |x x^T - x' x'^T|_F <= sqrt(2) C^2
     return {
-        GRAM: Release(c * c, c * c / (mu * math.sqrt(settings.gram_share))),
-        CLASS_SUM: Release(c, c / (mu * math.sqrt(1.0 - settings.gram_share))),
+        GRAM: Release(gram, gram / (mu * math.sqrt(settings.gram_share))),
+        CLASS_SUM: Release(class_sum, class_sum / (mu * math.sqrt(1.0 - settings.gram_share))),
     }
 
 
@@ -164,9 +184,9 @@ def add_gram_noise(gram: Tensor, sigma: float, source: NoiseSource) -> None:
     diagonal blocks): ``N(0, sigma^2)`` on the diagonal, ``N(0, sigma^2 / 2)`` above it, mirrored.
 
     That is the Gaussian mechanism of deviation ``sigma`` on the vector ``v(G) = (G_ii; sqrt(2) G_ij, i < j)``, whose
-    norm is ``|G|_F``: one record moves it by exactly ``|x x^T|_F = |x|^2 <= C^2``, so the sensitivity ``C^2``
-    holds with half the off-diagonal variance of noising the upper triangle as it is (Analyze Gauss).
-    """
+    norm is ``|G|_F``: replacing one record moves it by ``|x x^T - x' x'^T|_F <= sqrt(2) C^2`` (:data:`GRAM_REPLACE`),
+    so that sensitivity holds with half the off-diagonal variance of noising the upper triangle as it is (Analyze
+    Gauss)."""
     noise = source.normal(tuple(gram.shape)).mul_(sigma)  # (..., d, d); the strict lower triangle unused
     diagonal = noise.diagonal(dim1=-2, dim2=-1).clone()
     upper = noise.triu_(1).mul_(1.0 / math.sqrt(2.0))

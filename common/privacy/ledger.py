@@ -75,6 +75,8 @@ def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
             "budget_epsilon": last["budget_epsilon"],
             "mode": last["mode"],
             "unit": last["unit"],
+            "adjacency": last.get("adjacency", "add-or-remove"),  # a run recorded before replace-one said none
+            "noise": last.get("noise", "unstated"),
             "public": last["public"],
             "steps": [
                 {"task": entry["task"], "epsilon": entry["dp_epsilon"]}

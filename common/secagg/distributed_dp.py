@@ -23,8 +23,8 @@ per statistic, summed over the statistics (independent noise: Renyi DP adds). ``
 the coordinates that make the Gram's noise isotropic (off-diagonal entries times ``sqrt 2``: ``C^2 2^f + d
 sqrt(K)`` for ``K`` blocks of width ``d``), ``L1`` the plain one of the packed entries, ``V_min`` the least parameter
 of an entry's sum (``V_G / 2`` off the Gram's diagonal): the bound holds entry by entry with each entry's own ``V``,
-and each term only grows as a variance shrinks. ``log tau`` is about ``-pi^2 V_min / n'`` per statistic: below ``-9 x
-10^10`` at ``F' = 1,152`` (the class sums' shares, the least, are about ``10^10`` grid units at ``epsilon`` 1 and 8,
+and each term only grows as a variance shrinks. ``log tau`` is about ``-pi^2 V_min / n'`` per statistic: below ``-3 x
+10^11`` at ``F' = 1,152`` (the class sums' shares, the least, are about ``4 x 10^10`` grid units at ``epsilon`` 1 and 8,
 ``C = 1``), so ``tau`` is 0 in float64 and the bound is the Gaussian mechanism's ``alpha L2w^2 / (2 V)``.
 ``dp_accounting``'s RDP conversion (``compute_epsilon``, at the orders ``ORDERS``) turns it into ``(epsilon,
 delta)``, ``delta`` the run's ``dp.delta``: the sampler is exact, so nothing is added to it. Calibration: ``V = s

@@ -69,6 +69,7 @@ from common.aggregation.features import FeatureStatsAggregator, StatSums, head_s
 from common.merges.regmean import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.privacy.gaussian import (
+    ADJACENCY,
     CLASS_SUM,
     GRAM,
     Release,
@@ -78,6 +79,7 @@ from common.privacy.gaussian import (
     gaussian_mu,
     noise_floor_lambda,
     noise_source,
+    noise_statement,
 )
 from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
@@ -275,6 +277,8 @@ class PrivateRelease:
             "dp": mechanism
             | {
                 "unit": "record",
+                "adjacency": ADJACENCY,
+                "noise": noise_statement(self.settings.seed),
                 "run_epsilon": self.ledger.epsilon_spent(),
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.settings.clip,

@@ -28,7 +28,7 @@ from common.privacy.client_level import (
     noised_mean,
     run_rounds,
 )
-from common.privacy.gaussian import NoiseSource, keyed_noise
+from common.privacy.gaussian import ADJACENCY, NoiseSource, keyed_noise, noise_statement
 from common.privacy.training import TrainingLedger, releases, training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
@@ -71,6 +71,8 @@ class PrivateTraining:
                 "mode": "local",
                 "mechanism": "dp-sgd" + (" + gaussian grams" if noise.grams else ""),
                 "unit": "record",
+                "adjacency": ADJACENCY,
+                "noise": noise_statement(self.settings.seed),
                 "run_epsilon": self.ledger.epsilon_spent(),
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.settings.clip,
@@ -182,6 +184,8 @@ class ClientLevelPrivacy:
                 "mode": "client",
                 "mechanism": "dp-fedavg (clipped changes, equal weights, gaussian)",
                 "unit": "client",
+                "adjacency": ADJACENCY,
+                "noise": noise_statement(self.settings.seed),
                 "run_epsilon": spent,
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.noise.clip,

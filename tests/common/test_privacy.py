@@ -56,10 +56,11 @@ def test_the_noise_scale_is_the_calibration_of_epsilon_delta_and_the_sensitivity
     dp = DpSettings(epsilon=epsilon, delta=1e-5, clip=clip, gram_share=share)
     releases = calibrate(dp, STATISTICS)
     assert set(releases) == {GRAM, CLASS_SUM}  # the counts are public
-    assert releases[GRAM].sensitivity == clip**2 and releases[CLASS_SUM].sensitivity == clip
+    # replace-one, the label kept: x x^T - x' x'^T of Frobenius norm <= sqrt(2) C^2, x - x' of norm <= 2 C
+    assert releases[GRAM].sensitivity == math.sqrt(2) * clip**2 and releases[CLASS_SUM].sensitivity == 2 * clip
     mu = gaussian_mu(epsilon, 1e-5)
-    assert releases[GRAM].sigma == pytest.approx(clip**2 / (mu * math.sqrt(share)), rel=1e-12)
-    assert releases[CLASS_SUM].sigma == pytest.approx(clip / (mu * math.sqrt(1 - share)), rel=1e-12)
+    assert releases[GRAM].sigma == pytest.approx(math.sqrt(2) * clip**2 / (mu * math.sqrt(share)), rel=1e-12)
+    assert releases[CLASS_SUM].sigma == pytest.approx(2 * clip / (mu * math.sqrt(1 - share)), rel=1e-12)
     # the two releases together are exactly the budget, by the curve and by dp-accounting's PLD accountant
     assert gaussian_delta(composed_mu(releases), epsilon) == pytest.approx(1e-5, rel=1e-6)
     accountant = pld_privacy_accountant.PLDAccountant()
@@ -70,7 +71,7 @@ def test_the_noise_scale_is_the_calibration_of_epsilon_delta_and_the_sensitivity
 def test_ncm_spends_the_whole_budget_on_the_class_sums():
     releases = calibrate(DpSettings(epsilon=1.0, clip=2.0), (CLASS_SUM, "class_count"))
     assert list(releases) == [CLASS_SUM]
-    assert releases[CLASS_SUM].sigma == pytest.approx(2.0 / gaussian_mu(1.0, 1e-5))
+    assert releases[CLASS_SUM].sigma == pytest.approx(2 * 2.0 / gaussian_mu(1.0, 1e-5))
 
 
 def test_a_statistic_without_a_known_sensitivity_is_refused():

@@ -105,15 +105,16 @@ def test_a_change_of_any_norm_is_clipped_to_the_bound_and_rows_no_client_trains_
 
 
 def test_the_noise_is_the_calibration_and_the_budget_is_spent_exactly_by_the_last_round():
-    """z = sqrt(R) / mu(epsilon, delta); R rounds of the Gaussian mechanism of multiplier z, composed by dp_accounting's
-    PLD accountant (independent of the analytic formula), spend epsilon; the merged mean's noise has deviation
-    z S / n (measured on the head's task rows and the factors of a round of identical clients)."""
+    """z = 2 sqrt(R) / mu(epsilon, delta) (replace-one: one client's data replaced moves the clipped sum by 2 S); R
+    rounds of the Gaussian mechanism of multiplier z, composed by dp_accounting's PLD accountant under replace-one
+    (independent of the analytic formula), spend epsilon; the merged mean's noise has deviation z S / n (measured on
+    the head's task rows and the factors of a round of identical clients)."""
     config = private()
     dp = config.section(DpSettings)
     rounds = run_rounds(config)
     noise = ClientLevelNoise.of(dp, rounds)
-    assert noise.noise_multiplier == pytest.approx(math.sqrt(rounds) / gaussian_mu(dp.epsilon, dp.delta))
-    accountant = dp_accounting.pld.PLDAccountant()
+    assert noise.noise_multiplier == pytest.approx(2 * math.sqrt(rounds) / gaussian_mu(dp.epsilon, dp.delta))
+    accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
     accountant.compose(dp_accounting.GaussianDpEvent(noise.noise_multiplier), rounds)
     assert accountant.get_epsilon(dp.delta) == pytest.approx(dp.epsilon, rel=1e-2)
     assert noise.epsilon(rounds, dp.delta) == pytest.approx(dp.epsilon, rel=1e-9)

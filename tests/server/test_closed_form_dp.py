@@ -94,7 +94,9 @@ def test_the_noise_lands_on_the_steps_gram_and_its_tasks_rows_at_the_calibrated_
     change = noisy["gram"] - exact["gram"]
     assert torch.allclose(change, change.T, rtol=0, atol=1e-9 * float(change.abs().max()))
     releases = private.private.releases
-    assert releases["gram"].sigma == pytest.approx(1e12 / (gaussian_mu(1.0, 1e-5) * math.sqrt(0.05)))
+    assert releases["gram"].sigma == pytest.approx(
+        math.sqrt(2) * 1e12 / (gaussian_mu(1.0, 1e-5) * math.sqrt(0.05))
+    )  # sqrt(2) C^2
     assert float(change.abs().max()) < 6 * releases["gram"].sigma  # noise of that scale, not more
     assert float(change.abs().max()) > 0.05 * releases["gram"].sigma  # nor far less
 
@@ -144,6 +146,9 @@ def test_a_private_run_repeats_with_its_seed_and_differs_from_the_plain_run(meth
     summary = first.summary()
     assert summary["privacy"]["epsilon"] == pytest.approx(1.0, rel=1e-6)
     assert summary["privacy"]["delta"] == 1e-5 and summary["privacy"]["mode"] == "central"
+    assert summary["privacy"]["adjacency"] == "replace-one"
+    # a seeded run says that it is private against nobody who holds its files (they hold the seed)
+    assert summary["privacy"]["noise"].startswith(f"seeded (dp.seed {DP['seed']}): not private against anyone")
     assert [s["task"] for s in summary["privacy"]["steps"]] == [0, 1]
     assert "privacy" not in plain.summary()
 
