@@ -272,6 +272,12 @@ class Coordinator:
             if step.secure is not None:
                 step.secure.check_push(secure_attempt, declared, declared_bytes)
                 return False
+            if secure_attempt:  # a session of a step that has none: the push is not what this step asked for
+                raise Refused(
+                    "INVALID_ARGUMENT",
+                    f"the push names secure session {secure_attempt}, but step {task}/{round_} {phase.value} has no "
+                    "secure aggregation",
+                )
             if declared is not None:
                 try:
                     check_declared(declared, step.aggregator.expected(), declared_bytes)
@@ -294,6 +300,8 @@ class Coordinator:
                 step.secure.submit(update, idempotency_key)
                 self._secure_advance()
                 return True
+            if update.secure_attempt:
+                raise Refused("INVALID_ARGUMENT", "the update names a secure session, but the step has none")
             try:
                 step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range))
             except UpdateRejected as err:

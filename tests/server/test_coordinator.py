@@ -128,6 +128,21 @@ def test_deadline_with_quorum_closes_the_step_and_refuses_late_updates(tmp_path)
     assert isinstance(nxt, RoundPlan) and nxt.round == 1 and nxt.expect(LoraStep).train_factors == ("A",)
 
 
+def test_a_push_naming_a_secure_session_on_a_step_without_one_is_refused(tmp_path):
+    """secure_attempt was checked on secure steps only: a push of a plain step naming session 1 (or 2^31 - 1) was
+    recorded. It is refused, at its envelope and at its submission, and nothing is recorded."""
+    coord = started(tmp_path)
+    plan = coord.pull("c0")
+    for attempt in (1, 2**31 - 1):
+        with pytest.raises(Refused) as err:
+            coord.precheck("c0", 0, plan.run_id, plan.task, plan.round, plan.phase, "k", secure_attempt=attempt)
+        assert err.value.code == "INVALID_ARGUMENT" and f"names secure session {attempt}" in str(err.value)
+        with pytest.raises(Refused, match="names a secure session, but the step has none"):
+            coord.submit(dataclasses.replace(update_for(plan, 0), secure_attempt=attempt), "k0")
+    assert coord.status()["clients_done"] == 0
+    assert coord.submit(update_for(plan, 0), "k0") is True
+
+
 def test_out_of_order_arrivals_fold_in_index_order(tmp_path):
     """Arrival order does not change the merge: the fold is in client-index order."""
     results = []
