@@ -189,13 +189,15 @@ def _paced(items: Iterator[Any], clock: _PeerClock) -> Iterator[Any]:
 
 
 class AdmissionInterceptor(grpc.ServerInterceptor):
-    """Applies a :class:`CallLimiter` and the slow-stream bounds to every call of ``service``; others pass."""
+    """Applies a :class:`CallLimiter` and the slow-stream bounds to every call of ``service``; others pass. The
+    caller is its authenticated client identity (``auth``), or its connection's peer (``auth`` ``None``: a service
+    whose callers are not the run's clients, the operator's)."""
 
-    def __init__(self, limiter: CallLimiter, auth: Authenticator, service: str) -> None:
+    def __init__(self, limiter: CallLimiter, auth: Authenticator | None, service: str) -> None:
         self.limiter, self.auth, self.prefix = limiter, auth, f"/{service}/"
 
     def _caller(self, context: grpc.ServicerContext) -> str:
-        who = self.auth.identity(context) if self.auth.required else None
+        who = self.auth.identity(context) if self.auth is not None and self.auth.required else None
         return who if who is not None else f"peer {context.peer()}"
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):

@@ -20,8 +20,12 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
+import math
 import os
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -36,8 +40,35 @@ ENV_TOKEN_FILE = "LORM_OPERATOR_TOKEN_FILE"
 _HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
+class RefusalLog:
+    """Refused operator calls, logged at most once every ``every_s`` seconds: the first refusal of a quiet spell as
+    it came, the others counted and named in the next line logged. A caller that floods the Operator service with
+    bad tokens fills no disk and buries no other line."""
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.lock = threading.Lock()
+        self.last = -math.inf
+        self.suppressed = 0
+
+    def refused(self, peer: str, code: str, message: str) -> bool:
+        """Log this refusal unless one was logged in the last ``every_s`` seconds; whether it was logged."""
+        with self.lock:
+            now = self.clock()
+            if now - self.last < self.every_s:
+                self.suppressed += 1
+                return False
+            more, self.suppressed, self.last = self.suppressed, 0, now
+        also = f" ({more} more refused in the last {self.every_s:g} s, not logged one by one)" if more else ""
+        log.warning("refused an operator call from %s: %s: %s%s", peer, code, message, also)
+        return True
+
+
+REFUSALS = RefusalLog()
+
+
 def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    log.warning("refused an operator call from %s: %s: %s", context.peer(), code.name, message)
+    REFUSALS.refused(context.peer(), code.name, message)
     context.abort(code, message)
     raise AssertionError("context.abort returns only by raising")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 
@@ -21,6 +22,7 @@ from server.coordinator import Coordinator
 from server.operator import OperatorAuth, refuse_without_operator
 
 SERVICE_NAME = "lorm.v1.Coordinator"
+OPERATOR_SERVICE = "lorm.v1.Operator"
 
 SERVER_OPTIONS = codec.CHANNEL_OPTIONS + [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # accept the clients' keepalives
@@ -227,6 +229,9 @@ def create_server(
     credential of ``Operator/OperatorStatus`` (``server.operator``; ``None``: that call is refused)."""
     auth = Authenticator(security)
     limiter = CallLimiter(limits, max_active=max_workers - limits.reserve)
+    # The operator's calls out of the reserve, one at a time per caller: a flood of Operator calls (a token
+    # guessed or not) cannot take the threads the health checks and the clients' refusals need.
+    operator_limiter = CallLimiter(dataclasses.replace(limits, per_client=1), max_active=max(1, limits.reserve // 2))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         options=SERVER_OPTIONS,
@@ -234,6 +239,7 @@ def create_server(
             *interceptors,
             AuthInterceptor(auth, SERVICE_NAME),
             AdmissionInterceptor(limiter, auth, SERVICE_NAME),
+            AdmissionInterceptor(operator_limiter, None, OPERATOR_SERVICE),
         ],
     )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator, auth), server)

@@ -5,6 +5,9 @@ reach only the operator, through ``Operator/OperatorStatus`` and the operator's 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import threading
 
 import grpc
 import pytest
@@ -195,4 +198,66 @@ def test_under_mutual_tls_the_operators_view_needs_the_token_beside_a_certificat
         assert status("c1", wrong) == 2 and "PERMISSION_DENIED" in capsys.readouterr().err
         assert status(None, token) == 2 and "UNAVAILABLE" in capsys.readouterr().err  # no certificate: no handshake
     finally:
+        server.stop(0)
+
+
+def test_a_flood_of_refused_operator_calls_is_logged_once_a_minute_and_admitted_like_any_call(served, caplog):
+    """Every refused Operator call was logged, and the Operator service bypassed admission: a caller with a wrong
+    token could fill the log and the pool. The refusals are now one line a minute with a count of the rest, and the
+    service's calls take slots of their own (one at a time per caller) out of the pool's reserve."""
+    from server.operator import REFUSALS, RefusalLog
+
+    _, channel, _ = served
+    clock = [1000.0]
+    log = RefusalLog(every_s=60.0, clock=lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="lorm.server.operator"):
+        assert log.refused("peer", "PERMISSION_DENIED", "no") and not log.refused("peer", "PERMISSION_DENIED", "no")
+        clock[0] += 61.0
+        assert log.refused("peer", "PERMISSION_DENIED", "no")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "(1 more refused in the last 60 s" in lines[1]
+    caplog.clear()
+    REFUSALS.last = -math.inf  # a quiet spell before the flood
+    with caplog.at_level(logging.WARNING, logger="lorm.server.operator"):
+        for _ in range(50):
+            with pytest.raises(grpc.RpcError):
+                call(channel, OPERATOR_STATUS, "not-the-token")
+    assert len([r for r in caplog.records if "refused an operator call" in r.getMessage()]) == 1
+    assert json.loads(call(channel, OPERATOR_STATUS, OPERATOR_TOKEN).metrics_json)["history"]  # the operator still
+
+
+def test_operator_calls_take_admission_slots_one_at_a_time_per_caller(tmp_path, monkeypatch):
+    """A caller whose Operator call is still in progress gets RESOURCE_EXHAUSTED for a second one at once, instead
+    of a second pool thread."""
+    from server.service import OperatorServicer
+
+    inside, release = threading.Event(), threading.Event()
+    honest = OperatorServicer.OperatorStatus
+
+    def slow(self, request, context):  # type: ignore[no-untyped-def]
+        inside.set()
+        release.wait(10)
+        return honest(self, request, context)
+
+    monkeypatch.setattr(OperatorServicer, "OperatorStatus", slow)
+    coord = robust_run(tmp_path)
+    digest = tmp_path / "operator.sha256"
+    digest.write_text(token_digest(OPERATOR_TOKEN) + "\n")
+    server, port = create_server(
+        coord, "127.0.0.1:0", security=Security(insecure=True), operator=OperatorAuth.from_file(str(digest))
+    )
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            first = threading.Thread(target=call, args=(channel, OPERATOR_STATUS, OPERATOR_TOKEN))
+            first.start()
+            assert inside.wait(10)
+            with pytest.raises(grpc.RpcError) as err:
+                call(channel, OPERATOR_STATUS, OPERATOR_TOKEN)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            release.set()
+            first.join(10)
+            assert call(channel, OPERATOR_STATUS, OPERATOR_TOKEN).run_id == "views"  # admitted again
+    finally:
+        release.set()
         server.stop(0)
