@@ -2,7 +2,7 @@
 mechanism the epsilon the code states and the empirical lower bound its releases show under replace-one adjacency
 (``audit_mechanisms.py``), at the slow tests' sizes, or at the default suite's with ``--fast``.
 
-    .venv/bin/python tests/privacy/audit_report.py                   # about 3 minutes of one core
+    .venv/bin/python tests/privacy/audit_report.py                   # about a minute of one core
     .venv/bin/python tests/privacy/audit_report.py --fast            # about 10 seconds
     .venv/bin/python tests/privacy/audit_report.py --only dpsgd      # one row
 """
@@ -93,6 +93,8 @@ def code_version() -> str:
     changed = subprocess.run(
         ["git", "status", "--porcelain", "--", "common", "server", "client"], cwd=ROOT, capture_output=True, text=True
     ).stdout
+    if not commit.strip():
+        return "—"  # not a git checkout (an exported tree)
     return f"`{commit.strip()}`" + (" + uncommitted changes" if changed.strip() else "")
 
 
