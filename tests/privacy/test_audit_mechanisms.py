@@ -42,7 +42,6 @@ def below_statement(audit: Audit) -> None:
     )
 
 
-@pytest.mark.long(4)
 def test_central_ncm_class_sums_keep_their_stated_epsilon():
     """Central ncm (the coordinator's calibration and noise on a task's class sums): the canary ``x`` replaced by
     ``-x`` moves its class sum by ``2 C``. A calibration for sensitivity ``C`` shows about 2.9 > 2 from these
@@ -50,7 +49,6 @@ def test_central_ncm_class_sums_keep_their_stated_epsilon():
     below_statement(central("ncm", FAST_EPSILON, 500_000))
 
 
-@pytest.mark.long(5)
 def test_central_ridge_class_sums_and_gram_keep_their_stated_epsilon():
     """Central ridge (class sums and Gram, the budget split by ``dp.gram_share`` 0.1): ``x`` replaced by ``-x``
     leaves the Gram as it was and moves the class sum by ``2 C``, a ratio ``2 sqrt(0.9) = 1.9`` times the
@@ -59,7 +57,7 @@ def test_central_ridge_class_sums_and_gram_keep_their_stated_epsilon():
     below_statement(central("ridge", FAST_EPSILON, 500_000))
 
 
-@pytest.mark.long(4)
+@pytest.mark.long(2)
 def test_distributed_shares_summed_keep_their_stated_epsilon():
     """Distributed mode: two clients' discrete Gaussian shares (three clients, threshold two, two survivors: the
     sum the budget is calibrated for) on the encoded class sums, summed on the ring and decoded. Calibrated for
@@ -68,7 +66,7 @@ def test_distributed_shares_summed_keep_their_stated_epsilon():
     below_statement(distributed(FAST_EPSILON, 150_000))
 
 
-@pytest.mark.long(6)
+@pytest.mark.long(3)
 def test_dpsgd_step_keeps_its_stated_epsilon():
     """A client's DP-SGD round on a tiny linear model, one step at sampling rate 1 (no amplification to audit):
     the canary's clipped gradient is negated by ``x -> -x``, moving the clipped sum by ``2 C``. With the noise
@@ -77,7 +75,6 @@ def test_dpsgd_step_keeps_its_stated_epsilon():
     below_statement(dpsgd(FAST_EPSILON, 500_000))
 
 
-@pytest.mark.long(3)
 def test_client_level_round_keeps_its_stated_epsilon():
     """Client-level DP (DP-FedAvg, one round of a one-round run): one client's change replaced by its negation
     moves the sum of clipped changes by ``2 S``; calibrated for ``S`` it shows about 2.9 > 2 from 5 x 10^5 releases
