@@ -28,7 +28,7 @@ from common.infra.logs import add_logging_arguments, setup_logging
 from common.infra.tls import CLIENT_URI_SCHEME, Security, SecurityError, add_security_arguments, read_token_digests
 from common.infra.tls import security_from_args as checked_security
 from serve.app import Identities, Limits, create_app, flag
-from serve.model import Classifier
+from serve.model import Classifier, add_source_arguments
 from serve.watch import ModelSlot
 
 log = logging.getLogger("lorm.serve")
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks for a newer export (0: never)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when present), cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add_source_arguments(parser)
     add_limit_arguments(parser)
     add_security_arguments(parser, "server")
     add_logging_arguments(parser)
@@ -160,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     security.announce(log, "server")
     identities = Identities()
-    slot: ModelSlot[Classifier] = ModelSlot(args.models, partial(Classifier, device=args.device))
+    slot: ModelSlot[Classifier] = ModelSlot(
+        args.models, partial(Classifier, device=args.device, source=args.backbone, weights=args.weights)
+    )
     app = create_app(
         slot,
         max_batch=args.max_batch,

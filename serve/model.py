@@ -1,15 +1,19 @@
 """An exported model rebuilt from its directory alone (``common/wire/model_card.py``), ready to classify.
 
 The backbone is built as the run's clients built it (``client.backbones.build_backbone`` from the card's
-backbone name, seed and ``max_length``); the export's delta is added to its weights once
-(``W = W0 + lora_scale * B @ A`` per adapted layer, or ``W = W0 + delta``), so a forward pass costs what the
-plain backbone's does; the head scores the classes learned so far:
+backbone name, seed and ``max_length``), when the card names one of the project's own backbones
+(``client.backbones.BACKBONES``); an export is data, and a hub repository, a local directory or a weights file it
+names would be code and weights of its author's choosing, so such a source is built only when the operator names it
+(``source``, ``lorm-serve --backbone`` and ``--weights``: :func:`backbone_source`); the export's delta is added
+to its weights once (``W = W0 + lora_scale * B @ A`` per adapted layer, or ``W = W0 + delta``), so a forward pass
+costs what the plain backbone's does; the head scores the classes learned so far:
 ``p = softmax(features @ W_head[:seen].T + b_head[:seen])``, and a prediction is the argmax of ``p`` with
 its probability as the score (the class the run's evaluation counts for the sample: it takes the same argmax).
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import io
 import json
@@ -25,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from client.backbones import Backbone, build_backbone
+from client.backbones import BACKBONES, Backbone, build_backbone
 from client.images import image_size, image_transforms, open_rgb
 from client.worker import resolve_device
 from common.methods import registry
@@ -74,17 +78,20 @@ class Classifier:
     """An export's model on ``device``: :meth:`predict` takes raw samples (sentences, or images as paths,
     bytes, PIL images or :meth:`prepare`'s tensors) and returns one :class:`Prediction` each."""
 
-    def __init__(self, export: str | Path, device: str = "auto") -> None:
+    def __init__(
+        self, export: str | Path, device: str = "auto", source: str | None = None, weights: str | None = None
+    ) -> None:
         self.path = Path(export)
         self.card = card = read_card(self.path)
         self.classes: list[str] = card.classes or []  # read_card refused a card without them
+        name, weights_file = backbone_source(card, self.path, source, weights)
         config = RunConfig(
-            backbone=card.backbone.name,
+            backbone=name,
             model_seed=card.backbone.model_seed,
             max_length=card.preprocessing.max_length or 1,
             settings={
                 "data": {"image_size": card.preprocessing.image_size},
-                "model": {"weights": card.backbone.weights_file},
+                "model": {"weights": weights_file},
             },
         )
         backbone = build_backbone(config)
@@ -159,6 +166,41 @@ def _image(sample: Any) -> Image.Image:
         with Image.open(io.BytesIO(sample)) as image:
             return image.convert("RGB")
     return open_rgb(sample)  # a path
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--backbone`` and ``--weights``: the operator's own source for an export whose card names a backbone that is
+    not one of the project's (a hub repository, a local directory) or a weights file."""
+    parser.add_argument(
+        "--backbone",
+        default=None,
+        metavar="SOURCE",
+        help="build the export's backbone from SOURCE (a local directory, bert:/t5:/timm:NAME); needed when the "
+        "card names a source other than the project's own backbones, which is never followed on the card's word",
+    )
+    parser.add_argument(
+        "--weights", default=None, metavar="FILE", help="the backbone's weights file (timm ViTs), instead of the card's"
+    )
+
+
+def backbone_source(card: ModelCard, export: Path, backbone: str | None, weights: str | None) -> tuple[str, str]:
+    """The backbone and weights file to build ``card``'s model from: the card's when it names one of the project's
+    own backbones and no weights file, else the operator's (``backbone``, ``weights``); ``ExportError`` naming the
+    card's source when it would be followed on the card's word alone."""
+    name = backbone or card.backbone.name
+    weights_file = weights if weights is not None else card.backbone.weights_file
+    if backbone is None and name not in BACKBONES:
+        raise ExportError(
+            f"{export}: the card names backbone {name!r:.200}, not one of this project's ({', '.join(BACKBONES)}): an "
+            "export's card does not choose the code and weights a server loads; pass the source yourself "
+            "(--backbone SOURCE) if it is the one the run trained"
+        )
+    if weights is None and weights_file:
+        raise ExportError(
+            f"{export}: the card names the weights file {weights_file!r:.200}: pass it yourself (--weights FILE) "
+            "if it is the one the run trained"
+        )
+    return name, weights_file
 
 
 @torch.no_grad()

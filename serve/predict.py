@@ -19,7 +19,7 @@ from typing import TextIO
 
 import torch
 
-from serve.model import Classifier, ExportError
+from serve.model import Classifier, ExportError, add_source_arguments
 
 
 def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default 32)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when present), cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    add_source_arguments(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per line: input, label, score, index")
     args = parser.parse_intermixed_args(argv)  # options may come between the inputs too
     if args.inputs and args.file:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        model = Classifier(args.export, device=args.device)
+        model = Classifier(args.export, device=args.device, source=args.backbone, weights=args.weights)
     except (ExportError, OSError) as err:
         print(f"lorm-predict: {err}", file=sys.stderr)
         return 2

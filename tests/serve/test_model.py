@@ -114,3 +114,23 @@ def test_a_head_for_another_backbone_is_refused(tmp_path):
     export_head(tmp_path, torch.zeros(6, 7), torch.zeros(6))
     with pytest.raises(ExportError, match=r"expected weight \(6, 32\)"):
         Classifier(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("backbone", "named"),
+    [
+        (dict(name="bert:someone/their-model"), "names backbone 'bert:someone/their-model', not one of this project's"),
+        (dict(name="/tmp/their-directory"), "names backbone '/tmp/their-directory'"),
+        (dict(weights_file="/tmp/their.safetensors"), "names the weights file '/tmp/their.safetensors'"),
+    ],
+)
+def test_a_card_does_not_choose_the_code_and_weights_the_server_loads(tmp_path, backbone, named):
+    """An export is data: a hub repository, a directory or a weights file its card names would run its author's
+    code or weights in the server. The card's source is followed only when it is one of the project's backbones;
+    the operator names any other (``lorm-serve --backbone``, ``--weights``), and the card's choice is then ignored."""
+    export(tmp_path, "adapter")
+    card = ModelCard.from_json((tmp_path / CARD_FILE).read_text())
+    rewrite_card(tmp_path, backbone=dataclasses.replace(card.backbone, **backbone))
+    with pytest.raises(ExportError, match=named):
+        Classifier(tmp_path)
+    Classifier(tmp_path, source=card.backbone.name, weights="")  # the operator's own: the run's tiny-bert
