@@ -25,8 +25,10 @@ victim, another round label) gets a second sum over the same inputs, and the dif
 input (or, under distributed DP, an average that halves the noise). The ledger writes down, before the client
 reveals anything, the digest of each step's inputs (:func:`inputs_digest`: the plan's instruction, task, classes and
 tensors, not its labels) whose unmask request counted it among at least the threshold's survivors; those inputs are
-never masked again (:meth:`ClientLedger.may_mask`), in this run or any other on the same data. A session that failed
-before its unmask request spent nothing, and the client takes part in the next.
+never masked again (:meth:`ClientLedger.may_mask`), in this run or any other on the same data, under any label. One
+exception, without a budget: the protocol's restart of the step just answered (its answers named a culprit, who is
+left out) may mask them again, before the run moves on. A session that failed before its unmask request spent
+nothing, and the client takes part in the next.
 
 **Kept on disk, keyed to the data, across runs.** The file (``path``) belongs to this client's data (its digest,
 :func:`data_digest`), not to a run id the coordinator chooses: each run is an entry keyed by the digest of its
@@ -189,6 +191,7 @@ class ClientLedger:
         self.entry = RunEntry(config.run_id, budget, self.settings.delta if budget else 0.0, self.settings.mode)
         self.others: dict[str, RunEntry] = {}  # the other runs on the same data
         self.masked: dict[str, list[Any]] = {}  # inputs digest -> [run key, task, round, phase, session]
+        self.latest = ""  # the inputs digest written down last
         self.last: tuple[tuple[int, int, str], ClientUpdate] | None = None  # the last step released, and its update
         self.noise_plan: TrainingNoise | None = None
         if path is not None and path.exists():
@@ -323,14 +326,21 @@ class ClientLedger:
     def may_mask(self, plan: RoundPlan) -> bool:
         """Whether this client may mask ``plan``'s inputs for its secure session: not when a session of any step, in
         any run on these records, with the same inputs reached an unmask request that counted this client (its
-        sum may be out). The very session written down may go on (a retried answer)."""
-        seen = self.masked.get(inputs_digest(plan))
-        return seen is None or seen == self._session(plan)
+        sum may be out). The very session written down may go on (a retried answer). Without a budget, a later
+        session of the very step written down last (the protocol's restart after an answer that named a culprit)
+        may mask them again; under distributed DP never (its fresh noise share would average the first one's down)."""
+        digest = inputs_digest(plan)
+        seen = self.masked.get(digest)
+        if seen is None or seen == self._session(plan):
+            return True
+        restart = seen[:4] == self._session(plan)[:4] and plan.secure_attempt > seen[4] and digest == self.latest
+        return restart and not self.settings.distributed
 
     def unmasking(self, plan: RoundPlan) -> None:
         """``plan``'s session asks to unmask a sum that holds this client's inputs: written down before the client
         answers."""
-        self.masked[inputs_digest(plan)] = self._session(plan)
+        self.latest = inputs_digest(plan)
+        self.masked[self.latest] = self._session(plan)
         if self.settings.distributed:
             self.entry.unmasked = True
             self.entry.spent = self.epsilon_spent()
@@ -353,6 +363,7 @@ class ClientLedger:
             "data": self.data,
             "runs": {key: entry.to_json() for key, entry in sorted((self.others | {self.key: self.entry}).items())},
             "masked": [[digest, *session] for digest, session in masked],
+            "latest": self.latest,
         }
 
     def _save(self) -> None:
@@ -369,6 +380,7 @@ class ClientLedger:
         try:
             runs = {str(k): RunEntry.from_json(v) for k, v in state["runs"].items()}
             self.masked = {str(d): list(rest) for d, *rest in state["masked"]}
+            self.latest = str(state.get("latest", ""))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise LedgerRefused(f"privacy ledger {path}: unreadable ({err}); it is this client's only account") from err
         mine = runs.pop(self.key, None)

@@ -8,7 +8,6 @@ epsilon spent over all of them; ``lorm-ledger reset FILE --yes`` empties it, kee
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time

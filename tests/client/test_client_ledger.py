@@ -195,11 +195,11 @@ def test_a_run_without_a_budget_or_secure_aggregation_has_no_ledger_and_evaluati
 
 
 def test_a_secure_sum_over_the_same_inputs_is_given_once_whatever_its_labels(tmp_path):
-    """The differencing attack: the coordinator unmasks a session's sum, then serves the same inputs again (a new
-    session without the victim, another round label, another phase label) and subtracts, or under distributed DP
+    """The differencing attack: the coordinator unmasks a session's sum, then serves the same inputs again (another
+    round label, another phase label, after the run moved on, in another run) and subtracts, or under distributed DP
     averages two noises. Once the client has seen an unmask request counting it, those inputs are masked for nobody
-    again, also after a restart and in another run on the same data; the session written down may go on; other
-    inputs are other steps."""
+    again, also after a restart of the client; the session written down may go on; other inputs are other steps.
+    Without a budget, the protocol's restart of the step just answered (a culprit named) may still mask them."""
     distributed = own_text_config(
         method="ridge",
         settings=own_text_config().settings
@@ -225,11 +225,16 @@ def test_a_secure_sum_over_the_same_inputs_is_given_once_whatever_its_labels(tmp
     assert ledger.may_mask(dataclasses.replace(later, secure_attempt=3))  # another step: its own sessions
 
     secure = own_text_config(settings=own_text_config().settings | {"secagg": {"enabled": True}})
-    plain = ClientLedger.of(secure)  # no budget: the same rule against differencing
-    first = plans(secure)[0]
+    plain = ClientLedger.of(secure)  # no budget: the same rule against differencing, but for the protocol's restart
+    first, second, _ = plans(secure)
     assert plain is not None
     plain.unmasking(first)
-    assert not plain.may_mask(dataclasses.replace(first, secure_attempt=1))
+    assert plain.may_mask(dataclasses.replace(first, secure_attempt=1))  # the step's restart after a named culprit
+    assert not plain.may_mask(dataclasses.replace(first, round=5, secure_attempt=1))  # the same inputs relabelled
+    assert not plain.may_mask(dataclasses.replace(first, phase=Phase.TASK_GRAM))
+    plain.unmasking(second)  # the run moved on: the first step's inputs are not masked again, in any session
+    assert not plain.may_mask(dataclasses.replace(first, secure_attempt=2))
+    assert not ledger.may_mask(dataclasses.replace(plan, secure_attempt=2))  # distributed DP: no restart either
 
 
 def test_only_the_sites_operator_resets_the_account(tmp_path, capsys):
