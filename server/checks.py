@@ -37,6 +37,10 @@ class Options:
     #                                       None: the first client's Describe fixes it, within the caps below
     max_model_dim: int = 1 << 18  # cap on every dimension of a described model (vocabularies included)
     max_model_tensors: int = 100_000  # cap on its LoRA layers plus backbone parameters
+    # the run's CA (PEM path): in secagg's signed mode every advertise's certificate is checked against it at
+    # advertise, so that a client with a certificate of its own making never reaches a roster ("": the issuer is
+    # left to the clients, who refuse such a roster)
+    secagg_ca: str = ""
 
 
 def check_run_id(config: RunConfig, run_id: str) -> None:

@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         results_dir=args.results_dir,
         model_spec=fixed,
         start_with=args.start_with,
+        secagg_ca=security.ca or "",
     )
     try:
         state_dir_lock(args.state_dir)  # held until the process ends: no second coordinator on this run's state

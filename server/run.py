@@ -36,6 +36,7 @@ from common.run.schedule import (
     with_schedule,
 )
 from common.run.settings import DataSettings, DpSettings, RobustSettings, SecAggSettings
+from common.secagg.signing import Verifier
 from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from server.checks import Options, Refused, admit_spec
@@ -92,6 +93,8 @@ class Run:
         self.closed = False  # the operator finished this open run: it ends after its last task
         self.progress: Progress | None = None
         self.reporter = RunReporter(options.results_dir or store.root / "results")
+        signed = self.secagg.enabled and self.secagg.mode == "signed" and options.secagg_ca
+        self.verifier = Verifier(options.secagg_ca) if signed else None  # signed mode: advertises checked at once
 
     # ---------------------------------------------------------------- persistence
 
@@ -232,6 +235,7 @@ class Run:
                 state=self.store.load_secagg(step.key),
                 awaited=self.awaited,
                 dp=self.config.section(DpSettings),
+                verifier=self.verifier,
             )
         return step
 

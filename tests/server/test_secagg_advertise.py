@@ -150,3 +150,25 @@ def test_h4_a_signed_advertise_whose_signature_does_not_verify_is_refused_at_adv
     advertise(coord, plan, 2, own.keys)
     step = coord.step
     assert step is not None and step.secure is not None and step.secure.session.keys[2] == own.keys
+
+
+def test_a_certificate_of_another_ca_is_refused_at_advertise_when_the_coordinator_has_the_runs_ca(tmp_path, pki):
+    """Signed mode, the coordinator given the run's CA (lorm-server's --tls-ca, Options.secagg_ca): a client that
+    signs its keys with a certificate of its own CA, in its own name, is refused at advertise, so that no honest
+    client is handed a roster it would refuse (and the step does not wait for its deadline)."""
+    run = config(
+        num_clients=N, num_tasks=1, rounds_per_task=2, settings={"secagg": {"enabled": True, "mode": "signed"}}
+    )
+    coord = Coordinator(run, tmp_path / "state", Options(secagg_ca=str(pki.ca)))
+    for i in range(N):
+        coord.join(f"c{i}", i)
+        coord.describe(f"c{i}", SPEC)
+    plan = coord.pull("c0")
+    assert isinstance(plan, RoundPlan)
+    rogue = create_dev_pki(tmp_path / "rogue", ["c2"])
+    signer = Signer.from_files(rogue.client_cert("c2"), rogue.client_key("c2"))
+    forged = ClientSession(2, threshold(SIGNED, N), context(plan), signer, Verifier(rogue.ca.read_bytes()))
+    with pytest.raises(Refused) as refused:
+        advertise(coord, plan, 2, forged.keys)
+    assert refused.value.code == "INVALID_ARGUMENT" and "client 2" in str(refused.value)
+    advertise(coord, plan, 2, signed_session(pki, 2, plan).keys)  # its certificate of the run's CA is taken
