@@ -7,7 +7,9 @@ Layout of ``root``:
   step: a :class:`server.run_state.RunMeta` (step pointer, clients, metrics) and the strategy's tensors;
 - ``staging/<step>/<index>.safetensors`` + ``<index>.json`` — every accepted submission of the
   coordinator's current step, written (and fsync'd) before the client is acknowledged; ``secagg.json``:
-  the step's secure-aggregation session, when it has one.
+  the step's secure-aggregation session, when it has one;
+- ``secagg-seen-keys.json`` — a fingerprint of every public key advertised in an earlier secure session of the
+  run (``server.secure.step.SEEN_KEYS``), so that a replayed key is refused after a restart too.
 
 A generation directory is complete before ``CURRENT`` names it, so a crash at any point
 leaves either the old or the new generation in force; submissions of the step in progress
