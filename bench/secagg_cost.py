@@ -27,7 +27,7 @@ Figures per (step, mode, K, dropped):
   copy of the message, as decoding it off the wire would. Their sum is the step's wall time without the
   network, clients running in parallel.
 - bytes a surviving client sends, per round (payloads, no framing): advertise (index, two X25519 keys, the
-  seed commitment; signed: certificate and signature), share (one 160-byte sealed box per other client: its commitments in the clear, the shares sealed),
+  seed commitment; signed: certificate and signature), share (one 160-byte sealed box per other client),
   masked (16 bytes per entry), confirm (a signature) and unmask (an index and 16 bytes per survivor's seed
   share, an index and 32 per dropped client's key share); and what it receives (roster, inbox, request,
   confirmations).
