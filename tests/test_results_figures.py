@@ -1212,3 +1212,21 @@ def test_lorms_privacy_curve_reads_its_cells():
         cell = json.loads((where / "cells/lorm/beta0.5/seed0/metrics.json").read_text())
         for row, field in (("FAA", "faa"), ("forgetting", "forgetting")):
             assert _agrees(table[row][column], [float(cell[field])]), (epsilon, row, table[row][column])
+
+
+def test_the_closed_form_heads_curves_at_replace_one_quote_their_rows():
+    """PRIVACY.md's table of the MiniLM heads at the replace-one calibration quotes, cell by cell, the accuracy of
+    each row of docs/results/dp-clinc150/replace-one/ (bench/dp_ridge.py --json)."""
+    table = _privacy_table((ROOT / "docs" / "PRIVACY.md").read_text(), "| head, at replace-one | ε")
+    epsilons = [float(h.removeprefix("ε ").strip()) for h in table["head, at replace-one"][:5]]
+    files = {row: cells[-1].strip("`") for row, cells in table.items() if row != "head, at replace-one"}
+    assert len(files) >= 5
+    for row, name in files.items():
+        if set(row) <= {"-"}:
+            continue
+        rows = {
+            r["epsilon"]: r["accuracy"]
+            for r in json.loads((RESULTS_DIR / "dp-clinc150" / "replace-one" / name).read_text())
+        }
+        for column, epsilon in enumerate(epsilons):
+            assert _agrees(table[row][column], [rows[epsilon]]), (row, epsilon, table[row][column])
