@@ -26,9 +26,9 @@ input (or, under distributed DP, an average that halves the noise). The ledger w
 reveals anything, the digest of each step's inputs (:func:`inputs_digest`: the plan's instruction, task, classes and
 tensors, not its labels) whose unmask request counted it among at least the threshold's survivors; those inputs are
 never masked again (:meth:`ClientLedger.may_mask`), in this run or any other on the same data, under any label. One
-exception, without a budget: the protocol's restart of the step just answered (its answers named a culprit, who is
-left out) may mask them again, before the run moves on. A session that failed before its unmask request spent
-nothing, and the client takes part in the next.
+exception, in the honest mode without a budget: the protocol's restart of the step just answered (its answers named a
+culprit, who is left out) may mask them again, before the run moves on. A session that failed before its unmask
+request spent nothing, and the client takes part in the next.
 
 **Kept on disk, keyed to the data, across runs.** The file (``path``) belongs to this client's data (its digest,
 :func:`data_digest`), not to a run id the coordinator chooses: each run is an entry keyed by the digest of its
@@ -326,15 +326,18 @@ class ClientLedger:
     def may_mask(self, plan: RoundPlan) -> bool:
         """Whether this client may mask ``plan``'s inputs for its secure session: not when a session of any step, in
         any run on these records, with the same inputs reached an unmask request that counted this client (its
-        sum may be out). The very session written down may go on (a retried answer). Without a budget, a later
-        session of the very step written down last (the protocol's restart after an answer that named a culprit)
-        may mask them again; under distributed DP never (its fresh noise share would average the first one's down)."""
+        sum may be out). The very session written down may go on (a retried answer). In the honest mode without a
+        budget, a later session of the very step written down last (the protocol's restart after answers that named a
+        culprit, which the complaint round keeps from being an honest client) may mask them again. Never in the signed
+        mode (a coordinator that deviates could name anyone and restart without its victim) nor under distributed DP
+        (a fresh noise share would average the first one's down)."""
         digest = inputs_digest(plan)
         seen = self.masked.get(digest)
         if seen is None or seen == self._session(plan):
             return True
         restart = seen[:4] == self._session(plan)[:4] and plan.secure_attempt > seen[4] and digest == self.latest
-        return restart and not self.settings.distributed
+        honest = self.config.section(SecAggSettings).mode != "signed" and not self.settings.distributed
+        return restart and honest
 
     def unmasking(self, plan: RoundPlan) -> None:
         """``plan``'s session asks to unmask a sum that holds this client's inputs: written down before the client

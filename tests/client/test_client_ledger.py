@@ -199,7 +199,8 @@ def test_a_secure_sum_over_the_same_inputs_is_given_once_whatever_its_labels(tmp
     round label, another phase label, after the run moved on, in another run) and subtracts, or under distributed DP
     averages two noises. Once the client has seen an unmask request counting it, those inputs are masked for nobody
     again, also after a restart of the client; the session written down may go on; other inputs are other steps.
-    Without a budget, the protocol's restart of the step just answered (a culprit named) may still mask them."""
+    In the honest mode without a budget, the protocol's restart of the step just answered (a culprit named) may still
+    mask them; never in the signed mode, against a coordinator that deviates."""
     distributed = own_text_config(
         method="ridge",
         settings=own_text_config().settings
@@ -235,6 +236,11 @@ def test_a_secure_sum_over_the_same_inputs_is_given_once_whatever_its_labels(tmp
     plain.unmasking(second)  # the run moved on: the first step's inputs are not masked again, in any session
     assert not plain.may_mask(dataclasses.replace(first, secure_attempt=2))
     assert not ledger.may_mask(dataclasses.replace(plan, secure_attempt=2))  # distributed DP: no restart either
+    signed = own_text_config(settings=own_text_config().settings | {"secagg": {"enabled": True, "mode": "signed"}})
+    against_a_deviating_coordinator = ClientLedger.of(signed)
+    assert against_a_deviating_coordinator is not None
+    against_a_deviating_coordinator.unmasking(plans(signed)[0])  # it could name anyone and restart without its victim
+    assert not against_a_deviating_coordinator.may_mask(dataclasses.replace(plans(signed)[0], secure_attempt=1))
 
 
 def test_only_the_sites_operator_resets_the_account(tmp_path, capsys):

@@ -1,8 +1,8 @@
-"""Secure aggregation, signed mode, against a hostile client and a killed coordinator (issue 41), over real
+"""Secure aggregation, honest mode, against a hostile client and a killed coordinator (issue 41), over real
 processes: three honest ``lorm-client`` s and a hostile fourth (``hostile_client.py``) with mTLS certificates
 of a dev CA, the coordinator SIGKILLed inside a secure step and started again on its state directory.
 
-The hostile client takes part in every session's signed keys and shares. In training round 0 it sends an
+The hostile client takes part in every session's keys and shares. In training round 0 it sends an
 honest masked input and answers the unmask request with wrong shares: the spare answers name it, it is
 excluded from the step, and the session restarts without it (the coordinator is killed right after that
 restart is persisted, and resumes it). In round 1 it masks random ring elements: the unmasked sum is out of
@@ -17,7 +17,7 @@ is bit-identical, not merely within ``FixedPoint.error_bound``. That is the clea
 clients on their own shards; client 3's shard only enters its evaluation of the merged model (its test
 share), which is the same in both runs.
 
-Four clients are the fewest for all of it: the signed threshold of four is three, so the liar's answer in round
+Four clients are the fewest for all of it: the threshold of four is three, so the liar's answer in round
 0 is one more than the threshold (the spare that names it), and the three honest clients reach the threshold
 without it (six, threshold five, would test the same at the cost of two more client processes)."""
 
@@ -54,7 +54,10 @@ CONFIG = RunConfig(
     threads=1,
     seed=9,
     extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
-    settings={"secagg": {"enabled": True, "mode": "signed"}},  # threshold 2n/3 + 1 = 3
+    # the honest mode (threshold n/2 + 1 = 3): in the signed mode a client never masks a step's inputs again once it
+    # has answered its unmask request (a deviating coordinator could restart without any victim it names), so the
+    # restart after the liar's round 0 would get no honest client
+    settings={"secagg": {"enabled": True}},
 )
 # Each round a dropping client leaves open waits this long before closing with the threshold; a round the
 # hostile client takes part in closes as soon as all four have sent. An honest client left out of round 0's
