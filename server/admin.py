@@ -138,7 +138,8 @@ def call(args: argparse.Namespace) -> tuple[int, str]:
             if args.command == "add-task":
                 added = stub.AddTask(pb.AddTaskRequest(run_id=args.run_id, classes=classes), **options)
                 schedule = codec.schedule_from_proto(added.tasks)
-                return 0, json.dumps({"task": added.task, "schedule": schedule}, indent=2)
+                # one line (a machine reads it as JSON; a person reads the task it added and the schedule)
+                return 0, json.dumps({"task": added.task, "schedule": schedule}, separators=(", ", ": "))
             if args.command == "finish":
                 stub.Finish(pb.FinishRequest(run_id=args.run_id), **options)
                 return 0, "the run ends: at once if it was idle, else after its last scheduled task"

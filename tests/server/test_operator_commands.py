@@ -93,7 +93,8 @@ def test_lorm_admin_add_task_and_finish(served, tmp_path, capsys):
     token.write_text(TOKEN + "\n")
     target = ["--target", f"127.0.0.1:{port}", "--insecure", "--operator-token-file", str(token)]
     assert admin(["add-task", "--classes", "c, d", *target]) == 0
-    assert json.loads(capsys.readouterr().out) == {"task": 1, "schedule": [["a", "b"], ["c", "d"]]}
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"task": 1, "schedule": [["a", "b"], ["c", "d"]]} and len(out.splitlines()) == 1
     assert admin(["add-task", "--classes", "c,,e", *target]) == 2  # refused before any call
     assert "--classes" in capsys.readouterr().err
     assert admin(["add-task", "--classes", "z" * 3 + ",a", *target]) == 2
