@@ -1230,3 +1230,15 @@ def test_the_closed_form_heads_curves_at_replace_one_quote_their_rows():
         }
         for column, epsilon in enumerate(epsilons):
             assert _agrees(table[row][column], [rows[epsilon]]), (row, epsilon, table[row][column])
+
+
+def test_lorm_and_fedavg_lora_at_epsilon_8_at_replace_one_quote_their_cells():
+    """PRIVACY.md's rerun of the two DP-SGD cells at the replace-one calibration quotes each cell's FAA and
+    forgetting (docs/results/dp-clinc150/replace-one/epsilon8/cells/)."""
+    table = _privacy_table((ROOT / "docs" / "PRIVACY.md").read_text(), "| method, at replace-one |")
+    for method in ("lorm", "fedavg-lora"):
+        cells = table[f"`{method}`"]
+        where = RESULTS_DIR / "dp-clinc150" / "replace-one" / "epsilon8" / "cells" / method
+        cell = json.loads((where / "beta0.5" / "seed0" / "metrics.json").read_text())
+        assert cell["privacy"]["adjacency"] == "replace-one"
+        assert _agrees(cells[0], [float(cell["faa"])]) and _agrees(cells[2], [float(cell["forgetting"])]), method
