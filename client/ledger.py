@@ -47,7 +47,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ import torch
 from common.infra.files import atomic_write_json
 from common.methods import method
 from common.privacy.ledger import BudgetExceeded
-from common.privacy.training import TrainingNoise, releases, training_noise
+from common.privacy.training import TrainingLedger, TrainingNoise, releases, training_noise
 from common.run.config import RunConfig
 from common.run.schedule import bare_config, class_schedule
 from common.run.settings import DpSettings, SecAggSettings
@@ -145,8 +145,8 @@ class RunEntry:
     delta: float
     mode: str
     grams: bool | None = None  # the plan's Gram releases, fixed at the first private step
-    tasks: dict[int, str] | None = None  # task -> its classes, as first released
-    released: dict[int, tuple[int, int]] | None = None  # task -> (rounds, Gram releases)
+    tasks: dict[int, str] = field(default_factory=dict)  # task -> its classes, as first released
+    released: dict[int, tuple[int, int]] = field(default_factory=dict)  # task -> (rounds, Gram releases)
     unmasked: bool = False  # distributed mode: a sum holding this client's noise share may be out
     spent: float = 0.0  # the epsilon its most spent task's records have spent
 
@@ -157,8 +157,8 @@ class RunEntry:
             "delta": self.delta,
             "mode": self.mode,
             "grams": self.grams,
-            "tasks": {str(t): c for t, c in sorted((self.tasks or {}).items())},
-            "released": {str(t): list(c) for t, c in sorted((self.released or {}).items())},
+            "tasks": {str(t): c for t, c in sorted(self.tasks.items())},
+            "released": {str(t): list(c) for t, c in sorted(self.released.items())},
             "unmasked": self.unmasked,
             "spent": self.spent,
         }
@@ -193,7 +193,7 @@ class ClientLedger:
         self.masked: dict[str, list[Any]] = {}  # inputs digest -> [run key, task, round, phase, session]
         self.latest = ""  # the inputs digest written down last
         self.last: tuple[tuple[int, int, str], ClientUpdate] | None = None  # the last step released, and its update
-        self.noise_plan: TrainingNoise | None = None
+        self.ledger: TrainingLedger | None = None  # the run's noise plan and its counts (the entry's), once pinned
         if path is not None and path.exists():
             self._load(path)
         if self.entry.grams is not None:
@@ -203,10 +203,14 @@ class ClientLedger:
     def of(config: RunConfig, path: Path | None = None, data: str = "") -> ClientLedger | None:
         """The ledger of ``config``'s run when its method trains privately under a budget (local mode), its clients
         add the noise shares (distributed mode), or it aggregates securely; else ``None``."""
+        return ClientLedger(config, path, data) if ClientLedger.wanted(config) else None
+
+    @staticmethod
+    def wanted(config: RunConfig) -> bool:
+        """Whether ``config``'s run has releases to account for on a client (:meth:`of`)."""
         dp = config.section(DpSettings)
         trained = dp.local and method(config.method).dp_training
-        secure = config.section(SecAggSettings).enabled
-        return ClientLedger(config, path, data) if trained or dp.distributed or secure else None
+        return trained or dp.distributed or config.section(SecAggSettings).enabled
 
     # ---------------------------------------------------------------- the run's admission
 
@@ -238,12 +242,12 @@ class ClientLedger:
     def noise(self, plan: RoundPlan) -> TrainingNoise:
         """The run's mechanism, which noises every step of the run on this client: fixed by the method (with Grams
         when it has a Gram step), the same at every call whatever a plan's instruction says."""
-        if self.noise_plan is None:
+        if self.ledger is None:
             steps = method(self.config.method).steps
             self._pin(any(phase == "task_gram" for phase, _ in steps))
             self._save()
-        assert self.noise_plan is not None
-        return self.noise_plan
+        assert self.ledger is not None
+        return self.ledger.noise
 
     def release(self, plan: RoundPlan, compute: Callable[[], ClientUpdate], reads: str = "") -> ClientUpdate:
         """``plan``'s update by ``compute``, within the plan: the update already sent when ``plan`` is the step last
@@ -269,24 +273,19 @@ class ClientLedger:
                 "none (its noise is calibrated for training alone): refused"
             )
         self._check_classes(plan.task, reads, what)
-        after = self._after(plan.task, rounds, grams)
-        if after[0] > noise.rounds or after[1] > noise.grams:
-            raise BudgetExceeded(
-                f"dp: {what} would take task {plan.task}'s records through {after[0]} rounds and {after[1]} Gram "
-                f"releases; the noise is calibrated for {noise.rounds} and {noise.grams}, which spend the run's budget "
-                f"(epsilon {self.settings.epsilon:g}, delta {self.settings.delta:g}); they have spent epsilon "
-                f"{self.epsilon_spent(plan.task):.4g}: refused"
-            )
+        assert self.ledger is not None
+        self.ledger.check(plan.task, rounds, grams, what)
         update = compute()
         self._refuse_unnoised(update, plan, rounds, grams, noise)
-        released = self.entry.released = self.entry.released or {}
-        released[plan.task] = after
+        self.ledger.spend(plan.task, rounds, grams, what)  # the entry's counts: the ledger's own dict
         self.entry.spent = self.epsilon_spent()
         self._save()
         self.last = (key, update)
         return update
 
-    def _refuse_unnoised(self, update: ClientUpdate, plan: RoundPlan, rounds: int, grams: int, noise: Any) -> None:
+    def _refuse_unnoised(
+        self, update: ClientUpdate, plan: RoundPlan, rounds: int, grams: int, noise: TrainingNoise
+    ) -> None:
         bad = unnoised(update, plan, rounds, grams, noise)
         if bad:
             raise BudgetExceeded(
@@ -295,12 +294,8 @@ class ClientLedger:
                 "refused"
             )
 
-    def _after(self, task: int, rounds: int, grams: int) -> tuple[int, int]:
-        done = (self.entry.released or {}).get(task, (0, 0))
-        return done[0] + rounds, done[1] + grams
-
     def _check_classes(self, task: int, reads: str, what: str) -> None:
-        tasks = self.entry.tasks = self.entry.tasks or {}
+        tasks = self.entry.tasks
         if task in tasks and reads and tasks[task] != reads:
             raise LedgerRefused(
                 f"dp: {what}: this run's task {task} now holds other classes ({reads:.200}) than when its records were "
@@ -314,12 +309,7 @@ class ClientLedger:
         """The epsilon task ``task``'s records have spent in this run; ``None``: the most any task's have."""
         if self.settings.distributed:
             return self.entry.epsilon if self.entry.unmasked else 0.0
-        if self.noise_plan is None:
-            return 0.0
-        done = self.entry.released or {}
-        tasks = list(done) if task is None else [task]
-        delta = self.settings.delta
-        return max((self.noise_plan.epsilon(*done.get(t, (0, 0)), delta) for t in tasks), default=0.0)
+        return self.ledger.epsilon_spent(task) if self.ledger is not None else 0.0
 
     # ---------------------------------------------------------------- secure aggregation
 
@@ -357,7 +347,9 @@ class ClientLedger:
     def _pin(self, grams: bool) -> None:
         cfg = self.config
         self.entry.grams = grams
-        self.noise_plan = training_noise(self.settings, cfg.local_epochs, cfg.rounds_per_task, grams)
+        noise = training_noise(self.settings, cfg.local_epochs, cfg.rounds_per_task, grams)
+        self.ledger = TrainingLedger(self.settings, noise)
+        self.ledger.done = self.entry.released  # one dict: what the ledger counts is what the entry keeps
 
     def state(self) -> dict[str, Any]:
         masked = sorted(self.masked.items(), key=lambda item: item[0])[-MASKED_KEEP:]

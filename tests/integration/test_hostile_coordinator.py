@@ -126,7 +126,8 @@ def test_a_new_run_id_on_records_that_spent_their_budget_is_refused(tmp_path: Pa
     data = data_digest(earlier, "", 0)
     ledger = ClientLedger(earlier, path, data)  # what the first run's client wrote: task 0 through the whole plan
     ledger.noise(first_plan(earlier))
-    ledger.entry.released = {0: (earlier.rounds_per_task, earlier.rounds_per_task + 1)}
+    assert ledger.ledger is not None
+    ledger.ledger.spend(0, earlier.rounds_per_task, earlier.rounds_per_task + 1, "the first run's task 0")
     ledger.entry.spent = ledger.epsilon_spent()
     ledger._save()
     later = RunConfig(method="lorm", num_clients=2, settings=PRIVATE, **BASE | {"run_id": "second", "seed": 7})
