@@ -58,6 +58,13 @@ def _record(
         metrics.step_done(plan.phase.value, plan.task, plan.round, int(sum(result.total)), seconds)
 
 
+def refuse(client: CoordinatorClient, run_id: str, why: object) -> int:
+    """Refuse run ``run_id``, naming ``why``: nothing more is sent; the exit code, 3."""
+    logging.getLogger("lorm.client").error("refusing run %s: %s", run_id, why)
+    client.close()
+    return 3
+
+
 def push_as(client: CoordinatorClient, key: str, update: ClientUpdate) -> bool:
     return client.push(update, key)
 
@@ -192,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         check_caps(config, caps)
         accepted = check_floor(config, floor)
     except (LocalSettingError, FloorError, PlanRefused) as err:
-        log.error("refusing run %s: %s", config.run_id, err)
-        client.close()
-        return 3
+        return refuse(client, config.run_id, err)
     log.info("accepted %s", accepted.describe())
     config = applied(pinned(config, accepted), local)  # masks with the threshold it checked
     try:
@@ -205,15 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     worker = runtime.worker(index, args.client_id)
     own = local.own()
+    ledger = None
     try:
-        data = data_digest(config, own.train if own is not None else "", index)
-        ledger = ClientLedger.of(config, args.privacy_ledger or ledger_path(data), data)
-        if ledger is not None:
+        if ClientLedger.wanted(config):  # only then is the training file read again, for its digest
+            data = data_digest(config, own.train if own is not None else "", index)
+            ledger = ClientLedger(config, args.privacy_ledger or ledger_path(data), data)
             ledger.admit(args.lifetime_epsilon)
     except (LedgerRefused, OSError) as err:  # another site's file, unreadable, or over the lifetime budget
-        log.error("refusing run %s: %s", config.run_id, err)
-        client.close()
-        return 3
+        return refuse(client, config.run_id, err)
     if ledger is not None:
         log.info("privacy ledger %s: %s", ledger.path, budget_line(ledger))
     worker.ledger = ledger
@@ -240,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             answer = client.pull()
         except (ValueError, RecursionError) as err:  # a plan that does not decode: nothing of it is used
-            log.error("refusing run %s: the coordinator's plan is malformed: %s", config.run_id, err)
-            client.close()
-            return 3
+            return refuse(client, config.run_id, f"the coordinator's plan is malformed: {err}")
         if isinstance(answer, Wait):
             waits += 1
             time.sleep(client.backoff.wait_s(answer.retry_after_s, waits))
@@ -273,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 worker.check(plan)
             except PlanRefused as err:
-                log.error("refusing run %s: %s", config.run_id, err)
-                client.close()
-                return 3
+                return refuse(client, config.run_id, err)
         rounds = None
         if secure and plan.phase != Phase.EVALUATE and ledger is not None and not ledger.may_mask(plan):
             log.warning(
@@ -314,13 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = worker.handle(plan)
             except (BudgetExceeded, LedgerRefused, PlanRefused) as err:  # a plan beyond the account: nothing is sent
-                log.error("refusing run %s: %s", config.run_id, err)
-                client.close()
-                return 3
+                return refuse(client, config.run_id, err)
             except ValueError as err:  # a plan the method's client half cannot read (another mode, a half pair)
-                log.error("refusing run %s: the coordinator's plan is malformed: %s", config.run_id, err)
-                client.close()
-                return 3
+                return refuse(client, config.run_id, f"the coordinator's plan is malformed: {err}")
             finally:
                 progress.end()
             _record(metrics, config, plan, result, time.perf_counter() - start)
