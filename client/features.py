@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from functools import lru_cache
 from typing import Protocol
 
 import torch
@@ -51,6 +50,7 @@ from client.backbones import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.merges.regmean import block_gram_factor, gram_factor
 from common.privacy.gaussian import clip_rows
+from common.projection import draw
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -82,18 +82,12 @@ def normalise_layers(states: Tensor) -> Tensor:
     return torch.nn.functional.layer_norm(states, states.shape[-1:], eps=torch.finfo(states.dtype).eps)
 
 
-@lru_cache(maxsize=4)
-def _projection(seed: int, dim: int, d_in: int) -> Tensor:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + 101)
-    return torch.randn(dim, d_in, generator=gen, dtype=torch.float64)  # (F', F)
-
-
 def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
-    """The seeded ``P: (F', F)``, float64, or ``None`` without ``rp_dim``: the run's features step's
-    (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of ``ridge.rp_dim`` rows
+    """The seeded ``P: (F', F)``, float64 (``common.projection``), or ``None`` without ``rp_dim``: the run's features
+    step's (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of ``ridge.rp_dim`` rows
     each, side by side, the rows of one ``P``)."""
     dim = feature_stats_of(config).features.rp_dim
-    return _projection(config.seed, dim, d_in) if dim else None
+    return draw(config.seed, dim, d_in) if dim else None
 
 
 # The function of each setting ``activation`` (its names: ``common.methods.closed_form.ACTIVATIONS``).

@@ -22,6 +22,7 @@ from client.ledger import ClientLedger, task_classes
 from client.methods import client_method
 from client.methods.base import Samples, set_view
 from client.plans import PlanCheck
+from client.scoring import scoring_half, seen_logits
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.run.config import RunConfig
 from common.run.partition import client_test_indices, dirichlet_partition
@@ -148,10 +149,9 @@ class ClientWorker:
 
     @torch.no_grad()
     def evaluate(self, plan: RoundPlan) -> EvalReport:
-        """Class-incremental accuracy: argmax over all seen classes, per seen task."""
-        self.load_view(plan)
-        half = self.method.serves(plan)
-        self.model.eval()
+        """Class-incremental accuracy: argmax over all seen classes, per seen task, scored as an export's server
+        scores (``client/scoring.py``)."""
+        half = scoring_half(self, plan)
         seen = plan.seen_classes
         correct = [0] * (plan.task + 1)
         total = [0] * (plan.task + 1)
@@ -159,8 +159,7 @@ class ClientWorker:
         mine = self.test_idx[labels < seen]
         for start in range(0, mine.numel(), 256):
             inputs, y = self.test.batch(mine[start : start + 256], self.device)
-            logits = half.logits(self, plan, inputs)  # (batch, num_classes)
-            pred = logits[:, :seen].argmax(dim=1)
+            pred = seen_logits(half, self, plan, inputs).argmax(dim=1)  # (batch,) of (batch, seen)
             for j, (lo, hi) in enumerate(self.tasks[: plan.task + 1]):
                 in_task = (y >= lo) & (y < hi)
                 correct[j] += int((pred[in_task] == y[in_task]).sum())

@@ -5,6 +5,8 @@
   ``k = T * r``, loadable with ``PeftModel.from_pretrained(base, out_dir)``, or by hand:
   ``W = W0 + lora_scale * lora_B @ lora_A`` with safetensors alone;
 - :func:`export_head`: the classifier head as a safetensors file;
+- :func:`export_scoring`: the run's evaluation plan of the model (``scoring.safetensors``), which the card's
+  ``scoring`` completes (:func:`scoring`): how the run's clients scored, for every method;
 - :func:`export_card`: ``model.json`` (``common.wire.model_card``), written last: the classes in head order, the
   backbone and the preprocessing, so that the directory alone rebuilds and serves the model
   (:func:`model_card` fills it from what the coordinator knows);
@@ -26,13 +28,24 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
+from common.aggregation.declared import feature_stats_of
 from common.infra.files import atomic_write_bytes
-from common.run.config import RunConfig
+from common.projection import described
+from common.run.config import RunConfig, without_client_local
 from common.run.partition import task_ranges
 from common.run.schedule import configured_classes
 from common.run.settings import DataSettings, ModelSettings
-from common.wire.messages import LowRank, ModelSpec
-from common.wire.model_card import CARD_FILE, HEAD_FILE, Backbone, ModelCard, Preprocessing
+from common.wire.messages import LowRank, ModelSpec, RoundPlan
+from common.wire.model_card import (
+    CARD_FILE,
+    HEAD_FILE,
+    SCORING_FILE,
+    Backbone,
+    ModelCard,
+    Preprocessing,
+    Scoring,
+    library_key,
+)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the names PEFT looks for
 ADAPTER_CONFIG = "adapter_config.json"
@@ -135,13 +148,7 @@ def export_dense_delta(path: str | os.PathLike, delta: dict[str, Tensor], spec: 
             raise ValueError(
                 f"dense delta {name!r}: expected finite values of shape {tuple(shape)}, got shape {tuple(t.shape)}"
             )
-        key = name
-        for layer in spec.layers:  # a LoRA-wrapped linear keeps its weight under ".base."
-            if name.startswith(f"{layer}.base."):
-                key = f"{layer}." + name[len(layer) + len(".base.") :]
-                break
-        key = _strip_prefix(key, spec.export_prefix) if spec.export_prefix else key
-        tensors[key] = t
+        tensors[library_key(name, spec.layers, spec.export_prefix)] = t
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "dense_delta"}))
@@ -162,6 +169,38 @@ def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tenso
     return path
 
 
+def export_scoring(out_dir: str | os.PathLike, plan: RoundPlan) -> Path:
+    """``scoring.safetensors``: the tensors of ``plan``, the run's evaluation of the model, by wire name
+    (``common/wire/tensors.py``), as its clients received them: each in its own dtype, every float one finite."""
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in plan.tensors.items()}
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"scoring: non-finite values in {bad[:3]}")
+    path = Path(out_dir) / SCORING_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "scoring"}))
+    return path
+
+
+def scoring(plan: RoundPlan, config: RunConfig, spec: ModelSpec) -> Scoring:
+    """The card's ``scoring``: what of ``plan`` its tensors do not hold, the run's configuration without the
+    client-local settings (paths on some machine), and the random projection's seed and fingerprint when the
+    method's features step has one (``common/projection.py``)."""
+    mapped = feature_stats_of(config).features
+    width = mapped.feature_width(spec.feature_dim)
+    return Scoring(
+        instruction=plan.instruction.KIND,
+        fields=json.loads(plan.instruction.to_json()),
+        task=plan.task,
+        round=plan.round,
+        class_range=list(plan.class_range),
+        seen_classes=plan.seen_classes,
+        seed=plan.seed,
+        config=json.loads(without_client_local(config).to_json()),
+        projection=described(config.seed, mapped.rp_dim, width) if mapped.rp_dim else {},
+    )
+
+
 def model_card(
     config: RunConfig,
     spec: ModelSpec,
@@ -171,6 +210,7 @@ def model_card(
     tasks_trained: int,
     parts: list[str],
     privacy: dict[str, Any] | None = None,
+    scoring: Scoring | None = None,
 ) -> ModelCard:
     """The card of the model the run has after ``tasks_trained`` tasks, from the coordinator's knowledge: its
     configuration and the clients' model description. The class names are the configuration's where it fixes
@@ -199,6 +239,7 @@ def model_card(
         run_id=config.run_id,
         parts=sorted(parts),
         privacy=dict(privacy or {}),
+        scoring=scoring,
     )
 
 

@@ -6,6 +6,8 @@
 - ``accuracy.png``: accuracy on each task across the tasks trained;
 - ``adapter/`` (standard PEFT LoRA adapter) — or, for full fine-tuning baselines,
   ``delta.safetensors`` (the model is ``W0 + delta``) — and ``head.safetensors``;
+- ``scoring.safetensors``: the run's evaluation plan of the model, which the card's ``scoring`` completes (how its
+  clients scored: ``lorm-predict`` and ``lorm-serve`` score so, every method);
 - ``model.json`` (written after them): the card that makes the directory a self-contained export
   (``common/wire/model_card.py``; ``lorm-predict`` and ``lorm-serve`` read it);
 - ``task-<t>/``: the model as it stood when task ``t`` ended (its evaluation closed), an export of its own
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,15 +32,17 @@ from common.infra.faults import fault_point
 from common.infra.files import atomic_write_bytes
 from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
-from common.wire.messages import LowRank, ModelSpec
+from common.wire.messages import LowRank, ModelSpec, RoundPlan
 from common.wire.model_card import ADAPTER_DIR, CARD_FILE, DELTA_FILE
 from server.export import (
     export_adapter,
     export_card,
     export_dense_delta,
     export_head,
+    export_scoring,
     export_tensors,
     model_card,
+    scoring,
     write_metrics,
 )
 from server.strategies import Strategy
@@ -53,6 +58,9 @@ class TrainedModel:
     head_b: Tensor  # (num_classes,)
     dense_delta: dict[str, Tensor] | None = None  # full fine-tuning: W0 + delta, instead of the adapter
     exports: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # a method's own parts by kind
+    # the plan that evaluates the model after a task (0-based), as its clients scored it (Strategy.eval_plan);
+    # None: no scoring plan is exported
+    evaluation: Callable[[int], RoundPlan] | None = None
 
     @classmethod
     def of(cls, strategy: Strategy, spec: ModelSpec) -> TrainedModel:
@@ -67,6 +75,7 @@ class TrainedModel:
             strategy.head_b[:rows],
             strategy.dense_delta(),
             strategy.exports(),
+            strategy.eval_plan,
         )
 
 
@@ -166,6 +175,9 @@ class RunReporter:
             )
         for kind, named in model.exports.items():
             export_tensors(out, kind, named)
+        plan = model.evaluation(tasks_trained - 1) if model.evaluation is not None else None
+        if plan is not None:
+            export_scoring(out, plan)
         fault_point("export")
         export_head(out, model.head_w, model.head_b)
         if summary is not None:
@@ -179,6 +191,7 @@ class RunReporter:
             tasks_trained=tasks_trained,
             parts=list(model.exports),
             privacy=privacy,
+            scoring=scoring(plan, config, spec) if plan is not None else None,
         )
         export_card(out, card)
 

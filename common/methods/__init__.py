@@ -82,10 +82,6 @@ class Method:
     aggregator: str = field(kw_only=True)
     # the record-reading steps its plans hold (LORM_STEPS, ...): a client refuses a plan of any other
     steps: frozenset[tuple[str, str]] = field(kw_only=True)
-    # its export is the head on the backbone's own features, head(backbone W0 + delta), which is how its client
-    # half scores a sample: lorm-predict and lorm-serve (serve/model.py) rebuild and serve it. Not so for
-    # prototypes, prompt pools, (IA)^3 vectors or the closed-form heads' projected features.
-    servable: bool = field(default=False, kw_only=True)
     # whether it takes tasks an operator adds while the run lives (data.open): not a method that sizes its state by
     # the number of tasks at the start (CODA-Prompt: each task's share of the prompt components)
     open_schedule: bool = field(default=True, kw_only=True)
@@ -115,7 +111,6 @@ BUILT_IN: dict[str, Method] = {
             "LoRM: alternating B/A rounds, closed-form merges",
             steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
-            servable=True,
             dp_training=True,
         ),
         Method(
@@ -125,7 +120,6 @@ BUILT_IN: dict[str, Method] = {
             "ablation: LoRM training B every round (A stays its init)",
             steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
-            servable=True,
             dp_training=True,
         ),
         Method(
@@ -135,7 +129,6 @@ BUILT_IN: dict[str, Method] = {
             "ablation: tasks' residuals averaged instead of the task RegMean",
             steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
-            servable=True,
             dp_training=True,
         ),
         Method(
@@ -145,7 +138,6 @@ BUILT_IN: dict[str, Method] = {
             "variant: each task's LoRA a residual on the earlier tasks'",
             steps=LORM_STEPS,
             aggregator="common.aggregation.lora:lorm",
-            servable=True,
             dp_training=True,
         ),
         Method(
@@ -155,7 +147,6 @@ BUILT_IN: dict[str, Method] = {
             "FedAvg of LoRA factors and head",
             steps=LORA_ROUNDS,
             aggregator="common.aggregation.lora:fedavg_lora",
-            servable=True,
             dp_training=True,
             dp_client_level=True,
         ),
@@ -166,7 +157,6 @@ BUILT_IN: dict[str, Method] = {
             "FedAvg, full fine-tuning",
             steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:fedavg",
-            servable=True,
             dp_training=True,
             dp_client_level=True,
         ),
@@ -177,7 +167,6 @@ BUILT_IN: dict[str, Method] = {
             "RegMean, full fine-tuning",
             steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:regmean",
-            servable=True,
         ),
         Method(
             "fisheravg",
@@ -186,7 +175,6 @@ BUILT_IN: dict[str, Method] = {
             "Fisher averaging, full fine-tuning",
             steps=DENSE_ROUNDS,
             aggregator="common.aggregation.dense:fisheravg",
-            servable=True,
         ),
         Method(
             "head-only",
@@ -195,7 +183,6 @@ BUILT_IN: dict[str, Method] = {
             "toy: the head alone on W0, heads averaged",
             steps=LORA_ROUNDS,
             aggregator="common.aggregation.lora:head_only",
-            servable=True,
         ),
     )
 }

@@ -39,5 +39,4 @@ METHOD = Method(
     EwcSettings,
     steps=DENSE_ROUNDS | {("task_gram", "dense")},
     aggregator="common.aggregation.dense:ewc",
-    servable=True,
 )

@@ -48,5 +48,4 @@ METHOD = Method(
     FedProxSettings,
     steps=frozenset({("train", "fedprox")}),
     aggregator="common.aggregation.lora:fedavg_lora",
-    servable=True,
 )

@@ -34,5 +34,4 @@ METHOD = Method(
     LwfSettings,
     steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:fedavg",
-    servable=True,
 )

@@ -59,5 +59,4 @@ METHOD = Method(
     TargetSettings,
     steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:fedavg",
-    servable=True,
 )

@@ -36,5 +36,4 @@ METHOD = Method(
     TiesSettings,
     steps=DENSE_ROUNDS,
     aggregator="common.aggregation.dense:ties",
-    servable=True,
 )

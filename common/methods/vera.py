@@ -72,5 +72,4 @@ METHOD = Method(
     declare=declare,
     steps=LORM_STEPS,
     aggregator="common.aggregation.lora:vera",
-    servable=True,
 )

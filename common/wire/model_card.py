@@ -8,7 +8,13 @@ directory with a ``model.json`` holds a whole export (a reader watching it never
   ``delta.safetensors`` (``W = W0 + delta``), or none (``W0``);
 - ``head.safetensors``: ``logits = features @ weight.T + bias``, ``weight: (num_classes, feature_dim)``;
 - a method's own parts by kind (``prompts.safetensors``, ``prototypes.safetensors``, ...), listed in
-  ``parts``.
+  ``parts``;
+- ``scoring.safetensors`` and the card's ``scoring``: the run's evaluation of the model, whole: the plan its
+  clients scored with (its tensors by wire name, ``common/wire/tensors.py``, and its instruction), the run's
+  configuration (the method's settings: layers, pooling, normalisation, projection, ensemble, prompts, ...) and,
+  for a random projection, its seed and fingerprint (``common/projection.py``). A server scores with the method's
+  own client half on it (``client/scoring.py``), as the run's clients did. Exports of earlier versions have no
+  ``scoring``; their adapter or delta and head are read as that plan.
 
 The card names the classes in head order, the backbone (a name the project's ``build_backbone`` resolves:
 ``minilm``, ``tiny-bert`` with its ``model_seed``, a local model directory, ``bert:NAME``, ``timm:NAME``)
@@ -31,6 +37,7 @@ CARD_FILE = "model.json"
 ADAPTER_DIR = "adapter"
 DELTA_FILE = "delta.safetensors"
 HEAD_FILE = "head.safetensors"
+SCORING_FILE = "scoring.safetensors"
 WEIGHTS = ("adapter", "delta", "none")  # how the backbone differs from W0
 
 
@@ -54,6 +61,23 @@ class Preprocessing:
 
 
 @dataclass(frozen=True)
+class Scoring:
+    """The run's evaluation plan of the exported model (its tensors in :data:`SCORING_FILE`), and what its clients'
+    scoring read besides: the run's configuration and, for a random projection, what :func:`common.projection.check`
+    draws again."""
+
+    instruction: str  # the plan's instruction kind (common.wire.messages.Instruction.KIND)
+    fields: dict[str, Any]  # its fields, as the wire sends them (Instruction.to_json)
+    task: int  # the evaluated task, 0-based
+    round: int
+    class_range: list[int]  # [lo, hi) of the evaluated task
+    seen_classes: int
+    seed: int
+    config: dict[str, Any]  # the run's configuration (RunConfig.to_json), client-local settings left out
+    projection: dict[str, Any] = field(default_factory=dict)  # {}: no projection
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """``model.json``: the classes, backbone and preprocessing of an export, and what its files hold."""
 
@@ -72,6 +96,9 @@ class ModelCard:
     # The run's differential-privacy statement, as metrics.json's "privacy" (epsilon, delta, mode, unit, what is
     # public; docs/PRIVACY.md) for the tasks this model learned; {}: no budget, no guarantee.
     privacy: dict[str, Any] = field(default_factory=dict)
+    # how the run's clients scored the model; None: an export of an earlier version (its head on the backbone's
+    # features, W0 plus its delta)
+    scoring: Scoring | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -96,6 +123,16 @@ class ModelCard:
             problems.append(f"tasks_trained {self.tasks_trained} is not in 1..{len(self.tasks)}")
         if self.preprocessing.max_length is not None and self.preprocessing.max_length < 1:
             problems.append(f"max_length {self.preprocessing.max_length} must be positive")
+        scoring = self.scoring
+        if scoring is not None and (
+            len(scoring.class_range) != 2
+            or scoring.seen_classes != self.seen_classes
+            or list(scoring.class_range) != self.tasks[self.tasks_trained - 1]
+        ):
+            problems.append(
+                f"scoring evaluates classes {scoring.class_range} of {scoring.seen_classes} seen, the card's last task "
+                f"learned is {self.tasks[self.tasks_trained - 1]} of {self.seen_classes}"
+            )
         if problems:
             raise ValueError("model card: " + "; ".join(problems))
 
@@ -151,9 +188,26 @@ class ModelCard:
                 run_id=str(v["run_id"]),
                 parts=[str(p) for p in v.get("parts", [])],
                 privacy=_privacy(v.get("privacy", {})),
+                scoring=_scoring(v.get("scoring")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{CARD_FILE}: {type(err).__name__}: {err}") from err
+
+
+def library_key(name: str, layers: tuple[str, ...] | list[str] | dict[str, Any], prefix: str) -> str:
+    """A backbone parameter's name in ``delta.safetensors``: the library model's (``prefix``, the backbone wrapper's
+    path to it, stripped; a LoRA-wrapped linear's ``.base.`` removed), so that ``W0 + delta`` is a plain
+    ``state_dict`` update of, e.g., the transformers model. ``layers``: the LoRA-wrapped layers' names."""
+    key = name
+    for layer in layers:
+        if name.startswith(f"{layer}.base."):
+            key = f"{layer}." + name[len(layer) + len(".base.") :]
+            break
+    if prefix:
+        if not key.startswith(prefix) or len(key) == len(prefix):
+            raise ValueError(f"parameter {key!r} does not start with the export prefix {prefix!r}")
+        key = key[len(prefix) :]
+    return key
 
 
 def _fields(value: Any, cls: type) -> dict[str, Any]:
@@ -164,6 +218,26 @@ def _fields(value: Any, cls: type) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"{cls.__name__.lower()} has no field {unknown[0]!r}; its fields: {sorted(known)}")
     return value
+
+
+def _scoring(value: Any) -> Scoring | None:
+    if value is None:
+        return None
+    given = _fields(value, Scoring)
+    for name in ("fields", "config", "projection"):
+        if not isinstance(given.get(name, {}), dict):
+            raise TypeError(f"scoring {name} must be a JSON object")
+    return Scoring(
+        instruction=str(given["instruction"]),
+        fields=dict(given["fields"]),
+        task=int(given["task"]),
+        round=int(given["round"]),
+        class_range=[int(b) for b in given["class_range"]],
+        seen_classes=int(given["seen_classes"]),
+        seed=int(given["seed"]),
+        config=dict(given["config"]),
+        projection=dict(given.get("projection", {})),
+    )
 
 
 def _privacy(value: Any) -> dict[str, Any]:

@@ -12,10 +12,8 @@ import contextlib
 import http.client
 import io
 import json
-import socket
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,16 +23,15 @@ from typing import Any
 
 import pytest
 import torch
-import uvicorn
 from PIL import Image, PngImagePlugin
+from serving import serving_slot
 
 from client.backbones import build_model, model_spec
-from common.infra.tls import Security
 from common.wire.messages import LowRank
 from common.wire.model_card import CARD_FILE
-from serve.app import Identities, Limits, create_app
+from serve.app import Limits
 from serve.batcher import MicroBatcher, QueueFull
-from serve.main import build_parser, limits_from_args, main, uvicorn_config
+from serve.main import build_parser, limits_from_args, main
 from serve.model import Classifier, Prediction
 from serve.watch import ModelSlot
 from server.export import export_adapter, export_card, export_head, model_card
@@ -102,23 +99,8 @@ class Served:
 def serving(tmp_path: Path, model: Model, max_batch: int = 32, **limits: int) -> Iterator[Served]:
     """lorm-serve over ``model`` with ``limits`` (the rest their defaults), in a thread, until the block ends."""
     (tmp_path / CARD_FILE).write_text("{}")  # the slot loads an export where it finds a card
-    app = create_app(
-        ModelSlot(tmp_path, lambda _: model), max_batch=max_batch, max_wait_s=0.001, poll_s=0, limits=Limits(**limits)
-    )
-    server = uvicorn.Server(uvicorn_config(app, Security(insecure=True), Identities()))
-    listener = socket.create_server(("127.0.0.1", 0))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "lorm-serve did not start"
-        time.sleep(0.01)
-    try:
-        yield Served(listener.getsockname()[1], model, app)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        listener.close()
+    with serving_slot(ModelSlot(tmp_path, lambda _: model), max_batch, **limits) as (port, app):
+        yield Served(port, model, app)
 
 
 def png(size: tuple[int, int]) -> str:

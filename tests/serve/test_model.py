@@ -1,5 +1,6 @@
-"""The rebuilt model: the backbone with the export's delta folded in computes what the clients' model with the
-delta as LoRA factors (or added weights) computes, and exports that are not this model are refused by name."""
+"""Exports of an earlier version (no scoring plan: the head on the backbone's features, W0 plus an adapter or
+delta): the served model computes what the clients' model with the delta as LoRA factors (or added weights)
+computes, and exports that are not this model are refused by name."""
 
 from __future__ import annotations
 
@@ -90,16 +91,23 @@ def rewrite_card(path, **changes) -> None:
     (path / CARD_FILE).write_text(dataclasses.replace(card, **changes).to_json())
 
 
+EARLIER = "an export of an earlier version without its scoring plan"
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"method": "l2p"}, "method 'l2p' classifies with more than the head"),
-        ({"method": "ridge"}, "method 'ridge' classifies with more than the head"),
-        ({"parts": ["prototypes"]}, r"parts \['prototypes'\]"),
+        ({"method": "l2p"}, f"{EARLIER}, of method 'l2p', whose clients scored with more than the head"),
+        ({"method": "ridge"}, f"{EARLIER}, of method 'ridge', whose"),
+        ({"parts": ["prototypes"]}, rf"{EARLIER}, of method 'lorm' with parts \['prototypes'\]"),
+        ({"method": "nonesuch"}, "method 'nonesuch' is not one of this version's"),
         ({"classes": None}, "does not name the class names"),
     ],
 )
-def test_a_model_that_is_not_head_on_features_is_refused_by_name(tmp_path, changes, message):
+def test_an_export_this_version_cannot_score_as_its_run_did_is_refused_by_name(tmp_path, changes, message):
+    """A hand-made export here is one of an earlier version: no scoring plan, the head on the backbone's features.
+    It is served (the tests above) for the methods whose clients scored so, and refused for any other, and for a
+    method this version does not have."""
     export(tmp_path, "adapter")
     rewrite_card(tmp_path, **changes)
     with pytest.raises(ExportError, match=message):

@@ -15,7 +15,6 @@ from unittest import mock
 
 import pytest
 
-from common.methods import registry
 from common.wire.model_card import CARD_FILE, ModelCard
 from engine.simulation import run_inprocess
 from serve import predict
@@ -144,15 +143,6 @@ def test_a_directory_without_a_card_is_no_export(lorm_run, tmp_path):
 
 @pytest.mark.parametrize("strategy", ["fedavg"])
 def test_a_full_fine_tuning_export_predicts_what_its_evaluation_counted(strategy, tmp_path):
-    check_method(strategy, tmp_path)
-
-
-SERVED = sorted(name for name, m in registry().items() if m.servable and name not in ("lorm", "fedavg"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", SERVED)
-def test_every_served_method_predicts_what_its_evaluation_counted(strategy, tmp_path):
     check_method(strategy, tmp_path)
 
 
