@@ -29,13 +29,15 @@ from pathlib import Path
 
 import grpc
 
+from common.infra.environ import renamed_variable
 from common.infra.tls import Security, SecurityError, token_digest
 from common.run.schedule import parse_task
 from proto import codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
-ENV_TOKEN = "LORM_OPERATOR_TOKEN"  # a path, like $LORM_TOKEN_FILE: the token never sits in the environment
+ENV_TOKEN_FILE = "LORM_ADMIN_TOKEN_FILE"  # a path, like $LORM_TOKEN_FILE: the token never sits in the environment
+OLD_ENV_TOKEN_FILE = "LORM_OPERATOR_TOKEN"  # its former name, still read (with a warning)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,9 +65,9 @@ def _connection_arguments(status: argparse.ArgumentParser) -> None:
     )
     status.add_argument(
         "--operator-token-file",
-        default=os.environ.get(ENV_TOKEN, ""),
+        default=None,
         metavar="FILE",
-        help=f"file holding the operator's bearer token (default ${ENV_TOKEN})",
+        help=f"file holding the operator's bearer token (lorm-admin token --out FILE; default ${ENV_TOKEN_FILE})",
     )
     status.add_argument("--run-id", default="", help="refuse unless the coordinator serves this run")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds the call may take")
@@ -90,6 +92,17 @@ def _security(args: argparse.Namespace) -> Security:
     return Security(
         ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, server_name=args.tls_server_name, insecure=args.insecure
     )
+
+
+def _token_path(given: str | None) -> str:
+    """The token's file: ``--operator-token-file``, else ``$LORM_ADMIN_TOKEN_FILE`` (or its old name, said on
+    stderr); ``ValueError`` when the two names of the variable differ."""
+    if given is not None:
+        return given
+    path, warning = renamed_variable(ENV_TOKEN_FILE, OLD_ENV_TOKEN_FILE)
+    if warning:
+        print(f"lorm-admin: warning: {warning}", file=sys.stderr)
+    return path
 
 
 def _token(path: str) -> str:
@@ -122,11 +135,15 @@ def call(args: argparse.Namespace) -> tuple[int, str]:
     what = f"lorm-admin {args.command}"
     if args.command == "token":
         return make_token(args.out, args.force)
-    if not args.operator_token_file:
-        return 2, f"{what}: give --operator-token-file FILE (or ${ENV_TOKEN}): the operator's token"
+    try:
+        path = _token_path(args.operator_token_file)
+    except ValueError as err:
+        return 2, f"{what}: {err}"
+    if not path:
+        return 2, f"{what}: give --operator-token-file FILE (or ${ENV_TOKEN_FILE}): the operator's token"
     try:
         security = _security(args)
-        token = _token(args.operator_token_file)
+        token = _token(path)
         classes = parse_task(args.classes, "--classes") if args.command == "add-task" else []
     except (SecurityError, OSError, ValueError) as err:
         return 2, f"{what}: {err}"

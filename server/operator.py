@@ -21,7 +21,6 @@ import argparse
 import hmac
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -32,11 +31,13 @@ from typing import NoReturn
 
 import grpc
 
+from common.infra.environ import renamed_variable
 from common.infra.tls import token_digest
 from server.auth import bearer_token
 
 log = logging.getLogger("lorm.server.operator")
-ENV_TOKEN_FILE = "LORM_OPERATOR_TOKEN_FILE"
+ENV_DIGEST_FILE = "LORM_OPERATOR_DIGEST_FILE"  # the path of the file holding the token's digest
+OLD_ENV_DIGEST_FILE = "LORM_OPERATOR_TOKEN_FILE"  # its former name, still read (with a warning)
 _HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -124,19 +125,26 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
     """``lorm-server``'s flag for the operator's credential."""
     parser.add_argument(
         "--operator-token-file",
-        default=os.environ.get(ENV_TOKEN_FILE, ""),
+        default=None,
         metavar="FILE",
-        help="the sha256 hex of the operator's bearer token (`printf %%s TOKEN | sha256sum`): its holder may "
-        "call Operator/OperatorStatus (lorm-admin status), the run's full recent history, which no client "
-        f"may read (default ${ENV_TOKEN_FILE}; none: OperatorStatus is refused)",
+        help="the file holding the sha256 hex of the operator's bearer token (`printf %%s TOKEN | sha256sum`; "
+        "lorm-admin token writes it): the token's holder may call the Operator service (lorm-admin status, "
+        "add-task, finish), the run's full recent history, which no client may read (default "
+        f"${ENV_DIGEST_FILE}; none: the Operator service is refused)",
     )
 
 
 def operator_from_args(args: argparse.Namespace) -> OperatorAuth | None:
-    """The credential ``--operator-token-file`` names (``None`` without one); ``ValueError`` if unusable."""
-    if not args.operator_token_file:
+    """The credential ``--operator-token-file`` names, or else ``$LORM_OPERATOR_DIGEST_FILE`` (``None`` without
+    either); ``ValueError`` if unusable."""
+    path = args.operator_token_file
+    if path is None:
+        path, warning = renamed_variable(ENV_DIGEST_FILE, OLD_ENV_DIGEST_FILE)
+        if warning:
+            log.warning("%s", warning)
+    if not path:
         return None
     try:
-        return OperatorAuth.from_file(args.operator_token_file)
+        return OperatorAuth.from_file(path)
     except OSError as err:
-        raise ValueError(f"--operator-token-file {args.operator_token_file}: {err.strerror}") from err
+        raise ValueError(f"--operator-token-file {path}: {err.strerror}") from err

@@ -140,3 +140,35 @@ def test_lorm_admin_wait_reaches_a_coordinator_that_starts_after_the_call(tmp_pa
     finally:
         timer.join()
         server.stop(0)
+
+
+def test_lorm_admin_reads_its_token_file_from_lorm_admin_token_file_and_the_old_name_with_a_warning(
+    served, tmp_path, monkeypatch, capsys
+):
+    """``$LORM_ADMIN_TOKEN_FILE``; its old name ``$LORM_OPERATOR_TOKEN`` with a warning naming it; both, set to
+    different files: refused before any call."""
+    token, other = tmp_path / "operator.token", tmp_path / "other.token"
+    token.write_text(TOKEN + "\n")
+    other.write_text("another-operator-token\n")
+    target = ["--target", f"127.0.0.1:{served[2]}", "--insecure"]
+    monkeypatch.delenv("LORM_OPERATOR_TOKEN", raising=False)
+    monkeypatch.setenv("LORM_ADMIN_TOKEN_FILE", str(token))
+    assert admin(["add-task", "--classes", "c", *target]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["schedule"] == [["a", "b"], ["c"]] and "warning" not in out.err
+
+    monkeypatch.delenv("LORM_ADMIN_TOKEN_FILE")
+    monkeypatch.setenv("LORM_OPERATOR_TOKEN", str(token))
+    assert admin(["add-task", "--classes", "d", *target]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["task"] == 2
+    assert (
+        "lorm-admin: warning: $LORM_OPERATOR_TOKEN is the old name of $LORM_ADMIN_TOKEN_FILE: set "
+        "$LORM_ADMIN_TOKEN_FILE instead ($LORM_OPERATOR_TOKEN is read for now)"
+    ) in out.err.splitlines()
+
+    monkeypatch.setenv("LORM_ADMIN_TOKEN_FILE", str(other))
+    assert admin(["add-task", "--classes", "e", *target]) == 2  # refused before any call: no task appended
+    assert f"lorm-admin add-task: $LORM_ADMIN_TOKEN_FILE='{other}' and $LORM_OPERATOR_TOKEN=" in capsys.readouterr().err
+    assert admin(["add-task", "--classes", "e", *target, "--operator-token-file", str(token)]) == 0  # the flag wins
+    assert json.loads(capsys.readouterr().out)["schedule"] == [["a", "b"], ["c"], ["d"], ["e"]]
