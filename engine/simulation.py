@@ -32,13 +32,14 @@ from common.infra.logs import add_logging_arguments, plan_name, setup_logging
 from common.infra.progress import Progress, kind_of
 from common.methods import describe, overview
 from common.privacy.ledger import privacy_summary
-from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.config import RunConfig, add_config_arguments
 from common.run.metrics import AccuracyMatrix, format_summary
 from common.run.partition import describe_tasks
-from common.run.schedule import class_schedule
+from common.run.schedule import add_schedule_arguments, class_schedule, config_with_schedule
 from common.run.settings import DataSettings, RobustSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
 from common.wire.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
+from engine.tokens import count_tokens
 from server.results import RunReporter, TrainedModel
 from server.robust import screen_and_fold
 from server.run_state import RunMeta, State, ended_task
@@ -49,6 +50,11 @@ from server.store import Store
 from server.strategies import make_strategy
 
 Log = Callable[[str], None]
+OPEN_IN_ONE_PROCESS = (
+    "in one process no operator appends tasks while the run lives: it ends after its last task, as a "
+    "coordinator's open run ends at lorm-admin finish; give the tasks the operator will add as more --task (or "
+    "lines of --schedule), and the adapter and head are the federation's"
+)
 
 
 class Worker(Protocol):
@@ -118,8 +124,8 @@ def client_runtimes(config: RunConfig) -> list[ClientRuntime]:
         return [build_runtime(config)] * config.num_clients
     if not data.clients_dir:
         raise DatasetError(
-            "data.owned: in one process the clients' own data comes from a folder of every client's files: "
-            "set data.clients_dir=DIR (DIR/client0.csv, DIR/client1.csv, ...)"
+            "data.owned (what --task and --schedule set): in one process the clients' own data comes from a folder "
+            "of every client's files: set data.clients_dir=DIR (DIR/client0.csv, DIR/client1.csv, ...)"
         )
     owns = [client_files(data.clients_dir, i) for i in range(config.num_clients)]
     return owned_runtimes(config, class_schedule(config), owns)
@@ -281,13 +287,15 @@ def _run(
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog="lorm-sim",
         description="Run a federated class-incremental experiment in one process.",
         epilog=overview(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_arguments(parser)
+    add_schedule_arguments(parser, open_help=f"data.open=true, as lorm-server's; {OPEN_IN_ONE_PROCESS}")
     add_logging_arguments(parser)
     parser.add_argument("--results-dir", default="", help="write adapter, head, metrics, plot and TensorBoard here")
     parser.add_argument(
@@ -304,10 +312,24 @@ def main(argv: list[str] | None = None) -> int:
         "section's (data, model, robust), and exit",
     )
     parser.add_argument(
+        "--count-tokens",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="print for each text FILE (a site's training file, every row) the max_length that max_length 0 "
+        "would choose there under the run's backbone, then the largest, the max_length to give a run on the "
+        "sites' own data; and exit",
+    )
+    parser.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress on stderr (default: a status line on a terminal, else a line every 30 s)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.describe:
         try:
@@ -317,11 +339,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(args.log_format)  # the clients' warnings and choices (e.g. max_length 0), on stdout
     try:
-        config = config_from_args(args)
-    except ValueError as err:  # a bad --set names its key and the expected type: say it without a traceback
+        config = config_with_schedule(args)  # the flags of lorm-server's schedule read as it reads them
+    except (OSError, ValueError) as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
+    if args.count_tokens:
+        try:
+            count_tokens(config, args.count_tokens, lambda line: print(line, flush=True))
+        except (DatasetError, FileNotFoundError) as err:
+            print(f"lorm-sim: error: {err}", file=sys.stderr)
+            return 2
+        return 0
     for warning in config.unread_sections():
         print(f"lorm-sim: warning: {warning}", file=sys.stderr)
+    if args.open:
+        print(f"lorm-sim: --open: {OPEN_IN_ONE_PROCESS}", file=sys.stderr)
     try:
         result = run_inprocess(
             config,

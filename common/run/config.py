@@ -328,8 +328,9 @@ class RunConfig:
             # tokenization would be no client's in particular
             return [
                 "data.owned with max_length 0: each client would count the tokens a sentence keeps from its own "
-                "data, and the clients' models would differ; set max_length to a token count (e.g. "
-                "--set max_length=64; a client logs when it cuts its sentences)"
+                "data, and the clients' models would differ; set max_length to the largest of the sites' counts "
+                "(--set max_length=N; each site's: lorm-sim --count-tokens ITS_TRAINING_FILE with the run's "
+                "--preset and backbone)"
             ]
         if data.open:
             from common.methods import registry

@@ -149,8 +149,15 @@ def read_schedule(path: str | Path) -> Schedule:
     return tasks
 
 
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--schedule FILE``, repeated ``--task a,b,c`` and ``--open``: the run's schedule by name."""
+OPEN_HELP = (
+    "data.open=true: after its last task the run waits for the operator's next one (lorm-admin add-task) or its "
+    "end (lorm-admin finish) instead of ending"
+)
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser, open_help: str = OPEN_HELP) -> None:
+    """``--schedule FILE``, repeated ``--task a,b,c`` and ``--open`` (``open_help``: what it does in this program):
+    the run's schedule by name."""
     g = parser.add_argument_group("the schedule of a run on the clients' own data (data.owned)")
     g.add_argument(
         "--schedule",
@@ -169,8 +176,7 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--open",
         action="store_true",
-        help="data.open=true: after its last task the run waits for the operator's next one (lorm-admin "
-        "add-task) or its end (lorm-admin finish) instead of ending",
+        help=open_help,
     )
 
 

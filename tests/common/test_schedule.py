@@ -105,8 +105,11 @@ def test_a_run_on_the_clients_own_data_must_name_its_classes():
 
 def test_own_text_data_fixes_max_length_rather_than_each_client_counting_its_own():
     owned = {"data": {"classes": NAMES, "owned": True}}
-    with pytest.raises(ValueError, match="data.owned with max_length 0: each client would count .* --set max_length"):
+    with pytest.raises(ValueError, match="data.owned with max_length 0: each client would count") as refused:
         named(max_length=0, settings=owned)
+    assert "the largest of the sites' counts (--set max_length=N; each site's: lorm-sim --count-tokens" in str(
+        refused.value
+    )  # what to pass, and how each site finds its number
     assert named(max_length=64, settings=owned).max_length == 64
     assert named(max_length=0, settings={"data": {"classes": NAMES}}).max_length == 0  # one dataset: counted alike
     images = named(dataset="imagefolder", max_length=0, settings=owned)  # no tokens to count
