@@ -2,18 +2,24 @@
 
 1. The model: an export of all-MiniLM-L6-v2 (``--backbone``, default ``minilm``) with a LoRA adapter of
    rank 5 on every target layer and a head over CLINC150's 150 intents, written with the coordinator's own
-   export functions (random factors: the cost of a forward pass does not depend on their values), or
-   ``--export DIR`` for a run's results/ directory.
-2. The ceiling, in this process: ``serve.model.Classifier`` on batches of ``--batch`` sentences:
-   tokenisation and forward pass ("tokenise+forward"), and the forward pass alone on sentences tokenised
-   beforehand ("forward"); torch on ``--threads`` threads.
+   export functions (random factors: the cost of a forward pass does not depend on their values); or, with
+   ``--cell NAME``, the export of a real run of a cell of ``bench/clinc150_methods.json`` (its backbone and method
+   settings: e.g. ``ridge@3layers+valx4avg``) on ``--per-class`` training sentences of each of CLINC150's 150
+   intents in one task, with a fixed lambda (the cost of scoring depends on the head's shape, 150 x F', not on
+   its values or on how lambda was chosen); or ``--export DIR`` for a run's results/ directory. Its size on disk
+   is printed, file by file.
+2. The ceiling, in this process: the same backbone's plain batched forward pass on batches of ``--batch``
+   sentences tokenised beforehand ("backbone": ``client.backbones.build_backbone``, its pooled features, no
+   adapter, no head), and the export's whole scoring (``serve.model.Classifier``, the method's scoring path: the
+   feature map, the projection, the head) with tokenisation ("tokenise+score") and without ("score"); torch on
+   ``--threads`` threads.
 3. The server: a ``lorm-serve`` process (``--max-batch`` = ``--batch``, torch on ``--threads`` threads,
    mutual TLS with a development CA unless ``--insecure``) and, in this process, ``--clients`` concurrent
    callers on keep-alive connections, each sending one CLINC150 test sentence per request and the next as
    soon as the answer is in. Reported: requests (= sentences) per second, latency p50 and p99, and the
    batch sizes the server ran.
 
-The phases alternate, ``--rounds`` times: forward, tokenise+forward, then the server under load (after
+The phases alternate, ``--rounds`` times: backbone, score, tokenise+score, then the server under load (after
 ``--warmup`` seconds of load), ``--seconds`` each; each round's ratio ceiling / served compares windows a
 few seconds apart, so a machine whose other load drifts affects both sides of it alike. The medians are
 reported with every round's figures.
@@ -21,7 +27,8 @@ reported with every round's figures.
 Everything shares this machine's CPUs: the callers' own work (TLS, JSON, HTTP) competes with the server's,
 as it would not in a deployment with callers elsewhere. The load average is printed at the start and end.
 
-Run: .venv/bin/python bench/serve_load.py [--clients 64] [--seconds 30] [--batch 32] [--threads 2] [--json]
+Run: .venv/bin/python bench/serve_load.py [--cell NAME] [--clients 64] [--seconds 30] [--batch 32] [--threads 2]
+[--json]
 """
 
 from __future__ import annotations
@@ -45,14 +52,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.backbones import build_model, model_spec  # noqa: E402
+from client.backbones import build_backbone, build_model, model_spec  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.wire.messages import LowRank  # noqa: E402
+from engine.simulation import run_inprocess  # noqa: E402
 from serve.model import Classifier  # noqa: E402
 from server.certs import create_dev_pki  # noqa: E402
 from server.export import export_adapter, export_card, export_head, model_card  # noqa: E402
 
 RANK = 5  # LoRM's merged adapter after 5 tasks of rank 1 (the paper's CLINC150 split)
+PHASES = ("backbone", "score", "tokenise+score")  # the ceiling's, in this process
 
 
 def clinc150(data_dir: Path) -> tuple[list[str], list[str]]:
@@ -84,21 +93,70 @@ def make_export(out: Path, backbone: str, classes: list[str], max_length: int) -
     return out
 
 
+def cell_export(
+    out: Path, cell: str, data_dir: Path, per_class: int, max_length: int, backbone: str | None = None
+) -> Path:
+    """The export of a real run of ``cell`` (bench/clinc150_methods.json: its backbone, or ``backbone``, and its
+    method settings) on ``per_class`` training sentences of each CLINC150 intent, one task, one client, lambda
+    fixed."""
+    recipe = json.loads((ROOT / "bench" / "clinc150_methods.json").read_text())[cell]
+    method = cell.split("@")[0]
+    settings = {k: v for k, v in recipe.get("settings", {}).items() if k != "data"}  # train_val: more of the same
+    settings["ridge"] = {**settings.get("ridge", {}), "fixed_lambda": 1e5, "holdout": 0}
+    config = RunConfig(
+        run_id=f"serve-bench-{cell}",
+        dataset="clinc150",
+        data_dir=str(data_dir),
+        backbone=backbone or recipe.get("backbone", "minilm"),
+        method=method,
+        num_tasks=1,
+        num_clients=1,
+        train_per_class=per_class,
+        test_per_class=1,
+        max_length=max_length,
+        threads=torch.get_num_threads(),
+        settings=settings,
+    )
+    run_inprocess(config, results_dir=out)
+    return out
+
+
+def sizes_on_disk(export: Path) -> dict[str, int]:
+    """Bytes of each file of the export (its task-<t>/ copies left out), and their total."""
+    files = {p.relative_to(export).as_posix(): p.stat().st_size for p in sorted(export.rglob("*")) if p.is_file()}
+    kept = {k: v for k, v in files.items() if not k.startswith(("task-", "tensorboard/"))}
+    return kept | {"total": sum(kept.values())}
+
+
 class Ceiling:
-    """The plain batched model in this process: sentences per second, tokenise+forward or forward alone."""
+    """In this process: the backbone's plain batched forward pass, and the export's scoring with tokenisation and
+    without; sentences per second."""
 
     def __init__(self, export: Path, sentences: list[str], batch: int) -> None:
         self.model = Classifier(export, device="cpu")
+        card = self.model.card
+        plain = RunConfig(backbone=card.backbone.name, model_seed=card.backbone.model_seed)
+        self.backbone = build_backbone(plain.replace(max_length=card.preprocessing.max_length or 1)).eval()
         self.batch = batch
         self.batches = [sentences[i : i + batch] for i in range(0, len(sentences) - batch + 1, batch)]
         self.encoded = [self.model.encode(b) for b in self.batches]
         self.model.probabilities(self.encoded[0])  # warm-up
+        self.plain(self.encoded[0])
 
-    def rate(self, tokenise: bool, seconds: float) -> float:
+    @torch.inference_mode()
+    def plain(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.backbone(**inputs)  # (batch, feature_dim)
+
+    def rate(self, phase: str, seconds: float) -> float:
         done, start, k = 0, time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             i = k % len(self.batches)
-            self.model.probabilities(self.model.encode(self.batches[i]) if tokenise else self.encoded[i])
+            if phase == "backbone":
+                self.plain(self.encoded[i])
+            else:
+                self.model.probabilities(
+                    self.model.encode(self.batches[i]) if phase == "tokenise+score" else self.encoded[i]
+                )
             done, k = done + self.batch, k + 1
         return done / (time.perf_counter() - start)
 
@@ -193,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, ceiling and server alike")
     parser.add_argument("--max-length", type=int, default=32, help="tokens per sentence (the demo preset's 32)")
-    parser.add_argument("--backbone", default="minilm")
+    parser.add_argument("--backbone", help="the synthetic export's (default minilm), or instead of the cell's")
     parser.add_argument("--export", type=Path, help="a run's export instead of the synthetic one")
+    parser.add_argument("--cell", help="export a real run of this bench/clinc150_methods.json cell instead")
+    parser.add_argument("--per-class", type=int, default=2, help="--cell: training sentences per intent")
     parser.add_argument(
         "--data-dir", type=Path, default=Path(os.environ.get("LORM_DATA_DIR", ROOT.parent / "shared/datasets"))
     )
@@ -204,7 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     sentences, classes = clinc150(args.data_dir)
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
-        export = args.export or make_export(Path(tmp) / "export", args.backbone, classes, args.max_length)
+        if args.export:
+            export = args.export
+        elif args.cell:
+            export = cell_export(
+                Path(tmp) / "export", args.cell, args.data_dir, args.per_class, args.max_length, args.backbone
+            )
+        else:
+            export = make_export(Path(tmp) / "export", args.backbone or "minilm", classes, args.max_length)
+        on_disk = sizes_on_disk(export)
         load_before = os.getloadavg()[0]
         top = Ceiling(export, sentences, args.batch)
         pki_dir = None if args.insecure else Path(tmp) / "tls"
@@ -225,11 +293,10 @@ def main(argv: list[str] | None = None) -> int:
                     pass
                 time.sleep(0.5)
             for _ in range(args.rounds):
-                forward, tokenise = top.rate(False, args.seconds), top.rate(True, args.seconds)
+                rates = {phase: top.rate(phase, args.seconds) for phase in PHASES}
                 answered = len(load.latencies)
                 asyncio.run(load.run(args.clients, args.warmup, args.seconds))
-                served = (len(load.latencies) - answered) / args.seconds
-                rounds.append({"forward": forward, "tokenise+forward": tokenise, "served": served})
+                rounds.append(rates | {"served": (len(load.latencies) - answered) / args.seconds})
             sizes = {int(k): v for k, v in get_json(port, context, "/v1/model")[1]["batch_sizes"].items()}
         finally:
             proc.terminate()
@@ -242,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         return round(float(np.median([r[key] / r["served"] for r in rounds])), 2)
 
     lat = np.array(load.latencies) * 1000
+    card = top.model.card
     result = {
+        "export": {"method": card.method, "backbone": card.backbone.name, "cell": args.cell, "bytes": on_disk},
         "clients": args.clients,
         "rounds": args.rounds,
         "seconds": args.seconds,
@@ -252,30 +321,30 @@ def main(argv: list[str] | None = None) -> int:
         "tls": not args.insecure,
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "per_round": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
-        "ceiling_forward_per_s": median("forward"),
-        "ceiling_tokenise_forward_per_s": median("tokenise+forward"),
+        **{f"{phase}_per_s": median(phase) for phase in PHASES},
         "served_per_s": median("served"),
         "p50_ms": round(float(np.percentile(lat, 50)), 1),
         "p99_ms": round(float(np.percentile(lat, 99)), 1),
         "errors": load.errors,
         "mean_batch": round(sum(k * v for k, v in sizes.items()) / max(1, sum(sizes.values())), 1),
-        "ratio_forward": ratio("forward"),
-        "ratio_tokenise_forward": ratio("tokenise+forward"),
+        **{f"ratio_{phase}": ratio(phase) for phase in PHASES},
     }
     if args.json:
         print(json.dumps(result))
         return 0
     print(
-        f"{args.backbone}, max_length {args.max_length}, batch {args.batch}, {args.threads} torch threads, "
-        f"{args.rounds} rounds of {args.seconds:g} s per phase; load average {result['load_average'][0]} at the "
-        f"start, {result['load_average'][1]} at the end"
+        f"{card.method} on {card.backbone.name} ({args.cell or 'a LoRM-shaped export'}), max_length "
+        f"{args.max_length}, batch {args.batch}, {args.threads} torch threads, {args.rounds} rounds of "
+        f"{args.seconds:g} s per phase; load average {result['load_average'][0]} at the start, "
+        f"{result['load_average'][1]} at the end"
     )
-    print("round   forward/s   tokenise+forward/s   served/s")
+    print("export on disk: " + ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in on_disk.items()))
+    print("round  backbone/s   score/s   tokenise+score/s   served/s")
     for i, r in enumerate(rounds):
-        print(f"{i:5d} {r['forward']:11.1f} {r['tokenise+forward']:20.1f} {r['served']:10.1f}")
+        print(f"{i:5d} {r['backbone']:10.1f} {r['score']:9.1f} {r['tokenise+score']:18.1f} {r['served']:10.1f}")
     print(
-        f"median {result['ceiling_forward_per_s']:10.1f} {result['ceiling_tokenise_forward_per_s']:20.1f} "
-        f"{result['served_per_s']:10.1f}"
+        f"median {median('backbone'):9.1f} {median('score'):9.1f} {median('tokenise+score'):18.1f} "
+        f"{median('served'):10.1f}"
     )
     print(
         f"lorm-serve, {args.clients} callers ({'mutual TLS' if result['tls'] else 'plain HTTP'}): "
@@ -283,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         f"errors {load.errors}"
     )
     print(
-        f"ceiling / served, median of the rounds: {result['ratio_forward']} (forward), "
-        f"{result['ratio_tokenise_forward']} (tokenise+forward)"
+        "ceiling / served, median of the rounds: "
+        + ", ".join(f"{result['ratio_' + phase]} ({phase})" for phase in PHASES)
     )
     return 0
 

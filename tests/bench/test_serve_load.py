@@ -14,14 +14,23 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "serve_load.py"
 DATA = Path(os.environ.get("LORM_DATA_DIR", Path(__file__).resolve().parents[3] / "shared" / "datasets"))
 
 
-@pytest.mark.long(14)
-@pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").is_file(), reason="needs CLINC150's sentences")
-def test_the_load_benchmark_runs_and_counts_every_answer(capsys):
+def load_bench():
     spec = importlib.util.spec_from_file_location("serve_load", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.long(14)
+@pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").is_file(), reason="needs CLINC150's sentences")
+@pytest.mark.parametrize("cell", [None, "ridge@3layers+valx4avg"])
+def test_the_load_benchmark_runs_and_counts_every_answer(capsys, cell):
+    """The LoRM-shaped synthetic export, and a real run's export of the best MiniLM recipe's scoring (shrunk to
+    tiny-bert and one sentence per intent): every phase measured, every caller answered, the export's size told."""
+    bench = load_bench()
     argv = [
+        *(["--cell", cell, "--per-class", "1"] if cell else []),
         "--backbone",
         "tiny-bert",
         "--rounds",
@@ -40,3 +49,8 @@ def test_the_load_benchmark_runs_and_counts_every_answer(capsys):
     assert result["errors"] == 0 and result["served_per_s"] > 0 and result["tls"]
     assert 1 <= result["mean_batch"] <= 4  # the server's --max-batch is the benchmark's batch
     assert len(result["per_round"]) == 1 and all(v > 0 for r in result["per_round"] for v in r.values())
+    assert set(result["per_round"][0]) == {"backbone", "score", "tokenise+score", "served"}
+    files = result["export"]["bytes"]
+    assert files["total"] == sum(v for k, v in files.items() if k != "total") and files["model.json"] > 0
+    if cell:
+        assert result["export"]["method"] == "ridge" and files["scoring.safetensors"] > 150 * 40_000 * 4
