@@ -93,7 +93,9 @@ def test_a_federation_of_your_own_runs_as_written(tmp_path):
     ], done.stdout[-2000:]
     (run,) = (tmp_path / "runs").iterdir()
     metrics = json.loads((run / "results" / "metrics.json").read_text())
-    assert len(metrics["correct"]) == 2 and metrics["config"]["method"] == "lorm"  # the operator's task ran
+    assert len(metrics["correct"]) == 2 and metrics["config"]["method"] == "ridge"  # the operator's task ran
     card = json.loads((run / "results" / "model.json").read_text())
     assert card["classes"] == ["alarm", "balance", "greeting", "music"]
     assert done.stdout.count("left out: 'timer' (6), 'weather' (6)") == 2  # each site's labels of no task
+    # --eval on site-b's test file: the export's figures per task, its unscheduled labels counted apart
+    assert "all" in done.stdout and "left out of every accuracy above" in done.stdout, done.stdout[-2000:]
