@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client.backbones import build_backbone, build_model, model_spec  # noqa: E402
+from client.scoring import trimmed  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.wire.messages import LowRank  # noqa: E402
 from engine.simulation import run_inprocess  # noqa: E402
@@ -145,7 +146,7 @@ class Ceiling:
 
     @torch.inference_mode()
     def plain(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.backbone(**inputs)  # (batch, feature_dim)
+        return self.backbone(**trimmed(inputs))  # (batch, feature_dim), the batch's padding trimmed as served
 
     def rate(self, phase: str, seconds: float) -> float:
         done, start, k = 0, time.perf_counter(), 0

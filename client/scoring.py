@@ -44,6 +44,17 @@ def seen_logits(half: ClientMethod, client: Scored, plan: RoundPlan, inputs: dic
     return half.logits(client, plan, inputs)[:, : plan.seen_classes]
 
 
+def trimmed(inputs: dict[str, Tensor], mask: Tensor | None = None) -> dict[str, Tensor]:
+    """Tokens ``inputs`` without the padding columns that no row of ``mask`` (default: the batch's own
+    ``attention_mask``) uses: the same outputs (the pooling and attention leave padding out), less work. Inputs
+    without an attention mask (images) are returned as they are."""
+    own = inputs.get("attention_mask")
+    if own is None:
+        return inputs
+    width = max(int((own if mask is None else mask).sum(1).max()), 1)
+    return {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == own.shape[1] else v for k, v in inputs.items()}
+
+
 class Scored(Client, Protocol):
     """What scoring reads of a client: a method's :class:`~client.methods.base.Client` and its half (a client's
     worker is one)."""

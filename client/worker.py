@@ -22,7 +22,7 @@ from client.ledger import ClientLedger, task_classes
 from client.methods import client_method
 from client.methods.base import Samples, set_view
 from client.plans import PlanCheck
-from client.scoring import scoring_half, seen_logits
+from client.scoring import scoring_half, seen_logits, trimmed
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.run.config import RunConfig
 from common.run.partition import client_test_indices, dirichlet_partition
@@ -62,12 +62,9 @@ class EncodedData:
         padded: bool = False,
     ) -> tuple[dict[str, Tensor], Tensor]:
         inputs = {k: v[idx] for k, v in self.inputs.items()}
-        mask = inputs.get("attention_mask")
-        if mask is not None:
-            # Trim padding columns that no sample of this batch uses (same outputs, less work), or with
-            # ``padded`` those that no sample of the split uses (the width of padding=True over the split).
-            width = max(int((self.inputs["attention_mask"] if padded else mask).sum(1).max()), 1)
-            inputs = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == mask.shape[1] else v for k, v in inputs.items()}
+        # padding columns that no sample of this batch uses trimmed (same outputs, less work), or with ``padded``
+        # those that no sample of the split uses (the width of padding=True over the split)
+        inputs = trimmed(inputs, self.inputs.get("attention_mask") if padded else None)
         return {k: v.to(device) for k, v in inputs.items()}, self.labels[idx].to(device)
 
 

@@ -36,7 +36,7 @@ from client.backbones import BACKBONES, ClassifierModel, build_model, reads_text
 from client.images import image_size, image_transforms, open_rgb
 from client.methods import ClientMethod
 from client.methods.dense import DenseTrainer
-from client.scoring import ServedModel, scoring_half, seen_logits
+from client.scoring import ServedModel, scoring_half, seen_logits, trimmed
 from client.worker import resolve_device
 from common.methods import registry
 from common.projection import check as check_projection
@@ -176,8 +176,9 @@ class Classifier:
 
     @torch.inference_mode()
     def probabilities(self, inputs: dict[str, Tensor]) -> Tensor:
-        """``(batch, seen_classes)``: softmax of the method's scores over the classes learned so far."""
-        batch = {k: v.to(self.device) for k, v in inputs.items()}
+        """``(batch, seen_classes)``: softmax of the method's scores over the classes learned so far (the batch's
+        padding trimmed as a client's evaluation trims it)."""
+        batch = {k: v.to(self.device) for k, v in trimmed(inputs).items()}
         return torch.softmax(seen_logits(self.half, self.served, self.plan, batch).float(), dim=1)
 
     def predict(self, samples: Sequence[Any]) -> list[Prediction]:
