@@ -7,6 +7,7 @@ range ``low–high`` of them, holds for each."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -1230,6 +1231,26 @@ def test_the_closed_form_heads_curves_at_replace_one_quote_their_rows():
         }
         for column, epsilon in enumerate(epsilons):
             assert _agrees(table[row][column], [rows[epsilon]]), (row, epsilon, table[row][column])
+
+
+def test_the_engines_closed_form_cells_at_replace_one_quote_their_cells_and_equal_the_bench():
+    """PRIVACY.md's engine cells at the replace-one calibration (docs/results/dp-clinc150/replace-one/engine/) are
+    quoted cell by cell, each ran under replace-one at its budget, and each equals bench/dp_ridge.py's row of the
+    same head and budget count for count (the same accuracy to the last digit)."""
+    table = _privacy_table((ROOT / "docs" / "PRIVACY.md").read_text(), "| head, engine, at replace-one | ε")
+    epsilons = [h.removeprefix("ε ").strip() for h in table["head, engine, at replace-one"]]
+    for method in ("ridge", "ncm"):
+        bench = {
+            r["epsilon"]: r["accuracy"]
+            for r in json.loads((RESULTS_DIR / "dp-clinc150" / "replace-one" / f"{method}-s0.json").read_text())
+        }
+        for column, epsilon in enumerate(epsilons):
+            where = RESULTS_DIR / "dp-clinc150" / "replace-one" / "engine" / f"epsilon{epsilon}" / "cells" / method
+            cell = json.loads((where / "beta0.5" / "seed0" / "metrics.json").read_text())
+            assert cell["privacy"]["adjacency"] == "replace-one"
+            assert math.isclose(cell["privacy"]["epsilon"], float(epsilon), rel_tol=1e-9)
+            assert _agrees(table[method][column], [float(cell["faa"])]), (method, epsilon)
+            assert math.isclose(cell["faa"], bench[float(epsilon)], rel_tol=1e-12), (method, epsilon)
 
 
 def test_lorm_and_fedavg_lora_at_epsilon_8_at_replace_one_quote_their_cells():
