@@ -48,10 +48,15 @@ class ClientRuntime:
 
 
 def sample_data(
-    splits: Splits, model: ClassifierModel, max_length: int | None = None, lengths: list[int] | None = None
+    splits: Splits,
+    model: ClassifierModel,
+    max_length: int | None = None,
+    lengths: list[int] | None = None,
+    owned: bool = False,
 ) -> tuple[SampleData, SampleData]:
     """Text: both splits tokenised once, up front. Images: decoded and transformed per batch.
-    ``lengths``: the training samples' token counts, when already counted."""
+    ``lengths``: the training samples' token counts, when already counted; ``owned``: a client's own data, whose
+    ``max_length`` the coordinator fixes for every site."""
     if (splits.kind == "image") == reads_text(model):
         raise ValueError(
             f"the dataset gives {splits.kind} samples but backbone {type(model.backbone).__name__} "
@@ -63,7 +68,7 @@ def sample_data(
         assert t is not None  # Splits.__post_init__: image splits carry transforms
         return ImageData(splits.train_x, train_y, t.train, t.test), ImageData(splits.test_x, test_y, t.train, t.test)
     if max_length and splits.train_x:
-        warn_truncation(model, splits.train_x, max_length, lengths)
+        warn_truncation(model, splits.train_x, max_length, lengths, owned)
 
     def encode(texts: list[Any]) -> dict[str, torch.Tensor]:
         # A client's own data may hold no test split (or no training sample): encode one empty text for the
@@ -103,10 +108,11 @@ def chosen_max_length(config: RunConfig, splits: Splits) -> tuple[int, list[int]
 
 
 def warn_truncation(
-    model: ClassifierModel, texts: list[Any], max_length: int, lengths: list[int] | None = None
+    model: ClassifierModel, texts: list[Any], max_length: int, lengths: list[int] | None = None, owned: bool = False
 ) -> float:
     """Warn (once per client) when ``max_length`` cuts training samples; returns the share cut.
-    ``lengths``: the samples' token counts, when already counted (else the model's tokenizer counts)."""
+    ``lengths``: the samples' token counts, when already counted (else the model's tokenizer counts). ``owned``: a
+    site's own data, whose ``max_length`` is the coordinator's: the advice is for its operator."""
     lengths = lengths or model.backbone.token_lengths(texts)
     if not lengths:
         return 0.0
@@ -115,15 +121,20 @@ def warn_truncation(
         p99, longest = percentile_99(lengths), max(lengths)
         # A max_length above the current one that keeps 99 % whole, or every sample when 99 % already are.
         fits, kept = (p99, "99 %") if p99 > max_length else (longest, "all")
+        advice = (
+            "the coordinator sets it for every site: tell its operator this site's number, which `lorm-sim "
+            "--count-tokens FILE` prints (docs/DEPLOY.md), and it takes the largest of the sites'"
+            if owned
+            else f"--set max_length={fits} keeps {kept} of them whole"
+        )
         log.warning(
             "max_length %d cuts %.1f %% of the training samples (their 99th percentile is %d tokens, the longest "
-            "%d); --set max_length=%d keeps %s of them whole",
+            "%d); %s",
             max_length,
             100 * cut,
             p99,
             longest,
-            fits,
-            kept,
+            advice,
         )
     return cut
 
@@ -205,7 +216,7 @@ def build_runtime(config: RunConfig, own: OwnData | None = None, schedule: Sched
         chosen, lengths = chosen_max_length(config, splits)
         config = dataclasses.replace(config, max_length=chosen)
     model = build_model(config, head_classes(config, splits.num_classes))  # rows past the schedule: capacity
-    train, test = sample_data(splits, model, config.max_length, lengths)  # counted once
+    train, test = sample_data(splits, model, config.max_length, lengths, owned=own is not None)  # counted once
     device = resolve_device(config.device)
     if own is not None:
         return ClientRuntime(config, model, train, test, device, owned=True)
@@ -217,7 +228,7 @@ def with_tasks(runtime: ClientRuntime, schedule: Schedule, own: OwnData) -> Clie
     the rows, ``data.max_classes``), the configuration cutting ``schedule``, and this client's own data read
     again against it: the classes scheduled before keep their ids, a label now scheduled trains in its task."""
     config = with_schedule(runtime.config, schedule)
-    train, test = sample_data(load_owned(config, schedule, own), runtime.model, config.max_length)
+    train, test = sample_data(load_owned(config, schedule, own), runtime.model, config.max_length, owned=True)
     return dataclasses.replace(runtime, config=config, train=train, test=test)
 
 
@@ -238,6 +249,7 @@ def owned_runtimes(config: RunConfig, schedule: Schedule | None, owns: list[OwnD
     first = build_runtime(config, owns[0], schedule)
     runtimes = [first]
     for own in owns[1:]:
-        train, test = sample_data(load_owned(config, needed_schedule(schedule), own), first.model, config.max_length)
+        owned = load_owned(config, needed_schedule(schedule), own)
+        train, test = sample_data(owned, first.model, config.max_length, owned=True)
         runtimes.append(dataclasses.replace(first, train=train, test=test))
     return runtimes

@@ -452,6 +452,22 @@ def test_truncation_is_warned_once_with_the_share_cut_and_a_length_that_fits(tmp
     assert not [r for r in caplog.records if "max_length" in r.getMessage()]
 
 
+def test_a_site_cut_by_the_coordinators_max_length_is_told_to_report_its_number_not_a_flag_it_lacks(caplog):
+    """A site's own data: max_length is the coordinator's, and lorm-client takes no --set; the warning says who
+    chooses it and which command counts the site's number."""
+    from client.backbones import build_model
+    from client.runtime import warn_truncation
+
+    model = build_model(RunConfig(dataset="textfile", backbone="tiny-bert", max_length=4), 2)
+    texts = ["w " * n for n in (2, 3, 9, 12)]
+    with caplog.at_level("WARNING", logger="lorm.client"):
+        assert warn_truncation(model, texts, 4, owned=True) == 0.5
+        assert warn_truncation(model, texts, 4) == 0.5
+    own, shared = (r.getMessage() for r in caplog.records)
+    assert "the coordinator sets it for every site" in own and "lorm-sim --count-tokens FILE" in own
+    assert "--set max_length" not in own and "--set max_length=13 keeps 99 % of them whole" in shared
+
+
 def test_own_data_on_a_random_init_backbone_is_warned_with_the_preset_to_use(caplog):
     from client.runtime import warn_random_backbone
 
