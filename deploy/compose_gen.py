@@ -204,7 +204,7 @@ services:
     command: ["--preset", "text", "--set", "num_clients={n}", "--set", "max_length=${{LORM_MAX_LENGTH:-32}}",
               "--set", "data.max_classes=${{LORM_MAX_CLASSES:-8}}",
               "--schedule", "/etc/lorm/schedule.txt", "--open",
-              "--operator-token-file", "/run/secrets/operator.sha256", "--state-dir", "/state",
+              "--operator-digest-file", "/run/secrets/operator.sha256", "--state-dir", "/state",
               "--results-dir", "/results", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100",
               "--linger", "30", "--tls-ca", "/run/secrets/ca.crt", "--tls-cert", "/run/secrets/coordinator.crt",
               "--tls-key", "/run/secrets/coordinator.key", "--allowed-clients", "{ids}",

@@ -3,7 +3,7 @@
 ``lorm-admin status`` calls ``Operator/OperatorStatus`` with the operator's bearer token and prints
 the run's full status as JSON: its progress, the accuracy matrix and the last five history entries
 (per-step sample counts, dropped clients, the robust mode's per-client figures), which a client's
-``Status`` does not hold. The coordinator must have been started with ``--operator-token-file``
+``Status`` does not hold. The coordinator must have been started with ``--operator-digest-file``
 (the token's SHA-256); this command reads the token itself.
 
 ``lorm-admin add-task --classes a,b,c`` appends a task to an open run's schedule (``lorm-server --open``;
@@ -12,7 +12,7 @@ the run's full status as JSON: its progress, the accuracy matrix and the last fi
 scheduled task. ``--wait`` waits (up to ``--timeout``) for a coordinator that is not serving yet.
 
 ``lorm-admin token --out FILE`` makes the operator's credential: a random token in ``FILE`` (mode 0600, for
-``lorm-admin``) and its SHA-256 in ``FILE.sha256`` (for ``lorm-server --operator-token-file``).
+``lorm-admin``) and its SHA-256 in ``FILE.sha256`` (for ``lorm-server --operator-digest-file``).
 
 Exit codes: 0 done (the status or the schedule printed), 2 the call failed (its status code and details on
 stderr).

@@ -6,7 +6,7 @@ ratios) would let one client learn another's shard size by differencing two step
 poisoned update just under the bounds, so it goes to the operator alone.
 
 The operator holds a bearer token that no client is given; the coordinator keeps only its SHA-256
-digest (``--operator-token-file``: one line of 64 hex digits, ``printf %s TOKEN | sha256sum``). A
+digest (``--operator-digest-file``: one line of 64 hex digits, ``printf %s TOKEN | sha256sum``). A
 token rather than a certificate identity: it works the same under mutual TLS, client tokens or
 plaintext, and under mutual TLS every certificate from the run's CA is a client's, so an "operator"
 certificate would be one more thing the CA must never issue to a client by mistake. The token
@@ -89,13 +89,13 @@ class OperatorAuth:
 
     @classmethod
     def from_file(cls, path: str) -> OperatorAuth:
-        """Read ``--operator-token-file``: one line, the hex SHA-256 of the operator's token."""
+        """Read ``--operator-digest-file``: one line, the hex SHA-256 of the operator's token."""
         text = Path(path).read_text().strip()
         try:
             return cls(text)
         except ValueError as err:
             raise ValueError(
-                f"--operator-token-file {path}: expected one line of 64 lower-case hex digits (the token's sha256, "
+                f"--operator-digest-file {path}: expected one line of 64 lower-case hex digits (the token's sha256, "
                 f"`printf %s TOKEN | sha256sum`), got {len(text)} characters"
             ) from err
 
@@ -116,28 +116,46 @@ def refuse_without_operator(context: grpc.ServicerContext) -> NoReturn:
     _refuse(
         context,
         grpc.StatusCode.FAILED_PRECONDITION,
-        "this coordinator has no operator credential: start lorm-server with --operator-token-file FILE "
+        "this coordinator has no operator credential: start lorm-server with --operator-digest-file FILE "
         "(or read the run in its log and metrics.json)",
     )
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
-    """``lorm-server``'s flag for the operator's credential."""
+    """``lorm-server``'s flag for the operator's credential (and its old name, still read)."""
+    parser.add_argument(
+        "--operator-digest-file",
+        default=None,
+        metavar="FILE",
+        help="the file holding the sha256 hex of the operator's bearer token (`printf %%s TOKEN | sha256sum`; "
+        "lorm-admin token writes it as TOKENFILE.sha256): the token's holder may call the Operator service "
+        "(lorm-admin status, add-task, finish), the run's full recent history, which no client may read (default "
+        f"${ENV_DIGEST_FILE}; none: the Operator service is refused)",
+    )
     parser.add_argument(
         "--operator-token-file",
         default=None,
         metavar="FILE",
-        help="the file holding the sha256 hex of the operator's bearer token (`printf %%s TOKEN | sha256sum`; "
-        "lorm-admin token writes it): the token's holder may call the Operator service (lorm-admin status, "
-        "add-task, finish), the run's full recent history, which no client may read (default "
-        f"${ENV_DIGEST_FILE}; none: the Operator service is refused)",
+        help="the old name of --operator-digest-file (lorm-admin's --operator-token-file is the token itself)",
     )
 
 
 def operator_from_args(args: argparse.Namespace) -> OperatorAuth | None:
-    """The credential ``--operator-token-file`` names, or else ``$LORM_OPERATOR_DIGEST_FILE`` (``None`` without
-    either); ``ValueError`` if unusable."""
-    path = args.operator_token_file
+    """The credential ``--operator-digest-file`` (or its old name ``--operator-token-file``, with a warning) names,
+    or else ``$LORM_OPERATOR_DIGEST_FILE`` (``None`` without any); ``ValueError`` if unusable or if both flags
+    name different files."""
+    path, old = args.operator_digest_file, args.operator_token_file
+    if old is not None:
+        if path is not None and path != old:
+            raise ValueError(
+                f"--operator-digest-file {path} and --operator-token-file {old} (its old name) name different "
+                "files: give --operator-digest-file only"
+            )
+        log.warning(
+            "lorm-server --operator-token-file is now --operator-digest-file (the token's digest); the old "
+            "name is still read"
+        )
+        path = old
     if path is None:
         path, warning = renamed_variable(ENV_DIGEST_FILE, OLD_ENV_DIGEST_FILE)
         if warning:
@@ -147,4 +165,4 @@ def operator_from_args(args: argparse.Namespace) -> OperatorAuth | None:
     try:
         return OperatorAuth.from_file(path)
     except OSError as err:
-        raise ValueError(f"--operator-token-file {path}: {err.strerror}") from err
+        raise ValueError(f"--operator-digest-file {path}: {err.strerror}") from err

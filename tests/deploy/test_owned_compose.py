@@ -143,7 +143,7 @@ def test_owned_compose_coordinator_has_no_data_and_runs_the_committed_schedule(t
     assert not config.data_dir and config.section(DataSettings).open
     assert class_schedule(config) == read_schedule(DEPLOY / "schedule.txt")
     assert head_classes(config, len(scheduled_classes(read_schedule(DEPLOY / "schedule.txt")))) > 4, "no room to grow"
-    assert args.operator_token_file == str(files["/run/secrets/operator.sha256"])
+    assert args.operator_digest_file == str(files["/run/secrets/operator.sha256"])
     assert args.model_spec == str(files["/run/secrets/model-spec.json"])
     assert (args.state_dir, args.results_dir) == ("/state", "/results")
     clients = sorted(n for n in spec["services"] if n.startswith("client-"))

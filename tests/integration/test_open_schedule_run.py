@@ -104,7 +104,7 @@ def test_a_federation_on_own_data_grows_survives_a_restart_takes_a_late_client_a
     digest, token = tmp_path / "operator.sha256", tmp_path / "operator.token"
     digest.write_text(token_digest(TOKEN))
     token.write_text(TOKEN)
-    flags = ["--task", ",".join(TASKS[0]), "--open", "--operator-token-file", str(digest), "--start-with", "3"]
+    flags = ["--task", ",".join(TASKS[0]), "--open", "--operator-digest-file", str(digest), "--start-with", "3"]
     operator = ["--target", f"127.0.0.1:{c.port}", "--insecure", "--operator-token-file", str(token)]
     no_data = {"LORM_DATA_DIR": ""}
 

@@ -74,7 +74,24 @@ def test_lorm_server_reads_the_digest_file_from_its_new_name_and_its_old_one_wit
     monkeypatch.setenv(DIGEST_NEW, other)
     with pytest.raises(ValueError, match=f"differ: \\${DIGEST_OLD} is the old name of \\${DIGEST_NEW}"):
         server_operator()
-    assert server_operator("--operator-token-file", other) == OperatorAuth(token_digest("another-operator-token"))
+    assert server_operator("--operator-digest-file", other) == OperatorAuth(token_digest("another-operator-token"))
+
+
+def test_lorm_servers_flag_is_named_for_the_digest_and_its_old_name_is_read_with_a_warning(files, caplog):
+    """lorm-admin's --operator-token-file is the token; lorm-server's flag for the digest is --operator-digest-file.
+    The server's old name for it still reads, with a warning, and both naming different files is refused."""
+    digest, other = f"{files['operator']}.sha256", f"{files['other']}.sha256"
+    with caplog.at_level(logging.WARNING, logger="lorm.server.operator"):
+        assert server_operator("--operator-digest-file", digest) == OperatorAuth(token_digest(TOKEN))
+        assert not caplog.records
+        assert server_operator("--operator-token-file", digest) == OperatorAuth(token_digest(TOKEN))
+    assert [r.getMessage() for r in caplog.records] == [
+        "lorm-server --operator-token-file is now --operator-digest-file (the token's digest); the old name is still "
+        "read"
+    ]
+    assert server_operator("--operator-token-file", digest, "--operator-digest-file", digest) is not None
+    with pytest.raises(ValueError, match="name different files: give --operator-digest-file only"):
+        server_operator("--operator-token-file", other, "--operator-digest-file", digest)
 
 
 def test_lorm_server_refuses_the_two_names_set_apart_before_it_serves(files, tmp_path, monkeypatch, capsys):

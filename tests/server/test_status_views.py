@@ -116,7 +116,7 @@ def test_without_an_operator_credential_the_operators_status_is_refused(tmp_path
             with pytest.raises(grpc.RpcError) as err:
                 call(channel, OPERATOR_STATUS, OPERATOR_TOKEN)
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "--operator-token-file" in err.value.details()
+            assert "--operator-digest-file" in err.value.details()
             public = call(channel, STATUS, None)  # nobody is authenticated: run-level progress only
     finally:
         server.stop(0)
