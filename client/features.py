@@ -48,9 +48,9 @@ from torch import Tensor
 
 from client.backbones import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
+from common.aggregation.projection import draw
 from common.merges.regmean import block_gram_factor, gram_factor
 from common.privacy.gaussian import clip_rows
-from common.projection import draw
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -83,9 +83,9 @@ def normalise_layers(states: Tensor) -> Tensor:
 
 
 def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
-    """The seeded ``P: (F', F)``, float64 (``common.projection``), or ``None`` without ``rp_dim``: the run's features
-    step's (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of ``ridge.rp_dim`` rows
-    each, side by side, the rows of one ``P``)."""
+    """The seeded ``P: (F', F)``, float64 (``common.aggregation.projection``), or ``None`` without ``rp_dim``: the
+    run's features step's (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of
+    ``ridge.rp_dim`` rows each, side by side, the rows of one ``P``)."""
     dim = feature_stats_of(config).features.rp_dim
     return draw(config.seed, dim, d_in) if dim else None
 

@@ -12,7 +12,7 @@ The backbone is built from the card's name only when it is one of the project's 
 (``client.backbones.BACKBONES``); an export is data, and a hub repository, a local directory or a weights file it
 names would be code and weights of its author's choosing, so such a source is built only when the operator names it
 (``source``, ``lorm-serve --backbone`` and ``--weights``: :func:`backbone_source`). A random projection is drawn
-again from its seed and checked against the card's fingerprint (``common/projection.py``).
+again from its seed and checked against the card's fingerprint (``common/aggregation/projection.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from client.methods import ClientMethod
 from client.methods.dense import DenseTrainer
 from client.scoring import ServedModel, scoring_half, seen_logits, trimmed
 from client.worker import resolve_device
+from common.aggregation.projection import check as check_projection
 from common.methods import registry
-from common.projection import check as check_projection
 from common.run.config import RunConfig
 from common.run.settings import DataSettings
 from common.wire.messages import DenseStep, Instruction, LoraStep, LowRank, Phase, RoundPlan

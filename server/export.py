@@ -29,8 +29,8 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from common.aggregation.declared import feature_stats_of
+from common.aggregation.projection import described
 from common.infra.files import atomic_write_bytes
-from common.projection import described
 from common.run.config import RunConfig, without_client_local
 from common.run.partition import task_ranges
 from common.run.schedule import configured_classes
@@ -185,7 +185,7 @@ def export_scoring(out_dir: str | os.PathLike, plan: RoundPlan) -> Path:
 def scoring(plan: RoundPlan, config: RunConfig, spec: ModelSpec) -> Scoring:
     """The card's ``scoring``: what of ``plan`` its tensors do not hold, the run's configuration without the
     client-local settings (paths on some machine), and the random projection's seed and fingerprint when the
-    method's features step has one (``common/projection.py``)."""
+    method's features step has one (``common/aggregation/projection.py``)."""
     mapped = feature_stats_of(config).features
     width = mapped.feature_width(spec.feature_dim)
     return Scoring(

@@ -12,9 +12,9 @@ directory with a ``model.json`` holds a whole export (a reader watching it never
 - ``scoring.safetensors`` and the card's ``scoring``: the run's evaluation of the model, whole: the plan its
   clients scored with (its tensors by wire name, ``common/wire/tensors.py``, and its instruction), the run's
   configuration (the method's settings: layers, pooling, normalisation, projection, ensemble, prompts, ...) and,
-  for a random projection, its seed and fingerprint (``common/projection.py``). A server scores with the method's
-  own client half on it (``client/scoring.py``), as the run's clients did. Exports of earlier versions have no
-  ``scoring``; their adapter or delta and head are read as that plan.
+  for a random projection, its seed and fingerprint (``common/aggregation/projection.py``). A server scores with
+  the method's own client half on it (``client/scoring.py``), as the run's clients did. Exports of earlier
+  versions have no ``scoring``; their adapter or delta and head are read as that plan.
 
 The card names the classes in head order, the backbone (a name the project's ``build_backbone`` resolves:
 ``minilm``, ``tiny-bert`` with its ``model_seed``, a local model directory, ``bert:NAME``, ``timm:NAME``)
@@ -63,8 +63,8 @@ class Preprocessing:
 @dataclass(frozen=True)
 class Scoring:
     """The run's evaluation plan of the exported model (its tensors in :data:`SCORING_FILE`), and what its clients'
-    scoring read besides: the run's configuration and, for a random projection, what :func:`common.projection.check`
-    draws again."""
+    scoring read besides: the run's configuration and, for a random projection, what
+    :func:`common.aggregation.projection.check` draws again."""
 
     instruction: str  # the plan's instruction kind (common.wire.messages.Instruction.KIND)
     fields: dict[str, Any]  # its fields, as the wire sends them (Instruction.to_json)

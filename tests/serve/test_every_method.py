@@ -16,8 +16,8 @@ import pytest
 import torch
 from serving import post_predict, serving_slot
 
+from common.aggregation.projection import GENERATOR, draw, fingerprint
 from common.methods import registry
-from common.projection import GENERATOR, draw, fingerprint
 from common.wire.model_card import CARD_FILE, SCORING_FILE, ModelCard
 from serve.model import Classifier, ExportError
 from serve.watch import ModelSlot
