@@ -58,7 +58,8 @@ def test_check_your_own_data_in_one_process_runs_as_written(tmp_path):
     assert "task 1 evaluated" in done.stdout and "FAA (mean over tasks, paper)" in done.stdout
 
     results = tmp_path / "runs" / "check" / "results"
-    assert (results / "adapter" / "adapter_model.safetensors").is_file() and (results / "head.safetensors").is_file()
+    # the README federation's method: a closed-form head on the frozen encoder, its export the head and its scoring
+    assert (results / "head.safetensors").is_file() and (results / "scoring.safetensors").is_file()
     ran = RunConfig.from_json((results / "config.json").read_text())
     data = dict(ran.settings["data"])
     assert data.pop("clients_dir") == "runs/check"
