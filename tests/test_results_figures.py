@@ -1253,6 +1253,24 @@ def test_the_engines_closed_form_cells_at_replace_one_quote_their_cells_and_equa
             assert math.isclose(cell["faa"], bench[float(epsilon)], rel_tol=1e-12), (method, epsilon)
 
 
+def test_lorms_curve_at_replace_one_quotes_its_cells():
+    """PRIVACY.md's LoRM table at the replace-one calibration quotes each cell's FAA and forgetting
+    (docs/results/dp-clinc150/replace-one/epsilon*/cells/lorm/), each run under replace-one at its budget, and the
+    add-or-remove cell of the same budget beside it."""
+    table = _privacy_table((ROOT / "docs" / "PRIVACY.md").read_text(), "| `lorm`, at replace-one | ε")
+    epsilons = [h.removeprefix("ε ").strip() for h in table["`lorm`, at replace-one"]]
+    assert "1" in epsilons and "8" in epsilons
+    for column, epsilon in enumerate(epsilons):
+        where = RESULTS_DIR / "dp-clinc150" / "replace-one" / f"epsilon{epsilon}" / "cells" / "lorm" / "beta0.5"
+        cell = json.loads((where / "seed0" / "metrics.json").read_text())
+        assert cell["privacy"]["adjacency"] == "replace-one" and cell["privacy"]["budget_epsilon"] == float(epsilon)
+        for row, field in (("FAA", "faa"), ("forgetting", "forgetting")):
+            assert _agrees(table[row][column], [float(cell[field])]), (epsilon, row)
+        before = RESULTS_DIR / "dp-clinc150" / f"epsilon{epsilon}" / "cells" / "lorm" / "beta0.5" / "seed0"
+        old = json.loads((before / "metrics.json").read_text())
+        assert _agrees(table["FAA under add-or-remove"][column], [float(old["faa"])]), epsilon
+
+
 def test_lorm_and_fedavg_lora_at_epsilon_8_at_replace_one_quote_their_cells():
     """PRIVACY.md's rerun of the two DP-SGD cells at the replace-one calibration quotes each cell's FAA and
     forgetting (docs/results/dp-clinc150/replace-one/epsilon8/cells/)."""
