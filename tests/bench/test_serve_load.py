@@ -24,7 +24,9 @@ def load_bench():
 
 @pytest.mark.long(14)
 @pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").is_file(), reason="needs CLINC150's sentences")
-@pytest.mark.parametrize("cell", [None, "ridge@3layers+valx4avg"])
+# the cell's export is a real run with Grams of four 10,000-wide blocks: 85 s of the default suite's CI time, so slow
+# (its scoring is checked in the default suite at toy width by tests/serve/test_every_method.py)
+@pytest.mark.parametrize("cell", [None, pytest.param("ridge@3layers+valx4avg", marks=pytest.mark.slow)])
 def test_the_load_benchmark_runs_and_counts_every_answer(capsys, cell):
     """The LoRM-shaped synthetic export, and a real run's export of the best MiniLM recipe's scoring (shrunk to
     tiny-bert and one sentence per intent): every phase measured, every caller answered, the export's size told."""
