@@ -159,26 +159,25 @@ def export_tensors(out_dir: str | os.PathLike, kind: str, named: dict[str, Tenso
     """``<kind>.safetensors``: a method's own part of the model by name, float32 (``Strategy.exports``):
     L2P's and CODA-P's prompt pool (``prompts``), FedProto's and PILoRA's class prototypes (``prototypes``).
     With the head, the backbone delta or adapter, it is the whole trained model."""
-    tensors = {name: _float32(t) for name, t in named.items()}
-    bad = [name for name, t in tensors.items() if not torch.isfinite(t).all()]
-    if bad:
-        raise ValueError(f"{kind}: non-finite values in {bad[:3]}")
-    path = Path(out_dir) / f"{kind}.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": kind}))
-    return path
+    return _write_kind(out_dir, kind, {name: _float32(t) for name, t in named.items()})
 
 
 def export_scoring(out_dir: str | os.PathLike, plan: RoundPlan) -> Path:
     """``scoring.safetensors``: the tensors of ``plan``, the run's evaluation of the model, by wire name
     (``common/wire/tensors.py``), as its clients received them: each in its own dtype, every float one finite."""
     tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in plan.tensors.items()}
+    return _write_kind(out_dir, SCORING_FILE.removesuffix(".safetensors"), tensors)
+
+
+def _write_kind(out_dir: str | os.PathLike, kind: str, tensors: dict[str, Tensor]) -> Path:
+    """``<kind>.safetensors`` holding ``tensors`` as they are, refused (nothing written) when a float one is not
+    finite."""
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"scoring: non-finite values in {bad[:3]}")
-    path = Path(out_dir) / SCORING_FILE
+        raise ValueError(f"{kind}: non-finite values in {bad[:3]}")
+    path = Path(out_dir) / f"{kind}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": "scoring"}))
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt", "lorm.kind": kind}))
     return path
 
 
