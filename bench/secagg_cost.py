@@ -27,10 +27,11 @@ Figures per (step, mode, K, dropped):
   copy of the message, as decoding it off the wire would. Their sum is the step's wall time without the
   network, clients running in parallel.
 - bytes a surviving client sends, per round (payloads, no framing): advertise (index, two X25519 keys, the
-  seed commitment; signed: certificate and signature), share (one 160-byte sealed box per other client),
+  seed commitment; signed: certificate and signature), share (one 160-byte sealed box per other client;
+  signed: then the recipient's x-coordinate and the dealer's signature over the box's header),
   masked (16 bytes per entry), confirm (a signature) and unmask (an index and 16 bytes per survivor's seed
-  share, an index and 32 per dropped client's key share); and what it receives (roster, inbox, request,
-  confirmations).
+  share, an index and 32 per dropped client's key share; signed: each with the box's header, x-coordinate and
+  dealer's signature); and what it receives (roster, inbox, request, confirmations).
 - the coordinator's peak memory over the step, above what it held before (``tracemalloc``): its side of
   the step run again alone from a transcript of the messages it received, so that the times above are not
   slowed by tracing. Traced: Python objects and numpy arrays (keys, certificates, sealed shares, the masked
@@ -66,7 +67,7 @@ from common.run.config import RunConfig
 from common.run.presets import preset
 from common.run.settings import SecAggSettings
 from common.secagg.primitives import FixedPoint, decode, encode
-from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, ServerSession
+from common.secagg.rounds import ClientSession, Keys, ServerSession
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -175,6 +176,8 @@ def secure_run(
             sessions[i] = ClientSession(i, t, ctx, (signers or {}).get(i), verifier)
     layout = Layout.of(terms[0])
     opened: dict[str, Any] = {"expected": list(range(clients)), "threshold": t, "context": ctx, "size": layout.size}
+    if verifier is not None:  # boxes and answers carry their dealers' signatures, checked on arrival
+        opened |= {"signed": True, "check": verifier.verify}
     run = Step(opened, fixed_point(settings, clients), layout, clock, {i: Counter() for i in updates})
     with clock.of(None):
         server = ServerSession(**opened)
@@ -220,7 +223,7 @@ def secure_run(
             answer = sessions[i].reveal(inbox, survivors, dropped, confirmations)
         run.sent[i]["unmask"] += sum(INDEX + len(s) for s in answer.values())
         deliver("reveal", i, answer)
-    run.received["inbox"] = len(inbox) * BOX_BYTES
+    run.received["inbox"] = sum(len(b) for b in inbox.values())
     with clock.of(None):
         finish(server, aggregator, run)
     return run

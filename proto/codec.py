@@ -556,7 +556,7 @@ def status_from_proto(msg: pb.RunStatus) -> dict[str, Any]:
 # ------------------------------------------------------------------ secure aggregation
 
 # SecAggStage 1..8
-SECAGG_STAGES = ("advertise", "roster", "share", "inbox", "unmask", "reveal", "confirm", "confirmations")
+SECAGG_STAGES = ("advertise", "roster", "share", "inbox", "unmask", "reveal", "confirm", "confirmations", "blame")
 MAX_CERTIFICATE_BYTES = 16 * 1024
 MAX_SIGNATURE_BYTES = 512
 

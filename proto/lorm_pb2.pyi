@@ -27,6 +27,7 @@ class SecAggStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SECAGG_REVEAL: _ClassVar[SecAggStage]
     SECAGG_CONFIRM: _ClassVar[SecAggStage]
     SECAGG_CONFIRMATIONS: _ClassVar[SecAggStage]
+    SECAGG_BLAME: _ClassVar[SecAggStage]
 PHASE_UNSPECIFIED: Phase
 PHASE_TRAIN: Phase
 PHASE_TASK_GRAM: Phase
@@ -42,6 +43,7 @@ SECAGG_UNMASK: SecAggStage
 SECAGG_REVEAL: SecAggStage
 SECAGG_CONFIRM: SecAggStage
 SECAGG_CONFIRMATIONS: SecAggStage
+SECAGG_BLAME: SecAggStage
 
 class TensorHeader(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes", "crc32")

@@ -325,7 +325,7 @@ class Coordinator:
         attempt: int = 0,
     ) -> dict[str, Any]:
         """One secure-aggregation call (``stage``: advertise, roster, share, inbox, unmask, confirm,
-        confirmations, reveal) in the step's session ``attempt`` (the plan's ``secure_attempt``).
+        confirmations, reveal, blame) in the step's session ``attempt`` (the plan's ``secure_attempt``).
 
         Returns ``{"ready": False, "message": ...}`` while what is asked for is not fixed yet, else what it
         holds; refuses with ``ABORTED`` a call of another session than the open one (the step restarted:

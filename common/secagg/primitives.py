@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -253,9 +254,10 @@ def share(secret: bytes, threshold: int, clients: list[int]) -> dict[int, list[b
     return out
 
 
-def combine(shares: dict[int, list[bytes]], clients: list[int], threshold: int) -> bytes:
+def combine(shares: dict[int, list[bytes]], clients: list[int] | Mapping[int, int], threshold: int) -> bytes:
     """The secret from the shares of at least ``threshold`` of ``clients`` (``shares``: client -> its pieces;
-    ``clients``: the order :func:`share` was given, which fixes each client's x-coordinate).
+    ``clients``: the order :func:`share` was given, which fixes each client's x-coordinate, or a mapping of each
+    client to its x-coordinate).
 
     The same interpolation as pycryptodome's ``Shamir.combine`` (GF(2^128), no diffusion layer), with the
     Lagrange coefficients of a set of x-coordinates computed once and kept (:func:`_lagrange_at_zero`):
@@ -263,7 +265,7 @@ def combine(shares: dict[int, list[bytes]], clients: list[int], threshold: int) 
     each instead of ``t^2`` (measured: bench/secagg_cost.py)."""
     if len(shares) < threshold:
         raise SecAggError(f"combine: {len(shares)} shares, {threshold} needed")
-    position = {c: k + 1 for k, c in enumerate(clients)}
+    position = dict(clients) if isinstance(clients, Mapping) else {c: k + 1 for k, c in enumerate(clients)}
     chosen = sorted(shares)[:threshold]
     coefficients = _lagrange_at_zero(tuple(position[c] for c in chosen))
     blocks = len(shares[chosen[0]])

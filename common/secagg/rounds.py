@@ -46,6 +46,17 @@ unmask request and the answers: each survivor signs the request it was shown, an
 unless ``t`` survivors signed the same one (a coordinator splitting its requests between two groups
 then needs ``2t - n`` colluding clients; the mode asks ``t > 2n / 3``). Not covered: clients that
 collude with the coordinator beyond ``t - 1``, and a CA held by the coordinator (docs/RELIABILITY.md).
+
+Verifiable blame (signed mode): each dealer signs every box's header and its recipient's x-coordinate
+(:func:`~common.secagg.signing.header_message`), the coordinator checks those signatures when the boxes
+arrive, and an answer carries, beside each share of another client's secret, the header and signature it was
+checked against. So an answer holding a share its dealer did not deal is refused when it arrives (its
+sender is one more survivor that did not answer), and a dealer whose shares rebuild to another secret than
+it committed to is blamed by a proof anyone holding the run's CA can check (:func:`blame_proof`,
+:func:`check_blame`): ``t`` shares each under the dealer's own signature. A client that answered a session
+takes part in its restart only for a sum without the clients so proven and without anyone else removed
+(``client/secure.py``): a coordinator that names an honest client cannot prove it, and the difference of two
+sums is then the proven culprits' inputs alone.
 """
 
 from __future__ import annotations
@@ -77,7 +88,7 @@ from common.secagg.primitives import (
     share,
     unmask,
 )
-from common.secagg.signing import Signer, Verifier, keys_message, survivors_message
+from common.secagg.signing import Signer, Verifier, header_message, keys_message, survivors_message
 
 
 def default_threshold(clients: int, signed: bool = False) -> int:
@@ -96,6 +107,13 @@ BOX_HEADER_BYTES = 3 * TAG_BYTES  # in the clear: the dealer's commitments to th
 BOX_BYTES = BOX_HEADER_BYTES + PIECE_BYTES + 16  # sealed: ChaCha20-Poly1305 adds its 16-byte tag
 COMPLAINT = b"!"  # an unmask answer's entry for a sender whose box did not open: this tag, then the pair's box key
 MAX_SIGNATURE_BYTES = 512
+POSITION_BYTES = 4  # signed mode: after a box, the recipient's x-coordinate (big-endian), then the dealer's signature
+SIGNED_BOX_MIN, SIGNED_BOX_MAX = BOX_BYTES + POSITION_BYTES + 1, BOX_BYTES + POSITION_BYTES + MAX_SIGNATURE_BYTES
+SIGNED_SUFFIX_MIN = BOX_HEADER_BYTES + POSITION_BYTES + 1  # signed mode: an answer entry's share, then this much
+
+# A function checking ``signature`` over ``message`` under ``certificate`` (``SecAggError`` if it does not hold):
+# the run CA's ``Verifier.verify``, or ``common.secagg.signing.check_signature`` for the certificate alone.
+Check = Callable[[bytes, bytes, bytes], object]
 
 
 @dataclass(frozen=True)
@@ -113,10 +131,12 @@ class Keys:
 
 
 class Culprits(SecAggError):
-    """A failure the protocol can pin on particular clients (``culprits``: their indices, ``why``: per client)."""
+    """A failure the protocol can pin on particular clients (``culprits``: their indices, ``why``: per client).
+    ``proofs`` (signed mode): for those the clients can check, the evidence (:func:`blame_proof`)."""
 
-    def __init__(self, why: dict[int, str]) -> None:
+    def __init__(self, why: dict[int, str], proofs: dict[int, dict] | None = None) -> None:
         self.why = dict(sorted(why.items()))
+        self.proofs = dict(proofs or {})
         super().__init__("; ".join(f"client {i}: {w}" for i, w in self.why.items()))
 
 
@@ -281,6 +301,123 @@ def is_complaint(entry: bytes) -> bool:
     return entry[:1] == COMPLAINT and len(entry) in (1, 1 + KEY_BYTES)
 
 
+def sign_box(signer: Signer, box: bytes, dealer: int, recipient: int, position: int, context: bytes) -> bytes:
+    """Signed mode: ``box`` followed by the recipient's x-coordinate and the dealer's signature over both and
+    the box's header (:func:`~common.secagg.signing.header_message`)."""
+    message = header_message(context, dealer, recipient, position, box[:BOX_HEADER_BYTES])
+    return box + struct.pack(">I", position) + signer.sign(message)
+
+
+def split_signed(data: bytes, prefix: int) -> tuple[bytes, bytes, int, bytes]:
+    """``(front, header, position, signature)`` of a signed box (``prefix`` = :data:`BOX_BYTES`: the front is the
+    box) or of a signed answer entry (``prefix`` = the share's size: the front is the share, then the box's
+    header, position and signature). ``SecAggError`` if ``data`` cannot be one."""
+    least = prefix + POSITION_BYTES + 1 + (0 if prefix == BOX_BYTES else BOX_HEADER_BYTES)
+    if not least <= len(data) <= least - 1 + MAX_SIGNATURE_BYTES:
+        raise SecAggError(f"a signed entry of {len(data)} bytes: {least}..{least - 1 + MAX_SIGNATURE_BYTES} expected")
+    front, rest = data[:prefix], data[prefix:]
+    header = front[:BOX_HEADER_BYTES] if prefix == BOX_BYTES else rest[:BOX_HEADER_BYTES]
+    if prefix != BOX_BYTES:
+        rest = rest[BOX_HEADER_BYTES:]
+    (position,) = struct.unpack(">I", rest[:POSITION_BYTES])
+    return front, header, position, rest[POSITION_BYTES:]
+
+
+def check_dealt(
+    check: Check, certificate: bytes, dealer: int, recipient: int, header: bytes, position: int, sig: bytes, ctx: bytes
+) -> None:
+    """``SecAggError`` unless ``dealer`` (its certificate) signed ``header`` and ``position`` for ``recipient``."""
+    if position < 1:
+        raise SecAggError(f"client {dealer}'s box for client {recipient} names x-coordinate {position}")
+    try:
+        check(certificate, header_message(ctx, dealer, recipient, position, header), sig)
+    except SecAggError as err:
+        raise SecAggError(f"client {dealer}'s box for client {recipient} is not signed by it: {err}") from None
+
+
+def _share_kind(owner: int, survivors: list[int]) -> tuple[str, int, str]:
+    """What an answer reveals of ``owner``: ``(kind, size, what)``: a survivor's seed, a dropped client's mask key."""
+    return ("seed", SEED_BYTES, "own-mask seed") if owner in survivors else ("key", 2 * 16, "mask key")
+
+
+def check_entry(
+    check: Check | None,
+    certificate: bytes,
+    owner: int,
+    answerer: int,
+    entry: bytes,
+    survivors: list[int],
+    context: bytes,
+) -> tuple[bytes, int]:
+    """Signed mode: ``(share, position)`` of answerer's ``entry`` for ``owner``'s secret once it is a share ``owner``
+    dealt it: the share matches the header's commitment, and the header and position carry ``owner``'s signature
+    (checked when ``check`` is given). ``SecAggError`` naming what fails: the answerer revealed what it was not
+    dealt, since an honest one reveals only a share it opened from a box so signed."""
+    kind, size, what = _share_kind(owner, survivors)
+    share_, header, position, sig = split_signed(entry, size)
+    if check is not None:
+        check_dealt(check, certificate, owner, answerer, header, position, sig, context)
+    index = 0 if kind == "seed" else 1
+    if share_commitment(kind, share_, owner, answerer, context) != header[index * TAG_BYTES : (index + 1) * TAG_BYTES]:
+        raise SecAggError(f"client {answerer} revealed a share of client {owner}'s {what} unlike the one dealt it")
+    return share_, position
+
+
+def _rebuilt_at(entries: dict[int, tuple[bytes, int]], threshold: int) -> bytes:
+    """The secret from shares at the x-coordinates their dealer signed (answerer -> (share, position))."""
+    positions = sorted(p for _, p in entries.values())
+    if len(positions) < threshold or len(set(positions)) != len(positions):
+        raise SecAggError(f"x-coordinates {positions} among the shares: {threshold} distinct needed")
+    pieces = {a: [s[k : k + 16] for k in range(0, len(s), 16)] for a, (s, _) in entries.items()}
+    return combine(pieces, {a: p for a, (_, p) in entries.items()}, threshold)
+
+
+def blame_proof(owner: Keys, survivors: list[int], entries: dict[int, bytes], context: bytes) -> dict:
+    """The evidence that ``owner`` dealt shares of another secret than it committed to (signed mode): its
+    signed advertise (the commitment: a seed's, or the mask key's public half), and ``t`` answer entries each
+    holding a share under ``owner``'s signature (:func:`check_entry`). JSON; checked by :func:`check_blame`."""
+    k = owner
+    fields = (k.cipher_public, k.mask_public, k.commitment, k.certificate, k.signature)
+    return {
+        "dealer": k.index,
+        "secret": _share_kind(k.index, survivors)[0],
+        "context": context.hex(),
+        "keys": [f.hex() for f in fields],
+        "entries": {str(a): e.hex() for a, e in sorted(entries.items())},
+    }
+
+
+def check_blame(proof: dict, verifier: Verifier, context: bytes, threshold: int) -> int:
+    """The client a :func:`blame_proof` proves to have dealt shares of another secret than it committed to, once
+    every part holds under the run's CA for ``context`` (the session the proof names); ``SecAggError`` saying which
+    part does not (a coordinator blaming a client it cannot prove)."""
+    try:
+        dealer, secret = int(proof["dealer"]), str(proof["secret"])
+        keys = Keys(dealer, *(bytes.fromhex(f) for f in proof["keys"]))
+        entries = {int(a): bytes.fromhex(e) for a, e in dict(proof["entries"]).items()}
+        claimed = bytes.fromhex(proof["context"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise SecAggError(f"a blame proof that does not parse: {err!r}") from None
+    if claimed != context or secret not in ("seed", "key"):
+        raise SecAggError(f"a blame proof of client {dealer} for another session, or of a secret {secret!r}")
+    verify_roster(verifier, {dealer: keys}, context)  # its certificate, and its signed advertise of the session
+    if len(entries) != threshold or dealer in entries:
+        raise SecAggError(f"a blame proof of client {dealer} needs {threshold} other clients' shares of its secret")
+    survivors = [dealer] if secret == "seed" else []
+    dealt = {
+        a: check_entry(verifier.verify, keys.certificate, dealer, a, e, survivors, context) for a, e in entries.items()
+    }
+    rebuilt = _rebuilt_at(dealt, threshold)
+    holds = (
+        _seed_matches(keys.commitment, dealer, context, rebuilt)
+        if secret == "seed"
+        else _key_matches(keys.mask_public, rebuilt)
+    )
+    if holds:
+        raise SecAggError(f"a blame proof of client {dealer} whose shares rebuild the secret it committed to")
+    return dealer
+
+
 def _check_partition(survivors: list[int], dropped: list[int], sharers: list[int], threshold: int) -> None:
     if set(survivors) & set(dropped) or sorted(set(survivors) | set(dropped)) != sorted(sharers):
         raise SecAggError(
@@ -346,11 +483,15 @@ class ClientSession:
         seeds, keys = share(self.seed, self.threshold, clients), share(self.mask_private, self.threshold, clients)
         pieces = {j: seeds[j][0] + b"".join(keys[j]) for j in clients}  # 16 bytes of seed share, 32 of key share
         self.own = pieces[self.index]  # its own shares: kept, never sent
-        return {
+        boxes = {
             j: seal(self.cipher_private, roster[j].cipher_public, self.index, j, pieces[j], self.context)
             for j in clients
             if j != self.index
         }
+        if self.signer is None:
+            return boxes
+        position = {j: k + 1 for k, j in enumerate(clients)}  # the x-coordinates share() dealt at
+        return {j: sign_box(self.signer, b, self.index, j, position[j], self.context) for j, b in boxes.items()}
 
     def mask(self, values: np.ndarray, sharers: list[int]) -> np.ndarray:
         """``y_i``: the encoded ``values`` masked, pairwise with ``sharers`` (``U2``)."""
@@ -419,7 +560,10 @@ class ClientSession:
         boxes and nothing else, so that the coordinator can tell whose box is wrong
         (:meth:`ServerSession.complaint_verdicts`); in the signed mode it reveals no key, since a coordinator that
         deviates could spoil boxes on purpose to collect this client's shares. A box of another size, or one
-        missing, the coordinator should have refused: ``SecAggError`` (this client sits the session out)."""
+        missing, the coordinator should have refused: ``SecAggError`` (this client sits the session out); so too,
+        in the signed mode, a box without its dealer's signature over its header (the coordinator checks each).
+        Signed, each share of another client's secret goes out with that header, the x-coordinate and the dealer's
+        signature (:func:`check_entry`), so that the answer proves what it holds was dealt."""
         if self.answered:
             raise SecAggError(f"client {self.index} has answered this step's unmask request already")
         self._check_request(survivors, dropped)
@@ -427,19 +571,23 @@ class ClientSession:
             self.check_confirmations(survivors, dropped, confirmations or {})
         plain = {self.index: self.own}
         complaints: dict[int, bytes] = {}
+        signed: dict[int, bytes] = {}  # signed mode: per sender, the header, x-coordinate and signature of its box
         for j in self.sharers:
             if j == self.index:
                 continue
             if j not in inbox:
                 raise SecAggError(f"client {self.index} holds no shares from client {j}")
-            root = box_key(self.cipher_private, self.roster[j].cipher_public, self.context)
-            opened = open_with(root, j, self.index, inbox[j], self.context)
-            if (len(opened) != PIECE_BYTES) if opened is not None else (len(inbox[j]) != BOX_BYTES):
-                size = (
-                    f"hold {len(opened)} bytes, not {PIECE_BYTES}"
-                    if opened is not None
-                    else f"are {len(inbox[j])} bytes"
+            box = inbox[j]
+            if self.verifier is not None:
+                box, header, position, sig = split_signed(box, BOX_BYTES)
+                check_dealt(
+                    self.verifier.verify, self.roster[j].certificate, j, self.index, header, position, sig, self.context
                 )
+                signed[j] = header + inbox[j][BOX_BYTES:]  # the position and signature follow the box
+            root = box_key(self.cipher_private, self.roster[j].cipher_public, self.context)
+            opened = open_with(root, j, self.index, box, self.context)
+            if (len(opened) != PIECE_BYTES) if opened is not None else (len(box) != BOX_BYTES):
+                size = f"hold {len(opened)} bytes, not {PIECE_BYTES}" if opened is not None else f"are {len(box)} bytes"
                 raise SecAggError(
                     f"client {j}'s sealed shares for client {self.index} {size}: the coordinator relays boxes of "
                     f"{BOX_BYTES} bytes only"
@@ -451,7 +599,8 @@ class ClientSession:
         self.answered = True
         self.complaints = sorted(complaints)
         answer = {j: plain[j][:SEED_BYTES] for j in survivors if j in plain}
-        return answer | {j: plain[j][SEED_BYTES:] for j in dropped if j in plain} | complaints
+        answer |= {j: plain[j][SEED_BYTES:] for j in dropped if j in plain}
+        return {j: a + signed.get(j, b"") for j, a in answer.items()} | complaints
 
 
 @dataclass
@@ -477,6 +626,10 @@ class ServerSession:
     confirmations: dict[int, bytes] = field(default_factory=dict)  # signed mode: survivor -> its signed request
     received: dict[str, int] = field(default_factory=dict)  # round -> bytes the clients sent in it
     prints: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)  # keys' fingerprints (a cache)
+    signed: bool = False  # the signed mode: boxes and answers carry their dealers' signatures (verifiable blame)
+    # Signed mode: checks a signature under a roster certificate (the caller's: the run CA's when it has it). None:
+    # signatures are not checked here (the clients check them); their form and the shares' commitments still are.
+    check: Check | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= len(self.expected):
@@ -525,10 +678,20 @@ class ServerSession:
         if sorted(boxes) != sorted(j for j in self.roster if j != sender):
             raise SecAggError(f"client {sender} must send shares to each other client of the roster, once")
         sizes = {len(b) for b in boxes.values()}
-        if sizes - {BOX_BYTES}:
+        if not self.signed and sizes - {BOX_BYTES}:
             raise SecAggError(
                 f"client {sender}'s sealed shares must be {BOX_BYTES} bytes each, got sizes {sorted(sizes)}"
             )
+        if self.signed:
+            position = {j: k + 1 for k, j in enumerate(sorted(self.roster))}
+            for j, b in sorted(boxes.items()):
+                _, header, at, sig = split_signed(b, BOX_BYTES)
+                if at != position[j]:
+                    raise SecAggError(
+                        f"client {sender}'s box for client {j} names x-coordinate {at}, not its place {position[j]}"
+                    )
+                if self.check is not None:
+                    check_dealt(self.check, self.roster[sender].certificate, sender, j, header, at, sig, self.context)
         self.boxes[sender] = dict(boxes)
         self._count("share", sum(len(b) for b in boxes.values()))
 
@@ -597,13 +760,24 @@ class ServerSession:
         if answerer not in survivors:
             raise SecAggError(f"client {answerer} answered the unmask request but is not a survivor")
         want = {j: 16 for j in survivors} | {j: 32 for j in dropped}
+        suffix = (SIGNED_SUFFIX_MIN, SIGNED_SUFFIX_MIN - 1 + MAX_SIGNATURE_BYTES) if self.signed else (0, 0)
         if sorted(shares) != sorted(want) or any(
-            len(s) != want[j] and (j == answerer or not is_complaint(s)) for j, s in shares.items()
+            not (
+                len(s) == want[j]
+                if j == answerer
+                else is_complaint(s) or want[j] + suffix[0] <= len(s) <= want[j] + suffix[1]
+            )
+            for j, s in shares.items()
         ):
             raise SecAggError(
                 f"client {answerer}'s unmask answer does not hold one share (or a complaint about another's box) "
                 "per client of the step"
             )
+        if self.signed:  # each share one its owner dealt the answerer, under its signature
+            assert self.roster is not None
+            for j, s in sorted(shares.items()):
+                if j != answerer and not is_complaint(s):
+                    check_entry(self.check, self.roster[j].certificate, j, answerer, s, survivors, self.context)
         self.revealed[answerer] = dict(shares)
         self._count("unmask", sum(len(s) for s in shares.values()))
 
@@ -627,7 +801,8 @@ class ServerSession:
         roster = self.roster
         positions = sorted(roster)  # the x-coordinates each client's shares were made for
         blamed, _ = self.complaint_verdicts()
-        liars = self._wrong_shares(survivors)
+        proofs: dict[int, dict] = {}
+        liars = {} if self.signed else self._wrong_shares(survivors)  # signed: each share checked on arrival
         if liars:
             raise Culprits(blamed | liars)
         seeds: dict[int, bytes] = {}
@@ -643,19 +818,59 @@ class ServerSession:
                 check = functools.partial(_key_matches, roster[j].mask_public)
                 what = "mask key"
             try:
-                secret = rebuild(pieces, positions, self.threshold, check, j, what)
+                if self.signed:
+                    secret = self._rebuild_signed(j, answers, survivors, check, what, positions)
+                else:
+                    secret = rebuild(pieces, positions, self.threshold, check, j, what)
             except Culprits as err:
                 blamed |= err.why
+                proofs |= err.proofs
                 continue
             except SecAggError:
                 if blamed:  # too few shares left, and the complaints named whose boxes were wrong
-                    raise Culprits(blamed) from None
+                    raise Culprits(blamed, proofs) from None
                 raise
             (seeds if j in survivors else keys)[j] = secret
         if blamed and (len(seeds) < len(survivors) or len(keys) < len(dropped)):
-            raise Culprits(blamed)
+            raise Culprits(blamed, proofs)
         publics = {j: roster[j].mask_public for j in self.sharers}
         return unmask(self.total, survivors, keys, seeds, publics, self.context)
+
+    def _rebuild_signed(
+        self,
+        owner: int,
+        answers: dict[int, bytes],
+        survivors: list[int],
+        check: Callable[[bytes], bool],
+        what: str,
+        positions: list[int],
+    ) -> bytes:
+        """Signed mode: ``owner``'s secret from ``threshold`` shares under its signature, at the x-coordinates it
+        signed; one that fails ``check`` is :class:`Culprits` naming ``owner`` with the proof (:func:`blame_proof`).
+        With fewer such shares than the threshold (complaints, few answers) the owner's own answer joins them at its
+        place, and a failure names the owner without a proof."""
+        assert self.roster is not None
+        dealt = {
+            a: check_entry(None, b"", owner, a, e, survivors, self.context) for a, e in answers.items() if a != owner
+        }
+        why = f"dealt shares of its {what} that rebuild to another value than it committed to"
+        if len(dealt) < self.threshold:
+            if owner in answers:
+                dealt[owner] = (answers[owner], positions.index(owner) + 1)
+            if len(dealt) < self.threshold:
+                raise SecAggError(
+                    f"client {owner}'s {what}: {len(dealt)} shares left, fewer than the threshold {self.threshold}"
+                )
+            secret = _rebuilt_at(dict(sorted(dealt.items())[: self.threshold]), self.threshold)
+            if not check(secret):
+                raise Culprits({owner: why})
+            return secret
+        chosen = dict(sorted(dealt.items())[: self.threshold])
+        secret = _rebuilt_at(chosen, self.threshold)
+        if not check(secret):
+            proof = blame_proof(self.roster[owner], survivors, {a: answers[a] for a in chosen}, self.context)
+            raise Culprits({owner: why + " (its own signatures prove it)"}, {owner: proof})
+        return secret
 
     def _wrong_shares(self, survivors: list[int]) -> dict[int, str]:
         """The answerers that revealed a share other than the one its dealer committed to dealing them. An
@@ -785,6 +1000,7 @@ def session_state(session: ServerSession) -> dict:
         "revealed": {str(i): {str(j): s.hex() for j, s in shares.items()} for i, shares in session.revealed.items()},
         "confirmations": {str(i): sig.hex() for i, sig in session.confirmations.items()},
         "received": session.received,
+        "signed": session.signed,
     }
 
 
@@ -802,4 +1018,5 @@ def session_from_state(state: dict) -> ServerSession:
         revealed={int(i): {int(j): bytes.fromhex(s) for j, s in sh.items()} for i, sh in state["revealed"].items()},
         confirmations={int(i): bytes.fromhex(sig) for i, sig in state.get("confirmations", {}).items()},
         received=dict(state["received"]),
+        signed=bool(state.get("signed", False)),
     )

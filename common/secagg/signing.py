@@ -12,7 +12,8 @@ certificate from the run's CA (``server/certs.py``), so no extra PKI is needed:
 - :class:`Verifier`: the run's CA; ``identity(certificate)`` checks the certificate is a client
   certificate of that CA and returns its client id, ``verify(certificate, message, signature)``
   also checks the signature. Every failure is a :class:`~common.secagg.primitives.SecAggError` naming it.
-- :func:`keys_message`, :func:`survivors_message`: the only byte strings a client signs.
+- :func:`keys_message`, :func:`survivors_message`, :func:`header_message`: the only byte strings a client
+  signs.
 
 Message format: ``PREFIX || field(kind) || field(f_1) || ... || field(f_k)`` with
 ``field(x) = uint32_be(len(x)) || x``, ``kind`` a fixed ASCII tag and ``k`` fixed per kind. A
@@ -50,6 +51,7 @@ MIN_EC_BITS = 224  # the security of RSA-2048 (112 bits); refuses P-192 and the 
 PREFIX = b"lorm-secagg-signed/v1\x00"
 KEYS = "keys"
 SURVIVORS = "survivors"
+HEADER = "header"
 _E = TypeVar("_E", bound=x509.ExtensionType)
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.DIGEST_LENGTH)
 # cryptography >= 45 validates client certificates itself (RFC 5280 path validation) under an extension
@@ -125,12 +127,29 @@ def survivors_message(context: bytes, survivors: list[int], dropped: list[int]) 
     return _message(SURVIVORS, fields)
 
 
+def header_message(context: bytes, dealer: int, recipient: int, position: int, header: bytes) -> bytes:
+    """What a dealer signs for each box it seals (signed mode): the box's header in the clear (its commitments to
+    the two shares inside and to the pair's box key) and the recipient's x-coordinate ``position`` in the dealer's
+    Shamir sharing. With it, any party holding the run's CA can tell a share the dealer dealt from one it did not,
+    and rebuild the dealer's secret at the x-coordinates the dealer itself chose: the evidence by which a dealer whose
+    shares rebuild to another secret than it committed to is blamed (``common.secagg.rounds.check_blame``), and by
+    which no one can frame an honest dealer."""
+    fields = {
+        "context": context,
+        "dealer": _index(dealer, "dealer"),
+        "recipient": _index(recipient, "recipient"),
+        "position": _index(position, "position"),
+        "header": header,
+    }
+    return _message(HEADER, fields)
+
+
 def _describe(message: bytes) -> str:
     """``a keys message`` for a message of this module (the kind read back), else its length."""
     if message.startswith(PREFIX) and len(message) >= len(PREFIX) + 4:
         (size,) = struct.unpack_from(">I", message, len(PREFIX))
         kind = message[len(PREFIX) + 4 : len(PREFIX) + 4 + size]
-        if kind in (KEYS.encode(), SURVIVORS.encode()):
+        if kind in (KEYS.encode(), SURVIVORS.encode(), HEADER.encode()):
             return f"a {kind.decode()} message"
     return f"a message of {len(message)} bytes"
 

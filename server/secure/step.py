@@ -166,15 +166,32 @@ class SecureStep:
             self.earlier: dict[str, int] = {}  # bytes received in the step's abandoned sessions, per round
             self.excluded: dict[int, str] = {}  # clients caught deviating in this step, and what they did
             self.failures: list[str] = []  # why each failed session of the step failed
-            self.session = ServerSession(self.members(), self.t, context(plan))
+            self.proofs: dict[int, dict] = {}  # signed mode: excluded client -> the evidence, for the clients to check
+            self.session = self._session()
         else:  # resumed: the survivors' staged inputs are added again (resume) before anything else
             self.attempt, self.earlier = state.get("attempt", 0), dict(state.get("earlier", {}))
             self.excluded = {int(i): why for i, why in state.get("excluded", {}).items()}
             self.failures = list(state.get("failures", []))
+            self.proofs = {int(i): proof for i, proof in state.get("proofs", {}).items()}
             self.session = session_from_state(state["session"])
+            self.session.check = self._check
         self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
         self.opened = time.monotonic()  # when the open round began (resumed: the resume)
         self.knocking: set[int] = set()  # clients refused a place in this session since it began (alive, keyless)
+
+    def _check(self, certificate: bytes, message: bytes, signature: bytes) -> object:
+        """A signature under a client's certificate: the run CA's when the coordinator has it (signed mode)."""
+        if self.verifier is not None:
+            return self.verifier.verify(certificate, message, signature)
+        check_signature(certificate, message, signature)
+        return None
+
+    def _session(self) -> ServerSession:
+        """A fresh session of the step's open attempt."""
+        ctx = context(self.plan_for_clients())
+        return ServerSession(
+            self.members(), self.t, ctx, signed=self.signed, check=self._check if self.signed else None
+        )
 
     def members(self) -> list[int]:
         """The clients a fresh session of the step expects: all but those caught deviating in it."""
@@ -205,7 +222,7 @@ class SecureStep:
         self.earlier = added_counts(self.earlier, self.session.received)
         self.excluded |= exclude or {}
         self.attempt += 1
-        self.session = ServerSession(self.members(), self.t, context(self.plan_for_clients()))
+        self.session = self._session()
         self.resumed_survivors, self.knocking = None, set()
         self.round_closed()
 
@@ -242,6 +259,7 @@ class SecureStep:
             "earlier": self.earlier,
             "excluded": {str(i): why for i, why in self.excluded.items()},
             "failures": self.failures,
+            "proofs": {str(i): proof for i, proof in self.proofs.items()},
         }
 
     def may_join(self, index: int) -> bool:
@@ -435,6 +453,8 @@ class SecureStep:
         clients are left for the threshold; then the step gives up. Raises :class:`SessionFailed`."""
         where = f"{self.where} (attempt {self.attempt})"
         culprits = err.why if isinstance(err, Culprits) else {}
+        if isinstance(err, Culprits):  # signed mode: the evidence the clients check before a restart
+            self.proofs |= {i: {"attempt": self.attempt, **proof} for i, proof in err.proofs.items()}
         self.failures.append(f"{type(err).__name__}: {err}")
         named = f"; excluding clients {sorted(culprits)} from the step" if culprits else "; nobody can be named"
         self.emit(f"{where} failed: {err}{named}")
@@ -547,6 +567,13 @@ class SecureStep:
         self.staging.save(self.state())
         fault_point("secagg.revealed")
 
+    def _blame(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
+        """Signed mode: the proofs against the clients excluded from the step (client -> JSON), by which a client
+        that answered an earlier session checks that the restart leaves out only clients proven to deviate."""
+        if not self.signed:
+            raise SecAggError("this run's secure aggregation is not signed: there is no blame to prove")
+        return {"ready": True, "shares": {i: json.dumps(p, sort_keys=True).encode() for i, p in self.proofs.items()}}
+
     def _wait(self, message: str) -> Reply:
         return {"ready": False, "retry_after_s": self.timing.retry_after_s, "message": message}
 
@@ -559,4 +586,5 @@ class SecureStep:
         "confirm": _confirm,
         "confirmations": _confirmations,
         "reveal": _reveal,
+        "blame": _blame,
     }
