@@ -26,8 +26,9 @@ input (or, under distributed DP, an average that halves the noise). The ledger w
 reveals anything, the digest of each step's inputs (:func:`inputs_digest`: the plan's instruction, task, classes and
 tensors, not its labels) whose unmask request counted it among at least the threshold's survivors; those inputs are
 never masked again (:meth:`ClientLedger.may_mask`), in this run or any other on the same data, under any label. One
-exception, in the honest mode without a budget: the protocol's restart of the step just answered (its answers named a
-culprit, who is left out) may mask them again, before the run moves on. A session that failed before its unmask
+exception, outside distributed DP: the protocol's restart of the step just answered (its answers named a culprit, who
+is left out) may mask them again, before the run moves on; in the signed mode only for a sum of the same survivors
+less clients proven to deviate (:meth:`ClientLedger.restart_survivors`). A session that failed before its unmask
 request spent nothing, and the client takes part in the next.
 
 **Kept on disk, keyed to the data, across runs.** The file (``path``) belongs to this client's data (its digest,
@@ -190,7 +191,7 @@ class ClientLedger:
         budget = self.settings.epsilon if self.settings.enabled else 0.0
         self.entry = RunEntry(config.run_id, budget, self.settings.delta if budget else 0.0, self.settings.mode)
         self.others: dict[str, RunEntry] = {}  # the other runs on the same data
-        self.masked: dict[str, list[Any]] = {}  # inputs digest -> [run key, task, round, phase, session]
+        self.masked: dict[str, list[Any]] = {}  # inputs digest -> [run key, task, round, phase, session, survivors]
         self.latest = ""  # the inputs digest written down last
         self.last: tuple[tuple[int, int, str], ClientUpdate] | None = None  # the last step released, and its update
         self.ledger: TrainingLedger | None = None  # the run's noise plan and its counts (the entry's), once pinned
@@ -316,24 +317,39 @@ class ClientLedger:
     def may_mask(self, plan: RoundPlan) -> bool:
         """Whether this client may mask ``plan``'s inputs for its secure session: not when a session of any step, in
         any run on these records, with the same inputs reached an unmask request that counted this client (its
-        sum may be out). The very session written down may go on (a retried answer). In the honest mode without a
-        budget, a later session of the very step written down last (the protocol's restart after answers that named a
-        culprit, which the complaint round keeps from being an honest client) may mask them again. Never in the signed
-        mode (a coordinator that deviates could name anyone and restart without its victim) nor under distributed DP
-        (a fresh noise share would average the first one's down)."""
+        sum may be out). The very session written down may go on (a retried answer). A later session of the very
+        step written down last (the protocol's restart after answers that named a culprit, who is left out) may mask
+        them again: in the honest mode, where the complaint round keeps the culprit from being an honest client; in
+        the signed mode, where a coordinator that deviates could name anyone, only for a sum it may unmask without
+        clients proven to deviate and nobody else (:meth:`restart_survivors`, checked before the client reveals
+        anything). Never under distributed DP (a fresh noise share would average the first one's down)."""
         digest = inputs_digest(plan)
         seen = self.masked.get(digest)
-        if seen is None or seen == self._session(plan):
+        if seen is None or seen[:5] == self._session(plan):
             return True
-        restart = seen[:4] == self._session(plan)[:4] and plan.secure_attempt > seen[4] and digest == self.latest
-        honest = self.config.section(SecAggSettings).mode != "signed" and not self.settings.distributed
-        return restart and honest
+        return self._restart(plan, digest, seen) and not self.settings.distributed
 
-    def unmasking(self, plan: RoundPlan) -> None:
-        """``plan``'s session asks to unmask a sum that holds this client's inputs: written down before the client
-        answers."""
+    def restart_survivors(self, plan: RoundPlan) -> list[int] | None:
+        """Signed mode: when ``plan`` restarts the step whose unmask request this client answered last, the survivors
+        of that request: the restart's sum may leave out only clients proven to deviate from it (``client/secure.py``),
+        or the difference of the two sums would be the input of an honest client the coordinator left out. ``None``
+        otherwise (the client's first session over these inputs: nothing to difference)."""
+        digest = inputs_digest(plan)
+        seen = self.masked.get(digest)
+        if seen is None or seen[:5] == self._session(plan) or not self._restart(plan, digest, seen):
+            return None
+        if self.config.section(SecAggSettings).mode != "signed":
+            return None
+        return [int(i) for i in seen[5]] if len(seen) > 5 else []
+
+    def _restart(self, plan: RoundPlan, digest: str, seen: list[Any]) -> bool:
+        return seen[:4] == self._session(plan)[:4] and plan.secure_attempt > seen[4] and digest == self.latest
+
+    def unmasking(self, plan: RoundPlan, survivors: list[int] | None = None) -> None:
+        """``plan``'s session asks to unmask a sum of ``survivors``' inputs, this client's among them: written down
+        before the client answers."""
         self.latest = inputs_digest(plan)
-        self.masked[self.latest] = self._session(plan)
+        self.masked[self.latest] = [*self._session(plan), sorted(survivors or [])]
         if self.settings.distributed:
             self.entry.unmasked = True
             self.entry.spent = self.epsilon_spent()

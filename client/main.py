@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped = (*step, plan.secure_attempt)
             continue
         if secure and plan.phase != Phase.EVALUATE:
-            rounds = SecureRounds(client, config, runtime.spec, index, plan, security=security)
+            answered = ledger.restart_survivors(plan) if ledger is not None else None
+            rounds = SecureRounds(client, config, runtime.spec, index, plan, security=security, answered=answered)
             try:
                 rounds.begin()  # keys and sealed shares before training: the others need them to mask
             except SecAggError as err:  # a roster a hostile peer or coordinator spoilt: this session goes on without us

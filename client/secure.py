@@ -9,11 +9,16 @@ unmask request and answer it.
 In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
 signed with the client's mTLS key and every roster entry is checked against the run's CA, and the
 client signs the unmask request and waits for the threshold's signatures over the same request
-before it reveals anything (``common/secagg/rounds.py``).
+before it reveals anything (``common/secagg/rounds.py``). A restart of a session this client answered it
+answers only for the same survivors less the clients the coordinator proves to have dealt wrong shares
+(:func:`common.secagg.rounds.check_blame`, each proof under the dealer's own signatures): anyone else left out
+would make the two sums' difference an honest client's input.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +29,7 @@ from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
-from common.secagg.rounds import ClientSession
+from common.secagg.rounds import ClientSession, check_blame
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import client_terms, context, masked_update, run_encoding, threshold
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -67,9 +72,12 @@ class SecureRounds:
         index: int,
         plan: RoundPlan,
         security: Security | None = None,
+        answered: list[int] | None = None,
     ) -> None:
         settings = config.section(SecAggSettings)
         self.client, self.index, self.plan = client, index, plan
+        # Signed mode, a restart of a session this client answered: that session's survivors (else None)
+        self.answered = answered
         self.spec, self.config = spec, config
         self.fp, self.noise = run_encoding(settings, config.section(DpSettings), config.num_clients)
         signer, verifier = signing(settings, security)
@@ -104,12 +112,12 @@ class SecureRounds:
         self,
         update: ClientUpdate,
         push: Callable[[ClientUpdate], object],
-        unmasking: Callable[[], None] | None = None,
+        unmasking: Callable[[list[int]], None] | None = None,
     ) -> int:
         """Mask and push ``update``'s terms with ``push``, then answer the unmask request; returns how
-        many clients' sum the coordinator unmasks. ``unmasking``: called, before anything is revealed, when the
-        request counts this client among at least the threshold's survivors (from then on the sum, this client's
-        noised terms in it, can be unmasked)."""
+        many clients' sum the coordinator unmasks. ``unmasking``: called with the survivors, before anything is
+        revealed, when the request counts this client among at least the threshold's survivors (from then on the
+        sum, this client's noised terms in it, can be unmasked)."""
         inbox = self._until_ready("inbox")
         # the step's aggregator, whose folding defines the terms: what the coordinator would have folded is masked
         terms = client_terms(make_aggregator(self.plan, self.spec, self.config), update)  # UpdateRejected: not sent
@@ -120,9 +128,11 @@ class SecureRounds:
         if self.index not in survivors:
             log.info("the coordinator closed the inputs without this client's; it does not answer")
             return len(survivors)
-        if unmasking is not None and len(survivors) >= self.session.threshold:
-            unmasking()
         try:
+            if self.answered is not None:
+                self.check_restart(survivors)
+            if unmasking is not None and len(survivors) >= self.session.threshold:
+                unmasking(survivors)
             answer = self._answer(inbox["shares"], survivors, dropped)
         except SecAggError as err:
             raise self._refuse(err) from err
@@ -134,6 +144,36 @@ class SecureRounds:
             )
         self.client.secagg(self.plan, self.index, "reveal", shares=answer)
         return len(survivors)
+
+    def check_restart(self, survivors: list[int]) -> None:
+        """Signed mode, the restart of a session this client answered (survivors ``self.answered``): ``SecAggError``
+        unless ``survivors`` are exactly those less the clients the coordinator's proofs show to have dealt shares of
+        another secret than they committed to (:func:`common.secagg.rounds.check_blame`, each checked here under the
+        run's CA and the session it names). Then the two sums differ by the proven clients' inputs alone."""
+        assert self.session.verifier is not None, "a restart is checked in the signed mode"
+        proofs = self._until_ready("blame")["shares"]
+        proven: set[int] = set()
+        refused: list[str] = []
+        for culprit, data in sorted(proofs.items()):
+            try:
+                proof = json.loads(data)
+                attempt = int(proof["attempt"])
+                if not 0 <= attempt < self.plan.secure_attempt:
+                    raise SecAggError(f"a proof of session {attempt}, not an earlier one")
+                earlier = context(dataclasses.replace(self.plan, secure_attempt=attempt))
+                dealer = check_blame(proof, self.session.verifier, earlier, self.session.threshold)
+            except (SecAggError, ValueError, KeyError, TypeError, RecursionError) as err:
+                refused.append(f"client {culprit}: {str(err)[:200]}")
+                continue
+            proven.add(dealer)
+        want = sorted(set(self.answered or []) - proven)
+        if sorted(survivors) != want:
+            raise SecAggError(
+                f"the restart asks to unmask the sum of clients {sorted(survivors)}, but this client answered an "
+                f"earlier session of the step for clients {sorted(self.answered or [])}, and only {sorted(proven)} are "
+                f"proven to have deviated{' (refused proofs: ' + '; '.join(refused) + ')' if refused else ''}: the two "
+                "sums would differ by another client's input"
+            )
 
     def _answer(self, boxes: dict[int, bytes], survivors: list[int], dropped: list[int]) -> dict[int, bytes]:
         """The unmask answer, after the consistency round in the signed mode (the same request, signed by the

@@ -239,8 +239,17 @@ def test_a_secure_sum_over_the_same_inputs_is_given_once_whatever_its_labels(tmp
     signed = own_text_config(settings=own_text_config().settings | {"secagg": {"enabled": True, "mode": "signed"}})
     against_a_deviating_coordinator = ClientLedger.of(signed)
     assert against_a_deviating_coordinator is not None
-    against_a_deviating_coordinator.unmasking(plans(signed)[0])  # it could name anyone and restart without its victim
-    assert not against_a_deviating_coordinator.may_mask(dataclasses.replace(plans(signed)[0], secure_attempt=1))
+    # It could name anyone and restart without its victim: the restart is masked, but answered only for the first
+    # session's survivors less the clients proven to deviate (client/secure.py), which the ledger remembers
+    first = plans(signed)[0]
+    assert against_a_deviating_coordinator.restart_survivors(dataclasses.replace(first, secure_attempt=1)) is None
+    against_a_deviating_coordinator.unmasking(first, [3, 0, 2])
+    restart = dataclasses.replace(first, secure_attempt=1)
+    assert against_a_deviating_coordinator.may_mask(restart)
+    assert against_a_deviating_coordinator.restart_survivors(restart) == [0, 2, 3]
+    assert against_a_deviating_coordinator.restart_survivors(first) is None  # the answered session itself: a retry
+    assert not against_a_deviating_coordinator.may_mask(dataclasses.replace(first, round=5, secure_attempt=1))
+    assert plain.restart_survivors(dataclasses.replace(second, secure_attempt=1)) is None  # the honest mode
 
 
 def test_only_the_sites_operator_resets_the_account(tmp_path, capsys):

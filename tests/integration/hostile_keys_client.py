@@ -5,7 +5,10 @@ trains honestly and reports its evaluations honestly; in its secure sessions:
 - ``--low-order R``: in training round ``R``'s first session it advertises a low-order mask key (the all-zero
   point, signed as the protocol asks: only the point is wrong) and, refused, sends nothing more;
 - ``--garbage-box R``: in training round ``R``'s first session it sends client 0 a box of random bytes (the
-  others' boxes honest), then masks its honest update and answers the unmask request honestly;
+  others' boxes honest; in the signed mode under its own signature, as a hostile dealer can), then masks its
+  honest update and answers the unmask request honestly;
+- ``--bad-deal R``: in training round ``R``'s first session it deals shares of another own-mask seed than the one
+  it committed to (and masks with that other seed), then answers honestly: its seed cannot be rebuilt;
 
 and in every other session it drops: keys and shares sent, no masked input. Every wait is bounded.
 
@@ -26,7 +29,7 @@ from hostile_client import Hostile, say
 from client.secure import signing
 from client.transport import Rejected
 from common.methods import make_aggregator
-from common.secagg.rounds import BOX_BYTES, ClientSession, Keys
+from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, sign_box
 from common.secagg.signing import keys_message
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
@@ -36,7 +39,7 @@ class HostileKeys(Hostile):
     def __init__(self, args: argparse.Namespace) -> None:
         args.wrong_share = args.garbage = -1
         super().__init__(args)
-        self.low_order, self.garbage_box = args.low_order, args.garbage_box
+        self.low_order, self.garbage_box, self.bad_deal = args.low_order, args.garbage_box, args.bad_deal
 
     def secure_step(self, plan: RoundPlan, train: Callable[[], object], key: str) -> None:
         signer, verifier = signing(self.settings, self.security)
@@ -59,14 +62,23 @@ class HostileKeys(Hostile):
             return
         self.client.secagg(plan, self.index, "advertise", keys=session.advertise())
         roster = self.poll(plan, "roster")["roster"]
+        bad_deal = first and plan.round == self.bad_deal
+        if bad_deal:
+            session.seed = os.urandom(len(session.seed))  # committed to the first seed at advertise
         boxes = session.share(roster)
-        if not (first and plan.round == self.garbage_box):
+        if bad_deal:
+            self.client.secagg(plan, self.index, "share", shares=boxes)
+            say(f"{what}: dealt shares of another seed than committed")
+        elif not (first and plan.round == self.garbage_box):
             self.client.secagg(plan, self.index, "share", shares=boxes)
             say(f"{what}: keys and shares sent, dropping out (no masked input)")
             return
-        boxes[0] = os.urandom(BOX_BYTES)
-        self.client.secagg(plan, self.index, "share", shares=boxes)
-        say(f"{what}: sent client 0 a garbage box")
+        else:
+            boxes[0] = os.urandom(BOX_BYTES)
+            if signer is not None:  # signed by the dealer itself: the coordinator's check passes, the box opens not
+                boxes[0] = sign_box(signer, boxes[0], self.index, 0, sorted(roster).index(0) + 1, ctx)
+            self.client.secagg(plan, self.index, "share", shares=boxes)
+            say(f"{what}: sent client 0 a garbage box")
         inbox = self.poll(plan, "inbox")
         update = train()
         assert isinstance(update, ClientUpdate)
@@ -94,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-key", required=True)
     parser.add_argument("--low-order", type=int, default=-1, help="training round whose first session gets it")
     parser.add_argument("--garbage-box", type=int, default=-1, help="training round whose first session gets it")
+    parser.add_argument("--bad-deal", type=int, default=-1, help="training round whose first session gets it")
     parser.add_argument("--limit", type=float, default=420.0, help="seconds the whole run may take")
     args = parser.parse_args(argv)
     hostile = HostileKeys(args)

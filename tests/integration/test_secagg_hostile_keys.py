@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -69,7 +70,7 @@ def reference(tmp_path_factory):
     return result, {name: load_file(str(out / name)) for name in RESULTS}
 
 
-def hostile_client(c) -> ProjectProc:
+def hostile_client(c, attacks: tuple[str, ...]) -> ProjectProc:
     pki, name = c.pki, f"client-{HOSTILE}"
     p = ProjectProc(
         "hostile",
@@ -85,11 +86,41 @@ def hostile_client(c) -> ProjectProc:
                 "--tls-key",
                 str(pki.client_key(name)),
             ),
-            *("--low-order", str(LOW_ORDER), "--garbage-box", str(GARBAGE_BOX)),
+            *attacks,
+            *("--garbage-box", str(GARBAGE_BOX)),
         ],
     )
     c.procs.append(p)
     return p
+
+
+def the_clean_result(c: Any, reference) -> dict:
+    """``metrics.json`` of cluster ``c``'s run, once its counts and result tensors are the reference's, bit for bit."""
+    expected, files = reference
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    assert (metrics["correct"], metrics["total"]) == (expected.matrix.correct, expected.matrix.total)
+    for name, want in files.items():
+        got = load_file(str(c.run_dir / "results" / name))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    return metrics
+
+
+def finished(cluster, mode: str, attacks: tuple[str, ...]) -> tuple[Any, list[ProjectProc], str]:
+    """A run of ``mode`` with three honest ``lorm-client`` s and the hostile client making round 0's ``attacks``
+    (and round 1's garbage box), to its end: every process exits 0 (no honest client exited on the attacks).
+    ``(cluster, honest clients, what the hostile client said)``."""
+    config = CONFIG.replace(settings=CONFIG.settings | {"secagg": {"enabled": True, "mode": mode}})
+    c = cluster(config.to_json())
+    server = c.server("--round-deadline", DEADLINE_S, "--linger", "60")
+    server.wait_for("serving on")
+    honest = [c.client(i) for i in range(HOSTILE)]
+    for p in honest:
+        p.wait_for("model: ", timeout=300)
+    hostile = hostile_client(c, attacks)
+    assert server.wait(timeout=300) == 0
+    assert [p.wait(timeout=30) for p in honest] == [0] * HOSTILE
+    assert hostile.wait(timeout=30) == 0
+    return c, honest, "".join(hostile.lines)
 
 
 @pytest.mark.slow  # 43 s on 2 shared cores: four client processes and a coordinator
@@ -101,28 +132,12 @@ def test_a_low_order_key_and_a_garbage_box_leave_every_honest_client_running_and
     signed mode the hostile client's keys are signed by its certificate of the run's CA, its low-order key is
     refused at advertise all the same, and the garbage box's complaint reveals no key (a coordinator that deviates
     could spoil boxes to collect shares), so it is recorded, not judged."""
-    expected, files = reference
-    config = CONFIG.replace(settings=CONFIG.settings | {"secagg": {"enabled": True, "mode": mode}})
-    c = cluster(config.to_json())
-    server = c.server("--round-deadline", DEADLINE_S, "--linger", "60")
-    server.wait_for("serving on")
-    honest = [c.client(i) for i in range(HOSTILE)]
-    for p in honest:
-        p.wait_for("model: ", timeout=300)
-    hostile = hostile_client(c)
-    assert server.wait(timeout=300) == 0
-    assert [p.wait(timeout=30) for p in honest] == [0] * HOSTILE  # no honest client exited on the attacks
-    assert hostile.wait(timeout=30) == 0
-    said = "".join(hostile.lines)
+    c, honest, said = finished(cluster, mode, ("--low-order", str(LOW_ORDER)))
     assert "round 0 attempt 0: low-order key refused (INVALID_ARGUMENT)" in said and "low-order" in said
     assert "round 1 attempt 0: masked input and an honest answer sent" in said
     assert "do not open" in "".join(honest[0].lines)  # client 0 answered without that box, and said so
 
-    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
-    assert (metrics["correct"], metrics["total"]) == (expected.matrix.correct, expected.matrix.total)
-    for name, want in files.items():
-        got = load_file(str(c.run_dir / "results" / name))
-        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    metrics = the_clean_result(c, reference)
     low, box, gram = (h["secagg"] for h in metrics["history"][:3])
     assert low["attempt"] == 0 and low["survivors"] == HOSTILE and "failed" not in low
     assert box["attempt"] == 0 and box["survivors"] == HOSTILE + 1 and "failed" not in box
@@ -130,4 +145,23 @@ def test_a_low_order_key_and_a_garbage_box_leave_every_honest_client_running_and
         assert list(box["blamed"]) == [str(HOSTILE)] and "client 0" in box["blamed"][str(HOSTILE)]
     else:
         assert not box.get("blamed") and str(HOSTILE) in json.dumps(box["complaints"]), box
+    assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE]
+
+
+@pytest.mark.slow  # about 45 s on 2 shared cores: four client processes and a coordinator
+def test_a_dealer_of_wrong_shares_is_proven_and_the_restart_without_it_is_the_clean_result(cluster, reference):
+    """The signed mode. In round 0 the hostile client deals shares of another seed than it committed to, masks and
+    answers: its seed cannot be rebuilt, and the coordinator names it with the proof its own signatures make. The
+    honest clients, who answered that session, check the proof through the blame stage and answer the restart of
+    the three of them, which unmasks the same sum as the reference's round 0 (the hostile client dropped there).
+    Round 1's garbage box (signed by its dealer) and the task Gram as in the test above."""
+    c, _, said = finished(cluster, "signed", ("--bad-deal", str(LOW_ORDER)))
+    assert "round 0 attempt 0: dealt shares of another seed than committed" in said
+    assert "round 0 attempt 1: keys and shares sent" not in said  # excluded from the restart: never asked again
+
+    metrics = the_clean_result(c, reference)
+    deal, box, gram = (h["secagg"] for h in metrics["history"][:3])
+    assert deal["attempt"] == 1 and deal["survivors"] == HOSTILE and list(deal["excluded"]) == [str(HOSTILE)]
+    assert "its own signatures prove it" in deal["excluded"][str(HOSTILE)]
+    assert box["attempt"] == 0 and box["survivors"] == HOSTILE + 1 and "failed" not in box
     assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE]
