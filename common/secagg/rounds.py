@@ -48,9 +48,10 @@ then needs ``2t - n`` colluding clients; the mode asks ``t > 2n / 3``). Not cove
 collude with the coordinator beyond ``t - 1``, and a CA held by the coordinator (docs/RELIABILITY.md).
 
 Verifiable blame (signed mode): each dealer signs every box's header and its recipient's x-coordinate
-(:func:`~common.secagg.signing.header_message`), the coordinator checks those signatures when the boxes
-arrive, and an answer carries, beside each share of another client's secret, the header and signature it was
-checked against. So an answer holding a share its dealer did not deal is refused when it arrives (its
+(:func:`~common.secagg.signing.header_message`), each recipient checks its boxes' signatures (one that fails
+is a complaint), and an answer carries, beside each share of another client's secret, the header and
+signature it was checked against. So an answer holding another share than the relayed box's header commits
+to, or another header than the relayed box's under a signature that fails, is refused when it arrives (its
 sender is one more survivor that did not answer), and a dealer whose shares rebuild to another secret than
 it committed to is blamed by a proof anyone holding the run's CA can check (:func:`blame_proof`,
 :func:`check_blame`): ``t`` shares each under the dealer's own signature. A client that answered a session
@@ -560,9 +561,10 @@ class ClientSession:
         boxes and nothing else, so that the coordinator can tell whose box is wrong
         (:meth:`ServerSession.complaint_verdicts`); in the signed mode it reveals no key, since a coordinator that
         deviates could spoil boxes on purpose to collect this client's shares. A box of another size, or one
-        missing, the coordinator should have refused: ``SecAggError`` (this client sits the session out); so too,
-        in the signed mode, a box without its dealer's signature over its header (the coordinator checks each).
-        Signed, each share of another client's secret goes out with that header, the x-coordinate and the dealer's
+        missing, the coordinator should have refused: ``SecAggError`` (this client sits the session out). In the
+        signed mode a box without its dealer's signature over its header and this client's x-coordinate is a
+        complaint too (the coordinator does not check the n^2 signatures: each recipient checks its own). Signed,
+        each share of another client's secret goes out with that header, the x-coordinate and the dealer's
         signature (:func:`check_entry`), so that the answer proves what it holds was dealt."""
         if self.answered:
             raise SecAggError(f"client {self.index} has answered this step's unmask request already")
@@ -580,9 +582,12 @@ class ClientSession:
             box = inbox[j]
             if self.verifier is not None:
                 box, header, position, sig = split_signed(box, BOX_BYTES)
-                check_dealt(
-                    self.verifier.verify, self.roster[j].certificate, j, self.index, header, position, sig, self.context
-                )
+                cert = self.roster[j].certificate
+                try:
+                    check_dealt(self.verifier.verify, cert, j, self.index, header, position, sig, self.context)
+                except SecAggError:  # not as its dealer signed it: the dealer's doing, or the coordinator's
+                    complaints[j] = COMPLAINT
+                    continue
                 signed[j] = header + inbox[j][BOX_BYTES:]  # the position and signature follow the box
             root = box_key(self.cipher_private, self.roster[j].cipher_public, self.context)
             opened = open_with(root, j, self.index, box, self.context)
@@ -627,8 +632,9 @@ class ServerSession:
     received: dict[str, int] = field(default_factory=dict)  # round -> bytes the clients sent in it
     prints: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)  # keys' fingerprints (a cache)
     signed: bool = False  # the signed mode: boxes and answers carry their dealers' signatures (verifiable blame)
-    # Signed mode: checks a signature under a roster certificate (the caller's: the run CA's when it has it). None:
-    # signatures are not checked here (the clients check them); their form and the shares' commitments still are.
+    # Signed mode: checks a signature under a roster certificate (the caller's: the run CA's when it has it), for an
+    # answer's header unlike the relayed box's and for a proof's shares. None: not checked here (the clients check
+    # them); their form, the x-coordinates and the shares' commitments still are.
     check: Check | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -682,16 +688,14 @@ class ServerSession:
             raise SecAggError(
                 f"client {sender}'s sealed shares must be {BOX_BYTES} bytes each, got sizes {sorted(sizes)}"
             )
-        if self.signed:
+        if self.signed:  # the signatures: each recipient checks its own (n - 1 a client, not n^2 here)
             position = {j: k + 1 for k, j in enumerate(sorted(self.roster))}
             for j, b in sorted(boxes.items()):
-                _, header, at, sig = split_signed(b, BOX_BYTES)
+                _, _, at, _ = split_signed(b, BOX_BYTES)
                 if at != position[j]:
                     raise SecAggError(
                         f"client {sender}'s box for client {j} names x-coordinate {at}, not its place {position[j]}"
                     )
-                if self.check is not None:
-                    check_dealt(self.check, self.roster[sender].certificate, sender, j, header, at, sig, self.context)
         self.boxes[sender] = dict(boxes)
         self._count("share", sum(len(b) for b in boxes.values()))
 
@@ -777,7 +781,12 @@ class ServerSession:
             assert self.roster is not None
             for j, s in sorted(shares.items()):
                 if j != answerer and not is_complaint(s):
-                    check_entry(self.check, self.roster[j].certificate, j, answerer, s, survivors, self.context)
+                    # The header and signature of the box relayed: its share is the one that header commits to (an
+                    # honest answerer checked the signature; a proof checks it again). Only another one is checked here
+                    box = self.boxes[j][answerer]
+                    relayed = s[want[j] :] == box[:BOX_HEADER_BYTES] + box[BOX_BYTES:]
+                    check = None if relayed else self.check
+                    check_entry(check, self.roster[j].certificate, j, answerer, s, survivors, self.context)
         self.revealed[answerer] = dict(shares)
         self._count("unmask", sum(len(s) for s in shares.values()))
 
@@ -845,32 +854,39 @@ class ServerSession:
         what: str,
         positions: list[int],
     ) -> bytes:
-        """Signed mode: ``owner``'s secret from ``threshold`` shares under its signature, at the x-coordinates it
-        signed; one that fails ``check`` is :class:`Culprits` naming ``owner`` with the proof (:func:`blame_proof`).
-        With fewer such shares than the threshold (complaints, few answers) the owner's own answer joins them at its
-        place, and a failure names the owner without a proof."""
+        """Signed mode: ``owner``'s secret from the answers' shares, as in the honest mode (each share checked on
+        arrival at the x-coordinate of its recipient's place, which the dealer signed: the same Lagrange
+        coefficients for every owner). A secret that fails ``check`` is rebuilt again from ``threshold`` shares
+        under the owner's signature alone: if that one passes, the owner's own answer was wrong and it is the
+        secret; if not, :class:`Culprits` names the owner with the proof (:func:`blame_proof`), or without one when
+        fewer than ``threshold`` other clients answered."""
         assert self.roster is not None
-        dealt = {
-            a: check_entry(None, b"", owner, a, e, survivors, self.context) for a, e in answers.items() if a != owner
-        }
-        why = f"dealt shares of its {what} that rebuild to another value than it committed to"
-        if len(dealt) < self.threshold:
-            if owner in answers:
-                dealt[owner] = (answers[owner], positions.index(owner) + 1)
-            if len(dealt) < self.threshold:
-                raise SecAggError(
-                    f"client {owner}'s {what}: {len(dealt)} shares left, fewer than the threshold {self.threshold}"
-                )
-            secret = _rebuilt_at(dict(sorted(dealt.items())[: self.threshold]), self.threshold)
-            if not check(secret):
-                raise Culprits({owner: why})
+        _, size, _ = _share_kind(owner, survivors)
+        pieces = {a: [e[k : k + 16] for k in range(0, size, 16)] for a, e in answers.items()}
+        if len(pieces) < self.threshold:
+            raise SecAggError(
+                f"client {owner}'s {what}: {len(pieces)} shares left, fewer than the threshold {self.threshold}"
+            )
+        secret = combine(pieces, positions, self.threshold)
+        if check(secret):
             return secret
+        why = f"dealt shares of its {what} that rebuild to another value than it committed to"
+        cert = self.roster[owner].certificate
+        dealt: dict[int, tuple[bytes, int]] = {}
+        for a, e in sorted(answers.items()):  # the proof's shares: each under the owner's signature, checked here
+            if a != owner and len(dealt) < self.threshold:
+                try:
+                    dealt[a] = check_entry(self.check, cert, owner, a, e, survivors, self.context)
+                except SecAggError:
+                    continue  # a box its owner did not sign, which a dishonest recipient answered from anyway
+        if len(dealt) < self.threshold:
+            raise Culprits({owner: why})
         chosen = dict(sorted(dealt.items())[: self.threshold])
         secret = _rebuilt_at(chosen, self.threshold)
-        if not check(secret):
-            proof = blame_proof(self.roster[owner], survivors, {a: answers[a] for a in chosen}, self.context)
-            raise Culprits({owner: why + " (its own signatures prove it)"}, {owner: proof})
-        return secret
+        if check(secret):
+            return secret
+        proof = blame_proof(self.roster[owner], survivors, {a: answers[a] for a in chosen}, self.context)
+        raise Culprits({owner: why + " (its own signatures prove it)"}, {owner: proof})
 
     def _wrong_shares(self, survivors: list[int]) -> dict[int, str]:
         """The answerers that revealed a share other than the one its dealer committed to dealing them. An

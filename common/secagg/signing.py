@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import struct
+import time
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,6 +50,8 @@ MAX_SIGNATURE_BYTES = 512  # RSA-4096 (512 bytes); ECDSA P-256 DER is at most 72
 MIN_RSA_BITS = 2048
 MIN_EC_BITS = 224  # the security of RSA-2048 (112 bits); refuses P-192 and the 163-bit binary curves
 PREFIX = b"lorm-secagg-signed/v1\x00"
+RECHECK_S = 60.0  # a certificate checked against the CA is taken again unchecked for this long
+MAX_CHECKED = 4096  # certificates remembered as checked (then forgotten at once)
 KEYS = "keys"
 SURVIVORS = "survivors"
 HEADER = "header"
@@ -292,6 +295,9 @@ class Verifier:
         for ca_cert in self.cas:
             if not _is_ca(ca_cert):
                 raise SecAggError(f"the run's CA: {_who(ca_cert)} is not a CA (basicConstraints cA is not set)")
+        # certificate PEM -> (when checked, the certificate, its identity): a step checks the same roster's
+        # certificates thousands of times (every box and answer in the signed mode), path validation each time
+        self._checked: dict[bytes, tuple[float, x509.Certificate, str]] = {}
 
     def identity(self, certificate_pem: bytes) -> str:
         """The client id of a certificate the run's CA issued to a client; ``SecAggError`` naming what failed."""
@@ -311,6 +317,18 @@ class Verifier:
         return identity
 
     def _verified(self, certificate_pem: bytes) -> tuple[x509.Certificate, str]:
+        """The certificate and its identity once it checks out; a certificate that did is taken again without the
+        checks for :data:`RECHECK_S` (so one that expires may be taken that much longer)."""
+        checked = self._checked.get(certificate_pem)
+        if checked is not None and time.monotonic() - checked[0] < RECHECK_S:
+            return checked[1], checked[2]
+        cert, identity = self._check(certificate_pem)
+        if len(self._checked) >= MAX_CHECKED:
+            self._checked.clear()
+        self._checked[certificate_pem] = (time.monotonic(), cert, identity)
+        return cert, identity
+
+    def _check(self, certificate_pem: bytes) -> tuple[x509.Certificate, str]:
         cert = _load_certificate(certificate_pem, "a client certificate")
         who, now = _who(cert), dt.datetime.now(dt.timezone.utc)
         ca = self._issuer(cert, who)  # a certificate the coordinator made itself, or from another run

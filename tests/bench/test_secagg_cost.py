@@ -77,11 +77,19 @@ def test_the_driven_rounds_unmask_the_survivors_sum_and_count_every_field(bench,
     sent, keys = run.sent[0], run.transcript[0][1][0]  # client 0's advertised keys, as the coordinator got them
     signature = len(pki.signers[0].certificate) + len(keys.signature) if signed else 0
     assert sent["advertise"] == 4 + 3 * KEY_BYTES + signature  # index, two public keys, seed commitment
-    assert sent["share"] == (CLIENTS - 1) * BOX_BYTES
+    boxes = next(message[1] for call, message in run.transcript if call == "share" and message[0] == 0)
+    suffix = {j: len(b) - BOX_BYTES for j, b in boxes.items()}  # signed: x-coordinate and the dealer's signature
+    assert all(4 < n <= 4 + 72 for n in suffix.values()) if signed else set(suffix.values()) == {0}
+    assert sent["share"] == (CLIENTS - 1) * BOX_BYTES + sum(suffix.values())
     assert sent["masked"] == 16 * run.layout.size and run.sent[3]["masked"] == 0
     confirmations = [len(message[1]) for call, message in run.transcript if call == "confirm" and message[0] == 0]
     assert sent["confirm"] == sum(confirmations) and len(confirmations) == signed
-    assert sent["unmask"] == 3 * (4 + 16) + 1 * (4 + 32)  # seed shares of 3 survivors, key share of 1 dropped
+    answer = next(message[1] for call, message in run.transcript if call == "reveal" and message[0] == 0)
+    entries = {j: len(e) - (16 if j != 3 else 32) for j, e in answer.items()}  # beyond the share: signed, its box's
+    assert entries[0] == 0 and all(96 + 4 < n <= 96 + 4 + 72 if signed else n == 0 for n in entries.values() if n)
+    # seed shares of 3 survivors, key share of 1 dropped (signed: each but its own with its box's header and signature)
+    assert sent["unmask"] == 3 * (4 + 16) + 1 * (4 + 32) + sum(entries.values())
+    assert (sum(entries.values()) > 0) == signed
     # the coordinator's side runs again alone from its transcript (the sum checks again), its memory traced
     assert bench.traced_peak(lambda: bench.replay(strategy, plan, run)) > 16 * run.layout.size
 

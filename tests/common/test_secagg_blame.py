@@ -157,6 +157,10 @@ def test_an_answer_holding_a_share_not_dealt_is_refused_on_arrival_and_the_spare
     lie[0] ^= 1
     with pytest.raises(SecAggError, match="client 3 revealed a share of client 0's own-mask seed unlike"):
         server.reveal(3, answers[3] | {0: bytes(lie)})
+    other = server.boxes[0][4]  # the header, x-coordinate and signature of client 0's box for client 4
+    borrowed = answers[3][0][:16] + other[:96] + other[BOX_BYTES:]
+    with pytest.raises(SecAggError, match="client 0's box for client 3 is not signed by it"):
+        server.reveal(3, answers[3] | {0: borrowed})
     unsigned = answers[3] | {0: answers[3][0][:16]}  # the share alone, as the honest mode sends it
     with pytest.raises(SecAggError, match="does not hold one share"):
         server.reveal(3, unsigned)
@@ -167,21 +171,29 @@ def test_an_answer_holding_a_share_not_dealt_is_refused_on_arrival_and_the_spare
     assert np.array_equal(server.result(), want)  # the ring sum of all five encoded inputs, exactly
 
 
-def test_a_box_without_its_dealers_signature_is_refused_by_the_coordinator_and_by_its_recipient(pki, verifier):
+def test_a_box_without_its_dealers_signature_is_a_complaint_and_a_moved_or_unsigned_box_is_refused(pki, verifier):
+    """The coordinator checks each box's form and x-coordinate, not its signature (n^2 of them): a recipient whose
+    box from client 1 does not carry client 1's signature answers without that share and complains; the other
+    answers rebuild client 1's seed, and the sum is exact."""
     clients, server, roster = keyed(pki, verifier)
     boxes = {c.index: c.share(roster) for c in clients}
     box, header, position, sig = split_signed(boxes[1][0], BOX_BYTES)
     assert position == 1 and header == box[:96]
-    forged = dict(boxes[1]) | {0: boxes[1][0][:BOX_BYTES] + boxes[1][0][BOX_BYTES:-1] + bytes([sig[-1] ^ 1])}
-    with pytest.raises(SecAggError, match="client 1's box for client 0 is not signed by it"):
-        server.share(1, forged)
     moved = dict(boxes[1]) | {0: boxes[1][2]}  # client 2's box (signed for client 2) relayed to client 0
     with pytest.raises(SecAggError, match="names x-coordinate 3, not its place 1"):
         server.share(1, moved)
     plain = {j: b[:BOX_BYTES] for j, b in boxes[1].items()}  # the honest mode's boxes, without signatures
     with pytest.raises(SecAggError, match="signed entry of 160 bytes"):
         server.share(1, plain)
-    survivors, dropped, confirmations = confirmed(clients, server, boxes)
-    relayed = server.inbox(0) | {1: forged[0]}  # a coordinator relaying a box its dealer did not sign
-    with pytest.raises(SecAggError, match="client 1's box for client 0 is not signed by it"):
-        clients[0].reveal(relayed, survivors, dropped, confirmations)
+    forged = dict(boxes[1]) | {0: boxes[1][0][:-1] + bytes([sig[-1] ^ 1])}
+    survivors, dropped, confirmations = confirmed(clients, server, {**boxes, 1: forged})
+    for c in clients:
+        answer = c.reveal(server.inbox(c.index), survivors, dropped, confirmations)
+        assert (c.complaints == [1]) == (c.index == 0)
+        if c.index == 0:
+            assert answer[1] == b"!"  # a complaint, no key (the signed mode)
+        elif c.index != 1:
+            assert len(answer[1]) > 16  # the share with its header and signature
+        server.reveal(c.index, answer)
+    want = functools.reduce(ring_add, (encode(v, FP) for v in inputs().values()))
+    assert np.array_equal(server.result(), want)

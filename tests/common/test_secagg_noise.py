@@ -35,6 +35,7 @@ from common.secagg.noise import (
     to_ring,
 )
 from common.secagg.primitives import FixedPoint, SecAggError, decode, encode
+from common.secagg.rounds import ClientSession
 
 CONTEXT = b"run|task 0|round 1|gram"
 
@@ -427,3 +428,19 @@ def test_the_distributed_rdp_is_the_gaussians_with_one_share_and_pays_tau_with_s
     assert distributed_rdp(2, l1, l2, 2.0**40, 3, m) == pytest.approx(2 * l2**2 / 2.0**41, rel=1e-15)
     with pytest.raises(SecAggError, match="order >= 1"):
         distributed_rdp(0.5, l1, l2, v, n, m)
+
+
+def test_no_survivor_set_a_client_answers_carries_less_than_the_target():
+    """The coordinator picks the survivors (M3), and it may collude with up to ``k`` clients: for every ``n``, ``t``
+    and ``k < t``, every survivor set a client answers (``t`` or more, itself among them; a request naming fewer is
+    refused by the client itself) carries at least ``sigma^2`` against the coordinator and the colluders, whoever
+    is in it; the least, exactly ``sigma^2``, at ``t`` survivors with every colluder among them."""
+    for n in range(2, 13):
+        for t in range(1, n + 1):
+            for k in range(t):
+                carried = [carried_variance(1.0, n, t, s, colluders=k) for s in range(t, n + 1)]
+                assert min(carried) == pytest.approx(1.0) and carried == sorted(carried)
+    session = ClientSession(0, 3, CONTEXT)
+    session.sharers = [0, 1, 2, 3, 4]
+    with pytest.raises(SecAggError, match="2 survivors, fewer than the threshold 3"):
+        session.reveal({}, [0, 1], [2, 3, 4])
