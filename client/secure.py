@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from client.transport import CoordinatorClient
+from client.transport import Transport
 from common.infra.tls import Security
 from common.methods import make_aggregator
 from common.run.config import RunConfig
@@ -66,7 +66,7 @@ class SecureRounds:
 
     def __init__(
         self,
-        client: CoordinatorClient,
+        client: Transport,
         config: RunConfig,
         spec: ModelSpec,
         index: int,

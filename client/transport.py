@@ -1,4 +1,5 @@
-"""The client's side of the wire: calls with retry and exponential backoff (thin)."""
+"""The client's side of the wire: the calls a client makes (:class:`Transport`), and their gRPC implementation
+(:class:`CoordinatorClient`) with retry and exponential backoff."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -73,6 +74,51 @@ class Rejected(Exception):
         self.code = code
 
 
+class Restarted(Rejected):
+    """The step's secure session restarted since the call's plan was pulled (``ABORTED``): pull it again and take
+    part in the new session."""
+
+
+class Stale(Rejected):
+    """The step went on without this client, or is over (``FAILED_PRECONDITION``): drop it and pull the next."""
+
+
+def rejected(code: grpc.StatusCode, message: str) -> Rejected:
+    """The refusal of ``code`` as the outcome the client acts on (:class:`Restarted`, :class:`Stale`, else
+    :class:`Rejected`)."""
+    kind = {grpc.StatusCode.ABORTED: Restarted, grpc.StatusCode.FAILED_PRECONDITION: Stale}.get(code, Rejected)
+    return kind(code, message)
+
+
+class Transport(Protocol):
+    """The calls a client makes of its coordinator. A refusal that retrying cannot fix raises
+    ``Rejected`` (a :class:`Restarted` or :class:`Stale` when the
+    run goes on without this call)."""
+
+    schedule: Schedule | None  # the run's tasks as the last join stated them
+
+    def join(self, requested_index: int | None = None) -> tuple[RunConfig, int]: ...
+
+    def describe(self, spec: ModelSpec) -> None: ...
+
+    def pull(self) -> RoundPlan | Wait: ...
+
+    def push(self, update: ClientUpdate, key: str) -> bool: ...
+
+    def report(self, report: EvalReport, key: str) -> bool: ...
+
+    def secagg(
+        self,
+        plan: RoundPlan,
+        index: int,
+        stage: str,
+        keys: Keys | None = None,
+        shares: Mapping[int, bytes] | None = None,
+    ) -> dict: ...
+
+    def close(self) -> None: ...
+
+
 class CoordinatorClient:
     def __init__(
         self,
@@ -108,7 +154,7 @@ class CoordinatorClient:
             except grpc.RpcError as err:
                 code = err.code()
                 if code not in RETRYABLE:
-                    raise Rejected(code, err.details() or "") from err
+                    raise rejected(code, err.details() or "") from err
                 if time.monotonic() - start > self.backoff.give_up_s:
                     raise
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -86,6 +86,16 @@ def _raw_bytes(name: str, tensor: Tensor) -> memoryview:
     return flat.view(torch.uint8).numpy().data  # bytes of any dtype, bfloat16 included
 
 
+def declared_of(tensors: Mapping[str, Tensor]) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int]:
+    """What a push's headers declare of ``tensors``: name -> (dtype name, shape), and their bytes in all (as the
+    coordinator's ``precheck`` reads them off the wire)."""
+    for name, t in tensors.items():
+        if t.dtype not in _DTYPE_NAMES:
+            raise WireError("tensors.dtype", f"expected one of {sorted(DTYPES)}, got {t.dtype}", name)
+    declared = {name: (_DTYPE_NAMES[t.dtype], tuple(t.shape)) for name, t in tensors.items()}
+    return declared, sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _encode(name: str, tensor: Tensor) -> tuple[pb.TensorHeader, memoryview]:
     raw = _raw_bytes(name, tensor)
     header = pb.TensorHeader(
