@@ -49,7 +49,7 @@ def test_the_calibrated_noise_spends_exactly_the_budget(epsilon, grams):
 
 
 def test_a_smaller_budget_needs_more_noise():
-    z = [training_noise(DpSettings(epsilon=e, mode="local"), 1, 5, True).noise_multiplier for e in (0.5, 1, 2, 4, 8)]
+    z = [training_noise(DpSettings(epsilon=e, mode="local"), 1, 5, True).noise_multiplier for e in (0.5, 2, 8)]
     assert z == sorted(z, reverse=True)
 
 

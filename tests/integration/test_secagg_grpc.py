@@ -46,7 +46,7 @@ def started_ready(c, kill: tuple[int, ...]) -> dict:
     return clients | {n - 1: c.client(n - 1, env=env if n - 1 in kill else None)}
 
 
-@pytest.mark.long(26)
+@pytest.mark.slow  # 44 s; a client dropping after sharing over processes: also test_secagg_hostile_run.py's task Gram
 def test_a_client_killed_after_sharing_leaves_the_survivors_sum(cluster):
     """3 clients, threshold 2: client 1 is killed in the first step after its keys and shares went out,
     before its masked input. Past the deadline the coordinator closes the inputs with the two survivors,
@@ -124,7 +124,7 @@ def test_a_secure_run_is_the_in_process_run_and_the_coordinator_keeps_no_individ
     assert checked > 100
 
 
-@pytest.mark.long(28)
+@pytest.mark.slow  # 55 s; the stuck session's restart in process: tests/server/test_coordinator.py
 def test_a_secure_step_below_the_threshold_restarts_when_a_client_comes_back(cluster):
     """3 clients, threshold 2: clients 1 and 2 are killed after their keys and shares went out, so at most
     one masked input can ever arrive. Client 2 is started again: it has lost its keys, cannot take part in
