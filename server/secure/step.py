@@ -519,10 +519,7 @@ class SecureStep:
         k = keys
         identity = (self.verifier.identity if self.verifier else certificate_identity)(k.certificate)
         message = keys_message(self.session.context, index, identity, k.cipher_public, k.mask_public, k.commitment)
-        if self.verifier is not None:
-            self.verifier.verify(k.certificate, message, k.signature)
-        else:
-            check_signature(k.certificate, message, k.signature)
+        self._check(k.certificate, message, k.signature)
         if identity != client_id:
             raise SecAggError(f"its certificate names client {identity!r}, but client {client_id!r} sent it")
 
