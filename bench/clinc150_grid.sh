@@ -6,9 +6,9 @@
 #   the same cells through lorm-bench --jobs JOBS, each cell in its own process with one thread.
 #   PRESET cpu-clinc150-quick (default): every method and variant x beta 1.0 / 0.5 / 0.2 (about a day of
 #   cells on 2 cores: let it resume).
-#   PRESET cpu-clinc150-full: the full training set: the full-data table's methods at each beta (issue 13)
-#   and lorm at seeds 1 and 2 as well at beta 0.5, then the competitors of issues 17 and 18 at beta 0.5
-#   only (tens of hours of cells on 2 cores: let it resume).
+#   PRESET cpu-clinc150-full: the full training set: the full-data table's methods at each beta and lorm at
+#   seeds 1 and 2 as well at beta 0.5, then the competitors ($competitors below) at beta 0.5 only (tens of
+#   hours of cells on 2 cores: let it resume).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/clinc150-quick}"
@@ -53,7 +53,7 @@ fi
 # Every method at beta 0.5 first, then 1.0 and 0.2, so a cut-short run still fills whole columns.
 # joint (one client, one task: beta splits nothing) runs once; its other betas reuse the finished cell.
 ( for b in 0.5 1.0 0.2; do "${bench[@]}" --methods "$lora" --betas "$b" || true; done
-  if $extra; then  # lorm's other seeds, then the competitors (issues 17, 18: full data at beta 0.5 only)
+  if $extra; then  # lorm's other seeds, then the competitors (full data at beta 0.5 only)
       .venv/bin/lorm-bench --preset "$preset" --mode inprocess --seeds 1,2 --methods lorm --betas 0.5 \
           --method-config bench/clinc150_methods.json --out "$out" || true
       "${bench[@]}" --methods "$competitors" --betas 0.5 || true

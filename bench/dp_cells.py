@@ -1,4 +1,4 @@
-"""A privacy-utility curve's rows from committed lorm-bench cells (issue 44): the FAA of one label at every epsilon
+"""A privacy-utility curve's rows from committed lorm-bench cells: the FAA of one label at every epsilon
 that has a cell, ``docs/results/dp-clinc150/epsilon<E>/cells/<label>/beta<B>/seed<S>/metrics.json``, and the
 non-private cell of the same protocol as epsilon ``inf``; written as ``bench/dp_ridge.py --json`` rows, so that
 ``bench/dp_ridge.py --plot`` draws them beside the closed-form heads' curves. The rows are read from the cells, never

@@ -1,4 +1,4 @@
-"""Which frozen features make the best closed-form head on CLINC150 (issue 21): a sweep outside the engine.
+"""Which frozen features make the best closed-form head on CLINC150: a sweep outside the engine.
 
 all-MiniLM-L6-v2 (``--encoder minilm``, the default; ``mpnet``: all-mpnet-base-v2, or a local transformers
 model directory), frozen, max length 64, CLINC150's 150 intents in the paper's (alphabetical) order.

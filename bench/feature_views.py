@@ -1,4 +1,4 @@
-"""Do dropout views of the training utterances help the frozen closed-form head? (issue 21, a sweep outside the engine)
+"""Do dropout views of the training utterances help the frozen closed-form head? (a sweep outside the engine)
 
 Each training (and ``val``) utterance is encoded once as the system encodes it (dropout off) and ``--views V``
 more times with the encoder's own dropout on (MiniLM's 0.1 on attention and hidden states; view ``v`` seeded

@@ -1,5 +1,5 @@
 """Every choice of the closed-form heads that touched CLINC150's test split, re-derived on held-out training samples
-alone (issue 45): a script that cannot read the test split.
+alone: a script that cannot read the test split.
 
 The data come through :class:`TrainingOnly`, which holds CLINC150's training splits (``train`` and ``val``: the
 project counts ``val`` as training data, ``data.train_val``) and raises :class:`TestSplitRefused` when asked for

@@ -1,4 +1,4 @@
-"""Do the utterances' own words add to MiniLM's features under the closed-form head? (issue 21, a diagnostic)
+"""Do the utterances' own words add to MiniLM's features under the closed-form head? (a diagnostic)
 
 The ridge of infinite width (``bench/feature_heads.py``'s ``rpinf``: the arc-cosine kernel, the limit of a
 random ReLU projection) on each utterance's frozen MiniLM features side by side with its words: word

@@ -1,4 +1,4 @@
-"""The lorm-bench commands of the full-data cells issue 45 still lacks, written from the committed cells.
+"""The lorm-bench commands of the full-data cells still missing, written from the committed cells.
 
 The comparison wants every method (every label with a committed cell in ``docs/results/clinc150-full/cells``) at β
 1.0, 0.5 and 0.2, seed 0, and the headline rows (:data:`HEADLINE`) at seeds 0, 1 and 2 at every β. Each missing

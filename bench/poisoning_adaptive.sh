@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The adaptive attacks of issue 41 (engine/attacks.py: inflate-samples, scale-under-bound, slow-drift,
+# The adaptive attacks (engine/attacks.py: inflate-samples, scale-under-bound, slow-drift,
 # collude-2 with clients 3 and 4, collude-3 with clients 3, 4 and 5), robust guard off and on, on the
 # quick CPU protocol (preset cpu-clinc150-quick, lorm, beta 0.5, seed 0), in-process, with none off/on
 # as the same host's reference: 12 cells, JOBS at a time (default 2), one thread each. Resumable.

@@ -11,7 +11,7 @@ Naive attacks, far past any bound:
 - ``flip-labels``: trains, and computes its statistics, on labels mirrored within each task
   (class ``lo + k`` becomes ``hi - 1 - k``): an honest-looking update of the wrong function.
 
-Adaptive attacks (issue 41, M4). The attacker model: a client that knows the run's configuration
+Adaptive attacks. The attacker model: a client that knows the run's configuration
 (the Join reply carries it: ``robust.kappa``, ``train_per_class``, the task's classes) and its own
 honest update, and nothing of the other clients' updates; it takes its own honest measures as its
 estimate of the step's medians (an honest client is a typical one) and does not read Status.

@@ -16,7 +16,7 @@ and while it runs:
   coordinator's own work does not count). One wait longer than ``idle_s`` seconds, or, after
   ``grace_s`` seconds of waiting in all, fewer than ``min_rate`` message bytes per second waited,
   and the call is cancelled, which frees its thread and slot. The idle bound alone let a Push
-  that sends a byte a minute keep its slot for ever (issue 41, L6); with the rate bound a stream
+  that sends a byte a minute keep its slot for ever; with the rate bound a stream
   holds it at most ``grace_s`` + its bytes / ``min_rate`` seconds, and a Push's bytes are bounded
   by the declared size the coordinator accepts.
 

@@ -1,4 +1,4 @@
-"""What a caller of Status is told of the run (``Coordinator.status``; who may read what: issue 41, M2).
+"""What a caller of Status is told of the run (``Coordinator.status``).
 
 Anyone reads the run's progress and its accuracy matrix: the run's published result, summed over every
 client's test counts, of models each client is sent anyway. A client reads its own figures too: its index

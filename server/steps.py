@@ -1,4 +1,4 @@
-"""One step's lifecycle, written once for both drivers (issue 42).
+"""One step's lifecycle, written once for both drivers.
 
 A run is a sequence of steps: per task, the strategy's steps (``TRAIN`` rounds, then e.g. ``TASK_GRAM``)
 and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and a fresh aggregator; an

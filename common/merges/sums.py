@@ -1,6 +1,6 @@
 """An accumulator's running sums as named tensors, and back: what secure aggregation adds up.
 
-Every merge that secure aggregation supports (issue 19) keeps only running sums of per-client
+Every merge that secure aggregation supports keeps only running sums of per-client
 terms (``common/merges/regmean.py``). A class opts in by naming them:
 
 - ``SUMS``: attributes that are sums: a tensor, a float or int (a sample count, a weight), or a

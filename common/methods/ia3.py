@@ -22,7 +22,7 @@ from common.wire.tensors import FACTOR, GRAM, tensor_name
 @dataclass(frozen=True)
 class Ia3Settings(Settings):
     """LoRM with (IA)^3 modules (``lorm-ia3``): a trained vector rescales each target layer's output or input,
-    merged in closed form (``../shared/SPEC.md`` §5)."""
+    merged in closed form (docs/METHOD.md §6, "Other adapters: exact merges")."""
 
     section: ClassVar[str] = "ia3"
     side: str = setting("output", "output: l o (W0 x), the paper's appendix; input: W0 (l o x)")

@@ -22,7 +22,7 @@ from common.wire.tensors import FACTOR, GRAM, tensor_name
 @dataclass(frozen=True)
 class VeraSettings(Settings):
     """LoRM with VeRA modules (``lorm-vera``): frozen seeded random ``B, A`` per layer, trained vectors
-    ``lb`` and ``ld`` merged in closed form (``../shared/SPEC.md`` §5)."""
+    ``lb`` and ``ld`` merged in closed form (docs/METHOD.md §6, "Other adapters: exact merges")."""
 
     section: ClassVar[str] = "vera"
     rank: int = setting(64, "r: the width of the frozen random B (d_out, r) and A (r, d_in); ld has r entries")

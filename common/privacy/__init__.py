@@ -1,4 +1,4 @@
-"""Record-level differential privacy of the closed-form heads' statistics (issue 44): the Gaussian mechanism's
+"""Record-level differential privacy of the closed-form heads' statistics: the Gaussian mechanism's
 calibration by ``dp_accounting``, its noise and the clipping it assumes (``gaussian.py``), and the ledger that refuses
 an over-budget release and states a run's guarantee (``ledger.py``); the settings are ``common.run.settings.DpSettings``
 (the ``dp`` section).

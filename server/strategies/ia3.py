@@ -1,4 +1,5 @@
-"""LoRM with (IA)^3 modules (issue 20; ``../shared/SPEC.md`` §5): one trained vector per layer, merged exactly.
+"""LoRM with (IA)^3 modules (docs/METHOD.md §6, "Other adapters: exact merges"): one trained vector per layer,
+merged exactly.
 
 Each target layer's update is ``dW = diag(l) W0`` (``ia3.side=output``, the paper's appendix) or
 ``W0 diag(l)`` (``input``), ``l`` zero at a task's start (``common/adapters/ia3.py``). Every training round

@@ -1,4 +1,5 @@
-"""LoRM with VeRA modules (issue 20; ``../shared/SPEC.md`` §5): LoRM's rounds and task merge, VeRA's vectors.
+"""LoRM with VeRA modules (docs/METHOD.md §6, "Other adapters: exact merges"): LoRM's rounds and task merge,
+VeRA's vectors.
 
 Each layer's update is ``diag(lb) B diag(ld) A`` with frozen seeded ``B, A`` (``common/adapters/vera.py``).
 Rounds alternate the trained vector as LoRM alternates its factors: ``lb`` (side ``"B"``) with

@@ -1,4 +1,4 @@
-"""The frozen-feature sweeps of bench/ (issue 21) as modules: ``fh``, ``fv``, ``lex``, ``hc``."""
+"""The frozen-feature sweeps of bench/ as modules: ``fh``, ``fv``, ``lex``, ``hc``."""
 
 from __future__ import annotations
 

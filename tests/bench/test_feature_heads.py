@@ -1,4 +1,4 @@
-"""bench/feature_heads.py's diagnostics (issue 21): the feature maps average to the kernels they name,
+"""bench/feature_heads.py's diagnostics: the feature maps average to the kernels they name,
 and the kernel lambda search's one eigendecomposition gives the direct solve's predictions."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/feature_views.py (issue 21): the chunked, weighted sums the dropout-view sweep fits on are the
+"""bench/feature_views.py: the chunked, weighted sums the dropout-view sweep fits on are the
 Gram and class sums of the projected features, each row counted ``weight`` times."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/heldout_choices.py (issue 45): its data access refuses CLINC150's test split, and its choices follow the
+"""bench/heldout_choices.py: its data access refuses CLINC150's test split, and its choices follow the
 held-out samples. Tiny synthetic data, no CLINC150."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/lexical_heads.py (issue 21): the words' hashed n-gram vectors have length 1 and count each n-gram
+"""bench/lexical_heads.py: the words' hashed n-gram vectors have length 1 and count each n-gram
 once per occurrence, and the joint kernel is the arc-cosine kernel of ``[z, w sqrt(F) h]`` written out densely."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/missing_cells.py: the cells issue 45 still lacks, and lorm-bench commands that run exactly them."""
+"""bench/missing_cells.py: the full-data cells still missing, and lorm-bench commands that run exactly them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/secagg_cost.py at toy size (issue 41): the rounds it drives are the protocol (the unmasked sums are
+"""bench/secagg_cost.py at toy size: the rounds it drives are the protocol (the unmasked sums are
 the survivors' plain sums, in both secure modes), its byte counts are the fields' sizes, and every mode yields
 a row."""
 

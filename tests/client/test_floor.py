@@ -1,4 +1,4 @@
-"""The client's own floor (issue 41, H3) and its own files (M6): what a coordinator's configuration
+"""The client's own floor (H3) and its own files (M6): what a coordinator's configuration
 cannot decide for a client."""
 
 from __future__ import annotations

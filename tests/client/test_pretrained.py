@@ -107,7 +107,7 @@ def test_pretrained_path_finds_a_fetched_model_and_says_how_to_fetch_a_missing_o
 
 
 def test_a_fetched_file_changed_since_is_refused_at_load(tmp_path, monkeypatch):
-    """Issue 41, L5: the pinned SHA-256 is checked when the model is loaded, not only when it is fetched:
+    """The pinned SHA-256 is checked when the model is loaded, not only when it is fetched:
     weights swapped in the model home after the fetch never reach transformers."""
     spec = _spec()
     monkeypatch.setitem(pretrained.PACKAGED, "toy", spec)

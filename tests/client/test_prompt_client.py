@@ -1,4 +1,4 @@
-"""The client halves of L2P and CODA-Prompt (issue 17): matching, weights, prompt tuning and frozen components."""
+"""The client halves of L2P and CODA-Prompt: matching, weights, prompt tuning and frozen components."""
 
 from __future__ import annotations
 

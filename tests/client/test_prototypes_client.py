@@ -1,4 +1,4 @@
-"""FedProto's client half (issue 18): the class sums it sends are of its trained model's features, and
+"""FedProto's client half: the class sums it sends are of its trained model's features, and
 nearest-prototype scores."""
 
 from __future__ import annotations

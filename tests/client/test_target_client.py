@@ -1,4 +1,4 @@
-"""TARGET's synthesis (issue 18) on a toy teacher: its inputs are classified as the classes requested,
+"""TARGET's synthesis on a toy teacher: its inputs are classified as the classes requested,
 more so with more generator steps, and every client draws the same ones."""
 
 from __future__ import annotations

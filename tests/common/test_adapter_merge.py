@@ -1,4 +1,4 @@
-"""(IA)^3 and VeRA merges (issue 20): the exact forms equal a generic least-squares solve; the appendix's
+"""(IA)^3 and VeRA merges: the exact forms equal a generic least-squares solve; the appendix's
 formulas do not when the Grams are not diagonal, and agree with them when every client agrees."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""(IA)^3 layers and their merges as the coordinator runs them (issue 20)."""
+"""(IA)^3 layers and their merges as the coordinator runs them."""
 
 from __future__ import annotations
 

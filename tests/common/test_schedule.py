@@ -1,4 +1,4 @@
-"""The run's schedule of classes by name (issue 43): stated from the configuration alone, sent at Join, checked
+"""The run's schedule of classes by name: stated from the configuration alone, sent at Join, checked
 on receipt."""
 
 from __future__ import annotations

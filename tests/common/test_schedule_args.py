@@ -1,4 +1,4 @@
-"""The coordinator's schedule by name (issue 43 part 3): ``--schedule FILE`` (one task per line, names separated by
+"""The coordinator's schedule by name: ``--schedule FILE`` (one task per line, names separated by
 commas) or repeated ``--task a,b,c`` fill ``data.classes`` and the task sizes; ``--open`` sets ``data.open``;
 ``data.max_classes`` is the head's rows."""
 

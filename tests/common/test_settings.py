@@ -180,7 +180,7 @@ def test_lorm_sim_refuses_a_bad_setting_with_its_name_not_a_traceback(capsys):
 
 
 def test_a_secagg_threshold_of_half_the_clients_or_less_is_refused_unless_declared_unsafe():
-    """Issue 41, H3: with t <= n / 2 a minority of colluding shares unmasks one client's input."""
+    """With t <= n / 2 a minority of colluding shares unmasks one client's input."""
     with pytest.raises(ValueError, match=r"secagg.threshold=5 is at most half of num_clients=10.*unsafe_low_threshold"):
         from_args("--set", "num_clients=10", "--set", "secagg.enabled=true", "--set", "secagg.threshold=5")
     with pytest.raises(ValueError, match="secagg.threshold=1 is at most half of num_clients=3"):

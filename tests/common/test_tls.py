@@ -109,7 +109,7 @@ def test_token_files_are_checked(tmp_path):
 
 
 def test_client_certificates_need_an_allow_list_or_the_operators_plain_word(files):
-    """Issue 41, L8: the CA vouches for every certificate it signed, so a coordinator that authenticates
+    """The CA vouches for every certificate it signed, so a coordinator that authenticates
     clients by certificate admits only the ids it is given, unless told that any such client may join."""
     mtls = ["--tls-cert", files["cert"], "--tls-key", files["key"], "--tls-ca", files["ca"]]
     with pytest.raises(SecurityError) as err:

@@ -1,4 +1,4 @@
-"""VeRA layers (issue 20): the output, the trained sides, the frozen seeded matrices, and their placement."""
+"""VeRA layers: the output, the trained sides, the frozen seeded matrices, and their placement."""
 
 from __future__ import annotations
 

@@ -279,7 +279,7 @@ def test_compose_cross_references():
 
 
 def test_the_shipped_coordinators_hold_clients_to_the_operators_model_spec():
-    """Issue 41, L7: without --model-spec the first client's Describe fixes the run's model. Compose, the
+    """Without --model-spec the first client's Describe fixes the run's model. Compose, the
     image's default command and Kubernetes each pass it, a file mounted where the flag points."""
     from server.main import build_parser
 

@@ -1,4 +1,4 @@
-"""The adaptive attacks of engine/attacks.py (issue 41, M4): what each sends, bounded and deterministic."""
+"""The adaptive attacks of engine/attacks.py: what each sends, bounded and deterministic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 41, H3 and M6, and issue 43, over a real client process: a coordinator's configuration below the
+"""H3 and M6, and clients on their own data, over a real client process: a coordinator's configuration below the
 client's floor, one that picks the client's files, or one that disagrees with the client on whose data it
 trains on, is refused right after Join, naming the setting, and the client sends nothing more (no Describe,
 no key, no share, no push). M6's other half, ``lorm-launch`` giving each client its files by its own flags, is
@@ -48,7 +48,7 @@ OWNED = {"owned": True, "classes": ["alarm", "balance"]}
             [],
             "sets backbone=bert:someone/model, a local path or hub repository",
         ),
-        # Issue 43: a coordinator that picks the folder of the clients' own data; a run and a client that
+        # Clients' own data: a coordinator that picks the folder of the clients' own data; a run and a client that
         # disagree on whose data the client trains on
         (
             RunConfig(num_clients=2, dataset="textfile", settings={"data": {**OWNED, "clients_dir": "/x"}}),

@@ -1,4 +1,4 @@
-"""Distributed DP over gRPC (issue 44): three client processes add their discrete Gaussian shares before masking, and
+"""Distributed DP over gRPC: three client processes add their discrete Gaussian shares before masking, and
 the run equals the in-process distributed-DP run with the same ``dp.seed``, bit for bit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DP-SGD and LoRM's private Grams over gRPC with secure aggregation (issue 44): three client processes train with
+"""DP-SGD and LoRM's private Grams over gRPC with secure aggregation: three client processes train with
 DP-SGD and noise their Grams before masking, and the run equals the in-process run with the same seeds, bit for bit
 (the batches come from the step's seed, the noise from dp.seed, and ring sums do not depend on arrival order)."""
 

@@ -170,7 +170,7 @@ def test_client_metrics_endpoint():
 
 
 def test_client_metrics_listen_on_the_clients_own_host_by_default():
-    """A client's /metrics tells its own sample counts and loss (issue 41, M2): by default only its own
+    """A client's /metrics tells its own sample counts and loss: by default only its own
     host may read them. Bound to 0.0.0.0 it would answer on 127.0.0.2 too (Linux routes 127/8 to lo)."""
     metrics = ClientMetrics()
     port = metrics.serve(0)

@@ -1,11 +1,11 @@
-"""Issue 43, a federation as real processes, end to end. A coordinator given no data path starts an open
-schedule of one task (``--task``, ``--open``); three clients train on their own CSVs: one holds no class of
-the first task, one holds a label in no task. The operator appends task 1 while task 0 runs; the coordinator
-is killed between tasks and restarted (it resumes idle, the appended schedule kept); a fourth client joins
-while it idles and trains in the last task, which the operator appends; ``lorm-admin finish`` ends the run.
-The final adapter, head and accuracy counts are the in-process engine's over the same per-client files, bit
-for bit, and ``lorm-predict`` on the export gives the run's counts on every client's test file. After each task
-the model is exported while the run goes on, and a watching server (``serve.watch.ModelSlot``) serves it."""
+"""Clients on their own data and an open schedule, as real processes, end to end. A coordinator given no data path
+starts an open schedule of one task (``--task``, ``--open``); three clients train on their own CSVs: one holds no
+class of the first task, one holds a label in no task. The operator appends task 1 while task 0 runs; the
+coordinator is killed between tasks and restarted (it resumes idle, the appended schedule kept); a fourth client
+joins while it idles and trains in the last task, which the operator appends; ``lorm-admin finish`` ends the run.
+The final adapter, head and accuracy counts are the in-process engine's over the same per-client files, bit for
+bit, and ``lorm-predict`` on the export gives the run's counts on every client's test file. After each task the
+model is exported while the run goes on, and a watching server (``serve.watch.ModelSlot``) serves it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 43: clients on their own data, as real processes. A coordinator with no data path states the run's
+"""Clients on their own data, as real processes. A coordinator with no data path states the run's
 classes by name; each client reads its own file (``--data``), leaves out a label in no task, takes part in
 a task none of whose classes it holds, and the run is the in-process engine's over the same files, bit for
 bit (``lorm-sim --set data.clients_dir=DIR``)."""

@@ -1,4 +1,4 @@
-"""Secure aggregation over gRPC (issue 19): coordinator and clients as processes on loopback.
+"""Secure aggregation over gRPC: coordinator and clients as processes on loopback.
 
 Ring sums do not depend on the order inputs arrive, so a secure run over the wire is bit-identical
 to the same secure run in process; clients killed after sharing their keys leave the survivors'

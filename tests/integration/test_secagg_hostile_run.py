@@ -1,4 +1,4 @@
-"""Secure aggregation, honest mode, against a hostile client and a killed coordinator (issue 41), over real
+"""Secure aggregation, honest mode, against a hostile client and a killed coordinator, over real
 processes: three honest ``lorm-client`` s and a hostile fourth (``hostile_client.py``) with mTLS certificates
 of a dev CA, the coordinator SIGKILLed inside a secure step and started again on its state directory.
 

@@ -190,7 +190,7 @@ def test_identity_outside_the_allowed_set_is_refused(serve, pki):
 
 
 def test_certificates_without_an_allow_list_are_refused_unless_any_client_is_admitted_plainly(tmp_path, serve):
-    """Issue 41, L8: a CA vouches for every certificate it ever signed; without an allow-list any holder of
+    """A CA vouches for every certificate it ever signed; without an allow-list any holder of
     one (here "mallory", signed by the run's CA but no client of the run) would join."""
     pki = create_dev_pki(tmp_path / "tls", [*IDS, "mallory"])
     coordinator = Coordinator(CONFIG, tmp_path / "state")

@@ -1,4 +1,4 @@
-"""CCVR (issue 18): the merged per-class Gaussians are the centralised ones, the virtual features have
+"""CCVR: the merged per-class Gaussians are the centralised ones, the virtual features have
 their moments, and the calibration step re-trains the head on them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""EWC and LwF (issue 17): the coordinator's anchor and merged Fisher, and the clients' terms on hand-computed cases."""
+"""EWC and LwF: the coordinator's anchor and merged Fisher, and the clients' terms on hand-computed cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A client on its own data that holds none of a task's classes (issue 43): it takes part in every step of the
+"""A client on its own data that holds none of a task's classes: it takes part in every step of the
 task with an update of zero samples, which adds nothing. Each method's state after every step of that task
 is the same, bit for bit, whether its update is folded or not, with the robust mode off or on (it is kept
 out of the medians, not refused); and an update of zero samples that carries something is refused."""

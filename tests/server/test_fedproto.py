@@ -1,4 +1,4 @@
-"""FedProto (issue 18): the global prototypes from the clients' sums, the prototype loss and nearest-prototype
+"""FedProto: the global prototypes from the clients' sums, the prototype loss and nearest-prototype
 scores, by hand."""
 
 from __future__ import annotations

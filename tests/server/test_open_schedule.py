@@ -1,4 +1,4 @@
-"""Issue 43 part 3: an open run's schedule, which the operator extends while the run lives. Over the coordinator's
+"""An open run's schedule, which the operator extends while the run lives. Over the coordinator's
 state machine: it idles past its last task (a pull waits), an appended task runs, the schedule survives a restart,
 and a task the run cannot take is refused with nothing changed."""
 

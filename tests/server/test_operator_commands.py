@@ -1,4 +1,4 @@
-"""The operator's commands to an open run over gRPC (issue 43 part 3): ``Operator/AddTask`` and ``Operator/Finish``
+"""The operator's commands to an open run over gRPC: ``Operator/AddTask`` and ``Operator/Finish``
 behind the operator's bearer token (none: UNAUTHENTICATED; another: PERMISSION_DENIED; a coordinator without
 the credential: FAILED_PRECONDITION), a refused task named back to the operator, and ``lorm-admin add-task`` /
 ``finish``. A client that joins after the task was appended is told the longer schedule."""

@@ -1,4 +1,4 @@
-"""PILoRA (issue 18): the prototype re-weighting and the orthogonality term by hand, and the incremental
+"""PILoRA: the prototype re-weighting and the orthogonality term by hand, and the incremental
 LoRA the coordinator stacks task by task."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""L2P and CODA-Prompt on the coordinator (issue 17): the pool's initialisation, growth and FedAvg merge."""
+"""L2P and CODA-Prompt on the coordinator: the pool's initialisation, growth and FedAvg merge."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Secure aggregation of a step (issue 19): for every method whose merge needs sums only, the unmasked
+"""Secure aggregation of a step: for every method whose merge needs sums only, the unmasked
 sums equal the plain sums within the fixed point's stated bound and the merge then gives what plain
 folding gives; with clients dropped after sharing, the sums are the survivors'; the coordinator's
 session never holds one client's unmasked terms; methods that need individual updates refuse."""

@@ -1,4 +1,4 @@
-"""A stream's peer sets its pace, within bounds (issue 41, L6): a Push that trickles a few bytes at a
+"""A stream's peer sets its pace, within bounds: a Push that trickles a few bytes at a
 time, never idle long enough for the idle bound, is cancelled once it is too slow, which frees its
 call slot; a real gRPC server on loopback, every wait bounded."""
 
@@ -25,7 +25,7 @@ TRICKLE = {"grace_s": 1.0, "min_rate": 1024.0}  # after 1 s of waiting on the pe
 
 
 def test_a_trickling_push_loses_its_slot_and_an_honest_push_still_lands(tmp_path):
-    """L6 (issue 41): a Push that sends a 30-byte message every 0.2 s is never idle for ``idle_s``, so the
+    """A Push that sends a 30-byte message every 0.2 s is never idle for ``idle_s``, so the
     idle bound alone lets it keep its call slot for as long as it trickles. Past ``grace_s`` of waiting
     on it, below ``min_rate`` bytes per second waited, it is cancelled: its slot (the caller's only one
     here) is free again, nothing of it was recorded, and the same update sent at once is accepted."""

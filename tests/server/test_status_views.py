@@ -1,4 +1,4 @@
-"""What Status tells whom (issue 41, M2): a client reads run-level progress and its own figures; the
+"""What Status tells whom: a client reads run-level progress and its own figures; the
 history's per-step sample counts, dropped lists and the robust mode's per-client cosines and ratios
 reach only the operator, through ``Operator/OperatorStatus`` and the operator's token."""
 

@@ -1,4 +1,4 @@
-"""Issue 43 part 4: the coordinator exports the model after every finished task, where a server watching the results
+"""The coordinator exports the model after every finished task, where a server watching the results
 finds it (``results/task-<t>/``), while the run goes on; a restart rewrites an export a crash cut short, and the
 final export stays the run's. Over the coordinator's state machine with made-up client updates."""
 
