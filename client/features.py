@@ -11,7 +11,7 @@ head solved from them is the same for every split of the data:
 - with ``FeatureStats.moments`` (CCVR's): ``class_moment``, the per-class sums of ``x x^T`` ``(C_t, F', F')``,
   or of ``x * x`` ``(C_t, F')`` with ``ccvr.covariance=diag``;
 - with ``FeaturesStep.head_gram``: the Gram ``X^T X`` as its factor ``gram_factor: (min(n, F'), F')``
-  with ``R^T R = X^T X`` (``common.merges.regmean.gram_factor``: n F' numbers instead of F'^2; with the setting
+  with ``R^T R = X^T X`` (``common.merges.grams.gram_factor``: n F' numbers instead of F'^2; with the setting
   ``ridge.blocks = K``, ``(K, min(n, F'/K), F'/K)``, the factors of the Gram's K diagonal blocks, all an
   ensemble of K ridge heads on the K projections needs); and,
   when the setting ``ridge.holdout = k > 0`` (default 5), the same three statistics of the
@@ -49,7 +49,7 @@ from torch import Tensor
 from client.backbones import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.aggregation.projection import draw
-from common.merges.regmean import block_gram_factor, gram_factor
+from common.merges.grams import block_gram_factor, gram_factor
 from common.privacy.gaussian import clip_rows
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan

@@ -16,7 +16,7 @@ from torch import Tensor
 from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
 from common.adapters.ia3 import IA3Linear
-from common.merges.regmean import decay_gram
+from common.merges.grams import decay_gram
 from common.merges.vectors import ia3_statistic
 from common.methods.ia3 import Ia3Settings
 from common.wire.messages import LoraStep, Mode, Phase, RoundPlan

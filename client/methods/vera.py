@@ -15,7 +15,7 @@ from torch import Tensor
 from client.methods.base import Client, load_head, sent_head
 from client.methods.lora import LoRATrainer, gram_pass
 from common.adapters.vera import VeRALinear
-from common.merges.regmean import decay_gram
+from common.merges.grams import decay_gram
 from common.merges.vectors import vera_statistic
 from common.methods.vera import VeraSettings
 from common.wire.messages import LoraStep, Mode, Phase, RoundPlan

@@ -17,7 +17,8 @@ from common.adapters.prompts import trained_shapes
 from common.aggregation.base import Aggregator, present
 from common.aggregation.declared import HEAD_FISHER, Shapes, declared_tensors
 from common.merges.dense import FisherMeanAccumulator, TiesAccumulator
-from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator, decay_gram
+from common.merges.grams import decay_gram
+from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator
 from common.methods.ties import TiesSettings
 from common.run.config import FISHER_SUMMED, RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, PromptStep, RoundPlan

@@ -33,7 +33,7 @@ from common.aggregation.declared import (
 from common.aggregation.dense import fedavg
 from common.aggregation.lora import lorm
 from common.aggregation.validate import UpdateRejected
-from common.merges.regmean import BlockGramSum, GramRows, GramSum
+from common.merges.grams import BlockGramSum, GramRows, GramSum
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import STAT

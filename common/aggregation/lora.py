@@ -14,13 +14,12 @@ from torch import Tensor
 from common.adapters.vera import frozen_matrices
 from common.aggregation.base import Aggregator, present
 from common.aggregation.declared import Shapes, declared_tensors
+from common.merges.grams import GramSum, decay_gram
 from common.merges.regmean import (
-    GramSum,
     LoraAAccumulator,
     LoraBAccumulator,
     RegMeanAccumulator,
     WeightedMeanAccumulator,
-    decay_gram,
 )
 from common.merges.vectors import ia3_accumulator, vera_accumulator
 from common.methods.ia3 import Ia3Settings

@@ -15,7 +15,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from common.merges.regmean import DTYPE, WeightedMeanAccumulator
+from common.merges.regmean import WeightedMeanAccumulator
+from common.merges.solve import DTYPE
 
 
 def _f64(x: Tensor) -> Tensor:

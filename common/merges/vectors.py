@@ -29,7 +29,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from common.merges.regmean import RegMeanAccumulator, gram_times, right_solve
+from common.merges.regmean import RegMeanAccumulator
+from common.merges.solve import gram_times, right_solve
 
 F64 = torch.float64
 

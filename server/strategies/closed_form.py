@@ -10,7 +10,7 @@ Shapes: ``C`` classes of all tasks, ``F'`` the head's input width (the backbone'
 ``feature_dim``, or the setting ``rp_dim`` with the random projection + ReLU);
 ``S: (C, F')`` class sums ``(X^T Y)^T``, ``n: (C,)`` class counts, ``G: (F', F')`` the Gram
 ``X^T X``. Memory grows with ``F'`` and ``C`` only. A client sends each Gram as its factor
-``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merges.regmean.gram_factor``; wire name
+``R: (min(n, F'), F')`` with ``R^T R = X^T X`` (``common.merges.grams.gram_factor``; wire name
 ``*gram_factor``): the same information in ``n F'`` numbers instead of ``F'^2``, and positive
 semidefinite by construction; the coordinator folds ``R^T R`` into its one ``(F', F')`` sum.
 Class sums and counts come as the rows of the current task's classes only (the others' are
@@ -38,7 +38,7 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   squared errors summed (``members``, from the held-out Gram's diagonal blocks), or the ensemble's own
   (``average``, and ``auto`` without secure aggregation: ``sum_i |W x_i - y_i|^2`` with the averaged head
   ``W``; clients then send the held-out
-  samples' whole-width factor, kept stacked as :class:`~common.merges.regmean.GramRows`, ``min(n_held, K d)``
+  samples' whole-width factor, kept stacked as :class:`~common.merges.grams.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 
 With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ridge``): clients clip each
@@ -66,7 +66,7 @@ from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
 from common.aggregation.declared import HOLDOUT, feature_stats_of, held_share
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
-from common.merges.regmean import right_solve
+from common.merges.solve import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.privacy.gaussian import (
     ADJACENCY,

@@ -10,11 +10,8 @@ from torch import Tensor
 from common.adapters.lora import init_lora_a
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator
-from common.merges.regmean import (
-    LoraBAccumulator,
-    TaskMergeAccumulator,
-    decay_gram,
-)
+from common.merges.grams import decay_gram
+from common.merges.regmean import LoraBAccumulator, TaskMergeAccumulator
 from common.run.config import RunConfig
 from common.wire.messages import GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, LORA, low_rank_tensors

@@ -18,14 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
+from common.merges.grams import GramSum, decay_gram
 from common.merges.regmean import (
-    GramSum,
     LoraAAccumulator,
     LoraBAccumulator,
     RegMeanAccumulator,
     TaskMergeAccumulator,
     WeightedMeanAccumulator,
-    decay_gram,
     merge_lora_a,
     merge_lora_b,
     merge_tasks,
@@ -553,7 +552,7 @@ def test_empty_or_unequal_lists_raise(call: Callable[[], object]) -> None:
 
 def test_singular_full_gram_gives_the_pseudo_inverse_solution():
     """Rank-deficient inputs: the minimum-norm minimiser ``M pinv(S)``, as the reference's pinv."""
-    from common.merges.regmean import right_solve
+    from common.merges.solve import right_solve
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(3, 6, generator=g, dtype=torch.float64)  # 3 rows in 6 dims: rank 3
@@ -567,7 +566,7 @@ def test_a_shifted_solve_is_the_solve_of_the_shifted_matrix_bit_for_bit(case: st
     """``right_solve(m, s, shift)`` adds ``shift`` to the diagonal inside the solve: the same bits as solving with
     ``s + shift I`` formed first (a ridge head's ``G + lam I``), on every path: all inputs alive (Cholesky), some
     dead (zero columns), singular (the pseudo-inverse), no shift. A Gram need not be exactly symmetric."""
-    from common.merges.regmean import right_solve
+    from common.merges.solve import right_solve
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(40, 30, generator=g, dtype=torch.float64)

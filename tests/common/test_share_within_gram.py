@@ -13,7 +13,7 @@ import torch
 
 from common.aggregation.features import check_share_within_gram
 from common.aggregation.validate import UpdateRejected
-from common.merges.regmean import block_gram_factor, gram_factor
+from common.merges.grams import block_gram_factor, gram_factor
 
 F64 = torch.float64
 

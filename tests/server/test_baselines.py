@@ -5,7 +5,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.aggregation.validate import UpdateRejected
-from common.merges.regmean import decay_gram, regmean
+from common.merges.grams import decay_gram
+from common.merges.regmean import regmean
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, Phase
 from common.wire.tensors import DELTA, EXTRA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, head_tensors, pack

@@ -15,7 +15,7 @@ from client.runtime import build_runtime
 from common.aggregation.declared import feature_stats_of
 from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
-from common.merges.regmean import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
+from common.merges.grams import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
 from common.methods import split_invariant
 from common.methods.closed_form import ACTIVATIONS
 from common.run.config import RunConfig

@@ -11,7 +11,7 @@ from test_closed_form import tiny
 from client.features import feature_map
 from client.runtime import build_runtime
 from common.aggregation.validate import UpdateRejected
-from common.merges.regmean import gram_factor
+from common.merges.grams import gram_factor
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig

@@ -9,7 +9,7 @@ import torch
 from test_closed_form import VARIANTS, tiny
 
 from client.features import feature_map
-from common.merges.regmean import gram_factor
+from common.merges.grams import gram_factor
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_robust import CLIENTS, b_of, b_round, honest, screened
 
-from common.merges.regmean import gram_factor
+from common.merges.grams import gram_factor
 from common.run.settings import RobustSettings
 from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from common.wire.tensors import GRAM, HEAD_GRAM, STAT

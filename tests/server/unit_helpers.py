@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from client.features import sums
-from common.merges.regmean import block_gram_factor, gram_factor
+from common.merges.grams import block_gram_factor, gram_factor
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.wire.tensors import (
