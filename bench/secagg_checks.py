@@ -28,8 +28,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common.secagg.rounds import BOX_BYTES, ClientSession, ServerSession
-from common.secagg.signing import Signer, Verifier, certificate_identity, check_signature, keys_message
+from common.secagg.client_session import ClientSession
+from common.secagg.rounds import BOX_BYTES
+from common.secagg.server_session import ServerSession
+from common.secagg.signed_messages import keys_message
+from common.secagg.signing import Signer, Verifier, certificate_identity, check_signature
 from server.certs import create_dev_pki
 
 CTX = b"bench|0|0|train"

@@ -66,8 +66,10 @@ from common.merges.sums import running_sums
 from common.run.config import RunConfig
 from common.run.presets import preset
 from common.run.settings import SecAggSettings
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import FixedPoint, decode, encode
-from common.secagg.rounds import ClientSession, Keys, ServerSession
+from common.secagg.rounds import Keys
+from common.secagg.server_session import ServerSession
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, threshold, unpack
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan

@@ -9,9 +9,9 @@ unmask request and answer it.
 In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
 signed with the client's mTLS key and every roster entry is checked against the run's CA, and the
 client signs the unmask request and waits for the threshold's signatures over the same request
-before it reveals anything (``common/secagg/rounds.py``). A restart of a session this client answered it
-answers only for the same survivors less the clients the coordinator proves to have dealt wrong shares
-(:func:`common.secagg.rounds.check_blame`, each proof under the dealer's own signatures): anyone else left out
+before it reveals anything (``common/secagg/client_session.py``). A restart of a session this client answered
+it answers only for the same survivors less the clients the coordinator proves to have dealt wrong shares
+(:func:`common.secagg.blame.check_blame`, each proof under the dealer's own signatures): anyone else left out
 would make the two sums' difference an honest client's input.
 """
 
@@ -28,8 +28,9 @@ from common.infra.tls import Security
 from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.blame import check_blame
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError
-from common.secagg.rounds import ClientSession, check_blame
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import client_terms, context, masked_update, run_encoding, threshold
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
@@ -45,7 +46,7 @@ class SessionRefused(SecAggError):
     that does not verify (the coordinator refuses each at advertise, so it deviated or let one through), or an
     unmask request that could reveal an input. The client has revealed nothing it should not and sends nothing
     more in this session; the step goes on without it, or restarts. A box that does not open is no reason to
-    refuse: that sender's share is left out and reported (:meth:`common.secagg.rounds.ClientSession.reveal`)."""
+    refuse: that sender's share is left out and reported (:meth:`common.secagg.client_session.ClientSession.reveal`)."""
 
 
 def signing(settings: SecAggSettings, security: Security | None) -> tuple[Signer | None, Verifier | None]:
@@ -148,7 +149,7 @@ class SecureRounds:
     def check_restart(self, survivors: list[int]) -> None:
         """Signed mode, the restart of a session this client answered (survivors ``self.answered``): ``SecAggError``
         unless ``survivors`` are exactly those less the clients the coordinator's proofs show to have dealt shares of
-        another secret than they committed to (:func:`common.secagg.rounds.check_blame`, each checked here under the
+        another secret than they committed to (:func:`common.secagg.blame.check_blame`, each checked here under the
         run's CA and the session it names). Then the two sums differ by the proven clients' inputs alone."""
         assert self.session.verifier is not None, "a restart is checked in the signed mode"
         proofs = self._until_ready("blame")["shares"]

@@ -21,10 +21,11 @@ from torch import Tensor
 
 from common.merges.sums import running_sums
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.client_session import ClientSession
 from common.secagg.distributed_dp import DistributedNoise
 from common.secagg.noise import add_noise
 from common.secagg.primitives import FixedPoint, SecAggError, encode
-from common.secagg.rounds import ClientSession, default_threshold
+from common.secagg.rounds import default_threshold
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import MASKED
 

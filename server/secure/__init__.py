@@ -2,7 +2,7 @@
 
 Each client folds its own update into a fresh aggregator of the step (so that what it masks is what the
 coordinator would have folded), encodes the running sums in fixed point and masks them
-(``common/secagg/terms.py``, ``common/secagg/rounds.py``). Here: what a method must allow
+(``common/secagg/terms.py``, ``common/secagg/client_session.py``). Here: what a method must allow
 (:mod:`server.secure.sums`), the step's rounds over the wire as a state machine (:mod:`server.secure.step`),
 the same rounds among in-process clients (:mod:`server.secure.inprocess`), and what a step records
 (:mod:`server.secure.report`).

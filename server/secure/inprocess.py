@@ -12,8 +12,9 @@ from common.aggregation.base import Aggregator
 from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import decode
-from common.secagg.rounds import ClientSession, ServerSession
+from common.secagg.server_session import ServerSession
 from common.secagg.terms import Layout, client_terms, context, encode_terms, pack, run_encoding, threshold, unpack
 from common.wire.messages import ClientUpdate, ModelSpec
 from server.secure.sums import load_sums

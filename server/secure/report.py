@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.aggregation.base import Aggregator
-from common.secagg.rounds import ServerSession
+from common.secagg.server_session import ServerSession
 
 
 def added_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

@@ -27,16 +27,12 @@ from common.aggregation.validate import UpdateRejected
 from common.infra.faults import fault_point
 from common.infra.files import atomic_write_json
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.persistence import session_from_state, session_state
 from common.secagg.primitives import SecAggError, decode
-from common.secagg.rounds import (
-    Culprits,
-    Keys,
-    ServerSession,
-    key_fingerprints,
-    session_from_state,
-    session_state,
-)
-from common.secagg.signing import Verifier, certificate_identity, check_signature, keys_message
+from common.secagg.rounds import Culprits, Keys, key_fingerprints
+from common.secagg.server_session import ServerSession
+from common.secagg.signed_messages import keys_message
+from common.secagg.signing import Verifier, certificate_identity, check_signature
 from common.secagg.terms import Layout, context, run_encoding, threshold, unpack
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import MASKED

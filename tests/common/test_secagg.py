@@ -117,7 +117,8 @@ def test_a_step_survives_dropped_clients_and_yields_the_survivors_sum():
 
 
 def _rounds(n: int, t: int):
-    from common.secagg.rounds import ClientSession, ServerSession
+    from common.secagg.client_session import ClientSession
+    from common.secagg.server_session import ServerSession
 
     clients = {i: ClientSession(i, t, CONTEXT) for i in range(n)}
     server = ServerSession(expected=list(range(n)), threshold=t, context=CONTEXT, size=3)
@@ -130,7 +131,7 @@ def _rounds(n: int, t: int):
 
 
 def test_a_client_refuses_unmask_requests_that_could_reveal_an_input():
-    from common.secagg.rounds import is_complaint
+    from common.secagg.boxes import is_complaint
 
     """Fewer survivors than the threshold, a request that is no partition of the sharers (a client named
     both survivor and dropped would give up both its secrets), a second request. A changed sealed share is

@@ -15,15 +15,11 @@ import os
 import numpy as np
 import pytest
 
+from common.secagg.blame import check_blame, split_signed
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import FixedPoint, SecAggError, encode, ring_add
-from common.secagg.rounds import (
-    BOX_BYTES,
-    ClientSession,
-    Culprits,
-    ServerSession,
-    check_blame,
-    split_signed,
-)
+from common.secagg.rounds import BOX_BYTES, Culprits
+from common.secagg.server_session import ServerSession
 from common.secagg.signing import Signer, Verifier
 from server.certs import create_dev_pki
 

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from common.secagg import rounds
+from common.secagg.boxes import box_key, is_complaint, open_box, seal
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError, keypair, ring_add
-from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, ServerSession, seal
+from common.secagg.rounds import BOX_BYTES, Keys
+from common.secagg.server_session import ServerSession
 
 CTX = b"run|0|0|train"
 N, T = 5, 3
@@ -129,7 +132,7 @@ def test_h4_a_garbage_box_is_a_complaint_the_sum_stays_exact_and_its_dealer_is_n
     clients, server, xs = rounds_until_inputs(boxes=garbage_for(0, 4))
     answer_all(clients, server)
     assert clients[0].complaints == [4]
-    assert rounds.is_complaint(server.revealed[0][4])
+    assert is_complaint(server.revealed[0][4])
     assert np.array_equal(server.result(), exact(xs))
     blamed, unresolved = server.complaint_verdicts()
     assert list(blamed) == [4] and "do not open" in blamed[4] and not unresolved
@@ -161,7 +164,7 @@ def test_h4_a_false_complaint_names_the_accuser_never_the_dealer(revealed):
     def complain(i: int, answer: dict[int, bytes]) -> dict[int, bytes]:
         if i != 0:
             return answer
-        true = rounds.box_key(clients[0].cipher_private, clients[4].keys.cipher_public, CTX)  # the pair's key
+        true = box_key(clients[0].cipher_private, clients[4].keys.cipher_public, CTX)  # the pair's key
         return answer | {4: rounds.COMPLAINT + (true if revealed == "the pair's key" else os.urandom(32))}
 
     answer_all(clients, server, complain)
@@ -194,7 +197,7 @@ def test_m1_a_dealer_that_deals_an_honest_client_a_wrong_share_is_named_itself()
 
     clients, server, _ = rounds_until_inputs()
     four = clients[4]
-    plain = rounds.open_box(clients[0].cipher_private, four.keys.cipher_public, 4, 0, server.boxes[4][0], CTX)
+    plain = open_box(clients[0].cipher_private, four.keys.cipher_public, 4, 0, server.boxes[4][0], CTX)
     off = bytes([plain[0] ^ 1]) + plain[1:]
     server.boxes[4][0] = seal(four.cipher_private, clients[0].keys.cipher_public, 4, 0, off, CTX)
     answer_all(clients, server)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from common.secagg import discrete_gaussian as dg
+from common.secagg.client_session import ClientSession
 from common.secagg.discrete_gaussian import (
     KeyStream,
     bernoulli,
@@ -35,7 +36,6 @@ from common.secagg.noise import (
     to_ring,
 )
 from common.secagg.primitives import FixedPoint, SecAggError, decode, encode
-from common.secagg.rounds import ClientSession
 
 CONTEXT = b"run|task 0|round 1|gram"
 
@@ -287,7 +287,8 @@ def _ring_ints(ring: np.ndarray) -> list[int]:
 def test_noisy_inputs_through_the_secagg_rounds_with_a_dropped_client_sum_exactly():
     """Five clients, threshold 3, client 2 drops after sharing its keys: the unmasked sum equals, in grid
     units and exactly, the survivors' rounded values plus the survivors' noise shares."""
-    from common.secagg.rounds import ClientSession, ServerSession
+    from common.secagg.client_session import ClientSession
+    from common.secagg.server_session import ServerSession
 
     n, t, count = 5, 3, 257
     fp = FixedPoint(frac_bits=20, bound=8.0)

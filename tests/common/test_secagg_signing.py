@@ -17,17 +17,8 @@ from hypothesis import strategies as st
 
 import common.secagg.signing as signing
 from common.secagg.primitives import SecAggError
-from common.secagg.signing import (
-    KEYS,
-    MAX_CERTIFICATE_BYTES,
-    MAX_SIGNATURE_BYTES,
-    PREFIX,
-    SURVIVORS,
-    Signer,
-    Verifier,
-    keys_message,
-    survivors_message,
-)
+from common.secagg.signed_messages import KEYS, PREFIX, SURVIVORS, keys_message, survivors_message
+from common.secagg.signing import MAX_CERTIFICATE_BYTES, MAX_SIGNATURE_BYTES, Signer, Verifier
 from server.auth import certificate_identity
 from server.certs import create_dev_pki
 

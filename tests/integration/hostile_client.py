@@ -33,7 +33,7 @@ from client.transport import Backoff, CoordinatorClient, Rejected
 from common.infra.tls import Security
 from common.methods import make_aggregator
 from common.run.settings import SecAggSettings
-from common.secagg.rounds import ClientSession
+from common.secagg.client_session import ClientSession
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 

@@ -29,8 +29,10 @@ from hostile_client import Hostile, say
 from client.secure import signing
 from client.transport import Rejected
 from common.methods import make_aggregator
-from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, sign_box
-from common.secagg.signing import keys_message
+from common.secagg.blame import sign_box
+from common.secagg.client_session import ClientSession
+from common.secagg.rounds import BOX_BYTES, Keys
+from common.secagg.signed_messages import keys_message
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
 

@@ -16,7 +16,7 @@ import server.secure.step
 from client.transport import Backoff, CoordinatorClient, Rejected
 from common.infra.tls import Security
 from common.run.settings import SecAggSettings
-from common.secagg.rounds import ClientSession
+from common.secagg.client_session import ClientSession
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import ClientUpdate, LoraStep, ModelSpec, Phase, RoundPlan, Wait
 from common.wire.tensors import FACTOR, GRAM, LORA, tensor_name

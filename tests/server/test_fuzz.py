@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.infra.tls import Security, token_digest
 from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
-from common.secagg.rounds import ClientSession
+from common.secagg.client_session import ClientSession
 from common.secagg.terms import context, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import HEAD_GRAM

@@ -12,7 +12,7 @@ from test_coordinator import SPEC, config
 from test_secagg_hostile import N, Party, keys_and_shares, secure_run, session
 
 from common.run.settings import SecAggSettings
-from common.secagg.rounds import ClientSession
+from common.secagg.client_session import ClientSession
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import context, threshold
 from common.wire.messages import RoundPlan

@@ -20,8 +20,8 @@ from client.secure import SecureRounds
 from common.infra.tls import Security
 from common.merges.sums import running_sums
 from common.run.settings import SecAggSettings
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError
-from common.secagg.rounds import ClientSession
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import client_terms, context, fixed_point, masked_update
 from common.wire.messages import Phase, RoundPlan

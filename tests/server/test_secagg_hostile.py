@@ -17,8 +17,10 @@ from test_coordinator import SPEC, config, update_for
 from common.aggregation.validate import UpdateRejected
 from common.merges.sums import running_sums
 from common.run.settings import SecAggSettings
+from common.secagg.boxes import seal
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError
-from common.secagg.rounds import BOX_BYTES, ClientSession, Keys, seal
+from common.secagg.rounds import BOX_BYTES, Keys
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from common.wire.tensors import MASKED

@@ -15,8 +15,9 @@ from test_coordinator import SPEC, config, update_for
 
 from common.merges.sums import running_sums
 from common.run.settings import SecAggSettings
+from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError
-from common.secagg.rounds import ClientSession, default_threshold
+from common.secagg.rounds import default_threshold
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
 from common.wire.messages import Phase, RoundPlan
