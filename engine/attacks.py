@@ -18,7 +18,7 @@ estimate of the step's medians (an honest client is a typical one) and does not 
 
 - ``inflate-samples``: claims ``INFLATE`` x its samples (at most what the run admits for the task,
   ``server.checks.sample_bounds``), its Grams and class statistics scaled to match
-  (``server.robust.reweigh``): every per-sample measure stays honest;
+  (``server.robust_measures.reweigh``): every per-sample measure stays honest;
 - ``scale-under-bound``: every measure the guard bounds at ``UNDER`` (0.95) x ``kappa`` x its own
   honest one: it claims that many times its samples, its Grams' per-sample traces and its change
   norms that many times its own, all along its honest directions: the most weight it can take
@@ -49,7 +49,7 @@ from client.worker import ClientWorker
 from common.run.settings import RobustSettings
 from common.wire.messages import ClientUpdate, EvalReport, RoundPlan
 from server.checks import Options, sample_bounds
-from server.robust import CHANGE, SECOND, change, plan_starts, reweigh, scaled, tensor_role
+from server.robust_measures import CHANGE, SECOND, change, plan_starts, reweigh, scaled, tensor_role
 
 NAIVE = ("scale-factors", "scale-grams", "flip-sign", "flip-labels")
 ADAPTIVE = ("inflate-samples", "scale-under-bound", "slow-drift", "collude-2", "collude-3")

@@ -24,7 +24,8 @@ from engine.attacks import (
     tamper,
     wrap_hostile,
 )
-from server.robust import CHANGE, SECOND, Screen, change, measure, plan_starts, tensor_role
+from server.robust_measures import CHANGE, SECOND, change, measure, plan_starts, tensor_role
+from server.robust_screen import Screen
 
 from tolerance import rel_tolerance
 

@@ -1,4 +1,4 @@
-"""The robust mode's screen (server/robust.py): what it clips, what it refuses, what it leaves alone."""
+"""The robust mode's screen (server/robust_screen.py, server/robust.py): what it clips, refuses and leaves alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from common.run.settings import RobustSettings
 from common.wire.messages import ClientUpdate, LoraStep, LowRank, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
 from engine.attacks import GRAM_SCALE, tamper
-from server.robust import Screen, screen_and_fold
+from server.robust import screen_and_fold
+from server.robust_screen import Screen
 from server.strategies import make_strategy
 
 from tolerance import rel_tolerance
@@ -218,7 +219,7 @@ def test_screened_folds_equal_folding_the_clipped_updates_directly():
 
 
 def test_plan_starts_name_the_factors_a_client_trains():
-    from server.robust import plan_starts
+    from server.robust_measures import plan_starts
 
     plan = RoundPlan(
         run_id="r",

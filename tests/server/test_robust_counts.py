@@ -14,7 +14,9 @@ from common.run.settings import RobustSettings
 from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from common.wire.tensors import GRAM, HEAD_GRAM, STAT
 from engine.attacks import INFLATE, tamper
-from server.robust import CLASS_COUNT, Screen, measure, reweigh, screen_and_fold, tensor_role
+from server.robust import screen_and_fold
+from server.robust_measures import CLASS_COUNT, measure, reweigh, tensor_role
+from server.robust_screen import Screen
 from server.strategies import make_strategy
 
 from tolerance import assert_close_to_dtype, rel_tolerance
