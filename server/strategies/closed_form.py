@@ -41,13 +41,13 @@ zero for that task's data), ``(C_t, F')`` and ``(C_t,)``.
   samples' whole-width factor, kept stacked as :class:`~common.merges.grams.GramRows`, ``min(n_held, K d)``
   rows, since ``tr(W G W^T) = |R W^T|^2`` needs every block of ``G = R^T R``).
 
-With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ridge``): clients clip each
-sample's features to ``dp.clip``, and each step's summed statistics get the Gaussian noise its calibration asks
-(:class:`PrivateRelease`: the task's rows of the class sums and, for the ridge, the Gram) before they join the
-totals, here on the coordinator and in the in-process engine alike (central DP: the coordinator sees the
-un-noised sums). With ``dp.mode = distributed`` the clients add the noise in shares before masking
-(``common/secagg/distributed_dp.py``) and the coordinator adds none: it states what the survivors' sum carried. The
-ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
+With a privacy budget (the ``dp`` section, ``common/privacy/``; ``ncm`` and ``ridge``): clients clip each sample's
+features to ``dp.clip``, and each step's summed statistics get the Gaussian noise its calibration asks
+(:class:`~server.strategies.closed_form_dp.PrivateRelease`: the task's rows of the class sums and, for the ridge,
+the Gram) before they join the totals, here on the coordinator and in the in-process engine alike (central DP: the
+coordinator sees the un-noised sums). With ``dp.mode = distributed`` the clients add the noise in shares before
+masking (``common/secagg/distributed_dp.py``) and the coordinator adds none: it states what the survivors' sum
+carried. The ridge's lambda is then ``ridge.fixed_lambda``, or the noise floor
 (:func:`~common.privacy.gaussian.noise_floor_lambda` of the Gram's noise summed over the tasks so far): no held-out
 statistics are sent.
 """
@@ -55,7 +55,6 @@ statistics are sent.
 from __future__ import annotations
 
 import dataclasses
-import math
 from abc import abstractmethod
 from typing import Any
 
@@ -68,27 +67,13 @@ from common.aggregation.declared import HOLDOUT, feature_stats_of, held_share
 from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
 from common.merges.solve import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
-from common.privacy.gaussian import (
-    ADJACENCY,
-    CLASS_SUM,
-    GRAM,
-    Release,
-    add_noise,
-    calibrate,
-    composed_mu,
-    gaussian_mu,
-    noise_floor_lambda,
-    noise_source,
-    noise_statement,
-)
-from common.privacy.ledger import PrivacyLedger
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
-from common.secagg.distributed_dp import DistributedNoise, noised_entries
 from common.secagg.terms import run_encoding
 from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
+from server.strategies.closed_form_dp import PrivateRelease
 
 DTYPE = torch.float64
 
@@ -205,88 +190,6 @@ def _block(sums: dict[str, Tensor], i: int, k: int) -> dict[str, Tensor]:
     return out
 
 
-# ----------------------------------------------------------------------------- differential privacy
-
-
-class PrivateRelease:
-    """The run's privacy budget on a closed-form head's steps: each step's statistics calibrated once
-    (:func:`~common.privacy.gaussian.calibrate`), the ledger of what each task's records have spent, and the noise
-    added to a step's summed statistics before they join the totals (central mode), or (``noise``: distributed
-    mode) the distributed discrete Gaussian mechanism the clients' shares make, whose sum arrives noised."""
-
-    def __init__(
-        self, settings: DpSettings, shapes: dict[str, tuple[int, ...]], noise: DistributedNoise | None = None
-    ) -> None:
-        self.settings = settings
-        self.releases = calibrate(settings, tuple(shapes))
-        self.mu = composed_mu(self.releases)  # one step's release, composed
-        self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
-        self.noise = noise
-        if noise is not None:  # the releases of the noised terms as the clients mask them
-            self.shared = noise.layout_releases(noised_entries(shapes.get(GRAM, ()), shapes[CLASS_SUM]))
-        self.carried: dict[str, Any] = {}  # distributed: what the last step's sum carried (noise.report)
-
-    def check(self, task: int) -> None:
-        """``BudgetExceeded`` unless task ``task``'s records can afford its features step (before it starts)."""
-        self.ledger.check(task, self.mu, f"task {task}'s features step")
-
-    def release(self, task: int, classes: tuple[int, int], sums: StatSums, survivors: int) -> None:
-        """Spend task ``task``'s budget and noise the step's sums in place: the Gram, and the rows ``classes`` of
-        the class sums (the task's; the other rows hold nothing of this step). Noise drawn in a fixed order from
-        ``noise_source(dp.seed, task)``. Distributed mode: the sum of ``survivors`` arrived noised; the ledger
-        spends the ``mu`` of the Gaussian mechanism with its ``(epsilon, delta)``, at most the budget's
-        (``DistributedNoise.report``)."""
-        if self.noise is not None:
-            self.carried = self.noise.report(self.shared, survivors)
-            mu = gaussian_mu(self.carried["epsilon"], self.settings.delta)
-            self.ledger.spend(task, min(mu, self.mu), f"task {task}'s features step")
-            return
-        self.ledger.spend(task, self.mu, f"task {task}'s features step")
-        lo, hi = classes
-        stats = {CLASS_SUM: sums.plain[CLASS_SUM][lo:hi]}  # a view: noised in place
-        if GRAM in self.releases:
-            stats[GRAM] = sums.grams[GRAM].value()
-        add_noise(stats, self.releases, noise_source(self.settings.seed, task))
-
-    def gram_sigma(self) -> float:
-        """The deviation of the noise on each entry of the summed Gram: one release per task spent so far
-        (distributed: the variance every sum of at least the threshold carries)."""
-        variance = self.shared[GRAM].variance if self.noise is not None else self.releases[GRAM].sigma ** 2
-        return math.sqrt(variance * len(self.ledger.spent))
-
-    def noise_lambda(self, width: int) -> float:
-        """``dp.lambda_scale`` times the spectral norm of the summed Gram's noise on a block of width ``width``."""
-        summed = Release(self.releases[GRAM].sensitivity, self.gram_sigma())
-        return noise_floor_lambda(summed, width, self.settings.lambda_scale)
-
-    def report(self, task: int) -> dict[str, Any]:
-        """The step's guarantee for the run's history and log: the epsilon its records have spent (flat, logged),
-        and the mechanism (nested: metrics.json only)."""
-        mechanism: dict[str, Any] = {"mode": "central", "sigma": {name: r.sigma for name, r in self.releases.items()}}
-        if self.noise is not None:
-            mechanism = {"mode": "distributed", "mechanism": "discrete_gaussian"} | self.carried
-        logged: dict[str, Any] = {}
-        delta = self.settings.delta
-        if self.noise is not None:  # the log line names the mode, what the sum carried and its delta
-            logged = {"dp_mode": "distributed"} | {f"dp_variance_{k}": v for k, v in self.carried["variance"].items()}
-            delta = self.carried["delta"]
-        return {
-            "dp_epsilon": self.ledger.epsilon_spent(task),
-            "dp_delta": delta,
-            **logged,
-            "dp": mechanism
-            | {
-                "unit": "record",
-                "adjacency": ADJACENCY,
-                "noise": noise_statement(self.settings.seed),
-                "run_epsilon": self.ledger.epsilon_spent(),
-                "budget_epsilon": self.settings.epsilon,
-                "clip": self.settings.clip,
-                "public": ["class_count"],
-            },
-        }
-
-
 # ----------------------------------------------------------------------------- strategies
 
 
@@ -336,7 +239,8 @@ class ClosedFormHead(Strategy):
         """The head ``(C, F')`` from the sums over every client and task so far."""
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
-        """With a privacy budget, the step's guarantee (:meth:`PrivateRelease.report`)."""
+        """With a privacy budget, the step's guarantee
+        (:meth:`~server.strategies.closed_form_dp.PrivateRelease.report`)."""
         return self.private.report(plan.task) if self.private is not None else {}
 
     def eval_plan(self, task: int) -> RoundPlan:

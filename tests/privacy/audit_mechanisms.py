@@ -7,7 +7,7 @@ project releases is the same on both. One record so replaced moves a class sum b
 ``2 C``, a client's clipped change by ``2 S`` and a Gram by ``sqrt(2) C^2``: the most any replacement can.
 
 Each release goes through the project's own code: the client's clip and sums (``client/features.py``), the
-coordinator's :class:`~server.strategies.closed_form.PrivateRelease` (its calibration and noise), the clients'
+coordinator's :class:`~server.strategies.closed_form_dp.PrivateRelease` (its calibration and noise), the clients'
 discrete Gaussian shares on the secure aggregation ring (``common/secagg/``), a client's DP-SGD round
 (``ClientMethod.train_private``: ``poisson_batches``, ``PerSampleNorms``, ``private_step``), a LoRM client's Gram
 release (``GramRecorder``'s energy clip, ``noise_grams``) and the coordinator's client-level
@@ -51,7 +51,7 @@ from common.secagg.primitives import decode, encode, ring_add
 from common.secagg.terms import run_encoding
 from common.wire.messages import ClientUpdate, Phase
 from common.wire.tensors import DELTA
-from server.strategies.closed_form import PrivateRelease
+from server.strategies.closed_form_dp import PrivateRelease
 from server.strategies.private import ClientLevelPrivacy, ClippedChanges
 
 DELTA_DP = 1e-5  # the stated delta of every audit (the project's default)
