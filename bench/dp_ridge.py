@@ -15,7 +15,7 @@ without the test split.
 ``--cell NAME`` takes the head instead from a cell of ``--method-config`` (``bench/clinc150_methods.json``): its
 backbone (``mpnet``: all-mpnet-base-v2, cached by ``bench/feature_heads.py --encoder mpnet``), its ``ridge`` settings
 (layers, norm, ``rp_dim``, ``blocks``; lambda's grid and rule without a budget) and its ``data.train_val`` (CLINC150's
-val split joins the training set after the train split, as ``client/datasets.py`` does; the test split is scored).
+val split joins the training set after the train split, as ``client/text_datasets.py`` does; the test split is scored).
 With a budget the strategy sends no held-out statistics and takes lambda from the noise, as it does in a run.
 
 Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     x = {split: features(states, split, head["layers"], head["norm"]) for split in ("train", "val", "test")}
     y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
     hidden = states["train"]["mean"].shape[-1]
-    if train_val:  # client/datasets.py: the val split follows the train split (global indices after train's)
+    if train_val:  # client/text_datasets.py: the val split follows the train split (global indices after train's)
         x["train"], y["train"] = torch.cat([x["train"], x.pop("val")]), torch.cat([y["train"], y.pop("val")])
     del states
     rows = []

@@ -33,7 +33,7 @@ class LocalSettingError(ValueError):
 class LocalSettings:
     """A client's own paths and model source, from its flags and environment ("": not given)."""
 
-    data_dir: str = ""  # the folder holding the datasets (datasets.data_dir falls back to $LORM_DATA_DIR)
+    data_dir: str = ""  # the folder holding the datasets (dataset_files.data_dir falls back to $LORM_DATA_DIR)
     train_file: str = ""  # textfile: the training samples
     test_file: str = ""  # textfile: the test samples
     image_root: str = ""  # imagefolder: the folder with train/ and test/

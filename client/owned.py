@@ -2,7 +2,7 @@
 
 The other mode of a run, beside the Dirichlet shards of a common dataset: each client trains on the
 data it holds and no one else sees. Its training data is a CSV or JSONL file of text and label (the
-``textfile`` format, ``client.datasets.text_rows``) or a folder of images in class-named subfolders;
+``textfile`` format, ``client.text_rows.text_rows``) or a folder of images in class-named subfolders;
 ``--test-data``, the same for its own test split (without it the client evaluates nothing). A label is
 a class name of the run's schedule (``common.run.schedule``): a sample of task ``t``'s classes trains in
 task ``t``; a label in no task is counted, reported once, and never trained on. A client may hold none
@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from client.datasets import DatasetError, Splits, class_folders, image_files, text_rows
+from client.image_datasets import class_folders, image_files
 from client.images import image_size, image_transforms
+from client.splits import DatasetError, Splits
+from client.text_rows import text_rows
 from common.run.config import RunConfig
 from common.run.partition import task_ranges
 from common.run.schedule import Schedule, schedule_ranges, scheduled_classes
@@ -28,7 +30,7 @@ from common.run.settings import DataSettings
 
 log = logging.getLogger("lorm.client")
 
-TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")  # the files client.datasets.text_rows reads
+TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")  # the files client.text_rows.text_rows reads
 SHOWN_LABELS = 5  # unscheduled labels named in the report (the count covers them all)
 
 

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from client.backbones import ClassifierModel, build_backbone, build_model, model_spec, reads_text
-from client.datasets import DatasetError, Splits, load_dataset
+from client.datasets import load_dataset
 from client.images import ImageData
 from client.owned import OwnData, load_owned
+from client.splits import DatasetError, Splits
 from client.worker import ClientWorker, EncodedData, SampleData, resolve_device
 from common.run.config import RunConfig
 from common.run.schedule import Schedule, head_classes, with_schedule

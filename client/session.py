@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.datasets import DatasetError
 from client.floor import Floor, FloorError, check_floor, pinned
 from client.ledger import ClientLedger, LedgerRefused, budget_line, data_digest, ledger_path
 from client.local import LocalSettingError, LocalSettings, applied, check_own_data, refuse_coordinator_local
@@ -28,6 +27,7 @@ from client.owned import OwnData
 from client.plans import Caps, PlanRefused, check_caps
 from client.runtime import build_runtime, with_tasks
 from client.secure import SecureRounds
+from client.splits import DatasetError
 from client.telemetry import ClientMetrics
 from client.transport import Backoff, Restarted, Stale, Transport
 from client.worker import ClientWorker

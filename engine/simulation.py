@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from client.datasets import DatasetError
 from client.owned import client_files
 from client.runtime import ClientRuntime, build_runtime, owned_runtimes, process_settings_kept
+from client.splits import DatasetError
 from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, plan_name, setup_logging
 from common.infra.progress import Progress, kind_of

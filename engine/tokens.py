@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from client.datasets import DatasetError, Splits, text_rows
 from client.runtime import chosen_max_length
+from client.splits import DatasetError, Splits
+from client.text_rows import text_rows
 from common.run.config import RunConfig
 from common.run.settings import DataSettings
 

@@ -1,7 +1,7 @@
 """``lorm-predict --eval FILE``: an export scored on a labelled file, counted as the run's evaluation counts.
 
 The file is read as a client reads its own data (``lorm-client --data``, ``client/owned.py``): a CSV or JSONL file
-of text and label (``client.datasets.text_rows``: RFC 4180 quoting, so a sentence may hold commas, quotes and line
+of text and label (``client.text_rows.text_rows``: RFC 4180 quoting, so a sentence may hold commas, quotes and line
 breaks; the ``text`` column and the first of ``label``, ``intent``, ``category``), or a folder of images in
 class-named subfolders. A sample of class ``c`` counts in the task whose ``[lo, hi)`` holds ``c`` and is right
 when the prediction, the argmax over the classes learned so far (``card.seen_classes``), is ``c``: on the run's
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client.datasets import DatasetError, class_folders, image_files, text_rows
+from client.image_datasets import class_folders, image_files
+from client.splits import DatasetError
+from client.text_rows import text_rows
 from common.wire.model_card import ModelCard
 from serve.model import Classifier
 

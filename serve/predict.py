@@ -23,7 +23,7 @@ from typing import TextIO
 
 import torch
 
-from client.datasets import DatasetError
+from client.splits import DatasetError
 from serve.evaluate import Labelled, evaluate, format_text, read_labelled, summary
 from serve.model import Classifier, ExportError, add_source_arguments
 

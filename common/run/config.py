@@ -27,8 +27,8 @@ CLASS_ORDERS = {
     "(a harder, domain-grouped split than the paper's)",
 }
 DEFAULT_CLASS_ORDER = {"clinc150": "alphabetical"}  # every other dataset: "natural"
-# The datasets whose class order the setting data.classes sets (client/datasets.py: textfile, imagefolder);
-# the others take theirs from their own files, which the coordinator never reads.
+# The datasets whose class order the setting data.classes sets (textfile in client/text_datasets.py, imagefolder in
+# client/image_datasets.py); the others take theirs from their own files, which the coordinator never reads.
 CLASSES_FROM_SETTING = ("textfile", "imagefolder")
 # The backbone of a run that names none: your own text gets the pretrained MiniLM (the text presets'), every
 # other dataset the random-init tiny BERT of the tests (the image presets name their ViT).

@@ -87,7 +87,8 @@ def non_negative_int(key: str, value: int, zero: str) -> None:
 
 @dataclass(frozen=True)
 class DataSettings(Settings):
-    """What the dataset loaders (``client/datasets.py``) read besides ``RunConfig``'s data fields."""
+    """What the dataset loaders (``client/text_datasets.py``, ``client/image_datasets.py``) read besides
+    ``RunConfig``'s data fields."""
 
     section: ClassVar[str] = "data"
     train_file: str = setting("", "textfile: training samples, .csv (text,label) or .jsonl; relative to data_dir")

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from client.datasets import DatasetError, load_dataset, text_rows
+from client.datasets import load_dataset
 from client.owned import OwnData, load_owned
+from client.splits import DatasetError
+from client.text_rows import text_rows
 from common.run.config import RunConfig
 
 from own_data import owned_config

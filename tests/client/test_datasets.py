@@ -268,7 +268,7 @@ def test_clinc150_downloads_missing_files_and_verifies_them(tmp_path, monkeypatc
     import io
     import urllib.request
 
-    from client import datasets as ds
+    from client import text_datasets as ds
 
     shared = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "clinc150"
     if not (shared / "data_full.json").exists():

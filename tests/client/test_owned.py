@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from client.datasets import DatasetError
 from client.local import (
     LocalSettingError,
     LocalSettings,
@@ -24,6 +23,7 @@ from client.local import (
 )
 from client.owned import OwnData, client_files, load_owned
 from client.runtime import build_runtime
+from client.splits import DatasetError
 from common.run.schedule import class_schedule
 
 from own_data import SCHEDULED, disjoint_clients, owned_config, write_rows
