@@ -21,7 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from client.backbones import ClassifierModel, build_backbone
+from client.backbone_builders import build_backbone
+from client.classifier import ClassifierModel
 from client.datasets import load_dataset
 from client.dpsgd import PerSampleNorms, gradient_noise, private_step
 from common.adapters.lora import GramRecorder

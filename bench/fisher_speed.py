@@ -18,7 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from client.backbones import ClassifierModel, build_backbone
+from client.backbone_builders import build_backbone
+from client.classifier import ClassifierModel
 from client.datasets import load_dataset
 from client.persample import PerSampleSquares
 from common.run.config import RunConfig

@@ -9,7 +9,7 @@
    its values or on how lambda was chosen); or ``--export DIR`` for a run's results/ directory. Its size on disk
    is printed, file by file.
 2. The ceiling, in this process: the same backbone's plain batched forward pass on batches of ``--batch``
-   sentences tokenised beforehand ("backbone": ``client.backbones.build_backbone``, its pooled features, no
+   sentences tokenised beforehand ("backbone": ``client.backbone_builders.build_backbone``, its pooled features, no
    adapter, no head), and the export's whole scoring (``serve.model.Classifier``, the method's scoring path: the
    feature map, the projection, the head) with tokenisation ("tokenise+score") and without ("score"); torch on
    ``--threads`` threads.
@@ -52,7 +52,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.backbones import build_backbone, build_model, model_spec  # noqa: E402
+from client.backbone_builders import build_backbone  # noqa: E402
+from client.classifier import build_model, model_spec  # noqa: E402
 from client.scoring import trimmed  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.wire.messages import LowRank  # noqa: E402

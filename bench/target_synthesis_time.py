@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.backbones import ClassifierModel, build_model  # noqa: E402
+from client.classifier import ClassifierModel, build_model  # noqa: E402
 from client.methods.target import synthesize  # noqa: E402
 from common.methods.target import TargetSettings  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402

@@ -46,7 +46,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from client.backbones import ClassifierModel
+from client.classifier import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.aggregation.projection import draw
 from common.merges.grams import block_gram_factor, gram_factor

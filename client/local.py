@@ -71,8 +71,9 @@ class LocalSettings:
 
 
 def registered_backbone(name: str) -> bool:
-    """A backbone of ``client.backbones.BACKBONES``: its source is fixed by this code, not by a configuration."""
-    from client.backbones import BACKBONES
+    """A backbone of ``client.backbone_builders.BACKBONES``: its source is fixed by this code, not by a
+    configuration."""
+    from client.backbone_builders import BACKBONES
 
     return name in BACKBONES
 

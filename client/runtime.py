@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from client.backbones import ClassifierModel, build_backbone, build_model, model_spec, reads_text
+from client.backbone_builders import build_backbone
+from client.classifier import ClassifierModel, build_model, model_spec, reads_text
 from client.datasets import load_dataset
 from client.images import ImageData
 from client.owned import OwnData, load_owned

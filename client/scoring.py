@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from client.backbones import ClassifierModel
+from client.classifier import ClassifierModel
 from client.ledger import ClientLedger
 from client.methods import ClientMethod, client_method
 from client.methods.base import Client, Samples, set_view

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from client.backbones import build_model, model_spec, reads_text
+from client.classifier import build_model, model_spec, reads_text
 from client.datasets import load_dataset
 from client.runtime import chosen_max_length
 from common.run.config import RunConfig, add_config_arguments

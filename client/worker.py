@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from client.backbones import ClassifierModel, model_spec
+from client.classifier import ClassifierModel, model_spec
 from client.ledger import ClientLedger, task_classes
 from client.methods import client_method
 from client.methods.base import Samples, set_view

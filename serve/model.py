@@ -2,17 +2,17 @@
 
 An export holds the plan its run's clients evaluated the model with (``scoring.safetensors`` and the card's
 ``scoring``: the tensors, the instruction and the run's configuration). This module builds the model as a client
-builds it (``client.backbones.build_model``: the card's backbone, seed and ``max_length``, the method's adapter
+builds it (``client.classifier.build_model``: the card's backbone, seed and ``max_length``, the method's adapter
 layers) and scores with the method's own client half in that plan's view (``client/scoring.py``, which the clients'
 evaluation calls too), so every method is served and a prediction is the class the run's evaluation counts: the
 argmax over the classes learned so far, with its softmax probability as the score. An export of an earlier version
 (no ``scoring``) is its head on the backbone's features with its adapter or delta: those are read as that plan.
 
 The backbone is built from the card's name only when it is one of the project's own backbones
-(``client.backbones.BACKBONES``); an export is data, and a hub repository, a local directory or a weights file it
-names would be code and weights of its author's choosing, so such a source is built only when the operator names it
-(``source``, ``lorm-serve --backbone`` and ``--weights``: :func:`backbone_source`). A random projection is drawn
-again from its seed and checked against the card's fingerprint (``common/aggregation/projection.py``).
+(``client.backbone_builders.BACKBONES``); an export is data, and a hub repository, a local directory or a weights
+file it names would be code and weights of its author's choosing, so such a source is built only when the operator
+names it (``source``, ``lorm-serve --backbone`` and ``--weights``: :func:`backbone_source`). A random projection is
+drawn again from its seed and checked against the card's fingerprint (``common/aggregation/projection.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
-from client.backbones import BACKBONES, ClassifierModel, build_model, reads_text
+from client.backbone_builders import BACKBONES
+from client.classifier import ClassifierModel, build_model, reads_text
 from client.images import image_size, image_transforms, open_rgb
 from client.methods import ClientMethod
 from client.methods.dense import DenseTrainer

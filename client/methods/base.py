@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from client.backbones import ClassifierModel
+from client.classifier import ClassifierModel
 from client.dpsgd import (
     PerSampleNorms,
     expected_batch,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from client.backbones import ClassifierModel
+from client.classifier import ClassifierModel
 from client.methods.base import Client, load_dense
 from client.methods.dense import DenseTrainer
 from common.methods.ewc import EwcSettings

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.backbones import ClassifierModel
+from client.classifier import ClassifierModel
 from client.methods.base import Client
 from client.methods.continual import distillation, previous_model
 from client.methods.dense import DenseTrainer

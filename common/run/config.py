@@ -95,7 +95,7 @@ class RunConfig:
     beta: float = 0.5  # Dirichlet concentration of the per-class client split
     min_client_samples: int = 6  # the split is redrawn until each client has this many per task
     # --- model
-    backbone: str = ""  # a key of client.backbones.BACKBONES, or a local path ("" -> DEFAULT_BACKBONE's)
+    backbone: str = ""  # a key of client.backbone_builders.BACKBONES, or a local path ("" -> DEFAULT_BACKBONE's)
     max_length: int = 32  # text: tokens per sample (0: the training samples' 99th percentile, capped by the model)
     model_seed: int = 0  # seeds random-init backbones (tests) so every client builds the same W0
     rank: int = 1  # LoRA rank r

@@ -145,7 +145,7 @@ class DataSettings(Settings):
 
 @dataclass(frozen=True)
 class ModelSettings(Settings):
-    """What the backbones (``client/backbones.py``) read besides ``RunConfig``'s model fields."""
+    """What the backbones (``client/backbone_builders.py``) read besides ``RunConfig``'s model fields."""
 
     section: ClassVar[str] = "model"
     weights: str = setting("", "timm ViTs: a local model.safetensors instead of the Hugging Face hub or cache")

@@ -45,7 +45,7 @@ WEIGHTS = ("adapter", "delta", "none")  # how the backbone differs from W0
 class Backbone:
     """The pretrained (or seeded random) encoder the delta applies to."""
 
-    name: str  # RunConfig.backbone: a key of client.backbones.BACKBONES, a local directory, bert:/t5:/timm:NAME
+    name: str  # RunConfig.backbone: a key of client.backbone_builders.BACKBONES, a local directory, bert:/t5:/timm:NAME
     model_seed: int  # seeds random-init backbones (tiny-bert, tiny-t5, tiny-vit): the same W0 everywhere
     base_model: str = ""  # where the clients loaded the weights from (hub name or their local path), for the record
     weights_file: str = ""  # timm ViTs: the setting model.weights (a local file), "" for the hub

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from client.backbones import build_backbone, build_model
+from client.backbone_builders import build_backbone
+from client.classifier import build_model
 from common.run.config import RunConfig
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from client.ledger import ClientLedger, LedgerRefused, data_digest, inputs_digest
 from client.plans import PlanRefused
 from client.runtime import build_runtime

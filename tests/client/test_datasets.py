@@ -455,7 +455,7 @@ def test_truncation_is_warned_once_with_the_share_cut_and_a_length_that_fits(tmp
 def test_a_site_cut_by_the_coordinators_max_length_is_told_to_report_its_number_not_a_flag_it_lacks(caplog):
     """A site's own data: max_length is the coordinator's, and lorm-client takes no --set; the warning says who
     chooses it and which command counts the site's number."""
-    from client.backbones import build_model
+    from client.classifier import build_model
     from client.runtime import warn_truncation
 
     model = build_model(RunConfig(dataset="textfile", backbone="tiny-bert", max_length=4), 2)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from test_persample import TEXTS
 from torch import nn
 
-from client.backbones import ClassifierModel, build_backbone
+from client.backbone_builders import build_backbone
+from client.classifier import ClassifierModel
 from client.dpsgd import PerSampleNorms, gradient_noise, private_step
 from common.adapters.lora import GramRecorder
 from common.run.config import RunConfig

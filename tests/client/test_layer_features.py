@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from client.backbones import build_model, masked_mean
+from client.backbones import masked_mean
+from client.classifier import build_model
 from client.features import backbone_features
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.backbones import ClassifierModel, build_backbone
+from client.backbone_builders import build_backbone
+from client.classifier import ClassifierModel
 from client.persample import PerSampleSquares
 from common.run.config import RunConfig
 from common.wire.tensors import FISHER

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from client import pretrained
-from client.backbones import build_backbone, build_model
+from client.backbone_builders import build_backbone
+from client.classifier import build_model
 from client.pretrained import PackagedModel, fetch, pretrained_path
 from common.run.config import RunConfig
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_continual_client import BASE
 
-from client.backbones import build_model
+from client.classifier import build_model
 from client.methods.prompts import coda_weights, l2p_select, matching_loss, ortho_penalty
 from client.runtime import build_runtime
 from common.adapters.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from client.backbones import build_model
+from client.classifier import build_model
 from client.methods.target import logits_of, synthesize
 from common.methods.target import TargetSettings
 from common.run.config import RunConfig

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from client.backbones import build_model
+from client.classifier import build_model
 from common.adapters.ia3 import IA3Linear
 from common.merges.sums import running_sums, summable
 from common.merges.vectors import ia3_accumulator, ia3_input, ia3_output, ia3_statistic, ia3_statistic_shape

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from common.adapters.vera import VeRALinear, frozen_matrices, product
 from common.run.config import RunConfig
 from server.strategies.vera import LoRMVeRA

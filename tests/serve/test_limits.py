@@ -26,7 +26,7 @@ import torch
 from PIL import Image, PngImagePlugin
 from serving import serving_slot
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from common.wire.messages import LowRank
 from common.wire.model_card import CARD_FILE
 from serve.app import Limits

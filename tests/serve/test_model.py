@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from common.adapters.lora import lora_layers
 from common.wire.messages import LowRank
 from common.wire.model_card import CARD_FILE, ModelCard

@@ -12,7 +12,7 @@ import dp_accounting
 import pytest
 import torch
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from common.privacy.client_level import ClientLevelNoise, clipped_change, run_rounds
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded

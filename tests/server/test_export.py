@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from client.backbones import build_backbone, build_model, model_spec
+from client.backbone_builders import build_backbone
+from client.classifier import build_model, model_spec
 from common.run.config import RunConfig
 from common.wire.messages import LowRank, ModelSpec
 from server.export import export_adapter, export_head, write_metrics

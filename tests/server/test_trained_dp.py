@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from client.backbones import build_model, model_spec
+from client.classifier import build_model, model_spec
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from engine.simulation import run_inprocess
