@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from client.ledger import LedgerRefused, read_ledger
+from client.ledger_file import LedgerRefused, read_ledger
 
 
 def show(path: Path) -> int:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.floor import Floor, FloorError, check_floor, pinned
-from client.ledger import ClientLedger, LedgerRefused, budget_line, data_digest, ledger_path
+from client.ledger import ClientLedger, budget_line
+from client.ledger_file import LedgerRefused, data_digest, ledger_path
 from client.local import LocalSettingError, LocalSettings, applied, check_own_data, refuse_coordinator_local
 from client.owned import OwnData
 from client.plans import Caps, PlanRefused, check_caps

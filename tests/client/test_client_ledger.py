@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from client.classifier import build_model, model_spec
-from client.ledger import ClientLedger, LedgerRefused, data_digest, inputs_digest
+from client.ledger import ClientLedger
+from client.ledger_file import LedgerRefused, data_digest, inputs_digest
 from client.plans import PlanRefused
 from client.runtime import build_runtime
 from common.privacy.ledger import BudgetExceeded

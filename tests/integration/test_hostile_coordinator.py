@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from fake_coordinator import HostileCoordinator, serve
 
-from client.ledger import ClientLedger, data_digest
+from client.ledger import ClientLedger
+from client.ledger_file import data_digest
 from client.runtime import build_runtime
 from common.run.config import RunConfig
 from common.wire.messages import GramKind, LoraStep, Phase, RoundPlan
