@@ -9,7 +9,7 @@ process a cell). A twin runs once: lorm-bench copies a finished cell to an ident
 every β) and to a frozen head's other β (``ncm``, ``ridge`` without ``ridge.views``: its sums are the same under any
 split, its held-out samples chosen by global index; ``common.methods.split_invariant``), so such a "missing" cell
 costs no run once its twin is committed. Printed, not run: copy the cells into the committed folder when they
-finish, then ``python -m engine.results_summary``. The committed cells are copied into ``--out`` first, so
+finish, then ``python -m lab.results_summary``. The committed cells are copied into ``--out`` first, so
 lorm-bench skips them and runs only what is missing.
 
     .venv/bin/python bench/missing_cells.py [--out runs/gpu45] [--jobs 8] [--labels lorm,ccvr]
@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.benchmark_report import load_cells  # noqa: E402
-from engine.results_summary import BETAS, FULL, by_method, cell_seconds  # noqa: E402
+from lab.rows import cell_seconds, load_cells  # noqa: E402
+from lab.summary_table import BETAS, FULL, by_method  # noqa: E402
 
 HEADLINE = (
     "lorm",
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=8, help="cells at a time on the host")
     parser.add_argument("--labels", default="", help="only these labels (comma-separated), their groups in this order")
     parser.add_argument(
-        "--program", default=".venv/bin/lorm-bench", help="what runs lorm-bench (e.g. 'python3 -m engine.benchmark')"
+        "--program", default=".venv/bin/lorm-bench", help="what runs lorm-bench (e.g. 'python3 -m lab.benchmark')"
     )
     parser.add_argument("--beside", default="", help="lorm-bench --beside: what else runs on the host meanwhile")
     parser.add_argument("--times", action="store_true", help="each label's missing cells and measured minutes")

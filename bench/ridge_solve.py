@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engine.cells import code_version  # noqa: E402
+from lab.provenance import code_version  # noqa: E402
 from server.strategies.closed_form import ridge_head  # noqa: E402
 
 

@@ -1,5 +1,6 @@
 """The import graph reads top-down: engine above server and client, both above common; the wire at the edges.
-The inference package (serve/) stands on the client's model code and common, beside the coordinator."""
+The inference package (serve/) stands on the client's model code and common, beside the coordinator. The lab
+(lab/: the benchmark and the figures) stands above them all, and no product package imports it."""
 
 import ast
 from pathlib import Path
@@ -9,12 +10,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> the project packages it must never import
 FORBIDDEN = {
-    "common": {"server", "client", "engine", "proto", "serve"},
-    "server": {"client", "engine", "serve"},
-    "client": {"server", "engine", "serve"},
-    "proto": {"server", "client", "engine", "serve"},
-    "serve": {"server", "engine", "proto"},  # an export is read from files: no coordinator code, no wire
+    "common": {"server", "client", "engine", "proto", "serve", "lab"},
+    "server": {"client", "engine", "serve", "lab"},
+    "client": {"server", "engine", "serve", "lab"},
+    "proto": {"server", "client", "engine", "serve", "lab"},
+    "serve": {"server", "engine", "proto", "lab"},  # an export is read from files: no coordinator code, no wire
+    "engine": {"lab"},
+    "deploy": {"lab"},
 }
+# The lab (lab/: the benchmark grid, its report and RESULTS' tables) stands above every product package and may
+# import any of them; none of them imports it.
 # Imports across the client/server line, each with its reason: none. (Secure aggregation's client builds the
 # step's aggregator with common.methods.make_aggregator, the coordinator's own, from the shared layer.)
 EXCEPTIONS: dict[str, set[str]] = {}

@@ -12,7 +12,7 @@ import re
 import statistics
 from pathlib import Path
 
-from engine.benchmark_report import cell_seconds
+from lab.rows import cell_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "docs" / "results"

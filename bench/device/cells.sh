@@ -26,7 +26,7 @@ export PYTHONPATH="$site:$root" LORM_DATA_DIR="$root/.devcarry/b" HF_HUB_OFFLINE
 print('imports ok; grpc', grpc.__version__, 'cuda', torch.cuda.is_available())"
 set +e
 mapfile -t lines < <("$py" bench/missing_cells.py --out runs/gpu45 --jobs "$jobs" --labels "$labels" \
-    --program "$py -m engine.benchmark" --beside "the other cells of this call, up to $jobs at a time on the one GPU")
+    --program "$py -m lab.benchmark" --beside "the other cells of this call, up to $jobs at a time on the one GPU")
 printf '%s\n' "${lines[@]}"
 eval "${lines[1]}"  # the committed cells, copied in: lorm-bench skips them
 left=$((budget - ($(date +%s) - start)))

@@ -370,28 +370,3 @@ LEGACY_EXTRA: dict[str, tuple[str, str]] = {
     "ties_density": ("ties", "density"),
     "ties_lambda": ("ties", "scale"),
 }
-
-
-@dataclass(frozen=True)
-class DefaultChange:
-    """A setting whose default changed in commit ``commit``: code before it ran with ``before`` where the run left
-    the setting unset."""
-
-    section: str
-    key: str
-    before: Any
-    commit: str  # the full hash of the commit that changed the default
-
-
-# Every change of a setting's default, oldest first. A run's stored configuration (a result cell's ``config``) holds
-# only the settings it set, so a cell is compared with today's configurations (``engine.cells``: a changed grid, a
-# twin to reuse) with the defaults of the code that ran it. Changing a default: add the change here;
-# ``tests/common/test_settings_defaults.py`` holds every default and fails until the two agree.
-DEFAULT_CHANGES: tuple[DefaultChange, ...] = (
-    DefaultChange("robust", "kappa", 4.0, "c2b49e4bf5b1182f8d1a1eddb7820b7d91eb516a"),
-    DefaultChange("secagg", "bound", 2.0**30, "d4f8b8b1a4cdd7fb11833db962ca23e03a90d4fb"),
-    DefaultChange("pilora", "soft_temp", 0.2, "e1be4a2984f2b701bb8b356e1e17cb06953d9e4e"),
-    DefaultChange("ridge", "lambda_rule", "members", "af9b9aabae4a802dde8c15b8b2360374ec486f1d"),
-    DefaultChange("dp", "gram_share", 0.05, "987068da55843ed9f0ceec739ae79d12175c2d8d"),
-    DefaultChange("dp", "lambda_scale", 3.0, "987068da55843ed9f0ceec739ae79d12175c2d8d"),
-)

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from engine.benchmark import build_parser
+from lab.benchmark import build_parser
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -98,11 +98,11 @@ def test_labels_whose_commands_order_their_options_otherwise_share_one_run_in_th
     first = cell("ccvr", 0.5, 0, "lorm-bench --preset p --method-config m.json --mode inprocess --methods ccvr")
     second = cell("lorm", 0.5, 0, "lorm-bench --mode inprocess --method-config m.json --preset p --methods lorm")
     lines = mc.commands(
-        [first, second], "runs/x", 12, ["lorm", "ccvr"], program="python3 -m engine.benchmark", beside="12 at a time"
+        [first, second], "runs/x", 12, ["lorm", "ccvr"], program="python3 -m lab.benchmark", beside="12 at a time"
     )
     assert len(lines) == 2  # the copy, then one run of both labels
     words = shlex.split(lines[1])
-    assert words[:3] == ["python3", "-m", "engine.benchmark"] and words[-2:] == ["--beside", "12 at a time"]
+    assert words[:3] == ["python3", "-m", "lab.benchmark"] and words[-2:] == ["--beside", "12 at a time"]
     assert words[words.index("--methods") + 1] == "lorm,ccvr"
     args = build_parser().parse_args(words[3:])
     assert args.preset == "p" and args.method_config == "m.json" and args.beside == "12 at a time"

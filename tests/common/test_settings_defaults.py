@@ -1,5 +1,5 @@
 """Every setting's default, held here: a changed default must be recorded in ``DEFAULT_CHANGES``, by which result
-cells that left the setting unset are read with the value they ran with (``engine.cells.defaults_then``)."""
+cells that left the setting unset are read with the value they ran with (``lab.provenance.defaults_then``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from common.methods import sections
-from common.run.settings import DEFAULT_CHANGES
+from lab.provenance import DEFAULT_CHANGES
 
 SNAPSHOT = Path(__file__).with_name("settings_defaults.json")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def test_no_default_changed_without_its_record():
         if held[name][key] != now[name][key]
     ]
     assert not changed, (
-        f"defaults changed: {changed}. Add each to common.run.settings.DEFAULT_CHANGES (its earlier value and the "
+        f"defaults changed: {changed}. Add each to lab.provenance.DEFAULT_CHANGES (its earlier value and the "
         f"commit that changes it), so that stored cells are read with the value they ran with; then update {SNAPSHOT}"
     )
     new = [f"{name}.{key}" for name in now for key in now[name] if key not in held.get(name, {})]

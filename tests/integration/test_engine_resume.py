@@ -18,8 +18,8 @@ from test_engine import TINY
 from client.runtime import build_runtime
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, Phase, RoundPlan
-from engine.cells import Cell, run_cell
 from engine.simulation import run_inprocess, saved_config
+from lab.cells import Cell, run_cell
 from server.coordinator import Coordinator
 from server.run_state import SCHEMA, State
 from server.state_lock import StateDirHeld, hold
@@ -123,22 +123,22 @@ def test_a_grid_cell_cut_short_goes_on_and_leaves_no_state(tmp_path, monkeypatch
     cell = Cell("lorm", 0.5, cfg.seed, cfg)
     cell_dir = cell.dir(tmp_path)
     real = engine.simulation.run_inprocess
-    monkeypatch.setattr("engine.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    monkeypatch.setattr("lab.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
     with pytest.raises(Killed):
         run_cell(cell, tmp_path, "inprocess", 0.0, {})
     assert saved_config(cell_dir / "run" / "state") == cfg
-    monkeypatch.setattr("engine.cells.run_inprocess", real)
+    monkeypatch.setattr("lab.cells.run_inprocess", real)
     metrics = run_cell(cell, tmp_path, "inprocess", 0.0, {})
     assert metrics["resumes"] == 1 and not (cell_dir / "run" / "state").exists()
     assert "resumed from" in (cell_dir / "log.txt").read_text()
     straight = run_inprocess(cfg)
     assert metrics["correct"] == straight.matrix.correct
     # cut short again, then the cell's configuration changes: it starts over, and says nothing of resuming
-    monkeypatch.setattr("engine.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
+    monkeypatch.setattr("lab.cells.run_inprocess", lambda config, **kw: real(config, wrap=killed_after(5), **kw))
     (cell_dir / "metrics.json").unlink()
     with pytest.raises(Killed):
         run_cell(cell, tmp_path, "inprocess", 0.0, {})
-    monkeypatch.setattr("engine.cells.run_inprocess", real)
+    monkeypatch.setattr("lab.cells.run_inprocess", real)
     changed = Cell("lorm", 0.5, cfg.seed, config("lorm", num_tasks=1, lr=cfg.lr * 2))
     metrics = run_cell(changed, tmp_path, "inprocess", 0.0, {})
     assert "resumes" not in metrics and "resumed from" not in (cell_dir / "log.txt").read_text()

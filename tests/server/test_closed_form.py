@@ -179,7 +179,7 @@ def test_identical_across_betas(variant, monkeypatch):
     made = []
     monkeypatch.setattr(simulation, "make_strategy", lambda c, s: made.append(make_strategy(c, s)) or made[-1])
     configs = [tiny(name, **extra).replace(beta=beta) for beta in (1.0, 0.2)]
-    assert all(split_invariant(c) for c in configs)  # what lets lorm-bench run one beta for all (engine/cells.py)
+    assert all(split_invariant(c) for c in configs)  # what lets lorm-bench run one beta for all (lab/twins.py)
     runs = [run_inprocess(c) for c in configs]
     assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
     cond = 1.0

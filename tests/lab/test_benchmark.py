@@ -20,9 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-import engine.benchmark as bench
-import engine.benchmark_report as report
-import engine.cells as runner
+import lab.benchmark as bench
+import lab.cells as cell_run
+import lab.grid as plan
+import lab.paper as paper
+import lab.provenance as provenance
+import lab.runner as runner
 from common.run.config import RunConfig
 from common.run.presets import preset
 from engine.simulation import run_inprocess
@@ -60,7 +63,7 @@ def forbid_runs(monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("no cell should run")
 
-    monkeypatch.setattr(runner, "run_inprocess", fail)
+    monkeypatch.setattr(cell_run, "run_inprocess", fail)
 
 
 def fake_run(fail_seeds=(), sleep_s=0.0, calls=None):
@@ -124,7 +127,7 @@ def test_grid_runs_every_cell_with_its_configuration(grid):
         assert (m["beta"], m["mode"]) == (0.5, "inprocess") and f"seed{m['seed']}" == d.name
         assert m["bytes_per_client"] == sum(e.get("bytes_per_client", 0) for e in m["history"]) > 0
         assert m["wall_seconds"] > 0 and m["config"]["seed"] == m["seed"]
-        assert m["code"] == bench.code_version()  # the commit that ran it (None outside a git checkout)
+        assert m["code"] == provenance.code_version()  # the commit that ran it (None outside a git checkout)
         assert m["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # where its clients trained
         assert (d / "run" / "results" / "metrics.json").exists() and (d / "log.txt").exists()
         if m["method"] == "joint":
@@ -161,7 +164,7 @@ def test_tables_and_plots_agree_with_the_cells(grid):
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| synthetic-text | {method} | 0.5 |"))
         assert f"| {faa.mean():.2f} ± {faa.std(ddof=1):.2f} | - |" in line and f"| {bytes_ / 1e6:.3f} |" in line
         assert line.endswith("| 2 |")
-    assert f"`python -m engine.benchmark {' '.join(grid.argv)}`" in md
+    assert f"`python -m lab.benchmark {' '.join(grid.argv)}`" in md
     assert "CPU cores" in md and "GPU: " in md
     for name in ("faa.png", "accuracy_0.5.png"):
         assert (grid.out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -191,7 +194,7 @@ def test_a_deleted_cell_and_only_it_runs_again(grid, monkeypatch):
     (target / "metrics.json").unlink()
     calls = []
     monkeypatch.setattr(
-        runner, "run_inprocess", lambda config, **kw: calls.append(config) or run_inprocess(config, **kw)
+        cell_run, "run_inprocess", lambda config, **kw: calls.append(config) or run_inprocess(config, **kw)
     )
     rc, printed = bench_main(grid.argv)
     assert rc == 0, printed
@@ -211,7 +214,7 @@ def test_report_only_rebuilds_the_tables_without_running(grid, monkeypatch):
     assert rc == 0, printed
     assert (grid.out / "results.csv").read_text() == expected
     md = (grid.out / "results.md").read_text()
-    assert "Report written by: `python -m engine.benchmark --out" in md and "Grid command:" in md
+    assert "Report written by: `python -m lab.benchmark --out" in md and "Grid command:" in md
     assert (grid.out / "faa.png").exists() and (grid.out / "accuracy_0.5.png").exists()
 
 
@@ -243,16 +246,16 @@ def test_a_bad_method_config_is_a_clear_error(tmp_path, capsys, method_config, m
 def test_a_variant_is_its_method_with_the_overrides_under_its_label():
     base = RunConfig.from_dict(preset("tiny"))
     overrides = {"lorm-vera@appendix": {"settings": {"vera": {"form": "appendix"}}}, "lorm-vera": {"lr": 0.02}}
-    variant = bench.cell_config(base, "lorm-vera@appendix", 0.5, 0, overrides)
-    plain = bench.cell_config(base, "lorm-vera", 0.5, 0, overrides)
+    variant = plan.cell_config(base, "lorm-vera@appendix", 0.5, 0, overrides)
+    plain = plan.cell_config(base, "lorm-vera", 0.5, 0, overrides)
     assert variant.method == plain.method == "lorm-vera"
     assert variant.settings["vera"] == {"form": "appendix"} and "vera" not in plain.settings
     assert (variant.lr, plain.lr) == (base.lr, 0.02)  # a variant takes only its own overrides
     assert "@" not in variant.run_id
-    assert bench.Cell("lorm-vera@appendix", 0.5, 0, variant).dir(Path("g")).parts[2] == "lorm-vera@appendix"
+    assert cell_run.Cell("lorm-vera@appendix", 0.5, 0, variant).dir(Path("g")).parts[2] == "lorm-vera@appendix"
     for bad in ("nosuch@x", "lorm@"):
         with pytest.raises(ValueError, match="unknown method"):
-            bench.method_of(bad)
+            plan.method_of(bad)
 
 
 def test_a_joint_variant_is_the_upper_bound_with_its_own_overrides():
@@ -260,25 +263,25 @@ def test_a_joint_variant_is_the_upper_bound_with_its_own_overrides():
     full-data joint needs its own learning rate)."""
     base = RunConfig.from_dict(preset("tiny"))
     overrides = {"joint@slow": {"lr": 1e-3}}
-    cells = [bench.cell_config(base, "joint@slow", beta, 0, overrides) for beta in (1.0, 0.2)]
+    cells = [plan.cell_config(base, "joint@slow", beta, 0, overrides) for beta in (1.0, 0.2)]
     assert cells[0].to_json() != base.to_json() and cells[0].lr == 1e-3
     for cell in cells:
         assert (cell.method, cell.num_clients, cell.num_tasks, cell.beta) == ("lorm", 1, 1, 1.0)
     assert json.loads(cells[0].to_json()) == json.loads(cells[1].to_json()) | {"run_id": cells[0].run_id}
-    assert bench.cell_config(base, "joint", 0.5, 0, overrides).lr == base.lr
+    assert plan.cell_config(base, "joint", 0.5, 0, overrides).lr == base.lr
 
 
 def test_overrides_apply_base_then_method_then_beta():
     base = RunConfig.from_dict({**preset("tiny"), "lr": 0.01})
     overrides = {"lorm": {"lr": 0.02, "extra": {"synthetic_test": 5}, "beta=0.5": {"lr": 0.03}}}
-    at_half = bench.cell_config(base, "lorm", 0.5, 7, overrides)
-    at_one = bench.cell_config(base, "lorm", 1.0, 7, overrides)
+    at_half = plan.cell_config(base, "lorm", 0.5, 7, overrides)
+    at_one = plan.cell_config(base, "lorm", 1.0, 7, overrides)
     assert (at_half.lr, at_one.lr, at_half.seed, at_half.beta) == (0.03, 0.02, 7, 0.5)
     assert at_half.settings["data"] == {
         **preset("tiny")["settings"]["data"],
         "synthetic_test": 5,
     }  # merged, not replaced
-    assert bench.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
+    assert plan.cell_config(base, "fedavg-lora", 0.5, 7, overrides).lr == 0.01
 
 
 def test_a_presets_overrides_apply_only_to_a_grid_of_that_preset(tmp_path):
@@ -290,13 +293,13 @@ def test_a_presets_overrides_apply_only_to_a_grid_of_that_preset(tmp_path):
     }
     path = tmp_path / "m.json"
     path.write_text(json.dumps(overrides))
-    assert bench.load_method_config(str(path)) == overrides
+    assert plan.load_method_config(str(path)) == overrides
     base = RunConfig.from_dict(preset("tiny"))
-    tiny = bench.cell_config(base, "lorm", 0.2, 0, overrides, "tiny")
-    other = bench.cell_config(base, "lorm", 0.2, 0, overrides, "demo")
+    tiny = plan.cell_config(base, "lorm", 0.2, 0, overrides, "tiny")
+    other = plan.cell_config(base, "lorm", 0.2, 0, overrides, "demo")
     assert (tiny.gamma_head, other.gamma_head, tiny.lr, other.lr) == (0.7, 0.1, 0.02, 0.02)
-    assert bench.cell_config(base, "lorm", 0.5, 0, overrides, "tiny").gamma_head == base.gamma_head
-    cells = bench.plan_grid(base, ["lorm"], [0.5, 0.2], [0], overrides, "tiny")
+    assert plan.cell_config(base, "lorm", 0.5, 0, overrides, "tiny").gamma_head == base.gamma_head
+    cells = plan.plan_grid(base, ["lorm"], [0.5, 0.2], [0], overrides, "tiny")
     assert [cell.config.gamma_head for cell in cells] == [base.gamma_head, 0.7]
     for bad, message in (
         ({"preset=nosuch": {}}, "unknown preset 'nosuch'"),
@@ -306,14 +309,14 @@ def test_a_presets_overrides_apply_only_to_a_grid_of_that_preset(tmp_path):
     ):
         path.write_text(json.dumps({"lorm": bad}))
         with pytest.raises(ValueError, match=message):
-            bench.load_method_config(str(path))
+            plan.load_method_config(str(path))
 
 
 def test_a_set_value_the_method_config_overrides_is_named(tmp_path, monkeypatch, capsys):
     # --set is the grid's base and the method config each method's own: where the two disagree the
     # cell runs the method config's value, and lorm-bench says so for that cell alone
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     (tmp_path / "m.json").write_text(json.dumps({"lorm": {"beta=0.2": {"gamma_head": 0.1}}}))
     argv = ["--methods", "lorm,fedavg-lora", "--betas", "0.5,0.2", "--set", "gamma_head=0.3", "--set", "lr=0.05"]
     rc = bench.main(TINY + argv + ["--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")])
@@ -335,7 +338,7 @@ def test_a_variant_the_method_config_does_not_define_is_refused_before_any_cell(
     # NAME@VARIANT is the method with the variant's overrides: a label the config lacks (a typo, or the wrong config)
     # would run the plain method under the variant's name, so the grid refuses it and names the variants there are
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     (tmp_path / "m.json").write_text(json.dumps({"lorm@slow": {"lr": 0.01}, "lwf@fast": {"lr": 0.1}}))
     argv = ["--methods", "lorm,lorm@sloww", "--method-config", str(tmp_path / "m.json"), "--out", str(tmp_path / "g")]
     with pytest.raises(SystemExit) as exc:
@@ -355,7 +358,7 @@ def test_a_variant_the_method_config_does_not_define_is_refused_before_any_cell(
 def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, monkeypatch):
     out = tmp_path / "g"
     argv = TINY + ["--methods", "lorm", "--seeds", "1,2,3", "--out", str(out)]
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(fail_seeds={2}))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(fail_seeds={2}))
     rc, printed = bench_main(argv)
     assert rc == 1 and "[2/3] lorm beta=0.5 seed=2: FAILED (RuntimeError: boom for seed 2)" in printed
     failed = out / "cells/lorm/beta0.5/seed2"
@@ -364,14 +367,14 @@ def test_a_failed_cell_is_recorded_and_retried_on_the_next_invocation(tmp_path, 
     assert "`lorm/beta0.5/seed2`: RuntimeError: boom for seed 2" in (out / "results.md").read_text()
     assert read_csv(out / "results.csv")["lorm"]["seeds"] == "2"
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     rc, printed = bench_main(argv)
     assert rc == 0 and [c.seed for c in calls] == [2]
     assert not (failed / "error.txt").exists() and "Failed cells" not in (out / "results.md").read_text()
 
 
 def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(sleep_s=5))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(sleep_s=5))
     start = time.perf_counter()
     rc, printed = bench_main(TINY + ["--out", str(tmp_path / "g"), "--timeout", "0.3"])
     assert rc == 1 and time.perf_counter() - start < 4
@@ -380,7 +383,7 @@ def test_a_cell_past_its_timeout_fails(tmp_path, monkeypatch):
 
 def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     argv = ["--methods", "lorm", "fedavg-lora,lorm", "--betas", "1.0,0.5", "0.2", "--seeds", "1", "2"]
     rc, printed = bench_main(TINY + argv + ["--out", str(tmp_path / "g")])
     assert rc == 0, printed
@@ -392,7 +395,7 @@ def test_lists_may_be_comma_or_space_separated(tmp_path, monkeypatch):
 
 def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     out = tmp_path / "g"
     rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "1.0,0.5", "--seeds", "1", "--out", str(out)])
     assert rc == 0 and len(calls) == 1
@@ -403,8 +406,9 @@ def test_joint_runs_once_for_all_betas(tmp_path, monkeypatch):
     rc, printed = bench_main(TINY + ["--methods", "joint", "--betas", "0.2", "--seeds", "1", "--out", str(out)])
     assert rc == 0 and len(calls) == 1 and "same run as joint/beta1.0/seed1, reused" in printed
     # RESULTS lists the run's time once: the copies name it, and the summary's key says why
-    from engine.benchmark_report import load_cells
-    from engine.results_summary import costs, summary
+    from lab.cost_table import costs
+    from lab.rows import load_cells
+    from lab.summary_table import summary
 
     cells = load_cells(out)
     table = costs({"g": cells})
@@ -418,7 +422,7 @@ def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path,
     lorm-bench runs one beta and copies it to the others, saying why; with dropout views (drawn per client) it runs
     every beta."""
     calls = []
-    monkeypatch.setattr(runner, "run_inprocess", fake_run(calls=calls))
+    monkeypatch.setattr(cell_run, "run_inprocess", fake_run(calls=calls))
     out = tmp_path / "g"
     grid = TINY + ["--methods", "ridge", "--betas", "1.0,0.5,0.2", "--seeds", "1", "--out", str(out)]
     rc, printed = bench_main(grid)
@@ -431,8 +435,8 @@ def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path,
     )
     rc, printed = bench_main(grid)  # finished: skipped, and its run's beta is no changed configuration
     assert rc == 0 and len(calls) == 1 and "WARNING" not in printed and printed.count("finished before, skipped") == 3
-    from engine.benchmark_report import load_cells
-    from engine.results_summary import summary
+    from lab.rows import load_cells
+    from lab.summary_table import summary
 
     assert (
         "`ridge`: a run at one β, copied to each β where it did not run: a frozen head's sums are the same"
@@ -445,12 +449,12 @@ def test_a_frozen_head_runs_once_for_all_betas_unless_its_clients_draw(tmp_path,
 
 
 def test_the_paper_column_comes_from_the_paper_table(tmp_path):
-    assert report.paper_faa("clinc150", "joint", 0.2) == 95.53
-    assert report.paper_faa("clinc150", "ccvr", 0.5) == 38.13
-    assert report.paper_faa("cifar100", "lorm", 0.05) == 82.76
-    assert report.paper_faa("eurosat", "fedavg-lora", 1.0) == 53.14
-    assert report.paper_faa("imagenet-r", "lorm-avg-tasks", 0.5) == 75.08
-    assert report.paper_faa("clinc150", "fedavg-lora", 0.5) is None
+    assert paper.paper_faa("clinc150", "joint", 0.2) == 95.53
+    assert paper.paper_faa("clinc150", "ccvr", 0.5) == 38.13
+    assert paper.paper_faa("cifar100", "lorm", 0.05) == 82.76
+    assert paper.paper_faa("eurosat", "fedavg-lora", 1.0) == 53.14
+    assert paper.paper_faa("imagenet-r", "lorm-avg-tasks", 0.5) == 75.08
+    assert paper.paper_faa("clinc150", "fedavg-lora", 0.5) is None
     # Hand-made clinc150 cells with known FAA: 80, 82, 84 -> 82.00 ± 2.00 beside the paper's 82.58.
     for seed, faa in zip((1, 2, 3), (80.0, 82.0, 84.0)):
         cell = tmp_path / f"cells/lorm/beta0.5/seed{seed}"
@@ -532,11 +536,11 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     assert {p.stem for p in root.glob("*.json")} == datasets
     grid = json.loads((root / "imagenet-r.json").read_text())
     base = RunConfig.from_dict(PRESETS["paper-imagenet-r-b0.05"])
-    lwf = bench.cell_config(base, "lwf", 0.05, 0, grid)
+    lwf = plan.cell_config(base, "lwf", 0.05, 0, grid)
     assert (lwf.lr, lwf.lora_lr, lwf.method) == (3e-5, 3e-5, "lwf")  # the appendix's ImageNet-R table
-    regmean = bench.cell_config(base, "regmean", 0.05, 0, grid)
+    regmean = plan.cell_config(base, "regmean", 0.05, 0, grid)
     assert (regmean.lr, regmean.gamma_backbone, regmean.gamma_head) == (1e-5, 0.1, 0.1)
-    ewc = bench.cell_config(
+    ewc = plan.cell_config(
         RunConfig.from_dict(PRESETS["paper-cifar100-b0.5"]),
         "ewc",
         0.5,
@@ -545,11 +549,11 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
     )
     assert (ewc.lr, ewc.fisher) == (1e-5, "reference")  # the paper's code's Fisher estimator
     imagenet_a = json.loads((root / "imagenet-a.json").read_text())
-    l2p = bench.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
+    l2p = plan.cell_config(RunConfig.from_dict(PRESETS["paper-imagenet-a-b0.2"]), "l2p", 0.2, 0, imagenet_a)
     assert (l2p.lr, l2p.lora_lr, l2p.method) == (0.3, 0.3, "l2p")  # prompts and head at the table's lr
     from common.methods.pilora import PiLoraSettings
 
-    pilora = bench.cell_config(base, "pilora", 0.05, 0, grid)
+    pilora = plan.cell_config(base, "pilora", 0.05, 0, grid)
     assert (pilora.lr, pilora.lora_lr) == (2e-2, 1e-4)
     # the paper's code's re-weighting (a factor 0.2, where PILoRA's own divides by 0.2: the default 5)
     assert pilora.section(PiLoraSettings).soft_temp == 0.2 != PiLoraSettings().soft_temp
@@ -558,11 +562,11 @@ def test_the_papers_per_method_settings_make_each_cell_one_command():
 def test_an_inprocess_cell_records_its_own_peak_memory(tmp_path):
     """``peak_rss_bytes``: the cell's peak resident memory, not the process's: 1.2 GB held and freed before the
     cell does not count (the peak is reset first)."""
-    if not runner.reset_peak_rss():
+    if not cell_run.reset_peak_rss():
         pytest.skip("this system cannot reset a process's peak resident memory")
     ballast = bytearray(1_200_000_000)
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page, so that it is resident
-    held = runner.peak_rss_bytes()
+    held = cell_run.peak_rss_bytes()
     del ballast
     rc, _ = bench_main(TINY + ["--methods", "lorm", "--seeds", "1", "--betas", "0.5", "--out", str(tmp_path)])
     peak = json.loads((tmp_path / "cells/lorm/beta0.5/seed1/metrics.json").read_text())["peak_rss_bytes"]
@@ -599,19 +603,19 @@ def test_cells_from_several_machines_name_each_rows_machine(tmp_path):
 def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
     """bench/clinc150_methods.json, which the grid scripts run for hours: every label names a known method and
     every override a known key, at each of the table's betas, so a typo fails here and not mid-grid."""
-    method_config = bench.load_method_config(str(runner.ROOT / "bench" / "clinc150_methods.json"))
+    method_config = plan.load_method_config(str(provenance.ROOT / "bench" / "clinc150_methods.json"))
     assert "lorm" in method_config and any("@" in label for label in method_config)
     for preset_name in ("cpu-clinc150-quick", "cpu-clinc150-full"):
         base = RunConfig.from_dict(preset(preset_name))
         for label in method_config:
             for beta in (1.0, 0.5, 0.2):
-                cell = bench.cell_config(base, label, beta, 0, method_config, preset_name)
-                assert cell.method == ("lorm" if label.startswith("joint") else bench.method_of(label))
+                cell = plan.cell_config(base, label, beta, 0, method_config, preset_name)
+                assert cell.method == ("lorm" if label.startswith("joint") else plan.method_of(label))
     # LoRM's head gamma (and its ablations', which share its head): 0.5 but at beta 0.2 on the full data, where
     # its held-out samples chose 0.7 (docs/results/choices: gamma_head and gamma_head_full); the appendix's variant
     # keeps its 0.1 at beta 0.2 on both, and lorm@gamma-0.5 (the grid's before that choice) 0.5 everywhere
     gammas = {
-        (label, name, beta): bench.cell_config(
+        (label, name, beta): plan.cell_config(
             RunConfig.from_dict(preset(name)), label, beta, 0, method_config, name
         ).gamma_head
         for label in ("lorm", "lorm-b-only", "lorm-avg-tasks", "lorm-seq", "lorm@appendix-gamma", "lorm@gamma-0.5")
@@ -655,7 +659,7 @@ def test_a_failed_child_is_named_with_its_twins_and_the_others_finish(tmp_path):
     """A child that exits non-zero is reported failed with where to look, and so is its twin (joint at another
     beta: it would have reused that run), which no process starts; the grid goes on with the rest."""
     base = RunConfig.from_dict(preset("tiny"))
-    cells = bench.plan_grid(base, ["lorm", "joint"], [0.5, 1.0], [0], {})
+    cells = plan.plan_grid(base, ["lorm", "joint"], [0.5, 1.0], [0], {})
     said: list[str] = []
 
     def argv(cell):  # lorm at beta 1.0 and joint are given a beta they refuse
@@ -682,8 +686,8 @@ def test_a_terminated_jobs_grid_stops_its_children(tmp_path):
     """SIGTERM to a ``--jobs`` grid: it stops every child before it exits (none left running on the GPU)."""
     argv = ["--preset", "tiny", "--set", "rounds_per_task=200", "--methods", "lorm", "--betas", "0.5,1.0"]
     parent = subprocess.Popen(
-        [sys.executable, "-m", "engine.benchmark", *argv, "--out", str(tmp_path), "--jobs", "2"],
-        cwd=runner.ROOT,
+        [sys.executable, "-m", "lab.benchmark", *argv, "--out", str(tmp_path), "--jobs", "2"],
+        cwd=provenance.ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -732,14 +736,14 @@ def test_a_cell_from_before_a_configuration_field_existed_is_the_same_configurat
 def test_what_ran_beside_a_cell_is_recorded_and_reaches_the_cost_table(tmp_path):
     """``--beside``: every cell records what else ran on its host (a --jobs child too), and RESULTS' cost table
     shows it where it would say 'not recorded'."""
-    from engine.results_summary import costs
+    from lab.cost_table import costs
 
     argv = TINY + ["--methods", "lorm", "--seeds", "1", "--betas", "0.5", "--out", str(tmp_path)]
     rc, _ = bench_main(argv + ["--beside", "one 1-thread cell"])
     cell = json.loads((tmp_path / "cells/lorm/beta0.5/seed1/metrics.json").read_text())
     assert rc == 0 and cell["beside"] == "one 1-thread cell"
     child = bench.child_argv(
-        bench.build_parser().parse_args(argv + ["--beside", "x"]), bench.Cell("lorm", 0.5, 1, None)
+        bench.build_parser().parse_args(argv + ["--beside", "x"]), cell_run.Cell("lorm", 0.5, 1, None)
     )
     assert child[child.index("--beside") + 1] == "x"
     assert "| one 1-thread cell |" in costs({"tiny": [cell]})

@@ -1,5 +1,5 @@
 """A stored cell's configuration read as the code that ran it read it: a setting it left unset at the default of its
-code (``common.run.settings.DEFAULT_CHANGES``), settings without effect left out; a twin is reused only where the
+code (``lab.provenance.DEFAULT_CHANGES``), settings without effect left out; a twin is reused only where the
 two runs are the same."""
 
 from __future__ import annotations
@@ -12,17 +12,20 @@ import shutil
 
 import pytest
 
-import engine.benchmark as bench
-import engine.cells as cells
+import lab.benchmark as bench
+import lab.cells as cells
+import lab.provenance as provenance
+import lab.twins as twins
 from common.run.config import RunConfig
-from common.run.settings import DEFAULT_CHANGES
+from lab.provenance import DEFAULT_CHANGES
 
 LAMBDA_RULE = next(c for c in DEFAULT_CHANGES if (c.section, c.key) == ("ridge", "lambda_rule"))
 BEFORE_RULE = "14fa52168413b2ef65b7e202acc5f8a54639294b"  # the parent of LAMBDA_RULE's commit
 TINY = ["--preset", "tiny", "--set", "num_tasks=2", "--set", "rounds_per_task=1"]
 ENSEMBLE = ["--methods", "ridge", "--set", "ridge.blocks=2", "--set", "ridge.rp_dim=32", "--seeds", "1"]
 HISTORY = pytest.mark.skipif(
-    cells._includes("HEAD", LAMBDA_RULE.commit) is not True or cells._includes("HEAD", BEFORE_RULE) is not True,
+    provenance._includes("HEAD", LAMBDA_RULE.commit) is not True
+    or provenance._includes("HEAD", BEFORE_RULE) is not True,
     reason="needs the project's git history (a full clone)",
 )
 
@@ -51,17 +54,17 @@ def ridge(**settings) -> RunConfig:
 @HISTORY
 def test_a_cell_of_older_code_is_read_with_the_defaults_it_had():
     older, newer = {"commit": BEFORE_RULE, "changed": False}, {"commit": LAMBDA_RULE.commit, "changed": False}
-    assert cells.defaults_then(stored(ridge(blocks=2), older))[("ridge", "lambda_rule")] == "members"
-    assert ("ridge", "lambda_rule") not in cells.defaults_then(stored(ridge(blocks=2), newer))
-    assert cells.defaults_then(stored(ridge(blocks=2), cells.code_version())) == {}  # this code
+    assert provenance.defaults_then(stored(ridge(blocks=2), older))[("ridge", "lambda_rule")] == "members"
+    assert ("ridge", "lambda_rule") not in provenance.defaults_then(stored(ridge(blocks=2), newer))
+    assert provenance.defaults_then(stored(ridge(blocks=2), provenance.code_version())) == {}  # this code
     # before lorm-bench recorded the code: the changes made since the record began are known, earlier ones not
-    legacy = cells.defaults_then(stored(ridge(blocks=2)))
+    legacy = provenance.defaults_then(stored(ridge(blocks=2)))
     assert legacy[("ridge", "lambda_rule")] == "members" and legacy[("robust", "kappa")].startswith("unknown")
     # a commit git does not know, or a cell that ran outside a checkout: nothing is known
     assert all(
         value.startswith("unknown")
         for code in ({"commit": "0" * 40, "changed": False}, None)
-        for value in cells.defaults_then({"config": {}, "code": code}).values()
+        for value in provenance.defaults_then({"config": {}, "code": code}).values()
     )
 
 
@@ -70,32 +73,32 @@ def test_the_twin_is_the_run_with_the_same_rule_not_the_same_unset_key():
     """An ensemble cell of code from before ``lambda_rule`` defaulted to ``auto`` ran ``members``: it is the twin of a
     planned ``members`` run (a frozen head: another beta), not of a planned run that leaves the rule unset."""
     old = stored(ridge(blocks=2), {"commit": BEFORE_RULE, "changed": False})
-    members = cells._twin_key(json.loads(ridge(blocks=2, lambda_rule="members").to_json()))
-    unset = cells._twin_key(json.loads(ridge(blocks=2).to_json()))
-    assert cells.stored_twin_key(old) == members != unset
-    assert cells._config_changes(old, ridge(blocks=2)) == ["settings.ridge.lambda_rule"]
-    assert cells._config_changes(old, ridge(blocks=2, lambda_rule="members")) == []
+    members = twins._twin_key(json.loads(ridge(blocks=2, lambda_rule="members").to_json()))
+    unset = twins._twin_key(json.loads(ridge(blocks=2).to_json()))
+    assert twins.stored_twin_key(old) == members != unset
+    assert twins._config_changes(old, ridge(blocks=2)) == ["settings.ridge.lambda_rule"]
+    assert twins._config_changes(old, ridge(blocks=2, lambda_rule="members")) == []
 
 
 def test_a_setting_without_effect_and_a_section_the_run_does_not_read_are_not_compared():
-    now = cells.code_version()
+    now = provenance.code_version()
     # one head: every lambda rule is the same head
-    assert cells._config_changes(stored(ridge(lambda_rule="members"), now), ridge()) == []
-    assert cells._config_changes(stored(ridge(blocks=2, lambda_rule="members"), now), ridge(blocks=2)) == [
+    assert twins._config_changes(stored(ridge(lambda_rule="members"), now), ridge()) == []
+    assert twins._config_changes(stored(ridge(blocks=2, lambda_rule="members"), now), ridge(blocks=2)) == [
         "settings.ridge.lambda_rule"
     ]
     # the guard off: its bound is read by no one; on, it is compared
     guard = {"kappa": 3.0}
     off = RunConfig(method="ridge", settings={"robust": guard})
-    assert cells._config_changes(stored(off, now), RunConfig(method="ridge")) == []
+    assert twins._config_changes(stored(off, now), RunConfig(method="ridge")) == []
     on = RunConfig(method="ridge", settings={"robust": {**guard, "enabled": True}})
     both = RunConfig(method="ridge", settings={"robust": {"enabled": True}})
-    assert cells._config_changes(stored(on, now), both) == ["settings.robust.kappa"]
+    assert twins._config_changes(stored(on, now), both) == ["settings.robust.kappa"]
     # another method's section
     other = {"config": {**json.loads(RunConfig(method="ridge").to_json()), "settings": {"pilora": {"soft_temp": 1}}}}
-    assert cells._config_changes(other | {"code": now}, RunConfig(method="ridge")) == []
+    assert twins._config_changes(other | {"code": now}, RunConfig(method="ridge")) == []
     # an explicit default is the default
-    assert cells._config_changes(stored(ridge(blocks=2, lambda_rule="auto"), now), ridge(blocks=2)) == []
+    assert twins._config_changes(stored(ridge(blocks=2, lambda_rule="auto"), now), ridge(blocks=2)) == []
 
 
 @HISTORY
