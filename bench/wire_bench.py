@@ -50,7 +50,7 @@ from common.infra.tls import Security  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.wire.messages import ClientUpdate, EvalReport, LoraStep, Phase, RoundPlan  # noqa: E402
 from common.wire.tensors import head_tensors, pack  # noqa: E402
-from proto import codec  # noqa: E402
+from proto import codec, streams  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402
 from server.service import create_server  # noqa: E402
 
@@ -249,7 +249,7 @@ def main() -> int:
     direct = run_pass(via_relay=False)
     print(
         f"ViT-B/16 shapes: {len(LAYERS)} LoRA layers, r = {RANK}, head {CLASSES} x {FEATURES}; "
-        f"chunk {codec.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s"
+        f"chunk {streams.DEFAULT_CHUNK_BYTES} B; loopback idle traffic before the passes: {idle} B/s"
     )
     print(
         "MB = 10^6 bytes. wire = TCP payload both directions through the relay; "

@@ -18,7 +18,7 @@ from common.run.config import RunConfig
 from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, PullQuery, RoundPlan, Wait
-from proto import codec
+from proto import codec, secagg_codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
@@ -227,15 +227,15 @@ class CoordinatorClient:
         keys: Keys | None = None,
         shares: Mapping[int, bytes] | None = None,
     ) -> dict:
-        """One secure-aggregation call for ``plan``'s step and secure session (``proto.codec.SECAGG_STAGES``);
+        """One secure-aggregation call for ``plan``'s step and secure session (``proto.secagg_codec.SECAGG_STAGES``);
         the reply as a dict. ``Rejected`` ``ABORTED``: the step's secure aggregation restarted."""
         step = (plan.task, plan.round, plan.phase)
-        request = codec.secagg_request_to_proto(
+        request = secagg_codec.secagg_request_to_proto(
             self.run_id, self.client_id, index, step, stage, keys, shares, plan.secure_attempt
         )
         return self._call(
             f"secure aggregation ({stage})",
-            lambda: codec.secagg_reply_from_proto(
+            lambda: secagg_codec.secagg_reply_from_proto(
                 self.stub.SecAgg(request, timeout=self.call_timeout_s, wait_for_ready=True, metadata=self.metadata)
             ),
         )

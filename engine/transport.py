@@ -23,7 +23,7 @@ from common.run.config import RunConfig
 from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, RoundPlan, Wait
-from proto import codec
+from proto import codec, secagg_codec, streams
 from server.checks import Refused
 from server.coordinator import Coordinator
 
@@ -70,7 +70,7 @@ class InProcessTransport:
 
     def push(self, update: ClientUpdate, key: str) -> bool:
         """Record ``update``; ``True`` if the coordinator had it already (a retried push)."""
-        declared, total = codec.declared_of(update.tensors)
+        declared, total = streams.declared_of(update.tensors)
         u, coord = dataclasses.replace(update, tensors=_copies(update.tensors)), self.coordinator
 
         def checked() -> bool:
@@ -109,7 +109,7 @@ class InProcessTransport:
                 self.client_id, index, self.run_id, step, stage, keys, dict(shares or {}), attempt
             )
         )
-        return codec.secagg_reply_from_proto(codec.secagg_reply_to_proto(reply))
+        return secagg_codec.secagg_reply_from_proto(secagg_codec.secagg_reply_to_proto(reply))
 
     def close(self) -> None:
         """Nothing to close: the coordinator is the caller's."""

@@ -32,7 +32,7 @@ import grpc
 from common.infra.environ import renamed_variable
 from common.infra.tls import Security, SecurityError, token_digest
 from common.run.schedule import parse_task
-from proto import codec
+from proto import codec, status_codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
@@ -163,7 +163,7 @@ def call(args: argparse.Namespace) -> tuple[int, str]:
             reply = stub.OperatorStatus(pb.StatusRequest(run_id=args.run_id), **options)
         except grpc.RpcError as err:
             return 2, f"{args.target}: {err.code().name} ({err.details()})"
-    return 0, json.dumps(codec.status_from_proto(reply), indent=2)
+    return 0, json.dumps(status_codec.status_from_proto(reply), indent=2)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from common.infra.faults import after_items
 from common.infra.tls import Security
 from common.wire.messages import ModelSpec, PushEnvelope, RoundPlan, Wait
-from proto import codec
+from proto import codec, secagg_codec, status_codec, streams
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.admission import AdmissionInterceptor, CallLimiter, Limits
@@ -52,7 +52,7 @@ def _abort(context: grpc.ServicerContext, err: Exception) -> None:
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(
-        self, coordinator: Coordinator, auth: Authenticator, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+        self, coordinator: Coordinator, auth: Authenticator, chunk_bytes: int = streams.DEFAULT_CHUNK_BYTES
     ) -> None:
         self.coordinator = coordinator
         self.auth = auth  # every handler checks that the message's client_id is the authenticated caller
@@ -154,10 +154,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def SecAgg(self, request: pb.SecAggRequest, context: grpc.ServicerContext) -> pb.SecAggReply:
         self.auth.authorize(context, request.client_id)
         try:
-            reply = self.coordinator.secagg(**codec.secagg_request_from_proto(request))
+            reply = self.coordinator.secagg(**secagg_codec.secagg_request_from_proto(request))
         except (Refused, ValueError) as err:
             _abort(context, err)
-        return codec.secagg_reply_to_proto(reply)
+        return secagg_codec.secagg_reply_to_proto(reply)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         if request.run_id:  # optional here: a status probe need not know the run
@@ -166,7 +166,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             except Refused as err:
                 _abort(context, err)
         # The caller's own figures beside the run's progress, never another client's (issue 41, M2).
-        return codec.status_to_proto(self.coordinator.status(self.auth.identity(context)))
+        return status_codec.status_to_proto(self.coordinator.status(self.auth.identity(context)))
 
 
 class OperatorServicer(pb_grpc.OperatorServicer):
@@ -178,7 +178,7 @@ class OperatorServicer(pb_grpc.OperatorServicer):
 
     def OperatorStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
         self._authorize(request.run_id, context)
-        return codec.status_to_proto(self.coordinator.status(operator=True))
+        return status_codec.status_to_proto(self.coordinator.status(operator=True))
 
     def _authorize(self, run_id: str, context: grpc.ServicerContext) -> None:
         """The operator's token first, before the run is touched, even its id; then the run's id, if named."""

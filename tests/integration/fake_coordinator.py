@@ -15,7 +15,7 @@ import grpc
 from common.run.config import RunConfig
 from common.run.schedule import class_schedule
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
-from proto import codec
+from proto import codec, secagg_codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 
@@ -86,7 +86,7 @@ class HostileCoordinator(pb_grpc.CoordinatorServicer):
 
     def SecAgg(self, request: pb.SecAggRequest, context: grpc.ServicerContext) -> pb.SecAggReply:
         with self.lock:
-            self.sent.secagg.append(codec.secagg_request_from_proto(request))
+            self.sent.secagg.append(secagg_codec.secagg_request_from_proto(request))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this coordinator runs no secure session")
         raise AssertionError("unreachable")
 

@@ -44,7 +44,7 @@ from common.wire.tensors import (
     parse_tensor_name,
     tensor_name,
 )
-from proto import codec
+from proto import codec, streams
 
 MiB = 1 << 20
 GRPC_FRAME = 5  # gRPC's length-prefix bytes in front of every message on a stream
@@ -72,7 +72,7 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
 
 
-DTYPES = list(codec.DTYPES.values())
+DTYPES = list(streams.DTYPES.values())
 SHAPES = [(3, 5), (0, 4), ()]  # matrix, empty, 0-d
 
 
@@ -269,9 +269,9 @@ def test_pull_query_round_trip(last):
 )
 def test_tensor_chunks_reassemble_exactly(dtype, shape, chunk_bytes, seed):
     tensor = random_tensor(dtype, shape, seed)
-    assembler = codec.TensorAssembler([codec.tensor_header("t", tensor)])
+    assembler = streams.TensorAssembler([streams.tensor_header("t", tensor)])
 
-    chunks = list(codec.tensor_chunks("t", tensor, chunk_bytes))
+    chunks = list(streams.tensor_chunks("t", tensor, chunk_bytes))
     for chunk in chunks:
         assembler.add(chunk)
 

@@ -36,7 +36,7 @@ from common.secagg.client_session import ClientSession
 from common.secagg.terms import context, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import HEAD_GRAM
-from proto import codec
+from proto import codec, secagg_codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.coordinator import Coordinator
@@ -534,7 +534,7 @@ def test_fuzz_push_and_the_chunk_stream(harness):
 
 SECAGG = SERVICE + "SecAgg"
 SECAGG_REFUSALS = REFUSALS | {grpc.StatusCode.ABORTED}  # ABORTED: a call of another session (attempt)
-STAGES = {name: i + 1 for i, name in enumerate(codec.SECAGG_STAGES)}
+STAGES = {name: i + 1 for i, name in enumerate(secagg_codec.SECAGG_STAGES)}
 ODD_INDICES = [0, 2, 0, 2, -1, 3, 7, 2**31 - 1, -(2**31)]  # another client's index, most often
 ODD_KEY_LENGTHS = [0, 1, 31, 33, 64, 4096]
 FUZZER = 1  # the fuzzing client: authenticated as c1, index 1
@@ -595,7 +595,7 @@ class SecAggHarness:
 
     def request(self, stage: str, **kw) -> pb.SecAggRequest:
         """The fuzzer's honest request of ``stage`` in the open session."""
-        return codec.secagg_request_to_proto("fuzz", "c1", FUZZER, self.ref, stage, **kw)
+        return secagg_codec.secagg_request_to_proto("fuzz", "c1", FUZZER, self.ref, stage, **kw)
 
     def bases(self) -> list[pb.SecAggRequest]:
         session = self.sessions[FUZZER]

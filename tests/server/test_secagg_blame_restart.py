@@ -25,7 +25,7 @@ from common.secagg.primitives import SecAggError
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import client_terms, context, fixed_point, masked_update
 from common.wire.messages import Phase, RoundPlan
-from proto import codec
+from proto import secagg_codec
 from server.certs import create_dev_pki
 from server.checks import Options
 from server.coordinator import Coordinator
@@ -46,7 +46,7 @@ class Calls:
     def secagg(self, plan: RoundPlan, index: int, stage: str, keys=None, shares=None) -> dict:
         step = (plan.task, plan.round, plan.phase)
         reply = self.coord.secagg(f"c{index}", index, plan.run_id, step, stage, keys, shares, plan.secure_attempt)
-        return codec.secagg_reply_from_proto(codec.secagg_reply_to_proto(reply))
+        return secagg_codec.secagg_reply_from_proto(secagg_codec.secagg_reply_to_proto(reply))
 
 
 @pytest.fixture(scope="module")
