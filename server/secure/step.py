@@ -7,85 +7,37 @@ deadline passes (:meth:`SecureStep.advance`), the masked inputs held to the step
 aggregator (:meth:`SecureStep.unmask_into`). Every check says which attack it stops. A failure of one
 party is recorded and survived: the session restarts, the clients the protocol can name left out, and
 after ``secagg.max_attempts`` failed sessions the step ends unmerged (:class:`SessionFailed`). The
-coordinator keeps the lock, the staging on disk (:class:`Staging`) and what a finished step does next.
+coordinator keeps the lock, the staging on disk (:class:`~server.secure.staging.Staging`) and what a finished
+step does next. The handlers themselves are :mod:`server.secure.stages`; the masked inputs' form against the
+layout, their sum and its unmasking, :mod:`server.secure.masked`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
-import torch
 from torch import Tensor
 
 from common.aggregation.base import Aggregator
 from common.aggregation.validate import UpdateRejected
 from common.infra.faults import fault_point
-from common.infra.files import atomic_write_json
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.persistence import session_from_state, session_state
-from common.secagg.primitives import SecAggError, decode
+from common.secagg.primitives import SecAggError
 from common.secagg.rounds import Culprits, Keys, key_fingerprints
 from common.secagg.server_session import ServerSession
-from common.secagg.signed_messages import keys_message
-from common.secagg.signing import Verifier, certificate_identity, check_signature
-from common.secagg.terms import Layout, context, run_encoding, threshold, unpack
+from common.secagg.signing import Verifier, check_signature
+from common.secagg.terms import Layout, context, run_encoding, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
-from common.wire.tensors import MASKED
 from server.checks import Refused
+from server.secure.masked import check_declared, check_tensors, close_inputs, unmasked
 from server.secure.report import added_counts, secagg_report
+from server.secure.stages import HANDLERS, Reply
+from server.secure.staging import Staging, fingerprint
 from server.secure.sums import load_sums
-from server.store import Store
-
-
-@dataclass
-class Staging:
-    """The open step's staged submissions, as its secure aggregation sees them: the coordinator's store
-    under the step's key, and the step's own set of indices whose submission is staged."""
-
-    store: Store
-    key: str
-    submitted: set[int]
-
-    def save(self, state: dict) -> None:
-        self.store.save_secagg(self.key, state)
-
-    def load(self, index: int) -> ClientUpdate:
-        return self.store.load_update(self.key, index)
-
-    def stage(self, update: ClientUpdate, idempotency_key: str) -> None:
-        self.store.stage_update(self.key, update, idempotency_key)
-        fault_point("push.staged")
-        self.submitted.add(update.client_index)
-
-    def drop(self) -> None:
-        """Forget the staged masked inputs (an abandoned session's), on disk and in memory."""
-        self.store.drop_updates(self.key)
-        self.submitted.clear()
-
-    def seen_keys(self) -> set[str]:
-        """The fingerprints (hex) of every public key advertised in the run's earlier secure sessions."""
-        path = self.store.root / SEEN_KEYS
-        return set(json.loads(path.read_text())) if path.exists() else set()
-
-    def remember_keys(self, fingerprints: Iterable[str]) -> None:
-        """Add ``fingerprints`` to the run's record of advertised keys (kept beside its generations: the
-        staging of a step is dropped once it is merged, the record outlives it)."""
-        seen = self.seen_keys()
-        if not set(fingerprints) <= seen:
-            atomic_write_json(self.store.root / SEEN_KEYS, sorted(seen | set(fingerprints)))
-
-
-SEEN_KEYS = "secagg-seen-keys.json"  # in the store's root: 16 bytes of each key's fingerprint, hex, one list
-
-
-def fingerprint(point: bytes) -> str:
-    """What the run's record of keys holds of a key's fingerprint (:func:`key_fingerprints`): 16 bytes, hex."""
-    return point[:16].hex()
 
 
 @dataclass(frozen=True)
@@ -101,9 +53,6 @@ class SessionFailed(Exception):
     def __init__(self, record: dict | None) -> None:
         super().__init__("the step's secure aggregation failed" + ("" if record is None else " for good"))
         self.record = record
-
-
-Reply = dict[str, Any]
 
 
 class SecureStep:
@@ -223,7 +172,8 @@ class SecureStep:
         self.round_closed()
 
     def remember(self, keys: Iterable[Keys]) -> None:
-        """Record ``keys``' fingerprints as the run's: no later session takes them (:meth:`_advertise`)."""
+        """Record ``keys``' fingerprints as the run's: no later session takes them (the advertise stage,
+        :mod:`server.secure.stages`)."""
         known = self.session.prints  # the open session's, computed at advertise
         prints = {fingerprint(p) for k in keys for p in known.get(k.index) or key_fingerprints(k)}
         self.seen |= prints
@@ -269,57 +219,14 @@ class SecureStep:
         self.knocking.add(index)
         return False
 
-    def check_declared(self, declared: dict[str, tuple[str, tuple[int, ...]]], declared_bytes: int) -> None:
-        """A masked push's headers (name -> (dtype, shape)) against the step's layout, before any byte is
-        read: ``UpdateRejected`` unless they name exactly its masked sums, int64 limb pairs, of its size."""
-        int64 = all(dtype == "int64" for dtype, _ in declared.values())
-        self._check_sums({name: tuple(shape) for name, (_, shape) in declared.items()}, int64)
-        if declared_bytes != 16 * self.layout.size:
-            raise UpdateRejected(
-                "masked", f"declares {declared_bytes} bytes, the step's masked sums are {16 * self.layout.size}"
-            )
-
     def check_masked(self, index: int, tensors: dict[str, Tensor]) -> None:
         """Client ``index``'s masked input, as its update's named tensors: ``SecAggError`` unless it is
         the client's turn, ``UpdateRejected`` unless it carries masked sums only, int64 limb pairs, in
-        the step's layout (what :meth:`check_declared` holds a push's headers to)."""
+        the step's layout (:func:`~server.secure.masked.check_tensors`)."""
         s = self.session
         if s.sharers is None or index not in s.sharers or s.survivors is not None:
             raise SecAggError("an input from a client that shared no keys, or after the inputs closed")
-        int64 = all(t.dtype == torch.int64 for t in tensors.values())
-        self._check_sums({name: tuple(t.shape) for name, t in tensors.items()}, int64)
-
-    def _check_sums(self, shapes: dict[str, tuple[int, ...]], int64: bool) -> None:
-        """``shapes`` (wire name -> shape) must be exactly the step's masked sums, each entry a pair of int64
-        limbs: the layout comes from the step's declaration, so no first pusher decides it."""
-        want = {f"{MASKED}/{name}": (*shape, 2) for name, shape in self.layout.entries}
-        if shapes != want:
-            missing, extra = sorted(set(want) - set(shapes)), sorted(set(shapes) - set(want))
-            wrong = sorted(n for n in set(shapes) & set(want) if shapes[n] != want[n])
-            raise UpdateRejected(
-                "masked",
-                f"a secure step's update carries the step's masked sums, as declared: missing {missing[:5]}, "
-                f"unexpected {extra[:5]}, of another shape {wrong[:5]}",
-            )
-        if not int64:
-            raise UpdateRejected("masked", "masked sums travel as int64 (the limbs of Z_2^128)")
-
-    def add_input(self, update: ClientUpdate) -> None:
-        vector = self.layout.flatten_ring(update.named(MASKED))
-        self.session.masked_input(update.client_index, vector)
-
-    def close_inputs(self, inputs: Iterable[ClientUpdate]) -> None:
-        """Add the masked ``inputs`` (the survivors', from staging, one at a time) and fix ``U3``."""
-        for update in inputs:
-            self.add_input(update)
-        self.session.close_inputs()
-
-    def unmasked(self) -> tuple[dict[str, Tensor], int]:
-        """The survivors' sum of terms (decoded) and how many survivors; ``Culprits`` or ``SecAggError``
-        when the sum cannot be unmasked (a wrong share, a sum outside the fixed point's range)."""
-        survivors, _ = self.session.close_inputs()
-        total = decode(self.session.result(), self.fp, len(survivors))
-        return unpack(self.layout.unflatten(total)), len(survivors)
+        check_tensors(self.layout, tensors)
 
     # ------------------------------------------------------------ the coordinator's calls
 
@@ -330,7 +237,7 @@ class SecureStep:
         if self.session.sharers is None and self.staging.submitted:
             self.staging.drop()
         if self.resumed_survivors is not None:
-            self.close_inputs(self.staging.load(i) for i in self.resumed_survivors)
+            close_inputs(self.session, self.layout, (self.staging.load(i) for i in self.resumed_survivors))
 
     def advance(self) -> bool:
         """Close whatever round is complete (or late, with the threshold), restart a session stuck below the
@@ -364,7 +271,7 @@ class SecureStep:
         if s.sharers is not None and s.survivors is None:
             arrived = sorted(self.staging.submitted & set(s.sharers))
             if len(arrived) == len(s.sharers) or (self.late(deadline) and len(arrived) >= t):
-                self.close_inputs(self.staging.load(i) for i in arrived)
+                close_inputs(s, self.layout, (self.staging.load(i) for i in arrived))
                 self.round_closed()
                 changed = True
                 dropped = sorted(set(s.sharers) - set(arrived))
@@ -385,7 +292,7 @@ class SecureStep:
         self._same_session(attempt)
         if declared is not None:
             try:
-                self.check_declared(declared, declared_bytes)
+                check_declared(self.layout, declared, declared_bytes)
             except UpdateRejected as err:
                 raise Refused("INVALID_ARGUMENT", str(err)) from err
 
@@ -408,7 +315,7 @@ class SecureStep:
         that is not fixed yet), or ``None`` once what it sent is recorded. ``Refused`` naming what is wrong;
         a client refused by the session is remembered as alive (knocking)."""
         self._same_session(attempt)
-        handler = self.HANDLERS.get(stage)
+        handler = HANDLERS.get(stage)
         if handler is None:
             raise Refused("INVALID_ARGUMENT", f"unknown secure aggregation stage {stage!r}")
         try:
@@ -421,7 +328,7 @@ class SecureStep:
         """Load the survivors' unmasked sum into ``aggregator``; what the step's history records. A sum that
         cannot be unmasked or fails its checks: :class:`SessionFailed` (see :meth:`_failed`)."""
         try:
-            sums, survivors = self.unmasked()
+            sums, survivors = unmasked(self.session, self.layout, self.fp)
             slack = self.noise.gram_slack(self.layout.entries, survivors) if self.noise is not None else 0.0
             load_sums(
                 aggregator,
@@ -471,113 +378,3 @@ class SecureStep:
             raise Refused(
                 "ABORTED", f"this step's secure aggregation restarted (attempt {self.attempt}, not {attempt})"
             )
-
-    # ------------------------------------------------------------ one handler per stage
-
-    def _advertise(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
-        """Client ``index``'s keys, each check refusing (``INVALID_ARGUMENT``, or ``PERMISSION_DENIED``) what would
-        otherwise reach every honest client. A refused advertise leaves the slot as it was: open for the
-        client's own, which is then taken."""
-        if keys is None:
-            raise Refused("INVALID_ARGUMENT", "an advertise carries the client's keys")
-        if keys.index != index:  # the body's index is the caller's claim, not its identity (H1)
-            raise Refused(
-                "PERMISSION_DENIED",
-                f"client {client_id!r} holds index {index}: it cannot advertise keys for index {keys.index}",
-            )
-        try:
-            # A low-order or non-canonical point: every honest client's exchange with it fails or is public.
-            prints = key_fingerprints(keys)
-            self._check_signed(index, client_id, keys)
-        except SecAggError as err:
-            raise Refused("INVALID_ARGUMENT", f"client {index}'s advertise is refused: {err}") from err
-        current = self.session.keys.get(index)
-        if current != keys and any(fingerprint(p) in self.seen for p in prints):
-            # A copy of an earlier step's (or session's) advertise: taken, it would fill the client's slot with
-            # keys whose private halves belong to a finished session, and refuse the client's own advertise.
-            raise Refused(
-                "INVALID_ARGUMENT",
-                f"client {index}'s advertise is refused: a public key of an earlier secure session of this run "
-                "(a replay; every session's keys are fresh)",
-            )
-        self.session.advertise(keys)  # distinct keys, the roster still open, one of the step's clients
-        self.staging.save(self.state())
-
-    def _check_signed(self, index: int, client_id: str, keys: Keys) -> None:
-        """Signed mode: the advertise's signature covers this session's context, the index and the keys, and
-        its certificate names the caller. The clients check the same of every roster entry (and the CA, which
-        ``self.verifier`` checks here too when given); one bad entry makes each of them refuse the session, so
-        a client's forged or replayed advertise must stop here."""
-        if not self.signed:
-            return
-        if not keys.certificate or not keys.signature:
-            raise SecAggError("the run is signed: an advertise carries the client's certificate and signature")
-        k = keys
-        identity = (self.verifier.identity if self.verifier else certificate_identity)(k.certificate)
-        message = keys_message(self.session.context, index, identity, k.cipher_public, k.mask_public, k.commitment)
-        self._check(k.certificate, message, k.signature)
-        if identity != client_id:
-            raise SecAggError(f"its certificate names client {identity!r}, but client {client_id!r} sent it")
-
-    def _roster(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
-        s = self.session
-        if s.roster is None:
-            return self._wait(f"{len(s.keys)}/{len(s.expected)} clients advertised keys")
-        return {"ready": True, "roster": list(s.roster.values())}
-
-    def _share(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
-        self.session.share(index, shares)  # one box of the protocol's size for each other roster client
-        self.staging.save(self.state())
-
-    def _inbox(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
-        s = self.session
-        if s.sharers is None:
-            return self._wait(f"{len(s.boxes)}/{len(s.roster or {})} clients shared keys")
-        if index not in s.sharers:
-            raise SecAggError("the share round closed without this client")
-        return {"ready": True, "sharers": s.sharers, "shares": s.inbox(index)}
-
-    def _unmask(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
-        if self.session.survivors is None:
-            return self._wait("waiting for the masked inputs")
-        survivors, dropped = self.session.close_inputs()
-        return {"ready": True, "survivors": survivors, "dropped": dropped}
-
-    def _confirm(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
-        if not self.signed:
-            raise SecAggError("this run's secure aggregation is not signed: there is no consistency round")
-        self.session.confirm(index, shares.get(index, b""))  # relayed; the clients verify the signatures
-        self.staging.save(self.state())
-
-    def _confirmations(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
-        s = self.session
-        if not s.confirmed(late=self.late(self.timing.deadline_s)):
-            return self._wait(f"{len(s.confirmations)} survivors confirmed the unmask request")
-        return {"ready": True, "shares": dict(s.confirmations)}
-
-    def _reveal(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
-        self.session.reveal(index, shares)  # a survivor's answer: one share of the right size per client
-        self.staging.save(self.state())
-        fault_point("secagg.revealed")
-
-    def _blame(self, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
-        """Signed mode: the proofs against the clients excluded from the step (client -> JSON), by which a client
-        that answered an earlier session checks that the restart leaves out only clients proven to deviate."""
-        if not self.signed:
-            raise SecAggError("this run's secure aggregation is not signed: there is no blame to prove")
-        return {"ready": True, "shares": {i: json.dumps(p, sort_keys=True).encode() for i, p in self.proofs.items()}}
-
-    def _wait(self, message: str) -> Reply:
-        return {"ready": False, "retry_after_s": self.timing.retry_after_s, "message": message}
-
-    HANDLERS: dict[str, Callable[..., Reply | None]] = {
-        "advertise": _advertise,
-        "roster": _roster,
-        "share": _share,
-        "inbox": _inbox,
-        "unmask": _unmask,
-        "confirm": _confirm,
-        "confirmations": _confirmations,
-        "reveal": _reveal,
-        "blame": _blame,
-    }

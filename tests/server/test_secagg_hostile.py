@@ -28,7 +28,7 @@ from server import coordinator as coordinator_module
 from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
 from server.secure import check_sums
-from server.secure import step as secure_step_module
+from server.secure import stages as secure_stages_module
 from server.strategies import make_strategy
 
 N = 5
@@ -226,7 +226,7 @@ def test_h2_a_restarted_coordinator_resumes_a_step_whose_sum_fails(tmp_path, mon
             if len(answered) == N:
                 raise Killed
 
-    monkeypatch.setattr(secure_step_module, "fault_point", crash_on_last_reveal)
+    monkeypatch.setattr(secure_stages_module, "fault_point", crash_on_last_reveal)
     with pytest.raises(Killed):
         session(coord, list(range(N)), liar=2)
     monkeypatch.undo()
