@@ -9,13 +9,14 @@ comes first, as the engine's does: the committed pointer names a step nothing of
 task's first step, the task is not begun), so a restarted coordinator resumes by opening it
 (:meth:`Run.resume`). The open step's submissions are the coordinator's (``server/coordinator.py``): it
 checks and stages them, hands them to the fold policy and watches the step's deadline, under its lock; a
-Run is not thread-safe.
+Run is not thread-safe. Beside it: the operator's schedule of an open run (``server/run_schedule.py``:
+:meth:`Run.add_task`, :meth:`Run.finish`), and what the run leaves, each task's model and the results
+(``server/run_results.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import time
@@ -23,24 +24,16 @@ from collections.abc import Callable
 
 from common.infra.faults import fault_point
 from common.infra.progress import Progress, kind_of
-from common.privacy.ledger import privacy_summary
 from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
-from common.run.schedule import (
-    MAX_NAME,
-    MAX_TASK,
-    Schedule,
-    class_schedule,
-    head_classes,
-    scheduled_classes,
-    with_schedule,
-)
+from common.run.schedule import Schedule, class_schedule, with_schedule
 from common.run.settings import DataSettings, DpSettings, RobustSettings, SecAggSettings
 from common.secagg.signing import Verifier
 from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
+from server import run_results, run_schedule
 from server.checks import Options, Refused, admit_spec
-from server.results import RunReporter, TrainedModel
+from server.results import RunReporter
 from server.roster import Roster
 from server.run_state import RunMeta, State, ended_task
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
@@ -55,7 +48,6 @@ from server.steps import (
     open_step,
     record,
 )
-from server.steps import schedule as task_steps
 from server.store import Store
 from server.strategies import Strategy, make_strategy
 
@@ -163,7 +155,7 @@ class Run:
             self.strategy.load_state_tensors(tensors)
         ended = ended_task(self.state, self.pointer)
         if ended is not None and not self.reporter.task_exported(ended):  # a crash cut its export short
-            self.export_task(ended)
+            run_results.export_task(self, ended)
         return self.open(*self.pointer) if self.state == State.RUNNING else None
 
     # ---------------------------------------------------------------- the model
@@ -318,7 +310,7 @@ class Run:
             self.state = State.DONE
         self.commit()
         if after is None or after[0] != step.task:  # the task's last step: its model, before the next task begins
-            self.export_task(step.task)
+            run_results.export_task(self, step.task)
         if self.state == State.IDLE:  # said once it is on disk: a restart from here resumes idle
             self.emit(
                 f"task {step.task} was the schedule's last: the run is open and waits for the operator's next task "
@@ -326,117 +318,22 @@ class Run:
             )
         return self.open(*after) if after is not None else None
 
-    # ---------------------------------------------------------------- the operator's schedule
+    # ---------------------------------------------------------------- the operator's schedule (server/run_schedule.py)
 
     def add_task(self, classes: list[str], keep: str | None) -> StepState | None:
-        """Append a task of ``classes`` to an open run's schedule and commit (``keep``: the open step's key, whose
-        staged submissions stay). Returns its first step, opened, when the run was idle, else ``None`` (the run
-        reaches the task after those before it). ``Refused`` with nothing changed for a task the run cannot take."""
-        self._check_task(classes)
-        schedule = self.current_schedule()
-        assert schedule is not None  # an owned-data run names its classes (RunConfig's check)
-        self.schedule = [*schedule, list(classes)]
-        if self.strategy is not None:
-            self.strategy.extend(self.live_config)
-        self.progress = None  # the run's steps changed: counted again when the next step opens
-        task = len(self.schedule) - 1
-        self.emit(f"the operator appended task {task}: {', '.join(classes)}")
-        if self.state != State.IDLE:
-            self.commit(keep=keep)
-            return None
-        self.state, self.pointer = State.RUNNING, (task, 0)
-        self.commit()  # at (task, 0), the task not begun: opening the step begins it
-        return self.open(task, 0)
-
-    def _check_task(self, classes: list[str]) -> None:
-        """``Refused`` unless the run is open and not over, and ``classes`` a task it can learn: 1 to
-        :data:`MAX_TASK` names of 1 to :data:`MAX_NAME` characters, none twice nor already scheduled, within
-        the head's rows (``data.max_classes``)."""
-        if not self.config.section(DataSettings).open:
-            raise Refused(
-                "FAILED_PRECONDITION",
-                "this run's schedule is closed: a coordinator started with --open (data.open=true) takes more tasks",
-            )
-        if self.state in (State.DONE, State.FAILED) or self.closed:
-            why = "the operator finished it" if self.closed and self.state != State.FAILED else "it is over"
-            raise Refused("FAILED_PRECONDITION", f"no task can be added to run {self.config.run_id}: {why}")
-        if not 1 <= len(classes) <= MAX_TASK:
-            raise Refused("INVALID_ARGUMENT", f"a task has 1 to {MAX_TASK} classes, got {len(classes)}")
-        bad = [name for name in classes if not name or len(name) > MAX_NAME or name != name.strip() or "," in name]
-        if bad:
-            raise Refused(
-                "INVALID_ARGUMENT",
-                f"class names are 1 to {MAX_NAME} characters, without a comma or surrounding spaces; "
-                f"got {bad[:3]!r:.200}",
-            )
-        repeated = sorted({name for name in classes if classes.count(name) > 1})
-        if repeated:
-            raise Refused("INVALID_ARGUMENT", f"the task names a class twice: {repeated[:5]!r:.200}")
-        schedule = self.current_schedule() or []
-        taken = {name: t for t, task in enumerate(schedule) for name in task}
-        again = [f"{name!r} (task {taken[name]})" for name in classes if name in taken]
-        if again:
-            raise Refused("INVALID_ARGUMENT", f"already scheduled: {', '.join(again[:5]):.300}")
-        scheduled = len(scheduled_classes(schedule))
-        rows = self.spec.num_classes if self.spec is not None else head_classes(self.config, scheduled)
-        if scheduled + len(classes) > rows:
-            raise Refused(
-                "FAILED_PRECONDITION",
-                f"the model's head has {rows} rows (data.max_classes={self.config.section(DataSettings).max_classes}, "
-                f"fixed when the clients built it) and {scheduled} classes are scheduled: a task of {len(classes)} "
-                "more does not fit; start a run with a larger data.max_classes",
-            )
+        """The operator's task of ``classes`` appended to an open run, committed (``keep``: the open step's key):
+        :func:`server.run_schedule.add_task`. Returns its first step, opened, when the run was idle."""
+        return run_schedule.add_task(self, classes, keep)
 
     def finish(self, keep: str | None) -> None:
-        """The operator ends an open run: at once when it is idle (``DONE``), else after its last scheduled task.
-        ``Refused`` for a closed schedule or a run already over."""
-        if not self.config.section(DataSettings).open:
-            raise Refused("FAILED_PRECONDITION", "this run's schedule is closed: it ends after its last task anyway")
-        if self.state in (State.DONE, State.FAILED):
-            raise Refused("FAILED_PRECONDITION", f"run {self.config.run_id} is over ({self.state.value})")
-        self.closed = True
-        if self.state == State.IDLE:
-            assert self.strategy is not None  # idle: its tasks ran
-            last = self.pointer[0] - 1  # the step the run ended at: its last task's evaluation
-            steps = task_steps(self.strategy, last, self.config.rounds_per_task)
-            self.state, self.pointer = State.DONE, (last, len(steps) - 1)
-            self.emit("the operator finished the run")
-        else:
-            self.emit("the operator finished the run: it ends after its last scheduled task")
-        self.commit(keep=keep)
+        """The operator ends an open run: :func:`server.run_schedule.finish`."""
+        run_schedule.finish(self, keep)
 
-    # ---------------------------------------------------------------- the end
+    # ---------------------------------------------------------------- the end (server/run_results.py)
 
     def export(self) -> None:
-        """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
-        short writes it again."""
-        assert self.strategy is not None and self.spec is not None
-        out = self.reporter.finish(self.live_config, TrainedModel.of(self.strategy, self.spec), self.summary())
-        self.emit(
-            f"run {self.config.run_id} done: FAA {self.matrix.faa():.2f} "
-            f"(sample-weighted {self.matrix.faa_weighted():.2f}), results in {out}"
-        )
-
-    def export_task(self, task: int) -> None:
-        """The model as it stands at the end of task ``task``, exported beside the results
-        (``RunReporter.export_task``), for a server that watches them; called once the run is committed past
-        the task, before anything of the next one happens. An export that fails is logged: the run goes on."""
-        assert self.strategy is not None and self.spec is not None
-        try:
-            out = self.reporter.export_task(
-                self.live_config, TrainedModel.of(self.strategy, self.spec), task, self.history
-            )
-        except (OSError, ValueError) as err:  # a full disk, a non-finite tensor: the run is not the export
-            log.error("could not export the model after task %d: %s", task, err)
-            return
-        self.emit(f"task {task} exported: {out}")
+        """The results of a run ``DONE``: :func:`server.run_results.export`."""
+        run_results.export(self)
 
     def summary(self) -> dict:
-        return {
-            "run_id": self.config.run_id,
-            "config": json.loads(self.config.to_json()),
-            "seconds": time.time() - self.started,
-            "history": self.history,
-            **self.matrix.summary(),
-            **privacy_summary(self.history),
-        }
+        return run_results.summary(self)
