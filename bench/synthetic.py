@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from common.wire.messages import ClientUpdate, LoraStep, ModelSpec, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 from common.wire.tensors import head_tensors, pack
 
 BLOCKS, CLASSES, FEATURES = 12, 100, 768

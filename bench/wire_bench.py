@@ -48,7 +48,8 @@ from bench.synthetic import VIT_B16 as SPEC
 from client.transport import CoordinatorClient  # noqa: E402
 from common.infra.tls import Security  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
-from common.wire.messages import ClientUpdate, EvalReport, LoraStep, Phase, RoundPlan  # noqa: E402
+from common.wire.instructions import LoraStep
+from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 from common.wire.tensors import head_tensors, pack  # noqa: E402
 from proto import codec, streams  # noqa: E402
 from server.coordinator import Coordinator  # noqa: E402

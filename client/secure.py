@@ -3,7 +3,7 @@
 Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,
 check the update and fold it into a fresh aggregator of the step, the one the coordinator folds into
-(``common.methods.make_aggregator``, ``common/secagg/terms.py``), push the terms masked, wait for the
+(``common.aggregation.base.make_aggregator``, ``common/secagg/terms.py``), push the terms masked, wait for the
 unmask request and answer it.
 
 In the signed mode (``secagg.mode = signed``, against a coordinator that deviates) the keys are
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 from client.transport import Transport
+from common.aggregation.base import make_aggregator
 from common.infra.tls import Security
-from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.blame import check_blame

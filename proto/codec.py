@@ -18,17 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 
+from common.methods import registry
 from common.run.schedule import Schedule, check_schedule
-from common.wire.messages import (
-    ClientUpdate,
-    EvalReport,
-    Instruction,
-    Phase,
-    PullQuery,
-    PushEnvelope,
-    RoundPlan,
-    Wait,
-)
+from common.wire.instructions import Instruction
+from common.wire.messages import ClientUpdate, EvalReport, Phase, PullQuery, PushEnvelope, RoundPlan, Wait
 from common.wire.tensors import DEFAULT_MAX_TOTAL_BYTES, PARTED, VECTOR, WireError, parse_tensor_name
 from proto import lorm_pb2 as pb
 from proto.fields import non_empty, non_negative, phase_from_proto, phase_to_proto
@@ -164,7 +157,9 @@ def plan_from_proto(
     if not header.HasField("instruction") and phase != Phase.DONE:
         raise WireError("instruction", f"a {phase.value} plan needs an instruction")
     try:
-        instruction = Instruction.from_wire(header.instruction.kind or Instruction.KIND, header.instruction.fields_json)
+        instruction = Instruction.from_wire(
+            header.instruction.kind or Instruction.KIND, header.instruction.fields_json, registry
+        )
     except ValueError as err:
         raise WireError("instruction", str(err)) from err
     for h in header.tensors:

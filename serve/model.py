@@ -43,7 +43,8 @@ from common.aggregation.projection import check as check_projection
 from common.methods import registry
 from common.run.config import RunConfig
 from common.run.settings import DataSettings
-from common.wire.messages import DenseStep, Instruction, LoraStep, LowRank, Phase, RoundPlan
+from common.wire.instructions import DenseStep, Instruction, LoraStep
+from common.wire.messages import LowRank, Phase, RoundPlan
 from common.wire.model_card import (
     ADAPTER_DIR,
     CARD_FILE,
@@ -229,7 +230,7 @@ def scoring_plan(card: ModelCard, export: Path) -> RoundPlan:
     assert scoring is not None
     path = export / SCORING_FILE
     try:
-        instruction = Instruction.from_wire(scoring.instruction, json.dumps(scoring.fields))
+        instruction = Instruction.from_wire(scoring.instruction, json.dumps(scoring.fields), registry)
         tensors = load_file(str(path))
     except (OSError, ValueError) as err:  # safetensors' own errors are ValueErrors or OSErrors
         raise ExportError(f"{path}: {err}") from err

@@ -13,7 +13,8 @@ from client.runtime import build_runtime
 from common.methods import method
 from common.methods.fedprox import FedProxStep
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import Phase, RoundPlan
 from common.wire.tensors import FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from proto import codec

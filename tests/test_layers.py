@@ -21,7 +21,7 @@ FORBIDDEN = {
 # The lab (lab/: the benchmark grid, its report and RESULTS' tables) stands above every product package and may
 # import any of them; none of them imports it.
 # Imports across the client/server line, each with its reason: none. (Secure aggregation's client builds the
-# step's aggregator with common.methods.make_aggregator, the coordinator's own, from the shared layer.)
+# step's aggregator with common.aggregation.base.make_aggregator, the coordinator's own, from the shared layer.)
 EXCEPTIONS: dict[str, set[str]] = {}
 # Only these modules speak the project's protobuf wire (proto/: the stubs and their codec): the servicer,
 # the client's transport, and the operator's command (lorm-admin, a caller of the Operator service).

@@ -7,7 +7,8 @@ import pytest
 from client.methods import ClientMethod, client_method
 from common.methods import LORA_ROUNDS, Method, load_half, method, registry, slice_methods
 from common.run.config import RunConfig
-from common.wire.messages import DenseStep, FeaturesStep, LoraStep, Mode, Phase, PromptStep, RoundPlan
+from common.wire.instructions import DenseStep, FeaturesStep, LoraStep, Mode, PromptStep
+from common.wire.messages import Phase, RoundPlan
 from server.strategies import STRATEGIES, Strategy
 
 

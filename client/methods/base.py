@@ -2,7 +2,7 @@
 
 ``ClientWorker`` (``client/worker.py``) owns the data and the model and calls the method's
 client half for every step; the half never branches on other methods. A half serves one
-:class:`~common.wire.messages.Mode` (:attr:`ClientMethod.mode`); the plans of its method ask for
+:class:`~common.wire.instructions.Mode` (:attr:`ClientMethod.mode`); the plans of its method ask for
 that mode (a method whose steps differ in mode combines halves, see
 ``client.methods.features.LoRAThenFeatures``).
 
@@ -35,7 +35,8 @@ from common.privacy.ledger import BudgetExceeded
 from common.privacy.training import TrainingNoise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
-from common.wire.messages import ClientUpdate, LoraStep, Mode, Phase, RoundPlan, TrainInstruction
+from common.wire.instructions import LoraStep, Mode, TrainInstruction
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from common.wire.tensors import (
     EXTRA,
     HEAD_BIAS,

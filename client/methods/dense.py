@@ -19,7 +19,8 @@ from client.methods.base import Client, ClientMethod, load_head, load_lora, sent
 from client.methods.lora import gram_pass
 from client.persample import PerSampleSquares
 from common.run.config import FISHER_SUMMED
-from common.wire.messages import DenseStep, Mode, Phase, RoundPlan
+from common.wire.instructions import DenseStep, Mode
+from common.wire.messages import Phase, RoundPlan
 from common.wire.tensors import DELTA, pack
 
 

@@ -17,7 +17,8 @@ from client.features import feature_logits, feature_stats
 from client.methods.base import Client, ClientMethod, load_lora, set_view, step_update
 from client.methods.dense import DenseTrainer
 from client.methods.lora import LoRATrainer
-from common.wire.messages import ClientUpdate, FeaturesStep, Mode, RoundPlan
+from common.wire.instructions import FeaturesStep, Mode
+from common.wire.messages import ClientUpdate, RoundPlan
 from common.wire.tensors import DELTA, STAT, named_tensors
 
 

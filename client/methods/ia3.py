@@ -19,7 +19,8 @@ from common.adapters.ia3 import IA3Linear
 from common.merges.grams import decay_gram
 from common.merges.vectors import ia3_statistic
 from common.methods.ia3 import Ia3Settings
-from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
+from common.wire.instructions import LoraStep, Mode
+from common.wire.messages import Phase, RoundPlan
 from common.wire.tensors import VECTOR, pack
 
 

@@ -19,7 +19,8 @@ from common.adapters.lora import GramRecorder
 from common.privacy.gaussian import Release, add_gram_noise, noise_floor_lambda
 from common.privacy.ledger import BudgetExceeded
 from common.run.settings import DpSettings
-from common.wire.messages import GramKind, LoraStep, Mode, RoundPlan, TrainInstruction
+from common.wire.instructions import GramKind, LoraStep, Mode, TrainInstruction
+from common.wire.messages import RoundPlan
 from common.wire.tensors import pack
 
 GRAM_BATCH = 64  # no gradients in a Gram pass: larger batches, same sums

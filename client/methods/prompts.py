@@ -33,7 +33,8 @@ from client.methods.base import Client, ClientMethod, load_head, load_lora, sent
 from common.adapters.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
 from common.methods.coda import CodaSettings
 from common.methods.l2p import L2pSettings
-from common.wire.messages import Mode, Phase, PromptStep, RoundPlan
+from common.wire.instructions import Mode, PromptStep
+from common.wire.messages import Phase, RoundPlan
 from common.wire.tensors import PROMPT, pack
 
 

@@ -18,7 +18,8 @@ from common.adapters.vera import VeRALinear
 from common.merges.grams import decay_gram
 from common.merges.vectors import vera_statistic
 from common.methods.vera import VeraSettings
-from common.wire.messages import LoraStep, Mode, Phase, RoundPlan
+from common.wire.instructions import LoraStep, Mode
+from common.wire.messages import Phase, RoundPlan
 from common.wire.tensors import EXTRA, VECTOR, pack
 
 

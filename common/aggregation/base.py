@@ -5,7 +5,7 @@ for the step's plan, folds every client's :class:`ClientUpdate` into it as it ar
 to the method's server half (``Strategy.aggregate``). Aggregators hold running sums only, so memory
 does not depend on how many clients fold into them. A method's factory (:data:`AggregatorFactory`,
 named by its registry entry) builds them from the plan, the model and the run's configuration alone,
-so that a client can build the very aggregator the coordinator folds into.
+so that a client can build the very aggregator the coordinator folds into (:func:`make_aggregator`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from common.aggregation.declared import Shapes
 from common.aggregation.validate import UpdateRejected, check_scalars, check_tensors
+from common.methods import load_half, method
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 
@@ -92,6 +93,14 @@ class Aggregator(ABC):
 # A method's aggregator factory (``Method.aggregator``): (plan, model spec, run config) -> a fresh aggregator of
 # the plan's step. Pure: what it needs comes from its arguments, so a client builds the coordinator's aggregator.
 AggregatorFactory = Callable[[RoundPlan, ModelSpec, RunConfig], Aggregator]
+
+
+def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+    """A fresh aggregator of ``plan``'s step: the run's method's factory (``Method.aggregator``) called with the
+    plan, the model and the run's configuration, on the coordinator and on a client alike."""
+    factory = load_half(method(config.method).aggregator, "common")
+    aggregator: Aggregator = factory(plan, spec, config)
+    return aggregator
 
 
 def present(t: Tensor | None) -> Tensor:

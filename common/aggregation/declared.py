@@ -27,17 +27,8 @@ from typing import Protocol, runtime_checkable
 from common.adapters.prompts import trained_shapes
 from common.methods import method
 from common.run.config import RunConfig
-from common.wire.messages import (
-    DenseStep,
-    FeaturesStep,
-    GramKind,
-    LoraStep,
-    ModelSpec,
-    Phase,
-    PromptStep,
-    RoundPlan,
-    TrainInstruction,
-)
+from common.wire.instructions import DenseStep, FeaturesStep, GramKind, LoraStep, PromptStep, TrainInstruction
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import (
     DELTA,
     FACTOR,

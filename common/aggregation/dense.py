@@ -21,7 +21,8 @@ from common.merges.grams import decay_gram
 from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator
 from common.methods.ties import TiesSettings
 from common.run.config import FISHER_SUMMED, RunConfig
-from common.wire.messages import ClientUpdate, ModelSpec, Phase, PromptStep, RoundPlan
+from common.wire.instructions import PromptStep
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, PROMPT
 
 HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of TIES' task vector

@@ -25,7 +25,8 @@ from common.merges.vectors import ia3_accumulator, vera_accumulator
 from common.methods.ia3 import Ia3Settings
 from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, VECTOR
 
 F64 = torch.float64

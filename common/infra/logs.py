@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from common.wire.messages import DenseStep
+from common.wire.instructions import DenseStep
 
 FORMATS = ("plain", "json")
 FIELDS = ("run", "task", "round", "client")

@@ -8,7 +8,7 @@ path (``"package.module:Class"``, like entry points); the coordinator resolves o
 server half (``server.strategies.make_strategy``), a client only the client half
 (``client.methods.client_method``). How a step's updates are checked and folded into running
 sums is the method's shared math: its aggregator factory (``common/aggregation/``, or its slice),
-which both sides build with :func:`make_aggregator` (a client in a secure step masks what the
+which both sides build with ``common.aggregation.base.make_aggregator`` (a client in a secure step masks what the
 coordinator would have folded).
 
 Several methods share a client half: every LoRA method trains the same way, so a new method
@@ -17,7 +17,7 @@ declaration or aggregator of its own) adds only its server half and one line her
 
 A method may instead be a slice: a module of this package (``common/methods/<name>.py``) that holds its
 shared part, which both halves import: its typed settings, its steps' instruction (a
-``common.wire.messages.Instruction`` subclass), what its steps declare, the names of its own tensors, its
+``common.wire.instructions.Instruction`` subclass), what its steps declare, the names of its own tensors, its
 aggregator, and its registration, ``METHOD = Method(...)``; a family of methods that share a slice (the
 closed-form heads share their settings) registers them all, ``METHODS = (Method(...), ...)``. The registry finds
 every slice here (:func:`registry`): adding a method is then its slice, its server half and its client half, three
@@ -44,7 +44,6 @@ from common.run.settings import (
 )
 
 if TYPE_CHECKING:
-    from common.aggregation.base import Aggregator
     from common.run.config import RunConfig
     from common.wire.messages import ModelSpec, RoundPlan
 
@@ -78,7 +77,7 @@ class Method:
     # (plan, model spec, run config) -> name -> shape
     declare: Callable[[RoundPlan, ModelSpec, RunConfig], dict[str, tuple[int, ...]]] | None = None
     # how a step's updates fold: "common.<module>:<factory>", a common.aggregation.base.AggregatorFactory
-    # (plan, model spec, run config) -> a fresh aggregator of the plan's step (make_aggregator)
+    # (plan, model spec, run config) -> a fresh aggregator of the plan's step (common.aggregation.base.make_aggregator)
     aggregator: str = field(kw_only=True)
     # the record-reading steps its plans hold (LORM_STEPS, ...): a client refuses a plan of any other
     steps: frozenset[tuple[str, str]] = field(kw_only=True)
@@ -247,14 +246,6 @@ def split_invariant(config: RunConfig) -> bool:
         and not config.section(SecAggSettings).enabled
         and not config.section(DpSettings).enabled
     )
-
-
-def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """A fresh aggregator of ``plan``'s step: the run's method's factory (``Method.aggregator``) called with the
-    plan, the model and the run's configuration, on the coordinator and on a client alike."""
-    factory = load_half(method(config.method).aggregator, "common")
-    aggregator: Aggregator = factory(plan, spec, config)
-    return aggregator
 
 
 def describe(name: str) -> str:

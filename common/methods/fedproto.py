@@ -21,7 +21,8 @@ from common.aggregation.features import StatSums, check_class_counts
 from common.methods import DENSE_ROUNDS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, finite_number, setting
-from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import Mode
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import STAT
 
 PROTO = "proto"  # a plan's global prototypes: proto/mean (C, F) and proto/count (C,)

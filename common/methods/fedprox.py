@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from common.methods import Method
 from common.run.settings import Settings, finite_number, setting
-from common.wire.messages import LoraStep
+from common.wire.instructions import LoraStep
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from common.merges.vectors import ia3_statistic_shape
 from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, setting
-from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, tensor_name
 
 

@@ -23,7 +23,8 @@ from common.merges.regmean import WeightedMeanAccumulator
 from common.methods import LORA_ROUNDS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, finite_number, setting
-from common.wire.messages import ClientUpdate, Mode, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import Mode
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import FACTOR, LORA, STAT
 
 DTYPE = torch.float64

@@ -15,7 +15,8 @@ from common.merges.vectors import vera_sends_diagonal
 from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
-from common.wire.messages import GramKind, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, tensor_name
 
 

@@ -44,7 +44,8 @@ from torch import Tensor
 from common.privacy.gaussian import BITS, GRAM_REPLACE, gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.settings import DpSettings
-from common.wire.messages import Phase, RoundPlan, TrainInstruction
+from common.wire.instructions import TrainInstruction
+from common.wire.messages import Phase, RoundPlan
 
 if TYPE_CHECKING:
     import dp_accounting

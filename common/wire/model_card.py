@@ -66,7 +66,7 @@ class Scoring:
     scoring read besides: the run's configuration and, for a random projection, what
     :func:`common.aggregation.projection.check` draws again."""
 
-    instruction: str  # the plan's instruction kind (common.wire.messages.Instruction.KIND)
+    instruction: str  # the plan's instruction kind (common.wire.instructions.Instruction.KIND)
     fields: dict[str, Any]  # its fields, as the wire sends them (Instruction.to_json)
     task: int  # the evaluated task, 0-based
     round: int

@@ -8,8 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from common.aggregation.base import Aggregator
-from common.methods import make_aggregator
+from common.aggregation.base import Aggregator, make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.client_session import ClientSession
@@ -55,7 +54,7 @@ def secure_step(
     """One step's secure aggregation among in-process clients: every round of the protocol, with the
     clients ``drop_after_sharing`` vanishing after the share round (their masks are removed from the
     sum). Each client folds its update into a fresh aggregator of the step, built as a client builds it
-    (``common.methods.make_aggregator`` of the plan, the model ``spec`` and the run's ``config``).
+    (``common.aggregation.base.make_aggregator`` of the plan, the model ``spec`` and the run's ``config``).
     Loads the survivors' sum into ``aggregator``; returns the coordinator's session (what it held).
     ``timings``: the parties' seconds are added to it."""
     clock = timings or Timings()

@@ -3,7 +3,7 @@
 A run is a sequence of steps per task. For each step the driver (the coordinator, or the
 in-process engine) asks the strategy for a :class:`RoundPlan` (``configure``), opens an
 :class:`~common.aggregation.base.Aggregator` for it (``aggregator``: the method's own factory,
-``common.methods.make_aggregator``), folds every client's :class:`ClientUpdate` into it as it
+``common.aggregation.base.make_aggregator``), folds every client's :class:`ClientUpdate` into it as it
 arrives, and hands it back (``aggregate``). Aggregators hold running sums only, so memory does
 not depend on how many clients fold into them.
 """
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
-from common.methods import make_aggregator
+from common.aggregation.base import Aggregator, make_aggregator
 from common.run.config import RunConfig
 from common.run.schedule import run_tasks
-from common.wire.messages import Instruction, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import Instruction, LoraStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
 from server.strategies.private import training_privacy
 

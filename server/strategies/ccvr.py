@@ -31,7 +31,8 @@ from common.aggregation.base import Aggregator
 from common.aggregation.features import CcvrStatsAggregator
 from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import FeaturesStep
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, named_tensors
 from server.strategies.fedavg import FedAvg
 

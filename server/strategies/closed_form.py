@@ -70,7 +70,8 @@ from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.terms import run_encoding
-from common.wire.messages import FeaturesStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import FeaturesStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
 from server.strategies.closed_form_dp import PrivateRelease

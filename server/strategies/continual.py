@@ -31,7 +31,8 @@ from common.aggregation.base import Aggregator
 from common.aggregation.dense import FisherAggregator
 from common.methods.ewc import EwcSettings
 from common.run.config import RunConfig
-from common.wire.messages import ANCHOR_HEAD, DenseStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import DenseStep
+from common.wire.messages import ANCHOR_HEAD, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import ANCHOR, DELTA, FISHER, named_tensors
 from server.strategies.fedavg import FedAvg
 

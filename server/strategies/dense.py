@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from common.run.config import RunConfig
-from common.wire.messages import DenseStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import DenseStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, named_tensors
 from server.strategies.base import Strategy
 

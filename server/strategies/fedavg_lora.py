@@ -12,7 +12,8 @@ from common.adapters.lora import init_lora_a
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import MeanAggregator
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator, present
 from common.aggregation.dense import FisherAvgAggregator
-from common.wire.messages import DenseStep, RoundPlan
+from common.wire.instructions import DenseStep
+from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 from server.strategies.dense import DenseStrategy
 

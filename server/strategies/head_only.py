@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from common.aggregation.base import Aggregator
 from common.aggregation.lora import HeadMeanAggregator
-from common.wire.messages import LoraStep, LowRank, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import LowRank, Phase, RoundPlan
 from server.strategies.base import Strategy
 
 

@@ -27,7 +27,8 @@ from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
 from common.merges.vectors import ia3_accumulator
 from common.methods.ia3 import Ia3Settings
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import VECTOR, layered
 from server.strategies.lorm import TaskGramStrategy
 

@@ -13,7 +13,8 @@ from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator
 from common.merges.grams import decay_gram
 from common.merges.regmean import LoraBAccumulator, TaskMergeAccumulator
 from common.run.config import RunConfig
-from common.wire.messages import GramKind, LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 

@@ -26,7 +26,8 @@ from torch import Tensor
 from common.aggregation.base import Aggregator, present
 from common.aggregation.features import FeatureStatsAggregator
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import FeaturesStep
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, HEAD_WEIGHT, head_tensors, low_rank_tensors
 from server.strategies.closed_form import ClosedFormHead, NearestClassMean, RidgeHead
 from server.strategies.lorm import LoRM

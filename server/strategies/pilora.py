@@ -27,7 +27,8 @@ from common.aggregation.base import Aggregator
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraAggregator, PiLoraSettings
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, LowRank, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, LORA, low_rank_tensors, named_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
 

@@ -28,7 +28,8 @@ from common.aggregation.dense import FedAvgAggregator
 from common.methods.coda import CodaSettings
 from common.methods.l2p import L2pSettings
 from common.run.config import RunConfig
-from common.wire.messages import LowRank, ModelSpec, Phase, PromptStep, RoundPlan
+from common.wire.instructions import PromptStep
+from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import PROMPT, named_tensors
 from server.strategies.base import Strategy
 

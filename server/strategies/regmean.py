@@ -19,7 +19,8 @@ from __future__ import annotations
 from common.aggregation.base import Aggregator
 from common.aggregation.dense import RegMeanAggregator, weight_param
 from common.run.config import RunConfig
-from common.wire.messages import DenseStep, GramKind, ModelSpec, RoundPlan
+from common.wire.instructions import DenseStep, GramKind
+from common.wire.messages import ModelSpec, RoundPlan
 from server.strategies.dense import DenseStrategy
 
 

@@ -18,7 +18,8 @@ from client.plans import PlanRefused
 from client.runtime import build_runtime
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, GramKind, LoraStep, Phase, RoundPlan, TrainInstruction
+from common.wire.instructions import GramKind, LoraStep, TrainInstruction
+from common.wire.messages import ClientUpdate, Phase, RoundPlan
 from common.wire.tensors import GRAM, HEAD_GRAM
 from server.steps import open_step
 from server.strategies import make_strategy

@@ -149,7 +149,8 @@ def test_the_gram_noise_covers_every_pass_over_the_shard():
 
     from client.ledger import ClientLedger
     from client.methods.lora import noise_grams
-    from common.wire.messages import GramKind, LoraStep, Phase, RoundPlan
+    from common.wire.instructions import GramKind, LoraStep
+    from common.wire.messages import Phase, RoundPlan
 
     plan = RoundPlan(
         run_id="r",

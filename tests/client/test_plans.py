@@ -10,7 +10,8 @@ import pytest
 
 from client.plans import DEFAULT_CAPS, Caps, PlanCheck, PlanRefused, add_caps_arguments, caps_from_args, check_caps
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, LoraStep, Phase, RoundPlan
+from common.wire.instructions import FeaturesStep, LoraStep
+from common.wire.messages import Phase, RoundPlan
 
 TASKS = [(0, 2), (2, 4)]
 

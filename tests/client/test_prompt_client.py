@@ -13,7 +13,8 @@ from client.methods.prompts import coda_weights, l2p_select, matching_loss, orth
 from client.runtime import build_runtime
 from common.adapters.prompts import CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS
 from common.run.config import RunConfig
-from common.wire.messages import Phase, PromptStep
+from common.wire.instructions import PromptStep
+from common.wire.messages import Phase
 from common.wire.tensors import DELTA, PROMPT, named_tensors, tensor_name
 from server.strategies import make_strategy
 

@@ -6,7 +6,8 @@ import torch
 
 from client.runtime import build_runtime
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, LowRank, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import LowRank, Phase, RoundPlan
 from common.wire.tensors import EXTRA, low_rank_tensors
 from server.strategies import make_strategy
 

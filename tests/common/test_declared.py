@@ -13,7 +13,8 @@ from common.aggregation import declared
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.methods import registry
 from common.run.config import RunConfig
-from common.wire.messages import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, ModelSpec, Phase, RoundPlan
+from common.wire.instructions import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep
+from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import UpTo
 
 SPEC = ModelSpec(

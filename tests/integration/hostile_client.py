@@ -30,8 +30,8 @@ import torch
 from client.runtime import build_runtime
 from client.secure import signing
 from client.transport import Backoff, CoordinatorClient, Rejected
+from common.aggregation.base import make_aggregator
 from common.infra.tls import Security
-from common.methods import make_aggregator
 from common.run.settings import SecAggSettings
 from common.secagg.client_session import ClientSession
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold

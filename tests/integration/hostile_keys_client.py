@@ -28,7 +28,7 @@ from hostile_client import Hostile, say
 
 from client.secure import signing
 from client.transport import Rejected
-from common.methods import make_aggregator
+from common.aggregation.base import make_aggregator
 from common.secagg.blame import sign_box
 from common.secagg.client_session import ClientSession
 from common.secagg.rounds import BOX_BYTES, Keys

@@ -17,7 +17,8 @@ from client.ledger import ClientLedger
 from client.ledger_file import data_digest
 from client.runtime import build_runtime
 from common.run.config import RunConfig
-from common.wire.messages import GramKind, LoraStep, Phase, RoundPlan
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import Phase, RoundPlan
 from proto import codec
 from server.steps import open_step
 from server.strategies import make_strategy

@@ -8,22 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.methods.fedproto import PROTO
-from common.wire.messages import (
-    ClientUpdate,
-    DenseStep,
-    EvalReport,
-    FeaturesStep,
-    GramKind,
-    Instruction,
-    LoraStep,
-    LowRank,
-    Mode,
-    Phase,
-    PromptStep,
-    PullQuery,
-    RoundPlan,
-    Wait,
-)
+from common.wire.instructions import DenseStep, FeaturesStep, GramKind, Instruction, LoraStep, Mode, PromptStep
+from common.wire.messages import ClientUpdate, EvalReport, LowRank, Phase, PullQuery, RoundPlan, Wait
 from common.wire.tensors import (
     ANCHOR,
     DELTA,

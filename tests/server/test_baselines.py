@@ -8,7 +8,8 @@ from common.aggregation.validate import UpdateRejected
 from common.merges.grams import decay_gram
 from common.merges.regmean import regmean
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, DenseStep, GramKind, ModelSpec, Phase
+from common.wire.instructions import DenseStep, GramKind
+from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from common.wire.tensors import DELTA, EXTRA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, head_tensors, pack
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy

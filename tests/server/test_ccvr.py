@@ -12,7 +12,8 @@ from test_baselines import SPEC as BASELINES_SPEC
 from common.aggregation.validate import UpdateRejected
 from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, Mode, Phase
+from common.wire.instructions import FeaturesStep, Mode
+from common.wire.messages import Phase
 from common.wire.tensors import DELTA
 from server.strategies import make_strategy
 from server.strategies.ccvr import calibrate, gaussians, sampling_factor, virtual_features

@@ -19,7 +19,8 @@ from common.merges.grams import BlockGramSum, GramRows, GramSum, block_gram_fact
 from common.methods import split_invariant
 from common.methods.closed_form import ACTIVATIONS
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, Phase
+from common.wire.instructions import FeaturesStep
+from common.wire.messages import Phase
 from common.wire.tensors import HEAD_WEIGHT, STAT
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy

@@ -12,7 +12,8 @@ from test_baselines import SPEC, N, fake_update
 from client.methods.continual import distillation, ewc_penalty
 from common.methods.ewc import EwcSettings
 from common.run.config import RunConfig
-from common.wire.messages import ANCHOR_HEAD, ClientUpdate, DenseStep, Mode, Phase
+from common.wire.instructions import DenseStep, Mode
+from common.wire.messages import ANCHOR_HEAD, ClientUpdate, Phase
 from common.wire.tensors import ANCHOR, DELTA, FISHER, HEAD_WEIGHT
 from server.strategies import make_strategy
 

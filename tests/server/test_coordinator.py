@@ -18,7 +18,8 @@ from common.infra.tls import Security
 from common.run.settings import SecAggSettings
 from common.secagg.client_session import ClientSession
 from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
-from common.wire.messages import ClientUpdate, LoraStep, ModelSpec, Phase, RoundPlan, Wait
+from common.wire.instructions import LoraStep
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan, Wait
 from common.wire.tensors import FACTOR, GRAM, LORA, tensor_name
 from proto import codec
 from proto import lorm_pb2 as pb

@@ -11,7 +11,8 @@ import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.run.config import RunConfig
-from common.wire.messages import FeaturesStep, LoraStep, LowRank, Phase
+from common.wire.instructions import FeaturesStep, LoraStep
+from common.wire.messages import LowRank, Phase
 from common.wire.tensors import EXTRA, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from server.strategies import make_strategy

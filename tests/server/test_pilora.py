@@ -14,7 +14,8 @@ from common.aggregation.declared import declared_tensors
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraSettings
 from common.run.config import RunConfig
-from common.wire.messages import LoraStep, Phase
+from common.wire.instructions import LoraStep
+from common.wire.messages import Phase
 from common.wire.tensors import EXTRA, STAT, tensor_name
 from server.strategies import make_strategy
 from server.strategies.pilora import reweight

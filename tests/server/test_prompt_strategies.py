@@ -11,7 +11,8 @@ from test_baselines import SPEC as BASELINES_SPEC
 from common.adapters.prompts import CODA_ATTENTION, CODA_KEYS, CODA_PROMPTS, L2P_KEYS, L2P_PROMPTS, orthonormal_rows
 from common.aggregation.declared import declared_tensors
 from common.run.config import RunConfig
-from common.wire.messages import Mode, Phase, PromptStep
+from common.wire.instructions import Mode, PromptStep
+from common.wire.messages import Phase
 from common.wire.tensors import DELTA, HEAD_BIAS, HEAD_WEIGHT, PROMPT, tensor_name
 from server.strategies import make_strategy
 

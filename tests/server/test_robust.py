@@ -9,7 +9,8 @@ import torch
 
 from common.run.config import RunConfig
 from common.run.settings import RobustSettings
-from common.wire.messages import ClientUpdate, LoraStep, LowRank, Phase, RoundPlan
+from common.wire.instructions import LoraStep
+from common.wire.messages import ClientUpdate, LowRank, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_WEIGHT, LORA, low_rank_tensors
 from engine.attacks import GRAM_SCALE, tamper
 from server.robust import screen_and_fold

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from common.aggregation.base import make_aggregator
 from common.aggregation.declared import HELD_FIT, HOLDOUT
 from common.aggregation.validate import UpdateRejected
 from common.merges.sums import running_sums, summable
-from common.methods import make_aggregator
 from common.run.config import RunConfig
 from common.run.settings import SecAggSettings
 from common.secagg.primitives import SecAggError, encode
 from common.secagg.terms import Layout, client_terms, context, fixed_point, pack, unpack
-from common.wire.messages import LoraStep, ModelSpec, Phase
+from common.wire.instructions import LoraStep
+from common.wire.messages import ModelSpec, Phase
 from common.wire.tensors import HEAD_BIAS, HEAD_GRAM
 from server.secure import Timings, check_sums, require_secure, secure_step
 from server.strategies import STRATEGIES, make_strategy

@@ -1,7 +1,7 @@
 """A step's aggregator is the method's shared math: one pure factory of (plan, model spec, run config).
 
 A client in a secure step masks its update folded into the step's aggregator, which it builds from the
-plan it received, its model spec and the run's configuration (``common.methods.make_aggregator``), with
+plan it received, its model spec and the run's configuration (``common.aggregation.base.make_aggregator``), with
 no strategy of its own: these tests hold that aggregator to the coordinator's at every step of two tasks,
 after the coordinator's merges have moved its state on.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.aggregation.base import Aggregator
+from common.aggregation.base import Aggregator, make_aggregator
 from common.merges.sums import running_sums, summable
-from common.methods import load_half, make_aggregator, registry
+from common.methods import load_half, registry
 from common.run.config import RunConfig
 from common.wire.messages import ModelSpec, Phase, RoundPlan
 from proto import codec

@@ -6,7 +6,8 @@ import torch
 from common.aggregation.validate import UpdateRejected
 from common.merges.grams import decay_gram
 from common.merges.regmean import merge_lora_a, merge_lora_b, merge_tasks, regmean, weighted_mean
-from common.wire.messages import GramKind, LoraStep, Phase
+from common.wire.instructions import GramKind, LoraStep
+from common.wire.messages import Phase
 from common.wire.tensors import EXTRA, FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA
 from server.strategies import make_strategy
 
