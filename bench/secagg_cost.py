@@ -63,6 +63,7 @@ import torch
 from client.runtime import build_runtime
 from common.aggregation.base import Aggregator
 from common.merges.sums import running_sums
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.presets import preset
 from common.run.settings import SecAggSettings
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as one client core would)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = RunConfig(**(preset(args.preset) | {"method": args.method}))
+    config = validate(RunConfig(**(preset(args.preset) | {"method": args.method})))
     spec = build_runtime(config).spec
     print(
         f"{args.method} on {args.preset}: {len(spec.layers)} LoRA layers, head {spec.num_classes} x "

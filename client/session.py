@@ -36,6 +36,7 @@ from common.infra.faults import fault_point
 from common.infra.logs import plan_name, set_context, step_loss
 from common.infra.progress import Progress
 from common.infra.tls import Security
+from common.methods.checks import validate
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
 from common.run.schedule import same_but_schedule
@@ -119,6 +120,7 @@ class ClientSession:
         o = self.options
         try:
             config, self.index = self.transport.join(o.index)
+            validate(config)  # the registry's checks of its settings: what the coordinator itself would refuse
         except WireError as err:  # the coordinator speaks another wire contract: nothing it sends can be read
             log.error("refusing the run: %s", err)
             raise Exit(3, err) from err
@@ -188,6 +190,7 @@ class ClientSession:
         own = self.options.local.own()
         try:
             config, again = self.transport.join(self.index)
+            validate(config)
             if again != self.index or not same_but_schedule(config, self.joined):
                 raise LocalSettingError(
                     f"joined again for the run's next tasks, the coordinator sent index {again} (this client's is "

@@ -16,7 +16,9 @@ from pathlib import Path
 from client.classifier import build_model, model_spec, reads_text
 from client.datasets import load_dataset
 from client.runtime import chosen_max_length
-from common.run.config import RunConfig, add_config_arguments
+from common.methods.checks import validate
+from common.run.arguments import add_config_arguments
+from common.run.config import RunConfig
 from common.run.schedule import add_schedule_arguments, config_with_schedule, configured_classes, head_classes
 from common.run.settings import DataSettings
 from common.wire.messages import ModelSpec
@@ -54,7 +56,7 @@ def config_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunC
     """The run ``parser``'s ``args`` describe, its schedule flags included (a usage error, exit 2, when it is
     unusable)."""
     try:
-        return config_with_schedule(args)
+        return validate(config_with_schedule(args))
     except (OSError, ValueError) as err:
         parser.error(str(err))
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from common.infra.tls import ENV
-from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.methods.checks import validate
+from common.run.arguments import add_config_arguments, config_from_args
+from common.run.config import RunConfig
 from server.certs import create_dev_pki
 
 SERVER = [sys.executable, "-m", "server.main"]
@@ -84,7 +86,7 @@ def launch(
     from client.local import split  # the launcher plays both parties (engine: above client and server)
 
     # The coordinator's configuration names no client's files; each client gets its own by its flags.
-    shared, local = split(RunConfig.from_json(config_path.read_text()))
+    shared, local = split(validate(RunConfig.from_json(config_path.read_text())))
     coordinator_config = state_dir.parent / "coordinator.json"
     coordinator_config.write_text(shared.to_json())
     extra = list(extra_server_args or [])
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         help="plaintext connections instead of mutual TLS with a development CA made for the run",
     )
     args = parser.parse_args(argv)
-    config = config_from_args(args)  # a section its method does not read: the coordinator's log warns
+    config = validate(config_from_args(args))  # a section its method does not read: the coordinator's log warns
     run_dir = Path(args.run_dir or f"runs/{config.run_id}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"

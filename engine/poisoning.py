@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from common.aggregation.validate import UpdateRejected
-from common.run.config import RunConfig, merged
+from common.methods.checks import validate
+from common.run.arguments import merged
+from common.run.config import RunConfig
 from common.run.presets import preset
 from engine.attacks import ADAPTIVE, ATTACKS, NAIVE, hostile_indices, wrap_hostile
 from engine.simulation import run_inprocess
@@ -31,7 +33,7 @@ GUARDS = ("off", "on")
 def cell_config(base: RunConfig, guard: str, settings: dict[str, Any]) -> RunConfig:
     """``base`` with ``robust.enabled`` as ``guard`` says, and the guard's other settings."""
     robust = {"enabled": guard == "on"} | (settings if guard == "on" else {})
-    return RunConfig.from_dict(merged(json.loads(base.to_json()), {"settings": {"robust": robust}}))
+    return validate(RunConfig.from_dict(merged(json.loads(base.to_json()), {"settings": {"robust": robust}})))
 
 
 def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[str, Any]:
@@ -139,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     for guard in guards:
         if guard not in GUARDS:
             parser.error(f"--guards takes {', '.join(GUARDS)}, got {guard!r}")
-    base = RunConfig.from_dict(preset(args.preset) | {"method": args.method, "beta": args.beta, "seed": args.seed})
+    base = validate(
+        RunConfig.from_dict(preset(args.preset) | {"method": args.method, "beta": args.beta, "seed": args.seed})
+    )
     if not 0 <= args.attacker < base.num_clients:
         parser.error(f"--attacker must be a client index below {base.num_clients}, got {args.attacker}")
     out = Path(args.out)

@@ -31,8 +31,10 @@ from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, plan_name, setup_logging
 from common.infra.progress import Progress, kind_of
 from common.methods import describe, overview
+from common.methods.checks import unread_sections, validate
 from common.privacy.ledger import privacy_summary
-from common.run.config import RunConfig, add_config_arguments
+from common.run.arguments import add_config_arguments
+from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix, format_summary
 from common.run.partition import describe_tasks
 from common.run.schedule import add_schedule_arguments, class_schedule, config_with_schedule
@@ -163,6 +165,7 @@ def _run(
 ) -> RunResult:
     start = time.perf_counter()
     reporter = RunReporter(results_dir) if results_dir else None
+    validate(config)  # what the coordinator would refuse, before any client builds its model
     runtimes = client_runtimes(config)
     runtime = runtimes[0]  # its model is the one every client builds
     strategy = make_strategy(config, runtime.spec)
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(args.log_format)  # the clients' warnings and choices (e.g. max_length 0), on stdout
     try:
-        config = config_with_schedule(args)  # the flags of lorm-server's schedule read as it reads them
+        config = validate(config_with_schedule(args))  # the flags of lorm-server's schedule read as it reads them
     except (OSError, ValueError) as err:  # a bad --set names its key and the expected type: say it without a traceback
         parser.error(str(err))
     if args.count_tokens:
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lorm-sim: error: {err}", file=sys.stderr)
             return 2
         return 0
-    for warning in config.unread_sections():
+    for warning in unread_sections(config):
         print(f"lorm-sim: warning: {warning}", file=sys.stderr)
     if args.open:
         print(f"lorm-sim: --open: {OPEN_IN_ONE_PROCESS}", file=sys.stderr)

@@ -50,7 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.run.config import add_config_arguments, config_from_args
+from common.methods.checks import validate
+from common.run.arguments import add_config_arguments, config_from_args
 from lab.cells import RUNNERS, Cell
 from lab.grid import known_methods, load_method_config, method_of, overridden_sets, plan_grid
 from lab.provenance import code_version
@@ -195,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         # the base is checked as its first method's configuration: settings that only the listed methods take (a
         # dp budget for the closed-form heads) are not refused for the preset's own method; each cell is checked again
         first = method_of(methods[0]) if methods else ""
-        base = config_from_args(
-            args, then=(lambda values: {**values, "method": first}) if first in STRATEGIES else None
+        base = validate(
+            config_from_args(args, then=(lambda values: {**values, "method": first}) if first in STRATEGIES else None)
         )
         betas = _csv(",".join(args.betas), float, "--betas") if args.betas else [base.beta]
         seeds = _csv(",".join(args.seeds), int, "--seeds") if args.seeds else [base.seed]

@@ -9,7 +9,9 @@ import json
 import math
 from typing import Any
 
-from common.run.config import RunConfig, key_path, merged
+from common.methods.checks import validate
+from common.run.arguments import key_path, merged
+from common.run.config import RunConfig
 from common.run.presets import PRESETS
 from lab.cells import Cell
 from lab.rows import JOINT
@@ -117,7 +119,7 @@ def cell_config(
         # it is pinned and the joint cells of all betas share one configuration (a variant,
         # joint@VARIANT, is the same upper bound with its own overrides, e.g. a learning rate).
         values.update(method="lorm", num_clients=1, num_tasks=1, task_sizes=[], beta=1.0)
-    return RunConfig.from_dict(values)
+    return validate(RunConfig.from_dict(values))
 
 
 def plan_grid(

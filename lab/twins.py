@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.methods import registry, sections, split_invariant
+from common.methods.checks import validate
 from common.run.config import RunConfig, current_keys
 from common.run.settings import DataSettings, DpSettings, ModelSettings, RobustSettings, SecAggSettings
 from lab.provenance import defaults_then
@@ -84,7 +85,7 @@ def stored_split_invariant(config: dict) -> bool:
     """``common.methods.split_invariant`` of a stored configuration (a cell's ``config``): false for a method this
     checkout no longer has."""
     values = _fields(config)
-    return values.get("method") in registry() and split_invariant(RunConfig.from_dict(values))
+    return values.get("method") in registry() and split_invariant(validate(RunConfig.from_dict(values)))
 
 
 def _twin_key(config: dict, then: dict[tuple[str, str], Any] | None = None) -> str:

@@ -41,6 +41,7 @@ from client.scoring import ServedModel, scoring_half, seen_logits, trimmed
 from client.worker import resolve_device
 from common.aggregation.projection import check as check_projection
 from common.methods import registry
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.settings import DataSettings
 from common.wire.instructions import DenseStep, Instruction, LoraStep
@@ -201,16 +202,18 @@ def served_config(card: ModelCard, export: Path, backbone: str, weights_file: st
     resolved."""
     prep = card.preprocessing
     if card.scoring is None:
-        return RunConfig(
-            backbone=backbone,
-            model_seed=card.backbone.model_seed,
-            max_length=prep.max_length or 1,
-            method=card.method,
-            lora_scale=card.lora_scale,
-            settings={"data": {"image_size": prep.image_size}, "model": {"weights": weights_file}},
+        return validate(
+            RunConfig(
+                backbone=backbone,
+                model_seed=card.backbone.model_seed,
+                max_length=prep.max_length or 1,
+                method=card.method,
+                lora_scale=card.lora_scale,
+                settings={"data": {"image_size": prep.image_size}, "model": {"weights": weights_file}},
+            )
         )
     try:
-        config = RunConfig.from_dict(dict(card.scoring.config))
+        config = validate(RunConfig.from_dict(dict(card.scoring.config)))
     except (TypeError, ValueError) as err:
         raise ExportError(f"{export / CARD_FILE}: scoring config: {err}") from err
     if config.method != card.method:

@@ -27,6 +27,7 @@ from typing import Any
 
 from common.aggregation.validate import UpdateRejected, check_declared
 from common.infra.faults import fault_point
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.partition import describe_tasks
 from common.run.schedule import Schedule
@@ -52,7 +53,7 @@ class Coordinator:
         on_fatal: Callable[[BaseException], None] = lambda err: None,
         on_merge: Callable[[str, float], None] = lambda phase, seconds: None,
     ) -> None:
-        self.config = config
+        self.config = validate(config)  # ValueError: a configuration this coordinator cannot run
         self.options = options or Options()
         self.store = Store(state_dir)
         self.lock = threading.RLock()

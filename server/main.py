@@ -15,7 +15,9 @@ import torch
 
 from common.infra.logs import add_logging_arguments, set_context, setup_logging
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
-from common.run.config import CLIENT_LOCAL, add_config_arguments, client_local_values
+from common.methods.checks import unread_sections, validate
+from common.run.arguments import add_config_arguments
+from common.run.config import CLIENT_LOCAL, client_local_values
 from common.run.metrics import format_summary
 from common.run.schedule import add_schedule_arguments, config_with_schedule
 from common.wire.messages import ModelSpec
@@ -130,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("lorm.server")
     security.announce(log, "server")
     try:
-        config = config_with_schedule(args)
+        config = validate(config_with_schedule(args))
     except (OSError, ValueError) as err:
         parser.error(str(err))
-    for warning in config.unread_sections():
+    for warning in unread_sections(config):
         log.warning("%s", warning)
     for key, value in client_local_values(config).items():
         # Every client refuses a configuration that picks its files (client/local.py): say so before serving.

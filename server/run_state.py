@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix
 from common.wire.messages import ModelSpec
@@ -101,7 +102,7 @@ class RunMeta:
                 "coordinator and engine metas before it: use the version that wrote it, or a fresh state directory"
             )
         return cls(
-            config=RunConfig.from_dict(raw["config"]),
+            config=validate(RunConfig.from_dict(raw["config"])),
             state=State(raw["state"]),
             pointer=(int(raw["pointer"][0]), int(raw["pointer"][1])),
             matrix=AccuracyMatrix(raw["matrix"]["correct"], raw["matrix"]["total"]),

@@ -73,8 +73,7 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     assert imports(source) == {"client.runtime", "proto.codec"}
 
 
-# common/ by concern: each package may import (when its modules load) only the packages listed. The methods'
-# registry and slices (common/methods) and the aggregators (common/aggregation) stand above all eight.
+# common/ by concern: each package may import (when its modules load) only the packages listed.
 CONCERNS = {
     "typed": set(),  # a frozen dataclass from decoded JSON: the one parser of the settings and the instructions
     "wire": {"typed"},  # the envelopes, named tensors and the model card
@@ -85,24 +84,36 @@ CONCERNS = {
     "privacy": {"run", "wire"},  # differential privacy: calibrations, noise, the ledgers (which read a step's plan)
     # the protocol, the terms a client masks, and the noise a client adds to them (distributed DP)
     "secagg": {"infra", "wire", "run", "merges", "privacy"},
+    # Above those eight, the methods and how their updates fold, each beside the other: the registry
+    # (methods/__init__.py) imports only run/; the aggregators look a run's method up in it, each method's slice builds
+    # on the aggregators, and the registry's checks of a run's configuration (methods/checks.py) on secagg/'s threshold.
+    # No module cycle between them: test_no_import_cycle_in_common.
+    "methods": {"run", "wire", "adapters", "merges", "secagg", "aggregation"},
+    "aggregation": {"run", "wire", "adapters", "merges", "methods"},
 }
 
 
+def _add_imported(node: ast.Import | ast.ImportFrom, found: set[str]) -> None:
+    """Add what ``node`` imports to ``found``: ``from a.b import c`` names ``a.b.c`` where that is a module, else
+    ``a.b``."""
+    if isinstance(node, ast.Import):
+        found.update(alias.name for alias in node.names)
+    elif node.level == 0 and node.module:
+        for alias in node.names:
+            sub = f"{node.module}.{alias.name}"
+            as_path = ROOT / sub.replace(".", "/")
+            found.add(sub if as_path.with_suffix(".py").is_file() or as_path.is_dir() else node.module)
+
+
 def load_time_imports(path: Path) -> set[str]:
-    """Modules of the project ``path`` imports when it loads: module and class bodies, not function bodies
-    (the registry's lazy imports) nor ``if TYPE_CHECKING:`` blocks. ``from a.b import c`` names ``a.b.c``
-    where that is a module, else ``a.b``."""
+    """Modules of the project ``path`` imports when it loads: module and class bodies, not function bodies nor
+    ``if TYPE_CHECKING:`` blocks (:func:`every_import` reads those too)."""
     found: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    as_path = ROOT / sub.replace(".", "/")
-                    found.add(sub if as_path.with_suffix(".py").is_file() or as_path.is_dir() else node.module)
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                _add_imported(node, found)
             elif isinstance(node, ast.If):
                 if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
                     visit(node.body)
@@ -113,6 +124,19 @@ def load_time_imports(path: Path) -> set[str]:
                     visit(handler.body)
 
     visit(ast.parse(path.read_text(), str(path)).body)
+    return {m for m in found if m.split(".")[0] == "common"}
+
+
+def every_import(path: Path) -> set[str]:
+    """Modules of the project ``path`` imports anywhere: when it loads, in function bodies and in ``if
+    TYPE_CHECKING:`` blocks. A cycle through a lazy import is still one (it closes at the first call), and so is
+    a cycle through what the annotations name (the type checker and a reader follow it). The registry's imports of
+    its slices and halves by name (``importlib``, ``common.methods.registry`` and ``load_half``) are not read:
+    they are its plug-in loading, of modules that import it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            _add_imported(node, found)
     return {m for m in found if m.split(".")[0] == "common"}
 
 
@@ -156,7 +180,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_in_common():
-    cycle = find_cycle({module_name(p): load_time_imports(p) for p in modules("common")})
+    cycle = find_cycle({module_name(p): every_import(p) for p in modules("common")})
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
@@ -168,3 +192,16 @@ def test_the_checker_reads_load_time_imports_and_finds_a_cycle(tmp_path):
     assert graph == {"common.a": {"common.b"}, "common.b": {"common.a"}}
     assert find_cycle(graph) == ["common.a", "common.b", "common.a"]
     assert find_cycle({"common.a": {"common.b"}, "common.b": set()}) is None
+    assert every_import(b) == {"common.a", "common.c", "common.d"}
+
+
+def test_the_cycle_check_sees_a_circle_closed_by_a_lazy_and_an_annotation_import(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("def f():\n    from common.b import x\n")
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from common.a import y\n")
+    assert find_cycle({"common.a": load_time_imports(a), "common.b": load_time_imports(b)}) is None
+    assert find_cycle({"common.a": every_import(a), "common.b": every_import(b)}) == [
+        "common.a",
+        "common.b",
+        "common.a",
+    ]

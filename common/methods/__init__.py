@@ -21,7 +21,8 @@ shared part, which both halves import: its typed settings, its steps' instructio
 aggregator, and its registration, ``METHOD = Method(...)``; a family of methods that share a slice (the
 closed-form heads share their settings) registers them all, ``METHODS = (Method(...), ...)``. The registry finds
 every slice here (:func:`registry`): adding a method is then its slice, its server half and its client half, three
-files.
+files. The one module here that is no slice, ``checks.py``, checks a run's configuration against the registry
+(``validate``: what ``RunConfig`` cannot check alone).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ LORA_ROUNDS = frozenset({("train", "lora")})  # LoRA training rounds (FedAvg-LoR
 LORM_STEPS = LORA_ROUNDS | {("task_gram", "lora")}  # LoRA rounds with Grams, then a task's Gram step (LoRM)
 DENSE_ROUNDS = frozenset({("train", "dense")})  # full fine-tuning rounds
 FEATURES_STEP = frozenset({("features", "features")})  # statistics of the task's features (closed-form heads)
+
+# The modules of this package that register no method: the checks of a run's configuration against the registry.
+NOT_SLICES = frozenset({"checks"})
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,8 @@ def registry() -> dict[str, Method]:
     imported on the first call (a slice imports the shared modules that import this one)."""
     methods = dict(BUILT_IN)
     for info in pkgutil.iter_modules(__path__):
+        if info.name in NOT_SLICES:
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for found in slice_methods(module):
             if found.name in methods:

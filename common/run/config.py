@@ -2,11 +2,14 @@
 
 It travels to clients as JSON (never pickle) so that every client derives the same tasks,
 the same Dirichlet shards and the same model from it.
+
+A :class:`RunConfig` checks its own fields when it is built; its settings sections are checked against the
+methods' registry by ``common.methods.checks.validate``, which whoever builds one from user input calls. The
+programs' flags that build one (``--preset``, ``--config``, ``--set``) are the sibling :mod:`common.run.arguments`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import numbers
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.run.settings import LEGACY_EXTRA, DataSettings, DpSettings, RobustSettings, SecAggSettings, Settings
+from common.run.settings import LEGACY_EXTRA, Settings
 
 S = TypeVar("S", bound=Settings)
 
@@ -62,6 +65,9 @@ FIELD_KINDS: dict[str, Callable[[Any], bool]] = {
 
 
 LEGACY_METHOD_KEY = "strategy"  # the key ``method`` had until wire version 3; still read, never written
+# The legacy ``extra`` key whose section is the run's method's (``ncm.rp_dim`` as well as ``ridge.rp_dim``): only the
+# registry knows it, so ``common.methods.checks.validate`` places it; every other key moves when a RunConfig is built.
+LEGACY_BY_METHOD = "rp_dim"
 
 
 def current_keys(values: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +133,7 @@ class RunConfig:
     #   (common/run/settings.py: "data" and each method's, e.g. {"ridge": {"rp_dim": 5000}}; --set ridge.rp_dim=5000)
     extra: dict[str, Any] = field(default_factory=dict)  # earlier versions' untyped settings: each key moves into
     #   its section of ``settings`` (common.run.settings.LEGACY_EXTRA), over what ``settings`` has; left empty
+    #   (LEGACY_BY_METHOD once common.methods.checks.validate has placed it)
 
     def __post_init__(self) -> None:
         problems = self._check_types()
@@ -162,7 +169,7 @@ class RunConfig:
             problems.append(f"fisher_batch must be >= 1, got {self.fisher_batch}")
         if self.fisher not in FISHER_ESTIMATORS:
             problems.append(f"fisher must be one of {sorted(FISHER_ESTIMATORS)}, got {self.fisher!r}")
-        problems += self._check_settings()
+        problems += self._check_extra()
         if problems:
             raise ValueError("invalid run configuration: " + "; ".join(problems))
 
@@ -175,16 +182,15 @@ class RunConfig:
                 problems.append(f"{f.name} expects {kind}, got {type(value).__name__} {value!r}")
         return problems
 
-    def _check_settings(self) -> list[str]:
-        """Move legacy ``extra`` keys into ``settings``, then parse every section (the problems found)."""
-        from common.methods import registry, sections
-
+    def _check_extra(self) -> list[str]:
+        """Move legacy ``extra`` keys into ``settings`` (the problems found): each to its section, but
+        :data:`LEGACY_BY_METHOD`, which waits in ``extra`` for the registry's check (``common.methods.checks``) to
+        place it in the section of the run's method."""
         if not isinstance(self.settings, dict) or not isinstance(self.extra, dict):
             return [f"settings and extra must be objects, got {self.settings!r} and {self.extra!r}"]
         self.settings = {
             name: dict(values) if isinstance(values, dict) else values for name, values in self.settings.items()
         }
-        own = registry()[self.method].settings if self.method in registry() else None
         problems = []
         for key, value in self.extra.items():
             if key not in LEGACY_EXTRA:
@@ -192,182 +198,15 @@ class RunConfig:
                     f"unknown extra key {key!r}; settings go by section (--describe METHOD), "
                     f"known extra keys: {sorted(LEGACY_EXTRA)}"
                 )
-                continue
-            section, name = LEGACY_EXTRA[key]
-            if key == "rp_dim" and own is not None and "rp_dim" in {f.name for f in dataclasses.fields(own)}:
-                section = own.section  # ncm's rp_dim as well as ridge's
-            self.settings.setdefault(section, {})[name] = value
-        self.extra = {}
-        for name, values in self.settings.items():
-            if name not in sections():
-                problems.append(f"unknown settings section {name!r}; known: {sorted(sections())}")
-                continue
-            try:
-                sections()[name].parse(values)
-            except ValueError as err:
-                problems.append(str(err))
-        if not problems:  # a threshold is safe or not only against the run's number of clients
-            try:
-                self.section(SecAggSettings).check_clients(self.num_clients)
-            except ValueError as err:
-                problems.append(str(err))
-        if not problems:
-            problems += self._check_owned()
-        if not problems:
-            problems += self._check_private()
+            elif key != LEGACY_BY_METHOD:
+                section, name = LEGACY_EXTRA[key]
+                self.settings.setdefault(section, {})[name] = value
+        self.extra = {key: value for key, value in self.extra.items() if key == LEGACY_BY_METHOD}
         return problems
-
-    def _client_level_problems(self, known: Any) -> list[str]:
-        """``dp.mode = client`` (DP-FedAvg): a plain-averaging method, the coordinator seeing each update (it clips
-        them), a schedule fixed at the start (the budget is composed over its rounds), nothing else released."""
-        from common.methods import registry
-
-        if known is None or not known.dp_client_level:
-            able = sorted(m.name for m in registry().values() if m.dp_client_level)
-            return [f"dp.mode = client: client-level DP covers the plain-averaging methods {able}, not {self.method!r}"]
-        if self.section(SecAggSettings).enabled:
-            return [
-                "dp.mode = client: the coordinator clips each client's change, so it must see the updates, which "
-                "secure aggregation hides from it: set secagg.enabled=false, or dp.mode = local"
-            ]
-        if self.section(RobustSettings).enabled:
-            return [
-                "dp.mode = client with robust.enabled: the screening drops or scales updates by what the others "
-                "sent, which the clipping's bound does not cover: the clip is the bound on a client's weight"
-            ]
-        if self.section(DataSettings).open:
-            return [
-                "dp.mode = client with data.open: the budget is composed over every round of the run, so its "
-                "schedule must be fixed at the start"
-            ]
-        if self.section(DataSettings).validation:
-            return ["dp.mode = client with data.validation: the validation accuracy would be released un-noised"]
-        return []
-
-    def _check_private(self) -> list[str]:
-        """A run with a privacy budget (``dp.epsilon``) reads its training records only where the noise covers
-        them: a method whose slice says so (``Method.private``), and no evaluation on held-back training records."""
-        from common.methods import registry
-
-        dp = self.section(DpSettings)
-        if not dp.enabled:
-            return []
-        if dp.distributed and not self.section(SecAggSettings).enabled:
-            return [
-                "dp.mode = distributed: the clients' noise shares hide each other only inside a securely aggregated "
-                "sum; without it the coordinator would see each client's statistics with a fraction of the noise. "
-                "Set secagg.enabled=true, or dp.mode = central"
-            ]
-        if self.section(RobustSettings).enabled and dp.mode == "central":
-            return [
-                "dp.mode = central with robust.enabled: the screening drops or scales a client's un-noised statistics "
-                "by the other clients' (one record can flip a whole client's verdict, which the clip does not bound) "
-                "and its report of them is released un-noised: turn one of them off (local mode screens noised "
-                "updates, which is post-processing)"
-            ]
-        if dp.colluders and not dp.distributed:
-            return [
-                f"dp.colluders={dp.colluders}: colluding clients matter only to the clients' noise shares of "
-                f"dp.mode = distributed, not to dp.mode = {dp.mode}"
-            ]
-        if dp.distributed:
-            from common.secagg.terms import threshold
-
-            try:
-                t = threshold(self.section(SecAggSettings), self.num_clients)
-            except ValueError as err:
-                return [str(err)]
-            if dp.colluders >= t:
-                return [
-                    f"dp.colluders={dp.colluders} must be below the secure aggregation threshold {t} of "
-                    f"num_clients={self.num_clients}: {dp.colluders} colluders' shares are known to the coordinator, "
-                    "and a sum of t survivors needs an honest share to carry any noise"
-                ]
-        known = registry().get(self.method)
-        if dp.mode == "client":
-            return self._client_level_problems(known)
-        if known is not None and known.dp_training and dp.mode != "local":
-            either = " (record-level) or dp.mode=client (client-level, DP-FedAvg)" if known.dp_client_level else ""
-            return [
-                f"dp.epsilon: method {self.method!r} trains on its clients' records, and each client noises what it "
-                f"trains and sends itself (DP-SGD): set dp.mode=local{either} (not {dp.mode!r})"
-            ]
-        if known is not None and known.private and dp.mode == "local":
-            return [
-                f"dp.mode = local: method {self.method!r} releases summed statistics, noised by the coordinator "
-                "(central) or by the clients' shares under secure aggregation (distributed), not by each client alone"
-            ]
-        if known is not None and not (known.private or known.dp_training):
-            private = sorted(m.name for m in registry().values() if m.private or m.dp_training)
-            return [
-                f"dp.epsilon: method {self.method!r} reads training records outside the noised statistics (its "
-                f"training or its other steps): differential privacy covers only {private}"
-            ]
-        if self.section(DataSettings).validation:
-            return [
-                "dp.epsilon with data.validation: the validation samples are training records whose accuracy "
-                "would be released un-noised; evaluate on the test split (data.validation=0)"
-            ]
-        return []
-
-    def _check_owned(self) -> list[str]:
-        """A run on the clients' own data names its classes (they label the data by name)."""
-        data = self.section(DataSettings)
-        if data.clients_dir and not data.owned:
-            return ["data.clients_dir is the clients' own data: set data.owned=true too"]
-        if data.owned and (self.dataset not in CLASSES_FROM_SETTING or not data.classes):
-            return [
-                "data.owned: the clients' own data is labelled by class name, so the configuration names the run's "
-                f"classes in task order: data.classes, with dataset one of {list(CLASSES_FROM_SETTING)} "
-                f"(got dataset {self.dataset!r}, {len(data.classes)} classes)"
-            ]
-        if (data.open or data.max_classes) and not data.owned:
-            return ["data.open and data.max_classes are settings of a run on the clients' own data: set data.owned"]
-        if data.owned and self.dataset == "textfile" and self.max_length == 0:
-            # each client would count it from its own sentences: their models would differ, and the export's
-            # tokenization would be no client's in particular
-            return [
-                "data.owned with max_length 0: each client would count the tokens a sentence keeps from its own "
-                "data, and the clients' models would differ; set max_length to the largest of the sites' counts "
-                "(--set max_length=N; each site's: lorm-sim --count-tokens ITS_TRAINING_FILE with the run's "
-                "--preset and backbone)"
-            ]
-        if data.open:
-            from common.methods import registry
-
-            if self.method in registry() and not registry()[self.method].open_schedule:
-                return [f"data.open: method {self.method!r} sizes its state by the tasks it starts with: none later"]
-        if data.max_classes and data.max_classes < len(data.classes):
-            return [
-                f"data.max_classes={data.max_classes} is the head's rows, fewer than the {len(data.classes)} classes "
-                "of data.classes: raise it, or 0 for exactly those classes"
-            ]
-        return []
 
     def section(self, cls: type[S]) -> S:
         """The typed settings of section ``cls.section``: its defaults, with the values this run sets."""
         return cls.parse(self.settings.get(cls.section, {}))
-
-    def unread_sections(self) -> list[str]:
-        """A warning for each settings section this run sets that its method does not read (another method's),
-        naming the methods that do: such a section changes nothing, and whoever set it most likely meant another
-        method. Not an error: a grid sets one section for all its methods, and a state directory or a cell written
-        so must still load."""
-        from common.methods import registry
-
-        own = registry()[self.method].settings
-        warnings = []
-        for name in sorted(self.settings):
-            readers = sorted(
-                m.name for m in registry().values() if m.settings is not None and m.settings.section == name
-            )
-            if not readers or (own is not None and name == own.section):  # every run's section, or its own
-                continue
-            warnings.append(
-                f"settings section {name!r} is read by {', '.join(readers)}, not by method {self.method!r}: "
-                f"it changes nothing in this run"
-            )
-        return warnings
 
     @property
     def lora_lr(self) -> float:
@@ -425,78 +264,3 @@ def without_client_local(config: RunConfig) -> RunConfig:
         if section:
             settings.get(section, {}).pop(name, None)
     return config.replace(data_dir="", settings={name: values for name, values in settings.items() if values})
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (JSON) and repeatable ``--set KEY=VALUE`` overrides of :class:`RunConfig`."""
-    parser.add_argument("--preset", default="", help="start from a named configuration (common/run/presets.py)")
-    parser.add_argument("--config", help="JSON file with RunConfig values")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one RunConfig value (parsed as JSON when possible, else a string); a "
-        "dotted KEY changes one key of a setting (ridge.rp_dim=5000, data.synthetic_test=5), "
-        "and an object merges into the one there, key by key",
-    )
-
-
-def merged(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with ``changes`` on top; where both hold an object, merged key by key (at any depth)."""
-    out = dict(values)
-    for key, value in changes.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def key_path(key: str) -> list[str]:
-    """The path of a ``--set`` key in a configuration's values.
-
-    ``a.b.c`` names key ``c`` of object ``b`` of field ``a``; in a dotted key, a first part that
-    is no :class:`RunConfig` field is a settings section: ``ridge.rp_dim`` is ``settings.ridge.rp_dim``.
-    """
-    parts = key.split(".")
-    if parts[0] == LEGACY_METHOD_KEY:
-        parts[0] = "method"
-    if len(parts) > 1 and parts[0] not in {f.name for f in dataclasses.fields(RunConfig)}:
-        parts = ["settings", *parts]
-    if not all(parts):
-        raise ValueError(f"--set expects KEY or dotted KEY.PART=VALUE, got key {key!r}")
-    return parts
-
-
-def set_value(values: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """``values`` with the dotted ``key`` (:func:`key_path`) set to ``value`` (merged when both are objects)."""
-    parts = key_path(key)
-    change: Any = value
-    for part in reversed(parts):
-        change = {part: change}
-    return merged(values, change)
-
-
-def config_from_args(
-    args: argparse.Namespace,
-    base: dict[str, Any] | None = None,
-    then: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> RunConfig:
-    """Defaults < ``base`` < ``--preset`` < ``--config`` file < ``--set`` overrides (objects merge key by key),
-    and last ``then`` (e.g. the schedule of ``--task``), before the configuration is checked."""
-    from common.run.presets import preset
-
-    values = current_keys(dict(base or {}))
-    if args.preset:
-        values = merged(values, current_keys(preset(args.preset)))
-    if args.config:
-        with open(args.config) as f:
-            values = merged(values, current_keys(json.load(f)))
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        values = set_value(values, key, value)
-    return RunConfig.from_dict(then(values) if then is not None else values)

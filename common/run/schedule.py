@@ -17,7 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common.run.config import CLASSES_FROM_SETTING, RunConfig, config_from_args
+from common.run.arguments import config_from_args
+from common.run.config import CLASSES_FROM_SETTING, RunConfig
 from common.run.partition import task_ranges
 from common.run.settings import DataSettings
 
@@ -211,6 +212,7 @@ def schedule_from_args(args: argparse.Namespace, values: dict[str, Any]) -> dict
 
 
 def config_with_schedule(args: argparse.Namespace) -> RunConfig:
-    """The run of a program's configuration flags and schedule flags (:func:`add_schedule_arguments`), checked
-    as one: ``ValueError`` (or ``OSError`` for an unreadable file) when it is unusable."""
+    """The run of a program's configuration flags and schedule flags (:func:`add_schedule_arguments`), built as
+    one: ``ValueError`` (or ``OSError`` for an unreadable file) when it is unusable. Its settings are checked with
+    the schedule by the caller's ``common.methods.checks.validate``."""
     return config_from_args(args, then=functools.partial(schedule_from_args, args))

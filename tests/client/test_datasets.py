@@ -13,6 +13,7 @@ from client.datasets import load_dataset
 from client.images import ImageData, image_transforms
 from client.runtime import build_runtime
 from client.worker import EncodedData
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.partition import task_ranges
 from engine.simulation import run_inprocess
@@ -541,7 +542,7 @@ def test_validation_holds_out_every_kth_training_sample_per_class_instead_of_the
         assert [x for x, y in zip(held.train_x, held.train_y) if y == c] == [x for i, x in enumerate(train_c) if i % 4]
     assert not set(held.test_x) & set(full.test_x) - set(full.train_x)  # no test sample is evaluated
     with pytest.raises(ValueError, match="validation=1"):
-        RunConfig(settings={"data": {"validation": 1}})
+        validate(RunConfig(settings={"data": {"validation": 1}}))
 
 
 @pytest.mark.parametrize("method", ["l2p", "coda-p", "target", "pilora"])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.arguments import add_config_arguments, config_from_args
+from common.run.config import RunConfig
 
 
 def from_flags(*flags: str) -> RunConfig:

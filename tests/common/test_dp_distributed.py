@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from common.methods.checks import validate
 from common.privacy.gaussian import calibrate
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
@@ -39,8 +40,8 @@ ENTRIES = (
 def test_distributed_mode_needs_secure_aggregation():
     settings = {"dp": {"epsilon": 1.0, "mode": "distributed"}}
     with pytest.raises(ValueError, match="dp.mode = distributed.*Set secagg.enabled=true"):
-        RunConfig(method="ridge", settings=settings)
-    RunConfig(method="ridge", settings=settings | {"secagg": {"enabled": True}})  # accepted
+        validate(RunConfig(method="ridge", settings=settings))
+    validate(RunConfig(method="ridge", settings=settings | {"secagg": {"enabled": True}}))  # accepted
     with pytest.raises(ValueError, match="dp.mode must be one of central, distributed, local"):
         DpSettings(epsilon=1.0, mode="shared")
 
@@ -172,16 +173,16 @@ def test_colluders_at_or_above_the_threshold_are_refused_by_name():
     secure = {"secagg": {"enabled": True}}
     dp = {"epsilon": 1.0, "mode": "distributed"}
     with pytest.raises(ValueError, match=r"dp.colluders=2 must be below the secure aggregation threshold 2"):
-        RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 2}})
-    RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 1}})
+        validate(RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 2}}))
+    validate(RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": dp | {"colluders": 1}}))
     all_three = {"secagg": {"enabled": True, "threshold": 3}}
-    RunConfig(method="ridge", num_clients=3, settings=all_three | {"dp": dp | {"colluders": 2}})
+    validate(RunConfig(method="ridge", num_clients=3, settings=all_three | {"dp": dp | {"colluders": 2}}))
     signed = {"secagg": {"enabled": True, "mode": "signed"}}  # 5 clients: the signed mode's threshold is 4, not 3
-    RunConfig(method="ridge", num_clients=5, settings=signed | {"dp": dp | {"colluders": 3}})
+    validate(RunConfig(method="ridge", num_clients=5, settings=signed | {"dp": dp | {"colluders": 3}}))
     with pytest.raises(ValueError, match=r"dp.colluders=3 must be below the secure aggregation threshold 3"):
-        RunConfig(method="ridge", num_clients=5, settings=secure | {"dp": dp | {"colluders": 3}})
+        validate(RunConfig(method="ridge", num_clients=5, settings=secure | {"dp": dp | {"colluders": 3}}))
     with pytest.raises(ValueError, match="dp.colluders=1: colluding clients matter only"):
-        RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": {"epsilon": 1.0, "colluders": 1}})
+        validate(RunConfig(method="ridge", num_clients=3, settings=secure | {"dp": {"epsilon": 1.0, "colluders": 1}}))
     with pytest.raises(ValueError, match="setting dp.colluders must be a non-negative integer"):
         DpSettings(epsilon=1.0, mode="distributed", colluders=-1)
     with pytest.raises(SecAggError, match=r"dp.colluders=2 must lie in \[0, 2\)"):

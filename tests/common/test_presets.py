@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.arguments import add_config_arguments, config_from_args
+from common.run.config import RunConfig
 from common.run.presets import PRESETS
 
 

@@ -12,6 +12,7 @@ from scipy.stats import norm
 
 from client.features import feature_map, sums
 from common.methods import describe
+from common.methods.checks import validate
 from common.privacy.gaussian import (
     CLASS_SUM,
     GRAM,
@@ -210,7 +211,7 @@ def test_zero_and_infinite_epsilon_are_off():
 def test_a_run_whose_records_the_noise_does_not_cover_is_refused(changes, match):
     values = {"dataset": "synthetic-text", "settings": {"dp": {"epsilon": 1.0}}} | changes
     with pytest.raises(ValueError, match=match):
-        RunConfig(**values)
+        validate(RunConfig(**values))
 
 
 def test_the_robust_mode_screens_a_private_run_only_where_it_sees_noised_updates():

@@ -11,6 +11,7 @@ import pytest
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import PLDAccountant
 
+from common.methods.checks import validate
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.privacy.training import TrainingLedger, training_noise
@@ -84,7 +85,7 @@ def test_the_ledger_refuses_a_release_beyond_the_calibrated_plan_and_keeps_its_s
 )
 def test_each_method_takes_only_the_mode_that_covers_it(method, mode, refusal):
     with pytest.raises(ValueError, match=refusal):
-        RunConfig(method=method, settings={"dp": {"epsilon": 1.0, "mode": mode}})
+        validate(RunConfig(method=method, settings={"dp": {"epsilon": 1.0, "mode": mode}}))
 
 
 def test_the_trained_methods_accept_local_dp():

@@ -7,6 +7,7 @@ import pytest
 
 from client.transport import Backoff, CoordinatorClient
 from common.infra.tls import Security
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.run.schedule import MAX_NAME, check_schedule, class_schedule, schedule_ranges, scheduled_classes
 from common.wire.tensors import WireError
@@ -20,7 +21,7 @@ NAMES = ["weather", "alarm", "music", "balance", "greeting", "timer"]
 
 def named(**changes: object) -> RunConfig:
     values: dict[str, object] = {"dataset": "textfile", "settings": {"data": {"classes": list(NAMES)}}, **changes}
-    return RunConfig(**values)  # type: ignore[arg-type]
+    return validate(RunConfig(**values))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -95,9 +96,9 @@ def test_a_client_learns_the_schedule_at_join_from_a_coordinator_without_data(tm
 
 def test_a_run_on_the_clients_own_data_must_name_its_classes():
     with pytest.raises(ValueError, match="data.owned: .*data.classes, with dataset one of"):
-        RunConfig(settings={"data": {"owned": True}})
+        validate(RunConfig(settings={"data": {"owned": True}}))
     with pytest.raises(ValueError, match="data.owned: .*got dataset 'textfile', 0 classes"):
-        RunConfig(dataset="textfile", settings={"data": {"owned": True}})
+        validate(RunConfig(dataset="textfile", settings={"data": {"owned": True}}))
     with pytest.raises(ValueError, match="data.clients_dir is the clients' own data: set data.owned=true"):
         named(settings={"data": {"classes": NAMES, "clients_dir": "/x"}})
     assert class_schedule(named(num_tasks=2, settings={"data": {"classes": NAMES, "owned": True}})) is not None

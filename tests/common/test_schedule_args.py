@@ -8,7 +8,9 @@ import argparse
 
 import pytest
 
-from common.run.config import RunConfig, add_config_arguments
+from common.methods.checks import validate
+from common.run.arguments import add_config_arguments
+from common.run.config import RunConfig
 from common.run.schedule import (
     add_schedule_arguments,
     class_schedule,
@@ -34,7 +36,7 @@ BASE = {"dataset": "textfile", "num_tasks": 5}
 
 
 def schedule_from_args(args: argparse.Namespace, base: dict) -> RunConfig:
-    return RunConfig.from_dict(values_with_schedule(args, base))
+    return validate(RunConfig.from_dict(values_with_schedule(args, base)))
 
 
 def test_a_schedule_file_is_one_task_per_line(tmp_path):
@@ -90,9 +92,9 @@ def test_the_heads_capacity_and_the_tasks_it_holds():
     assert head_classes(config, 3) == 3 and head_classes(capped, 3) == 10
     assert run_tasks(capped, 10) == [(0, 2), (2, 3)]  # the rows past the schedule are in no task
     with pytest.raises(ValueError, match="max_classes=2 is the head's rows, fewer than the 3"):
-        config.replace(settings={"data": {**config.settings["data"], "max_classes": 2}})
+        validate(config.replace(settings={"data": {**config.settings["data"], "max_classes": 2}}))
     with pytest.raises(ValueError, match="set data.owned"):
-        RunConfig(settings={"data": {"open": True}})
+        validate(RunConfig(settings={"data": {"open": True}}))
 
 
 def test_the_live_configuration_cuts_the_longer_schedule_and_is_the_same_run():
@@ -106,16 +108,18 @@ def test_the_live_configuration_cuts_the_longer_schedule_and_is_the_same_run():
 def test_an_open_run_is_refused_for_a_method_that_sizes_its_state_by_the_tasks_it_starts_with():
     config = schedule_from_args(parsed("--task", "a,b", "--open"), BASE)
     with pytest.raises(ValueError, match="method 'coda-p' sizes its state by the tasks it starts with"):
-        config.replace(method="coda-p")
+        validate(config.replace(method="coda-p"))
     assert config.replace(method="l2p").section(DataSettings).open  # its pool does not depend on the tasks
 
 
 def test_settings_that_need_a_schedule_are_checked_with_the_schedule_of_the_flags():
     """``data.max_classes`` needs ``data.owned`` and named classes, which ``--task`` gives: the flags are one
     configuration, checked once (it was checked before the schedule was read, and refused)."""
-    config = config_with_schedule(
-        parsed("--set", "dataset=textfile", "--set", "data.max_classes=8", "--task", "a,b", "--open")
+    config = validate(
+        config_with_schedule(
+            parsed("--set", "dataset=textfile", "--set", "data.max_classes=8", "--task", "a,b", "--open")
+        )
     )
     assert config.section(DataSettings).max_classes == 8 and class_schedule(config) == [["a", "b"]]
     with pytest.raises(ValueError, match="set data.owned"):
-        config_with_schedule(parsed("--set", "dataset=textfile", "--set", "data.max_classes=8"))
+        validate(config_with_schedule(parsed("--set", "dataset=textfile", "--set", "data.max_classes=8")))

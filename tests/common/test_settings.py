@@ -5,17 +5,20 @@ import json
 
 import pytest
 
+from common.methods.checks import unread_sections, validate
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.methods.ties import TiesSettings
-from common.run.config import RunConfig, add_config_arguments, config_from_args
+from common.run.arguments import add_config_arguments, config_from_args
+from common.run.config import RunConfig
 from common.run.settings import DataSettings, SecAggSettings
 from engine.simulation import main as lorm_sim
 
 
 def from_args(*argv: str) -> RunConfig:
+    """The run of ``argv``'s flags, checked as a program checks it (against the registry too)."""
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    return config_from_args(parser.parse_args(list(argv)))
+    return validate(config_from_args(parser.parse_args(list(argv))))
 
 
 def test_a_dotted_override_changes_one_key_and_keeps_the_others():
@@ -51,7 +54,10 @@ def test_set_extra_merges_into_extra_instead_of_replacing_it(tmp_path):
 
 
 def test_legacy_extra_keys_move_into_their_sections():
-    config = RunConfig(method="ncm", extra={"rp_dim": 9, "ridge_lambda": 2.0, "ties_lambda": 0.1})
+    built = RunConfig(method="ncm", extra={"rp_dim": 9, "ridge_lambda": 2.0, "ties_lambda": 0.1})
+    assert built.extra == {"rp_dim": 9}  # its section is its method's: only the registry's check knows it
+
+    config = validate(built)
 
     assert config.extra == {}
     assert config.settings == {"ncm": {"rp_dim": 9}, "ridge": {"fixed_lambda": 2.0}, "ties": {"scale": 0.1}}
@@ -123,15 +129,13 @@ def test_ncm_and_ridge_read_their_own_rp_dim():
 
 def test_a_section_the_method_does_not_read_is_named_with_its_readers():
     lorm = RunConfig(settings={"ridge": {"rp_dim": 5000}, "data": {"train_val": True}, "dp": {}, "secagg": {}})
-    assert lorm.unread_sections() == [
+    assert unread_sections(lorm) == [
         "settings section 'ridge' is read by lorm-ridge, lorm-ridge-first, ridge, not by method 'lorm': it changes "
         "nothing in this run"
     ]
-    assert RunConfig(method="lorm-ridge", settings={"ridge": {"rp_dim": 5000}}).unread_sections() == []
-    assert (
-        RunConfig(method="ridge", settings={"ncm": {}, "ridge": {}})
-        .unread_sections()[0]
-        .startswith("settings section 'ncm' is read by lorm-ncm, ncm, not by method 'ridge'")
+    assert unread_sections(RunConfig(method="lorm-ridge", settings={"ridge": {"rp_dim": 5000}})) == []
+    assert unread_sections(RunConfig(method="ridge", settings={"ncm": {}, "ridge": {}}))[0].startswith(
+        "settings section 'ncm' is read by lorm-ncm, ncm, not by method 'ridge'"
     )
 
 
@@ -184,9 +188,9 @@ def test_a_secagg_threshold_of_half_the_clients_or_less_is_refused_unless_declar
     with pytest.raises(ValueError, match=r"secagg.threshold=5 is at most half of num_clients=10.*unsafe_low_threshold"):
         from_args("--set", "num_clients=10", "--set", "secagg.enabled=true", "--set", "secagg.threshold=5")
     with pytest.raises(ValueError, match="secagg.threshold=1 is at most half of num_clients=3"):
-        RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 1}})
+        validate(RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 1}}))
     with pytest.raises(ValueError, match="secagg.threshold=4 exceeds num_clients=3"):
-        RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 4}})
+        validate(RunConfig(num_clients=3, settings={"secagg": {"enabled": True, "threshold": 4}}))
     assert RunConfig(num_clients=10, settings={"secagg": {"threshold": 6}}).section(SecAggSettings).threshold == 6
     assert RunConfig(num_clients=10, settings={"secagg": {"enabled": True}}).section(SecAggSettings).threshold == 0
     unsafe = RunConfig(num_clients=10, settings={"secagg": {"threshold": 5, "unsafe_low_threshold": True}})

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from client.runtime import build_runtime
 from client.spec import describe
-from common.run.config import config_from_args
+from common.run.arguments import config_from_args
 from engine.simulation import run_inprocess
 from server.certs import create_dev_pki
 from server.export import export_adapter

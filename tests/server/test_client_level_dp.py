@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from client.classifier import build_model, model_spec
+from common.methods.checks import validate
 from common.privacy.client_level import ClientLevelNoise, clipped_change, run_rounds
 from common.privacy.gaussian import gaussian_mu
 from common.privacy.ledger import BudgetExceeded
@@ -170,4 +171,4 @@ def test_the_runs_client_level_dp_cannot_protect_are_refused_by_name(changes, na
             continue
         settings[section] = {**settings.get(section, {}), **values}
     with pytest.raises(ValueError, match=named):
-        config.replace(method=changes.get("method", config.method), settings=settings)
+        validate(config.replace(method=changes.get("method", config.method), settings=settings))

@@ -17,6 +17,7 @@ from common.aggregation.features import StatSums
 from common.aggregation.validate import UpdateRejected
 from common.merges.grams import BlockGramSum, GramRows, GramSum, block_gram_factor, gram_factor
 from common.methods import split_invariant
+from common.methods.checks import validate
 from common.methods.closed_form import ACTIVATIONS
 from common.run.config import RunConfig
 from common.wire.instructions import FeaturesStep
@@ -464,7 +465,7 @@ def test_features_step_travels_over_the_wire():
     from proto import codec
 
     spec = ModelSpec(layers={}, feature_dim=5, num_classes=6)
-    strategy = make_strategy(RunConfig(method="ridge", num_tasks=2, extra={"rp_dim": 9}), spec)
+    strategy = make_strategy(validate(RunConfig(method="ridge", num_tasks=2, extra={"rp_dim": 9})), spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.FEATURES)
     got = codec.plan_from_proto(codec.plan_to_proto(plan))
