@@ -50,6 +50,7 @@ from common.wire.messages import ClientUpdate, Phase, RoundPlan  # noqa: E402
 
 if TYPE_CHECKING:  # at run time imported where it is built (build_coordinator)
     from server.coordinator import Coordinator
+    from server.store import Store
 
 RANK = 16
 UPDATE_BYTES = update_bytes(SPEC, RANK)
@@ -78,16 +79,18 @@ def build_coordinator(n: int, state: Path) -> tuple[Coordinator, list[int]]:
 
     coordinator = Coordinator(config(n), state, on_event=lambda _: None)
     staged: list[int] = []  # bytes of each staged submission's files
-    original = coordinator.store.stage_update
+    store = coordinator.store
+    assert isinstance(store, Store)  # on disk: its staged files are measured
+    original = store.stage_update
 
     def stage_and_measure(key: str, update: ClientUpdate, idempotency_key: str) -> None:
         original(key, update, idempotency_key)
-        folder = coordinator.store.root / "staging" / key
+        folder = store.root / "staging" / key
         i = update.client_index
         staged.append(sum((folder / f"{i}{ext}").stat().st_size for ext in (".safetensors", ".json")))
 
     # measured from outside, on this one store: wrapping the bound method is the point
-    coordinator.store.stage_update = stage_and_measure  # type: ignore[method-assign]
+    store.stage_update = stage_and_measure  # type: ignore[method-assign]
     return coordinator, staged
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable
 
 from client.transport import Transport
@@ -92,7 +91,7 @@ class SecureRounds:
             reply = self.client.secagg(self.plan, self.index, stage)
             if reply["ready"]:
                 return reply
-            time.sleep(max(reply["retry_after_s"], 0.05))
+            self.client.pause(max(reply["retry_after_s"], 0.05))
 
     def _refuse(self, err: SecAggError) -> SessionRefused:
         p = self.plan

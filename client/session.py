@@ -26,7 +26,7 @@ from client.ledger_file import LedgerRefused, data_digest, ledger_path
 from client.local import LocalSettingError, LocalSettings, applied, check_own_data, refuse_coordinator_local
 from client.owned import OwnData
 from client.plans import Caps, PlanRefused, check_caps
-from client.runtime import build_runtime, with_tasks
+from client.runtime import ClientRuntime, build_runtime, with_tasks
 from client.secure import SecureRounds
 from client.splits import DatasetError
 from client.telemetry import ClientMetrics
@@ -105,6 +105,7 @@ class ClientSession:
         self.backoff = backoff or Backoff()
         self.skipped: tuple | None = None  # a secure session (step, attempt) that goes on without this client
         self.kept: tuple | None = None  # (step, result) of a secure step: kept, not recomputed, if its session restarts
+        self.exit: Exit | None = None  # how :meth:`run` ended, when it ended by a refusal
 
     # ---------------------------------------------------------------- setup
 
@@ -135,7 +136,7 @@ class ClientSession:
                 raise LocalSettingError(
                     f"the coordinator gave this client index {self.index} of {config.num_clients} clients"
                 )
-            refuse_coordinator_local(config, o.local)
+            self._refuse_coordinator_local(config)
             check_own_data(config, o.local)
             check_caps(config, o.caps)
             self.accepted = check_floor(config, o.floor)
@@ -144,7 +145,7 @@ class ClientSession:
         log.info("accepted %s", self.accepted.describe())
         self.config = config = applied(pinned(config, self.accepted), o.local)  # masks with the threshold it checked
         try:
-            self.runtime = build_runtime(config, o.local.own(), self.transport.schedule)
+            self.runtime = self._runtime(config)
         except (DatasetError, FileNotFoundError) as err:  # this client's data as configured: say what, and stop
             log.error("cannot load this client's data: %s", err)
             raise Exit(2, err) from err
@@ -158,6 +159,15 @@ class ClientSession:
             self.runtime.device,
             [int(s.numel()) for s in self.worker.shards],
         )
+
+    def _refuse_coordinator_local(self, config: RunConfig) -> None:
+        """Refuse a configuration that sets what only this client may choose (its data paths, weights, model
+        source): :class:`~client.local.LocalSettingError` naming it."""
+        refuse_coordinator_local(config, self.options.local)
+
+    def _runtime(self, config: RunConfig) -> ClientRuntime:
+        """The model and this client's data for ``config`` (the run as this client accepted it)."""
+        return build_runtime(config, self.options.local.own(), self.transport.schedule)
 
     def _ledger(self, own: OwnData | None) -> ClientLedger | None:
         """This client's privacy ledger when the run has releases to account for (its data's own file)."""
@@ -221,7 +231,7 @@ class ClientSession:
                     raise self.refuse(f"the coordinator's plan is malformed: {err}") from err
                 if isinstance(answer, Wait):
                     waits += 1
-                    time.sleep(self.backoff.wait_s(answer.retry_after_s, waits))
+                    self.transport.pause(self.backoff.wait_s(answer.retry_after_s, waits))
                     continue
                 waits = 0
                 if answer.phase == Phase.DONE:
@@ -229,6 +239,7 @@ class ClientSession:
                     return 0
                 self.step(answer)
         except Exit as done:
+            self.exit = done
             return done.code
         finally:
             self.close()
@@ -241,7 +252,7 @@ class ClientSession:
             self.refreshed()
         step = (plan.task, plan.round, plan.phase)
         if (*step, plan.secure_attempt) == self.skipped:
-            time.sleep(1.0)
+            self.transport.pause(1.0)
             return
         set_context(task=plan.task, round=plan.round)
         if plan.phase != Phase.EVALUATE:  # before any key is advertised for it (evaluations: counted by handle)
@@ -306,13 +317,17 @@ class ClientSession:
         """The worker's answer to ``plan``; :class:`Exit` for a plan beyond this client's account or unreadable."""
         self.progress.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}")
         try:
-            return self.worker.handle(plan)
+            return self._answer(plan)
         except (BudgetExceeded, LedgerRefused, PlanRefused) as err:  # a plan beyond the account: nothing is sent
             raise self.refuse(err) from err
         except ValueError as err:  # a plan the method's client half cannot read (another mode, a half pair)
             raise self.refuse(f"the coordinator's plan is malformed: {err}") from err
         finally:
             self.progress.end()
+
+    def _answer(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        """What this client computes for ``plan``: its worker's update or evaluation report."""
+        return self.worker.handle(plan)
 
     def _send(
         self, plan: RoundPlan, result: ClientUpdate | EvalReport, rounds: SecureRounds | None, start: float

@@ -116,6 +116,11 @@ class Transport(Protocol):
         shares: Mapping[int, bytes] | None = None,
     ) -> dict: ...
 
+    def pause(self, seconds: float) -> None:
+        """Wait up to ``seconds`` before calling again (a Wait's hint, a secure stage not ready): the transport may
+        end the wait early once the coordinator has moved on."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -145,6 +150,9 @@ class CoordinatorClient:
 
     def close(self) -> None:
         self.channel.close()
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         start = time.monotonic()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from client.transport import Rejected
 from common.aggregation.validate import UpdateRejected
 from common.methods.checks import validate
 from common.run.arguments import merged
@@ -54,7 +55,7 @@ def run_cell(config: RunConfig, attack: str, attacker: int, cell: Path) -> dict[
                 results_dir=cell / "run" / "results",
                 wrap=wrap_hostile(attack, hostile) if hostile else None,
             )
-        except UpdateRejected as err:
+        except (UpdateRejected, Rejected) as err:  # refused as it is folded, or as it arrives
             # The run cannot go on: a client's update is not even well-formed any more (e.g. NaN
             # factors once the merged model has been wrecked). That is the cell's outcome.
             metrics = {

@@ -1,31 +1,38 @@
-"""The in-process engine: one coordinator strategy and N clients in one process, no sockets.
+"""The in-process engine: the coordinator and N clients in one process, no sockets.
 
-It runs exactly the strategy (merge) code of the coordinator and the worker (training) code
-of the clients, passing the same messages by reference. Clients run one after another in
-index order, and their updates are folded in that order.
+It is the federation itself, carried in process: one :class:`~server.coordinator.Coordinator` (the run's one driver,
+``server/run.py``: its fold policy, commits, resume and export) and one :class:`~client.session.ClientSession` per
+client (the session every ``lorm-client`` runs: its checks, privacy ledger and secure rounds), each in a thread,
+their calls carried by :class:`engine.transport.InProcessTransport` instead of gRPC. The clients compute one at a
+time (they share torch's global generator; each step is seeded by its plan), and the coordinator folds their updates
+in index order whatever order they arrive in, so a run is the same, bit for bit, as over gRPC.
 
-With a state directory, the run is committed after every step as the coordinator commits it
-(``server.store.Store``; ``server.run_state.RunMeta``: the step pointer, accuracy matrix, history, the
-model; and the strategy's tensors), and a run started again on the same directory, by this engine or
-by the coordinator, goes on from the last committed step. Clients keep nothing between steps (each
-step's training is seeded by its plan), so the resumed run is the uninterrupted one, bit for bit.
+With a state directory, the coordinator commits the run there after every step (``server.store.Store``), and a run
+started again on the same directory, by this engine or by ``lorm-server``, goes on from the last committed step;
+without one, the run's state is kept in memory (``server.store.MemoryStore``). Each client's privacy ledger lies in
+a scratch folder of the run: a simulated client has no records of its own to account across runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
+from client.local import LocalSettings
 from client.owned import client_files
 from client.runtime import ClientRuntime, build_runtime, owned_runtimes, process_settings_kept
+from client.session import ClientOptions, ClientSession
 from client.splits import DatasetError
 from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, plan_name, setup_logging
@@ -38,18 +45,18 @@ from common.run.config import RunConfig
 from common.run.metrics import AccuracyMatrix, format_summary
 from common.run.partition import describe_tasks
 from common.run.schedule import add_schedule_arguments, class_schedule, config_with_schedule
-from common.run.settings import DataSettings, RobustSettings, SecAggSettings
+from common.run.settings import DataSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
-from common.wire.messages import ClientUpdate, EvalReport, LowRank, ModelSpec, RoundPlan
+from common.wire.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
 from engine.tokens import count_tokens
-from server.results import RunReporter, TrainedModel
-from server.robust import screen_and_fold
-from server.run_state import RunMeta, State, ended_task
-from server.secure import require_secure, secagg_report, secure_step
+from engine.transport import Hub, InProcessTransport, RunAborted
+from server.checks import Options
+from server.coordinator import Coordinator
+from server.run_state import RunMeta, State
+from server.secure import require_secure
 from server.state_lock import StateDirHeld, held
-from server.steps import OpenStep, evaluate, following, merge, open_step
-from server.store import Store
-from server.strategies import make_strategy
+from server.store import MemoryStore, Store
+from server.strategies import Strategy, make_strategy
 
 Log = Callable[[str], None]
 OPEN_IN_ONE_PROCESS = (
@@ -75,6 +82,7 @@ class RunResult:
     seconds: float  # of computing, summed over the resumed parts (not the time between them)
     history: list[dict] = field(default_factory=list)  # one entry per step
     resumes: int = 0  # how often the run went on from a state directory
+    strategy: Strategy | None = None  # the coordinator's, as the run left it
 
     def summary(self) -> dict:
         return {
@@ -95,42 +103,22 @@ def saved_config(state_dir: str | Path) -> RunConfig | None:
     return None if meta is None else RunMeta.from_json(meta).config
 
 
-def _saved_run(store: Store, config: RunConfig, spec: ModelSpec) -> tuple[RunMeta, dict[str, Tensor]] | None:
-    """The committed run in ``store`` to go on with, its resume counted, or ``None`` to start afresh (nothing
-    committed, or a coordinator's run still waiting for its clients). A failed run, or one of another
-    model, is refused."""
-    saved = store.latest_run(config)
-    if saved is None or saved[0].state == State.WAITING:
-        return None
-    run, tensors = saved
-    where = f"state directory {store.root} holds a run"
-    if run.state == State.FAILED:
-        raise ValueError(
-            f"{where} that failed at task {run.pointer[0]} step {run.pointer[1]}: nothing to go on with; "
-            "use a fresh --state-dir"
-        )
-    if run.spec is not None and run.spec != spec and not run.spec.completed_by(spec):
-        raise ValueError(f"{where} of another model: {run.spec.difference(spec)}")
-    run.spec, run.resumes = spec, run.resumes + 1  # the unversioned engine meta: no model, no start time;
-    # an older version's: no class names nor max_length
-    run.started = time.time() if run.started is None else run.started
-    return run, tensors
-
-
-def client_runtimes(config: RunConfig) -> list[ClientRuntime]:
-    """Each client's runtime: one that every client's shard of the dataset shares, or with ``data.owned``
-    each client's own data in the folder ``data.clients_dir`` (``client.owned.client_files``), labelled by
-    the configuration's schedule of classes as the coordinator sends it at Join."""
+def client_runtimes(config: RunConfig) -> list[tuple[ClientRuntime, LocalSettings]]:
+    """Each client's runtime and own settings: one runtime that every client's shard of the dataset shares, or with
+    ``data.owned`` each client's own data in the folder ``data.clients_dir`` (``client.owned.client_files``), labelled
+    by the configuration's schedule of classes as the coordinator sends it at Join, and named as the client's
+    ``--data``/``--test-data``."""
     data = config.section(DataSettings)
     if not data.owned:
-        return [build_runtime(config)] * config.num_clients
+        return [(build_runtime(config), LocalSettings())] * config.num_clients
     if not data.clients_dir:
         raise DatasetError(
             "data.owned (what --task and --schedule set): in one process the clients' own data comes from a folder "
             "of every client's files: set data.clients_dir=DIR (DIR/client0.csv, DIR/client1.csv, ...)"
         )
     owns = [client_files(data.clients_dir, i) for i in range(config.num_clients)]
-    return owned_runtimes(config, class_schedule(config), owns)
+    runtimes = owned_runtimes(config, class_schedule(config), owns)
+    return [(rt, LocalSettings(data=own.train, test_data=own.test)) for rt, own in zip(runtimes, owns, strict=True)]
 
 
 def run_inprocess(
@@ -140,6 +128,9 @@ def run_inprocess(
     wrap: Callable[[int, ClientWorker], Worker] | None = None,
     progress: bool = False,
     state_dir: str | Path | None = None,
+    *,
+    sessions: Callable[[int], type[EngineSession]] | None = None,
+    deadline_s: float = 0.0,
 ) -> RunResult:
     """Run the whole experiment; with ``results_dir``, leave the same results as the coordinator.
 
@@ -148,146 +139,195 @@ def run_inprocess(
     its batches and the run's ETA on stderr (``common.infra.progress``). ``state_dir``: commit the run
     after every step, and go on from the last commit found there (a run of another configuration
     there is an error: use a fresh directory; one that another run holds, :class:`server.state_lock.StateDirHeld`).
-    The process's torch settings that the run changes
+    ``sessions(i)``: client ``i``'s session class (default :class:`EngineSession`; e.g. a test's client that leaves a
+    secure session); ``deadline_s``: how long a step waits for a client that does not answer once enough have
+    (``lorm-server --round-deadline``; 0: for ever). The process's torch settings that the run changes
     (threads, deterministic kernels) are put back when it returns.
     """
     with process_settings_kept(), held(state_dir):  # no second run on the state directory while this one lasts
-        return _run(config, log, results_dir, wrap, progress, state_dir)
+        clients = Clients(wrap, sessions or (lambda i: EngineSession), deadline_s)
+        return _run(config, log, results_dir, progress, state_dir, clients)
+
+
+@dataclass(frozen=True)
+class Clients:
+    """How the engine's clients run: ``wrap``'s stand-ins, each one's session class, the steps' deadline."""
+
+    wrap: Callable[[int, ClientWorker], Worker] | None
+    session: Callable[[int], type[EngineSession]]
+    deadline_s: float
+
+
+class EngineSession(ClientSession):
+    """A client of the in-process engine: the session every client runs (``client.session``), on the engine's runtime
+    for it (built once for every client of a shard of a common dataset), one at a time with its peers (they share
+    torch's global generator, which each step seeds and draws from), answering through ``stand_in`` (``wrap``'s
+    hostile client, or the worker itself) and counting its steps in the run's progress line."""
+
+    def __init__(
+        self,
+        transport: InProcessTransport,
+        options: ClientOptions,
+        runtime: ClientRuntime,
+        computing: threading.Lock,
+        wrap: Callable[[int, ClientWorker], Worker] | None,
+        shown: Progress | None,
+    ) -> None:
+        super().__init__(transport, options)
+        self.hub = transport.hub
+        self.shared, self.computing, self.wrap, self.shown = runtime, computing, wrap, shown
+
+    def setup(self) -> None:
+        with self.computing:
+            super().setup()
+
+    def _refuse_coordinator_local(self, config: RunConfig) -> None:
+        """Nothing to refuse: in one process the configuration is the one party's, its paths the clients' own."""
+
+    def _runtime(self, config: RunConfig) -> ClientRuntime:
+        return self.shared
+
+    def _worker(self) -> ClientWorker:
+        worker = super()._worker()
+        self.stand_in: Worker = worker if self.wrap is None else self.wrap(self.index, worker)
+        return worker
+
+    def _compute(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        with self.computing:
+            self.hub.check()  # a peer failed while this client waited for its turn: nothing more is computed
+            if self.shown is None:
+                return super()._compute(plan)
+            n = self.config.num_clients
+            self.shown.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}, client {self.index + 1}/{n}")
+            self.worker.on_batch = self.shown.batch
+            try:
+                return super()._compute(plan)
+            finally:
+                self.worker.on_batch = None
+                self.shown.end()
+
+    def _answer(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
+        return self.stand_in.handle(plan)
+
+
+def _play(sessions: list[EngineSession], hub: Hub) -> None:
+    """Every session in its own thread until the run is over; the first failure (an exception, or a client's refusal
+    of the run) raised here once every thread has stopped."""
+    failures: dict[int, BaseException] = {}
+
+    def play(i: int, session: EngineSession) -> None:
+        try:
+            code = session.run()
+        except RunAborted:
+            return
+        except BaseException as err:  # noqa: BLE001 (raised again in the caller's thread)
+            failures[i] = err
+            hub.fail(err)
+            return
+        if code != 0:
+            why = session.exit.__cause__ or session.exit if session.exit is not None else None
+            failures[i] = why if isinstance(why, Exception) else RuntimeError(f"client {i} exited with code {code}")
+            hub.fail(failures[i])
+
+    threads = [
+        threading.Thread(target=play, args=(i, s), name=f"client-{i}", daemon=True) for i, s in enumerate(sessions)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException as err:  # Ctrl-C: the clients stop where they wait, and the interrupt goes on
+        hub.fail(err)
+        raise
+    if failures:
+        raise failures[min(failures)]
+
+
+def _refuse_failed(coord: Coordinator, state_dir: str | Path) -> None:
+    run = coord.run
+    if run.state == State.FAILED:
+        raise ValueError(
+            f"state directory {state_dir} holds a run that failed at task {run.pointer[0]} step {run.pointer[1]}: "
+            "nothing to go on with; use a fresh --state-dir"
+        )
 
 
 def _run(
     config: RunConfig,
     log: Log,
     results_dir: str | Path | None,
-    wrap: Callable[[int, ClientWorker], Worker] | None,
     progress: bool,
     state_dir: str | Path | None,
+    clients: Clients,
 ) -> RunResult:
-    start = time.perf_counter()
-    reporter = RunReporter(results_dir) if results_dir else None
     validate(config)  # what the coordinator would refuse, before any client builds its model
-    runtimes = client_runtimes(config)
-    runtime = runtimes[0]  # its model is the one every client builds
-    strategy = make_strategy(config, runtime.spec)
-    store = Store(state_dir) if state_dir is not None else None
-    saved = _saved_run(store, config, runtime.spec) if store is not None else None
-    robust, secagg = config.section(RobustSettings), config.section(SecAggSettings)
-    if secagg.enabled:  # before any client trains: a method that needs individual updates refuses here
-        require_secure(config, make_strategy(config, runtime.spec))
-    honest = [rt.worker(i, f"client-{i}") for i, rt in enumerate(runtimes)]
-    workers: list[Worker] = list(honest)
-    if wrap is not None:
-        workers = [wrap(i, w) for i, w in enumerate(honest)]
-    kinds = [kind_of(phase.value) for phase in strategy.schedule() for _ in range(config.num_clients)]
-    shown = Progress(kinds) if progress else None
-
-    def handle(i: int, plan: RoundPlan) -> ClientUpdate | EvalReport:
-        if shown is None:
-            return workers[i].handle(plan)
-        shown.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}, client {i + 1}/{len(workers)}")
-        honest[i].on_batch = shown.batch
-        try:
-            return workers[i].handle(plan)
-        finally:
-            honest[i].on_batch = None
-            shown.end()
-
-    def evaluation(i: int, plan: RoundPlan) -> EvalReport:
-        report = handle(i, plan)
-        assert isinstance(report, EvalReport)  # an evaluation step is answered with a report
-        return report
-
-    def train(i: int, plan: RoundPlan) -> ClientUpdate:
-        update = handle(i, plan)
-        assert isinstance(update, ClientUpdate)  # every step but the evaluation is answered with an update
-        return update
-
-    # Where the run stands (server.run_state): its pointer names the next step (task, index), index
-    # len(steps) being the evaluation; the strategy's tensors are its state after the history's last step.
-    run = RunMeta(config, State.RUNNING, (0, 0), spec=runtime.spec, started=time.time())
-    if saved is not None:
-        run, tensors = saved
-        strategy.load_state_tensors(tensors)
-        if reporter:
-            reporter.replay(run.history)
-        task, index = run.pointer
-        ended = ended_task(run.state, run.pointer)
-        if reporter and ended is not None and not reporter.task_exported(ended):  # a crash cut its export short
-            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), ended, run.history)
-        if shown is not None:  # the committed steps' client steps are done
-            steps_done = sum(len(strategy.steps(t)) + 1 for t in range(task)) + index
-            shown.done = steps_done * config.num_clients
-        log(f"resumed from {state_dir}: task {task} step {index} ({len(run.history)} steps committed)")
-    matrix, history, before_s = run.matrix, run.history, run.seconds
-
-    def commit(pointer: tuple[int, int], state: State) -> None:
-        """The run past its last recorded step: at ``pointer`` (the next step; ``DONE``: the last one)."""
-        if store is not None:
-            run.pointer, run.state, run.seconds = pointer, state, before_s + time.perf_counter() - start
-            store.commit(run.to_json(), strategy.state_tensors())
-            store.drop_staging()  # a coordinator's submissions to a step now past
-
-    if saved is None:  # nothing committed before the first step: a run cut short in it starts afresh
-        log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
-
-    def ordered(step: OpenStep) -> dict[str, Any]:
-        """Each client's update folded as it comes, in index order (the coordinator folds so)."""
-        assert step.aggregator is not None
-        for i in range(len(workers)):
-            step.aggregator.fold(train(i, step.plan))
-        return {}
-
-    def screened(step: OpenStep) -> dict[str, Any]:
-        """Every update first, checked, then screened together, as the coordinator screens a closed step."""
-        assert step.aggregator is not None
-        updates = [train(i, step.plan) for i in range(len(workers))]
-        for update in updates:
-            step.aggregator.check(update)
-        return {
-            "robust": screen_and_fold(
-                robust, step.plan, step.aggregator, list(range(len(updates))), updates.__getitem__
-            )
-        }
-
-    def masked(step: OpenStep) -> dict[str, Any]:
-        """The clients' terms masked; only their sum unmasked (server.secure)."""
-        assert step.aggregator is not None
-        updates = {i: train(i, step.plan) for i in range(len(workers))}
-        session = secure_step(step.aggregator, runtime.spec, config, updates, secagg, config.num_clients)
-        return {"secagg": secagg_report(session, config.num_clients, step.aggregator)}
-
-    fold = masked if secagg.enabled else screened if robust.enabled else ordered  # the fold policy, chosen once
-    # Done: the state says so, or (the unversioned engine meta) its pointer is past the last task.
-    running = run.state == State.RUNNING and run.pointer[0] < len(strategy.tasks)
-    pointer: tuple[int, int] | None = run.pointer if running else None
-    while pointer is not None:
-        task, index = pointer
-        step = open_step(strategy, config.rounds_per_task, task, index)
-        if step.aggregator is None:
-            entry, line = evaluate(step, matrix, (evaluation(i, step.plan) for i in range(len(workers))))
-        else:
-            entry, line = merge(strategy, step, len(workers), fold(step))
-        history.append(entry)
-        if reporter:
-            reporter.step(len(history) - 1, entry)
-        log(line)
-        pointer = following(strategy, config.rounds_per_task, task, index)
-        commit(pointer or (task, index), State.RUNNING if pointer else State.DONE)
-        if reporter and (pointer is None or pointer[0] != task):  # the task's model, as the coordinator exports it
-            reporter.export_task(config, TrainedModel.of(strategy, runtime.spec), task, history)
-    result = RunResult(
-        config,
-        matrix,
-        strategy.adapter(),
-        strategy.head_w,
-        strategy.head_b,
-        before_s + time.perf_counter() - start,
-        history,
-        run.resumes,
+    clients_own = client_runtimes(config)
+    spec = clients_own[0][0].spec  # the model every client builds
+    strategy = make_strategy(config, spec)  # the run's steps, for the progress line and the tasks' description
+    if config.section(SecAggSettings).enabled:  # before any client trains: a method that needs individual updates
+        require_secure(config, strategy)
+    store = Store(state_dir) if state_dir is not None else MemoryStore()
+    options = Options(
+        results_dir=str(results_dir or ""),
+        results=results_dir is not None,
+        model_spec=spec,
+        round_deadline_s=clients.deadline_s,
     )
-    if reporter:
-        reporter.finish(config, TrainedModel.of(strategy, runtime.spec), result.summary())
-    return result
+    say: list[Log] = [lambda line: None]  # what the coordinator says while it resumes: the engine's line says it
+    coord = Coordinator(config, store, options, on_event=lambda line: say[0](line))
+    run = coord.run
+    if state_dir is not None and run.resumes and run.state != State.WAITING:
+        _refuse_failed(coord, state_dir)
+        task, index = run.pointer
+        log(f"resumed from {state_dir}: task {task} step {index} ({len(run.history)} steps committed)")
+    else:
+        log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
+    say[0] = log
+    if config.section(DataSettings).open and not coord.done.is_set():
+        coord.finish()  # in one process no operator adds tasks: the run ends after its last one
+    shown = None
+    if progress:
+        kinds = [kind_of(phase.value) for phase in strategy.schedule() for _ in range(config.num_clients)]
+        shown = Progress(kinds)
+        task, index = run.pointer
+        shown.done = (sum(len(strategy.steps(t)) + 1 for t in range(task)) + index) * config.num_clients
+    if not coord.done.is_set():
+        hub, computing = Hub(coord), threading.Lock()
+        with tempfile.TemporaryDirectory(prefix="lorm-sim-") as scratch:  # the clients' privacy ledgers
+            sessions = [
+                clients.session(i)(
+                    InProcessTransport(hub, f"client-{i}"),
+                    ClientOptions(
+                        client_id=f"client-{i}",
+                        index=i,
+                        local=clients_own[i][1],
+                        privacy_ledger=Path(scratch) / f"client-{i}.json",
+                        progress_every_s=math.inf,
+                        interactive=False,
+                    ),
+                    clients_own[i][0],
+                    computing,
+                    clients.wrap,
+                    shown,
+                )
+                for i in range(config.num_clients)
+            ]
+            _play(sessions, hub)
+    if run.state != State.DONE:
+        raise RuntimeError(f"the run ended {run.state.value} at task {run.pointer[0]} step {run.pointer[1]}")
+    assert run.strategy is not None
+    return RunResult(
+        config,
+        run.matrix,
+        run.strategy.adapter(),
+        run.strategy.head_w,
+        run.strategy.head_b,
+        run.seconds_before + time.perf_counter() - run.clock,
+        run.history,
+        run.resumes,
+        run.strategy,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

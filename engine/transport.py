@@ -7,11 +7,16 @@ push's envelope checked (``precheck``) before the update is recorded, a secure-a
 reads it. A refusal is the outcome the
 client acts on (``client.transport.rejected``: :class:`~client.transport.Restarted`, :class:`~client.transport.Stale`),
 as over gRPC. No retry: nothing here drops a call.
+
+The clients of one coordinator share a :class:`Hub`: a call that changes the run (a push, a report, a secure stage
+sent keys or shares, a join) wakes every client that pauses on a Wait, so that the next step is pulled the moment it
+opens; and a client that fails stops the others' waits (:class:`RunAborted`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -34,21 +39,70 @@ def _copies(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {name: t.detach().clone() for name, t in tensors.items()}
 
 
-class InProcessTransport:
-    """Client ``client_id``'s calls of ``coordinator``, in this process."""
+class RunAborted(BaseException):
+    """Another client of the run failed: this one stops where it waits (not an ``Exception``, so that no handler of
+    a step's outcomes takes it for one)."""
 
-    def __init__(self, coordinator: Coordinator, client_id: str) -> None:
-        self.coordinator, self.client_id = coordinator, client_id
+
+class Hub:
+    """What the in-process clients of ``coordinator`` share: a count of the calls that changed the run, which a
+    pausing client waits on, and the first failure among them."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+        self.changed = threading.Condition()
+        self.changes = 0
+        self.failure: BaseException | None = None
+
+    def touched(self) -> None:
+        with self.changed:
+            self.changes += 1
+            self.changed.notify_all()
+
+    def fail(self, err: BaseException) -> None:
+        """The run cannot go on (``err``: a client's failure): every client's wait ends in :class:`RunAborted`."""
+        with self.changed:
+            self.failure = self.failure or err
+            self.changed.notify_all()
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise RunAborted(f"another client of the run failed: {self.failure!r}")
+
+    def pause(self, seconds: float, seen: int) -> None:
+        """Wait up to ``seconds`` for a change after the ``seen``-th."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.changes != seen or self.failure is not None, timeout=seconds)
+        self.check()
+
+
+class InProcessTransport:
+    """Client ``client_id``'s calls of the hub's coordinator, in this process."""
+
+    def __init__(self, hub: Hub, client_id: str) -> None:
+        self.hub, self.coordinator, self.client_id = hub, hub.coordinator, client_id
         self.run_id = ""
         self.schedule: Schedule | None = None
+        self.seen = 0  # the hub's changes when this client's last call began
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], changes: bool = True) -> T:
+        """``fn``'s answer, a refusal as the client's outcome; ``changes``: the call may change the run (the
+        other clients' waits end)."""
+        self.hub.check()
+        self.seen = self.hub.changes
         try:
             return fn()
         except Refused as err:
             raise rejected(getattr(grpc.StatusCode, err.code), str(err)) from err
         except ValueError as err:  # what the service answers INVALID_ARGUMENT
             raise rejected(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
+        finally:
+            if changes:
+                self.hub.touched()
+
+    def pause(self, seconds: float) -> None:
+        """Until the run changed since this client's last call began, or ``seconds``."""
+        self.hub.pause(seconds, self.seen)
 
     def join(self, requested_index: int | None = None) -> tuple[RunConfig, int]:
         index = self._call(lambda: self.coordinator.join(self.client_id, requested_index))
@@ -63,7 +117,7 @@ class InProcessTransport:
     def pull(self) -> RoundPlan | Wait:
         """The next plan, its tensors the client's own copies (as received off the wire: a client that trains them
         in place must not change the coordinator's state)."""
-        answer = self._call(lambda: self.coordinator.pull(self.client_id))
+        answer = self._call(lambda: self.coordinator.pull(self.client_id), changes=False)
         if isinstance(answer, Wait):
             return answer
         return dataclasses.replace(answer, tensors=_copies(answer.tensors))
@@ -107,7 +161,8 @@ class InProcessTransport:
         reply = self._call(
             lambda: self.coordinator.secagg(
                 self.client_id, index, self.run_id, step, stage, keys, dict(shares or {}), attempt
-            )
+            ),
+            changes=keys is not None or bool(shares),  # a stage asked for, not sent to: a poll
         )
         return secagg_codec.secagg_reply_from_proto(secagg_codec.secagg_reply_to_proto(reply))
 

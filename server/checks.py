@@ -31,6 +31,7 @@ class Options:
     idle_retry_s: float = 2.0  # what a client is told while an open run waits for the operator's next task
     start_with: int = 0  # clients joined that start the run; the others may join at any later step (0 -> all)
     results_dir: str = ""  # where the adapter, head and metrics go at the end ("" -> <state>/results)
+    results: bool = True  # False: none written (the in-process engine without --results-dir)
     max_push_bytes: int = DEFAULT_MAX_TOTAL_BYTES  # cap on the tensor bytes one push may declare, any step
     max_num_samples: int = 100_000_000  # cap on one client's samples per task and on eval totals per task
     model_spec: ModelSpec | None = None  # the run's model, fixed by the operator (lorm-spec, --model-spec);

@@ -38,7 +38,7 @@ from server.run import Run
 from server.run_state import State
 from server.status import run_status
 from server.steps import StepState
-from server.store import Store
+from server.store import MemoryStore, Storage, Store
 
 log = logging.getLogger("lorm.coordinator")
 
@@ -47,7 +47,7 @@ class Coordinator:
     def __init__(
         self,
         config: RunConfig,
-        state_dir: str | Path,
+        state_dir: str | Path | Storage,
         options: Options | None = None,
         on_event: Callable[[str], None] | None = None,
         on_fatal: Callable[[BaseException], None] = lambda err: None,
@@ -55,7 +55,7 @@ class Coordinator:
     ) -> None:
         self.config = validate(config)  # ValueError: a configuration this coordinator cannot run
         self.options = options or Options()
-        self.store = Store(state_dir)
+        self.store = state_dir if isinstance(state_dir, Store | MemoryStore) else Store(state_dir)
         self.lock = threading.RLock()
         self.done = threading.Event()
         self.emit = on_event or log.info

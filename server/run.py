@@ -48,7 +48,8 @@ from server.steps import (
     open_step,
     record,
 )
-from server.store import Store
+from server.steps import schedule as task_steps
+from server.store import Storage
 from server.strategies import Strategy, make_strategy
 
 log = logging.getLogger("lorm.coordinator")
@@ -58,7 +59,7 @@ class Run:
     def __init__(
         self,
         config: RunConfig,
-        store: Store,
+        store: Storage,
         options: Options,
         emit: Callable[[str], None],
         on_fatal: Callable[[BaseException], None],
@@ -84,7 +85,8 @@ class Run:
         self.schedule: Schedule | None = None  # the tasks by class name once the operator appended any
         self.closed = False  # the operator finished this open run: it ends after its last task
         self.progress: Progress | None = None
-        self.reporter = RunReporter(options.results_dir or store.root / "results")
+        results = options.results_dir or (store.root / "results" if store.root is not None else "")
+        self.reporter = RunReporter(results) if options.results and results else None  # None: no results written
         signed = self.secagg.enabled and self.secagg.mode == "signed" and options.secagg_ca
         self.verifier = Verifier(options.secagg_ca) if signed else None  # signed mode: advertises checked at once
 
@@ -137,6 +139,9 @@ class Run:
             self.commit()
             return None
         meta, tensors = saved
+        if meta.spec is None and meta.state != State.WAITING and self.options.model_spec is not None:
+            meta.spec = self.options.model_spec  # the engine's unversioned meta, the model the engine's runtime's
+            meta.started = time.time() if meta.started is None else meta.started
         if meta.spec is None and meta.state != State.WAITING:
             raise ValueError(
                 f"state directory {self.store.root} holds a run at {meta.state.value} task {meta.pointer[0]} step "
@@ -149,13 +154,18 @@ class Run:
         self.started = meta.started if meta.started is not None else self.started
         self.seconds_before, self.resumes = meta.seconds, meta.resumes + 1
         self.schedule, self.closed = meta.schedule, meta.closed
-        self.reporter.replay(self.history)
+        if self.reporter is not None:
+            self.reporter.replay(self.history)
         if self.spec is not None:
             self.strategy = make_strategy(self.live_config, self.spec)
             self.strategy.load_state_tensors(tensors)
+            if self.state == State.RUNNING and self.pointer[0] >= len(self.strategy.tasks):  # an unversioned engine
+                last = len(self.strategy.tasks) - 1  # meta's pointer past the last task: the run is done
+                steps = task_steps(self.strategy, last, self.config.rounds_per_task)
+                self.state, self.pointer = State.DONE, (last, len(steps) - 1)
         ended = ended_task(self.state, self.pointer)
-        if ended is not None and not self.reporter.task_exported(ended):  # a crash cut its export short
-            run_results.export_task(self, ended)
+        if ended is not None and self.reporter is not None and not self.reporter.task_exported(ended):
+            run_results.export_task(self, ended)  # a crash cut its export short
         return self.open(*self.pointer) if self.state == State.RUNNING else None
 
     # ---------------------------------------------------------------- the model
@@ -277,7 +287,8 @@ class Run:
                 return self._end_unmerged(step, str(empty), {"empty": str(empty)}, clients=len(step.submitted))
         self.emit(line + eta)
         self.history.append(entry)
-        self.reporter.step(len(self.history) - 1, entry)
+        if self.reporter is not None:
+            self.reporter.step(len(self.history) - 1, entry)
         return self._advance(step)
 
     def _end_unmerged(self, step: StepState, why: str, extra: dict, clients: int) -> StepState | None:
@@ -288,7 +299,8 @@ class Run:
         holds data of) must not stop the coordinator, its ticker or a restart of it."""
         entry = record(step.task, step.round, step.phase, step.plan, clients=clients) | extra
         self.history.append(entry)
-        self.reporter.step(len(self.history) - 1, entry)
+        if self.reporter is not None:
+            self.reporter.step(len(self.history) - 1, entry)
         if step.phase == Phase.TRAIN:
             self.emit(f"{why}; the round ends without a merge")
             return self._advance(step)

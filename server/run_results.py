@@ -27,6 +27,9 @@ def export(run: Run) -> None:
     """The results of a run ``DONE``: a pure function of its state, so a restart after a crash that cut it
     short writes it again."""
     assert run.strategy is not None and run.spec is not None
+    if run.reporter is None:
+        run.emit(f"run {run.config.run_id} done: FAA {run.matrix.faa():.2f}")
+        return
     out = run.reporter.finish(run.live_config, TrainedModel.of(run.strategy, run.spec), summary(run))
     run.emit(
         f"run {run.config.run_id} done: FAA {run.matrix.faa():.2f} "
@@ -39,6 +42,8 @@ def export_task(run: Run, task: int) -> None:
     (``RunReporter.export_task``), for a server that watches them; called once the run is committed past
     the task, before anything of the next one happens. An export that fails is logged: the run goes on."""
     assert run.strategy is not None and run.spec is not None
+    if run.reporter is None:
+        return
     try:
         out = run.reporter.export_task(run.live_config, TrainedModel.of(run.strategy, run.spec), task, run.history)
     except (OSError, ValueError) as err:  # a full disk, a non-finite tensor: the run is not the export

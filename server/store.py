@@ -9,7 +9,7 @@ Layout of ``root``:
   coordinator's current step, written (and fsync'd) before the client is acknowledged; ``secagg.json``:
   the step's secure-aggregation session, when it has one;
 - ``secagg-seen-keys.json`` — a fingerprint of every public key advertised in an earlier secure session of the
-  run (``server.secure.step.SEEN_KEYS``), so that a replayed key is refused after a restart too.
+  run (:data:`SEEN_KEYS`), so that a replayed key is refused after a restart too.
 
 A generation directory is complete before ``CURRENT`` names it, so a crash at any point
 leaves either the old or the new generation in force; submissions of the step in progress
@@ -220,3 +220,80 @@ class Store:
         for folder in root.iterdir():
             if folder.name != keep:
                 shutil.rmtree(folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the run's secure sessions
+
+    def seen_keys(self) -> set[str]:
+        """The fingerprints of every public key advertised in the run's earlier secure sessions."""
+        path = self.root / SEEN_KEYS
+        return set(json.loads(path.read_text())) if path.exists() else set()
+
+    def add_seen_keys(self, fingerprints: set[str]) -> None:
+        """Record ``fingerprints`` as seen (durable before the session that advertised them goes on)."""
+        seen = self.seen_keys()
+        if not fingerprints <= seen:
+            atomic_write_json(self.root / SEEN_KEYS, sorted(seen | fingerprints))
+
+
+class MemoryStore:
+    """A run's state in memory, for a run that keeps none: the in-process engine without a state directory. The
+    same calls as :class:`Store`, its staged submissions kept as they were staged (the in-process transport hands
+    the coordinator its own copies); a commit keeps nothing, since nothing is ever resumed from here."""
+
+    root = None
+
+    def __init__(self) -> None:
+        self._updates: dict[str, dict[int, ClientUpdate]] = {}
+        self._reports: dict[str, dict[int, EvalReport]] = {}
+        self._secagg: dict[str, str] = {}
+        self._seen: set[str] = set()
+
+    def latest_meta(self) -> dict | None:
+        return None
+
+    def latest_run(self, config: RunConfig) -> tuple[RunMeta, dict[str, Tensor]] | None:
+        return None
+
+    def commit(self, meta: dict, tensors: dict[str, Tensor]) -> None:
+        fault_point("commit.tensors")
+        fault_point("commit.current")
+
+    def stage_update(self, key: str, update: ClientUpdate, idempotency_key: str) -> None:
+        self._updates.setdefault(key, {})[update.client_index] = update
+
+    def staged_indices(self, key: str) -> list[int]:
+        return sorted({*self._updates.get(key, {}), *self._reports.get(key, {})})
+
+    def load_update(self, key: str, index: int) -> ClientUpdate:
+        return self._updates[key][index]
+
+    def drop_updates(self, key: str) -> None:
+        self._updates.pop(key, None)
+
+    def save_secagg(self, key: str, state: dict) -> None:
+        self._secagg[key] = json.dumps(state)  # as written: what the session changes afterwards is not kept
+
+    def load_secagg(self, key: str) -> dict | None:
+        return json.loads(self._secagg[key]) if key in self._secagg else None
+
+    def stage_eval(self, key: str, report: EvalReport, idempotency_key: str) -> None:
+        self._reports.setdefault(key, {})[report.client_index] = report
+
+    def load_eval(self, key: str, index: int) -> EvalReport:
+        return self._reports[key][index]
+
+    def drop_staging(self, keep: str | None = None) -> None:
+        for staged in (self._updates, self._reports, self._secagg):
+            for key in [k for k in staged if k != keep]:
+                del staged[key]
+
+    def seen_keys(self) -> set[str]:
+        return set(self._seen)
+
+    def add_seen_keys(self, fingerprints: set[str]) -> None:
+        self._seen |= fingerprints
+
+
+Storage = Store | MemoryStore  # where a coordinator keeps its run
+
+SEEN_KEYS = "secagg-seen-keys.json"  # in the store's root: 16 bytes of each key's fingerprint, hex, one list

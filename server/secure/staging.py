@@ -2,20 +2,18 @@
 
 A :class:`Staging` is the coordinator's store under the open step's key, as the step's secure aggregation
 (:mod:`server.secure.step`) sees it: where its session's state is saved, its masked inputs staged and read
-back, and the run's record of every public key advertised so far (:data:`SEEN_KEYS`, kept beside the
+back, and the run's record of every public key advertised so far (``server.store.SEEN_KEYS``, kept beside the
 generations), by which the stages (:mod:`server.secure.stages`) refuse a replayed advertise.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.infra.faults import fault_point
-from common.infra.files import atomic_write_json
 from common.wire.messages import ClientUpdate
-from server.store import Store
+from server.store import Storage
 
 
 @dataclass
@@ -23,7 +21,7 @@ class Staging:
     """The open step's staged submissions, as its secure aggregation sees them: the coordinator's store
     under the step's key, and the step's own set of indices whose submission is staged."""
 
-    store: Store
+    store: Storage
     key: str
     submitted: set[int]
 
@@ -45,18 +43,12 @@ class Staging:
 
     def seen_keys(self) -> set[str]:
         """The fingerprints (hex) of every public key advertised in the run's earlier secure sessions."""
-        path = self.store.root / SEEN_KEYS
-        return set(json.loads(path.read_text())) if path.exists() else set()
+        return self.store.seen_keys()
 
     def remember_keys(self, fingerprints: Iterable[str]) -> None:
         """Add ``fingerprints`` to the run's record of advertised keys (kept beside its generations: the
         staging of a step is dropped once it is merged, the record outlives it)."""
-        seen = self.seen_keys()
-        if not set(fingerprints) <= seen:
-            atomic_write_json(self.store.root / SEEN_KEYS, sorted(seen | set(fingerprints)))
-
-
-SEEN_KEYS = "secagg-seen-keys.json"  # in the store's root: 16 bytes of each key's fingerprint, hex, one list
+        self.store.add_seen_keys(set(fingerprints))
 
 
 def fingerprint(point: bytes) -> str:

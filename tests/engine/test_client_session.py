@@ -18,7 +18,7 @@ from client.session import ClientOptions, ClientSession
 from common.infra.tls import Security
 from common.run.config import RunConfig
 from engine.simulation import run_inprocess
-from engine.transport import InProcessTransport
+from engine.transport import Hub, InProcessTransport
 from server.checks import Options
 from server.coordinator import Coordinator
 from server.export import export_adapter
@@ -59,10 +59,11 @@ def sessions_run(config: RunConfig, tmp_path) -> tuple[list[int], Coordinator]:
     """Every client's session in its own thread, against one coordinator: their exit codes, and the coordinator."""
     coord = Coordinator(config, tmp_path / "state", Options(results_dir=tmp_path / "results"))
     codes: list[int] = [-1] * config.num_clients
+    hub = Hub(coord)
 
     def client(i: int) -> None:
         options = ClientOptions(client_id=f"client-{i}", index=i, security=Security(insecure=True))
-        codes[i] = OneAtATime(InProcessTransport(coord, f"client-{i}"), options).run()
+        codes[i] = OneAtATime(InProcessTransport(hub, f"client-{i}"), options).run()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(config.num_clients)]
     for t in threads:

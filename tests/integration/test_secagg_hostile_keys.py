@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 import torch
+from dropping import drops_after_sharing
 from safetensors.torch import load_file
 
 from common.run.config import RunConfig
 from common.wire.messages import Phase
-from engine import simulation
-from server.secure import secure_step
+from engine.simulation import run_inprocess
 
 from procs import ProjectProc
 
@@ -54,19 +54,11 @@ RESULTS = ("adapter/adapter_model.safetensors", "head.safetensors")
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """The in-process run with the hostile client dropping out after sharing of every secure step but the one whose
+    session it spoils with a garbage box (there it takes part to the end)."""
     out = tmp_path_factory.mktemp("reference")
-    patch = pytest.MonkeyPatch()
-
-    def dropping(aggregator, *args, **kwargs):
-        plan = aggregator.plan
-        takes_part = plan.phase == Phase.TRAIN and plan.round == GARBAGE_BOX
-        return secure_step(aggregator, *args, drop_after_sharing=() if takes_part else (HOSTILE,), **kwargs)
-
-    patch.setattr(simulation, "secure_step", dropping)
-    try:
-        result = simulation.run_inprocess(CONFIG, results_dir=out)
-    finally:
-        patch.undo()
+    drops = drops_after_sharing(HOSTILE, lambda plan: not (plan.phase == Phase.TRAIN and plan.round == GARBAGE_BOX))
+    result = run_inprocess(CONFIG, results_dir=out, sessions=drops, deadline_s=1.0)
     return result, {name: load_file(str(out / name)) for name in RESULTS}
 
 

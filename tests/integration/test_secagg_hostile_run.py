@@ -23,7 +23,6 @@ without it (six, threshold five, would test the same at the cost of two more cli
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import signal
@@ -32,11 +31,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from dropping import drops_after_sharing
 from safetensors.torch import load_file
 
 from common.run.config import RunConfig
-from engine import simulation
-from server.secure import secure_step
+from engine.simulation import run_inprocess
 
 from procs import ProjectProc
 
@@ -73,12 +72,7 @@ RESULTS = ("adapter/adapter_model.safetensors", "head.safetensors")
 def reference(tmp_path_factory):
     """The in-process run with the hostile client's index dropping out of every secure step after sharing."""
     out = tmp_path_factory.mktemp("reference")
-    patch = pytest.MonkeyPatch()
-    patch.setattr(simulation, "secure_step", functools.partial(secure_step, drop_after_sharing=(HOSTILE,)))
-    try:
-        result = simulation.run_inprocess(CONFIG, results_dir=out)
-    finally:
-        patch.undo()
+    result = run_inprocess(CONFIG, results_dir=out, sessions=drops_after_sharing(HOSTILE), deadline_s=1.0)
     return result, {name: load_file(str(out / name)) for name in RESULTS}
 
 

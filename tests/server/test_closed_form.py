@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection, view_seed
 from client.runtime import build_runtime
 from common.aggregation.declared import feature_stats_of
@@ -174,15 +173,14 @@ def test_what_acts_on_a_clients_own_part_is_not_split_invariant(change):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_identical_across_betas(variant, monkeypatch):
+def test_identical_across_betas(variant):
     """Different Dirichlet splits, one result: equal accuracy matrices, heads equal to float64 summation order
     (amplified, for ridge, by the condition number of its regularised Gram)."""
     name, extra = VARIANTS[variant]
-    made = []
-    monkeypatch.setattr(simulation, "make_strategy", lambda c, s: made.append(make_strategy(c, s)) or made[-1])
     configs = [tiny(name, **extra).replace(beta=beta) for beta in (1.0, 0.2)]
     assert all(split_invariant(c) for c in configs)  # what lets lorm-bench run one beta for all (lab/twins.py)
     runs = [run_inprocess(c) for c in configs]
+    made = [run.strategy for run in runs]
     assert runs[0].matrix.correct == runs[1].matrix.correct and runs[0].matrix.total == runs[1].matrix.total
     cond = 1.0
     if name == "ridge":
@@ -192,11 +190,10 @@ def test_identical_across_betas(variant, monkeypatch):
     assert runs[0].adapter == {} and [h["phase"] for h in runs[0].history] == ["features", "evaluate"] * 2
 
 
-def test_lambda_uses_no_test_data(monkeypatch):
-    made = []
-    monkeypatch.setattr(simulation, "make_strategy", lambda c, s: made.append(make_strategy(c, s)) or made[-1])
+def test_lambda_uses_no_test_data():
     base = tiny("ridge", rp_dim=96)
     runs = [run_inprocess(base), run_inprocess(base.replace(extra={**base.extra, "synthetic_test": 3}))]
+    made = [run.strategy for run in runs]
     assert runs[0].matrix.total != runs[1].matrix.total  # the test split did change
     assert made[0].lam == made[1].lam and made[0].errors == made[1].errors
     assert torch.equal(runs[0].head_weight, runs[1].head_weight)

@@ -7,7 +7,6 @@ extracted by hand under the backbone the features step names, not with the strat
 import pytest
 import torch
 
-import engine.simulation as simulation
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
 from common.run.config import RunConfig
@@ -38,20 +37,20 @@ def tiny(strategy: str, **extra) -> RunConfig:
     return RunConfig(**{**TINY, "method": strategy, "extra": {**TINY["extra"], **extra}})
 
 
-def recorded_run(monkeypatch, config: RunConfig):
-    """Run in process; return the result, the strategy and every plan handed to the clients."""
-    made, plans = [], []
+def recorded_run(config: RunConfig):
+    """Run in process; return the result, the strategy and every plan handed to the clients (client 0's)."""
+    plans = []
 
-    def make(c, s):
-        strategy = make_strategy(c, s)
-        configure, eval_plan = strategy.configure, strategy.eval_plan
-        strategy.configure = lambda *a: plans.append(configure(*a)) or plans[-1]
-        strategy.eval_plan = lambda *a: plans.append(eval_plan(*a)) or plans[-1]
-        made.append(strategy)
-        return strategy
+    class Recorded:
+        def __init__(self, worker):
+            self.worker = worker
 
-    monkeypatch.setattr(simulation, "make_strategy", make)
-    return run_inprocess(config), made[0], plans
+        def handle(self, plan):
+            plans.append(plan)
+            return self.worker.handle(plan)
+
+    result = run_inprocess(config, wrap=lambda i, worker: Recorded(worker) if i == 0 else worker)
+    return result, result.strategy, plans
 
 
 def same_view(got: dict[str, LowRank], want: dict[str, LowRank]) -> bool:
@@ -63,8 +62,8 @@ def same_view(got: dict[str, LowRank], want: dict[str, LowRank]) -> bool:
 
 
 @pytest.mark.parametrize("name", ["lorm-ridge", "lorm-ncm"])
-def test_lorm_then_a_features_step_under_the_merged_backbone(monkeypatch, name):
-    result, strategy, plans = recorded_run(monkeypatch, tiny(name, rp_dim=48, ridge_lambda=LAMBDA))
+def test_lorm_then_a_features_step_under_the_merged_backbone(name):
+    result, strategy, plans = recorded_run(tiny(name, rp_dim=48, ridge_lambda=LAMBDA))
     assert [len(row) for row in result.matrix.correct] == [1, 2]  # a full accuracy matrix
     per_task = ["train"] * ROUNDS + ["task_gram", "features", "evaluate"]
     assert [p.phase.value for p in plans] == per_task * 2
@@ -85,9 +84,9 @@ def test_lorm_then_a_features_step_under_the_merged_backbone(monkeypatch, name):
     assert all(tuple(p.get(HEAD_WEIGHT).shape) == (8, strategy.spec.feature_dim) for p in plans if p.mode == "lora")
 
 
-def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(monkeypatch):
+def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution():
     config = tiny("lorm-ridge-first", rp_dim=48, ridge_lambda=LAMBDA)
-    result, strategy, plans = recorded_run(monkeypatch, config)
+    result, strategy, plans = recorded_run(config)
     assert [len(row) for row in result.matrix.correct] == [1, 2]
     steps = [(p.task, p.phase.value, p.round, p.mode, p.instruction.factors()) for p in plans]
     assert steps == [
@@ -129,9 +128,9 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
     assert torch.equal(evaluated, result.head_weight.to(evaluated.dtype))  # the head evaluated
 
 
-def test_restart_from_state_keeps_both_heads_and_the_sums(monkeypatch):
+def test_restart_from_state_keeps_both_heads_and_the_sums():
     config = tiny("lorm-ridge", rp_dim=16)
-    _, straight, _ = recorded_run(monkeypatch, config.replace(num_tasks=1))
+    _, straight, _ = recorded_run(config.replace(num_tasks=1))
     restarted = make_strategy(config.replace(num_tasks=1), straight.spec)
     restarted.load_state_tensors(straight.state_tensors())
     for attr in ("head_w", "head_b", "ace_w", "ace_b"):
