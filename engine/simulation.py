@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import tempfile
@@ -59,6 +60,7 @@ from server.store import MemoryStore, Store
 from server.strategies import Strategy, make_strategy
 
 Log = Callable[[str], None]
+CLIENT_LOG = logging.getLogger("lorm.client")
 OPEN_IN_ONE_PROCESS = (
     "in one process no operator appends tasks while the run lives: it ends after its last task, as a "
     "coordinator's open run ends at lorm-admin finish; give the tasks the operator will add as more --task (or "
@@ -232,14 +234,18 @@ def _play(sessions: list[EngineSession], hub: Hub) -> None:
     threads = [
         threading.Thread(target=play, args=(i, s), name=f"client-{i}", daemon=True) for i, s in enumerate(sessions)
     ]
-    for t in threads:
-        t.start()
+    level = CLIENT_LOG.level  # a client's own lines (each step's samples and loss) are not the run's log: the
+    CLIENT_LOG.setLevel(max(logging.WARNING, CLIENT_LOG.getEffectiveLevel()))  # coordinator's step lines are
     try:
+        for t in threads:
+            t.start()
         for t in threads:
             t.join()
     except BaseException as err:  # Ctrl-C: the clients stop where they wait, and the interrupt goes on
         hub.fail(err)
         raise
+    finally:
+        CLIENT_LOG.setLevel(level)
     if failures:
         raise failures[min(failures)]
 
