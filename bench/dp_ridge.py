@@ -1,4 +1,4 @@
-"""The privacy-utility curve of the closed-form heads on CLINC150 (issue 44): accuracy at each epsilon, by the
+"""The privacy-utility curve of the closed-form heads on CLINC150: accuracy at each epsilon, by the
 system's own strategy code on cached frozen features.
 
 all-MiniLM-L6-v2's pooled hidden states (``bench/feature_heads.py``'s cache), the system's ``ridge.layers [-3, -2,
@@ -29,6 +29,7 @@ import contextlib
 import copy
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -207,7 +208,7 @@ def plot(files: list[Path], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=Path, default=Path("/work/shared/datasets"))
+    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LORM_DATA_DIR", "datasets")))
     parser.add_argument("--cache", type=Path, default=Path("/tmp/lorm-feature-cache"))
     parser.add_argument("--method", choices=("ridge", "ncm"), default="ridge")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8, math.inf])

@@ -1,5 +1,4 @@
-"""What secure aggregation costs per step, in each mode: wall time, bytes per client, the coordinator's memory
-(issues 19 and 41).
+"""What secure aggregation costs per step, in each mode: wall time, bytes per client, the coordinator's memory.
 
 For each training step of a method's first task (LoRM: the B-round, the A-round and the task Gram; ``--steps``
 picks some) on a real model's shapes, ``K`` clients with made-up updates of the step's declared shapes, in

@@ -1,4 +1,4 @@
-"""What a client keeps to itself (issue 41, M6): where its data and weight files lie, which model source it loads.
+"""What a client keeps to itself: where its data and weight files lie, which model source it loads.
 
 The coordinator's configuration says what the run computes (the dataset, the backbone, the method); it
 must not say which files on a client's disk are read, or which hub repository a client downloads and

@@ -1,4 +1,4 @@
-"""A client's secure-aggregation rounds of one step over the wire (settings ``secagg.*``, issue 19).
+"""A client's secure-aggregation rounds of one step over the wire (settings ``secagg.*``).
 
 Before training (:meth:`SecureRounds.begin`): advertise fresh keys, wait for the roster, send the
 sealed shares. After training (:meth:`SecureRounds.finish`): wait for the clients that shared,

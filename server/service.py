@@ -165,7 +165,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.coordinator.check_run_id(request.run_id)
             except Refused as err:
                 _abort(context, err)
-        # The caller's own figures beside the run's progress, never another client's (issue 41, M2).
+        # The caller's own figures beside the run's progress, never another client's.
         return status_codec.status_to_proto(self.coordinator.status(self.auth.identity(context)))
 
 

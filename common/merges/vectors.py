@@ -1,4 +1,4 @@
-"""Closed-form merges of (IA)^3 and VeRA vectors (issue 20; ``../shared/SPEC.md`` §5), exact and as the
+"""Closed-form merges of (IA)^3 and VeRA vectors (docs/METHOD.md §6, "Other adapters: exact merges"), exact and as the
 paper's appendix writes them.
 
 Each merge minimises ``sum_i ||dW(v) X_i - dW(v_i) X_i||^2`` over the merged vector ``v``, where client

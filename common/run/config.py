@@ -232,7 +232,7 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-# Settings that only the client they describe may choose (issue 41, M6): where its data and weight files lie
+# Settings that only the client they describe may choose: where its data and weight files lie
 # on its disk. The coordinator's configuration names none of them; each client gives its own through its
 # flags and environment (client/local.py), and refuses a coordinator's configuration that sets one.
 CLIENT_LOCAL: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""The coordinator's secure aggregation of one step, as a state machine of its own (issue 42).
+"""The coordinator's secure aggregation of one step, as a state machine of its own.
 
 SecAgg's rounds (``common/secagg/rounds.py``) as the coordinator runs them over the wire: one handler
 per stage a client calls (:meth:`SecureStep.call`), the rounds closing as their answers arrive or their

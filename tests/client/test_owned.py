@@ -1,4 +1,4 @@
-"""A client's own data (issue 43): labels matched by name to the run's schedule, unscheduled labels counted and
+"""A client's own data: labels matched by name to the run's schedule, unscheduled labels counted and
 reported once, tasks none of whose classes it holds, its flags, and the folder of every client's data."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secure aggregation's primitives (issue 19): fixed point on Z_2^128, pairwise and own masks that
+"""Secure aggregation's primitives: fixed point on Z_2^128, pairwise and own masks that
 cancel, Shamir shares, unmasking with dropped clients, and the rounds' refusals."""
 
 from __future__ import annotations

@@ -530,7 +530,7 @@ def test_fuzz_push_and_the_chunk_stream(harness):
     assert counts["INVALID_ARGUMENT"] > 0 and counts["FAILED_PRECONDITION"] + counts["PERMISSION_DENIED"] > 0
 
 
-# ------------------------------------------------------------------ SecAgg (issue 41, L9)
+# ------------------------------------------------------------------ SecAgg
 
 SECAGG = SERVICE + "SecAgg"
 SECAGG_REFUSALS = REFUSALS | {grpc.StatusCode.ABORTED}  # ABORTED: a call of another session (attempt)

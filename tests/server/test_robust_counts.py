@@ -1,4 +1,4 @@
-"""The robust mode against claimed counts (issue 41): H4, a client's ``num_samples``, and M3, a
+"""The robust mode against claimed counts: H4, a client's ``num_samples``, and M3, a
 features step's class counts and class means. Each test is the attack first, then what the guard does."""
 
 from __future__ import annotations

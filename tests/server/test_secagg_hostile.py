@@ -1,4 +1,4 @@
-"""Secure aggregation against a hostile client (issue 41): each test is an attack on the coordinator's
+"""Secure aggregation against a hostile client: each test is an attack on the coordinator's
 secure rounds, driven through ``Coordinator`` directly, and what must hold after it.
 
 Finding ids in the names: H1 (a client takes another's slot), H2 (one failure halts the run), M1 (the

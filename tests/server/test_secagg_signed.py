@@ -1,4 +1,4 @@
-"""Secure aggregation's signed mode (issue 41, M5): against a coordinator that deviates from the protocol.
+"""Secure aggregation's signed mode: against a coordinator that deviates from the protocol.
 
 Each client signs its advertised keys with its mTLS key and checks every roster entry against the run's
 CA; before revealing a share it needs the threshold's signatures over one and the same unmask request.
