@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import sys
 import tempfile
@@ -26,17 +25,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from torch import Tensor
 
 from client.local import LocalSettings
 from client.owned import client_files
 from client.runtime import ClientRuntime, build_runtime, owned_runtimes, process_settings_kept
-from client.session import ClientOptions, ClientSession
+from client.session import ClientOptions
 from client.splits import DatasetError
 from client.worker import ClientWorker
-from common.infra.logs import add_logging_arguments, plan_name, setup_logging
+from common.infra.logs import add_logging_arguments, setup_logging
 from common.infra.progress import Progress, kind_of
 from common.methods import describe, overview
 from common.methods.checks import unread_sections, validate
@@ -48,9 +46,10 @@ from common.run.partition import describe_tasks
 from common.run.schedule import add_schedule_arguments, class_schedule, config_with_schedule
 from common.run.settings import DataSettings, SecAggSettings
 from common.secagg.primitives import SecAggError
-from common.wire.messages import ClientUpdate, EvalReport, LowRank, RoundPlan
+from common.wire.messages import LowRank
+from engine.clients import EngineSession, Worker, play
 from engine.tokens import count_tokens
-from engine.transport import Hub, InProcessTransport, RunAborted
+from engine.transport import Hub, InProcessTransport
 from server.checks import Options
 from server.coordinator import Coordinator
 from server.run_state import RunMeta, State
@@ -60,18 +59,11 @@ from server.store import MemoryStore, Store
 from server.strategies import Strategy, make_strategy
 
 Log = Callable[[str], None]
-CLIENT_LOG = logging.getLogger("lorm.client")
 OPEN_IN_ONE_PROCESS = (
     "in one process no operator appends tasks while the run lives: it ends after its last task, as a "
     "coordinator's open run ends at lorm-admin finish; give the tasks the operator will add as more --task (or "
     "lines of --schedule), and the adapter and head are the federation's"
 )
-
-
-class Worker(Protocol):
-    """A client as the engine drives it: a plan in, an update or evaluation report out."""
-
-    def handle(self, plan: RoundPlan) -> ClientUpdate | EvalReport: ...
 
 
 @dataclass
@@ -160,96 +152,6 @@ class Clients:
     deadline_s: float
 
 
-class EngineSession(ClientSession):
-    """A client of the in-process engine: the session every client runs (``client.session``), on the engine's runtime
-    for it (built once for every client of a shard of a common dataset), one at a time with its peers (they share
-    torch's global generator, which each step seeds and draws from), answering through ``stand_in`` (``wrap``'s
-    hostile client, or the worker itself) and counting its steps in the run's progress line."""
-
-    def __init__(
-        self,
-        transport: InProcessTransport,
-        options: ClientOptions,
-        runtime: ClientRuntime,
-        computing: threading.Lock,
-        wrap: Callable[[int, ClientWorker], Worker] | None,
-        shown: Progress | None,
-    ) -> None:
-        super().__init__(transport, options)
-        self.hub = transport.hub
-        self.shared, self.computing, self.wrap, self.shown = runtime, computing, wrap, shown
-
-    def setup(self) -> None:
-        with self.computing:
-            super().setup()
-
-    def _refuse_coordinator_local(self, config: RunConfig) -> None:
-        """Nothing to refuse: in one process the configuration is the one party's, its paths the clients' own."""
-
-    def _runtime(self, config: RunConfig) -> ClientRuntime:
-        return self.shared
-
-    def _worker(self) -> ClientWorker:
-        worker = super()._worker()
-        self.stand_in: Worker = worker if self.wrap is None else self.wrap(self.index, worker)
-        return worker
-
-    def _compute(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
-        with self.computing:
-            self.hub.check()  # a peer failed while this client waited for its turn: nothing more is computed
-            if self.shown is None:
-                return super()._compute(plan)
-            n = self.config.num_clients
-            self.shown.begin(f"task {plan.task} round {plan.round} {plan_name(plan)}, client {self.index + 1}/{n}")
-            self.worker.on_batch = self.shown.batch
-            try:
-                return super()._compute(plan)
-            finally:
-                self.worker.on_batch = None
-                self.shown.end()
-
-    def _answer(self, plan: RoundPlan) -> ClientUpdate | EvalReport:
-        return self.stand_in.handle(plan)
-
-
-def _play(sessions: list[EngineSession], hub: Hub) -> None:
-    """Every session in its own thread until the run is over; the first failure (an exception, or a client's refusal
-    of the run) raised here once every thread has stopped."""
-    failures: dict[int, BaseException] = {}
-
-    def play(i: int, session: EngineSession) -> None:
-        try:
-            code = session.run()
-        except RunAborted:
-            return
-        except BaseException as err:  # noqa: BLE001 (raised again in the caller's thread)
-            failures[i] = err
-            hub.fail(err)
-            return
-        if code != 0:
-            why = session.exit.__cause__ or session.exit if session.exit is not None else None
-            failures[i] = why if isinstance(why, Exception) else RuntimeError(f"client {i} exited with code {code}")
-            hub.fail(failures[i])
-
-    threads = [
-        threading.Thread(target=play, args=(i, s), name=f"client-{i}", daemon=True) for i, s in enumerate(sessions)
-    ]
-    level = CLIENT_LOG.level  # a client's own lines (each step's samples and loss) are not the run's log: the
-    CLIENT_LOG.setLevel(max(logging.WARNING, CLIENT_LOG.getEffectiveLevel()))  # coordinator's step lines are
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    except BaseException as err:  # Ctrl-C: the clients stop where they wait, and the interrupt goes on
-        hub.fail(err)
-        raise
-    finally:
-        CLIENT_LOG.setLevel(level)
-    if failures:
-        raise failures[min(failures)]
-
-
 def _refuse_failed(coord: Coordinator, state_dir: str | Path) -> None:
     run = coord.run
     if run.state == State.FAILED:
@@ -319,7 +221,7 @@ def _run(
                 )
                 for i in range(config.num_clients)
             ]
-            _play(sessions, hub)
+            play(sessions, hub)
     if run.state != State.DONE:
         raise RuntimeError(f"the run ended {run.state.value} at task {run.pointer[0]} step {run.pointer[1]}")
     assert run.strategy is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.wire.messages import RoundPlan
-from engine.simulation import EngineSession
+from engine.clients import EngineSession
 
 
 def drops_after_sharing(index: int, when: Callable[[RoundPlan], bool] = lambda plan: True):
