@@ -81,8 +81,9 @@ from common.wire.tensors import (
     HEAD_WEIGHT,
     parse_tensor_name,
 )
+from lab.secure_rounds import Timings
 from server.certs import create_dev_pki
-from server.secure import Timings, load_sums
+from server.secure import load_sums
 from server.strategies import make_strategy
 from server.strategies.base import Strategy
 
@@ -164,7 +165,7 @@ def secure_run(
     """One step's secure aggregation among in-process clients, every round metered; the survivors' sum
     loaded into ``aggregator``. Signed when ``signers`` (one per client) and ``verifier`` (the run's CA) are given.
 
-    The rounds are driven here rather than through ``server.secure.secure_step``: the bench copies each
+    The rounds are driven here rather than through ``lab.secure_rounds.secure_step``: the bench copies each
     message into the coordinator's memory, counts every field a client sends and records the coordinator's
     calls to replay them under ``tracemalloc`` (:func:`replay`), instrumentation that the engine's
     in-process step should not carry; that step stays exactly the honest protocol the engine runs."""

@@ -5,11 +5,10 @@ coordinator would have folded), encodes the running sums in fixed point and mask
 (``common/secagg/terms.py``, ``common/secagg/client_session.py``). Here: what a method must allow
 (:mod:`server.secure.sums`), the step's rounds over the wire as a state machine (:mod:`server.secure.step`; its
 stages' handlers :mod:`server.secure.stages`, its masked inputs :mod:`server.secure.masked`, the staging it is
-lent :mod:`server.secure.staging`), the same rounds among in-process clients (:mod:`server.secure.inprocess`),
-and what a step records (:mod:`server.secure.report`).
+lent :mod:`server.secure.staging`), and what a step records (:mod:`server.secure.report`). The protocol's rounds
+driven among in-process parties without a coordinator, for the tests and the cost bench: ``lab/secure_rounds.py``.
 """
 
-from server.secure.inprocess import Timings, secure_step
 from server.secure.report import added_counts, secagg_report, secagg_text
 from server.secure.staging import Staging
 from server.secure.step import SecureStep, SessionFailed, Timing
@@ -20,12 +19,10 @@ __all__ = [
     "SessionFailed",
     "Staging",
     "Timing",
-    "Timings",
     "added_counts",
     "check_sums",
     "load_sums",
     "require_secure",
     "secagg_report",
     "secagg_text",
-    "secure_step",
 ]

@@ -20,9 +20,9 @@ from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
 from common.wire.model_card import CARD_FILE, ModelCard
 from common.wire.tensors import STAT
 from engine.simulation import run_inprocess
+from lab.secure_rounds import secure_step
 from server.coordinator import Coordinator
 from server.run_state import State
-from server.secure import secure_step
 from server.strategies import make_strategy
 
 from unit_helpers import edit_named

@@ -15,7 +15,7 @@ from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.wire.messages import ModelSpec, Phase
 from engine.simulation import run_inprocess
-from server.secure import secure_step
+from lab.secure_rounds import secure_step
 from server.strategies import make_strategy
 
 from updates import plan_update

@@ -22,7 +22,8 @@ from common.secagg.terms import Layout, client_terms, context, fixed_point, pack
 from common.wire.instructions import LoraStep
 from common.wire.messages import ModelSpec, Phase
 from common.wire.tensors import HEAD_BIAS, HEAD_GRAM
-from server.secure import Timings, check_sums, require_secure, secure_step
+from lab.secure_rounds import Timings, secure_step
+from server.secure import check_sums, require_secure
 from server.strategies import STRATEGIES, make_strategy
 
 from unit_helpers import valid_update

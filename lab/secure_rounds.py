@@ -1,4 +1,5 @@
-"""Every round of a step's secure aggregation among in-process clients (the engine's, the bench's):
+"""Every round of a step's secure aggregation among in-process parties, without a coordinator (the tests' and the
+cost bench's harness; a run's secure steps go through ``server.secure.step.SecureStep``):
 the same sessions as over the wire, called directly, each party's seconds timed."""
 
 from __future__ import annotations
