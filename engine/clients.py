@@ -46,14 +46,17 @@ class EngineSession(ClientSession):
         computing: threading.Lock,
         wrap: Callable[[int, ClientWorker], Worker] | None,
         shown: Progress | None,
+        set_up: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(transport, options)
         self.hub = transport.hub
         self.shared, self.computing, self.wrap, self.shown = runtime, computing, wrap, shown
+        self.set_up = set_up  # called once this client has joined and described its model
 
     def setup(self) -> None:
         with self.computing:
             super().setup()
+            self.set_up()
 
     def _refuse_coordinator_local(self, config: RunConfig) -> None:
         """Nothing to refuse: in one process the configuration is the one party's, its paths the clients' own."""

@@ -152,6 +152,45 @@ class Clients:
     deadline_s: float
 
 
+def _sessions(
+    config: RunConfig,
+    hub: Hub,
+    clients: Clients,
+    own: list[tuple[ClientRuntime, LocalSettings]],
+    shown: Progress | None,
+    scratch: Path,
+    joined: Callable[[], None],
+) -> list[EngineSession]:
+    """Each client's session over ``hub``'s transport, on its runtime and own settings, its ledger in ``scratch``;
+    ``joined()`` once every client has set up (the run has started)."""
+    computing, ready = threading.Lock(), []
+
+    def set_up() -> None:  # under the computing lock: one client at a time
+        ready.append(1)
+        if len(ready) == config.num_clients:
+            joined()
+
+    return [
+        clients.session(i)(
+            InProcessTransport(hub, f"client-{i}"),
+            ClientOptions(
+                client_id=f"client-{i}",
+                index=i,
+                local=own[i][1],
+                privacy_ledger=scratch / f"client-{i}.json",
+                progress_every_s=math.inf,
+                interactive=False,
+            ),
+            own[i][0],
+            computing,
+            clients.wrap,
+            shown,
+            set_up,
+        )
+        for i in range(config.num_clients)
+    ]
+
+
 def _refuse_failed(coord: Coordinator, state_dir: str | Path) -> None:
     run = coord.run
     if run.state == State.FAILED:
@@ -182,7 +221,9 @@ def _run(
         model_spec=spec,
         round_deadline_s=clients.deadline_s,
     )
-    say: list[Log] = [lambda line: None]  # what the coordinator says while it resumes: the engine's line says it
+    # What the coordinator says while it resumes and its clients join is the engine's first line; from the first
+    # step on, its lines are the run's log.
+    say: list[Log] = [lambda line: None]
     coord = Coordinator(config, store, options, on_event=lambda line: say[0](line))
     run = coord.run
     if state_dir is not None and run.resumes and run.state != State.WAITING:
@@ -191,7 +232,6 @@ def _run(
         log(f"resumed from {state_dir}: task {task} step {index} ({len(run.history)} steps committed)")
     else:
         log(describe_tasks(strategy.tasks, chosen=config.num_tasks == 0))
-    say[0] = log
     if config.section(DataSettings).open and not coord.done.is_set():
         coord.finish()  # in one process no operator adds tasks: the run ends after its last one
     shown = None
@@ -201,27 +241,11 @@ def _run(
         task, index = run.pointer
         shown.done = (sum(len(strategy.steps(t)) + 1 for t in range(task)) + index) * config.num_clients
     if not coord.done.is_set():
-        hub, computing = Hub(coord), threading.Lock()
         with tempfile.TemporaryDirectory(prefix="lorm-sim-") as scratch:  # the clients' privacy ledgers
-            sessions = [
-                clients.session(i)(
-                    InProcessTransport(hub, f"client-{i}"),
-                    ClientOptions(
-                        client_id=f"client-{i}",
-                        index=i,
-                        local=clients_own[i][1],
-                        privacy_ledger=Path(scratch) / f"client-{i}.json",
-                        progress_every_s=math.inf,
-                        interactive=False,
-                    ),
-                    clients_own[i][0],
-                    computing,
-                    clients.wrap,
-                    shown,
-                )
-                for i in range(config.num_clients)
-            ]
-            play(sessions, hub)
+            hub = Hub(coord)
+            play(
+                _sessions(config, hub, clients, clients_own, shown, Path(scratch), lambda: say.__setitem__(0, log)), hub
+            )
     if run.state != State.DONE:
         raise RuntimeError(f"the run ended {run.state.value} at task {run.pointer[0]} step {run.pointer[1]}")
     assert run.strategy is not None
