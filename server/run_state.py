@@ -1,4 +1,4 @@
-"""What a state directory says of its run: one schema, written and read by both drivers.
+"""What a state directory says of its run: one schema, written and read by the run.
 
 Each generation of a :class:`server.store.Store` holds the strategy's tensors and a ``meta.json``, a
 :class:`RunMeta`. The coordinator (its run, ``server/run.py``) and the in-process engine

@@ -1,4 +1,4 @@
-"""One step's lifecycle, written once for both drivers.
+"""One step's lifecycle, written once: the run (``server/run.py``) opens, folds and records every step through it.
 
 A run is a sequence of steps: per task, the strategy's steps (``TRAIN`` rounds, then e.g. ``TASK_GRAM``)
 and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and a fresh aggregator; an
@@ -49,7 +49,7 @@ class OpenStep:
 def open_step(strategy: Strategy, rounds_per_task: int, task: int, index: int) -> OpenStep:
     """Step ``index`` of task ``task``: ``strategy.begin_task`` first when it is the task's first step, then
     the plan (``configure``, or ``eval_plan``) and a fresh aggregator. A step is opened once from a given
-    state: both drivers commit before opening the next step, and a resumed one opens the committed
+    state: the run commits before opening the next step, and a resumed one opens the committed
     ``pointer`` (``server/run_state.py``), so a task begins on the state its previous task left."""
     if index == 0:
         strategy.begin_task(task)

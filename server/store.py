@@ -1,4 +1,4 @@
-"""A run's state on disk, for both drivers: atomic generations plus the coordinator's staged submissions.
+"""A run's state on disk (or in memory, for a run that keeps none): generations and staged submissions.
 
 Layout of ``root``:
 

@@ -1,4 +1,4 @@
-"""One meta schema for both drivers (server/run_state.py): what it writes, what it migrates, what it refuses."""
+"""One meta schema (server/run_state.py): what it writes, what it migrates, what it refuses."""
 
 from __future__ import annotations
 
