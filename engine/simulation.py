@@ -36,6 +36,7 @@ from client.splits import DatasetError
 from client.worker import ClientWorker
 from common.infra.logs import add_logging_arguments, setup_logging
 from common.infra.progress import Progress, kind_of
+from common.infra.tls import Security
 from common.methods import describe, overview
 from common.methods.checks import unread_sections, validate
 from common.privacy.ledger import privacy_summary
@@ -50,6 +51,7 @@ from common.wire.messages import LowRank
 from engine.clients import EngineSession, Worker, play
 from engine.tokens import count_tokens
 from engine.transport import Hub, InProcessTransport
+from server.certs import Pki, create_dev_pki
 from server.checks import Options
 from server.coordinator import Coordinator
 from server.run_state import RunMeta, State
@@ -138,9 +140,10 @@ def run_inprocess(
     (``lorm-server --round-deadline``; 0: for ever). The process's torch settings that the run changes
     (threads, deterministic kernels) are put back when it returns.
     """
-    with process_settings_kept(), held(state_dir):  # no second run on the state directory while this one lasts
-        clients = Clients(wrap, sessions or (lambda i: EngineSession), deadline_s)
-        return _run(config, log, results_dir, progress, state_dir, clients)
+    clients = Clients(wrap, sessions or (lambda i: EngineSession), deadline_s)
+    # no second run on the state directory while this one lasts; the clients' ledgers and certificates in scratch
+    with process_settings_kept(), held(state_dir), tempfile.TemporaryDirectory(prefix="lorm-sim-") as scratch:
+        return _run(config, log, results_dir, progress, state_dir, clients, Path(scratch))
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,11 @@ def _sessions(
     own: list[tuple[ClientRuntime, LocalSettings]],
     shown: Progress | None,
     scratch: Path,
+    pki: Pki | None,
     joined: Callable[[], None],
 ) -> list[EngineSession]:
-    """Each client's session over ``hub``'s transport, on its runtime and own settings, its ledger in ``scratch``;
-    ``joined()`` once every client has set up (the run has started)."""
+    """Each client's session over ``hub``'s transport, on its runtime and own settings, its ledger in ``scratch``
+    (with ``pki``, its certificate there); ``joined()`` once every client has set up (the run has started)."""
     computing, ready = threading.Lock(), []
 
     def set_up() -> None:  # under the computing lock: one client at a time
@@ -178,6 +182,7 @@ def _sessions(
                 index=i,
                 local=own[i][1],
                 privacy_ledger=scratch / f"client-{i}.json",
+                security=_security(pki, f"client-{i}"),
                 progress_every_s=math.inf,
                 interactive=False,
             ),
@@ -189,6 +194,21 @@ def _sessions(
         )
         for i in range(config.num_clients)
     ]
+
+
+def _signing_pki(config: RunConfig, scratch: Path) -> Pki | None:
+    """In secure aggregation's signed mode, a CA of the run's and a certificate for each client (in ``scratch``):
+    the clients sign their keys and check each other's, the coordinator checks each advertise, as over gRPC."""
+    secagg = config.section(SecAggSettings)
+    if not (secagg.enabled and secagg.mode == "signed"):
+        return None
+    return create_dev_pki(scratch / "pki", [f"client-{i}" for i in range(config.num_clients)])
+
+
+def _security(pki: Pki | None, client_id: str) -> Security:
+    if pki is None:
+        return Security(insecure=True)
+    return Security(ca=str(pki.ca), cert=str(pki.client_cert(client_id)), key=str(pki.client_key(client_id)))
 
 
 def _refuse_failed(coord: Coordinator, state_dir: str | Path) -> None:
@@ -207,6 +227,7 @@ def _run(
     progress: bool,
     state_dir: str | Path | None,
     clients: Clients,
+    scratch: Path,
 ) -> RunResult:
     validate(config)  # what the coordinator would refuse, before any client builds its model
     clients_own = client_runtimes(config)
@@ -215,11 +236,13 @@ def _run(
     if config.section(SecAggSettings).enabled:  # before any client trains: a method that needs individual updates
         require_secure(config, strategy)
     store = Store(state_dir) if state_dir is not None else MemoryStore()
+    pki = _signing_pki(config, scratch)
     options = Options(
         results_dir=str(results_dir or ""),
         results=results_dir is not None,
         model_spec=spec,
         round_deadline_s=clients.deadline_s,
+        secagg_ca=str(pki.ca) if pki is not None else "",
     )
     # What the coordinator says while it resumes and its clients join is the engine's first line; from the first
     # step on, its lines are the run's log.
@@ -241,11 +264,8 @@ def _run(
         task, index = run.pointer
         shown.done = (sum(len(strategy.steps(t)) + 1 for t in range(task)) + index) * config.num_clients
     if not coord.done.is_set():
-        with tempfile.TemporaryDirectory(prefix="lorm-sim-") as scratch:  # the clients' privacy ledgers
-            hub = Hub(coord)
-            play(
-                _sessions(config, hub, clients, clients_own, shown, Path(scratch), lambda: say.__setitem__(0, log)), hub
-            )
+        hub = Hub(coord)
+        play(_sessions(config, hub, clients, clients_own, shown, scratch, pki, lambda: say.__setitem__(0, log)), hub)
     if run.state != State.DONE:
         raise RuntimeError(f"the run ended {run.state.value} at task {run.pointer[0]} step {run.pointer[1]}")
     assert run.strategy is not None
