@@ -17,7 +17,7 @@ from typing import Protocol
 from client.runtime import ClientRuntime
 from client.session import ClientOptions, ClientSession
 from client.worker import ClientWorker
-from common.infra.logs import plan_name
+from common.infra.logs import context_kept, plan_name
 from common.infra.progress import Progress
 from common.run.config import RunConfig
 from common.wire.messages import ClientUpdate, EvalReport, RoundPlan
@@ -109,17 +109,18 @@ def play(sessions: list[EngineSession], hub: Hub) -> None:
     threads = [
         threading.Thread(target=play, args=(i, s), name=f"client-{i}", daemon=True) for i, s in enumerate(sessions)
     ]
-    level = CLIENT_LOG.level  # a client's own lines (each step's samples and loss) are not the run's log: the
-    CLIENT_LOG.setLevel(max(logging.WARNING, CLIENT_LOG.getEffectiveLevel()))  # coordinator's step lines are
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    except BaseException as err:  # Ctrl-C: the clients stop where they wait, and the interrupt goes on
-        hub.fail(err)
-        raise
-    finally:
-        CLIENT_LOG.setLevel(level)
+    with context_kept():  # each client sets the process's log context (run, task, round); the caller's comes back
+        level = CLIENT_LOG.level  # a client's own lines (each step's samples and loss) are not the run's log: the
+        CLIENT_LOG.setLevel(max(logging.WARNING, CLIENT_LOG.getEffectiveLevel()))  # coordinator's step lines are
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException as err:  # Ctrl-C: the clients stop where they wait, and the interrupt goes on
+            hub.fail(err)
+            raise
+        finally:
+            CLIENT_LOG.setLevel(level)
     if failures:
         raise failures[min(failures)]

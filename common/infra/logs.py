@@ -9,6 +9,7 @@ known fields of ``run``, ``task``, ``round``, ``client``, and ``exc`` for a trac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -16,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from common.wire.instructions import DenseStep
@@ -76,6 +78,20 @@ def set_context(**fields: Any) -> None:
                 _context.pop(key, None)
             else:
                 _context[key] = value
+
+
+@contextlib.contextmanager
+def context_kept() -> Iterator[None]:
+    """Put the process's log context back as it was on exit (in-process clients set theirs in threads of a process
+    whose own records must not carry them afterwards)."""
+    with _context_lock:
+        before = dict(_context)
+    try:
+        yield
+    finally:
+        with _context_lock:
+            _context.clear()
+            _context.update(before)
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

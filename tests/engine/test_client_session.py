@@ -7,6 +7,9 @@ whatever carries its calls; and a secure run (honest mode, four clients) finishe
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import threading
 
 import pytest
@@ -15,6 +18,7 @@ from safetensors.torch import load_file
 
 from client.runtime import build_runtime
 from client.session import ClientOptions, ClientSession
+from common.infra import logs
 from common.infra.tls import Security
 from common.run.config import RunConfig
 from engine.simulation import run_inprocess
@@ -66,10 +70,11 @@ def sessions_run(config: RunConfig, tmp_path) -> tuple[list[int], Coordinator]:
         codes[i] = OneAtATime(InProcessTransport(hub, f"client-{i}"), options).run()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(config.num_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    with logs.context_kept():  # the sessions set the process's log context, as the engine's do
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a client session did not finish within 300 s"
     return codes, coord
 
@@ -95,3 +100,19 @@ def test_client_sessions_over_the_in_process_transport_give_the_engines_result(t
     assert got.keys() == adapter.keys() and all(torch.equal(got[k], adapter[k]) for k in adapter)
     if secure:
         assert all(h["secagg"]["survivors"] == 4 for h in coord.run.history if "secagg" in h)
+
+
+def test_an_in_process_run_leaves_the_process_log_context_as_it_was():
+    """Each in-process client sets the process's log context (run, task, round) in its thread; the caller's records
+    carry their own context again once the run returns."""
+    stream = io.StringIO()
+    logs.setup_logging("json", stream=stream)
+    logs.set_context(run="the-callers", task=None, round=None)
+    try:
+        run_inprocess(CONFIG.replace(num_tasks=1, rounds_per_task=1))
+        logging.getLogger("lorm.test").info("after")
+    finally:
+        logs.set_context(run=None)
+        logs.setup_logging("plain")
+    record = json.loads(stream.getvalue().splitlines()[-1])
+    assert record["msg"] == "after" and record["run"] == "the-callers" and "task" not in record

@@ -9,6 +9,7 @@ import torch
 
 from client.features import extract, feature_map, random_projection
 from client.runtime import build_runtime
+from common.methods.checks import validate
 from common.run.config import RunConfig
 from common.wire.instructions import FeaturesStep, LoraStep
 from common.wire.messages import LowRank, Phase
@@ -131,7 +132,7 @@ def test_first_task_only_adapts_then_freezes_and_the_head_is_the_ridge_solution(
 def test_restart_from_state_keeps_both_heads_and_the_sums():
     config = tiny("lorm-ridge", rp_dim=16)
     _, straight, _ = recorded_run(config.replace(num_tasks=1))
-    restarted = make_strategy(config.replace(num_tasks=1), straight.spec)
+    restarted = make_strategy(validate(config.replace(num_tasks=1)), straight.spec)  # rp_dim placed as a run's
     restarted.load_state_tensors(straight.state_tensors())
     for attr in ("head_w", "head_b", "ace_w", "ace_b"):
         assert torch.equal(getattr(restarted, attr), getattr(straight, attr)), attr
