@@ -10,7 +10,7 @@ from engine.simulation import run_inprocess
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 
 
-@pytest.mark.long(21)
+@pytest.mark.slow  # an experiment on the real MiniLM: 27 s of a worker on 2 cores
 @pytest.mark.skipif(not (DATA / "clinc150" / "data_full.json").exists(), reason=f"CLINC150 not found under {DATA}")
 def test_minilm_lora_learns_first_task():
     cfg = RunConfig(

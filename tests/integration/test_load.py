@@ -33,7 +33,7 @@ def state_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.long(18)
+@pytest.mark.slow  # a load experiment: 48 s of a worker on 2 cores
 def test_200_clients_push_concurrently_and_every_update_counts(tmp_path):
     bench = load_bench()
     root = state_root(tmp_path)

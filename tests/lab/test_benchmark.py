@@ -631,7 +631,7 @@ def test_every_variant_of_the_clinc150_grid_is_a_valid_cell_at_every_beta():
     assert gammas == {key: 0.5 for key in gammas} | appendix | full
 
 
-@pytest.mark.long(22)
+@pytest.mark.slow  # the grid's child processes: 58 s of a worker on 2 cores; the cells' runner is tested in process
 def test_jobs_run_cells_side_by_side_in_child_processes_with_the_same_results(grid, tmp_path):
     """``--jobs 3``: each cell in its own lorm-bench child (its output in bench.log), the same metrics as one
     after another in one process (the module's grid, seed 1); joint's twin at another beta is reused, not run."""
