@@ -5,23 +5,11 @@ honest mode's, bit for bit (both unmask the same fixed-point sum exactly)."""
 from __future__ import annotations
 
 import torch
+from test_client_session import CONFIG as SESSION
 
-from common.run.config import RunConfig
 from engine.simulation import run_inprocess
 
-CONFIG = RunConfig(
-    run_id="signed-inprocess",
-    num_clients=4,
-    num_tasks=1,
-    rounds_per_task=2,
-    local_epochs=1,
-    rank=2,
-    lr=3e-2,
-    lr_lora=1e-3,
-    threads=1,
-    seed=9,
-    extra={"synthetic_classes": 8, "synthetic_train": 30, "synthetic_test": 10},
-)
+CONFIG = SESSION.replace(run_id="signed-inprocess", num_clients=4, num_tasks=1)  # four clients, threshold 3
 
 
 def test_a_signed_run_in_process_signs_and_gives_the_honest_modes_result():
