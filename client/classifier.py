@@ -12,12 +12,8 @@ from torch import Tensor, nn
 
 from client.backbone_builders import build_backbone
 from client.backbones import Backbone
-from common.adapters.ia3 import SIDE, apply_ia3
 from common.adapters.lora import LoRALinear, apply_lora, lora_layers
-from common.adapters.vera import apply_vera
 from common.methods import method
-from common.methods.ia3 import Ia3Settings
-from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
 from common.wire.messages import ModelSpec
 
@@ -82,13 +78,11 @@ def reads_text(model: ClassifierModel) -> bool:
 
 
 def build_model(config: RunConfig, num_classes: int) -> ClassifierModel:
-    """The run's model: its backbone, the method's adapter layers (``common.methods.Method.adapter``), a head."""
+    """The run's model: its backbone, the method's adapter layers (``common.methods.Method.apply_adapter``), a head."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.model_seed)
         model = ClassifierModel(build_backbone(config), num_classes, config.rank, config.lora_scale)
-    adapter = method(config.method).adapter
-    if adapter == "vera":
-        apply_vera(model.backbone, config.section(VeraSettings).rank, config.seed)
-    elif adapter == "ia3":
-        apply_ia3(model.backbone, SIDE[config.section(Ia3Settings).side])
+    apply = method(config.method).apply_adapter
+    if apply is not None:  # the method's own layers in place of LoRA's (VeRA, (IA)^3)
+        apply(model.backbone, config)
     return model

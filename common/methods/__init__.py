@@ -45,6 +45,8 @@ from common.run.settings import (
 )
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from common.run.config import RunConfig
     from common.wire.messages import ModelSpec, RoundPlan
 
@@ -76,6 +78,8 @@ class Method:
     settings: type[Settings] | None = None  # its typed settings (its slice's), read by both halves
     # the layers on the target modules: "lora", "vera" or "ia3" (the modules of common/adapters/)
     adapter: str = "lora"
+    # what puts them on a backbone built with LoRA's (backbone, run config), in place; None: LoRA's stay
+    apply_adapter: Callable[[nn.Module, RunConfig], object] | None = None
     # the tensors an update of a step carries, when the method declares its own (a slice; otherwise the way
     # of training's declaration, common.aggregation.declared.declared_tensors):
     # (plan, model spec, run config) -> name -> shape

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.adapters.ia3 import SIDE
+from common.adapters.ia3 import SIDE, apply_ia3
 from common.aggregation.declared import Shapes, step_head_shapes
 from common.merges.vectors import ia3_statistic_shape
 from common.methods import LORM_STEPS, Method
@@ -65,6 +65,7 @@ METHOD = Method(
     "LoRM with (IA)^3 modules: one vector per layer per round, closed-form merges",
     Ia3Settings,
     adapter="ia3",
+    apply_adapter=lambda backbone, config: apply_ia3(backbone, SIDE[config.section(Ia3Settings).side]),
     declare=declare,
     steps=LORM_STEPS,
     aggregator="common.aggregation.lora:ia3",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.adapters.vera import apply_vera
 from common.aggregation.declared import Shapes, gram_shapes, step_head_shapes
 from common.merges.vectors import vera_sends_diagonal
 from common.methods import LORM_STEPS, Method
@@ -70,6 +71,7 @@ METHOD = Method(
     "LoRM with VeRA modules: alternating lb/ld rounds, closed-form merges",
     VeraSettings,
     adapter="vera",
+    apply_adapter=lambda backbone, config: apply_vera(backbone, config.section(VeraSettings).rank, config.seed),
     declare=declare,
     steps=LORM_STEPS,
     aggregator="common.aggregation.lora:vera",
