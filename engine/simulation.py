@@ -21,7 +21,6 @@ import math
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,9 +231,8 @@ def _run(
     validate(config)  # what the coordinator would refuse, before any client builds its model
     clients_own = client_runtimes(config)
     spec = clients_own[0][0].spec  # the model every client builds
-    strategy = make_strategy(config, spec)  # the run's steps, for the progress line and the tasks' description
-    if config.section(SecAggSettings).enabled:  # before any client trains: a method that needs individual updates
-        require_secure(config, strategy)
+    if config.section(SecAggSettings).enabled:  # a method that needs individual updates refuses by its own name
+        require_secure(config, make_strategy(config, spec))
     store = Store(state_dir) if state_dir is not None else MemoryStore()
     pki = _signing_pki(config, scratch)
     options = Options(
@@ -248,7 +246,8 @@ def _run(
     # step on, its lines are the run's log.
     say: list[Log] = [lambda line: None]
     coord = Coordinator(config, store, options, on_event=lambda line: say[0](line))
-    run = coord.run
+    run, strategy = coord.run, coord.run.strategy  # the run's steps: its tasks' description, the progress line
+    assert strategy is not None  # the model is the engine's (Options.model_spec): the coordinator built its strategy
     if state_dir is not None and run.resumes and run.state != State.WAITING:
         _refuse_failed(coord, state_dir)
         task, index = run.pointer
@@ -268,17 +267,16 @@ def _run(
         play(_sessions(config, hub, clients, clients_own, shown, scratch, pki, lambda: say.__setitem__(0, log)), hub)
     if run.state != State.DONE:
         raise RuntimeError(f"the run ended {run.state.value} at task {run.pointer[0]} step {run.pointer[1]}")
-    assert run.strategy is not None
     return RunResult(
         config,
         run.matrix,
-        run.strategy.adapter(),
-        run.strategy.head_w,
-        run.strategy.head_b,
-        run.seconds_before + time.perf_counter() - run.clock,
+        strategy.adapter(),
+        strategy.head_w,
+        strategy.head_b,
+        run.seconds,
         run.history,
         run.resumes,
-        run.strategy,
+        strategy,
     )
 
 

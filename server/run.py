@@ -102,11 +102,16 @@ class Run:
             clients=self.roster.clients,
             spec=self.spec,
             started=self.started,
-            seconds=self.seconds_before + time.perf_counter() - self.clock,
+            seconds=self.seconds,
             resumes=self.resumes,
             schedule=self.schedule,
             closed=self.closed,
         )
+
+    @property
+    def seconds(self) -> float:
+        """What the run's processes ran it, this one's time so far included."""
+        return self.seconds_before + time.perf_counter() - self.clock
 
     @property
     def live_config(self) -> RunConfig:
