@@ -123,21 +123,21 @@ def run(
     for task, classes in enumerate(strategy.tasks):
         strategy.begin_task(task)
         plan = strategy.configure(task, 0, Phase.FEATURES)
-        aggregator = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
         rows = torch.nonzero((y["train"] >= classes[0]) & (y["train"] < classes[1])).squeeze(1)  # global indices
         train = mapped(x["train"][rows])
         stats = statistics(train, y["train"][rows], rows, classes, strategy.use_gram, stats_of)
         del train
         update = ClientUpdate.of_step(plan, 0, "c0", len(rows), pack(stats=stats))
         del stats
-        aggregator.fold(update)
+        fold.aggregator.fold(update)
         del update
         # only the last task's head is scored: the earlier heads' solves (a function of the totals alone, which
         # the last solve reads whole) are skipped, the step's release, ledger and totals are the run's
         skip = mock.patch.object(strategy, "solve", return_value=strategy.head_w)
         with skip if task < last else contextlib.nullcontext():
-            strategy.aggregate(plan, aggregator)
-        del aggregator
+            fold.finish()
+        del fold
     report = strategy.step_report(plan)
     scores = mapped(x[args.split]) @ strategy.head_w.T
     accuracy = float((scores.argmax(1) == y[args.split]).double().mean()) * 100

@@ -186,10 +186,10 @@ def _fold(cfg: RunConfig, spec: ModelSpec, updates: list) -> dict[str, torch.Ten
     strategy = make_strategy(cfg, spec)
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    aggregator = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
     for update in updates:
-        aggregator.fold(update)
-    strategy.aggregate(plan, aggregator)
+        fold.aggregator.fold(update)
+    fold.finish()
     strategy.configure(0, 1, Phase.TRAIN)
     return strategy.state_tensors()
 

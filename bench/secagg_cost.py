@@ -234,20 +234,20 @@ def secure_run(
 
 def replay(strategy: Strategy, plan: RoundPlan, step: Step) -> None:
     """The coordinator's side of ``step`` run again alone, from its transcript, then the merge."""
-    aggregator = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
     server = ServerSession(**step.session)
     for call, message in step.transcript:
         getattr(server, call)(*own(message))
-    finish(server, aggregator, step)
-    strategy.aggregate(plan, aggregator)
+    finish(server, fold.aggregator, step)
+    fold.finish()
 
 
 def plain(strategy: Strategy, plan: RoundPlan, updates: list[ClientUpdate]) -> None:
     """The coordinator without secure aggregation: check and fold every update, then merge."""
-    aggregator = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
     for u in updates:
-        aggregator.fold(u)
-    strategy.aggregate(plan, aggregator)
+        fold.aggregator.fold(u)
+    fold.finish()
 
 
 def traced_peak(work: Callable[[], None]) -> int:
@@ -298,12 +298,12 @@ def one_step(
             "received": 0.0,
             "peak": peak,
         }
-    aggregator = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
     settings = SecAggSettings(enabled=True, mode=mode)
     signers, verifier = (pki.signers, pki.verifier) if mode == "signed" and pki else (None, None)
-    run = secure_run(aggregator, strategy, dict(enumerate(updates)), settings, gone, signers, verifier)
+    run = secure_run(fold.aggregator, strategy, dict(enumerate(updates)), settings, gone, signers, verifier)
     start = time.perf_counter()
-    strategy.aggregate(plan, aggregator)
+    fold.finish()
     coordinator_s = run.clock.server + time.perf_counter() - start
     per_round = {r: statistics.mean(run.sent[i][r] for i in survivors) for r in ROUNDS}
     return {

@@ -228,7 +228,7 @@ class Run:
         opened = open_step(self.strategy, self.config.rounds_per_task, task, index)
         plan = opened.plan
         self.pointer = (task, index)
-        step = StepState(task, index, opened.phase, opened.round, plan, opened.aggregator, time.monotonic())
+        step = StepState(task, index, opened.phase, opened.round, plan, opened.fold, time.monotonic())
         if self.secagg.enabled and opened.phase != Phase.EVALUATE:
             step.secure = SecureStep(
                 self.secagg,
@@ -269,7 +269,7 @@ class Run:
         if self.progress is not None:
             self.progress.end()
             eta = f"; {self.progress.run_text()}"
-        opened = OpenStep(step.task, step.index, step.phase, step.round, step.plan, step.aggregator)
+        opened = OpenStep(step.task, step.index, step.phase, step.round, step.plan, step.fold)
         if step.aggregator is None:
             entry, line = evaluate(opened, self.matrix, (step.reports[i] for i in sorted(step.reports)))
         else:

@@ -1,9 +1,10 @@
 """One step's lifecycle, written once: the run (``server/run.py``) opens, folds and records every step through it.
 
 A run is a sequence of steps: per task, the strategy's steps (``TRAIN`` rounds, then e.g. ``TASK_GRAM``)
-and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and a fresh aggregator; an
-evaluation has none), the clients' updates are folded through the driver's fold policy (in index order,
-screened by the robust mode, or masked by secure aggregation), the strategy merges, and the step leaves
+and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and its fold, a fresh aggregator
+typed together with the strategy's merge, under the run's privacy account; an evaluation has none), the
+clients' updates are folded through the driver's fold policy (in index order, screened by the robust mode,
+or masked by secure aggregation), the fold is finished (the strategy merges), and the step leaves
 one history entry and one log line (:func:`merge`, :func:`evaluate`); then the run moves on
 (:func:`following`), committed (``server/run_state.py``: one meta schema) before the next step opens.
 The coordinator drives this over the wire (concurrency, staging, deadlines), the in-process engine in
@@ -27,6 +28,7 @@ from server.robust import robust_text, screen_and_fold
 from server.secure import SecureStep, secagg_text
 from server.store import step_key
 from server.strategies import Strategy
+from server.strategies.fold import Fold
 
 
 def schedule(strategy: Strategy, task: int, rounds_per_task: int) -> list[tuple[Phase, int]]:
@@ -36,19 +38,24 @@ def schedule(strategy: Strategy, task: int, rounds_per_task: int) -> list[tuple[
 
 @dataclass(frozen=True)
 class OpenStep:
-    """A step as it opens: where it is in the run, its plan, and the aggregator its updates fold into."""
+    """A step as it opens: where it is in the run, its plan, and its fold (the aggregator its updates fold into)."""
 
     task: int
     index: int  # position in the task's schedule
     phase: Phase
     round: int
     plan: RoundPlan
-    aggregator: Aggregator | None  # None: an evaluation
+    fold: Fold | None  # None: an evaluation
+
+    @property
+    def aggregator(self) -> Aggregator | None:
+        return None if self.fold is None else self.fold.aggregator
 
 
 def open_step(strategy: Strategy, rounds_per_task: int, task: int, index: int) -> OpenStep:
     """Step ``index`` of task ``task``: ``strategy.begin_task`` first when it is the task's first step, then
-    the plan (``configure``, or ``eval_plan``) and a fresh aggregator. A step is opened once from a given
+    the plan (``configure``, or ``eval_plan``) and its fold (``strategy.fold``: the privacy account refuses a step
+    beyond the budget here). A step is opened once from a given
     state: the run commits before opening the next step, and a resumed one opens the committed
     ``pointer`` (``server/run_state.py``), so a task begins on the state its previous task left."""
     if index == 0:
@@ -57,9 +64,7 @@ def open_step(strategy: Strategy, rounds_per_task: int, task: int, index: int) -
     if phase == Phase.EVALUATE:
         return OpenStep(task, index, phase, round_, strategy.eval_plan(task), None)
     plan = strategy.configure(task, round_, phase)
-    if strategy.private_training is not None:
-        strategy.private_training.check(plan)  # refuse a step beyond what the clients' noise is calibrated for
-    return OpenStep(task, index, phase, round_, plan, strategy.aggregator(plan))
+    return OpenStep(task, index, phase, round_, plan, strategy.fold(plan))
 
 
 def following(strategy: Strategy, rounds_per_task: int, task: int, index: int) -> tuple[int, int] | None:
@@ -93,11 +98,11 @@ def merge(
     extras: dict[str, Any],
     after_merge: Callable[[float], None] = lambda seconds: None,
 ) -> tuple[dict[str, Any], str]:
-    """Merge the folded ``step`` (``strategy.aggregate``; ``after_merge`` gets its seconds) and what the
-    step records: its history entry and log line. ``clients``: how many took part; ``extras``: the fold
+    """Merge the folded ``step`` (its fold finished; ``after_merge`` gets its seconds) and what the step
+    records: its history entry and log line. ``clients``: how many took part; ``extras``: the fold
     policy's record (``robust``: the screening; ``secagg``: the secure session), kept where not empty."""
-    aggregator = step.aggregator
-    assert aggregator is not None, "an evaluation merges nothing"
+    assert step.fold is not None, "an evaluation merges nothing"
+    aggregator = step.fold.aggregator
     if aggregator.count and not aggregator.num_samples:  # clients on their own data, none of it this task's
         lo, hi = step.plan.class_range
         raise NothingToMerge(
@@ -105,14 +110,9 @@ def merge(
             f"task's classes [{lo}, {hi}): no client has data of this task, so there is nothing to merge"
         )
     start = time.perf_counter()
-    merged = (
-        aggregator if strategy.private_training is None else strategy.private_training.finish(step.plan, aggregator)
-    )
-    strategy.aggregate(step.plan, merged)
+    step.fold.finish()
     after_merge(time.perf_counter() - start)
-    report = strategy.step_report(step.plan)
-    if strategy.private_training is not None:
-        report |= strategy.private_training.spend(step.plan)
+    report = strategy.report(step.plan)
     entry: dict[str, Any] = {
         **record(step.task, step.round, step.phase, step.plan, clients),
         "loss": aggregator.mean_loss,
@@ -154,7 +154,7 @@ class StepState:
     phase: Phase
     round: int
     plan: RoundPlan
-    aggregator: Aggregator | None
+    fold: Fold | None  # None: an evaluation
     started: float
     next_fold: int = 0  # every client index below this has been folded (or skipped)
     submitted: set[int] = field(default_factory=set)
@@ -164,6 +164,10 @@ class StepState:
     @property
     def key(self) -> str:
         return step_key(self.task, self.index)
+
+    @property
+    def aggregator(self) -> Aggregator | None:
+        return None if self.fold is None else self.fold.aggregator
 
 
 Load = Callable[[int], ClientUpdate]

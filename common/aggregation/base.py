@@ -1,18 +1,20 @@
 """The aggregator interface: how a step's updates are checked and folded into running sums.
 
 For each step the driver (the coordinator, or the in-process engine) opens an :class:`Aggregator`
-for the step's plan, folds every client's :class:`ClientUpdate` into it as it arrives, and hands it
-to the method's server half (``Strategy.aggregate``). Aggregators hold running sums only, so memory
-does not depend on how many clients fold into them. A method's factory (:data:`AggregatorFactory`,
-named by its registry entry) builds them from the plan, the model and the run's configuration alone,
-so that a client can build the very aggregator the coordinator folds into (:func:`make_aggregator`).
-"""
+for the step's plan, folds every client's :class:`ClientUpdate` into it as it arrives, and finishes the
+step's fold (``server/strategies/fold.py``: the method's server half merges the aggregator it opened).
+Aggregators hold running sums only, so memory does not depend on how many clients fold into them. A
+method's factory (:data:`AggregatorFactory`, named by its registry entry) builds them from the plan, the
+model and the run's configuration alone, so that a client can build the very aggregator the coordinator
+folds into (:func:`make_aggregator`); a method with two kinds of steps names a :class:`Phased` of two
+typed factories."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor
@@ -21,7 +23,7 @@ from common.aggregation.declared import Shapes
 from common.aggregation.validate import UpdateRejected, check_scalars, check_tensors
 from common.methods import load_half, method
 from common.run.config import RunConfig
-from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 
 
 class Aggregator(ABC):
@@ -93,6 +95,19 @@ class Aggregator(ABC):
 # A method's aggregator factory (``Method.aggregator``): (plan, model spec, run config) -> a fresh aggregator of
 # the plan's step. Pure: what it needs comes from its arguments, so a client builds the coordinator's aggregator.
 AggregatorFactory = Callable[[RoundPlan, ModelSpec, RunConfig], Aggregator]
+
+
+@dataclass(frozen=True)
+class Phased:
+    """A factory of a method with two kinds of steps: ``then``'s aggregator for a step of ``phase``, ``otherwise``'s
+    for any other (each a typed factory, which the method's server half pairs with its merge)."""
+
+    phase: Phase
+    then: AggregatorFactory
+    otherwise: AggregatorFactory
+
+    def __call__(self, plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+        return (self.then if plan.phase == self.phase else self.otherwise)(plan, spec, config)
 
 
 def make_aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:

@@ -1,8 +1,8 @@
-"""The full fine-tuning baselines' aggregators: FedAvg, RegMean, Fisher averaging and TIES of the clients'
-backbone deltas and heads, and EWC's Fisher at a task's end.
+"""The full fine-tuning baselines' aggregators: FedAvg, RegMean and Fisher averaging of the clients' backbone
+deltas and heads (TIES' is its slice's, ``common/methods/ties.py``), and EWC's Fisher at a task's end.
 
 Factories (``Method.aggregator``): :func:`fedavg` (``fedavg``, ``lwf``, ``target``), :func:`regmean`,
-:func:`fisheravg`, :func:`ties`, :func:`ewc`, and :func:`prompts` (``l2p``, ``coda-p``: FedAvg of the trained
+:func:`fisheravg`, :func:`ewc`, and :func:`prompts` (``l2p``, ``coda-p``: FedAvg of the trained
 prompt components' change).
 """
 
@@ -14,18 +14,15 @@ import torch
 from torch import Tensor
 
 from common.adapters.prompts import trained_shapes
-from common.aggregation.base import Aggregator, present
+from common.aggregation.base import Aggregator, Phased, present
 from common.aggregation.declared import HEAD_FISHER, Shapes, declared_tensors
-from common.merges.dense import FisherMeanAccumulator, TiesAccumulator
+from common.merges.dense import FisherMeanAccumulator
 from common.merges.grams import decay_gram
 from common.merges.regmean import RegMeanAccumulator, WeightedMeanAccumulator
-from common.methods.ties import TiesSettings
 from common.run.config import FISHER_SUMMED, RunConfig
 from common.wire.instructions import PromptStep
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, FISHER, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, PROMPT
-
-HEAD_W, HEAD_B = "<head>.weight", "<head>.bias"  # the head's entries of TIES' task vector
 
 
 def head_delta(update: ClientUpdate, plan: RoundPlan) -> tuple[Tensor, Tensor]:
@@ -133,21 +130,6 @@ class FisherAvgAggregator(Aggregator):
         self.bias.fold(db, shard(HEAD_FISHER[1]), n)
 
 
-class TiesAggregator(Aggregator):
-    """TIES of the clients' task vectors: every backbone delta and the head's change, trimmed, sign-elected."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, density: float) -> None:
-        super().__init__(plan, declared)
-        self.spec = spec
-        shapes = {name: tuple(shape) for name, shape in spec.params.items()}
-        shapes |= {HEAD_W: (spec.num_classes, spec.feature_dim), HEAD_B: (spec.num_classes,)}
-        self.ties = TiesAccumulator(shapes, density)
-
-    def _fold(self, update: ClientUpdate) -> None:
-        dw, db = head_delta(update, self.plan)
-        self.ties.fold(update.named(DELTA) | {HEAD_W: dw, HEAD_B: db})
-
-
 class FisherAggregator(Aggregator):
     """EWC's step at a task's end: the clients' diagonal Fishers, sample-weighted."""
 
@@ -169,36 +151,33 @@ class FisherAggregator(Aggregator):
 # ----------------------------------------------------------------------------- factories
 
 
-def fedavg(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def fedavg(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FedAvgAggregator:
     """FedAvg of every backbone delta and the head (``fedavg``, ``lwf``, ``target``)."""
     return FedAvgAggregator(plan, declared_tensors(plan, spec, config), spec)
 
 
-def regmean(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def regmean(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> RegMeanAggregator:
     """RegMean of the linear layers and the head, FedAvg of the rest."""
     return RegMeanAggregator(plan, declared_tensors(plan, spec, config), spec, config)
 
 
-def fisheravg(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def fisheravg(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FisherAvgAggregator:
     """Fisher averaging of the deltas and the head's change, with the run's Fisher estimator."""
     declared = declared_tensors(plan, spec, config)
     return FisherAvgAggregator(plan, declared, spec, summed=config.fisher in FISHER_SUMMED)
 
 
-def ties(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """TIES of the clients' task vectors, each trimmed to ``ties.density`` of its entries."""
-    return TiesAggregator(plan, declared_tensors(plan, spec, config), spec, config.section(TiesSettings).density)
-
-
-def ewc(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """EWC: FedAvg in the training rounds, the clients' Fishers at a task's end (its ``TASK_GRAM`` step)."""
-    if plan.phase != Phase.TASK_GRAM:
-        return fedavg(plan, spec, config)
+def ewc_fisher(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FisherAggregator:
+    """EWC's step at a task's end (its ``TASK_GRAM`` step): the clients' Fishers, with the run's estimator."""
     declared = declared_tensors(plan, spec, config)
     return FisherAggregator(plan, declared, spec, summed=config.fisher in FISHER_SUMMED)
 
 
-def prompts(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+# EWC: FedAvg in the training rounds, the clients' Fishers at a task's end (its ``TASK_GRAM`` step)
+ewc = Phased(Phase.TASK_GRAM, ewc_fisher, fedavg)
+
+
+def prompts(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FedAvgAggregator:
     """The prompt learners (``l2p``, ``coda-p``): FedAvg of the change of the pool's components the plan leaves
     trainable (all but its ``prompt_frozen`` leading ones) and of the head."""
     pool = {name: tuple(t.shape) for name, t in plan.named(PROMPT).items()}

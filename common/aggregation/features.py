@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
+from common.aggregation.base import Aggregator, Phased
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
 from common.aggregation.declared import (
     HELD_FIT,
@@ -355,13 +355,13 @@ def ridge_sum_shapes(spec: ModelSpec, config: RunConfig) -> Shapes:
 # ----------------------------------------------------------------------------- factories
 
 
-def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FeatureStatsAggregator:
     """The cosine nearest-class-mean head's features step: class sums and counts (clipped, with a budget)."""
     clip = feature_stats_of(config).features.clip
     return FeatureStatsAggregator(plan, declared_tensors(plan, spec, config), head_sum_shapes(spec, config), clip)
 
 
-def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FeatureStatsAggregator:
     """The ridge head's features step: class sums and counts, the Gram, and the held-out samples' alike (clipped,
     with a budget)."""
     stats = feature_stats_of(config)
@@ -374,18 +374,18 @@ def ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
     )
 
 
-def lorm_ncm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """LoRM's steps, then the NCM head's features step (``lorm-ncm``)."""
-    return ncm(plan, spec, config) if plan.phase == Phase.FEATURES else lorm(plan, spec, config)
+# LoRM's steps, then the NCM head's features step (``lorm-ncm``)
+lorm_ncm = Phased(Phase.FEATURES, ncm, lorm)
 
 
-def lorm_ridge(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """LoRM's steps, then the ridge head's features step (``lorm-ridge``, ``lorm-ridge-first``)."""
-    return ridge(plan, spec, config) if plan.phase == Phase.FEATURES else lorm(plan, spec, config)
+# LoRM's steps, then the ridge head's features step (``lorm-ridge``, ``lorm-ridge-first``)
+lorm_ridge = Phased(Phase.FEATURES, ridge, lorm)
 
 
-def ccvr(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """CCVR: FedAvg in the training rounds; the features step's per-class sums, counts and second moments."""
-    if plan.phase != Phase.FEATURES:
-        return fedavg(plan, spec, config)
+def ccvr_stats(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> CcvrStatsAggregator:
+    """CCVR's features step: the per-class sums, counts and second moments."""
     return CcvrStatsAggregator(plan, declared_tensors(plan, spec, config), feature_stat_shapes(plan, spec, config))
+
+
+# CCVR: FedAvg in the training rounds; the features step's per-class sums, counts and second moments
+ccvr = Phased(Phase.FEATURES, ccvr_stats, fedavg)

@@ -1,18 +1,16 @@
-"""The LoRA family's aggregators: LoRM's rounds and task Gram step (with VeRA's and (IA)^3's variants),
-FedAvg of the factors, and the head alone.
+"""The LoRA family's aggregators: LoRM's rounds and task Gram step (whose round, :class:`RoundAggregator`, the
+VeRA and (IA)^3 slices specialise), FedAvg of the factors, and the head alone.
 
-Factories (``Method.aggregator``): :func:`lorm` (``lorm``, ``lorm-b-only``, ``lorm-avg-tasks``, ``lorm-seq``),
-:func:`vera` (``lorm-vera``), :func:`ia3` (``lorm-ia3``), :func:`fedavg_lora` (``fedavg-lora``, ``fedprox``) and
+Factories (``Method.aggregator``): :func:`lorm` (``lorm``, ``lorm-b-only``, ``lorm-avg-tasks``, ``lorm-seq``; per
+phase :func:`lorm_round` and :func:`task_gram`), :func:`fedavg_lora` (``fedavg-lora``, ``fedprox``) and
 :func:`head_only` (``head-only``).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from common.adapters.vera import frozen_matrices
-from common.aggregation.base import Aggregator, present
+from common.aggregation.base import Aggregator, Phased, present
 from common.aggregation.declared import Shapes, declared_tensors
 from common.merges.grams import GramSum, decay_gram
 from common.merges.regmean import (
@@ -21,15 +19,10 @@ from common.merges.regmean import (
     RegMeanAccumulator,
     WeightedMeanAccumulator,
 )
-from common.merges.vectors import ia3_accumulator, vera_accumulator
-from common.methods.ia3 import Ia3Settings
-from common.methods.vera import VeraSettings
 from common.run.config import RunConfig
-from common.wire.instructions import GramKind, LoraStep
+from common.wire.instructions import LoraStep
 from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
-from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA, VECTOR
-
-F64 = torch.float64
+from common.wire.tensors import FACTOR, GRAM, HEAD_BIAS, HEAD_GRAM, HEAD_WEIGHT, LORA
 
 
 class RoundAggregator(Aggregator):
@@ -92,65 +85,6 @@ class TaskGramAggregator(Aggregator):
             acc.fold(grams[name])
 
 
-class VeRARoundAggregator(RoundAggregator):
-    """One VeRA round: the trained vector per layer, from the clients' Gram statistics (already decayed)."""
-
-    def __init__(
-        self,
-        plan: RoundPlan,
-        declared: Shapes,
-        spec: ModelSpec,
-        config: RunConfig,
-        frozen: dict[str, tuple[Tensor, Tensor]],
-    ) -> None:
-        (active,) = plan.expect(LoraStep).train_factors
-        form = config.section(VeraSettings).form
-        # the shared vectors as published: the ones the clients trained against and computed with
-        vectors = plan.by_layer(VECTOR)
-        layers = {
-            name: vera_accumulator(active, form, *frozen[name], vectors[name]["B"], vectors[name]["A"])
-            for name in spec.layers
-        }
-        super().__init__(plan, declared, spec, config, layers)
-
-
-def vera_frozen(spec: ModelSpec, config: RunConfig) -> dict[str, tuple[Tensor, Tensor]]:
-    """VeRA's frozen ``B (d_out, r)``, ``A (r, d_in)`` per layer, float64: drawn from the run's seed and the
-    layer's name alone (``common.adapters.vera.frozen_matrices``), as every client draws them."""
-    rank = config.section(VeraSettings).rank
-    frozen = {}
-    for name, (d_out, d_in) in spec.layers.items():
-        b, a = frozen_matrices(config.seed, name, d_out, d_in, rank)
-        frozen[name] = (b.to(F64), a.to(F64))
-    return frozen
-
-
-class IA3RoundAggregator(RoundAggregator):
-    """One (IA)^3 round: the vector per layer, from the clients' statistics (already decayed)."""
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
-        step = plan.expect(LoraStep)
-        (side,) = step.train_factors
-        form, full = config.section(Ia3Settings).form, step.gram == GramKind.FULL
-        layers = {name: ia3_accumulator(side, form, d_out, d_in, full) for name, (d_out, d_in) in spec.layers.items()}
-        super().__init__(plan, declared, spec, config, layers)
-
-
-class IA3TaskAggregator(Aggregator):
-    """End of task: each layer's statistic summed over clients (the task's weights in the task merge)."""
-
-    PARTS = ("stats",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
-
-    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
-        super().__init__(plan, declared)
-        self.stats = {name: GramSum(declared[f"gram/{name}"][0]) for name in spec.layers}
-
-    def _fold(self, update: ClientUpdate) -> None:
-        grams = update.named(GRAM)
-        for name, acc in self.stats.items():
-            acc.fold(grams[name])
-
-
 class MeanAggregator(Aggregator):
     """FedAvg of LoRA factors: sample-weighted means of both factors of every layer and of the head."""
 
@@ -193,34 +127,25 @@ class HeadMeanAggregator(Aggregator):
 # ----------------------------------------------------------------------------- factories
 
 
-def lorm(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """LoRM's steps: a training round's closed-form merge of the active factor, a task Gram step's Grams."""
-    declared = declared_tensors(plan, spec, config)
-    if plan.phase == Phase.TRAIN:
-        return LoRMRoundAggregator(plan, declared, spec, config)
-    return TaskGramAggregator(plan, declared, spec)
+def lorm_round(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> LoRMRoundAggregator:
+    """A LoRM training round: the closed-form merge of the active factor, from the clients' Grams."""
+    return LoRMRoundAggregator(plan, declared_tensors(plan, spec, config), spec, config)
 
 
-def vera(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """LoRM with VeRA: a training round's closed-form merge of the trained vector, LoRM's task Gram step."""
-    if plan.phase != Phase.TRAIN:
-        return lorm(plan, spec, config)
-    return VeRARoundAggregator(plan, declared_tensors(plan, spec, config), spec, config, vera_frozen(spec, config))
+def task_gram(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> TaskGramAggregator:
+    """A task Gram step of LoRM's family: the Grams of the layers' inputs, summed."""
+    return TaskGramAggregator(plan, declared_tensors(plan, spec, config), spec)
 
 
-def ia3(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
-    """LoRM with (IA)^3: a training round's closed-form merge of the vector, a task step's summed statistics."""
-    declared = declared_tensors(plan, spec, config)
-    if plan.phase == Phase.TRAIN:
-        return IA3RoundAggregator(plan, declared, spec, config)
-    return IA3TaskAggregator(plan, declared, spec)
+# LoRM's steps: a training round's closed-form merge of the active factor, a task Gram step's Grams
+lorm = Phased(Phase.TRAIN, lorm_round, task_gram)
 
 
-def fedavg_lora(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def fedavg_lora(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> MeanAggregator:
     """FedAvg of the LoRA factors and the head (``fedavg-lora``, ``fedprox``)."""
     return MeanAggregator(plan, declared_tensors(plan, spec, config), spec, config.rank)
 
 
-def head_only(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def head_only(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> HeadMeanAggregator:
     """The heads' sample-weighted mean (``head-only``)."""
     return HeadMeanAggregator(plan, declared_tensors(plan, spec, config), spec)

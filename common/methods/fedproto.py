@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.aggregation.base import Aggregator
 from common.aggregation.declared import Shapes, class_sum_shapes, declared_tensors, stat_shapes, trained_tensors
 from common.aggregation.dense import FedAvgAggregator
 from common.aggregation.features import StatSums, check_class_counts
@@ -77,7 +76,7 @@ class FedProtoAggregator(FedAvgAggregator):
         self.sums.fold(update.named(STAT))
 
 
-def aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> FedProtoAggregator:
     """A step's aggregator: FedAvg's, with the sums of the task's classes' features and counts."""
     return FedProtoAggregator(plan, declared_tensors(plan, spec, config), spec)
 

@@ -1,7 +1,8 @@
 """LoRM with (IA)^3 modules (``lorm-ia3``), the shared part of its slice: its settings, what its steps declare
 and its registration. The server half is ``server/strategies/ia3.py``, the client half ``client/methods/ia3.py``;
-the layer is ``common/adapters/ia3.py`` (``adapter="ia3"``), its merges ``common/merges/vectors.py``, and how its
-steps fold lives with the other adapters' in ``common/aggregation/lora.py``.
+the layer is ``common/adapters/ia3.py`` (``adapter="ia3"``), its merges ``common/merges/vectors.py``; its rounds
+fold into :class:`IA3RoundAggregator` (LoRM's round, with the vector's merges), its task steps into
+:class:`IA3TaskAggregator`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from common.adapters.ia3 import SIDE, apply_ia3
-from common.aggregation.declared import Shapes, step_head_shapes
-from common.merges.vectors import ia3_statistic_shape
+from common.aggregation.base import Aggregator, Phased
+from common.aggregation.declared import Shapes, declared_tensors, step_head_shapes
+from common.aggregation.lora import RoundAggregator
+from common.merges.grams import GramSum
+from common.merges.vectors import ia3_accumulator, ia3_statistic_shape
 from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, setting
 from common.wire.instructions import GramKind, LoraStep
-from common.wire.messages import ModelSpec, Phase, RoundPlan
+from common.wire.messages import ClientUpdate, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import FACTOR, GRAM, tensor_name
 
 
@@ -58,6 +62,46 @@ def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     return shapes | step_head_shapes(step, spec)
 
 
+class IA3RoundAggregator(RoundAggregator):
+    """One (IA)^3 round: the vector per layer, from the clients' statistics (already decayed)."""
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec, config: RunConfig) -> None:
+        step = plan.expect(LoraStep)
+        (side,) = step.train_factors
+        form, full = config.section(Ia3Settings).form, step.gram == GramKind.FULL
+        layers = {name: ia3_accumulator(side, form, d_out, d_in, full) for name, (d_out, d_in) in spec.layers.items()}
+        super().__init__(plan, declared, spec, config, layers)
+
+
+class IA3TaskAggregator(Aggregator):
+    """End of task: each layer's statistic summed over clients (the task's weights in the task merge)."""
+
+    PARTS = ("stats",)  # its running sums (common/merges/sums.py): what secure aggregation adds up
+
+    def __init__(self, plan: RoundPlan, declared: Shapes, spec: ModelSpec) -> None:
+        super().__init__(plan, declared)
+        self.stats = {name: GramSum(declared[f"gram/{name}"][0]) for name in spec.layers}
+
+    def _fold(self, update: ClientUpdate) -> None:
+        grams = update.named(GRAM)
+        for name, acc in self.stats.items():
+            acc.fold(grams[name])
+
+
+def ia3_round(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> IA3RoundAggregator:
+    """An (IA)^3 training round: the closed-form merge of the vector."""
+    return IA3RoundAggregator(plan, declared_tensors(plan, spec, config), spec, config)
+
+
+def ia3_task(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> IA3TaskAggregator:
+    """An (IA)^3 task step: each layer's statistic, summed."""
+    return IA3TaskAggregator(plan, declared_tensors(plan, spec, config), spec)
+
+
+# LoRM with (IA)^3: a training round's closed-form merge of the vector, a task step's summed statistics
+aggregator = Phased(Phase.TRAIN, ia3_round, ia3_task)
+
+
 METHOD = Method(
     "lorm-ia3",
     "server.strategies.ia3:LoRMIA3",
@@ -68,5 +112,5 @@ METHOD = Method(
     apply_adapter=lambda backbone, config: apply_ia3(backbone, SIDE[config.section(Ia3Settings).side]),
     declare=declare,
     steps=LORM_STEPS,
-    aggregator="common.aggregation.lora:ia3",
+    aggregator="common.methods.ia3:aggregator",
 )

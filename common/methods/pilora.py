@@ -90,7 +90,7 @@ class PiLoraAggregator(Aggregator):
         self.class_counts.append(stats["class_count"].to(DTYPE))
 
 
-def aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Aggregator:
+def aggregator(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> PiLoraAggregator:
     """A step's aggregator: FedAvg of the factors, and every client's prototypes and class sums (not summable:
     the re-weighting needs them one by one)."""
     return PiLoraAggregator(plan, declared_tensors(plan, spec, config))

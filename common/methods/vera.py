@@ -1,8 +1,8 @@
 """LoRM with VeRA modules (``lorm-vera``), the shared part of its slice: its settings, what its steps declare
 and its registration. The server half is ``server/strategies/vera.py``, the client half
 ``client/methods/vera.py``; the layer is ``common/adapters/vera.py`` (``adapter="vera"``), its merges
-``common/merges/vectors.py``, and how its steps fold lives with the other adapters' in
-``common/aggregation/lora.py``.
+``common/merges/vectors.py``; its rounds fold into :class:`VeRARoundAggregator` (LoRM's round, with VeRA's
+merges), its task Gram steps into LoRM's.
 """
 
 from __future__ import annotations
@@ -10,15 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.adapters.vera import apply_vera
-from common.aggregation.declared import Shapes, gram_shapes, step_head_shapes
-from common.merges.vectors import vera_sends_diagonal
+import torch
+from torch import Tensor
+
+from common.adapters.vera import apply_vera, frozen_matrices
+from common.aggregation.base import Phased
+from common.aggregation.declared import Shapes, declared_tensors, gram_shapes, step_head_shapes
+from common.aggregation.lora import RoundAggregator, lorm
+from common.merges.vectors import vera_accumulator, vera_sends_diagonal
 from common.methods import LORM_STEPS, Method
 from common.run.config import RunConfig
 from common.run.settings import Settings, at_least_one, finite_number, setting
 from common.wire.instructions import GramKind, LoraStep
 from common.wire.messages import ModelSpec, Phase, RoundPlan
-from common.wire.tensors import FACTOR, GRAM, tensor_name
+from common.wire.tensors import FACTOR, GRAM, VECTOR, tensor_name
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,48 @@ def declare(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> Shapes:
     return shapes | head
 
 
+class VeRARoundAggregator(RoundAggregator):
+    """One VeRA round: the trained vector per layer, from the clients' Gram statistics (already decayed)."""
+
+    def __init__(
+        self,
+        plan: RoundPlan,
+        declared: Shapes,
+        spec: ModelSpec,
+        config: RunConfig,
+        frozen: dict[str, tuple[Tensor, Tensor]],
+    ) -> None:
+        (active,) = plan.expect(LoraStep).train_factors
+        form = config.section(VeraSettings).form
+        # the shared vectors as published: the ones the clients trained against and computed with
+        vectors = plan.by_layer(VECTOR)
+        layers = {
+            name: vera_accumulator(active, form, *frozen[name], vectors[name]["B"], vectors[name]["A"])
+            for name in spec.layers
+        }
+        super().__init__(plan, declared, spec, config, layers)
+
+
+def vera_frozen(spec: ModelSpec, config: RunConfig) -> dict[str, tuple[Tensor, Tensor]]:
+    """VeRA's frozen ``B (d_out, r)``, ``A (r, d_in)`` per layer, float64: drawn from the run's seed and the
+    layer's name alone (``common.adapters.vera.frozen_matrices``), as every client draws them."""
+    rank = config.section(VeraSettings).rank
+    frozen = {}
+    for name, (d_out, d_in) in spec.layers.items():
+        b, a = frozen_matrices(config.seed, name, d_out, d_in, rank)
+        frozen[name] = (b.to(torch.float64), a.to(torch.float64))
+    return frozen
+
+
+def vera_round(plan: RoundPlan, spec: ModelSpec, config: RunConfig) -> VeRARoundAggregator:
+    """A VeRA training round: the closed-form merge of the trained vector."""
+    return VeRARoundAggregator(plan, declared_tensors(plan, spec, config), spec, config, vera_frozen(spec, config))
+
+
+# LoRM with VeRA: a training round's closed-form merge of the trained vector, LoRM's task Gram step
+aggregator = Phased(Phase.TRAIN, vera_round, lorm)
+
+
 METHOD = Method(
     "lorm-vera",
     "server.strategies.vera:LoRMVeRA",
@@ -74,5 +121,5 @@ METHOD = Method(
     apply_adapter=lambda backbone, config: apply_vera(backbone, config.section(VeraSettings).rank, config.seed),
     declare=declare,
     steps=LORM_STEPS,
-    aggregator="common.aggregation.lora:vera",
+    aggregator="common.methods.vera:aggregator",
 )

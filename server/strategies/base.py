@@ -1,11 +1,13 @@
 """The strategy interface: what every federated method implements (Flower-style siblings).
 
-A run is a sequence of steps per task. For each step the driver (the coordinator, or the
-in-process engine) asks the strategy for a :class:`RoundPlan` (``configure``), opens an
-:class:`~common.aggregation.base.Aggregator` for it (``aggregator``: the method's own factory,
-``common.aggregation.base.make_aggregator``), folds every client's :class:`ClientUpdate` into it as it
-arrives, and hands it back (``aggregate``). Aggregators hold running sums only, so memory does
-not depend on how many clients fold into them.
+A run is a sequence of steps per task. For each step the driver (``server/run.py``) asks the strategy for a
+:class:`RoundPlan` (``configure``) and opens the step's fold (``fold``): the aggregator of the step's phase,
+typed together with the strategy's merge of it (``server/strategies/fold.py``; each strategy's ``open``), under
+the run's privacy account (``server/strategies/private.py``, which wraps it). The driver folds every client's
+:class:`ClientUpdate` into the fold's aggregator as it arrives and finishes the fold. Aggregators hold running
+sums only, so memory does not depend on how many clients fold into them; each is the one the method's factory
+(``Method.aggregator``, ``common.aggregation.base.make_aggregator``) builds, which a client in a secure step builds
+alike.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator, make_aggregator
+from common.aggregation.base import Aggregator
 from common.run.config import RunConfig
 from common.run.schedule import run_tasks
 from common.wire.instructions import Instruction, LoraStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, head_tensors, low_rank_tensors
+from server.strategies.fold import Fold
 from server.strategies.private import training_privacy
 
 
@@ -37,8 +40,8 @@ class Strategy(ABC):
         self.spec = spec
         self.tasks = run_tasks(config, spec.num_classes)
         self.head_w, self.head_b = init_head(spec, config.seed)
-        # a trained method's privacy budget (dp.mode local or client): the account the step runner checks and spends
-        self.private_training = training_privacy(config, self.sends_grams)
+        # the run's privacy account (dp.mode local or client, else none): it wraps every step's fold
+        self.privacy = training_privacy(config, self.sends_grams)
 
     def extend(self, config: RunConfig) -> None:
         """The run's schedule grew (the operator appended a task): ``config`` is the run's configuration with
@@ -62,15 +65,19 @@ class Strategy(ABC):
     def configure(self, task: int, round_: int, phase: Phase) -> RoundPlan:
         """The plan of one step; pure (may be called again, e.g. after a restart)."""
 
-    def aggregator(self, plan: RoundPlan) -> Aggregator:
-        """An empty aggregator for ``plan``'s step: the method's factory (``Method.aggregator``), a pure function
-        of the plan, the model and the run's configuration, which a client in a secure step builds alike."""
-        aggregator = make_aggregator(plan, self.spec, self.config)
-        return self.private_training.wrap(plan, aggregator) if self.private_training is not None else aggregator
-
     @abstractmethod
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        """Finish a step: solve the merges and update the strategy's state."""
+    def open(self, plan: RoundPlan) -> Fold:
+        """``plan``'s step as a fold: the aggregator of its phase (the one the method's factory, ``Method.aggregator``,
+        builds from the plan, the model and the run's configuration) and the merge that reads it."""
+
+    def fold(self, plan: RoundPlan) -> Fold:
+        """The fold of ``plan``'s step, under the run's privacy account (which may refuse the step, fold the updates
+        into its own aggregator and spend its budget when the merge is done)."""
+        return self.privacy.wrap(self.open(plan))
+
+    def aggregator(self, plan: RoundPlan) -> Aggregator:
+        """An empty aggregator of ``plan``'s step: what the clients' updates fold into (the secure layout's source)."""
+        return self.fold(plan).aggregator
 
     @abstractmethod
     def adapter(self) -> dict[str, LowRank]:
@@ -93,17 +100,18 @@ class Strategy(ABC):
         """What the merge of ``plan``'s step chose, for the run's history (metrics.json) and log; JSON values."""
         return {}
 
+    def report(self, plan: RoundPlan) -> dict[str, Any]:
+        """What ``plan``'s merged step records: :meth:`step_report`, and what the privacy account states of it."""
+        return self.step_report(plan) | self.privacy.statement(plan)
+
     def state_tensors(self) -> dict[str, Tensor]:
         """Everything the strategy must remember between steps, as named tensors (persisted)."""
-        account = self.private_training
-        private = {account.KEY: account.state()} if account is not None else {}
-        return {"head/w": self.head_w, "head/b": self.head_b} | private
+        return {"head/w": self.head_w, "head/b": self.head_b} | self.privacy.state_tensors()
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         """Inverse of :meth:`state_tensors` (on a freshly constructed strategy)."""
         self.head_w, self.head_b = tensors["head/w"], tensors["head/b"]
-        if self.private_training is not None:
-            self.private_training.load(tensors)
+        self.privacy.load(tensors)
 
     def view(self) -> dict[str, LowRank]:
         """The evaluated backbone delta as a plan's ``extra``: ``B * lora_scale, A`` per layer of :meth:`adapter`."""

@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
-from common.aggregation.features import CcvrStatsAggregator
+from common.aggregation.features import CcvrStatsAggregator, ccvr_stats
 from common.methods.ccvr import CcvrSettings
 from common.run.config import RunConfig
 from common.wire.instructions import FeaturesStep
 from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import DELTA, named_tensors
 from server.strategies.fedavg import FedAvg
+from server.strategies.fold import Fold
 
 DTYPE = torch.float64
 
@@ -131,9 +131,13 @@ class CCVR(FedAvg):
             return self.base_plan(task, round_, phase, FeaturesStep(), named_tensors(DELTA, self.delta))
         return super().configure(task, round_, phase)
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if not isinstance(aggregator, CcvrStatsAggregator):
-            return super().aggregate(plan, aggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        if plan.phase == Phase.FEATURES:
+            return Fold(plan, ccvr_stats(plan, self.spec, self.config), self.calibrate)
+        return super().open(plan)
+
+    def calibrate(self, plan: RoundPlan, aggregator: CcvrStatsAggregator) -> None:
+        """The task's class Gaussians, and the head calibrated on samples drawn from every class's so far."""
         sums = aggregator.sums.value()
         mean, cov = gaussians(sums["class_sum"], sums["class_count"], sums["class_moment"])
         self.mean, self.cov = torch.cat([self.mean, mean]), torch.cat([self.cov, cov])

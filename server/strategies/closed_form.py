@@ -61,10 +61,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
 from common.aggregation.declared import GRAM_FACTOR as FACTOR  # clients send a Gram as R: R^T R = G
 from common.aggregation.declared import HOLDOUT, feature_stats_of, held_share
-from common.aggregation.features import FeatureStatsAggregator, StatSums, head_sum_shapes, ridge_sum_shapes
+from common.aggregation.features import (
+    FeatureStatsAggregator,
+    StatSums,
+    head_sum_shapes,
+    ncm,
+    ridge,
+    ridge_sum_shapes,
+)
 from common.merges.solve import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.run.config import RunConfig
@@ -75,6 +81,7 @@ from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import without_head
 from server.strategies.base import Strategy
 from server.strategies.closed_form_dp import PrivateRelease
+from server.strategies.fold import Fold
 
 DTYPE = torch.float64
 
@@ -228,8 +235,15 @@ class ClosedFormHead(Strategy):
         plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram))
         return dataclasses.replace(plan, tensors=without_head(plan.tensors))  # clients need no head here
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FeatureStatsAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, self.stats_aggregator(plan), self.merge)
+
+    def stats_aggregator(self, plan: RoundPlan) -> FeatureStatsAggregator:
+        """A features step's aggregator: the sums this head is solved from."""
+        return ncm(plan, self.spec, self.config)
+
+    def merge(self, plan: RoundPlan, aggregator: FeatureStatsAggregator) -> None:
+        """The step's sums (noised first, with a budget) into the totals, and the head solved again."""
         if self.private is not None:
             self.private.release(plan.task, plan.class_range, aggregator.sums, aggregator.count)
         self.totals.absorb(aggregator.sums)  # the step's Grams become the totals' (nothing reads them after)
@@ -295,6 +309,9 @@ class RidgeHead(ClosedFormHead):
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         return ridge_sum_shapes(self.spec, self.config)
+
+    def stats_aggregator(self, plan: RoundPlan) -> FeatureStatsAggregator:
+        return ridge(plan, self.spec, self.config)
 
     def state_tensors(self) -> dict[str, Tensor]:
         return super().state_tensors() | {"ridge/lambda": torch.tensor(self.lam, dtype=DTYPE)}

@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
-from common.aggregation.dense import FisherAggregator
+from common.aggregation.dense import FisherAggregator, ewc_fisher
 from common.methods.ewc import EwcSettings
 from common.run.config import RunConfig
 from common.wire.instructions import DenseStep
 from common.wire.messages import ANCHOR_HEAD, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import ANCHOR, DELTA, FISHER, named_tensors
 from server.strategies.fedavg import FedAvg
+from server.strategies.fold import Fold
 
 
 class Anchored(FedAvg):
@@ -111,9 +111,13 @@ class EWC(Anchored):
     def plan_tensors(self) -> dict[str, Tensor]:
         return super().plan_tensors() | named_tensors(FISHER, self.fisher)
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if not isinstance(aggregator, FisherAggregator):
-            return super().aggregate(plan, aggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        if plan.phase == Phase.TASK_GRAM:
+            return Fold(plan, ewc_fisher(plan, self.spec, self.config), self.merge_fisher)
+        return super().open(plan)
+
+    def merge_fisher(self, plan: RoundPlan, aggregator: FisherAggregator) -> None:
+        """The task's Fisher, into the decayed sum of the tasks so far."""
         decay = self.settings.decay
         self.fisher = {
             name: ((decay * self.fisher[name].to(torch.float64) if name in self.fisher else 0.0) + acc.result()).to(

@@ -6,17 +6,19 @@
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator
-from common.aggregation.dense import FedAvgAggregator
+from common.aggregation.dense import FedAvgAggregator, fedavg
 from common.wire.messages import RoundPlan
 from server.strategies.dense import DenseStrategy
+from server.strategies.fold import Fold
 
 
 class FedAvg(DenseStrategy):
     name = "fedavg"
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FedAvgAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, fedavg(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: FedAvgAggregator) -> None:
         self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
         self.head_w = aggregator.head.result()
         self.head_b = aggregator.bias.result()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 
 from common.adapters.lora import init_lora_a
-from common.aggregation.base import Aggregator
-from common.aggregation.lora import MeanAggregator
+from common.aggregation.lora import MeanAggregator, fedavg_lora
 from common.run.config import RunConfig
 from common.wire.instructions import LoraStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.fold import Fold
 
 
 class FedAvgLoRA(Strategy):
@@ -41,8 +41,10 @@ class FedAvgLoRA(Strategy):
             low_rank_tensors(LORA, {name: published(f.b, f.a) for name, f in self.shared.items()}),
         )
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, MeanAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, fedavg_lora(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: MeanAggregator) -> None:
         self.shared = {name: LowRank(aggregator.b[name].result(), aggregator.a[name].result()) for name in self.shared}
         self.head_w = aggregator.head.result()
         self.head_b = aggregator.bias.result()

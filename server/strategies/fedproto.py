@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.aggregation.base import Aggregator
 from common.methods.fedproto import PROTO, FedProtoAggregator
+from common.methods.fedproto import aggregator as fedproto_aggregator
 from common.run.config import RunConfig
 from common.wire.messages import ModelSpec, RoundPlan
 from common.wire.tensors import named_tensors
 from server.strategies.fedavg import FedAvg
+from server.strategies.fold import Fold
 
 
 class FedProto(FedAvg):
@@ -45,9 +46,12 @@ class FedProto(FedAvg):
         plan.tensors |= self.plan_tensors()
         return plan
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        super().aggregate(plan, aggregator)
-        assert isinstance(aggregator, FedProtoAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, fedproto_aggregator(plan, self.spec, self.config), self.merge_prototypes)
+
+    def merge_prototypes(self, plan: RoundPlan, aggregator: FedProtoAggregator) -> None:
+        """FedAvg's merge, and the task's classes' prototypes from their feature sums and counts."""
+        self.merge(plan, aggregator)
         sums, (lo, hi) = aggregator.sums.value(), plan.class_range
         count = sums["class_count"]
         mean = sums["class_sum"] / count.clamp_min(1.0)[:, None]

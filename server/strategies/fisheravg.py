@@ -18,12 +18,13 @@ model weights ``lambda_i = n_i``).
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator, present
-from common.aggregation.dense import FisherAvgAggregator
+from common.aggregation.base import present
+from common.aggregation.dense import FisherAvgAggregator, fisheravg
 from common.wire.instructions import DenseStep
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 from server.strategies.dense import DenseStrategy
+from server.strategies.fold import Fold
 
 
 class FisherAvg(DenseStrategy):
@@ -32,8 +33,10 @@ class FisherAvg(DenseStrategy):
     def instruction(self) -> DenseStep:
         return DenseStep(send_fisher=True)
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FisherAvgAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, fisheravg(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: FisherAvgAggregator) -> None:
         self.add_to_delta({name: acc.result() for name, acc in aggregator.delta.items()})
         self.head_w = present(plan.get(HEAD_WEIGHT)) + aggregator.head.result()
         self.head_b = present(plan.get(HEAD_BIAS)) + aggregator.bias.result()

@@ -8,11 +8,11 @@ sends it); the coordinator averages the heads by sample counts, ``w = sum_i n_i 
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator
-from common.aggregation.lora import HeadMeanAggregator
+from common.aggregation.lora import HeadMeanAggregator, head_only
 from common.wire.instructions import LoraStep
 from common.wire.messages import LowRank, Phase, RoundPlan
 from server.strategies.base import Strategy
+from server.strategies.fold import Fold
 
 
 class HeadOnly(Strategy):
@@ -23,8 +23,10 @@ class HeadOnly(Strategy):
             raise ValueError(f"{self.name} has no {phase} step")
         return self.base_plan(task, round_, phase, LoraStep())  # no factors to train, no Grams: the head alone
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, HeadMeanAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, head_only(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: HeadMeanAggregator) -> None:
         self.head_w, self.head_b = aggregator.head.result(), aggregator.bias.result()
 
     def adapter(self) -> dict[str, LowRank]:

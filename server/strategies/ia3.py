@@ -22,14 +22,13 @@ import torch
 from torch import Tensor
 
 from common.adapters.ia3 import SIDE
-from common.aggregation.base import Aggregator
-from common.aggregation.lora import IA3RoundAggregator, IA3TaskAggregator
 from common.merges.vectors import ia3_accumulator
-from common.methods.ia3 import Ia3Settings
+from common.methods.ia3 import IA3RoundAggregator, Ia3Settings, IA3TaskAggregator, ia3_round, ia3_task
 from common.run.config import RunConfig
 from common.wire.instructions import LoraStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import VECTOR, layered
+from server.strategies.fold import Fold
 from server.strategies.lorm import TaskGramStrategy
 
 F64 = torch.float64
@@ -85,13 +84,20 @@ class LoRMIA3(TaskGramStrategy):
         plan.tensors |= layered(VECTOR, self._vectors(None, self.merged))
         return plan
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if isinstance(aggregator, IA3RoundAggregator):
-            self.current = {name: acc.result() for name, acc in aggregator.layers.items()}
-            self.head_w = aggregator.head.result()
-            self.head_b = aggregator.bias.result()
-            return
-        assert isinstance(aggregator, IA3TaskAggregator)
+    def open_round(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, ia3_round(plan, self.spec, self.config), self.merge_round)
+
+    def open_task_gram(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, ia3_task(plan, self.spec, self.config), self.merge_task)
+
+    def merge_round(self, plan: RoundPlan, aggregator: IA3RoundAggregator) -> None:
+        """The round's closed-form merge of the vector, and the head."""
+        self.current = {name: acc.result() for name, acc in aggregator.layers.items()}
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()
+
+    def merge_task(self, plan: RoundPlan, aggregator: IA3TaskAggregator) -> None:
+        """The task's summed statistics: the task ends with its vectors stored, and the task merge redone."""
         self._end_task(dict(self.current), {name: acc.value() for name, acc in aggregator.stats.items()})
 
     def _end_task(self, vectors: dict[str, Tensor], stats: dict[str, Tensor]) -> None:

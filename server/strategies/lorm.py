@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from common.adapters.lora import init_lora_a
-from common.aggregation.base import Aggregator
-from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator
+from common.aggregation.lora import LoRMRoundAggregator, TaskGramAggregator, lorm_round, task_gram
 from common.merges.grams import decay_gram
 from common.merges.regmean import LoraBAccumulator, TaskMergeAccumulator
 from common.run.config import RunConfig
@@ -17,6 +17,7 @@ from common.wire.instructions import GramKind, LoraStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, LORA, low_rank_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.fold import Fold
 
 
 class TaskGramStrategy(Strategy):
@@ -31,6 +32,16 @@ class TaskGramStrategy(Strategy):
 
     def steps(self, task: int) -> list[tuple[Phase, int]]:
         return super().steps(task) + [(Phase.TASK_GRAM, self.config.rounds_per_task)]
+
+    def open(self, plan: RoundPlan) -> Fold:
+        """A training round's fold (:meth:`open_round`), or the task Gram step's (:meth:`open_task_gram`)."""
+        return self.open_task_gram(plan) if plan.phase == Phase.TASK_GRAM else self.open_round(plan)
+
+    @abstractmethod
+    def open_round(self, plan: RoundPlan) -> Fold: ...
+
+    @abstractmethod
+    def open_task_gram(self, plan: RoundPlan) -> Fold: ...
 
 
 class LoRM(TaskGramStrategy):
@@ -92,19 +103,26 @@ class LoRM(TaskGramStrategy):
             return self.base_plan(task, round_, phase, replace(step, send_head=False), tensors)
         raise ValueError(f"LoRM has no {phase} step")
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if isinstance(aggregator, LoRMRoundAggregator):
-            for name, acc in aggregator.layers.items():
-                new: Tensor = acc.result()
-                if isinstance(acc, LoraBAccumulator):
-                    # Keep the A the clients trained against and the merge used: the published one.
-                    self.shared[name] = LowRank(new, acc.a)
-                else:
-                    self.shared[name] = LowRank(self.shared[name].b, new)
-            self.head_w = aggregator.head.result()
-            self.head_b = aggregator.bias.result()
-            return
-        assert isinstance(aggregator, TaskGramAggregator)
+    def open_round(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, lorm_round(plan, self.spec, self.config), self.merge_round)
+
+    def open_task_gram(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, task_gram(plan, self.spec, self.config), self.merge_task_gram)
+
+    def merge_round(self, plan: RoundPlan, aggregator: LoRMRoundAggregator) -> None:
+        """The round's closed-form merge of the active factor, and the head."""
+        for name, acc in aggregator.layers.items():
+            new: Tensor = acc.result()
+            if isinstance(acc, LoraBAccumulator):
+                # Keep the A the clients trained against and the merge used: the published one.
+                self.shared[name] = LowRank(new, acc.a)
+            else:
+                self.shared[name] = LowRank(self.shared[name].b, new)
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()
+
+    def merge_task_gram(self, plan: RoundPlan, aggregator: TaskGramAggregator) -> None:
+        """The task's Grams: the task ends with its factors and Grams stored, and the task merge redone."""
         self._end_task(dict(self.shared), {name: acc.value() for name, acc in aggregator.grams.items()})
 
     def _end_task(self, factors: dict[str, LowRank], grams: dict[str, Tensor]) -> None:

@@ -23,13 +23,13 @@ from typing import Any
 
 from torch import Tensor
 
-from common.aggregation.base import Aggregator, present
-from common.aggregation.features import FeatureStatsAggregator
+from common.aggregation.base import present
 from common.run.config import RunConfig
 from common.wire.instructions import FeaturesStep
 from common.wire.messages import ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, HEAD_WEIGHT, head_tensors, low_rank_tensors
 from server.strategies.closed_form import ClosedFormHead, NearestClassMean, RidgeHead
+from server.strategies.fold import Fold
 from server.strategies.lorm import LoRM
 
 
@@ -77,13 +77,22 @@ class LoRMClosedForm(LoRM):
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
         return self.closed.step_report(plan) if plan.phase == Phase.FEATURES else super().step_report(plan)
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if isinstance(aggregator, FeatureStatsAggregator):
-            self.closed.aggregate(plan, aggregator)
-        else:
-            self.head_w, self.head_b = self.ace_w, self.ace_b
-            super().aggregate(plan, aggregator)  # a TRAIN step leaves LoRM's new ACE head in head_w, head_b
-            self.ace_w, self.ace_b = self.head_w, self.head_b
+    def open(self, plan: RoundPlan) -> Fold:
+        """The features step's fold is the closed-form head's; LoRM's steps merge with its ACE head lent back."""
+        if plan.phase == Phase.FEATURES:
+            return self.closed.open(plan).then(self._closed_head)
+        return super().open(plan).around(self._lend_ace_head, self._keep_ace_head)
+
+    def _lend_ace_head(self) -> None:
+        """LoRM's trained head in ``head_w, head_b``, for LoRM's merge (a training round leaves its new one there)."""
+        self.head_w, self.head_b = self.ace_w, self.ace_b
+
+    def _keep_ace_head(self) -> None:
+        self.ace_w, self.ace_b = self.head_w, self.head_b
+        self._closed_head()
+
+    def _closed_head(self) -> None:
+        """The closed-form head is the one evaluated."""
         self.head_w, self.head_b = self.closed.head_w, self.closed.head_b
 
     def eval_plan(self, task: int) -> RoundPlan:

@@ -23,14 +23,15 @@ import torch
 from torch import Tensor
 
 from common.adapters.lora import init_lora_a
-from common.aggregation.base import Aggregator
 from common.methods.fedproto import PROTO
 from common.methods.pilora import PiLoraAggregator, PiLoraSettings
+from common.methods.pilora import aggregator as pilora_aggregator
 from common.run.config import RunConfig
 from common.wire.instructions import LoraStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import EXTRA, LORA, low_rank_tensors, named_tensors
 from server.strategies.base import Strategy, factors_from_tensors, factors_to_tensors, published
+from server.strategies.fold import Fold
 
 DTYPE = torch.float64
 
@@ -96,8 +97,10 @@ class PiLoRA(Strategy):
         plan.tensors |= named_tensors(PROTO, self.prototypes())
         return plan
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, PiLoraAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, pilora_aggregator(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: PiLoraAggregator) -> None:
         self.current = {n: LowRank(aggregator.b[n].result(), aggregator.a[n].result()) for n in self.current}
         lo, hi = plan.class_range
         prototypes = torch.stack(aggregator.prototypes)  # (K, C_t, F)

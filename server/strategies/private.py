@@ -1,5 +1,9 @@
-"""The coordinator's account of a trained method's privacy budget, one class per mode, one interface for the step
-runner (``server/steps.py``: check before a step opens, wrap its aggregator, finish it before the merge, spend after).
+"""The coordinator's account of a run's privacy budget, one class per mode, each a wrapper of the strategy's step
+folds (``server/strategies/fold.py``), as Flower wraps a strategy for DP: :meth:`wrap` refuses a step beyond the
+budget, folds its updates into what the mode needs and spends the budget once the method's merge is done, and
+:meth:`statement` is what the step's history entry records of it. No step function asks which mode a run has.
+
+- no budget, or a method the coordinator noises itself (:class:`NoPrivacy`): the folds as they are.
 
 - ``dp.mode = local`` (:class:`PrivateTraining`, ``common/privacy/training.py``): each client noises what it trains
   and sends; the coordinator adds nothing. It keeps the ledger of the releases each task's records have been
@@ -33,6 +37,23 @@ from common.privacy.training import TrainingLedger, releases, training_noise
 from common.run.config import RunConfig
 from common.run.settings import DpSettings
 from common.wire.messages import ClientUpdate, Phase, RoundPlan
+from server.strategies.fold import Fold
+
+
+class NoPrivacy:
+    """A run without a training budget: its folds as the method opens them, nothing stated, nothing kept."""
+
+    def wrap(self, fold: Fold) -> Fold:
+        return fold
+
+    def statement(self, plan: RoundPlan) -> dict[str, Any]:
+        return {}
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        return {}
+
+    def load(self, tensors: dict[str, Tensor]) -> None:
+        pass
 
 
 class PrivateTraining:
@@ -57,12 +78,23 @@ class PrivateTraining:
         if rounds or grams:
             self.ledger.check(plan.task, rounds, grams, f"task {plan.task} {plan.phase.value} step {plan.round}")
 
-    def spend(self, plan: RoundPlan) -> dict[str, Any]:
-        """Record ``plan``'s merged step; its guarantee for the history (flat keys logged, ``dp`` nested)."""
+    def wrap(self, fold: Fold) -> Fold:
+        """``fold``, refused (``BudgetExceeded``) when its step would release more than the clients' noise is
+        calibrated for; its merge spends the step's releases. Each client noises its own: the aggregator as it is."""
+        self.check(fold.plan)
+        return fold.then(lambda: self.spend(fold.plan))
+
+    def spend(self, plan: RoundPlan) -> None:
+        """Record ``plan``'s merged step in the ledger."""
+        rounds, grams = releases(plan)
+        if rounds or grams:
+            self.ledger.spend(plan.task, rounds, grams, f"task {plan.task} {plan.phase.value} step {plan.round}")
+
+    def statement(self, plan: RoundPlan) -> dict[str, Any]:
+        """The guarantee after ``plan``'s merged step, for the history (flat keys logged, ``dp`` nested)."""
         rounds, grams = releases(plan)
         if not rounds and not grams:
             return {}
-        self.ledger.spend(plan.task, rounds, grams, f"task {plan.task} {plan.phase.value} step {plan.round}")
         noise, done = self.noise, self.ledger.done[plan.task]
         return {
             "dp_epsilon": self.ledger.epsilon_spent(plan.task),
@@ -90,20 +122,12 @@ class PrivateTraining:
             },
         }
 
-    def state(self) -> Tensor:
-        return self.ledger.state()
+    def state_tensors(self) -> dict[str, Tensor]:
+        return {self.KEY: self.ledger.state()}
 
     def load(self, tensors: dict[str, Tensor]) -> None:
         if self.KEY in tensors:
             self.ledger.load(tensors[self.KEY])
-
-    def wrap(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
-        """The aggregator ``plan``'s updates fold into: each client noises its own, so the method's as it is."""
-        return aggregator
-
-    def finish(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
-        """What the method merges: the folded aggregator as it is."""
-        return aggregator
 
 
 class ClippedChanges(Aggregator):
@@ -131,8 +155,8 @@ class ClippedChanges(Aggregator):
     def mean_loss(self) -> float:
         return float("nan")
 
-    def finish(self, source: NoiseSource) -> Aggregator:
-        """The method's aggregator holding one update: the plan plus the noised mean of the clipped changes."""
+    def finish(self, source: NoiseSource) -> None:
+        """Fold into the method's aggregator its one update: the plan plus the noised mean of the clipped changes."""
         assert self.template is not None and self.count, "a step with no update merges nothing"
         sigma = self.noise.noise_multiplier * self.noise.clip
         mean = noised_mean(self.sums, self.plan.tensors, self.count, sigma, self.plan.class_range, source)
@@ -141,7 +165,6 @@ class ClippedChanges(Aggregator):
             self.template, client_id="<mean>", tensors=tensors, num_samples=1, train_loss=float("nan")
         )
         self.inner.fold(merged, checked=True)
-        return self.inner
 
 
 class ClientLevelPrivacy:
@@ -164,18 +187,29 @@ class ClientLevelPrivacy:
         if plan.phase == Phase.TRAIN:
             self.ledger.check(f"task {plan.task} train step {plan.round}")
 
-    def wrap(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
-        return ClippedChanges(aggregator, self.noise) if plan.phase == Phase.TRAIN else aggregator
+    def wrap(self, fold: Fold) -> Fold:
+        """A training round's ``fold`` (refused beyond the budget) as clipped changes with equal weights, whose noised
+        mean folds into the method's aggregator before its merge, and the round spent; any other step's as it is."""
+        plan = fold.plan
+        if plan.phase != Phase.TRAIN:
+            return fold
+        self.check(plan)
 
-    def finish(self, plan: RoundPlan, aggregator: Aggregator) -> Aggregator:
-        if not isinstance(aggregator, ClippedChanges):
-            return aggregator
-        return aggregator.finish(keyed_noise(self.settings.seed, f"client-level/{plan.task}/{plan.round}"))
+        def merged(plan: RoundPlan, clipped: ClippedChanges) -> None:
+            clipped.finish(keyed_noise(self.settings.seed, f"client-level/{plan.task}/{plan.round}"))
+            fold.finish()  # the method's merge of its aggregator, which holds the noised mean now
+            self.spend(plan)
 
-    def spend(self, plan: RoundPlan) -> dict[str, Any]:
+        return Fold(plan, ClippedChanges(fold.aggregator, self.noise), merged)
+
+    def spend(self, plan: RoundPlan) -> None:
+        """Record ``plan``'s merged training round in the ledger."""
+        if plan.phase == Phase.TRAIN:
+            self.ledger.spend(f"task {plan.task} train step {plan.round}")
+
+    def statement(self, plan: RoundPlan) -> dict[str, Any]:
         if plan.phase != Phase.TRAIN:
             return {}
-        self.ledger.spend(f"task {plan.task} train step {plan.round}")
         spent = self.ledger.epsilon_spent()  # every client's: the unit is the client, in every task
         return {
             "dp_epsilon": spent,
@@ -196,18 +230,18 @@ class ClientLevelPrivacy:
             },
         }
 
-    def state(self) -> Tensor:
-        return torch.tensor([self.ledger.released], dtype=torch.int64)
+    def state_tensors(self) -> dict[str, Tensor]:
+        return {self.KEY: torch.tensor([self.ledger.released], dtype=torch.int64)}
 
     def load(self, tensors: dict[str, Tensor]) -> None:
         if self.KEY in tensors:
             self.ledger.released = int(tensors[self.KEY][0])
 
 
-TrainingPrivacy = PrivateTraining | ClientLevelPrivacy  # what the step runner calls, either mode
+TrainingPrivacy = NoPrivacy | PrivateTraining | ClientLevelPrivacy  # what wraps a strategy's folds
 
 
-def training_privacy(config: RunConfig, sends_grams: bool) -> TrainingPrivacy | None:
-    """The account of ``config``'s run: local mode's, client-level mode's, or ``None`` (no budget, or a method the
+def training_privacy(config: RunConfig, sends_grams: bool) -> TrainingPrivacy:
+    """The account of ``config``'s run: local mode's, client-level mode's, or none (no budget, or a method the
     coordinator noises itself)."""
-    return PrivateTraining.of(config, sends_grams) or ClientLevelPrivacy.of(config)
+    return PrivateTraining.of(config, sends_grams) or ClientLevelPrivacy.of(config) or NoPrivacy()

@@ -23,8 +23,7 @@ import torch
 from torch import Tensor
 
 from common.adapters.prompts import grow_coda, init_l2p
-from common.aggregation.base import Aggregator
-from common.aggregation.dense import FedAvgAggregator
+from common.aggregation.dense import FedAvgAggregator, prompts
 from common.methods.coda import CodaSettings
 from common.methods.l2p import L2pSettings
 from common.run.config import RunConfig
@@ -32,6 +31,7 @@ from common.wire.instructions import PromptStep
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import PROMPT, named_tensors
 from server.strategies.base import Strategy
+from server.strategies.fold import Fold
 
 
 class PromptStrategy(Strategy):
@@ -61,8 +61,10 @@ class PromptStrategy(Strategy):
         """The pool as plans carry it: float32 (``published_tensor``)."""
         return {name: p.detach().to(torch.float32) for name, p in self.pool.items()}
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, FedAvgAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, prompts(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: FedAvgAggregator) -> None:
         frozen = plan.expect(PromptStep).prompt_frozen
         self.pool = {
             name: torch.cat([p[:frozen], p[frozen:] + aggregator.delta[name].result()]) for name, p in self.pool.items()

@@ -16,12 +16,12 @@ RegMean baseline uses ``gamma_backbone = gamma_head = 0.5``.
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator
-from common.aggregation.dense import RegMeanAggregator, weight_param
+from common.aggregation.dense import RegMeanAggregator, regmean, weight_param
 from common.run.config import RunConfig
 from common.wire.instructions import DenseStep, GramKind
 from common.wire.messages import ModelSpec, RoundPlan
 from server.strategies.dense import DenseStrategy
+from server.strategies.fold import Fold
 
 
 class RegMean(DenseStrategy):
@@ -40,8 +40,10 @@ class RegMean(DenseStrategy):
     def instruction(self) -> DenseStep:
         return DenseStep(gram=GramKind.FULL if self.config.gamma_backbone > 0 else GramKind.DIAG, head_gram=True)
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, RegMeanAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, regmean(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: RegMeanAggregator) -> None:
         step = {name: acc.result() for name, acc in aggregator.others.items()}
         step |= {weight_param(name): acc.result() for name, acc in aggregator.layers.items()}
         self.add_to_delta(step)

@@ -15,13 +15,14 @@ their delta and head only.
 
 from __future__ import annotations
 
-from common.aggregation.base import Aggregator, present
-from common.aggregation.dense import HEAD_B, HEAD_W, TiesAggregator
-from common.methods.ties import TiesSettings
+from common.aggregation.base import present
+from common.methods.ties import HEAD_B, HEAD_W, TiesAggregator, TiesSettings
+from common.methods.ties import aggregator as ties_aggregator
 from common.run.config import RunConfig
 from common.wire.messages import ModelSpec, RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
 from server.strategies.dense import DenseStrategy
+from server.strategies.fold import Fold
 
 
 class Ties(DenseStrategy):
@@ -33,8 +34,10 @@ class Ties(DenseStrategy):
         self.density = settings.density  # fraction of entries each client keeps
         self.scale = settings.scale  # lambda: the merged vector's step size
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        assert isinstance(aggregator, TiesAggregator)
+    def open(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, ties_aggregator(plan, self.spec, self.config), self.merge)
+
+    def merge(self, plan: RoundPlan, aggregator: TiesAggregator) -> None:
         merged = {name: self.scale * t for name, t in aggregator.ties.result().items()}
         self.head_w = present(plan.get(HEAD_WEIGHT)) + merged.pop(HEAD_W)
         self.head_b = present(plan.get(HEAD_BIAS)) + merged.pop(HEAD_B)

@@ -16,12 +16,11 @@ import torch
 from torch import Tensor
 
 from common.adapters.vera import SIDES, product
-from common.aggregation.base import Aggregator
-from common.aggregation.lora import VeRARoundAggregator, vera_frozen
-from common.methods.vera import VeraSettings
+from common.methods.vera import VeRARoundAggregator, VeraSettings, vera_frozen, vera_round
 from common.run.config import RunConfig
 from common.wire.messages import LowRank, ModelSpec, Phase, RoundPlan
 from common.wire.tensors import LORA, VECTOR, layered
+from server.strategies.fold import Fold
 from server.strategies.lorm import LoRM
 
 F64 = torch.float64
@@ -60,20 +59,21 @@ class LoRMVeRA(LoRM):
         plan.tensors = {name: t for name, t in plan.tensors.items() if not name.startswith(LORA + "/")} | vectors
         return plan
 
-    def aggregate(self, plan: RoundPlan, aggregator: Aggregator) -> None:
-        if isinstance(aggregator, VeRARoundAggregator):
-            side = aggregator.active
-            # The other side: the published one, which the clients trained against and the merge used.
-            self._set_vectors(
-                {
-                    name: {s: v.to(F64) for s, v in plan.by_layer(VECTOR)[name].items()} | {side: acc.result()}
-                    for name, acc in aggregator.layers.items()
-                }
-            )
-            self.head_w = aggregator.head.result()
-            self.head_b = aggregator.bias.result()
-            return
-        super().aggregate(plan, aggregator)
+    def open_round(self, plan: RoundPlan) -> Fold:
+        return Fold(plan, vera_round(plan, self.spec, self.config), self.merge_vectors)
+
+    def merge_vectors(self, plan: RoundPlan, aggregator: VeRARoundAggregator) -> None:
+        """The round's closed-form merge of the trained vector, and the head."""
+        side = aggregator.active
+        # The other side: the published one, which the clients trained against and the merge used.
+        self._set_vectors(
+            {
+                name: {s: v.to(F64) for s, v in plan.by_layer(VECTOR)[name].items()} | {side: acc.result()}
+                for name, acc in aggregator.layers.items()
+            }
+        )
+        self.head_w = aggregator.head.result()
+        self.head_b = aggregator.bias.result()
 
     def state_tensors(self) -> dict[str, Tensor]:
         return super().state_tensors() | {

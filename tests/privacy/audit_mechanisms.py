@@ -52,6 +52,7 @@ from common.secagg.terms import run_encoding
 from common.wire.messages import ClientUpdate, Phase
 from common.wire.tensors import DELTA
 from server.strategies.closed_form_dp import PrivateRelease
+from server.strategies.fold import Fold
 from server.strategies.private import ClientLevelPrivacy, ClippedChanges
 
 DELTA_DP = 1e-5  # the stated delta of every audit (the project's default)
@@ -456,11 +457,11 @@ def client_level_round(config: RunConfig, change: Tensor, source: Any) -> Tensor
     privacy = ClientLevelPrivacy(config)
     plan = SimpleNamespace(tensors={}, class_range=(0, 0), task=0, round=0, phase=Phase.TRAIN)
     inner = Merged(cast(Any, plan), {})
-    clipped = privacy.wrap(cast(Any, plan), inner)
+    clipped = privacy.wrap(Fold(cast(Any, plan), inner, lambda plan, merged: None)).aggregator
     for index, update in enumerate((change[0], OTHERS[0])):
         clipped.fold(client_update(index, update), checked=True)
     assert isinstance(clipped, ClippedChanges), f"client-level mode folds into ClippedChanges, not {clipped!r}"
-    clipped.finish(source)
+    clipped.finish(source)  # the noised mean into the method's aggregator, with the audit's noise
     return inner.tensors[f"{DELTA}/w"].double()
 
 

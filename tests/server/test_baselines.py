@@ -87,10 +87,11 @@ def one_round(strategy, seeds=(0, 1, 2), make=fake_update):
     strategy.begin_task(0)
     plan = strategy.configure(0, 0, Phase.TRAIN)
     ups = [make(plan, i, seed=s) for i, s in enumerate(seeds)]
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     for u in ups:
         agg.fold(u)
-    strategy.aggregate(plan, agg)
+    fold.finish()
     return plan, ups
 
 
@@ -343,7 +344,8 @@ def test_rejected_update_changes_nothing(name, break_it, field):
     def run(with_bad):
         strategy = start(name)
         plan = strategy.configure(0, 0, Phase.TRAIN)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         agg.fold(fake_update(plan, 0, seed=0))
         if with_bad:
             bad = fake_update(plan, 1, seed=1)
@@ -353,7 +355,7 @@ def test_rejected_update_changes_nothing(name, break_it, field):
             assert err.value.field == field
         agg.fold(fake_update(plan, 2, seed=2))
         assert agg.count == 2
-        strategy.aggregate(plan, agg)
+        fold.finish()
         return strategy.state_tensors()
 
     clean, dirty = run(False), run(True)

@@ -92,13 +92,14 @@ def test_the_strategy_adds_a_features_step_keeps_every_seen_gaussian_and_calibra
         delta = plan.named(DELTA)  # the strategy's own tensors, not copies
         assert plan.mode == Mode.FEATURES and not plan.expect(FeaturesStep).send_head
         assert delta.keys() == strategy.delta.keys() and all(delta[n] is strategy.delta[n] for n in delta)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         for i in range(2):
             x = torch.randn(8, SPEC.feature_dim, generator=gen, dtype=F64) + 3 * torch.arange(SPEC.feature_dim)
             stats = client_stats(x, torch.arange(8) % (hi - lo), hi - lo, True)
             agg.fold(plan_update(plan, i, 8, stats=stats))
         before = strategy.head_w.clone()
-        strategy.aggregate(plan, agg)
+        fold.finish()
         assert strategy.mean.shape[0] == hi and strategy.cov.shape == (hi, SPEC.feature_dim, SPEC.feature_dim)
         assert not torch.equal(strategy.head_w[:hi], before[:hi])
         assert torch.equal(strategy.head_w[hi:], before[hi:].to(F64))  # unseen classes untouched

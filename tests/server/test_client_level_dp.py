@@ -24,6 +24,7 @@ from common.wire.tensors import DELTA, FACTOR, HEAD_BIAS, HEAD_WEIGHT, LORA
 from engine.simulation import run_inprocess
 from server.steps import merge, open_step
 from server.strategies import make_strategy
+from server.strategies.private import ClientLevelPrivacy
 
 from exports import own_text_config
 from tolerance import rel_tolerance
@@ -142,8 +143,8 @@ def test_a_private_run_states_its_epsilon_after_every_round_and_a_round_beyond_t
     assert json.loads((tmp_path / "model.json").read_text())["privacy"]["epsilon"] == metrics["privacy"]["epsilon"]
 
     strategy = make_strategy(config, model_spec(build_model(config, 6)))
-    account = strategy.private_training
-    assert account is not None
+    account = strategy.privacy
+    assert isinstance(account, ClientLevelPrivacy)
     for task in range(config.num_tasks):
         for index in range(config.rounds_per_task):
             account.spend(open_step(strategy, config.rounds_per_task, task, index).plan)

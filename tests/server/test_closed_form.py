@@ -75,10 +75,11 @@ def federated(config: RunConfig):
         strategy.begin_task(task)
         ((phase, round_),) = strategy.steps(task)
         plan = strategy.configure(task, round_, phase)
-        aggregator = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        aggregator = fold.aggregator
         for worker in workers:
             aggregator.fold(worker.update(plan))
-        strategy.aggregate(plan, aggregator)
+        fold.finish()
         idx = torch.cat([w.shards[task] for w in workers])
         x = torch.cat(
             [
@@ -310,11 +311,12 @@ def stats_update(plan, dim, index, seed, blocks=1, held_blocks=None):
 def fold_task(strategy, task, seed):
     strategy.begin_task(task)
     plan = strategy.configure(task, 0, Phase.FEATURES)
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     for i in range(2):
         k = blocks_of(strategy)
         agg.fold(stats_update(plan, strategy.dim, i, seed + i, k, 1 if strategy.average_rule else k))
-    strategy.aggregate(plan, agg)
+    fold.finish()
 
 
 @pytest.mark.parametrize(
@@ -609,9 +611,10 @@ def test_a_views_step_bounds_rows_by_the_views_and_the_share_by_the_held_out_sam
     plan = strategy.configure(0, 0, Phase.FEATURES)
     update = valid_update(plan, strategy.aggregator(plan).expected(), 0, seed=0)
     if break_it is None:
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         agg.fold(update)
-        strategy.aggregate(plan, agg)
+        fold.finish()
         assert strategy.lam in strategy.grid and len(strategy.errors) == len(strategy.grid)
         return
     edit_named(update, STAT, break_it)

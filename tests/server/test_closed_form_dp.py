@@ -53,11 +53,12 @@ def fold_task(head, task, seed):
     """Task ``task``'s features step: two clients' statistics, clipped as the run's clients clip them."""
     head.begin_task(task)
     plan = head.configure(task, 0, Phase.FEATURES)
-    aggregator = head.aggregator(plan)
+    fold = head.fold(plan)
+    aggregator = fold.aggregator
     clip = head.private.settings.clip if head.private is not None else 0.0
     for index in range(2):
         aggregator.fold(client_update(plan, index, seed, clip))
-    head.aggregate(plan, aggregator)
+    fold.finish()
 
 
 @pytest.mark.parametrize("method", ["ridge", "ncm"])
@@ -206,12 +207,13 @@ def test_central_noise_on_a_securely_aggregated_sum_gives_the_plain_sums_head():
         plan = plain.configure(task, 0, Phase.FEATURES)
         secure.configure(task, 0, Phase.FEATURES)
         updates = {i: client_update(plan, i, 20 + task, DP["clip"]) for i in range(3)}
-        folded, masked = plain.aggregator(plan), secure.aggregator(plan)
+        plain_fold, secure_fold = plain.fold(plan), secure.fold(plan)
+        folded, masked = plain_fold.aggregator, secure_fold.aggregator
         for update in updates.values():
             folded.fold(update)
         secure_step(masked, SPEC, plain.config, updates, SecAggSettings(enabled=True), 3)
-        plain.aggregate(plan, folded)
-        secure.aggregate(plan, masked)
+        plain_fold.finish()
+        secure_fold.finish()
         assert torch.allclose(plain.head_w, secure.head_w, rtol=1e-6, atol=1e-9)
         assert plain.step_report(plan) == secure.step_report(plan)
 

@@ -45,10 +45,11 @@ def secure_task(settings: dict, drop: tuple[int, ...] = ()):
     head.begin_task(0)
     plan = head.configure(0, 0, Phase.FEATURES)
     updates = {i: client_update(plan, i) for i in range(3)}
-    aggregator = head.aggregator(plan)
+    fold = head.fold(plan)
+    aggregator = fold.aggregator
     secure_step(aggregator, WIDE, head.config, updates, SecAggSettings(enabled=True), 3, drop_after_sharing=drop)
     sums = aggregator.sums.plain["class_sum"].clone(), aggregator.sums.grams["gram"].value().clone()
-    head.aggregate(plan, aggregator)
+    fold.finish()
     return head, plan, sums
 
 

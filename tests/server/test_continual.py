@@ -47,7 +47,8 @@ def run_task(strategy, task: int, fisher_values=(1.0, 2.0, 3.0)) -> list:
     for phase, round_ in strategy.steps(task):
         plan = strategy.configure(task, round_, phase)
         plans.append(plan)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         for i in range(3):
             update = (
                 fisher_update(plan, i, fisher_values[i])
@@ -55,7 +56,7 @@ def run_task(strategy, task: int, fisher_values=(1.0, 2.0, 3.0)) -> list:
                 else fake_update(plan, i, seed=10 * task + 3 * round_ + i)
             )
             agg.fold(update)
-        strategy.aggregate(plan, agg)
+        fold.finish()
     return plans
 
 

@@ -80,8 +80,8 @@ def test_a_client_without_the_tasks_classes_adds_nothing_to_any_step(tmp_path, m
         if robust:  # not refused nor clipped, and the others' verdicts (their ratios to the medians) unchanged
             assert report["screened"] and EMPTY not in report["refused"] + report["clipped"]
             assert {i: v for i, v in report["clients"].items() if i != str(EMPTY)} == alone["clients"]
-        with_it.aggregate(a.plan, a.aggregator)
-        without.aggregate(b.plan, b.aggregator)
+        a.fold.finish()
+        b.fold.finish()
         kept, dropped = with_it.state_tensors(), without.state_tensors()
         assert kept.keys() == dropped.keys()
         for name in kept:

@@ -38,7 +38,8 @@ def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_a
         assert torch.equal(plan.named(PROTO)["count"][:lo] > 0, torch.ones(lo, dtype=torch.bool))  # old ones kept
         expected = declared_tensors(plan, SPEC, config)
         assert expected[tensor_name(STAT, "class_sum")] == (hi - lo, SPEC.feature_dim)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         xs, ys = [], []
         for i, n in enumerate((3, 5, 8)):
             x = torch.randn(n, SPEC.feature_dim, generator=gen, dtype=F64)
@@ -50,7 +51,7 @@ def test_global_prototypes_are_the_class_means_of_all_clients_data_and_persist_a
             agg.fold(update)
             xs.append(x)
             ys.append(y)
-        strategy.aggregate(plan, agg)
+        fold.finish()
         x, y = torch.cat(xs), torch.cat(ys)
         for c in range(hi - lo):
             seen[lo + c] = x[y == c].mean(0)

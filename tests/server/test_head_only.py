@@ -31,10 +31,11 @@ def test_clients_send_the_head_alone_and_the_server_averages_it_by_samples():
     before = {name: p.detach().clone() for name, p in runtime.model.named_parameters() if not name.startswith("head")}
 
     updates = [w.update(plan) for w in workers]
-    aggregator = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    aggregator = fold.aggregator
     for update in updates:
         aggregator.fold(update)
-    strategy.aggregate(plan, aggregator)
+    fold.finish()
 
     assert all(set(u.tensors) == {"head/weight", "head/bias"} for u in updates)
     after = {name: p for name, p in runtime.model.named_parameters() if not name.startswith("head")}

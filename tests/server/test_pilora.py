@@ -85,7 +85,8 @@ def test_each_task_adds_a_module_on_top_of_the_frozen_earlier_ones():
         assert set(plan.low_rank(EXTRA)) == (set(SPEC.layers) if task else set())
         declared = declared_tensors(plan, SPEC, config)
         assert declared[tensor_name(STAT, "prototype")] == (hi - lo, SPEC.feature_dim)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         for i, n in enumerate((4, 6)):
             factors = {
                 name: {"B": torch.randn(d_out, 2, generator=gen), "A": torch.randn(2, d_in, generator=gen)}
@@ -99,7 +100,7 @@ def test_each_task_adds_a_module_on_top_of_the_frozen_earlier_ones():
             }
             agg.fold(plan_update(plan, i, n, factors=factors, stats=stats))
         before = strategy.proto.clone()
-        strategy.aggregate(plan, agg)
+        fold.finish()
         assert not torch.equal(strategy.proto[lo : lo + 2], before[lo : lo + 2])  # held classes re-weighted
         assert hi - lo == 3 and torch.equal(strategy.proto[lo + 2 : hi], before[lo + 2 : hi])  # no holder: kept
         assert torch.equal(strategy.proto[:lo], before[:lo])  # old prototypes: frozen

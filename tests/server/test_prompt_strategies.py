@@ -67,7 +67,8 @@ def test_l2p_merge_is_the_sample_weighted_mean_of_the_changes_and_heads():
     strategy.begin_task(0)
     before = {n: t.clone() for n, t in strategy.pool.items()}
     plan = strategy.configure(0, 0, Phase.TRAIN)
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     gen = torch.Generator().manual_seed(2)
     updates = []
     for i, n in enumerate((3, 9)):
@@ -76,7 +77,7 @@ def test_l2p_merge_is_the_sample_weighted_mean_of_the_changes_and_heads():
         bias = torch.randn(SPEC.num_classes, generator=gen)
         updates.append((n, delta, head, bias))
         agg.fold(plan_update(plan, i, n, delta=delta, head_weight=head, head_bias=bias))
-    strategy.aggregate(plan, agg)
+    fold.finish()
     for name in before:
         want = before[name] + sum(n * d[name].double() for n, d, _, _ in updates) / 12
         assert torch.allclose(strategy.pool[name], want, rtol=0, atol=1e3 * EPS)
@@ -90,11 +91,12 @@ def test_coda_grows_orthonormal_components_per_task_and_freezes_the_old_ones():
     prompt = plan.named(PROMPT)
     assert plan.expect(PromptStep).prompt_frozen == 0 and prompt[CODA_PROMPTS].shape == (3, 2, SPEC.feature_dim)
     # a round of training moves the task's components
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     delta = {name: torch.full(t.shape, 0.5) for name, t in prompt.items()}
     head = {"head_weight": plan.get(HEAD_WEIGHT), "head_bias": plan.get(HEAD_BIAS)}
     agg.fold(plan_update(plan, 0, 5, delta=delta, **head))
-    strategy.aggregate(plan, agg)
+    fold.finish()
     trained = {n: t.clone() for n, t in strategy.pool.items()}
     strategy.begin_task(1)
     strategy.begin_task(1)  # again, as a resumed coordinator may: grows once
@@ -110,11 +112,12 @@ def test_coda_grows_orthonormal_components_per_task_and_freezes_the_old_ones():
     declared = declared_tensors(plan, SPEC, strategy.config)
     assert declared[tensor_name(DELTA, CODA_KEYS)] == (3, SPEC.feature_dim)
     assert declared[tensor_name(DELTA, CODA_ATTENTION)] == (3, SPEC.feature_dim)
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     delta = {name: torch.ones(3, *t.shape[1:]) for name, t in plan.named(PROMPT).items()}
     agg.fold(plan_update(plan, 1, 4, delta=delta, **head))
     before = {n: t.clone() for n, t in strategy.pool.items()}
-    strategy.aggregate(plan, agg)
+    fold.finish()
     for name, pool in strategy.pool.items():
         assert torch.equal(pool[:3], before[name][:3]) and torch.equal(pool[3:], before[name][3:] + 1)
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from common.aggregation.base import Aggregator
 from common.run.config import RunConfig
 from common.run.settings import RobustSettings
 from common.wire.instructions import LoraStep
@@ -16,6 +17,7 @@ from engine.attacks import GRAM_SCALE, tamper
 from server.robust import screen_and_fold
 from server.robust_screen import Screen
 from server.strategies import make_strategy
+from server.strategies.fold import Fold
 
 from tolerance import rel_tolerance
 from unit_helpers import LORA_SPEC, unit_config
@@ -64,11 +66,22 @@ def honest(plan: RoundPlan, index: int, noise: float = 0.2) -> ClientUpdate:
     )
 
 
-def screened(settings: RobustSettings, updates: list[ClientUpdate], plan: RoundPlan, strategy) -> tuple[dict, object]:
-    aggregator = strategy.aggregator(plan)
+def screened_fold(
+    settings: RobustSettings, updates: list[ClientUpdate], plan: RoundPlan, strategy
+) -> tuple[dict, Fold]:
+    """The step's fold, its updates screened and folded as the robust mode does; the screening's report."""
+    fold = strategy.fold(plan)
     for u in updates:
-        aggregator.check(u)
-    return screen_and_fold(settings, plan, aggregator, list(range(len(updates))), updates.__getitem__), aggregator
+        fold.aggregator.check(u)
+    report = screen_and_fold(settings, plan, fold.aggregator, list(range(len(updates))), updates.__getitem__)
+    return report, fold
+
+
+def screened(
+    settings: RobustSettings, updates: list[ClientUpdate], plan: RoundPlan, strategy
+) -> tuple[dict, Aggregator]:
+    report, fold = screened_fold(settings, updates, plan, strategy)
+    return report, fold.aggregator
 
 
 def per_sample_trace(update: ClientUpdate, layer: str) -> float:
@@ -203,18 +216,18 @@ def test_screened_folds_equal_folding_the_clipped_updates_directly():
     updates = [honest(plan, i) for i in range(CLIENTS)]
     updates[4] = tamper("scale-grams", updates[4], plan)
     settings = RobustSettings(enabled=True)
-    _, aggregator = screened(settings, updates, plan, strategy)
+    _, screened_step = screened_fold(settings, updates, plan, strategy)
     screen = Screen(settings, plan)
     for u in updates:
         screen.observe(u)
-    direct = strategy.aggregator(plan)
-    for u in updates:
-        direct.fold(screen.apply(u, screen.judge(u)))
-    strategy.aggregate(plan, aggregator)
-    screened_b = {name: lr.b.clone() for name, lr in strategy.view().items()}
     strategy2 = make_strategy(unit_config(num_clients=CLIENTS), LORA_SPEC)
     strategy2.begin_task(0)
-    strategy2.aggregate(strategy2.configure(0, 0, Phase.TRAIN), direct)
+    direct = strategy2.fold(strategy2.configure(0, 0, Phase.TRAIN))
+    for u in updates:
+        direct.aggregator.fold(screen.apply(u, screen.judge(u)))
+    screened_step.finish()
+    screened_b = {name: lr.b.clone() for name, lr in strategy.view().items()}
+    direct.finish()
     for name, lr in strategy2.view().items():
         assert torch.equal(lr.b, screened_b[name])
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_robust import CLIENTS, b_of, b_round, honest, screened
+from test_robust import CLIENTS, b_of, b_round, honest, screened, screened_fold
 
 from common.merges.grams import gram_factor
 from common.run.settings import RobustSettings
@@ -72,16 +72,17 @@ def test_h4_the_merge_weighs_a_clipped_claim_as_the_bound():
     updates = [honest(plan, i) for i in range(CLIENTS)]
     attacked = updates.copy()
     attacked[3] = tamper("inflate-samples", updates[3], plan)
-    report, aggregator = screened(RobustSettings(enabled=True), attacked, plan, strategy)
+    report, screened_step = screened_fold(RobustSettings(enabled=True), attacked, plan, strategy)
     assert report["clipped"] == [3] and report["clients"]["3"]["clipped"]["num_samples"] < 1
     expected = make_strategy(unit_config(num_clients=CLIENTS), LORA_SPEC)
     expected.begin_task(0)
-    direct = expected.aggregator(plan)
+    fold = expected.fold(plan)
+    direct = fold.aggregator
     for i, u in enumerate(updates):
         direct.fold(reweigh(u, 32) if i == 3 else u)
-    assert aggregator.num_samples == direct.num_samples == sum(12 + i for i in range(CLIENTS)) - 15 + 32
-    strategy.aggregate(plan, aggregator)
-    expected.aggregate(plan, direct)
+    assert screened_step.aggregator.num_samples == direct.num_samples == sum(12 + i for i in range(CLIENTS)) - 15 + 32
+    screened_step.finish()
+    fold.finish()
     for name, lr in expected.view().items():
         assert_close_to_dtype(strategy.view()[name].b, lr.b, torch.float32)
 

@@ -129,7 +129,7 @@ def test_a_task_begun_again_on_its_begun_state_is_unchanged(name):
         assert step.aggregator is not None
         for i in range(cfg.num_clients):
             step.aggregator.fold(valid_update(step.plan, step.aggregator.expected(), i, seed=10 * index + i))
-        strategy.aggregate(step.plan, step.aggregator)
+        step.fold.finish()
     ended = strategy.state_tensors()
     strategy.begin_task(1)
     begun = strategy.state_tensors()

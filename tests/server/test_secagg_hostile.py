@@ -142,10 +142,11 @@ def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes
     assert entry["secagg"]["attempt"] == 1 and entry["secagg"]["survivors"] == 4
     assert entry["secagg"]["samples"] == sum(10 + i for i in range(1, N))
     merged = make_strategy(coord.config, SPEC)
-    agg = merged.aggregator(plan)
+    fold = merged.fold(plan)
+    agg = fold.aggregator
     for i in range(1, N):
         agg.fold(update_for(plan, i))
-    merged.aggregate(plan, agg)
+    fold.finish()
     have = coord.run.strategy.state_tensors()
     for name, want in merged.state_tensors().items():  # float64 rounding of the fixed point, through the solves
         assert torch.allclose(have[name].double(), want.double(), rtol=1e-9, atol=1e-12), name

@@ -85,10 +85,10 @@ def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
     ``clients x 2^-(f+1)`` (plus float64 rounding of the plain sums), and the merged state agrees."""
     checked = 0
     for cfg, plain, secure, plan, updates in steps(name, clients=3):
-        folded = plain.aggregator(plan)
+        plain_fold, secure_fold = plain.fold(plan), secure.fold(plan)
+        folded, got = plain_fold.aggregator, secure_fold.aggregator
         for update in updates.values():
             folded.fold(update)
-        got = secure.aggregator(plan)
         secure_step(got, SPEC, cfg, updates, SETTINGS, cfg.num_clients)
         want, have = running_sums(folded), running_sums(got)
         assert want.keys() == have.keys()
@@ -98,8 +98,8 @@ def test_unmasked_sums_equal_the_plain_sums_and_the_merge_follows(name):
             bound = fp.error_bound(cfg.num_clients) + 4 * cfg.num_clients * scale * EPS
             assert gap(want[key], have[key]) <= bound, key
         assert got.count == folded.count == 3 and got.num_samples == folded.num_samples
-        plain.aggregate(plan, folded)
-        secure.aggregate(plan, got)
+        plain_fold.finish()
+        secure_fold.finish()
         a, b = plain.state_tensors(), secure.state_tensors()
         assert a.keys() == b.keys()
         for key in a:  # float64 rounding, amplified by the solves' conditioning

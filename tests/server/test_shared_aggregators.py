@@ -74,7 +74,8 @@ def test_a_client_builds_the_coordinators_aggregator_from_the_plan_it_received(n
             plan = strategy.configure(task, round_, phase)
             received = codec.plan_from_proto(codec.plan_to_proto(plan))
             assert isinstance(received, RoundPlan)
-            coordinators, clients = strategy.aggregator(plan), make_aggregator(received, SPEC, as_sent)
+            fold = strategy.fold(plan)
+            coordinators, clients = fold.aggregator, make_aggregator(received, SPEC, as_sent)
             assert isinstance(clients, Aggregator) and type(clients) is type(coordinators)
             assert clients.expected() == coordinators.expected()
             updates = [
@@ -89,7 +90,7 @@ def test_a_client_builds_the_coordinators_aggregator_from_the_plan_it_received(n
                 assert all(torch.equal(want[key], got[key]) for key in want), (name, phase)
             for update in updates:
                 coordinators.fold(update)
-            strategy.aggregate(plan, coordinators)  # the next step's plan carries the merged state
+            fold.finish()  # the next step's plan carries the merged state
             checked += 1
     assert checked >= 2
 
@@ -107,10 +108,11 @@ def test_every_step_a_method_plans_is_one_it_declares_and_every_declared_one_is_
         for phase, round_ in strategy.steps(task):
             plan = strategy.configure(task, round_, phase)
             planned.add((plan.phase.value, plan.instruction.KIND))
-            aggregator = strategy.aggregator(plan)
+            fold = strategy.fold(plan)
+            aggregator = fold.aggregator
             for i in range(2):
                 aggregator.fold(valid_update(plan, aggregator.expected(), i, seed=10 * task + i))
-            strategy.aggregate(plan, aggregator)
+            fold.finish()
     assert planned == set(registry()[name].steps)
     if registry()[name].dp_training:
         assert strategy.sends_grams == any(phase == "task_gram" for phase, _ in registry()[name].steps)

@@ -56,11 +56,12 @@ def test_lorm_round_equals_closed_forms(round_, active):
     plan = strategy.configure(0, round_, Phase.TRAIN)
     assert plan.expect(LoraStep).train_factors == (active,)
     ups = [fake_update(plan, i, seed=i) for i in range(3)]
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     for u in ups:
         agg.fold(u)
     shared_before = dict(strategy.shared)
-    strategy.aggregate(plan, agg)
+    fold.finish()
     for name in SPEC.layers:
         gs = [u.named(GRAM)[name] for u in ups]
         if active == "B":
@@ -95,7 +96,8 @@ def test_rejected_update_changes_nothing(break_it, field):
         strategy = make_strategy(config(), SPEC)
         strategy.begin_task(0)
         plan = strategy.configure(0, 0, Phase.TRAIN)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         agg.fold(fake_update(plan, 0, seed=0))
         if with_bad:
             bad = fake_update(plan, 1, seed=1)
@@ -104,7 +106,7 @@ def test_rejected_update_changes_nothing(break_it, field):
                 agg.fold(bad)
             assert err.value.field == field
         agg.fold(fake_update(plan, 2, seed=2))
-        strategy.aggregate(plan, agg)
+        fold.finish()
         return strategy
 
     clean, dirty = run(False), run(True)
@@ -116,10 +118,11 @@ def test_rejected_update_changes_nothing(break_it, field):
 def fold_step(strategy, plan, seed0, factors=None):
     """Three clients' updates (seeds ``seed0 + i``) folded and aggregated; returns the updates."""
     ups = [fake_update(plan, i, seed=seed0 + i, factors=factors) for i in range(3)]
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     for u in ups:
         agg.fold(u)
-    strategy.aggregate(plan, agg)
+    fold.finish()
     return ups
 
 
@@ -154,10 +157,11 @@ def test_fedavg_lora_is_sample_weighted_mean():
     plan = strategy.configure(0, 0, Phase.TRAIN)
     assert plan.expect(LoraStep).train_factors == ("B", "A")
     ups = [fake_update(plan, i, seed=i) for i in range(3)]
-    agg = strategy.aggregator(plan)
+    fold = strategy.fold(plan)
+    agg = fold.aggregator
     for u in ups:
         agg.fold(u)
-    strategy.aggregate(plan, agg)
+    fold.finish()
     n = torch.tensor([10.0, 15.0, 20.0], dtype=torch.float64)
     want = sum(n[i] * ups[i].by_layer(FACTOR)["l2"]["A"].double() for i in range(3)) / n.sum()
     torch.testing.assert_close(strategy.shared["l2"].a, want)
@@ -215,10 +219,11 @@ def test_plans_publish_float32_and_b_rounds_keep_the_published_a():
         lora = [t for f in plan.low_rank(LORA).values() for t in (f.b, f.a)]
         tensors = [plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS), *lora]
         assert all(t.dtype == torch.float32 for t in tensors)
-        agg = strategy.aggregator(plan)
+        fold = strategy.fold(plan)
+        agg = fold.aggregator
         for i in range(3):
             agg.fold(fake_update(plan, i, seed=round_ * 10 + i))
-        strategy.aggregate(plan, agg)
+        fold.finish()
         if plan.expect(LoraStep).train_factors == ("B",):  # the merge used the published A, and the state keeps it
             assert torch.equal(strategy.shared["l1"].a, plan.low_rank(LORA)["l1"].a.double())
     extra = strategy.eval_plan(0).low_rank(EXTRA)

@@ -71,7 +71,7 @@ def test_a_step_beyond_the_calibrated_plan_is_refused_also_after_a_restart():
     strategy = make_strategy(config, spec)
     for index in range(2):
         step = open_step(strategy, config.rounds_per_task, 0, index)
-        strategy.private_training.spend(step.plan)
+        strategy.privacy.spend(step.plan)  # as the step's merge spends it
     restarted = make_strategy(config, spec)
     restarted.load_state_tensors(strategy.state_tensors())
     for s in (strategy, restarted):

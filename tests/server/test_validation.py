@@ -134,7 +134,8 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
             strategy = make_strategy(cfg, SPEC)
             strategy.begin_task(0)
             plan = strategy.configure(0, round_, phase)
-            agg = strategy.aggregator(plan)
+            fold = strategy.fold(plan)
+            agg = fold.aggregator
             expected = agg.expected()
             agg.fold(valid_update(plan, expected, 0, seed=1))
             if with_bad:
@@ -157,7 +158,7 @@ def test_every_strategy_refuses_each_corruption_of_each_tensor_and_keeps_its_sum
                         agg.fold(dataclasses.replace(good, tensors=extra))
                     refused += 1
             agg.fold(valid_update(plan, expected, 2, seed=3))
-            strategy.aggregate(plan, agg)
+            fold.finish()
             results.append(strategy.state_tensors())
         clean, dirty = results
         assert clean.keys() == dirty.keys()
