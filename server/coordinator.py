@@ -2,30 +2,29 @@
 
 Thread-safe; the gRPC servicer is a thin layer over it. It keeps the shell around the step lifecycle:
 one lock over every call; each call held to the client's slot (``server/roster.py``) and the open step;
-each submission checked and staged on disk (durable before it is acknowledged), then handed to the run's
-fold policy. By default that folds it into the strategy's running sums in client-index order as soon as
-every lower index has been folded, so the result is bit-identical to the in-process engine, which folds
-clients 0..N-1 in order; an update that arrives ahead of its turn waits on disk, not in memory. In robust
-mode (``robust.enabled``, ``server.robust``) nothing is folded until the step closes: the staged updates
-are then screened together and what passes is folded, in index order. A step closes when every client
-has submitted (in a ``--start-with`` run: every client that has joined), or once its deadline has passed
-with a quorum; the missing clients are then skipped and their late updates refused. A secure step's rounds
-are its own state machine (``server/secure/``).
+each submission handed to the open step's intake (``server/intake.py``), which checks it and stages it on
+disk (durable before it is acknowledged) and folds it by the run's fold policy. By default that folds it
+into the strategy's running sums in client-index order as soon as every lower index has been folded, so
+the result is bit-identical to the in-process engine, which folds clients 0..N-1 in order; an update that
+arrives ahead of its turn waits on disk, not in memory. In robust mode (``robust.enabled``,
+``server.robust``) nothing is folded until the step closes: the staged updates are then screened together
+and what passes is folded, in index order. A step closes when every client has submitted (in a
+``--start-with`` run: every client that has joined), or once its deadline has passed with a quorum; the
+missing clients are then skipped and their late updates refused. Secure aggregation wraps a step in its
+own intake (``server/secure/intake.py``): its rounds are their own state machine (``server/secure/``),
+and the coordinator asks the intake, never which kind of step it has.
 
 After a restart the run resumes from its last commit and opens the step it names; the submissions
-staged for that step are folded again.
-"""
+staged for that step are folded again."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.aggregation.validate import UpdateRejected, check_declared
 from common.infra.faults import fault_point
 from common.methods.checks import validate
 from common.run.config import RunConfig
@@ -33,11 +32,11 @@ from common.run.partition import describe_tasks
 from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
-from server.checks import Options, Refused, check_counts, check_run_id, check_same_spec, check_step, sample_bounds
+from server.checks import Options, Refused, check_counts, check_run_id, check_same_spec, check_step
+from server.intake import SecAggCall, StepState
 from server.run import Run
 from server.run_state import State
 from server.status import run_status
-from server.steps import StepState
 from server.store import MemoryStore, Storage, Store
 
 log = logging.getLogger("lorm.coordinator")
@@ -84,42 +83,14 @@ class Coordinator:
             if step.phase == Phase.EVALUATE:
                 step.reports[index] = self.store.load_eval(step.key, index)
             step.submitted.add(index)
-        if step.secure is not None:
-            step.secure.resume()
-        self._fold_ready()
+        step.intake.resume(step)
         self._maybe_finish()
 
-    def _fold_ready(self, fresh: ClientUpdate | None = None) -> None:
-        """Fold what the run's fold policy folds as updates arrive (``fresh``: the one just staged)."""
-        step = self.step
-        assert step is not None
-        if step.aggregator is not None:
-            self.run.folding.arrived(step, step.aggregator, self.run.staged(step), fresh)
-
-    def _deadline_passed(self) -> bool:
-        step = self.step
-        assert step is not None
-        quorum = self.options.quorum or self.config.num_clients
-        return (
-            self.options.round_deadline_s > 0
-            and time.monotonic() - step.started > self.options.round_deadline_s
-            and len(step.submitted) >= quorum
-        )
-
     def _maybe_finish(self) -> None:
+        """Close the open step once its intake says it may (``server/intake.py``)."""
         step = self.step
-        if step is None or self.run.state != State.RUNNING:
-            return
-        if step.secure is not None:
-            self._secure_advance()
-            return
-        everyone = self.run.awaited() <= step.submitted
-        if not everyone and not self._deadline_passed():
-            return
-        if not everyone:
-            missing = sorted(set(range(self.config.num_clients)) - step.submitted)
-            self.emit(f"task {step.task} step {step.index} deadline passed: closing without clients {missing}")
-        self._finish_step()
+        if step is not None and self.run.state == State.RUNNING and step.intake.may_close(step):
+            self._finish_step()
 
     def _finish_step(self) -> None:
         """Close the open step (``Run.close``) and take the one open after it."""
@@ -134,20 +105,8 @@ class Coordinator:
         if self.run.state in (State.DONE, State.FAILED):
             self.done.set()
 
-    def _secure_advance(self) -> None:
-        """Let the open step's secure aggregation close what it can, and finish the step once it may."""
-        step = self.step
-        assert step is not None and step.secure is not None
-        if step.secure.advance():
-            self._finish_step()
-
     def _tick(self) -> None:
-        if self.run.state != State.RUNNING or self.step is None:
-            return
-        if self.step.secure is not None:
-            self._secure_advance()
-        elif self._deadline_passed():
-            self._maybe_finish()
+        self._maybe_finish()
 
     # ---------------------------------------------------------------- client calls
 
@@ -224,12 +183,7 @@ class Coordinator:
                     self.options.retry_after_s,
                     f"waiting for {self.config.num_clients - len(step.submitted)} other clients",
                 )
-            if step.secure is not None:
-                if not step.secure.may_join(index):
-                    why = "this step's secure aggregation went on without this client"
-                    return Wait(self.options.retry_after_s, why)
-                return step.secure.plan_for_clients()
-            return step.plan
+            return step.intake.plan_for(step, index)
 
     def _check_step(
         self, client_id: str, client_index: int, run_id: str, task: int, round_: int, phase: Phase
@@ -270,20 +224,7 @@ class Coordinator:
                 raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
             if client_index in step.submitted:
                 return True
-            if step.secure is not None:
-                step.secure.check_push(secure_attempt, declared, declared_bytes)
-                return False
-            if secure_attempt:  # a session of a step that has none: the push is not what this step asked for
-                raise Refused(
-                    "INVALID_ARGUMENT",
-                    f"the push names secure session {secure_attempt}, but step {task}/{round_} {phase.value} has no "
-                    "secure aggregation",
-                )
-            if declared is not None:
-                try:
-                    check_declared(declared, step.aggregator.expected(), declared_bytes)
-                except UpdateRejected as err:
-                    raise Refused("INVALID_ARGUMENT", str(err)) from err
+            step.intake.precheck(step, declared, declared_bytes, secure_attempt)
             return False
 
     def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
@@ -296,21 +237,7 @@ class Coordinator:
                 raise Refused("FAILED_PRECONDITION", "the open step is an evaluation: send an eval report")
             if update.client_index in step.submitted:
                 return False
-            assert step.aggregator is not None
-            if step.secure is not None:
-                step.secure.submit(update, idempotency_key)
-                self._secure_advance()
-                return True
-            if update.secure_attempt:
-                raise Refused("INVALID_ARGUMENT", "the update names a secure session, but the step has none")
-            try:
-                step.aggregator.check(update, samples=sample_bounds(self.config, self.options, step.plan.class_range))
-            except UpdateRejected as err:
-                raise Refused("INVALID_ARGUMENT", str(err)) from err
-            self.store.stage_update(step.key, update, idempotency_key)
-            fault_point("push.staged")
-            step.submitted.add(update.client_index)
-            self._fold_ready(update)
+            step.intake.accept(step, update, idempotency_key)  # staged durably: it counts from here
             self._maybe_finish()
             return True
 
@@ -333,15 +260,13 @@ class Coordinator:
         pull the plan again)."""
         with self.lock:
             step = self._check_step(client_id, client_index, run_id, *step_ref)
-            if step.secure is None:
-                raise Refused("FAILED_PRECONDITION", "the open step has no secure aggregation")
-            self._secure_advance()
+            self._maybe_finish()  # a secure step first closes what rounds it can
             if self.step is not step:  # the call above finished the step
                 raise Refused("FAILED_PRECONDITION", "the step is over")
-            reply = step.secure.call(stage, client_index, client_id, keys, shares or {}, attempt)
+            reply = step.intake.call(step, SecAggCall(stage, client_index, client_id, keys, shares or {}, attempt))
             if reply is not None:
                 return reply
-            self._secure_advance()
+            self._maybe_finish()
             return {"ready": True}
 
     def report_eval(self, report: EvalReport, idempotency_key: str) -> bool:

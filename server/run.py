@@ -3,12 +3,13 @@ committed after every step and resumed from the last commit.
 
 A :class:`Run` holds what a state directory holds of the run (``server/run_state.py``: where it stands, the
 history and accuracy matrix, the client slots, the model, the strategy's state) and moves it on: it opens
-a step (:meth:`Run.open`), closes one through the run's fold policy into one history entry and commits
+a step (:meth:`Run.open`: under secure aggregation wrapped in its intake, ``server/secure/intake.py``), closes
+one through the step's intake (``server/intake.py``) into one history entry and commits
 before the next step opens (:meth:`Run.close`), and exports the model (:meth:`Run.export`). The commit
 comes first, as the engine's does: the committed pointer names a step nothing of which has happened (at a
 task's first step, the task is not begun), so a restarted coordinator resumes by opening it
 (:meth:`Run.resume`). The open step's submissions are the coordinator's (``server/coordinator.py``): it
-checks and stages them, hands them to the fold policy and watches the step's deadline, under its lock; a
+hands them to the step's intake and closes the step when the intake says it may, under its lock; a
 Run is not thread-safe. Beside it: the operator's schedule of an open run (``server/run_schedule.py``:
 :meth:`Run.add_task`, :meth:`Run.finish`), and what the run leaves, each task's model and the results
 (``server/run_results.py``).
@@ -33,23 +34,15 @@ from common.secagg.terms import declared_layout
 from common.wire.messages import ClientUpdate, ModelSpec, Phase
 from server import run_results, run_schedule
 from server.checks import Options, Refused, admit_spec
+from server.intake import Intake, PlainIntake, StepState, fold_policy
 from server.results import RunReporter
 from server.roster import Roster
 from server.run_state import RunMeta, State, ended_task
 from server.secure import SecureStep, SessionFailed, Staging, Timing, require_secure
-from server.steps import (
-    NothingToMerge,
-    OpenStep,
-    StepState,
-    evaluate,
-    fold_policy,
-    following,
-    merge,
-    open_step,
-    record,
-)
+from server.secure.intake import SecureIntake
+from server.steps import NothingToMerge, evaluate, following, merge, open_step, record
 from server.steps import schedule as task_steps
-from server.store import Storage
+from server.store import Storage, step_key
 from server.strategies import Strategy, make_strategy
 
 log = logging.getLogger("lorm.coordinator")
@@ -70,7 +63,6 @@ class Run:
         self.on_fatal = on_fatal
         self.on_merge = on_merge  # (phase, seconds) after each merge: metrics
         self.secagg = config.section(SecAggSettings)
-        self.folding = fold_policy(config.section(RobustSettings), self.secagg.enabled, config.num_clients)
         self.roster = Roster(config.num_clients)
         self.spec: ModelSpec | None = None
         self.strategy: Strategy | None = None
@@ -89,6 +81,9 @@ class Run:
         self.reporter = RunReporter(results) if options.results and results else None  # None: no results written
         signed = self.secagg.enabled and self.secagg.mode == "signed" and options.secagg_ca
         self.verifier = Verifier(options.secagg_ca) if signed else None  # signed mode: advertises checked at once
+        # a step's intake without secure aggregation (one per run: it keeps nothing of a step)
+        policy = fold_policy(config.section(RobustSettings), config.num_clients)
+        self.plain = PlainIntake(config, options, store, policy, self.awaited, self.emit)
 
     # ---------------------------------------------------------------- persistence
 
@@ -228,23 +223,29 @@ class Run:
         opened = open_step(self.strategy, self.config.rounds_per_task, task, index)
         plan = opened.plan
         self.pointer = (task, index)
-        step = StepState(task, index, opened.phase, opened.round, plan, opened.fold, time.monotonic())
-        if self.secagg.enabled and opened.phase != Phase.EVALUATE:
-            step.secure = SecureStep(
+        submitted: set[int] = set()
+        intake: Intake = self.plain
+        if self.secagg.enabled and opened.fold is not None:  # secure aggregation wraps the step
+            key = step_key(task, index)
+            secure = SecureStep(
                 self.secagg,
                 self.config.num_clients,
                 plan,
-                declared_layout(self.strategy.aggregator(plan)),
-                Staging(self.store, step.key, step.submitted),
+                declared_layout(opened.fold.aggregator),
+                Staging(self.store, key, submitted),
                 Timing(self.options.round_deadline_s, self.options.retry_after_s),
                 where=f"task {task} step {index} secure aggregation",
                 emit=self.emit,
-                state=self.store.load_secagg(step.key),
+                state=self.store.load_secagg(key),
                 awaited=self.awaited,
                 dp=self.config.section(DpSettings),
                 verifier=self.verifier,
             )
-        return step
+            intake = SecureIntake(secure, self.options.retry_after_s)
+        started = time.monotonic()
+        return StepState(
+            task, index, opened.phase, opened.round, plan, opened.fold, started, intake, submitted=submitted
+        )
 
     def awaited(self) -> set[int]:
         """The slots a step waits for: every one, or in a ``--start-with`` run that has started, those a client
@@ -261,7 +262,7 @@ class Run:
         return functools.partial(self.store.load_update, step.key)
 
     def close(self, step: StepState) -> StepState | None:
-        """Close ``step`` through the run's fold policy, merge and record it (``server/steps.py``: the lifecycle
+        """Close ``step`` through its intake, merge and record it (``server/steps.py``: the lifecycle
         the engine shares), commit and open the next one. Returns the step open after it: ``step`` itself
         while its secure aggregation runs a fresh session, ``None`` once the run is over."""
         assert self.strategy is not None
@@ -269,12 +270,11 @@ class Run:
         if self.progress is not None:
             self.progress.end()
             eta = f"; {self.progress.run_text()}"
-        opened = OpenStep(step.task, step.index, step.phase, step.round, step.plan, step.fold)
         if step.aggregator is None:
-            entry, line = evaluate(opened, self.matrix, (step.reports[i] for i in sorted(step.reports)))
+            entry, line = evaluate(step, self.matrix, (step.reports[i] for i in sorted(step.reports)))
         else:
             try:
-                extras = self.folding.close(step, step.aggregator, self.staged(step))
+                extras = step.intake.close(step, step.aggregator, self.staged(step))
             except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
                 if failed.record is None:
                     return step
@@ -287,7 +287,7 @@ class Run:
                 self.on_merge(step.phase.value, seconds)
 
             try:
-                entry, line = merge(self.strategy, opened, len(step.submitted), extras, merged)
+                entry, line = merge(self.strategy, step, len(step.submitted), extras, merged)
             except NothingToMerge as empty:  # clients on their own data, none of it this task's
                 return self._end_unmerged(step, str(empty), {"empty": str(empty)}, clients=len(step.submitted))
         self.emit(line + eta)

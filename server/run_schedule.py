@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from common.run.schedule import MAX_NAME, MAX_TASK, head_classes, scheduled_classes
 from common.run.settings import DataSettings
 from server.checks import Refused
+from server.intake import StepState
 from server.run_state import State
-from server.steps import StepState
 from server.steps import schedule as task_steps
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from common.wire.messages import Phase
+from server.intake import StepState
 from server.run import Run
 from server.run_state import State
-from server.steps import StepState
 
 
 def run_status(

@@ -3,8 +3,8 @@
 A run is a sequence of steps: per task, the strategy's steps (``TRAIN`` rounds, then e.g. ``TASK_GRAM``)
 and an ``EVALUATE``. A step opens (:func:`open_step`: the strategy's plan and its fold, a fresh aggregator
 typed together with the strategy's merge, under the run's privacy account; an evaluation has none), the
-clients' updates are folded through the driver's fold policy (in index order, screened by the robust mode,
-or masked by secure aggregation), the fold is finished (the strategy merges), and the step leaves
+clients' updates are folded through the step's intake (``server/intake.py``: in index order, screened by the
+robust mode, or masked by secure aggregation), the fold is finished (the strategy merges), and the step leaves
 one history entry and one log line (:func:`merge`, :func:`evaluate`); then the run moves on
 (:func:`following`), committed (``server/run_state.py``: one meta schema) before the next step opens.
 The coordinator drives this over the wire (concurrency, staging, deadlines), the in-process engine in
@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from common.aggregation.base import Aggregator
-from common.infra.faults import fault_point
 from common.infra.logs import plan_name, report_text, step_loss
 from common.run.metrics import AccuracyMatrix
-from common.run.settings import RobustSettings
-from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
-from server.robust import robust_text, screen_and_fold
-from server.secure import SecureStep, secagg_text
-from server.store import step_key
+from common.wire.messages import EvalReport, Phase, RoundPlan
+from server.robust import robust_text
+from server.secure.report import secagg_text
 from server.strategies import Strategy
 from server.strategies.fold import Fold
 
@@ -36,7 +33,7 @@ def schedule(strategy: Strategy, task: int, rounds_per_task: int) -> list[tuple[
     return strategy.steps(task) + [(Phase.EVALUATE, rounds_per_task)]
 
 
-@dataclass(frozen=True)
+@dataclass
 class OpenStep:
     """A step as it opens: where it is in the run, its plan, and its fold (the aggregator its updates fold into)."""
 
@@ -140,109 +137,3 @@ def evaluate(step: OpenStep, matrix: AccuracyMatrix, reports: Iterable[EvalRepor
     accuracy = matrix.accuracy()[step.task]
     entry = record(step.task, step.round, step.phase, step.plan, clients) | {"accuracy": accuracy}
     return entry, f"task {step.task} evaluated: " + " ".join(f"{a:.2f}" for a in accuracy)
-
-
-# ------------------------------------------------------------------------- the coordinator's open step
-
-
-@dataclass
-class StepState:
-    """The coordinator's step in progress: its plan, the running sums, and who has submitted."""
-
-    task: int
-    index: int  # position in the task's schedule
-    phase: Phase
-    round: int
-    plan: RoundPlan
-    fold: Fold | None  # None: an evaluation
-    started: float
-    next_fold: int = 0  # every client index below this has been folded (or skipped)
-    submitted: set[int] = field(default_factory=set)
-    reports: dict[int, EvalReport] = field(default_factory=dict)
-    secure: SecureStep | None = None  # secure aggregation's rounds of this step (secagg.enabled)
-
-    @property
-    def key(self) -> str:
-        return step_key(self.task, self.index)
-
-    @property
-    def aggregator(self) -> Aggregator | None:
-        return None if self.fold is None else self.fold.aggregator
-
-
-Load = Callable[[int], ClientUpdate]
-
-
-class FoldPolicy(Protocol):
-    """How the coordinator's staged updates reach a step's aggregator: as they arrive (:meth:`arrived`), and
-    when the step closes (:meth:`close`, which returns what the step's history records of it)."""
-
-    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None: ...
-
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Ordered:
-    """Each update folded in client-index order as soon as every lower index is folded: the result is
-    bit-identical to the engine's, which folds clients 0..N-1 in order; an update ahead of its turn waits
-    on disk. At the close, what a missing (skipped) lower index held back is folded, in order."""
-
-    clients: int
-
-    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
-        while step.next_fold < self.clients and step.next_fold in step.submitted:
-            i = step.next_fold
-            update = fresh if fresh is not None and fresh.client_index == i else load(i)
-            aggregator.fold(update, checked=True)  # checked by submit before it was staged
-            fault_point("merge.fold")
-            step.next_fold += 1
-
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
-        for i in sorted(step.submitted):
-            if i >= step.next_fold:
-                aggregator.fold(load(i), checked=True)
-        step.next_fold = self.clients
-        return {}
-
-
-@dataclass(frozen=True)
-class Screened:
-    """The robust mode: nothing is folded before the step closes; then the staged updates are screened
-    together and what passes is folded (clipped where it went past a bound), in index order."""
-
-    settings: RobustSettings
-    clients: int
-
-    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
-        pass
-
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
-        step.next_fold = self.clients
-        return {"robust": screen_and_fold(self.settings, step.plan, aggregator, sorted(step.submitted), load)}
-
-
-@dataclass(frozen=True)
-class Masked:
-    """Secure aggregation: no update is ever folded alone; at the close the survivors' sum of terms is
-    unmasked into the aggregator (``SessionFailed`` when it cannot be: the step's session restarts)."""
-
-    clients: int
-
-    def arrived(self, step: StepState, aggregator: Aggregator, load: Load, fresh: ClientUpdate | None) -> None:
-        pass
-
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
-        assert step.secure is not None
-        record = step.secure.unmask_into(aggregator)
-        step.next_fold = self.clients
-        return {"secagg": record}
-
-
-def fold_policy(robust: RobustSettings, secure: bool, clients: int) -> FoldPolicy:
-    """The run's fold policy, chosen once (secure aggregation and the robust mode exclude each other)."""
-    if secure:
-        return Masked(clients)
-    if robust.enabled:
-        return Screened(robust, clients)
-    return Ordered(clients)

@@ -11,6 +11,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import server.coordinator
+import server.intake
 import server.run
 import server.secure.step
 from client.transport import Backoff, CoordinatorClient, Rejected
@@ -26,6 +27,7 @@ from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
+from server.secure.intake import SecureIntake
 from server.service import create_server
 from server.strategies import make_strategy
 
@@ -291,7 +293,7 @@ def test_each_secure_round_gets_the_whole_deadline(tmp_path, monkeypatch):
     leave out two that are alive; if the sharers then died before their input, the step would wait
     for ever with fewer than the threshold."""
     clock = SteppedClock()
-    for module in (server.run, server.coordinator, server.secure.step):
+    for module in (server.run, server.intake, server.secure.step):
         monkeypatch.setattr(module, "time", clock)
     n = 5
     cfg = {"num_clients": n, "num_tasks": 1, "settings": {"secagg": {"enabled": True}}}
@@ -369,13 +371,15 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
     time.sleep(1.2)
     coord.tick()
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.attempt == 0  # nobody asks: it waits
+    assert (
+        step is not None and isinstance(step.intake, SecureIntake) and step.intake.secure.attempt == 0
+    )  # nobody asks: it waits
     assert isinstance(coord.pull("c2"), RoundPlan)  # client 2, restarted: a sharer, so it is sent the plan
     with pytest.raises(Refused) as refused:
         call(2, "advertise", keys=ClientSession(2, t, context(plan)).advertise())
     assert refused.value.code == "FAILED_PRECONDITION"  # the roster is fixed: it cannot take part again
     coord.tick()
-    assert step.secure.attempt == 1 and coord.store.staged_indices(step.key) == [] and not step.submitted
+    assert step.intake.secure.attempt == 1 and coord.store.staged_indices(step.key) == [] and not step.submitted
     # Killed at the restart (fault point secagg.restarted: the fresh session persisted, an abandoned input
     # still staged), the coordinator resumes in the fresh session and drops that input unread.
     u = update_for(plan, 0)
@@ -383,7 +387,7 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
     coord.store.stage_update(step.key, stale, "k0")
     coord = Coordinator(run, tmp_path / "state", Options(quorum=3, round_deadline_s=1.0))
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.attempt == 1
+    assert step is not None and isinstance(step.intake, SecureIntake) and step.intake.secure.attempt == 1
     assert coord.store.staged_indices(step.key) == [] and not step.submitted
     with pytest.raises(Refused) as refused:
         call(0, "unmask")  # client 0 still waits in the abandoned session

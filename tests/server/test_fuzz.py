@@ -40,6 +40,7 @@ from proto import codec, secagg_codec
 from proto import lorm_pb2 as pb
 from proto import lorm_pb2_grpc as pb_grpc
 from server.coordinator import Coordinator
+from server.secure.intake import SecureIntake
 from server.service import create_server
 
 from unit_helpers import LORA_SPEC, valid_update
@@ -572,7 +573,7 @@ class SecAggHarness:
             coord.join(f"c{i}", i)
             coord.describe(f"c{i}", SPEC)
         plan = coord.pull("c0")
-        assert isinstance(plan, RoundPlan) and coord.step is not None and coord.step.secure is not None
+        assert isinstance(plan, RoundPlan) and coord.step is not None and isinstance(coord.step.intake, SecureIntake)
         self.coord, self.plan, self.ref = coord, plan, (plan.task, plan.round, plan.phase)
         t = threshold(SecAggSettings(enabled=True), 3)
         self.sessions = [ClientSession(i, t, context(plan)) for i in range(3)]
@@ -622,7 +623,7 @@ class SecAggHarness:
         coord = self.coord
         with coord.lock:
             step = coord.step
-            assert step is not None and step.secure is not None
+            assert step is not None and isinstance(step.intake, SecureIntake)
             files = sorted(
                 (str(p.relative_to(coord.store.root)), hashlib.sha256(p.read_bytes()).hexdigest())
                 for p in coord.store.root.rglob("*")
@@ -630,7 +631,7 @@ class SecAggHarness:
             )
             return (
                 coord.status(operator=True),
-                json.dumps(step.secure.state(), sort_keys=True),
+                json.dumps(step.intake.secure.state(), sort_keys=True),
                 dict(coord.run.roster.clients),
                 coord.run.state,
                 sorted(step.submitted),

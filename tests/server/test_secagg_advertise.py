@@ -19,6 +19,7 @@ from common.wire.messages import RoundPlan
 from server.certs import create_dev_pki
 from server.checks import Options, Refused
 from server.coordinator import Coordinator
+from server.secure.intake import SecureIntake
 
 SIGNED = SecAggSettings(enabled=True, mode="signed")
 
@@ -92,7 +93,7 @@ def test_h6_keys_of_an_abandoned_session_of_the_same_step_are_refused(tmp_path):
             answer = {j: bytes(b ^ 0x5A for b in s) for j, s in answer.items()}
         p.call("reveal", shares=answer)
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.attempt == 1
+    assert step is not None and isinstance(step.intake, SecureIntake) and step.intake.secure.attempt == 1
     again = coord.pull("c1")
     assert isinstance(again, RoundPlan) and again.secure_attempt == 1
     with pytest.raises(Refused, match="earlier secure session"):
@@ -149,7 +150,7 @@ def test_h4_a_signed_advertise_whose_signature_does_not_verify_is_refused_at_adv
         assert refused.value.code == "INVALID_ARGUMENT" and "client 2" in str(refused.value)
     advertise(coord, plan, 2, own.keys)
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.session.keys[2] == own.keys
+    assert step is not None and isinstance(step.intake, SecureIntake) and step.intake.secure.session.keys[2] == own.keys
 
 
 def test_a_certificate_of_another_ca_is_refused_at_advertise_when_the_coordinator_has_the_runs_ca(tmp_path, pki):

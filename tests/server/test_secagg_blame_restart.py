@@ -100,7 +100,7 @@ def test_a_restart_leaves_out_the_proven_dealer_and_nobody_else(tmp_path, pki):
     plan = coord.pull("c0")
     assert isinstance(plan, RoundPlan) and plan.phase == Phase.TRAIN
     session(coord, pki, plan, list(range(N)), liar=LIAR)
-    secure = coord.step.secure
+    secure = coord.step.intake.secure
     assert secure.attempt == 1 and list(secure.excluded) == [LIAR] and "prove" in secure.excluded[LIAR]
     assert list(secure.proofs) == [LIAR] and secure.proofs[LIAR]["attempt"] == 0
     restart = coord.pull("c0")

@@ -29,6 +29,7 @@ from server.checks import Options, Refused
 from server.coordinator import Coordinator, State
 from server.secure import check_sums
 from server.secure import stages as secure_stages_module
+from server.secure.intake import SecureIntake
 from server.strategies import make_strategy
 
 N = 5
@@ -120,8 +121,8 @@ def test_h1_a_client_cannot_advertise_keys_for_another_clients_slot(tmp_path):
     parties = [Party(coord, i, plan) for i in range(N)]
     assert keys_and_shares(parties) == list(range(N))
     step = coord.step
-    assert step is not None and step.secure is not None
-    assert all(step.secure.session.keys[i] == parties[i].session.keys for i in range(N))
+    assert step is not None and isinstance(step.intake, SecureIntake)
+    assert all(step.intake.secure.session.keys[i] == parties[i].session.keys for i in range(N))
 
 
 def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes(tmp_path):
@@ -131,9 +132,9 @@ def test_h2_a_wrong_share_names_its_sender_who_is_left_out_and_the_step_finishes
     coord, plan = secure_run(tmp_path)
     session(coord, list(range(N)), liar=0)
     step = coord.step
-    assert step is not None and step.secure is not None and coord.run.state == State.RUNNING
-    assert step.secure.attempt == 1 and list(step.secure.excluded) == [0]
-    assert "revealed a wrong share" in step.secure.excluded[0]
+    assert step is not None and isinstance(step.intake, SecureIntake) and coord.run.state == State.RUNNING
+    assert step.intake.secure.attempt == 1 and list(step.intake.secure.excluded) == [0]
+    assert "revealed a wrong share" in step.intake.secure.excluded[0]
     assert not coord.run.history
     fresh = coord.pull("c0")
     assert isinstance(fresh, coordinator_module.Wait)  # client 0 is out of this step's sessions
@@ -160,8 +161,8 @@ def test_h2_a_wrong_share_from_the_last_answerer_is_named_too(tmp_path):
     coord, plan = secure_run(tmp_path)
     session(coord, list(range(N)), liar=N - 1)
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.attempt == 1
-    assert list(step.secure.excluded) == [N - 1] and not coord.run.history
+    assert step is not None and isinstance(step.intake, SecureIntake) and step.intake.secure.attempt == 1
+    assert list(step.intake.secure.excluded) == [N - 1] and not coord.run.history
     session(coord, list(range(N - 1)))
     record = coord.run.history[0]["secagg"]
     assert record["attempt"] == 1 and record["survivors"] == N - 1 and record["dropped"] == []
@@ -178,7 +179,12 @@ def test_h2_a_garbage_input_restarts_the_session_then_ends_the_round_unmerged(tm
     before = {k: v.clone() for k, v in coord.run.strategy.state_tensors().items()}
     session(coord, list(range(N)), garbage=0)
     step = coord.step
-    assert step is not None and step.secure is not None and step.secure.attempt == 1 and not step.secure.excluded
+    assert (
+        step is not None
+        and isinstance(step.intake, SecureIntake)
+        and step.intake.secure.attempt == 1
+        and not step.intake.secure.excluded
+    )
     session(coord, list(range(N)), garbage=0)
     coord.tick()
     entry = coord.run.history[0]
@@ -233,8 +239,8 @@ def test_h2_a_restarted_coordinator_resumes_a_step_whose_sum_fails(tmp_path, mon
     monkeypatch.undo()
     resumed = Coordinator(coord.config, tmp_path / "state", Options())
     step = resumed.step
-    assert step is not None and step.secure is not None and resumed.run.state == State.RUNNING
-    assert step.secure.attempt == 1 and list(step.secure.excluded) == [2]
+    assert step is not None and isinstance(step.intake, SecureIntake) and resumed.run.state == State.RUNNING
+    assert step.intake.secure.attempt == 1 and list(step.intake.secure.excluded) == [2]
     session(resumed, [0, 1, 3, 4])
     assert resumed.run.history[0]["secagg"]["survivors"] == 4
 
@@ -359,7 +365,7 @@ def test_a_secure_step_waits_for_the_clients_that_joined_not_for_an_empty_slot(t
     plan = coord.pull("c0")
     assert isinstance(plan, RoundPlan) and plan.phase == Phase.TRAIN
     step = coord.step
-    assert step is not None and step.secure is not None
+    assert step is not None and isinstance(step.intake, SecureIntake)
     session(coord, members)
     assert coord.step is not step  # the step closed with the four
     assert coord.run.history[-1]["clients"] == N - 1, coord.run.history[-1]
