@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.delivery import Delivery, Masked, Pushed
 from client.floor import Floor, FloorError, check_floor, pinned
 from client.ledger import ClientLedger, budget_line
 from client.ledger_file import LedgerRefused, data_digest, ledger_path
@@ -260,9 +261,8 @@ class ClientSession:
                 self.worker.check(plan)
             except PlanRefused as err:
                 raise self.refuse(err) from err
-        secure = self.accepted.enabled and plan.phase != Phase.EVALUATE
-        rounds = self._secure_rounds(plan) if secure else None
-        if secure and rounds is None:
+        delivery = self._delivery(plan)
+        if delivery is None:  # this client sits the step's secure session out
             self.skipped = (*step, plan.secure_attempt)
             return
         start = time.perf_counter()
@@ -271,9 +271,9 @@ class ClientSession:
         else:
             result = self._compute(plan)
             _record(self.metrics, self.config, plan, result, time.perf_counter() - start)
-            self.kept = (step, result) if rounds is not None else None
+            self.kept = (step, result) if delivery.keeps else None
         try:
-            self._send(plan, result, rounds, start)
+            self._send(plan, result, delivery, start)
         except SecAggError as err:  # an unmask request or peer this client will not answer: nothing more revealed
             log.warning("sitting out the rest of secure session %d of this step: %s", plan.secure_attempt, err)
             self.skipped = (*step, plan.secure_attempt)
@@ -281,6 +281,17 @@ class ClientSession:
             log.info("secure aggregation of this step restarted (%s); joining its new session", err)
         except Stale as err:  # a stale step (closed at its deadline without us): drop it and pull the next one
             log.info("update refused (%s); moving on", err)
+
+    def _delivery(self, plan: RoundPlan) -> Delivery | None:
+        """How this step's answer is sent: pushed, or, when the run has secure aggregation, masked in the step's
+        session (``None``: this client sits that session out)."""
+        if not self.accepted.enabled or plan.phase == Phase.EVALUATE:
+            return Pushed(self.transport)
+        rounds = self._secure_rounds(plan)
+        if rounds is None:
+            return None
+        unmasking = functools.partial(self.ledger.unmasking, plan) if self.ledger is not None else None
+        return Masked(rounds, self.transport, unmasking)
 
     def _secure_rounds(self, plan: RoundPlan) -> SecureRounds | None:
         """The step's secure session, its keys and sealed shares sent (the others need them to mask); ``None`` when
@@ -329,10 +340,8 @@ class ClientSession:
         """What this client computes for ``plan``: its worker's update or evaluation report."""
         return self.worker.handle(plan)
 
-    def _send(
-        self, plan: RoundPlan, result: ClientUpdate | EvalReport, rounds: SecureRounds | None, start: float
-    ) -> None:
-        """Push ``result`` (masked in ``rounds``' session when the step is secure) or report it."""
+    def _send(self, plan: RoundPlan, result: ClientUpdate | EvalReport, delivery: Delivery, start: float) -> None:
+        """Send ``result`` by ``delivery`` (masked in the step's session when it is secure), or report it."""
         key = idempotency_key(self.config.run_id, plan, self.index)
         if isinstance(result, EvalReport):
             self.transport.report(result, key)
@@ -340,12 +349,7 @@ class ClientSession:
             log.info("task %d evaluated on my test share: %s", plan.task, " ".join(f"{a:.1f}" for a in acc))
             return
         fault_point("client.push")
-        if rounds is not None:
-            unmasking = functools.partial(self.ledger.unmasking, plan) if self.ledger is not None else None
-            summed = rounds.finish(result, functools.partial(self.transport.push, key=key), unmasking)
-            log.info("secure aggregation: pushed masked terms; the coordinator unmasks the sum of %d", summed)
-        else:
-            self.transport.push(result, key)
+        delivery.send(result, key)
         loss = step_loss(plan.phase.value, result.train_loss)
         log.info(
             "task %d round %d %s: %d samples%s, %.1f s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from client.delivery import Masked
 from common.wire.messages import RoundPlan
 from engine.clients import EngineSession
 
@@ -15,9 +16,9 @@ def drops_after_sharing(index: int, when: Callable[[RoundPlan], bool] = lambda p
     deadline with the others' sum); every other client is the engine's own."""
 
     class DropsAfterSharing(EngineSession):
-        def _send(self, plan, result, rounds, start) -> None:
-            if rounds is None or not when(plan):
-                return super()._send(plan, result, rounds, start)
+        def _send(self, plan, result, delivery, start) -> None:
+            if not isinstance(delivery, Masked) or not when(plan):
+                return super()._send(plan, result, delivery, start)
             self.skipped = (plan.task, plan.round, plan.phase, plan.secure_attempt)
 
     return lambda i: DropsAfterSharing if i == index else EngineSession
