@@ -45,10 +45,9 @@ class Masked:
     revealed."""
 
     rounds: SecureRounds
-    transport: Transport
     unmasking: Callable[[list[int]], None] | None
     keeps: ClassVar[bool] = True
 
     def send(self, update: ClientUpdate, key: str) -> None:
-        summed = self.rounds.finish(update, functools.partial(self.transport.push, key=key), self.unmasking)
+        summed = self.rounds.finish(update, functools.partial(self.rounds.client.push, key=key), self.unmasking)
         log.info("secure aggregation: pushed masked terms; the coordinator unmasks the sum of %d", summed)

@@ -291,7 +291,7 @@ class ClientSession:
         if rounds is None:
             return None
         unmasking = functools.partial(self.ledger.unmasking, plan) if self.ledger is not None else None
-        return Masked(rounds, self.transport, unmasking)
+        return Masked(rounds, unmasking)
 
     def _secure_rounds(self, plan: RoundPlan) -> SecureRounds | None:
         """The step's secure session, its keys and sealed shares sent (the others need them to mask); ``None`` when

@@ -105,9 +105,6 @@ class Coordinator:
         if self.run.state in (State.DONE, State.FAILED):
             self.done.set()
 
-    def _tick(self) -> None:
-        self._maybe_finish()
-
     # ---------------------------------------------------------------- client calls
 
     def join(self, client_id: str, requested_index: int | None = None) -> int:
@@ -160,7 +157,7 @@ class Coordinator:
         with self.lock:
             run = self.run
             index = run.roster.index_of(client_id)
-            self._tick()
+            self._maybe_finish()  # a step past its deadline, or a secure round late, closes here
             if run.state in (State.DONE, State.FAILED):  # over either way: the client stops
                 self.released.add(client_id)
                 return RoundPlan(
@@ -314,7 +311,7 @@ class Coordinator:
     def tick(self) -> None:
         """Close a step whose deadline has passed with a quorum (called periodically)."""
         with self.lock:
-            self._tick()
+            self._maybe_finish()  # a step past its deadline, or a secure round late, closes here
 
     def status(self, client_id: str | None = None, *, operator: bool = False) -> dict:
         """Where the run stands, as Status tells ``client_id`` or the ``operator`` (``server/status.py``)."""

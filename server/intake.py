@@ -141,7 +141,7 @@ class Intake(Protocol):
     def may_close(self, step: StepState) -> bool:
         """Whether ``step`` may close now (a secure step first closes what rounds it can)."""
 
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
+    def close(self, step: StepState, aggregator: Aggregator) -> dict[str, Any]:
         """Bring every update the step takes into ``aggregator``; what the step's history records of it."""
 
 
@@ -216,5 +216,5 @@ class PlainIntake:
             self.emit(f"task {step.task} step {step.index} deadline passed: closing without clients {missing}")
         return True
 
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
-        return self.policy.close(step, aggregator, load)
+    def close(self, step: StepState, aggregator: Aggregator) -> dict[str, Any]:
+        return self.policy.close(step, aggregator, self._load(step))

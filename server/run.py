@@ -17,7 +17,6 @@ Run is not thread-safe. Beside it: the operator's schedule of an open run (``ser
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -31,7 +30,7 @@ from common.run.schedule import Schedule, class_schedule, with_schedule
 from common.run.settings import DataSettings, DpSettings, RobustSettings, SecAggSettings
 from common.secagg.signing import Verifier
 from common.secagg.terms import declared_layout
-from common.wire.messages import ClientUpdate, ModelSpec, Phase
+from common.wire.messages import ModelSpec, Phase
 from server import run_results, run_schedule
 from server.checks import Options, Refused, admit_spec
 from server.intake import Intake, PlainIntake, StepState, fold_policy
@@ -257,10 +256,6 @@ class Run:
             return joined
         return set(range(self.config.num_clients))
 
-    def staged(self, step: StepState) -> Callable[[int], ClientUpdate]:
-        """Client ``i``'s staged update of ``step``, read from disk."""
-        return functools.partial(self.store.load_update, step.key)
-
     def close(self, step: StepState) -> StepState | None:
         """Close ``step`` through its intake, merge and record it (``server/steps.py``: the lifecycle
         the engine shares), commit and open the next one. Returns the step open after it: ``step`` itself
@@ -274,7 +269,7 @@ class Run:
             entry, line = evaluate(step, self.matrix, (step.reports[i] for i in sorted(step.reports)))
         else:
             try:
-                extras = step.intake.close(step, step.aggregator, self.staged(step))
+                extras = step.intake.close(step, step.aggregator)
             except SessionFailed as failed:  # a fresh secure session runs, or the step gave up
                 if failed.record is None:
                     return step

@@ -13,7 +13,7 @@ from typing import Any
 
 from common.aggregation.base import Aggregator
 from common.wire.messages import ClientUpdate, RoundPlan, Wait
-from server.intake import Declared, Load, SecAggCall, StepState
+from server.intake import Declared, SecAggCall, StepState
 from server.secure.step import SecureStep
 
 
@@ -45,7 +45,7 @@ class SecureIntake:
     def may_close(self, step: StepState) -> bool:
         return self.secure.advance()
 
-    def close(self, step: StepState, aggregator: Aggregator, load: Load) -> dict[str, Any]:
+    def close(self, step: StepState, aggregator: Aggregator) -> dict[str, Any]:
         record = self.secure.unmask_into(aggregator)
         step.next_fold = self.secure.clients
         return {"secagg": record}
