@@ -169,7 +169,7 @@ class PlanHeader(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[TensorHeader]
     secure_attempt: int
     instruction: Instruction
-    def __init__(self, wait: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., secure_attempt: _Optional[int] = ..., instruction: _Optional[_Union[Instruction, _Mapping]] = ...) -> None: ...
+    def __init__(self, wait: bool = ..., retry_after_s: _Optional[float] = ..., wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., task: _Optional[int] = ..., round: _Optional[int] = ..., class_lo: _Optional[int] = ..., class_hi: _Optional[int] = ..., seen_classes: _Optional[int] = ..., seed: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorHeader, _Mapping]]] = ..., secure_attempt: _Optional[int] = ..., instruction: _Optional[_Union[Instruction, _Mapping]] = ...) -> None: ...
 
 class PlanChunk(_message.Message):
     __slots__ = ("header", "chunk")
@@ -221,7 +221,7 @@ class PushReply(_message.Message):
     accepted: bool
     duplicate: bool
     message: str
-    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    def __init__(self, accepted: bool = ..., duplicate: bool = ..., message: _Optional[str] = ...) -> None: ...
 
 class EvalReport(_message.Message):
     __slots__ = ("run_id", "client_id", "client_index", "task", "idempotency_key", "correct", "total")
@@ -249,7 +249,7 @@ class Ack(_message.Message):
     accepted: bool
     duplicate: bool
     message: str
-    def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    def __init__(self, accepted: bool = ..., duplicate: bool = ..., message: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("run_id",)
@@ -361,4 +361,4 @@ class SecAggReply(_message.Message):
     shares: _containers.RepeatedCompositeFieldContainer[SecAggShare]
     survivors: _containers.RepeatedScalarFieldContainer[int]
     dropped: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ready: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., message: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[SecAggKeys, _Mapping]]] = ..., sharers: _Optional[_Iterable[int]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, ready: bool = ..., retry_after_s: _Optional[float] = ..., message: _Optional[str] = ..., roster: _Optional[_Iterable[_Union[SecAggKeys, _Mapping]]] = ..., sharers: _Optional[_Iterable[int]] = ..., shares: _Optional[_Iterable[_Union[SecAggShare, _Mapping]]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from proto import lorm_pb2 as proto_dot_lorm__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class CoordinatorStub:
+class CoordinatorStub(object):
     """The coordinator of one federated run; clients call it, it never calls them.
     """
 
@@ -72,7 +72,7 @@ class CoordinatorStub:
                 _registered_method=True)
 
 
-class CoordinatorServicer:
+class CoordinatorServicer(object):
     """The coordinator of one federated run; clients call it, it never calls them.
     """
 
@@ -173,7 +173,7 @@ def add_CoordinatorServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Coordinator:
+class Coordinator(object):
     """The coordinator of one federated run; clients call it, it never calls them.
     """
 
@@ -367,7 +367,7 @@ class Coordinator:
             _registered_method=True)
 
 
-class OperatorStub:
+class OperatorStub(object):
     """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
     progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
     clients, the robust mode's per-client figures). Authorised by the operator's bearer token
@@ -397,7 +397,7 @@ class OperatorStub:
                 _registered_method=True)
 
 
-class OperatorServicer:
+class OperatorServicer(object):
     """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
     progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
     clients, the robust mode's per-client figures). Authorised by the operator's bearer token
@@ -451,7 +451,7 @@ def add_OperatorServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Operator:
+class Operator(object):
     """The operator's view of the run, apart from the clients' service: a client's Status holds run-level
     progress and its own figures; OperatorStatus adds the recent history (per-step sample counts, dropped
     clients, the robust mode's per-client figures). Authorised by the operator's bearer token
