@@ -20,6 +20,6 @@ echo "[setup] installing dependencies (first time: a few minutes, torch is large
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The exact torch/torchvision pair that works together here; timm imports torchvision.
 .venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet -e ".[dev,minilm]"
+.venv/bin/python -m pip install --quiet -e ".[dev,minilm,flower]"
 echo "$want" > "$stamp"
 echo "[setup] done"

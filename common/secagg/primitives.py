@@ -248,7 +248,7 @@ def share(secret: bytes, threshold: int, clients: list[int]) -> dict[int, list[b
         raise SecAggError(f"share: a threshold of {threshold} among {len(clients)} clients")
     out: dict[int, list[bytes]] = {c: [] for c in clients}
     for start in range(0, len(secret), 16):
-        shares = Shamir.split(threshold, len(clients), secret[start : start + 16])
+        shares = Shamir.split(threshold, len(clients), secret[start : start + 16], ssss=False)
         for c, (_, piece) in zip(clients, shares):
             out[c].append(piece)
     return out

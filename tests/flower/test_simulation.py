@@ -1,0 +1,52 @@
+"""The run on Flower's simulation engine (Ray backend) equals the in-process engine's, bit for bit: the same
+coordinator folds the same clients' updates, only the transport differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from common.run.config import RunConfig  # noqa: E402
+from common.run.presets import preset  # noqa: E402
+from engine.simulation import run_inprocess  # noqa: E402
+from flower.server_app import SECURE_ON_FLOWER, RunRefused, settings  # noqa: E402
+from flower.simulation import simulate  # noqa: E402
+
+from own_data import disjoint_clients, owned_config  # noqa: E402
+
+pytestmark = pytest.mark.long(60)
+
+
+def _same_as_in_process(config: RunConfig, tmp_path: Path) -> None:
+    native = run_inprocess(config)
+    coord = simulate(config)
+    strategy = coord.run.strategy
+    assert strategy is not None
+    assert coord.run.matrix.correct == native.matrix.correct and coord.run.matrix.total == native.matrix.total
+    assert torch.equal(strategy.head_w, native.head_weight) and torch.equal(strategy.head_b, native.head_bias)
+    adapter = strategy.adapter()
+    assert adapter.keys() == native.adapter.keys()
+    for name, low in adapter.items():
+        assert torch.equal(low.b, native.adapter[name].b) and torch.equal(low.a, native.adapter[name].a), name
+    assert [h["phase"] for h in coord.run.history] == [h["phase"] for h in native.history]
+
+
+def test_the_tiny_preset_on_flower_equals_the_in_process_engine(tmp_path: Path) -> None:
+    _same_as_in_process(RunConfig(**{**preset("tiny"), "run_id": "flower-tiny"}), tmp_path)
+
+
+def test_own_data_of_each_virtual_node_and_a_closed_form_head_equal_the_in_process_engine(tmp_path: Path) -> None:
+    """``data.clients_dir``: virtual node i reads clients_dir/client<i>.csv, as the in-process engine's client i;
+    the ridge head (a closed-form head on features) folds the same statistics."""
+    config = owned_config(disjoint_clients(tmp_path / "clients"), method="lorm-ridge", run_id="flower-owned")
+    _same_as_in_process(config, tmp_path)
+
+
+def test_a_run_with_secure_aggregation_is_refused_at_start_naming_the_native_coordinator() -> None:
+    with pytest.raises(RunRefused) as refused:
+        settings({"lorm-args": "--preset tiny --set secagg.enabled=true"})
+    assert str(refused.value) == SECURE_ON_FLOWER and "lorm-server" in str(refused.value)
