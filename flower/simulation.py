@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
@@ -29,9 +30,11 @@ def simulate(
     run_config: Mapping[str, Any] | None = None,
     *,
     cpus: int = 1,
+    nodes: ClientApp = client_app,
 ) -> Coordinator:
     """``config`` run on the simulation engine, one virtual node per client, ``cpus`` ClientApps at a time; the
-    coordinator as the run left it. The ServerApp's failure (a refusal, a node's) is raised here."""
+    coordinator as the run left it (``nodes``: the ClientApp every node runs). The ServerApp's failure (a refusal,
+    a node's) is raised here."""
     outcome: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="lorm-flower-") as scratch:
         path = Path(scratch) / "config.json"
@@ -49,7 +52,7 @@ def simulate(
 
         run_simulation(
             app,
-            client_app,
+            nodes,
             num_supernodes=config.num_clients,
             backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": cpus}},
         )

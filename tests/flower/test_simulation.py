@@ -3,6 +3,7 @@ coordinator folds the same clients' updates, only the transport differs."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,16 @@ import torch
 
 pytest.importorskip("flwr")
 
+from flwr.app import Context, Message  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+
 from common.run.config import RunConfig  # noqa: E402
 from common.run.presets import preset  # noqa: E402
 from engine.simulation import run_inprocess  # noqa: E402
+from flower import client_app, records  # noqa: E402
 from flower.server_app import SECURE_ON_FLOWER, RunRefused, settings  # noqa: E402
 from flower.simulation import simulate  # noqa: E402
+from proto import codec  # noqa: E402
 
 from own_data import disjoint_clients, owned_config  # noqa: E402
 
@@ -50,3 +56,22 @@ def test_a_run_with_secure_aggregation_is_refused_at_start_naming_the_native_coo
     with pytest.raises(RunRefused) as refused:
         settings({"lorm-args": "--preset tiny --set secagg.enabled=true"})
     assert str(refused.value) == SECURE_ON_FLOWER and "lorm-server" in str(refused.value)
+
+
+def test_a_node_whose_update_names_another_client_fails_the_run_before_it_is_recorded() -> None:
+    """The hostile node computes its update honestly, then names another client in it: the ServerApp goes by the
+    node's authenticated id, so the push is refused and the run fails naming it."""
+    forger = ClientApp()
+    forger.query("hello")(client_app.hello)
+    forger.query("join")(client_app.join)
+
+    @forger.train("lorm")
+    def train(msg: Message, context: Context) -> Message:
+        honest = records.wire(client_app._step(msg, context).content)
+        envelope, update = codec.update_from_proto(records.update_chunks(honest))
+        forged = dataclasses.replace(update, client_id="node-1")
+        return Message(records.update_content(forged, envelope.idempotency_key), reply_to=msg)
+
+    config = RunConfig(**{**preset("tiny"), "run_id": "flower-forged", "num_tasks": 1, "rounds_per_task": 1})
+    with pytest.raises(RunRefused, match="a push of 'node-1' from node-"):
+        simulate(config, nodes=forger)
