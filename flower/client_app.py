@@ -38,8 +38,6 @@ from flower import records
 
 app = ClientApp()
 
-PLAN_BYTES = 8 << 30  # what one plan may carry, as lorm-client's decoder bounds it
-
 
 class Refusal(RuntimeError):
     """This site will not take (or cannot go on with) the run: Flower carries the reason to the ServerApp."""
@@ -143,12 +141,7 @@ def site_options(context: Context) -> ClientOptions:
     parser = client_parser()
     args = parser.parse_args(node_argv(context.node_config, parser))
     options = options_from_args(args, Security(insecure=True))
-    return dataclasses.replace(options, client_id=client_id(context.node_id), interactive=False)
-
-
-def client_id(node_id: int) -> str:
-    """The client's identity in the run: its node's, which the SuperLink authenticated."""
-    return f"node-{node_id}"
+    return dataclasses.replace(options, client_id=records.client_id(context.node_id), interactive=False)
 
 
 def _session(msg: Message, context: Context) -> FlowerSession:
@@ -169,7 +162,7 @@ def _session(msg: Message, context: Context) -> FlowerSession:
         try:
             session.setup()
         except Exit as refused:
-            raise Refusal(f"{client_id(context.node_id)} refuses the run: {refused}") from refused
+            raise Refusal(f"{records.client_id(context.node_id)} refuses the run: {refused}") from refused
         _SESSIONS.clear()  # one run at a time in a process: another run's model is not kept
         _SESSIONS[key] = session
     session.transport.run = run
@@ -193,14 +186,14 @@ def join(msg: Message, context: Context) -> Message:
 
 def _step(msg: Message, context: Context) -> Message:
     session = _session(msg, context)
-    plan = records.plan_from_content(msg.content, PLAN_BYTES)
+    plan = records.plan_from_content(msg.content)
     session.transport.reply = None
     try:
         session.step(plan)
     except Exit as refused:
-        raise Refusal(f"{client_id(context.node_id)} refuses the run: {refused}") from refused
+        raise Refusal(f"{records.client_id(context.node_id)} refuses the run: {refused}") from refused
     if session.transport.reply is None:
-        raise Refusal(f"{client_id(context.node_id)} answered nothing to task {plan.task} round {plan.round}")
+        raise Refusal(f"{records.client_id(context.node_id)} answered nothing to task {plan.task} round {plan.round}")
     return Message(session.transport.reply, reply_to=msg)
 
 

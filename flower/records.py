@@ -38,6 +38,11 @@ def _chunks(messages: Iterable[pb.PlanChunk | pb.UpdateChunk]) -> list[bytes]:
     return [m.SerializeToString() for m in messages]
 
 
+def client_id(node_id: int) -> str:
+    """A node's identity in the run: its node id, which the SuperLink authenticated (both apps name it so)."""
+    return f"node-{node_id}"
+
+
 def integer(record: ConfigRecord, key: str) -> int:
     """``record[key]`` as an int (``ValueError`` for anything else: a hostile party's record is not trusted)."""
     value = record.get(key)
@@ -79,9 +84,10 @@ def plan_content(plan: RoundPlan, run: ConfigRecord) -> RecordDict:
     return RecordDict({WIRE: ConfigRecord({"plan": _chunks(codec.plan_to_proto(plan))}), RUN: run})
 
 
-def plan_from_content(content: RecordDict, max_total_bytes: int) -> RoundPlan:
+def plan_from_content(content: RecordDict) -> RoundPlan:
+    """The plan a message carries, bounded as ``lorm-client`` bounds a pulled one (the codec's default)."""
     chunks = (pb.PlanChunk.FromString(b) for b in blobs(wire(content), "plan"))
-    plan = codec.plan_from_proto(chunks, max_total_bytes=max_total_bytes)
+    plan = codec.plan_from_proto(chunks)
     if not isinstance(plan, RoundPlan):
         raise ValueError("a Flower message carries a plan, not a wait")
     return plan

@@ -100,11 +100,6 @@ class _Recorded(Exception):
     """The coordinator has this answer already: its tensors are not read again."""
 
 
-def client_id(node_id: int) -> str:
-    """A node's identity in the run (the ClientApp names itself the same)."""
-    return f"node-{node_id}"
-
-
 class FlowerRelay:
     """The coordinator's calls of its clients, made as rounds of Flower messages over ``grid``."""
 
@@ -123,7 +118,7 @@ class FlowerRelay:
             if node not in contents or node in replies:
                 raise RunRefused(f"a reply from node {node}, which was sent no {message_type} message")
             if reply.has_error():
-                raise RunRefused(f"{client_id(node)} failed its {message_type} message: {reply.error.reason}")
+                raise RunRefused(f"{records.client_id(node)} failed its {message_type} message: {reply.error.reason}")
             replies[node] = reply
         missing = sorted(set(contents) - set(replies))
         if missing:
@@ -145,26 +140,27 @@ class FlowerRelay:
         """Every node joins (in the slot it asks for) and describes its model."""
         nodes = self.nodes_of_federation()
         asked = self.send({n: records.RecordDict() for n in nodes}, "query.hello")
-        joined: dict[int, Any] = {}
+        slots: dict[int, int] = {}
         for node in sorted(nodes, key=lambda n: (records.integer(records.wire(asked[n].content), "index") < 0, n)):
             wanted = records.integer(records.wire(asked[node].content), "index")
             try:
-                index = self.coord.join(client_id(node), None if wanted < 0 else wanted)
+                index = self.coord.join(records.client_id(node), None if wanted < 0 else wanted)
             except Refused as err:
-                raise RunRefused(f"{client_id(node)} cannot join: {err}") from err
-            self.nodes[node] = client_id(node)
-            joined[node] = self._run_record(index)
-        described = self.send({n: records.RecordDict({records.RUN: r}) for n, r in joined.items()}, "query.join")
+                raise RunRefused(f"{records.client_id(node)} cannot join: {err}") from err
+            self.nodes[node] = records.client_id(node)
+            slots[node] = index
+        config, schedule = self.coord.joined()  # the run as it stands once every node holds its slot
+        runs = {
+            node: records.RecordDict({records.RUN: records.run_record(config, schedule, i)})
+            for node, i in slots.items()
+        }
+        described = self.send(runs, "query.join")
         for node, reply in described.items():
             try:
                 spec = ModelSpec.from_json(records.text(records.wire(reply.content), "spec"))
                 self.coord.describe(self.nodes[node], spec)
             except (KeyError, TypeError, ValueError, IndexError) as err:
                 raise RunRefused(f"{self.nodes[node]} described no usable model: {err}") from err
-
-    def _run_record(self, index: int) -> Any:
-        config, schedule = self.coord.joined()
-        return records.run_record(config, schedule, index)
 
     def step(self) -> bool:
         """Hand every node its plan for the open step and the coordinator their answers; ``False`` once there is
@@ -179,8 +175,10 @@ class FlowerRelay:
         phases = {p.phase for p in plans.values()}
         if len(phases) != 1:
             raise RunRefused(f"the nodes' plans are of different steps: {sorted(p.value for p in phases)}")
+        config, schedule = self.coord.joined()  # once a step: what every node's run record states
+        index = self.coord.run.roster.index_of
         contents = {
-            node: records.plan_content(plan, self._run_record(self.coord.run.roster.index_of(self.nodes[node])))
+            node: records.plan_content(plan, records.run_record(config, schedule, index(self.nodes[node])))
             for node, plan in plans.items()
         }
         self.bytes_sent += sum(len(b) for c in contents.values() for b in records.blobs(records.wire(c), "plan"))
@@ -205,18 +203,7 @@ class FlowerRelay:
             def on_envelope(env: Any) -> None:
                 if env.client_id != cid:
                     raise Refused("PERMISSION_DENIED", f"a push of {env.client_id!r} from {cid}")
-                if coord.precheck(
-                    env.client_id,
-                    env.client_index,
-                    env.run_id,
-                    env.task,
-                    env.round,
-                    env.phase,
-                    env.idempotency_key,
-                    declared=env.declared,
-                    declared_bytes=env.total_bytes,
-                    secure_attempt=env.secure_attempt,
-                ):
+                if coord.precheck_push(env):
                     raise _Recorded()  # a resumed step's answer the coordinator had already staged
 
             self.bytes_received += sum(len(b) for b in records.blobs(record, "update"))

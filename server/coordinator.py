@@ -31,7 +31,7 @@ from common.run.config import RunConfig
 from common.run.partition import describe_tasks
 from common.run.schedule import Schedule
 from common.secagg.rounds import Keys
-from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
+from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, PushEnvelope, RoundPlan, Wait
 from server.checks import Options, Refused, check_counts, check_run_id, check_same_spec, check_step
 from server.intake import SecAggCall, StepState
 from server.run import Run
@@ -223,6 +223,21 @@ class Coordinator:
                 return True
             step.intake.precheck(step, declared, declared_bytes, secure_attempt)
             return False
+
+    def precheck_push(self, env: PushEnvelope) -> bool:
+        """:meth:`precheck` of a decoded push envelope; ``True`` if it is a duplicate."""
+        return self.precheck(
+            env.client_id,
+            env.client_index,
+            env.run_id,
+            env.task,
+            env.round,
+            env.phase,
+            env.idempotency_key,
+            declared=env.declared,
+            declared_bytes=env.total_bytes,
+            secure_attempt=env.secure_attempt,
+        )
 
     def submit(self, update: ClientUpdate, idempotency_key: str) -> bool:
         """Validate, stage durably, and fold when its turn comes. Returns ``False`` for a duplicate."""

@@ -114,18 +114,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
         def on_envelope(env: PushEnvelope) -> None:
             self.auth.authorize(context, env.client_id)  # before any tensor is read or state touched
-            if coord.precheck(
-                env.client_id,
-                env.client_index,
-                env.run_id,
-                env.task,
-                env.round,
-                env.phase,
-                env.idempotency_key,
-                declared=env.declared,
-                declared_bytes=env.total_bytes,
-                secure_attempt=env.secure_attempt,
-            ):
+            if coord.precheck_push(env):
                 raise _Duplicate()
 
         try:
