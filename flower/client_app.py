@@ -163,8 +163,9 @@ def _session(msg: Message, context: Context) -> FlowerSession:
             session.setup()
         except Exit as refused:
             raise Refusal(f"{records.client_id(context.node_id)} refuses the run: {refused}") from refused
-        _SESSIONS.clear()  # one run at a time in a process: another run's model is not kept
-        _SESSIONS[key] = session
+        for other in [k for k in _SESSIONS if k[1] != key[1]]:
+            del _SESSIONS[other]  # one run at a time in a process: another run's sessions are not kept
+        _SESSIONS[key] = session  # the virtual nodes of one simulation process: each its own
     session.transport.run = run
     return session
 

@@ -12,8 +12,9 @@ ServerApp started again on it (a new ``flwr run``) resumes at the step it had re
 Settings, in the run config (``--run-config`` or ``[tool.flwr.app.config]``): ``lorm-args`` (the run's
 configuration as ``lorm-server``'s flags: ``--preset``, ``--config``, ``--set``, ``--task``, ``--open``),
 ``state-dir``, ``results-dir``, ``operator-address`` with ``operator-digest-file`` (``lorm-admin`` appends tasks to
-an open run there), ``step-timeout`` (seconds a step's round of messages may take) and ``nodes-timeout`` (seconds to
-wait for the federation's nodes).
+an open run there, over TLS with ``operator-tls-cert`` and ``operator-tls-key``, or in plaintext only with
+``operator-insecure = true``), ``step-timeout`` (seconds a step's round of messages may take) and ``nodes-timeout``
+(seconds to wait for the federation's nodes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import sys
 import time
 from collections.abc import Mapping
 from concurrent import futures
@@ -32,6 +34,8 @@ import grpc
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
+from common.infra.logs import PlainFormatter
+from common.infra.tls import Security
 from common.methods.checks import validate
 from common.run.arguments import add_config_arguments
 from common.run.config import RunConfig
@@ -70,6 +74,7 @@ class Settings:
     results_dir: str = ""
     operator_address: str = ""
     operator_digest_file: str = ""
+    operator_security: Security = Security(insecure=True)
     step_timeout_s: float = 3600.0
     nodes_timeout_s: float = 600.0
 
@@ -85,15 +90,39 @@ def settings(run_config: Mapping[str, Any]) -> Settings:
         raise RunRefused(f"lorm-args: {err}") from err
     if config.section(SecAggSettings).enabled:
         raise RunRefused(SECURE_ON_FLOWER)
+    operator = Security(
+        cert=str(run_config.get("operator-tls-cert", "")),
+        key=str(run_config.get("operator-tls-key", "")),
+        insecure=_switch(run_config.get("operator-insecure", False)),
+    )
+    if operator.insecure and operator.cert:
+        raise RunRefused("operator-insecure (plaintext) contradicts operator-tls-cert: pass one or the other")
+    if run_config.get("operator-address") and not operator.insecure and not (operator.cert and operator.key):
+        raise RunRefused(
+            "operator-address needs operator-tls-cert and operator-tls-key (the operator's token is a secret), "
+            "or operator-insecure = true for plaintext on a trusted network"
+        )
     return Settings(
         config,
         state_dir=str(run_config.get("state-dir", "")),
         results_dir=str(run_config.get("results-dir", "")),
         operator_address=str(run_config.get("operator-address", "")),
         operator_digest_file=str(run_config.get("operator-digest-file", "")),
+        operator_security=operator,
         step_timeout_s=float(run_config.get("step-timeout", 3600.0)),
         nodes_timeout_s=float(run_config.get("nodes-timeout", 600.0)),
     )
+
+
+def _switch(value: object) -> bool:
+    """A run config's switch: a TOML boolean, or its spelling in ``--run-config``."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no", ""):
+        return False
+    raise RunRefused(f"{value!r} is not a switch (true or false)")
 
 
 class _Recorded(Exception):
@@ -126,29 +155,36 @@ class FlowerRelay:
         return replies
 
     def nodes_of_federation(self) -> list[int]:
-        """The run's nodes: the first ``num_clients`` the federation has (``RunRefused`` after ``nodes_timeout``)."""
+        """The federation's nodes, once it has at least the run's ``num_clients`` (``RunRefused`` after
+        ``nodes_timeout``)."""
         wanted, deadline = self.coord.config.num_clients, time.monotonic() + self.settings.nodes_timeout_s
         while True:
             nodes = sorted(self.grid.get_node_ids())
             if len(nodes) >= wanted:
-                return nodes[:wanted]
+                return nodes
             if time.monotonic() > deadline:
                 raise RunRefused(f"the federation has {len(nodes)} nodes; the run needs {wanted}")
             time.sleep(1.0)
 
     def join(self) -> None:
-        """Every node joins (in the slot it asks for) and describes its model."""
+        """The run's nodes join (in the slots they ask for) and describe their model. Of a federation larger than
+        the run, the nodes that ask for a slot of the run come first, then those that ask for none, by node id;
+        the rest (a simulation's virtual nodes past ``num_clients``) take no part."""
         nodes = self.nodes_of_federation()
         asked = self.send({n: records.RecordDict() for n in nodes}, "query.hello")
+        wanted = {n: records.integer(records.wire(asked[n].content), "index") for n in nodes}
+        size = self.coord.config.num_clients
+        order = sorted(nodes, key=lambda n: (not 0 <= wanted[n] < size, wanted[n] < 0, n))
         slots: dict[int, int] = {}
-        for node in sorted(nodes, key=lambda n: (records.integer(records.wire(asked[n].content), "index") < 0, n)):
-            wanted = records.integer(records.wire(asked[node].content), "index")
+        for node in order[:size]:
             try:
-                index = self.coord.join(records.client_id(node), None if wanted < 0 else wanted)
+                index = self.coord.join(records.client_id(node), None if wanted[node] < 0 else wanted[node])
             except Refused as err:
                 raise RunRefused(f"{records.client_id(node)} cannot join: {err}") from err
             self.nodes[node] = records.client_id(node)
             slots[node] = index
+        if len(nodes) > size:
+            log.info("%d nodes of the federation take no part: the run has %d clients", len(nodes) - size, size)
         config, schedule = self.coord.joined()  # the run as it stands once every node holds its slot
         runs = {
             node: records.RecordDict({records.RUN: records.run_record(config, schedule, i)})
@@ -219,7 +255,8 @@ class FlowerRelay:
 
 def _operator_server(coord: Coordinator, s: Settings) -> grpc.Server | None:
     """The Operator service alone (``lorm-admin status``, ``add-task``, ``finish``), when the run config names an
-    address and the token's digest: the clients reach the run through Flower, not here."""
+    address and the token's digest, over TLS unless the run config asks for plaintext: the clients reach the run
+    through Flower, not here."""
     if not s.operator_address:
         return None
     if not s.operator_digest_file:
@@ -228,14 +265,24 @@ def _operator_server(coord: Coordinator, s: Settings) -> grpc.Server | None:
     pb_grpc.add_OperatorServicer_to_server(
         OperatorServicer(coord, OperatorAuth.from_file(s.operator_digest_file)), server
     )
-    if server.add_insecure_port(s.operator_address) == 0:
+    credentials = s.operator_security.server_credentials()
+    try:
+        port = (
+            server.add_secure_port(s.operator_address, credentials)
+            if credentials
+            else server.add_insecure_port(s.operator_address)
+        )
+    except RuntimeError:  # gRPC's own says only "Failed to bind"
+        port = 0
+    if port == 0:
         raise RunRefused(f"operator-address {s.operator_address}: cannot listen there")
     server.start()
     return server
 
 
-def drive(grid: Grid, s: Settings, poll_s: float = 1.0) -> Coordinator:
-    """The whole run over ``grid``: join, every step, the export; the coordinator as the run left it."""
+def drive(grid: Grid, s: Settings, poll_s: float = 1.0) -> FlowerRelay:
+    """The whole run over ``grid``: join, every step, the export; the relay (its coordinator as the run left it,
+    the bytes it carried)."""
     store = Store(s.state_dir) if s.state_dir else MemoryStore()
     results = s.results_dir or (str(Path(s.state_dir) / "results") if s.state_dir else "")
     options = Options(results_dir=results, results=bool(results))
@@ -262,7 +309,19 @@ def drive(grid: Grid, s: Settings, poll_s: float = 1.0) -> Coordinator:
         finally:
             if operator is not None:
                 operator.stop(grace=1.0)
-    return coord
+    return relay
+
+
+def _log_to_stdout() -> None:
+    """The coordinator's events on stdout, which Flower streams to ``flwr run --stream`` and ``flwr log``; Flower's
+    own loggers are left as they are."""
+    project = logging.getLogger("lorm")
+    if not project.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(PlainFormatter())
+        project.addHandler(handler)
+        project.setLevel(logging.INFO)
+        project.propagate = False
 
 
 def server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
@@ -271,6 +330,7 @@ def server_app(defaults: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        _log_to_stdout()
         drive(grid, settings({**(defaults or {}), **context.run_config}))
 
     return app

@@ -21,8 +21,7 @@ from flwr.simulation import run_simulation
 
 from common.run.config import RunConfig
 from flower.client_app import app as client_app
-from flower.server_app import Settings, drive, settings
-from server.coordinator import Coordinator
+from flower.server_app import FlowerRelay, Settings, drive, settings
 
 
 def simulate(
@@ -31,10 +30,12 @@ def simulate(
     *,
     cpus: int = 1,
     nodes: ClientApp = client_app,
-) -> Coordinator:
-    """``config`` run on the simulation engine, one virtual node per client, ``cpus`` ClientApps at a time; the
-    coordinator as the run left it (``nodes``: the ClientApp every node runs). The ServerApp's failure (a refusal,
-    a node's) is raised here."""
+    supernodes: int | None = None,
+) -> FlowerRelay:
+    """``config`` run on the simulation engine, one virtual node per client (or ``supernodes``, of which those past
+    ``num_clients`` take no part), ``cpus`` ClientApps at a time; the coordinator as the run left it (``nodes``: the
+    ClientApp every node runs). Returns the relay: its coordinator as the run left it, the bytes it carried. The
+    ServerApp's failure (a refusal, a node's) is raised here."""
     outcome: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="lorm-flower-") as scratch:
         path = Path(scratch) / "config.json"
@@ -45,7 +46,7 @@ def simulate(
         def main(grid: Grid, context: Context) -> None:
             try:
                 s: Settings = settings({"nodes-timeout": 120, **(run_config or {}), "lorm-args": f"--config {path}"})
-                outcome["coordinator"] = drive(grid, s)
+                outcome["relay"] = drive(grid, s)
             except BaseException as err:  # raised again in the caller's thread
                 outcome["error"] = err
                 raise
@@ -53,14 +54,14 @@ def simulate(
         run_simulation(
             app,
             nodes,
-            num_supernodes=config.num_clients,
+            num_supernodes=supernodes or config.num_clients,
             backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": cpus}},
         )
     if "error" in outcome:
         raise outcome["error"]
-    if "coordinator" not in outcome:
+    if "relay" not in outcome:
         raise RuntimeError("the simulation engine ended before the ServerApp did")
-    return outcome["coordinator"]
+    return outcome["relay"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         config = validate(config_with_schedule(args))
     except (OSError, ValueError) as err:
         parser.error(str(err))
-    coord = simulate(config, {"results-dir": args.results_dir, "state-dir": args.state_dir}, cpus=args.cpus)
+    coord = simulate(config, {"results-dir": args.results_dir, "state-dir": args.state_dir}, cpus=args.cpus).coord
     print(format_summary({"config": {}, "seconds": coord.run.seconds, **coord.run.matrix.summary()}))
     return 0
 

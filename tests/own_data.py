@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from common.run.config import RunConfig
+from common.wire.model_card import CARD_FILE, ModelCard
+from serve import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN_TEXT = ROOT / "tests" / "data" / "own-text"
@@ -14,7 +20,11 @@ Rows = list[tuple[str, str]]
 
 
 def own_text_rows(split: str) -> Rows:
-    with (OWN_TEXT / f"{split}.csv").open(newline="") as f:
+    return own_text_rows_of(OWN_TEXT / f"{split}.csv")
+
+
+def own_text_rows_of(path: Path) -> Rows:
+    with path.open(newline="") as f:
         return [(row["text"], row["label"]) for row in csv.DictReader(f)]
 
 
@@ -76,3 +86,76 @@ def owned_config(clients_dir: Path | None = None, **changes: object) -> RunConfi
         settings={"data": data},
     )
     return RunConfig(**{**base, **changes})  # type: ignore[arg-type]
+
+
+# An open schedule of three tasks that grows while it runs (the operator appends tasks 1 and 2)
+TASKS = [["alarm", "balance"], ["greeting", "music"], ["timer"]]  # 'weather' is in no task
+CLASSES = [name for task in TASKS for name in task]
+TEST_FILES = {0: "client0-test.csv", 2: "client2-test.csv"}
+
+
+def four_clients(folder):
+    """own-text's 12 training rows of each class, cut without overlap: client 0 holds 4 of every scheduled
+    class; client 1 only task 1's and 2's (none of task 0); client 2 task 0's and 1's and 6 of 'weather', a
+    label in no task; client 3, the late one, only the last task's. Clients 0 and 2 hold halves of the
+    scheduled classes' test rows."""
+    folder.mkdir()
+    train = by_label(own_text_rows("train"))
+    shares = {
+        0: [(label, slice(0, 4)) for label in CLASSES],
+        1: [(label, slice(4, 8)) for label in ("greeting", "music", "timer")],
+        2: [(label, slice(4, 8)) for label in ("alarm", "balance")]
+        + [(label, slice(8, 12)) for label in ("greeting", "music")]
+        + [("weather", slice(0, 6))],
+        3: [("timer", slice(8, 12))],
+    }
+    for i, share in shares.items():
+        write_rows(folder / f"client{i}.csv", [(text, label) for label, cut in share for text in train[label][cut]])
+    test = [row for row in own_text_rows("test") if row[1] in CLASSES]
+    write_rows(folder / TEST_FILES[0], test[0::2])
+    write_rows(folder / TEST_FILES[2], test[1::2])
+    return folder
+
+
+def data_flags(folder, i: int) -> list[str]:
+    test = ["--test-data", str(folder / TEST_FILES[i])] if i in TEST_FILES else []
+    return ["--data", str(folder / f"client{i}.csv"), *test]
+
+
+def assert_same_tensors(want_file, got_file) -> None:
+    want, got = load_file(str(want_file)), load_file(str(got_file))
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]), (got_file, key)
+
+
+def predicted_correct(export, folder, card: ModelCard, capsys) -> list[int]:
+    """``lorm-predict`` over every client's test file: correct predictions per task, as the run counts them."""
+    correct = [0] * len(card.tasks)
+    for name in TEST_FILES.values():
+        rows = own_text_rows_of(folder / name)
+        sentences = folder / f"{name}.txt"
+        sentences.write_text("".join(f"{text}\n" for text, _ in rows))
+        assert predict.main([str(export), "--file", str(sentences), "--batch-size", "4"]) == 0
+        labels = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+        assert len(labels) == len(rows)
+        for (_, label), guess in zip(rows, labels):
+            y = card.classes.index(label)
+            task = next(t for t, (lo, hi) in enumerate(card.tasks) if lo <= y < hi)
+            correct[task] += guess == label
+    return correct
+
+
+def assert_the_engines_run(results: Path, inprocess: Path, counts, folder: Path, capsys) -> dict:
+    """The open schedule's export in ``results`` is the in-process engine's (its ``counts``, its files in
+    ``inprocess``), bit for bit, and ``lorm-predict`` on it gives the run's counts on every client's test file;
+    the run's metrics."""
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert metrics["correct"] == counts.correct and metrics["total"] == counts.total
+    assert all(total > 0 for row in metrics["total"] for total in row)
+    for name in ("adapter/adapter_model.safetensors", "head.safetensors"):
+        assert_same_tensors(inprocess / name, results / name)
+    card = ModelCard.from_json((results / CARD_FILE).read_text())
+    assert card.classes == CLASSES and card.tasks == [[0, 2], [2, 4], [4, 5]] and card.tasks_trained == 3
+    assert predicted_correct(results, folder, card, capsys) == metrics["correct"][-1]
+    return metrics

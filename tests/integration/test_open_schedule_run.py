@@ -9,83 +9,18 @@ model is exported while the run goes on, and a watching server (``serve.watch.Mo
 
 from __future__ import annotations
 
-import csv
 import json
-
-import torch
-from safetensors.torch import load_file
 
 from common.infra.tls import token_digest
 from common.wire.model_card import CARD_FILE, ModelCard
 from engine.simulation import run_inprocess
-from serve import predict
 from serve.model import Classifier
 from serve.watch import ModelSlot
 from server.admin import main as admin
 
-from own_data import by_label, own_text_rows, owned_config, write_rows
+from own_data import CLASSES, TASKS, assert_the_engines_run, data_flags, four_clients, owned_config
 
 TOKEN = "operator-open-schedule-token"
-TASKS = [["alarm", "balance"], ["greeting", "music"], ["timer"]]  # 'weather' is in no task
-CLASSES = [name for task in TASKS for name in task]
-TEST_FILES = {0: "client0-test.csv", 2: "client2-test.csv"}
-
-
-def four_clients(folder):
-    """own-text's 12 training rows of each class, cut without overlap: client 0 holds 4 of every scheduled
-    class; client 1 only task 1's and 2's (none of task 0); client 2 task 0's and 1's and 6 of 'weather', a
-    label in no task; client 3, the late one, only the last task's. Clients 0 and 2 hold halves of the
-    scheduled classes' test rows."""
-    folder.mkdir()
-    train = by_label(own_text_rows("train"))
-    shares = {
-        0: [(label, slice(0, 4)) for label in CLASSES],
-        1: [(label, slice(4, 8)) for label in ("greeting", "music", "timer")],
-        2: [(label, slice(4, 8)) for label in ("alarm", "balance")]
-        + [(label, slice(8, 12)) for label in ("greeting", "music")]
-        + [("weather", slice(0, 6))],
-        3: [("timer", slice(8, 12))],
-    }
-    for i, share in shares.items():
-        write_rows(folder / f"client{i}.csv", [(text, label) for label, cut in share for text in train[label][cut]])
-    test = [row for row in own_text_rows("test") if row[1] in CLASSES]
-    write_rows(folder / TEST_FILES[0], test[0::2])
-    write_rows(folder / TEST_FILES[2], test[1::2])
-    return folder
-
-
-def data_flags(folder, i: int) -> list[str]:
-    test = ["--test-data", str(folder / TEST_FILES[i])] if i in TEST_FILES else []
-    return ["--data", str(folder / f"client{i}.csv"), *test]
-
-
-def assert_same_tensors(want_file, got_file) -> None:
-    want, got = load_file(str(want_file)), load_file(str(got_file))
-    assert got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), (got_file, key)
-
-
-def predicted_correct(export, folder, card: ModelCard, capsys) -> list[int]:
-    """``lorm-predict`` over every client's test file: correct predictions per task, as the run counts them."""
-    correct = [0] * len(card.tasks)
-    for name in TEST_FILES.values():
-        rows = own_text_rows_of(folder / name)
-        sentences = folder / f"{name}.txt"
-        sentences.write_text("".join(f"{text}\n" for text, _ in rows))
-        assert predict.main([str(export), "--file", str(sentences), "--batch-size", "4"]) == 0
-        labels = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
-        assert len(labels) == len(rows)
-        for (_, label), guess in zip(rows, labels):
-            y = card.classes.index(label)
-            task = next(t for t, (lo, hi) in enumerate(card.tasks) if lo <= y < hi)
-            correct[task] += guess == label
-    return correct
-
-
-def own_text_rows_of(path) -> list[tuple[str, str]]:
-    with path.open(newline="") as f:
-        return [(row["text"], row["label"]) for row in csv.DictReader(f)]
 
 
 def test_a_federation_on_own_data_grows_survives_a_restart_takes_a_late_client_and_is_the_engines_run(
@@ -144,15 +79,6 @@ def test_a_federation_on_own_data_grows_survives_a_restart_takes_a_late_client_a
     assert len(left_out) == len(TASKS) and left_out[-1].split("left out: ")[1].startswith("'weather' (6)  [")
     assert "task 2 round" in logs[3] and "task 0 round" not in logs[3]  # the late client trained in task 2 only
 
-    results = c.run_dir / "results"
-    metrics = json.loads((results / "metrics.json").read_text())
+    metrics = assert_the_engines_run(c.run_dir / "results", inprocess, result.matrix, folder, capsys)
     assert [entry["clients"] for entry in metrics["history"] if entry["task"] == 2][0] == 4
     assert all(entry["clients"] == 3 for entry in metrics["history"] if entry["task"] < 2)
-    assert metrics["correct"] == result.matrix.correct and metrics["total"] == result.matrix.total
-    assert all(total > 0 for row in metrics["total"] for total in row)
-    for name in ("adapter/adapter_model.safetensors", "head.safetensors"):
-        assert_same_tensors(inprocess / name, results / name)
-
-    card = ModelCard.from_json((results / CARD_FILE).read_text())
-    assert card.classes == CLASSES and card.tasks == [[0, 2], [2, 4], [4, 5]] and card.tasks_trained == 3
-    assert predicted_correct(results, folder, card, capsys) == metrics["correct"][-1]
