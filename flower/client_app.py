@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -145,17 +147,21 @@ def site_options(context: Context) -> ClientOptions:
 
 
 def _session(msg: Message, context: Context) -> FlowerSession:
-    """The node's session for the run in ``msg``, set up anew when this process has none."""
+    """The node's session for the run in ``msg``, set up anew when this process has none. A session whose run
+    keeps a privacy ledger is never kept: the simulation engine may hand a node's next message to another of its
+    processes, and the account of what the node released must be the one on disk, not a stale copy."""
     run = msg.content.config_records[records.RUN]
-    key = (context.node_id, records.run_from_record(run)[0].run_id)
+    config, _, index = records.run_from_record(run)
+    key = (context.node_id, config.run_id)
     session = _SESSIONS.get(key)
     if session is None:
         options = site_options(context)
         if virtual(context):  # its own data in the run's folder of every client's, as lorm-sim's clients
-            config, _, index = records.run_from_record(run)
             clients_dir = config.section(DataSettings).clients_dir
             local = LocalSettings(clients_dir=clients_dir).for_client(index) if clients_dir else options.local
-            options = dataclasses.replace(options, local=local)
+            # and its ledger, as theirs, in the run's scratch: one simulation's (Flower's run id), every process's
+            ledger = options.privacy_ledger or scratch_ledger(context.run_id, index)
+            options = dataclasses.replace(options, local=local, privacy_ledger=ledger)
         session = FlowerSession(MessageTransport(), options)
         session.virtual = virtual(context)
         session.transport.run = run
@@ -165,9 +171,16 @@ def _session(msg: Message, context: Context) -> FlowerSession:
             raise Refusal(f"{records.client_id(context.node_id)} refuses the run: {refused}") from refused
         for other in [k for k in _SESSIONS if k[1] != key[1]]:
             del _SESSIONS[other]  # one run at a time in a process: another run's sessions are not kept
-        _SESSIONS[key] = session  # the virtual nodes of one simulation process: each its own
+        if session.ledger is None:
+            _SESSIONS[key] = session  # the virtual nodes of one simulation process: each its own
     session.transport.run = run
     return session
+
+
+def scratch_ledger(flower_run: int, index: int) -> Path:
+    """A virtual node's privacy ledger: in the simulation's own folder of the system's temporary directory, shared
+    by the simulation's processes, fresh for each simulation, as ``lorm-sim`` keeps its clients' for a run."""
+    return Path(tempfile.gettempdir()) / f"lorm-flower-{flower_run}" / f"client-{index}.json"
 
 
 @app.query("hello")

@@ -14,6 +14,7 @@ pytest.importorskip("flwr")
 from flwr.app import Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
+from common.privacy.ledger import privacy_summary  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.run.presets import preset  # noqa: E402
 from engine.simulation import run_inprocess  # noqa: E402
@@ -27,9 +28,11 @@ from own_data import disjoint_clients, owned_config  # noqa: E402
 pytestmark = pytest.mark.long(60)
 
 
-def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | None = None) -> None:
+def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | None = None) -> dict:
+    """The checks; the in-process run's privacy statement."""
     native = run_inprocess(config)
     coord = simulate(config, supernodes=supernodes).coord
+    assert privacy_summary(coord.run.history) == privacy_summary(native.history)
     strategy = coord.run.strategy
     assert strategy is not None
     assert coord.run.matrix.correct == native.matrix.correct and coord.run.matrix.total == native.matrix.total
@@ -39,6 +42,7 @@ def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | Non
     for name, low in adapter.items():
         assert torch.equal(low.b, native.adapter[name].b) and torch.equal(low.a, native.adapter[name].a), name
     assert [h["phase"] for h in coord.run.history] == [h["phase"] for h in native.history]
+    return privacy_summary(native.history)
 
 
 def test_the_tiny_preset_on_flower_equals_the_in_process_engine(tmp_path: Path) -> None:
@@ -57,6 +61,25 @@ def test_of_a_federation_larger_than_the_run_the_nodes_asking_for_its_slots_take
     are sent nothing past their hello, and the run is the in-process engine's."""
     config = RunConfig(**{**preset("tiny"), "run_id": "flower-five", "num_tasks": 1, "rounds_per_task": 2})
     _same_as_in_process(config, tmp_path, supernodes=5)
+
+
+@pytest.mark.parametrize(
+    "method, dp",
+    [
+        ("ridge", {"epsilon": 1.0, "clip": 2.0, "seed": 5, "mode": "central"}),
+        ("lorm", {"epsilon": 8.0, "clip": 1.0, "seed": 5, "mode": "local", "sample_rate": 0.5}),
+    ],
+)
+def test_differential_privacy_on_flower_is_the_in_process_runs_noise_and_statement(
+    method: str, dp: dict, tmp_path: Path
+) -> None:
+    """Central (the coordinator noises the summed statistics of a closed-form head) and local (each ClientApp
+    trains with DP-SGD and noises its Grams by its own ledger): the same noise, head and privacy statement as the
+    in-process engine's, because the noise is keyed by the seed, the step and the client's slot."""
+    changes = {"run_id": f"flower-dp-{method}", "num_tasks": 2, "rounds_per_task": 1, "method": method}
+    config = RunConfig(**{**preset("tiny"), **changes, "settings": {**preset("tiny")["settings"], "dp": dp}})
+    statement = _same_as_in_process(config, tmp_path)
+    assert statement["privacy"]["mode"] == dp["mode"] and statement["privacy"]["epsilon"] <= dp["epsilon"]
 
 
 def test_a_run_with_secure_aggregation_is_refused_at_start_naming_the_native_coordinator() -> None:
