@@ -10,10 +10,14 @@ import torch
 
 from client.owned import client_files
 from client.runtime import owned_runtimes
+from common.run.config import RunConfig
+from common.run.partition import dirichlet_partition
+from common.run.presets import preset
 from common.run.schedule import class_schedule
 from common.run.settings import RobustSettings
 from common.wire.messages import ClientUpdate, EvalReport, Phase
 from common.wire.tensors import HEAD_GRAM
+from engine.simulation import run_inprocess
 from server.robust import screen_and_fold
 from server.steps import merge, open_step, schedule
 from server.strategies import make_strategy
@@ -111,3 +115,17 @@ def test_a_task_that_no_client_holds_data_of_is_refused_by_name_not_merged_into_
     step.aggregator.fold(runtime.worker(0, "client-0").handle(step.plan))
     with pytest.raises(ValueError, match=r"task 0 features step: its 1 updates hold no sample of .* \[0, 2\)"):
         merge(strategy, step, 1, {})
+
+
+def test_dirichlet_shards_with_no_minimum_let_a_client_without_a_tasks_samples_take_part():
+    """``min_client_samples = 0``: the partition may leave a client none of a task's samples, and the coordinator
+    takes its update of zero samples (its bound is the run's minimum, not 1), as a federation of many small
+    clients needs."""
+    changes = {"run_id": "empty-shards", "method": "ridge", "num_clients": 40, "min_client_samples": 0, "beta": 0.1}
+    config = RunConfig(**{**preset("tiny"), **changes})
+    labels = torch.arange(9).repeat_interleave(40).numpy()  # the synthetic set: 40 training samples of 9 classes
+    shards = dirichlet_partition(labels, [(0, 3), (3, 6), (6, 9)], 40, 0.1, config.seed, 0)
+    assert any(len(shard) == 0 for task in shards for shard in task)  # some client holds none of some task
+    result = run_inprocess(config)
+    assert [h["clients"] for h in result.history if h["phase"] == "features"] == [40, 40, 40]
+    assert result.matrix.total[-1] == [30, 30, 30]
