@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
+from client.runtime import process_settings_kept
 from common.infra.logs import PlainFormatter
 from common.infra.tls import Security
 from common.methods.checks import validate
@@ -286,7 +288,11 @@ def drive(grid: Grid, s: Settings, poll_s: float = 1.0) -> FlowerRelay:
     store = Store(s.state_dir) if s.state_dir else MemoryStore()
     results = s.results_dir or (str(Path(s.state_dir) / "results") if s.state_dir else "")
     options = Options(results_dir=results, results=bool(results))
-    with held(s.state_dir or None):
+    with held(s.state_dir or None), process_settings_kept():
+        if s.config.threads:
+            # The merges' float sums depend on how BLAS splits them over threads: as lorm-server, the coordinator
+            # runs them with the run's threads, which the in-process engine uses, to match it bit for bit.
+            torch.set_num_threads(s.config.threads)
         coord = Coordinator(s.config, store, options, on_event=log.info)
         if coord.run.state == State.FAILED:
             raise RunRefused(f"state directory {s.state_dir} holds a run that failed: use a fresh one")

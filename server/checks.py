@@ -65,8 +65,9 @@ def sample_bounds(config: RunConfig, options: Options, class_range: tuple[int, i
     """``(lo, hi)`` for one client's ``num_samples`` of a task with ``class_range``, from what the run fixes.
 
     Every client holds at least ``min_client_samples`` of each task (the partition redraws until it
-    does; with 0, a client may hold none), or on its own data (``data.owned``) none or more; with ``train_per_class`` no client can hold
-    more than that many per class of the task; ``Options.max_num_samples`` caps it in any case.
+    does; with 0, a client may hold none), or on its own data (``data.owned``) none or more; with
+    ``train_per_class`` no client can hold more than that many per class of the task;
+    ``Options.max_num_samples`` caps it in any case.
     """
     lo, hi = class_range
     cap = options.max_num_samples
