@@ -45,10 +45,6 @@ def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | Non
     return privacy_summary(native.history)
 
 
-def test_the_tiny_preset_on_flower_equals_the_in_process_engine(tmp_path: Path) -> None:
-    _same_as_in_process(RunConfig(**{**preset("tiny"), "run_id": "flower-tiny"}), tmp_path)
-
-
 def test_own_data_of_each_virtual_node_and_a_closed_form_head_equal_the_in_process_engine(tmp_path: Path) -> None:
     """``data.clients_dir``: virtual node i reads clients_dir/client<i>.csv, as the in-process engine's client i;
     the ridge head (a closed-form head on features) folds the same statistics."""
@@ -56,11 +52,10 @@ def test_own_data_of_each_virtual_node_and_a_closed_form_head_equal_the_in_proce
     _same_as_in_process(config, tmp_path)
 
 
-def test_of_a_federation_larger_than_the_run_the_nodes_asking_for_its_slots_take_part(tmp_path: Path) -> None:
-    """Five virtual nodes, three clients: nodes 0 to 2 (by ``partition-id``) hold the run's slots, the other two
-    are sent nothing past their hello, and the run is the in-process engine's."""
-    config = RunConfig(**{**preset("tiny"), "run_id": "flower-five", "num_tasks": 1, "rounds_per_task": 2})
-    _same_as_in_process(config, tmp_path, supernodes=5)
+def test_the_tiny_preset_on_a_federation_larger_than_the_run_equals_the_in_process_engine(tmp_path: Path) -> None:
+    """The tiny preset on five virtual nodes, three clients: nodes 0 to 2 (by ``partition-id``) hold the run's
+    slots, the other two are sent nothing past their hello, and the run is the in-process engine's."""
+    _same_as_in_process(RunConfig(**{**preset("tiny"), "run_id": "flower-tiny"}), tmp_path, supernodes=5)
 
 
 @pytest.mark.parametrize(
