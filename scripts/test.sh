@@ -18,16 +18,14 @@ mypy_log="$(mktemp)"
 trap 'rm -f "$mypy_log"' EXIT
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-# Workers: one more than the CPUs, at most 4. The integration tests start a coordinator and clients (or a
-# SuperLink and SuperNodes) each and mostly wait: on their deadlines, on child processes' start-up, on Flower's
-# 3-second polls. A third worker on 2 cores fills those waits (CPU use was 43 % of 2 cores with two workers).
+# -n auto: one worker per CPU, at most 4 (the integration tests start a coordinator and clients each, and
+# wait on their deadlines, which overlaps across workers).
 # --dist worksteal: a worker that has run out of tests takes half of another's queue. With the default (load),
 # one of two workers held the integration tests to the end while the other sat idle for four minutes.
 # --durations: every run names its slowest tests, so that CI's time budget is watched where it is spent.
 # Extra arguments go to pytest (e.g. `-n 0` to run in one process, `-k NAME`).
 status=0
-workers="$(.venv/bin/python -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))')"
-.venv/bin/python -m pytest -m "not slow" -q -n "$workers" --dist worksteal --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -m "not slow" -q -n auto --maxprocesses 4 --dist worksteal --durations=25 "$@" || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
 if [ "$mypy_status" -ne 0 ]; then

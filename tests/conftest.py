@@ -1,6 +1,7 @@
 """Shared test settings: deterministic, single-threaded torch (tiny models run faster so), in the test
 processes and in every process they start."""
 
+import itertools
 import os
 
 # Set before torch is imported, and inherited by every coordinator, client and command a test starts:
@@ -40,6 +41,6 @@ def pytest_collection_modifyitems(config, items):
     for k, part in enumerate(parts):
         size = remaining // (workers - k)  # worksteal's first share for worker k
         remaining -= size
-        part.extend(next(rest) for _ in range(max(size - len(part), 0)))
+        part.extend(itertools.islice(rest, max(size - len(part), 0)))  # fewer where the long tests took more
     parts[-1].extend(rest)
     items[:] = [item for part in parts for item in part]

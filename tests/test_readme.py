@@ -125,7 +125,7 @@ def _processes_with(*words: str) -> list[int]:
     return found
 
 
-@pytest.mark.long(90)
+@pytest.mark.slow  # 150 s of a worker: in the default suite, tests/flower and the deployment test cover it
 def test_on_flower_runs_as_written(tmp_path):
     """Both blocks, each as one shell script, side by side: the simulation (Flower's managed local SuperLink, in
     this test's own Flower home and on ports of its own) and the deployment of two sites with their own CSV."""

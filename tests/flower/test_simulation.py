@@ -27,6 +27,8 @@ from own_data import disjoint_clients, owned_config  # noqa: E402
 
 pytestmark = pytest.mark.long(60)
 
+CENTRAL = {"epsilon": 1.0, "clip": 2.0, "seed": 5, "mode": "central"}
+
 
 def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | None = None) -> dict:
     """The checks; the in-process run's privacy statement."""
@@ -45,11 +47,16 @@ def _same_as_in_process(config: RunConfig, tmp_path: Path, supernodes: int | Non
     return privacy_summary(native.history)
 
 
-def test_own_data_of_each_virtual_node_and_a_closed_form_head_equal_the_in_process_engine(tmp_path: Path) -> None:
+def test_own_data_of_each_virtual_node_and_a_private_closed_form_head_equal_the_in_process_engine(
+    tmp_path: Path,
+) -> None:
     """``data.clients_dir``: virtual node i reads clients_dir/client<i>.csv, as the in-process engine's client i;
-    the ridge head (a closed-form head on features) folds the same statistics."""
-    config = owned_config(disjoint_clients(tmp_path / "clients"), method="lorm-ridge", run_id="flower-owned")
-    _same_as_in_process(config, tmp_path)
+    the ridge head under central differential privacy (the coordinator noises the summed statistics) folds the
+    same statistics and draws the same noise, and the privacy statement is the in-process engine's."""
+    config = owned_config(disjoint_clients(tmp_path / "clients"), method="ridge", run_id="flower-owned")
+    config = dataclasses.replace(config, settings={**config.settings, "dp": CENTRAL})
+    statement = _same_as_in_process(config, tmp_path)
+    assert statement["privacy"]["mode"] == "central" and statement["privacy"]["epsilon"] <= CENTRAL["epsilon"]
 
 
 def test_the_tiny_preset_on_a_federation_larger_than_the_run_equals_the_in_process_engine(tmp_path: Path) -> None:
@@ -58,23 +65,14 @@ def test_the_tiny_preset_on_a_federation_larger_than_the_run_equals_the_in_proce
     _same_as_in_process(RunConfig(**{**preset("tiny"), "run_id": "flower-tiny"}), tmp_path, supernodes=5)
 
 
-@pytest.mark.parametrize(
-    "method, dp",
-    [
-        ("ridge", {"epsilon": 1.0, "clip": 2.0, "seed": 5, "mode": "central"}),
-        ("lorm", {"epsilon": 8.0, "clip": 1.0, "seed": 5, "mode": "local", "sample_rate": 0.5}),
-    ],
-)
-def test_differential_privacy_on_flower_is_the_in_process_runs_noise_and_statement(
-    method: str, dp: dict, tmp_path: Path
-) -> None:
-    """Central (the coordinator noises the summed statistics of a closed-form head) and local (each ClientApp
-    trains with DP-SGD and noises its Grams by its own ledger): the same noise, head and privacy statement as the
-    in-process engine's, because the noise is keyed by the seed, the step and the client's slot."""
-    changes = {"run_id": f"flower-dp-{method}", "num_tasks": 2, "rounds_per_task": 1, "method": method}
+def test_local_differential_privacy_on_flower_is_the_in_process_runs_noise_and_statement(tmp_path: Path) -> None:
+    """Each ClientApp trains with DP-SGD and noises its Grams by its own ledger: the same noise, head and privacy
+    statement as the in-process engine's, because the noise is keyed by the seed, the step and the client's slot."""
+    dp = {"epsilon": 8.0, "clip": 1.0, "seed": 5, "mode": "local", "sample_rate": 0.5}
+    changes = {"run_id": "flower-dp-lorm", "num_tasks": 1, "rounds_per_task": 1}
     config = RunConfig(**{**preset("tiny"), **changes, "settings": {**preset("tiny")["settings"], "dp": dp}})
     statement = _same_as_in_process(config, tmp_path)
-    assert statement["privacy"]["mode"] == dp["mode"] and statement["privacy"]["epsilon"] <= dp["epsilon"]
+    assert statement["privacy"]["mode"] == "local" and statement["privacy"]["epsilon"] <= dp["epsilon"]
 
 
 def test_a_run_with_secure_aggregation_is_refused_at_start_naming_the_native_coordinator() -> None:
