@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
@@ -48,7 +47,7 @@ from flower import records
 from proto import codec
 from proto import lorm_pb2_grpc as pb_grpc
 from server.checks import Options, Refused
-from server.coordinator import Coordinator
+from server.coordinator import Coordinator, use_run_threads
 from server.operator import OperatorAuth
 from server.run_state import State
 from server.service import OperatorServicer
@@ -289,10 +288,7 @@ def drive(grid: Grid, s: Settings, poll_s: float = 1.0) -> FlowerRelay:
     results = s.results_dir or (str(Path(s.state_dir) / "results") if s.state_dir else "")
     options = Options(results_dir=results, results=bool(results))
     with held(s.state_dir or None), process_settings_kept():
-        if s.config.threads:
-            # The merges' float sums depend on how BLAS splits them over threads: as lorm-server, the coordinator
-            # runs them with the run's threads, which the in-process engine uses, to match it bit for bit.
-            torch.set_num_threads(s.config.threads)
+        use_run_threads(s.config)
         coord = Coordinator(s.config, store, options, on_event=log.info)
         if coord.run.state == State.FAILED:
             raise RunRefused(f"state directory {s.state_dir} holds a run that failed: use a fresh one")

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from common.infra.faults import fault_point
 from common.methods.checks import validate
 from common.run.config import RunConfig
@@ -40,6 +42,14 @@ from server.status import run_status
 from server.store import MemoryStore, Storage, Store
 
 log = logging.getLogger("lorm.coordinator")
+
+
+def use_run_threads(config: RunConfig) -> None:
+    """Run this process's merges on the run's ``threads`` (if set), as a host of the coordinator must: the merges'
+    float sums depend on how BLAS splits them over threads, and the in-process engine runs them with
+    ``config.threads``, so a coordinator that matches it bit for bit does too."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
 
 
 class Coordinator:

@@ -11,8 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 from common.infra.logs import add_logging_arguments, set_context, setup_logging
 from common.infra.tls import SecurityError, add_security_arguments, security_from_args
 from common.methods.checks import unread_sections, validate
@@ -23,7 +21,7 @@ from common.run.schedule import add_schedule_arguments, config_with_schedule
 from common.wire.messages import ModelSpec
 from server.admission import Limits
 from server.checks import Options, Refused
-from server.coordinator import Coordinator, State
+from server.coordinator import Coordinator, State, use_run_threads
 from server.operator import add_operator_arguments, operator_from_args
 from server.service import create_server
 from server.state_lock import StateDirHeld
@@ -144,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             f"coordinator: give it to each client instead ({CLIENT_LOCAL[key]})"
         )
     set_context(run=config.run_id)
-    if config.threads:
-        # The merges' float sums depend on how BLAS splits them over threads: the in-process
-        # engine runs them with config.threads, so the coordinator must too to match it bit for bit.
-        torch.set_num_threads(config.threads)
+    use_run_threads(config)
     try:
         fixed = ModelSpec.from_json(Path(args.model_spec).read_text()) if args.model_spec else None
     except (OSError, ValueError) as err:
