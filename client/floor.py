@@ -40,9 +40,10 @@ from dataclasses import dataclass, replace
 
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
+from common.secagg.graph import Parameters
 from common.secagg.primitives import SecAggError
 from common.secagg.rounds import default_threshold
-from common.secagg.terms import threshold
+from common.secagg.terms import sparse_parameters, threshold
 
 ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
 ENV_MAX_EPSILON = "LORM_MAX_EPSILON"
@@ -105,6 +106,23 @@ MODE_FLOORS: dict[str, Callable[[int], int]] = {
     HONEST: majority,
     "signed": lambda clients: default_threshold(clients, signed=True),  # 2n/3 + 1: a coordinator that deviates
 }
+
+
+SPARSE_MIN_CORRUPT = 0.05  # the least share of colluding clients a sparse graph must be sized for, by this client
+SPARSE_MIN_BITS = 40  # and the least failure exponent (2^-40)
+
+
+def check_sparse(settings: SecAggSettings, params: Parameters) -> None:
+    """:class:`FloorError` unless a sparse graph is sized for at least this client's floor: its neighbours and
+    threshold are derived here (``common/secagg/graph.py``), from targets the coordinator's configuration states, so
+    a coordinator that set them low would get small neighbourhoods that a few colluders fill."""
+    if settings.corrupt < SPARSE_MIN_CORRUPT or settings.failure_bits < SPARSE_MIN_BITS:
+        raise FloorError(
+            f"the coordinator's configuration sizes its sparse graph ({params.k} neighbours, threshold {params.t}) "
+            f"for secagg.corrupt={settings.corrupt:g} and secagg.failure_bits={settings.failure_bits}, below this "
+            f"client's floor of {SPARSE_MIN_CORRUPT:g} and {SPARSE_MIN_BITS}: refusing neighbourhoods a few colluders "
+            "could fill"
+        )
 
 
 def check_privacy(config: RunConfig, floor: Floor) -> None:
@@ -176,7 +194,10 @@ def check_floor(config: RunConfig, floor: Floor) -> Accepted:
             f"the coordinator's configuration sets secagg.mode={mode!r}, which this client does not know "
             f"(it knows {sorted(MODE_FLOORS)}): refusing a protocol it cannot check"
         )
-    least = floor.min_threshold or MODE_FLOORS[mode](n)
+    sparse = sparse_parameters(settings, n)
+    if sparse is not None:
+        check_sparse(settings, sparse)
+    least = floor.min_threshold or (sparse.t if sparse is not None else MODE_FLOORS[mode](n))
     if floor.require_secure:
         least = max(least, SECURE_MIN_THRESHOLD)
     if t < least:

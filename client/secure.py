@@ -31,7 +31,7 @@ from common.secagg.blame import check_blame
 from common.secagg.client_session import ClientSession
 from common.secagg.primitives import SecAggError
 from common.secagg.signing import Signer, Verifier
-from common.secagg.terms import client_terms, context, masked_update, run_encoding, threshold
+from common.secagg.terms import client_terms, context, masked_update, run_encoding, step_graph
 from common.wire.messages import ClientUpdate, ModelSpec, RoundPlan
 
 log = logging.getLogger("lorm.client")
@@ -81,9 +81,9 @@ class SecureRounds:
         self.spec, self.config = spec, config
         self.fp, self.noise = run_encoding(settings, config.section(DpSettings), config.num_clients)
         signer, verifier = signing(settings, security)
-        self.session = ClientSession(
-            index, threshold(settings, config.num_clients), context(plan), signer=signer, verifier=verifier
-        )
+        ctx = context(plan)
+        graph = step_graph(settings, config.num_clients, ctx)  # drawn here from the plan: never the coordinator's
+        self.session = ClientSession(index, graph.threshold, ctx, signer=signer, verifier=verifier, graph=graph)
 
     def _until_ready(self, stage: str) -> dict:
         """Ask ``stage`` until the coordinator has fixed it (it answers not-ready meanwhile)."""

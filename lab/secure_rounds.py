@@ -15,7 +15,7 @@ from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.client_session import ClientSession
 from common.secagg.primitives import decode
 from common.secagg.server_session import ServerSession
-from common.secagg.terms import Layout, client_terms, context, encode_terms, pack, run_encoding, threshold, unpack
+from common.secagg.terms import Layout, client_terms, context, encode_terms, pack, run_encoding, step_graph, unpack
 from common.wire.messages import ClientUpdate, ModelSpec
 from server.secure.sums import load_sums
 
@@ -60,21 +60,23 @@ def secure_step(
     ``timings``: the parties' seconds are added to it."""
     clock = timings or Timings()
     plan = aggregator.plan
-    t, ctx = threshold(settings, clients), context(plan)
+    ctx = context(plan)
+    graph = step_graph(settings, clients, ctx)
+    t = graph.threshold
     fp, noise = run_encoding(settings, config.section(DpSettings), clients)
     terms, sessions = {}, {}
     for i, u in sorted(updates.items()):
         with clock.of(i):
             terms[i] = pack(client_terms(make_aggregator(plan, spec, config), u))
-            sessions[i] = ClientSession(i, t, ctx)
+            sessions[i] = ClientSession(i, t, ctx, graph=graph)
     layout = Layout.of(next(iter(terms.values())))
-    server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size)
+    server = ServerSession(expected=list(range(clients)), threshold=t, context=ctx, size=layout.size, graph=graph)
     for s in sessions.values():
         server.advertise(s.advertise())
-    roster = server.close_keys()
+    server.close_keys()
     for i, s in sessions.items():
         with clock.of(i):
-            boxes = s.share(roster)
+            boxes = s.share(server.roster_for(i))
         server.share(i, boxes)
     sharers = server.close_shares()
     for i, s in sessions.items():

@@ -226,16 +226,17 @@ class Run:
         intake: Intake = self.plain
         if self.secagg.enabled and opened.fold is not None:  # secure aggregation wraps the step
             key = step_key(task, index)
+            staging = Staging(self.store, key, submitted)
             secure = SecureStep(
                 self.secagg,
                 self.config.num_clients,
                 plan,
                 declared_layout(opened.fold.aggregator),
-                Staging(self.store, key, submitted),
+                staging,
                 Timing(self.options.round_deadline_s, self.options.retry_after_s),
                 where=f"task {task} step {index} secure aggregation",
                 emit=self.emit,
-                state=self.store.load_secagg(key),
+                state=staging.saved(),
                 awaited=self.awaited,
                 dp=self.config.section(DpSettings),
                 verifier=self.verifier,

@@ -187,14 +187,38 @@ class Store:
             (folder / f"{index}.safetensors").unlink(missing_ok=True)
 
     def save_secagg(self, key: str, state: dict) -> None:
-        """Persist step ``key``'s secure-aggregation session (keys, sealed shares, rosters, unmask answers)."""
+        """Persist step ``key``'s secure-aggregation session (keys, sealed shares, rosters, unmask answers) whole,
+        then empty its log of records (which the state holds already: a crash between replays them onto it,
+        and each sets what it set before)."""
         folder = self._staging(key)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / "secagg.json", state)
+        (folder / SECAGG_LOG).unlink(missing_ok=True)
 
-    def load_secagg(self, key: str) -> dict | None:
-        path = self._staging(key) / "secagg.json"
-        return json.loads(path.read_text()) if path.exists() else None
+    def append_secagg(self, key: str, record: dict) -> None:
+        """Append one client's record to step ``key``'s secure session (durable before the call returns): what a
+        call adds costs its own bytes, not a rewrite of every client's."""
+        folder = self._staging(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / SECAGG_LOG, "ab") as log:
+            log.write(json.dumps(record, sort_keys=True).encode() + b"\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+    def load_secagg(self, key: str) -> tuple[dict | None, list[dict]]:
+        """Step ``key``'s saved session state and the records appended since (a torn last line, never
+        acknowledged, is left out)."""
+        folder = self._staging(key)
+        path, log = folder / "secagg.json", folder / SECAGG_LOG
+        state = json.loads(path.read_text()) if path.exists() else None
+        records = []
+        if log.exists():
+            for line in log.read_bytes().split(b"\n"):
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    break  # the line a crash cut short: its call was never answered
+        return state, records
 
     def stage_eval(self, key: str, report: EvalReport, idempotency_key: str) -> None:
         """Persist one accepted evaluation report of step ``key`` (durable before it is acknowledged)."""
@@ -246,6 +270,7 @@ class MemoryStore:
         self._updates: dict[str, dict[int, ClientUpdate]] = {}
         self._reports: dict[str, dict[int, EvalReport]] = {}
         self._secagg: dict[str, str] = {}
+        self._logs: dict[str, list[str]] = {}
         self._seen: set[str] = set()
 
     def latest_meta(self) -> dict | None:
@@ -271,9 +296,14 @@ class MemoryStore:
 
     def save_secagg(self, key: str, state: dict) -> None:
         self._secagg[key] = json.dumps(state)  # as written: what the session changes afterwards is not kept
+        self._logs[key] = []
 
-    def load_secagg(self, key: str) -> dict | None:
-        return json.loads(self._secagg[key]) if key in self._secagg else None
+    def append_secagg(self, key: str, record: dict) -> None:
+        self._logs.setdefault(key, []).append(json.dumps(record))
+
+    def load_secagg(self, key: str) -> tuple[dict | None, list[dict]]:
+        state = json.loads(self._secagg[key]) if key in self._secagg else None
+        return state, [json.loads(r) for r in self._logs.get(key, [])]
 
     def stage_eval(self, key: str, report: EvalReport, idempotency_key: str) -> None:
         self._reports.setdefault(key, {})[report.client_index] = report
@@ -282,7 +312,7 @@ class MemoryStore:
         return self._reports[key][index]
 
     def drop_staging(self, keep: str | None = None) -> None:
-        for staged in (self._updates, self._reports, self._secagg):
+        for staged in (self._updates, self._reports, self._secagg, self._logs):
             for key in [k for k in staged if k != keep]:
                 del staged[key]
 
@@ -295,4 +325,5 @@ class MemoryStore:
 
 Storage = Store | MemoryStore  # where a coordinator keeps its run
 
+SECAGG_LOG = "secagg.log"  # beside secagg.json: one JSON line per client's call since the state was last saved
 SEEN_KEYS = "secagg-seen-keys.json"  # in the store's root: 16 bytes of each key's fingerprint, hex, one list

@@ -185,6 +185,7 @@ class RobustSettings(Settings):
 
 
 SECAGG_MODES = ("honest", "signed")
+SECAGG_GRAPHS = ("auto", "complete", "sparse")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,17 @@ class SecAggSettings(Settings):
         "'honest': against a curious coordinator that follows the protocol; 'signed': against one that deviates "
         "(keys and the unmask request signed with each client's certificate; threshold at least 2n/3 + 1)",
     )
+    graph: str = setting(
+        "auto",
+        "whom each client shares with and masks against: 'complete' (every other client), 'sparse' (a random "
+        "k-regular graph of neighbours, k derived from n, secagg.dropout and secagg.corrupt), 'auto' (sparse from "
+        "300 clients)",
+    )
+    dropout: float = setting(0.1, "sparse graph: the share of clients that may vanish during a step it is sized for")
+    corrupt: float = setting(0.05, "sparse graph: the share of clients colluding with the coordinator it is sized for")
+    failure_bits: int = setting(
+        40, "sparse graph: its neighbourhoods fail the dropout or corruption bound with probability <= 2^-bits"
+    )
 
     def __post_init__(self) -> None:
         non_negative_int("secagg.threshold", self.threshold, "0: a majority")
@@ -219,6 +231,14 @@ class SecAggSettings(Settings):
             raise ValueError(f"setting secagg.max_attempts must be at least 1, got {self.max_attempts}")
         if self.mode not in SECAGG_MODES:
             raise ValueError(f"setting secagg.mode must be one of {', '.join(SECAGG_MODES)}, got {self.mode!r}")
+        if self.graph not in SECAGG_GRAPHS:
+            raise ValueError(f"setting secagg.graph must be one of {', '.join(SECAGG_GRAPHS)}, got {self.graph!r}")
+        for key, value in (("dropout", self.dropout), ("corrupt", self.corrupt)):
+            finite_number(f"secagg.{key}", value, 0.0)
+            if value >= 0.5:
+                raise ValueError(f"setting secagg.{key} must lie in [0, 0.5), got {value}")
+        if not 20 <= self.failure_bits <= 128:
+            raise ValueError(f"setting secagg.failure_bits must lie in [20, 128], got {self.failure_bits}")
 
     def check_clients(self, clients: int) -> None:
         """``ValueError`` unless the threshold suits a run of ``clients``: at most ``clients``, and above

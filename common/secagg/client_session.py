@@ -15,6 +15,7 @@ import numpy as np
 
 from common.secagg.blame import check_dealt, sign_box, split_signed
 from common.secagg.boxes import box_key, open_with, seal
+from common.secagg.graph import Graph
 from common.secagg.primitives import SecAggError, keypair, masked, share
 from common.secagg.rounds import (
     BOX_BYTES,
@@ -47,15 +48,26 @@ class ClientSession:
     Signed (``signer`` and ``verifier`` given: the malicious-coordinator mode): the advertised keys carry
     the client's certificate and its signature over them (:func:`keys_message`), every roster entry is
     verified against the run's CA before anything is shared, and before revealing any share the client
-    needs ``threshold`` signatures of survivors over the same unmask request (:meth:`confirm`)."""
+    needs ``threshold`` signatures of survivors over the same unmask request (:meth:`confirm`).
+
+    ``graph`` (``common/secagg/graph.py``; ``None``: complete): the client shares with, masks against and answers
+    for its closed neighbourhood only, which it computes itself; a roster naming any other client is refused, and
+    ``threshold`` is the neighbourhood's (the consistency round's signatures too come from its neighbours)."""
 
     def __init__(
-        self, index: int, threshold: int, context: bytes, signer: Signer | None = None, verifier: Verifier | None = None
+        self,
+        index: int,
+        threshold: int,
+        context: bytes,
+        signer: Signer | None = None,
+        verifier: Verifier | None = None,
+        graph: Graph | None = None,
     ) -> None:
         if (signer is None) != (verifier is None):
             raise SecAggError("a signed session needs both the client's signer and the run's CA")
         self.index, self.threshold, self.context = index, threshold, context
         self.signer, self.verifier = signer, verifier
+        self.neighbourhood = None if graph is None or graph.complete else set(graph.closed(index))
         self.cipher_private, cipher_public = keypair()
         self.mask_private, mask_public = keypair()
         self.seed = os.urandom(SEED_BYTES)
@@ -67,7 +79,8 @@ class ClientSession:
         self.identities: dict[int, str] = {}  # signed: each roster client's verified identity
         self.request: tuple[list[int], list[int]] | None = None  # signed: the unmask request this client signed
         self.roster: dict[int, Keys] = {}
-        self.sharers: list[int] = []
+        self.sharers: list[int] = []  # the clients of this client's neighbourhood that shared (U2 there)
+        self.all_sharers: list[int] = []  # U2, as the coordinator names it
         self.own = b""  # this client's own shares of its secrets (set by share)
         self.answered = False
         self.complaints: list[int] = []  # the senders whose boxes did not open (set by reveal)
@@ -81,6 +94,10 @@ class ClientSession:
             raise SecAggError(f"the roster does not hold client {self.index}'s advertised keys")
         if len(roster) < self.threshold:
             raise SecAggError(f"a roster of {len(roster)} clients, fewer than the threshold {self.threshold}")
+        if self.neighbourhood is not None and not set(roster) <= self.neighbourhood:
+            # Shares dealt to a client that is no neighbour: the coordinator deviated (every party draws the same graph)
+            outside = sorted(set(roster) - self.neighbourhood)[:10]
+            raise SecAggError(f"the roster names clients {outside}, which are not client {self.index}'s neighbours")
         prints = {}
         for i, k in roster.items():
             if k.index != i:
@@ -107,20 +124,29 @@ class ClientSession:
         return {j: sign_box(self.signer, b, self.index, j, position[j], self.context) for j, b in boxes.items()}
 
     def mask(self, values: np.ndarray, sharers: list[int]) -> np.ndarray:
-        """``y_i``: the encoded ``values`` masked, pairwise with ``sharers`` (``U2``)."""
-        if self.index not in sharers or not set(sharers) <= set(self.roster) or len(sharers) < self.threshold:
+        """``y_i``: the encoded ``values`` masked, pairwise with ``sharers`` (``U2``; on a sparse graph, those
+        of this client's neighbourhood)."""
+        mine = sorted(j for j in sharers if self.neighbourhood is None or j in self.neighbourhood)
+        if self.index not in mine or not set(mine) <= set(self.roster) or len(mine) < self.threshold:
             raise SecAggError(
-                f"masking: the clients that shared ({sorted(sharers)}) must include client {self.index}, lie in "
+                f"masking: the clients that shared ({mine[:20]}) must include client {self.index}, lie in "
                 f"the roster and number at least {self.threshold}"
             )
-        self.sharers = sorted(sharers)
+        self.sharers, self.all_sharers = mine, sorted(sharers)
         publics = {j: self.roster[j].mask_public for j in self.sharers}
         return masked(values, self.index, self.mask_private, publics, self.seed, self.context)
 
     def _check_request(self, survivors: list[int], dropped: list[int]) -> None:
         """``SecAggError`` unless the unmask request partitions ``U2``, names at least ``t`` survivors (no
-        request could reveal both secrets of one client) and counts this client among them."""
-        _check_partition(survivors, dropped, self.sharers, self.threshold)
+        request could reveal both secrets of one client) and counts this client among them. On a sparse graph
+        the threshold is of the survivors among this client's neighbourhood."""
+        _check_partition(survivors, dropped, self.all_sharers or self.sharers, 1)
+        near = [j for j in survivors if j in self.sharers]
+        if len(near) < self.threshold:
+            where = "" if self.neighbourhood is None else f" in client {self.index}'s neighbourhood"
+            raise SecAggError(
+                f"unmask request: {len(near)} survivors{where}, fewer than the threshold {self.threshold}"
+            )
         if self.index not in survivors:
             raise SecAggError(f"unmask request names client {self.index} among the dropped")
 

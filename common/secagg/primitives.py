@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -343,16 +343,20 @@ def unmask(
     survivor_seeds: dict[int, bytes],
     publics: dict[int, bytes],
     context: bytes,
+    adjacent: Callable[[int, int], bool] | None = None,
 ) -> np.ndarray:
     """The ring sum of the survivors' encoded values from the sum of their masked vectors ``total``.
 
     Removes each survivor's own mask (its rebuilt seed) and, for each dropped client ``j`` (its rebuilt
-    private key), the pairwise masks between ``j`` and the survivors, which no longer cancel."""
+    private key), the pairwise masks between ``j`` and the survivors, which no longer cancel (``adjacent``: on a
+    sparse graph, whether two clients masked against each other; ``None``: all did)."""
     out = np.asarray(total, dtype=np.uint64).reshape(-1, 2).copy()
     for i in survivors:
         out = ring_sub(out, prg(self_seed_key(survivor_seeds[i], context), len(out)))
     for j, private in dropped_private.items():
         for i in survivors:
+            if adjacent is not None and not adjacent(i, j):
+                continue
             stream = prg(agree(private, publics[i], context), len(out))  # = s_ij, seen from j's side
             out = ring_sub(out, stream) if j > i else ring_add(out, stream)  # i added +s_ij for j > i, -s_ij for j < i
     return out

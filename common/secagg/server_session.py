@@ -16,6 +16,7 @@ import numpy as np
 
 from common.secagg.blame import check_entry, key_matches, seed_matches, split_signed
 from common.secagg.boxes import is_complaint
+from common.secagg.graph import Graph
 from common.secagg.primitives import SecAggError, ring_add, ring_zeros, unmask
 from common.secagg.rounds import (
     BOX_BYTES,
@@ -59,11 +60,35 @@ class ServerSession(Verdicts):
     # answer's header unlike the relayed box's and for a proof's shares. None: not checked here (the clients check
     # them); their form, the x-coordinates and the shares' commitments still are.
     check: Check | None = field(default=None, repr=False, compare=False)
+    # Who shares with and masks against whom (``common/secagg/graph.py``): None, or a complete graph, is every client
+    # of the roster; a sparse graph, each client's closed neighbourhood, and ``threshold`` is a neighbourhood's.
+    graph: Graph | None = field(default=None, repr=False, compare=False)
+    _owners: dict[bytes, int] = field(default_factory=dict, repr=False, compare=False)  # key fingerprint -> client
 
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= len(self.expected):
             raise SecAggError(f"threshold {self.threshold} for {len(self.expected)} clients")
         self.total = ring_zeros(self.size)
+        if self.graph is not None and self.graph.complete:
+            self.graph = None
+
+    def near(self, i: int) -> list[int] | None:
+        """Client ``i``'s closed neighbourhood (``None``: the complete graph, everyone)."""
+        return None if self.graph is None else self.graph.closed(i)
+
+    def holders(self, owner: int) -> list[int]:
+        """The clients of the roster that hold ``owner``'s shares, in the order that fixes their x-coordinates."""
+        assert self.roster is not None
+        near = self.near(owner)
+        return sorted(self.roster) if near is None else [j for j in near if j in self.roster]
+
+    def roster_for(self, i: int) -> dict[int, Keys]:
+        """The roster as client ``i`` receives it: its neighbourhood's keys (every client's on the complete graph)."""
+        assert self.roster is not None
+        return {j: self.roster[j] for j in self.holders(i)}
+
+    def _adjacent(self, i: int, j: int) -> bool:
+        return self.graph is None or self.graph.adjacent(i, j)
 
     def _count(self, round_: str, nbytes: int) -> None:
         self.received[round_] = self.received.get(round_, 0) + nbytes
@@ -86,7 +111,14 @@ class ServerSession(Verdicts):
         for i, k in self.keys.items():
             if i not in self.prints:  # a resumed session's keys: fingerprinted once
                 self.prints[i] = key_fingerprints(k)
-        check_distinct({**self.keys, keys.index: keys}, {**self.prints, keys.index: prints})
+        if len(self._owners) != 2 * len(self.keys):  # resumed, or keys set from outside: index them once
+            check_distinct(self.keys, self.prints)
+            self._owners = {p: i for i in self.keys for p in self.prints[i]}
+        for p in prints:  # a copied key (up to a low-order component): refused, without a pass over every key
+            if p in self._owners or prints[0] == prints[1]:
+                first = self._owners.get(p, keys.index)
+                raise SecAggError(f"clients {first} and {keys.index} advertised the same public key")
+        self._owners |= {p: keys.index for p in prints}
         self.keys[keys.index] = keys
         self.prints[keys.index] = prints
         self._count(
@@ -104,15 +136,17 @@ class ServerSession(Verdicts):
     def share(self, sender: int, boxes: dict[int, bytes]) -> None:
         if self.roster is None or sender not in self.roster or self.sharers is not None:
             raise SecAggError(f"client {sender}'s shares arrived outside the share round or from outside the roster")
-        if sorted(boxes) != sorted(j for j in self.roster if j != sender):
-            raise SecAggError(f"client {sender} must send shares to each other client of the roster, once")
+        holders = self.holders(sender)
+        if sorted(boxes) != [j for j in holders if j != sender]:
+            where = "roster" if self.graph is None else "roster among its neighbours"
+            raise SecAggError(f"client {sender} must send shares to each other client of the {where}, once")
         sizes = {len(b) for b in boxes.values()}
         if not self.signed and sizes - {BOX_BYTES}:
             raise SecAggError(
                 f"client {sender}'s sealed shares must be {BOX_BYTES} bytes each, got sizes {sorted(sizes)}"
             )
         if self.signed:  # the signatures: each recipient checks its own (n - 1 a client, not n^2 here)
-            position = {j: k + 1 for k, j in enumerate(sorted(self.roster))}
+            position = {j: k + 1 for k, j in enumerate(holders)}
             for j, b in sorted(boxes.items()):
                 _, _, at, _ = split_signed(b, BOX_BYTES)
                 if at != position[j]:
@@ -130,9 +164,9 @@ class ServerSession(Verdicts):
         return self.sharers
 
     def inbox(self, recipient: int) -> dict[int, bytes]:
-        """The sealed shares ``U2``'s clients sent ``recipient``."""
+        """The sealed shares ``U2``'s clients sent ``recipient`` (on a sparse graph, its neighbours')."""
         assert self.sharers is not None
-        return {i: self.boxes[i][recipient] for i in self.sharers if i != recipient}
+        return {i: self.boxes[i][recipient] for i in self.sharers if i != recipient and recipient in self.boxes[i]}
 
     def masked_input(self, sender: int, y: np.ndarray) -> None:
         if self.sharers is None or sender not in self.sharers or self.survivors is not None:
@@ -186,7 +220,10 @@ class ServerSession(Verdicts):
         survivors, dropped = self.close_inputs()
         if answerer not in survivors:
             raise SecAggError(f"client {answerer} answered the unmask request but is not a survivor")
-        want = {j: 16 for j in survivors} | {j: 32 for j in dropped}
+        near = self.near(answerer)
+        mine = None if near is None else set(near)
+        want = {j: 16 for j in survivors if mine is None or j in mine}
+        want |= {j: 32 for j in dropped if mine is None or j in mine}
         suffix = (SIGNED_SUFFIX_MIN, SIGNED_SUFFIX_MIN - 1 + MAX_SIGNATURE_BYTES) if self.signed else (0, 0)
         if sorted(shares) != sorted(want) or any(
             not (
@@ -231,7 +268,6 @@ class ServerSession(Verdicts):
         self._need(len(self.revealed), "unmask answers")
         assert self.roster is not None and self.sharers is not None
         roster = self.roster
-        positions = sorted(roster)  # the x-coordinates each client's shares were made for
         blamed, _ = self.complaint_verdicts()
         proofs: dict[int, dict] = {}
         liars = {} if self.signed else self._wrong_shares(survivors)  # signed: each share checked on arrival
@@ -239,8 +275,10 @@ class ServerSession(Verdicts):
             raise Culprits(blamed | liars)
         seeds: dict[int, bytes] = {}
         keys: dict[int, bytes] = {}
-        for j in survivors + dropped:
-            answers = {a: s[j] for a, s in self.revealed.items() if not is_complaint(s[j])}
+        needed = [j for j in dropped if any(self._adjacent(i, j) for i in survivors)]  # whose masks remain
+        for j in survivors + needed:
+            positions = self.holders(j)  # the x-coordinates j's shares were made for
+            answers = {a: s[j] for a, s in self.revealed.items() if j in s and not is_complaint(s[j])}
             if j in survivors:
                 pieces = {a: [s] for a, s in answers.items()}
                 check = functools.partial(seed_matches, roster[j].commitment, j, self.context)
@@ -263,7 +301,8 @@ class ServerSession(Verdicts):
                     raise Culprits(blamed, proofs) from None
                 raise
             (seeds if j in survivors else keys)[j] = secret
-        if blamed and (len(seeds) < len(survivors) or len(keys) < len(dropped)):
+        if blamed and (len(seeds) < len(survivors) or len(keys) < len(needed)):
             raise Culprits(blamed, proofs)
         publics = {j: roster[j].mask_public for j in self.sharers}
-        return unmask(self.total, survivors, keys, seeds, publics, self.context)
+        adjacent = None if self.graph is None else self.graph.adjacent
+        return unmask(self.total, survivors, keys, seeds, publics, self.context, adjacent)

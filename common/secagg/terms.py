@@ -23,6 +23,7 @@ from common.merges.sums import running_sums
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.client_session import ClientSession
 from common.secagg.distributed_dp import DistributedNoise
+from common.secagg.graph import SPARSE_FROM, Graph, Parameters, derive
 from common.secagg.noise import add_noise
 from common.secagg.primitives import FixedPoint, SecAggError, encode
 from common.secagg.rounds import default_threshold
@@ -51,9 +52,30 @@ def run_encoding(settings: SecAggSettings, dp: DpSettings, clients: int) -> tupl
     return noise.fp, noise
 
 
+def sparse_parameters(settings: SecAggSettings, clients: int) -> Parameters | None:
+    """The sparse graph's sizes of a run of ``clients`` (``common/secagg/graph.py``), or ``None`` for the complete
+    graph: ``secagg.graph = complete``, ``auto`` below :data:`SPARSE_FROM` clients, or a derived ``k`` that is
+    every other client anyway."""
+    if settings.graph == "complete" or (settings.graph == "auto" and clients < SPARSE_FROM):
+        return None
+    params = derive(clients, settings.dropout, settings.corrupt, settings.failure_bits)
+    if params.complete:
+        return None
+    if settings.threshold and settings.threshold != params.t:  # the derived one written out is the same run
+        raise SecAggError(
+            f"secagg.threshold {settings.threshold} with the sparse graph of {clients} clients: its threshold is "
+            f"derived per neighbourhood ({params.t} of {params.k + 1}); leave secagg.threshold at 0"
+        )
+    return params
+
+
 def threshold(settings: SecAggSettings, clients: int) -> int:
-    """The run's threshold: ``secagg.threshold``, or a majority (``secagg.mode = signed``: ``2n/3 + 1``, which
-    that mode also requires as its least)."""
+    """The run's threshold: on the sparse graph its neighbourhoods' (:func:`sparse_parameters`); else
+    ``secagg.threshold``, or a majority (``secagg.mode = signed``: ``2n/3 + 1``, which that mode also requires as
+    its least)."""
+    params = sparse_parameters(settings, clients)
+    if params is not None:
+        return params.t
     signed = settings.mode == "signed"
     t = settings.threshold or default_threshold(clients, signed)
     if not 1 <= t <= clients:
@@ -65,6 +87,15 @@ def threshold(settings: SecAggSettings, clients: int) -> int:
             "colluders)"
         )
     return t
+
+
+def step_graph(settings: SecAggSettings, clients: int, ctx: bytes) -> Graph:
+    """The graph of the step whose context is ``ctx``: sparse (drawn from the context: every party computes the
+    same) or complete, with the run's threshold."""
+    params = sparse_parameters(settings, clients)
+    if params is None:
+        return Graph.full(clients, threshold(settings, clients))
+    return Graph.sparse(params, ctx)
 
 
 def context(plan: RoundPlan) -> bytes:

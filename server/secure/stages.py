@@ -54,7 +54,7 @@ def _advertise(step: SecureStep, index: int, client_id: str, keys: Keys | None, 
             "(a replay; every session's keys are fresh)",
         )
     step.session.advertise(keys)  # distinct keys, the roster still open, one of the step's clients
-    step.staging.save(step.state())
+    step.staging.record(step.session, "advertise", index)
 
 
 def _check_signed(step: SecureStep, index: int, client_id: str, keys: Keys) -> None:
@@ -78,12 +78,14 @@ def _roster(step: SecureStep, index: int, client_id: str, keys: Keys | None, sha
     s = step.session
     if s.roster is None:
         return _wait(step, f"{len(s.keys)}/{len(s.expected)} clients advertised keys")
-    return {"ready": True, "roster": list(s.roster.values())}
+    if index not in s.roster:
+        raise SecAggError("the roster was fixed without this client")
+    return {"ready": True, "roster": list(s.roster_for(index).values())}  # its neighbourhood's keys
 
 
 def _share(step: SecureStep, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
     step.session.share(index, shares)  # one box of the protocol's size for each other roster client
-    step.staging.save(step.state())
+    step.staging.record(step.session, "share", index)
 
 
 def _inbox(step: SecureStep, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
@@ -106,19 +108,20 @@ def _confirm(step: SecureStep, index: int, client_id: str, keys: Keys | None, sh
     if not step.signed:
         raise SecAggError("this run's secure aggregation is not signed: there is no consistency round")
     step.session.confirm(index, shares.get(index, b""))  # relayed; the clients verify the signatures
-    step.staging.save(step.state())
+    step.staging.record(step.session, "confirm", index)
 
 
 def _confirmations(step: SecureStep, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
     s = step.session
     if not s.confirmed(late=step.late(step.timing.deadline_s)):
         return _wait(step, f"{len(s.confirmations)} survivors confirmed the unmask request")
-    return {"ready": True, "shares": dict(s.confirmations)}
+    near = s.near(index)  # a client counts its neighbours' confirmations only: it is sent no others
+    return {"ready": True, "shares": {j: c for j, c in s.confirmations.items() if near is None or j in near}}
 
 
 def _reveal(step: SecureStep, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> None:
     step.session.reveal(index, shares)  # a survivor's answer: one share of the right size per client
-    step.staging.save(step.state())
+    step.staging.record(step.session, "reveal", index)
     fault_point("secagg.revealed")
 
 

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.infra.faults import fault_point
+from common.secagg.persistence import apply_record, session_record
+from common.secagg.server_session import ServerSession
 from common.wire.messages import ClientUpdate
 from server.store import Storage
 
@@ -26,7 +28,20 @@ class Staging:
     submitted: set[int]
 
     def save(self, state: dict) -> None:
+        """The step's secure state, whole (a round closed, a session restarted)."""
         self.store.save_secagg(self.key, state)
+
+    def record(self, session: ServerSession, stage: str, index: int) -> None:
+        """Client ``index``'s call of ``stage``: only what it added to ``session``, appended."""
+        self.store.append_secagg(self.key, session_record(session, stage, index))
+
+    def saved(self) -> dict | None:
+        """The step's secure state as last saved, with the records appended since replayed onto its session."""
+        state, records = self.store.load_secagg(self.key)
+        if state is not None:
+            for record in records:
+                apply_record(state["session"], record)
+        return state
 
     def load(self, index: int) -> ClientUpdate:
         return self.store.load_update(self.key, index)

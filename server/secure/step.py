@@ -30,7 +30,7 @@ from common.secagg.primitives import SecAggError
 from common.secagg.rounds import Culprits, Keys, key_fingerprints
 from common.secagg.server_session import ServerSession
 from common.secagg.signing import Verifier, check_signature
-from common.secagg.terms import Layout, context, run_encoding, threshold
+from common.secagg.terms import Layout, context, run_encoding, step_graph, threshold
 from common.wire.messages import ClientUpdate, RoundPlan
 from server.checks import Refused
 from server.secure.masked import check_declared, check_tensors, close_inputs, unmasked
@@ -100,7 +100,8 @@ class SecureStep:
         self.awaited = awaited
         # dp.mode = distributed: the clients' noise is in every masked input, and the fixed point is the noise's
         self.fp, self.noise = run_encoding(settings, dp or DpSettings(), clients)
-        self.t = threshold(settings, clients)
+        self.settings = settings
+        self.t = threshold(settings, clients)  # on a sparse graph, a neighbourhood's
         self.signed = settings.mode == "signed"
         self.max_attempts = settings.max_attempts
         self.plan = plan
@@ -118,11 +119,14 @@ class SecureStep:
             self.excluded = {int(i): why for i, why in state.get("excluded", {}).items()}
             self.failures = list(state.get("failures", []))
             self.proofs = {int(i): proof for i, proof in state.get("proofs", {}).items()}
-            self.session = session_from_state(state["session"])
+            ctx = bytes.fromhex(state["session"]["context"])
+            self.session = session_from_state(state["session"], step_graph(settings, clients, ctx))
             self.session.check = self._check
         self.resumed_survivors: list[int] | None = None if state is None else state["session"]["survivors"]
         self.opened = time.monotonic()  # when the open round began (resumed: the resume)
         self.knocking: set[int] = set()  # clients refused a place in this session since it began (alive, keyless)
+        if state is None:  # the state the clients' records are appended to (server.secure.staging)
+            self.staging.save(self.state())
 
     def _check(self, certificate: bytes, message: bytes, signature: bytes) -> object:
         """A signature under a client's certificate: the run CA's when the coordinator has it (signed mode)."""
@@ -134,9 +138,9 @@ class SecureStep:
     def _session(self) -> ServerSession:
         """A fresh session of the step's open attempt."""
         ctx = context(self.plan_for_clients())
-        return ServerSession(
-            self.members(), self.t, ctx, signed=self.signed, check=self._check if self.signed else None
-        )
+        check = self._check if self.signed else None
+        graph = step_graph(self.settings, self.clients, ctx)
+        return ServerSession(self.members(), self.t, ctx, signed=self.signed, check=check, graph=graph)
 
     def members(self) -> list[int]:
         """The clients a fresh session of the step expects: all but those caught deviating in it."""

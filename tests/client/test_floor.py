@@ -219,3 +219,21 @@ def test_a_distributed_run_sized_for_fewer_colluders_than_the_client_allows_for_
         "n 10 clients, threshold t 6, mode honest, epsilon 1, delta 1e-05 (distributed), colluders k 1"
     )
     assert check_floor(run(4), Floor()).describe() == "n 4 clients, secure aggregation off, no privacy budget"
+
+
+# ------------------------------------------------------------------ the sparse graph
+
+
+def test_a_sparse_graph_sized_for_too_few_colluders_is_refused():
+    """The client derives the sparse graph's neighbours and threshold itself; a coordinator that states a low
+    corruption target (small neighbourhoods a few colluders fill) or a weak failure bound is refused."""
+    for weak in ({"corrupt": 0.0}, {"failure_bits": 20}):
+        with pytest.raises(FloorError, match="sparse graph .* below this client's floor"):
+            check_floor(run(1000, enabled=True, graph="sparse", **weak), Floor())
+    config = run(1000, enabled=True, graph="sparse")
+    accepted = check_floor(config, Floor())
+    assert accepted.threshold == 119  # 168 neighbours at 10 % dropout and 5 % colluders, 2^-40
+    kept = pinned(config, accepted)
+    assert threshold(kept.section(SecAggSettings), 1000) == 119  # the pinned threshold is the same sparse graph
+    with pytest.raises(FloorError, match="derived per neighbourhood"):
+        check_floor(run(1000, enabled=True, graph="sparse", threshold=200), Floor())
