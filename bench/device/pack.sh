@@ -21,7 +21,7 @@ rm "$out/minilm.tar"
 cp -r "$data/clinc150" "$out/b/clinc150" && chmod -R u+w "$out/b/clinc150"
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 wheels=()
-for p in grpcio grpcio-health-checking protobuf cryptography cffi pycparser pycryptodome; do wheels+=("$p==$(version "$p")"); done
+for p in grpcio grpcio-health-checking protobuf cryptography cffi pycparser; do wheels+=("$p==$(version "$p")"); done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 -d "$out/b/wheels" "${wheels[@]}"

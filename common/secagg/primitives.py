@@ -12,10 +12,10 @@ private key (to remove the pairwise masks that no longer cancel), and :func:`unm
 sum of the survivors' values. No share of both secrets of one client is ever requested.
 
 Primitives come from well-kept libraries only: X25519, HKDF-SHA256 and ChaCha20 (the PRG) from
-``cryptography``, Shamir's scheme over GF(2^128) from ``pycryptodome`` (16-byte secrets: a 32-byte
-key travels as two). A ring element is two ``uint64`` limbs (low, high; an array of shape
-``(n, 2)``), added with carry (:func:`ring_add`); numpy's ``uint64`` addition wraps modulo ``2^64``
-by definition.
+``cryptography``; Shamir's scheme is ``shamir.py``'s, over GF(2^16) symbol by symbol (a share is as long
+as its secret; 16-byte pieces, a 32-byte key travelling as two). A ring element is two ``uint64`` limbs (low,
+high; an array of shape ``(n, 2)``), added with carry (:func:`ring_add`); numpy's ``uint64`` addition wraps
+modulo ``2^64`` by definition.
 
 Precision (:class:`FixedPoint`): a value ``x`` with ``|x| <= bound`` encodes as ``round(x 2^f)``,
 ``f = 64`` by default: the grid ``2^-64`` lies below float64's own rounding for any value over
@@ -29,18 +29,18 @@ refuses a sum beyond ``n * bound``: overflow is detected, not wrapped.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from common.secagg import shamir
 
 RING_BITS = 128
 HEADROOM_BITS = 126  # honest sums stay below 2^126 in magnitude: anything beyond is an overflow
@@ -240,100 +240,34 @@ def masked(
 
 
 def share(secret: bytes, threshold: int, clients: list[int]) -> dict[int, list[bytes]]:
-    """Shares of ``secret`` (16 or 32 bytes) for each of ``clients`` (ids >= 0), any ``threshold`` of which
-    rebuild it: per client a list of 16-byte shares, one per 16-byte block (pycryptodome's Shamir)."""
+    """Shares of ``secret`` (16 or 32 bytes) for each of ``clients`` (ids >= 0; the ``k``-th of them at
+    x-coordinate ``k + 1``), any ``threshold`` of which rebuild it: per client a list of 16-byte pieces, one per
+    16-byte block of the secret (``common/secagg/shamir.py``: GF(2^16), symbol by symbol)."""
     if len(secret) not in (16, 32):
         raise SecAggError(f"share: expected a 16- or 32-byte secret, got {len(secret)} bytes")
     if not 1 <= threshold <= len(clients):
         raise SecAggError(f"share: a threshold of {threshold} among {len(clients)} clients")
-    out: dict[int, list[bytes]] = {c: [] for c in clients}
-    for start in range(0, len(secret), 16):
-        shares = Shamir.split(threshold, len(clients), secret[start : start + 16], ssss=False)
-        for c, (_, piece) in zip(clients, shares):
-            out[c].append(piece)
-    return out
+    try:
+        dealt = shamir.split(secret, threshold, list(range(1, len(clients) + 1)))
+    except shamir.ShamirError as err:
+        raise SecAggError(f"share: {err}") from None
+    return {c: [d[k : k + 16] for k in range(0, len(d), 16)] for c, d in zip(clients, dealt)}
 
 
 def combine(shares: dict[int, list[bytes]], clients: list[int] | Mapping[int, int], threshold: int) -> bytes:
     """The secret from the shares of at least ``threshold`` of ``clients`` (``shares``: client -> its pieces;
     ``clients``: the order :func:`share` was given, which fixes each client's x-coordinate, or a mapping of each
-    client to its x-coordinate).
-
-    The same interpolation as pycryptodome's ``Shamir.combine`` (GF(2^128), no diffusion layer), with the
-    Lagrange coefficients of a set of x-coordinates computed once and kept (:func:`_lagrange_at_zero`):
-    unmasking rebuilds one secret per client from the same answerers, which costs ``t`` field products
-    each instead of ``t^2`` (measured: bench/secagg_cost.py)."""
+    client to its x-coordinate). The ``threshold`` clients of lowest id are used."""
     if len(shares) < threshold:
         raise SecAggError(f"combine: {len(shares)} shares, {threshold} needed")
     position = dict(clients) if isinstance(clients, Mapping) else {c: k + 1 for k, c in enumerate(clients)}
     chosen = sorted(shares)[:threshold]
-    coefficients = _lagrange_at_zero(tuple(position[c] for c in chosen))
-    blocks = len(shares[chosen[0]])
-    out = []
-    for b in range(blocks):
-        value = 0
-        for c, coefficient in zip(chosen, coefficients):
-            piece = shares[c][b]
-            if len(piece) != 16:
-                raise SecAggError(f"combine: a share of {len(piece)} bytes, not 16")
-            value ^= _gf_mul(coefficient, int.from_bytes(piece, "big"))
-        out.append(value.to_bytes(16, "big"))
-    return b"".join(out)
-
-
-_GF_MODULUS = (1 << 128) | 0x87  # x^128 + x^7 + x^2 + x + 1, pycryptodome's field (bit i: coefficient of x^i)
-
-
-def _gf_mul(a: int, b: int) -> int:
-    """``a * b`` in GF(2^128): carry-less multiplication, reduced by the field's polynomial."""
-    z = 0
-    while b:
-        if b & 1:
-            z ^= a
-        b >>= 1
-        a <<= 1
-        if a >> 128:
-            a ^= _GF_MODULUS
-    return z
-
-
-def _gf_inverse(a: int) -> int:
-    """``a^-1`` in GF(2^128): ``a^(2^128 - 2)``."""
-    if a == 0:
-        raise SecAggError("combine: the inverse of zero")
-    result, power, e = 1, a, (1 << 128) - 2
-    while e:
-        if e & 1:
-            result = _gf_mul(result, power)
-        power = _gf_mul(power, power)
-        e >>= 1
-    return result
-
-
-@functools.lru_cache(maxsize=64)
-def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
-    """``l_j(0) = prod_{m != j} x_m / (x_j + x_m)`` for each ``x_j`` of ``xs`` (distinct, non-zero), in
-    GF(2^128), where addition is XOR. One inversion for all of them (the product of the denominators)."""
-    if len(set(xs)) != len(xs) or 0 in xs:
-        raise SecAggError(f"combine: x-coordinates must be distinct and non-zero, got {xs}")
-    numerators, denominators = [], []
-    for j, xj in enumerate(xs):
-        num, den = 1, 1
-        for m, xm in enumerate(xs):
-            if m != j:
-                num = _gf_mul(num, xm)
-                den = _gf_mul(den, xj ^ xm)
-        numerators.append(num)
-        denominators.append(den)
-    prefix = [1]  # prefix[k]: the product of the first k denominators
-    for den in denominators:
-        prefix.append(_gf_mul(prefix[-1], den))
-    inverse = _gf_inverse(prefix[-1])
-    coefficients = [0] * len(xs)
-    for k in range(len(xs) - 1, -1, -1):  # each denominator's inverse from the one inversion
-        coefficients[k] = _gf_mul(numerators[k], _gf_mul(inverse, prefix[k]))
-        inverse = _gf_mul(inverse, denominators[k])
-    return tuple(coefficients)
+    if any(len(piece) != 16 for c in chosen for piece in shares[c]):
+        raise SecAggError("combine: a share of another size than 16 bytes")
+    try:
+        return shamir.interpolate({position[c]: b"".join(shares[c]) for c in chosen}, threshold)
+    except shamir.ShamirError as err:
+        raise SecAggError(f"combine: {err}") from None
 
 
 def unmask(

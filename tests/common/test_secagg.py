@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.secagg import shamir
 from common.secagg.primitives import (
     FixedPoint,
     SecAggError,
@@ -190,6 +191,24 @@ def test_ring_arithmetic_is_integer_arithmetic_modulo_2_128(values, other):
     assert value(ring_sub(total, limbs(other))) == (sum(values) - other) % 2**128
 
 
+def _slow_multiply(a: int, b: int) -> int:
+    """GF(2^16) by the definition: carry-less product, reduced by x^16 + x^12 + x^3 + x + 1."""
+    product = 0
+    for bit in range(16):
+        if b >> bit & 1:
+            product ^= a << bit
+    for bit in range(31, 15, -1):
+        if product >> bit & 1:
+            product ^= shamir.POLYNOMIAL << (bit - 16)
+    return product
+
+
+@given(a=st.integers(0, 2**16 - 1), b=st.integers(0, 2**16 - 1))
+@settings(max_examples=200, deadline=None)
+def test_the_fields_tables_multiply_as_the_definition(a, b):
+    assert int(shamir.multiply(np.array([a]), np.array([b]))[0]) == _slow_multiply(a, b)
+
+
 @given(
     threshold=st.integers(1, 12),
     extra=st.integers(0, 6),
@@ -197,16 +216,19 @@ def test_ring_arithmetic_is_integer_arithmetic_modulo_2_128(values, other):
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=40, deadline=None)
-def test_combine_is_pycryptodomes_interpolation_with_kept_coefficients(threshold, extra, secret, seed):
-    """``combine`` (Lagrange coefficients of GF(2^128) kept per set of x-coordinates) gives exactly what
-    pycryptodome's ``Shamir.combine`` gives for the same shares, for any threshold and any chosen subset."""
-    from Crypto.Protocol.SecretSharing import Shamir
-
+def test_any_threshold_of_the_shares_rebuild_the_secret_by_the_definitions_coefficients(threshold, extra, secret, seed):
+    """Any ``t`` of the dealt shares rebuild the secret, whichever are chosen; the interpolation's coefficients at
+    zero are the definition's, ``l_j(0) = prod x_m / (x_j + x_m)``, checked in the slow field at random x."""
     rng = np.random.default_rng(seed)
     clients = sorted(int(c) for c in rng.choice(1000, size=threshold + extra, replace=False))
     pieces = share(secret, threshold, clients)
     chosen = sorted(int(c) for c in rng.choice(clients, size=threshold, replace=False))
-    subset = {c: pieces[c] for c in chosen}
-    position = {c: k + 1 for k, c in enumerate(clients)}
-    theirs = b"".join(Shamir.combine([(position[c], subset[c][b]) for c in chosen]) for b in range(2))
-    assert combine(subset, clients, threshold) == theirs == secret
+    assert combine({c: pieces[c] for c in chosen}, clients, threshold) == secret
+    xs = tuple(int(x) for x in rng.choice(np.arange(1, 2**16), size=threshold, replace=False))
+    coefficients = shamir.lagrange_at_zero(xs)
+    for j, xj in enumerate(xs):  # l_j(0) = prod x_m / (x_j + x_m), by the slow field
+        num, den = 1, 1
+        for m, xm in enumerate(xs):
+            if m != j:
+                num, den = _slow_multiply(num, xm), _slow_multiply(den, xj ^ xm)
+        assert _slow_multiply(int(coefficients[j]), den) == num
