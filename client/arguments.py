@@ -41,6 +41,15 @@ def client_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--give-up", type=float, default=600.0, help="seconds one call retries before failing")
     parser.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="host N clients in this process, indices --index .. --index + N - 1, each over its own channel, with "
+        "the id <--client-id>-<index>; {client_id} in the certificate, key, token and ledger paths names each "
+        "one's own (client/host.py)",
+    )
+    parser.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress on stderr (default: a status line on a terminal, else a line every 30 s)",

@@ -10,6 +10,7 @@ import sys
 
 from client.arguments import client_parser, options_from_args
 from client.floor import FloorError
+from client.host import run_hosted
 from client.plans import PlanRefused
 from client.session import ClientSession
 from client.telemetry import ClientMetrics
@@ -21,6 +22,12 @@ from common.infra.tls import SecurityError, security_from_args
 def main(argv: list[str] | None = None) -> int:
     parser = client_parser()
     args = parser.parse_args(argv)
+    if args.sessions > 1:  # one process, many clients: each its own flags, checked before any starts
+        setup_logging(args.log_format)
+        try:
+            return run_hosted(args, lambda a: options_from_args(a, security_from_args(a, "client")))
+        except (SecurityError, FloorError, PlanRefused, ValueError) as err:
+            parser.error(str(err))
     try:
         options = options_from_args(args, security_from_args(args, "client"))
     except (SecurityError, FloorError, PlanRefused, ValueError) as err:

@@ -87,6 +87,17 @@ class ServerSession(Verdicts):
         assert self.roster is not None
         return {j: self.roster[j] for j in self.holders(i)}
 
+    def enough(self, answered: set[int] | list[int]) -> bool:
+        """Whether a round may close late with ``answered``: at least the threshold, and on a sparse graph the
+        threshold within each answering client's closed neighbourhood too (fewer there, that client would refuse to
+        go on, or its secrets could not be rebuilt; the round waits for more instead)."""
+        done = set(answered)
+        if len(done) < self.threshold:
+            return False
+        if self.graph is None:
+            return True
+        return all(sum(j in done for j in self.graph.closed(i)) >= self.threshold for i in done)
+
     def _adjacent(self, i: int, j: int) -> bool:
         return self.graph is None or self.graph.adjacent(i, j)
 
@@ -205,13 +216,20 @@ class ServerSession(Verdicts):
 
     def confirmed(self, late: bool = False) -> bool:
         """Whether the confirmations can go out: every survivor's, or the threshold's once ``late``."""
-        return self._from_survivors(len(self.confirmations), late)
+        return self._from_survivors(set(self.confirmations), late)
 
-    def _from_survivors(self, answers: int, late: bool) -> bool:
-        """Whether ``answers`` from the survivors suffice: all of them, or the threshold once ``late``."""
+    def _from_survivors(self, answers: set[int], late: bool) -> bool:
+        """Whether ``answers`` from the survivors suffice: all of them, or the threshold once ``late`` (on a sparse
+        graph, in each survivor's neighbourhood: :meth:`enough`)."""
         if self.survivors is None:
             return False
-        return answers == len(self.survivors) or (late and answers >= self.threshold)
+        if len(answers) == len(self.survivors):
+            return True
+        if not late or len(answers) < self.threshold:
+            return False
+        return self.graph is None or all(
+            sum(j in answers for j in self.graph.closed(i)) >= self.threshold for i in self.survivors
+        )
 
     def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
         """Survivor ``answerer``'s unmask answer: for each client of ``U2`` its share (of a survivor's seed,
@@ -253,7 +271,7 @@ class ServerSession(Verdicts):
     def ready(self, late: bool = False) -> bool:
         """Whether the unmask answers suffice: every survivor's (a spare answer lets a wrong share be found
         and its sender named), or at least the threshold once ``late``."""
-        return self._from_survivors(len(self.revealed), late)
+        return self._from_survivors(set(self.revealed), late)
 
     def result(self) -> np.ndarray:
         """The ring sum of the survivors' encoded inputs (masks removed).

@@ -35,6 +35,9 @@ def secagg_report(
         "samples": aggregator.num_samples,
         "dropped": dropped,
         "threshold": session.threshold,
+        # whom each client shared with and masked against: every other client, or its k neighbours on a sparse graph
+        "graph": "complete" if session.graph is None else "sparse",
+        "neighbours": clients - 1 if session.graph is None else session.graph.k,
         "attempt": attempt,
         "bytes_received": received,
         "bytes_per_client": sum(received.values()) / clients,

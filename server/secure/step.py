@@ -259,7 +259,7 @@ class SecureStep:
             )
         s, changed = self.session, False
         # Each round is late by its own deadline: self.late() is read afresh after every round that closes.
-        if s.roster is None and (self.keys_complete() or (self.late(deadline) and len(s.keys) >= t)):
+        if s.roster is None and (self.keys_complete() or (self.late(deadline) and s.enough(list(s.keys)))):
             self.remember(s.close_keys().values())  # before the roster is persisted: no replay after a crash
             self.round_closed()
             changed = True
@@ -267,14 +267,14 @@ class SecureStep:
         if (
             s.roster is not None
             and s.sharers is None
-            and (len(s.boxes) == len(s.roster) or (self.late(deadline) and len(s.boxes) >= t))
+            and (len(s.boxes) == len(s.roster) or (self.late(deadline) and s.enough(list(s.boxes))))
         ):
             s.close_shares()
             self.round_closed()
             changed = True
         if s.sharers is not None and s.survivors is None:
             arrived = sorted(self.staging.submitted & set(s.sharers))
-            if len(arrived) == len(s.sharers) or (self.late(deadline) and len(arrived) >= t):
+            if len(arrived) == len(s.sharers) or (self.late(deadline) and s.enough(arrived)):
                 close_inputs(s, self.layout, (self.staging.load(i) for i in arrived))
                 self.round_closed()
                 changed = True

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 import torch
-from dropping import drops_after_sharing
 from safetensors.torch import load_file
 
 from common.run.config import RunConfig
 from common.wire.messages import Phase
+from engine.dropouts import drops_after_sharing
 from engine.simulation import run_inprocess
 
 from procs import ProjectProc

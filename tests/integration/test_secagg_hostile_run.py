@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dropping import drops_after_sharing
 from safetensors.torch import load_file
 
 from common.run.config import RunConfig
+from engine.dropouts import drops_after_sharing
 from engine.simulation import run_inprocess
 
 from procs import ProjectProc

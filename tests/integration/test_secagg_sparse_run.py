@@ -1,0 +1,90 @@
+"""Secure aggregation on the sparse graph over real processes: many clients hosted in a few ``lorm-client
+--sessions`` processes, each client over its own mTLS channel with its own certificate, signed mode, a tenth of
+them gone after sharing their keys (their process SIGKILLed at its first push).
+
+The reference is the in-process engine on the same configuration with the same clients dropping out after the
+share round: the sparse graph is drawn from the step's context on both sides, the survivors' masked inputs are
+exact ring sums in any order, so the heads written are bit-identical."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from common.run.config import RunConfig
+from engine.dropouts import drops_after_sharing
+from engine.simulation import run_inprocess
+
+from procs import ProjectProc
+
+HOSTS = 3  # processes of surviving clients; one more holds the clients that drop out
+
+
+def sparse_config(n: int) -> RunConfig:
+    return RunConfig(
+        run_id="sparse",
+        num_clients=n,
+        num_tasks=1,
+        rounds_per_task=1,
+        method="ridge",
+        threads=1,
+        seed=9,
+        extra={"synthetic_classes": 8, "synthetic_train": 4 * n, "synthetic_test": 10},
+        settings={"secagg": {"enabled": True, "graph": "sparse", "mode": "signed"}},
+    )
+
+
+def hosted(c, first: int, count: int, env: dict[str, str] | None = None) -> ProjectProc:
+    """A ``lorm-client --sessions count`` process of clients ``first ..``, each with its own certificate."""
+    assert c.pki is not None
+    clients = c.pki.client_cert("client-0").parent
+    p = ProjectProc(
+        f"host-{first}",
+        [
+            *(sys.executable, "-m", "client.main", "--server", f"127.0.0.1:{c.port}", "--client-id", "client"),
+            *("--index", str(first), "--sessions", str(count), "--give-up", "300"),
+            *("--tls-ca", str(c.pki.ca), "--tls-cert", str(clients / "{client_id}.crt")),
+            *("--tls-key", str(clients / "{client_id}.key")),
+            *("--privacy-ledger", str(c.run_dir / "ledger-{client_id}.json")),  # not the home's: each its own
+        ],
+        env,
+    )
+    c.procs.append(p)
+    return p
+
+
+def run_sparse(cluster, tmp_path_factory, n: int) -> None:
+    config = sparse_config(n)
+    gone = list(range(n - n // 10, n))  # the last tenth: random places on the graph's ring
+    out = tmp_path_factory.mktemp("reference")
+    # Rounds wait this long for the clients that dropped only: every other round closes when all have answered
+    run_inprocess(config, results_dir=out, sessions=drops_after_sharing(set(gone)), deadline_s=10.0)
+    c = cluster(config.to_json())
+    # a round closes past the deadline with the survivors; the evaluation then closes with theirs
+    deadline = "10" if n <= 40 else "30"  # long enough for every live client's answer, however loaded the machine
+    server = c.server("--round-deadline", deadline, "--quorum", str(n - len(gone)))
+    server.wait_for("serving on")
+    per = -(-(n - len(gone)) // HOSTS)
+    hosts = [hosted(c, first, min(per, gone[0] - first)) for first in range(0, gone[0], per)]
+    dropping = hosted(c, gone[0], len(gone), env={"LORM_FAULT": "client.push:1"})
+    assert server.wait(timeout=900) == 0
+    assert [h.wait(timeout=60) for h in hosts] == [0] * len(hosts) and dropping.wait(timeout=60) == -9
+    first = json.loads((c.run_dir / "results" / "metrics.json").read_text())["history"][0]["secagg"]
+    assert first["survivors"] == n - len(gone) and first["dropped"] == gone
+    assert first["graph"] == "sparse" and first["neighbours"] < n - 1
+    ours = load_file(str(c.run_dir / "results" / "head.safetensors"))
+    theirs = load_file(str(out / "head.safetensors"))
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+
+
+@pytest.mark.slow  # minutes: 200 clients, each building its model, signing and verifying its neighbourhood's keys
+def test_two_hundred_clients_in_four_processes_signed_sparse_a_tenth_gone(cluster, tmp_path_factory):
+    run_sparse(cluster, tmp_path_factory, 200)
+
+
+@pytest.mark.long(70)
+def test_thirty_clients_in_four_processes_signed_sparse_a_tenth_gone(cluster, tmp_path_factory):
+    run_sparse(cluster, tmp_path_factory, 30)
