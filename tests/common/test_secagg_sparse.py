@@ -4,14 +4,17 @@ and the attacks a coordinator that deviates can try on a graph of neighbourhoods
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
 
 from common.run.settings import SecAggSettings
+from common.secagg.blame import check_blame
 from common.secagg.client_session import ClientSession
 from common.secagg.graph import Graph, derive, tail
 from common.secagg.primitives import FixedPoint, SecAggError, encode, ring_add, ring_zeros
+from common.secagg.rounds import BOX_BYTES, Culprits
 from common.secagg.server_session import ServerSession
 from common.secagg.signing import Signer, Verifier
 from common.secagg.terms import sparse_parameters, step_graph, threshold
@@ -93,14 +96,14 @@ class Run:
         rng = np.random.default_rng(7)
         self.values = {i: encode(rng.normal(size=SIZE), FP) for i in range(n)}
 
-    def share(self) -> None:
+    def share(self, edit=lambda i, boxes: boxes) -> None:
         for c in self.clients.values():
             self.server.advertise(c.advertise())
         self.server.close_keys()
         for i, c in self.clients.items():
             boxes = c.share(self.server.roster_for(i))
             assert sorted(boxes) == self.graph.neighbours(i)  # k boxes, not n - 1
-            self.server.share(i, boxes)
+            self.server.share(i, edit(i, boxes))
         self.server.close_shares()
 
     def mask(self, gone: set[int]) -> None:
@@ -108,7 +111,7 @@ class Run:
             if i not in gone:
                 self.server.masked_input(i, c.mask(self.values[i], self.server.sharers))
 
-    def answer(self, signed: bool) -> None:
+    def answer(self, signed: bool, edit=lambda i, answer: answer) -> None:
         survivors, dropped = self.server.close_inputs()
         if signed:
             for i in survivors:
@@ -116,7 +119,7 @@ class Run:
         for i in survivors:
             mine = {j: s for j, s in self.server.confirmations.items() if j in self.graph.closed(i)}
             answer = self.clients[i].reveal(self.server.inbox(i), survivors, dropped, mine if signed else None)
-            self.server.reveal(i, answer)
+            self.server.reveal(i, edit(i, answer))
 
     def expected(self, gone: set[int]) -> np.ndarray:
         total = ring_zeros(SIZE)
@@ -202,3 +205,49 @@ def test_a_request_confirmed_by_too_few_neighbours_reveals_nothing(tmp_path):
     with pytest.raises(SecAggError, match="fewer than the threshold"):
         run.clients[me].reveal(run.server.inbox(me), survivors, dropped, far | few)
     assert run.clients[me].reveal(run.server.inbox(me), survivors, dropped, near)  # the threshold's own: it answers
+
+
+# ------------------------------------------------------------------ the complete graph's attacks, on the sparse one
+
+
+def test_a_garbage_box_to_a_neighbour_is_a_complaint_the_sum_stays_exact_and_its_dealer_is_named():
+    graph = _sparse()
+    run = Run(graph)
+    dealer, victim = 3, graph.neighbours(3)[0]
+    run.share(lambda i, boxes: boxes | {victim: os.urandom(BOX_BYTES)} if i == dealer else boxes)
+    run.mask(set())
+    run.answer(False)
+    assert run.clients[victim].complaints == [dealer]
+    np.testing.assert_array_equal(run.server.result(), run.expected(set()))
+    blamed, unresolved = run.server.complaint_verdicts()
+    assert list(blamed) == [dealer] and not unresolved
+
+
+def test_an_answerer_revealing_another_share_than_dealt_is_named():
+    graph = _sparse()
+    run = Run(graph)
+    run.share()
+    run.mask(set())
+    liar = 7
+    owner = graph.neighbours(liar)[0]
+    run.answer(False, lambda i, a: a | {owner: bytes([a[owner][0] ^ 1]) + a[owner][1:]} if i == liar else a)
+    with pytest.raises(Culprits) as failed:
+        run.server.result()
+    assert list(failed.value.why) == [liar] and f"wrong share of client {owner}" in failed.value.why[liar]
+
+
+def test_a_dealer_of_another_seed_is_proven_by_its_own_signatures_among_its_neighbours(tmp_path):
+    graph = _sparse(24)
+    signers, verifier = _pki(tmp_path, graph.n)
+    run = Run(graph, signers, verifier)
+    dealer = 2
+    run.clients[dealer].seed = os.urandom(16)  # committed to the first seed at advertise, dealt and masked with this
+    run.share()
+    run.mask(set())
+    run.answer(True)
+    with pytest.raises(Culprits) as caught:
+        run.server.result()
+    assert list(caught.value.why) == [dealer] and "its own signatures prove it" in caught.value.why[dealer]
+    proof = caught.value.proofs[dealer]
+    assert check_blame(proof, verifier, CONTEXT, graph.threshold) == dealer
+    assert set(map(int, proof["entries"])) <= set(graph.neighbours(dealer))  # its shares were dealt there alone
