@@ -25,7 +25,7 @@ from client.plans import PlanCheck
 from client.scoring import scoring_half, seen_logits, trimmed
 from common.aggregation.declared import check_declared_shapes, declared_tensors
 from common.run.config import RunConfig
-from common.run.partition import client_test_indices, dirichlet_partition
+from common.run.partition import client_shards, client_test_indices
 from common.run.schedule import run_tasks
 from common.wire.messages import ClientUpdate, EvalReport, Phase, RoundPlan
 
@@ -99,10 +99,15 @@ class ClientWorker:
             shards = [np.flatnonzero((labels >= lo) & (labels < hi)) for lo, hi in self.tasks]
             test_idx = np.arange(len(test))
         else:
-            partition = dirichlet_partition(
-                labels, self.tasks, config.num_clients, config.beta, config.seed, config.min_client_samples
+            shards = client_shards(
+                labels,
+                self.tasks,
+                config.num_clients,
+                config.beta,
+                config.seed,
+                config.min_client_samples,
+                client_index,
             )
-            shards = [s[client_index] for s in partition]
             test_idx = client_test_indices(len(test), config.num_clients, client_index)
         self.shards = [torch.from_numpy(s) for s in shards]  # per task: sample indices
         self.test_idx = torch.from_numpy(test_idx)

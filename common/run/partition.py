@@ -6,6 +6,9 @@ no data (nor index lists) crosses the wire.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+
 import numpy as np
 
 AUTO_TASKS = 5  # tasks when the run leaves their number to the data (the paper's CLINC150 and ImageNet-R splits)
@@ -45,6 +48,39 @@ def describe_tasks(tasks: list[tuple[int, int]], chosen: bool) -> str:
     shape = f"{sizes[0]} classes each" if len(set(sizes)) == 1 else f"{sizes} classes"
     why = " (num_tasks=0: chosen from the data; set num_tasks or task_sizes to change it)" if chosen else ""
     return f"{tasks[-1][1]} classes in {len(tasks)} tasks of {shape}{why}"
+
+
+def client_shards(
+    labels: np.ndarray,
+    tasks: list[tuple[int, int]],
+    num_clients: int,
+    beta: float,
+    seed: int,
+    min_samples: int,
+    client_index: int,
+) -> list[np.ndarray]:
+    """Client ``client_index``'s shard of each task (:func:`dirichlet_partition`), its own copies. The partition of
+    the run is drawn once per process and kept (the last four): clients hosted in one process (``client/host.py``,
+    the in-process engine) would otherwise each draw all ``n`` shards again, ``O(n^2)`` for the federation."""
+    key = (hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest(), len(labels), tuple(map(tuple, tasks)))
+    partition = _kept_partition(key, num_clients, beta, seed, min_samples, labels)
+    return [task[client_index].copy() for task in partition]
+
+
+_KEPT: dict[tuple, list[list[np.ndarray]]] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_partition(
+    key: tuple, num_clients: int, beta: float, seed: int, min_samples: int, labels: np.ndarray
+) -> list[list[np.ndarray]]:
+    full = (key, num_clients, beta, seed, min_samples)
+    with _KEPT_LOCK:
+        if full not in _KEPT:
+            while len(_KEPT) >= 4:
+                _KEPT.pop(next(iter(_KEPT)))
+            _KEPT[full] = dirichlet_partition(labels, [tuple(t) for t in key[2]], num_clients, beta, seed, min_samples)
+        return _KEPT[full]
 
 
 def dirichlet_partition(
