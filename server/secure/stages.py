@@ -134,7 +134,7 @@ def _blame(step: SecureStep, index: int, client_id: str, keys: Keys | None, shar
 
 
 def _wait(step: SecureStep, message: str) -> Reply:
-    return {"ready": False, "retry_after_s": step.timing.retry_after_s, "message": message}
+    return {"ready": False, "retry_after_s": step.poll_s(), "message": message}
 
 
 HANDLERS: dict[str, Callable[..., Reply | None]] = {

@@ -39,6 +39,8 @@ from server.secure.stages import HANDLERS, Reply
 from server.secure.staging import Staging, fingerprint
 from server.secure.sums import load_sums
 
+POLLS_PER_S = 200  # the waiting clients of a secure step, all together, are told to ask about this often
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -193,6 +195,13 @@ class SecureStep:
         s = self.session
         waited = set(s.expected) if self.awaited is None else set(s.expected) & set(self.awaited())
         return len(s.keys) >= self.t and waited <= set(s.keys)
+
+    def poll_s(self) -> float:
+        """What a client asking too early is told to wait: the coordinator's ``retry_after_s``, or longer, so that
+        the step's clients together ask at most :data:`POLLS_PER_S` times a second (every call takes the
+        coordinator's lock: a thousand clients asking five times a second kept it busy answering "not yet", and the
+        calls that would close the round were refused as over its limit)."""
+        return max(self.timing.retry_after_s, self.clients / POLLS_PER_S)
 
     def late(self, deadline_s: float) -> bool:
         """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
