@@ -57,7 +57,7 @@ def federation_config(n: int, method: str, graph: str, mode: str) -> RunConfig:
         lr_lora=1e-3,
         threads=1,
         seed=9,
-        min_client_samples=1,  # about 32 samples a client: a Dirichlet(0.5) split with 6 each is a rare draw at n = 1000
+        min_client_samples=1,  # about 32 samples a client: a Dirichlet(0.5) split with 6 each is rare at n = 1000
         extra={"synthetic_classes": 8, "synthetic_train": 4 * n, "synthetic_test": 10},
         settings={"secagg": {"enabled": True, "graph": graph, "mode": mode}},
     )
