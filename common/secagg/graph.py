@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from common.secagg.primitives import SecAggError
 
-SPARSE_FROM = 300  # secagg.graph = auto: the sparse graph from this many clients (measured: docs/BENCHMARKS.md)
+SPARSE_FROM = 300  # secagg.graph = auto: sparse from this many clients (why: docs/BENCHMARKS.md, "A thousand clients")
 
 
 def _log_hypergeometric(population: int, successes: int, draws: int, x: int) -> float:
