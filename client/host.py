@@ -36,8 +36,12 @@ from common.wire.messages import ClientUpdate, EvalReport, RoundPlan
 log = logging.getLogger("lorm.client")
 
 PLACEHOLDER = "{client_id}"
-OWN_FILES = {"tls_cert": "--tls-cert", "tls_key": "--tls-key", "token_file": "--token-file"}
-OWN_FILES["privacy_ledger"] = "--privacy-ledger"
+OWN_FILES = {
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "token_file": "--token-file",
+    "privacy_ledger": "--privacy-ledger",
+}
 
 
 def hosted_id(client_id: str, index: int) -> str:

@@ -92,11 +92,14 @@ class ServerSession(Verdicts):
         threshold within each answering client's closed neighbourhood too (fewer there, that client would refuse to
         go on, or its secrets could not be rebuilt; the round waits for more instead)."""
         done = set(answered)
-        if len(done) < self.threshold:
-            return False
+        return len(done) >= self.threshold and self._around(done, done)
+
+    def _around(self, answered: set[int], owners: set[int] | list[int]) -> bool:
+        """Whether each of ``owners`` has the threshold of ``answered`` in its closed neighbourhood (always, on the
+        complete graph, once ``answered`` holds the threshold)."""
         if self.graph is None:
             return True
-        return all(sum(j in done for j in self.graph.closed(i)) >= self.threshold for i in done)
+        return all(sum(j in answered for j in self.graph.closed(i)) >= self.threshold for i in owners)
 
     def _adjacent(self, i: int, j: int) -> bool:
         return self.graph is None or self.graph.adjacent(i, j)
@@ -225,11 +228,7 @@ class ServerSession(Verdicts):
             return False
         if len(answers) == len(self.survivors):
             return True
-        if not late or len(answers) < self.threshold:
-            return False
-        return self.graph is None or all(
-            sum(j in answers for j in self.graph.closed(i)) >= self.threshold for i in self.survivors
-        )
+        return late and len(answers) >= self.threshold and self._around(answers, self.survivors)
 
     def reveal(self, answerer: int, shares: dict[int, bytes]) -> None:
         """Survivor ``answerer``'s unmask answer: for each client of ``U2`` its share (of a survivor's seed,
