@@ -62,25 +62,20 @@ def client_shards(
     """Client ``client_index``'s shard of each task (:func:`dirichlet_partition`), its own copies. The partition of
     the run is drawn once per process and kept (the last four): clients hosted in one process (``client/host.py``,
     the in-process engine) would otherwise each draw all ``n`` shards again, ``O(n^2)`` for the federation."""
-    key = (hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest(), len(labels), tuple(map(tuple, tasks)))
-    partition = _kept_partition(key, num_clients, beta, seed, min_samples, labels)
+    labels = np.ascontiguousarray(labels)
+    digest = hashlib.sha256(labels.tobytes()).hexdigest()
+    key = (digest, str(labels.dtype), tuple(map(tuple, tasks)), num_clients, beta, seed, min_samples)
+    with _KEPT_LOCK:
+        if key not in _KEPT:
+            while len(_KEPT) >= 4:
+                _KEPT.pop(next(iter(_KEPT)))
+            _KEPT[key] = dirichlet_partition(labels, tasks, num_clients, beta, seed, min_samples)
+        partition = _KEPT[key]
     return [task[client_index].copy() for task in partition]
 
 
-_KEPT: dict[tuple, list[list[np.ndarray]]] = {}
+_KEPT: dict[tuple, list[list[np.ndarray]]] = {}  # the last partitions drawn, by labels and arguments
 _KEPT_LOCK = threading.Lock()
-
-
-def _kept_partition(
-    key: tuple, num_clients: int, beta: float, seed: int, min_samples: int, labels: np.ndarray
-) -> list[list[np.ndarray]]:
-    full = (key, num_clients, beta, seed, min_samples)
-    with _KEPT_LOCK:
-        if full not in _KEPT:
-            while len(_KEPT) >= 4:
-                _KEPT.pop(next(iter(_KEPT)))
-            _KEPT[full] = dirichlet_partition(labels, [tuple(t) for t in key[2]], num_clients, beta, seed, min_samples)
-        return _KEPT[full]
 
 
 def dirichlet_partition(
