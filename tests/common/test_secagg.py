@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from common.secagg import shamir
 from common.secagg.primitives import (
     FixedPoint,
+    RingSum,
     SecAggError,
     combine,
     decode,
@@ -189,6 +190,27 @@ def test_ring_arithmetic_is_integer_arithmetic_modulo_2_128(values, other):
         total = ring_add(total, limbs(v))
     assert value(total) == sum(values) % 2**128
     assert value(ring_sub(total, limbs(other))) == (sum(values) - other) % 2**128
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([+1, -1]), st.lists(st.integers(0, 2**128 - 1), min_size=3, max_size=3)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_ring_sum_is_the_signed_integer_sum_modulo_2_128(terms):
+    """The carry-once accumulator agrees with Python's integers, extremes included (all digits 2^32 - 1)."""
+    total = RingSum(3)
+    for sign, row in terms:
+        total.add(np.array([[v % 2**64, v >> 64] for v in row], dtype=np.uint64), sign)
+    got = total.value()
+    for k in range(3):
+        want = sum(sign * row[k] for sign, row in terms) % 2**128
+        assert int(got[k, 0]) + (int(got[k, 1]) << 64) == want
+    with pytest.raises(SecAggError, match="expected 3"):
+        total.add(ring_zeros(2))
 
 
 def _slow_multiply(a: int, b: int) -> int:
