@@ -18,6 +18,13 @@ backbone (``mpnet``: all-mpnet-base-v2, cached by ``bench/feature_heads.py --enc
 val split joins the training set after the train split, as ``client/text_datasets.py`` does; the test split is scored).
 With a budget the strategy sends no held-out statistics and takes lambda from the noise, as it does in a run.
 
+``--prior chitchat`` puts a public prior before the clip (``common/privacy/public_prior.py``): ``--prior-size``
+utterances of chitchat-dataset, encoded by the same encoder, layers and norm (cached by their digest), give the centre
+and the ``--prior-k`` whitened directions of their covariance (``--prior-shrink``); every record's features become
+``(x - m) W`` and the head is fitted on those ``k`` coordinates. ``--choose`` picks the prior's ``k``, shrinkage and
+size on CLINC150's val split alone (held-out training samples: the test split is not loaded) at the first of
+``--epsilons``, by the mean accuracy over ``--choose-seeds`` noise seeds, and prints the choice.
+
 Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
      .venv/bin/python bench/dp_ridge.py --cell ridge@mpnet-6layers+valx4avg --by-length --epsilons 8 --seed 0
 """
@@ -35,15 +42,17 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.feature_heads import cached_features, load_clinc  # noqa: E402
+from bench.feature_heads import cached_features, encoder_tag, load_clinc, pooled_states  # noqa: E402
 from client.features import feature_map, normalise_layers, random_projection  # noqa: E402
 from client.features import sums as client_sums  # noqa: E402
 from common.aggregation.declared import HOLDOUT, FeatureStats  # noqa: E402
 from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
+from common.privacy.public_prior import PublicPrior, fit_prior, load_corpus  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.run.settings import DpSettings  # noqa: E402
 from common.wire.messages import ClientUpdate, ModelSpec, Phase  # noqa: E402
@@ -74,6 +83,58 @@ def features(states: dict, split: str, layers: list[int], norm: str) -> torch.Te
     """``(n, F)``: the ``layers``' mean-pooled states (each layer-normalised with ``norm layer``), side by side."""
     x = torch.from_numpy(states[split]["mean"][:, layers]).to(torch.float64)
     return (normalise_layers(x) if norm == "layer" else x).flatten(1)
+
+
+def public_features(args: argparse.Namespace, encoder: str, head: dict) -> torch.Tensor:
+    """``(n, F)``: the largest ``--prior-size`` of the public corpus through the encoder, the head's layers and norm
+    (pooled once per corpus digest into ``--cache``); a smaller size is its first rows (the corpus's order is
+    fixed by its seed)."""
+    corpus = load_corpus(args.prior, max(args.prior_size), args.prior_seed)
+    file = args.cache / f"public-{args.prior}-{encoder_tag(encoder)}-{corpus.digest[:16]}.npz"
+    if not file.exists():
+        start = time.perf_counter()
+        states = pooled_states(list(corpus.texts), 64, encoder=encoder, by_length=args.by_length)
+        args.cache.mkdir(parents=True, exist_ok=True)
+        np.savez(file, mean=states["mean"])
+        seconds = time.perf_counter() - start
+        print(json.dumps({"encoded": len(corpus.texts), "encoder": encoder, "seconds": round(seconds, 1)}), flush=True)
+    with np.load(file) as f:
+        return features({"public": {"mean": f["mean"]}}, "public", head["layers"], head["norm"])
+
+
+def prior_statement(args: argparse.Namespace, size: int, k: int, shrink: float) -> dict:
+    """What a row says of its prior: the corpus (name, size, seed, digest of the texts) and the basis's k and
+    shrinkage."""
+    return load_corpus(args.prior, size, args.prior_seed).statement() | {"k": k, "shrink": shrink}
+
+
+def choose_prior(args: argparse.Namespace, head: tuple[dict, int], x: dict, y: dict, public: torch.Tensor) -> dict:
+    """The prior's size, k and shrinkage of the best mean val accuracy over ``--choose-seeds`` at the first of
+    ``--epsilons`` (ties: the first in the grid's order, smaller sizes and k first); every candidate printed."""
+    epsilon, best = args.epsilons[0], None
+    for size in sorted(args.prior_size):
+        for k in sorted(args.prior_k):
+            for shrink in sorted(args.prior_shrink):
+                xs, settings = with_prior(x, fit_prior(public[:size], k, shrink), head[0], args.method)
+                scores = []
+                for seed in args.choose_seeds:
+                    trial = argparse.Namespace(**vars(args) | {"seed": seed, "split": "val"})
+                    scores.append(run(args.method, epsilon, trial, (settings, k), xs, y)[0])
+                row = {"size": size, "k": k, "shrink": shrink, "epsilon": epsilon, "val": sum(scores) / len(scores)}
+                print(json.dumps(row | {"val_seeds": scores}), flush=True)
+                if best is None or row["val"] > best["val"]:
+                    best = row
+    assert best is not None
+    print(json.dumps({"chosen": best}), flush=True)
+    return best
+
+
+def with_prior(x: dict, prior: PublicPrior, settings: dict, method: str) -> tuple[dict, dict]:
+    """The features after ``prior`` (``(n, k)``), and the method's settings for them: the head reads the ``k``
+    coordinates as its backbone's own features (no layers, no norm: the prior's input had both)."""
+    settings = copy.deepcopy(settings)
+    settings[method] |= {"layers": [], "norm": "none"}
+    return {split: prior.apply(rows) for split, rows in x.items()}, settings
 
 
 def statistics(
@@ -226,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", help="the head of this cell of --method-config (e.g. ridge@mpnet-6layers+valx4avg)")
     parser.add_argument("--method-config", type=Path, default=Path(__file__).with_name("clinc150_methods.json"))
     parser.add_argument("--by-length", action="store_true", help="features extracted in batches of similar lengths")
+    parser.add_argument("--prior", choices=("chitchat",), help="a public prior before the clip (none by default)")
+    parser.add_argument("--prior-size", type=int, nargs="+", default=[20000], help="public utterances encoded")
+    parser.add_argument("--prior-k", type=int, nargs="+", default=[128], help="whitened directions kept")
+    parser.add_argument("--prior-shrink", type=float, nargs="+", default=[1.0], help="toward the mean eigenvalue")
+    parser.add_argument("--prior-seed", type=int, default=0, help="the corpus's shuffle")
+    parser.add_argument("--choose", action="store_true", help="choose the prior's size, k and shrink on val")
+    parser.add_argument("--choose-seeds", type=int, nargs="+", default=[0, 1, 2], help="noise seeds of --choose")
     args = parser.parse_args(argv)
     if args.plot:
         plot(args.plot, args.out)
@@ -236,14 +304,30 @@ def main(argv: list[str] | None = None) -> int:
     train_val = settings.get("data", {}).get("train_val", False)
     if train_val and (args.split == "val" or args.diagnose):
         raise SystemExit("the cell trains on CLINC150's val split (data.train_val): score the test split")
+    if args.choose and (not args.prior or train_val or args.diagnose):
+        raise SystemExit("--choose chooses a --prior on the val split: not with data.train_val or --diagnose")
+    if not args.choose and args.prior and len(args.prior_size + args.prior_k + args.prior_shrink) > 3:
+        raise SystemExit("one --prior-size, --prior-k and --prior-shrink each (several: with --choose)")
     data = load_clinc(args.data_dir)
     states = cached_features(data, args.cache, 64, encoder, args.by_length)
-    x = {split: features(states, split, head["layers"], head["norm"]) for split in ("train", "val", "test")}
-    y = {split: torch.from_numpy(data[split][1]) for split in ("train", "val", "test")}
+    splits = ("train", "val") if args.choose else ("train", "val", "test")  # choosing never reads the test split
+    x = {split: features(states, split, head["layers"], head["norm"]) for split in splits}
+    y = {split: torch.from_numpy(data[split][1]) for split in splits}
     hidden = states["train"]["mean"].shape[-1]
     if train_val:  # client/text_datasets.py: the val split follows the train split (global indices after train's)
         x["train"], y["train"] = torch.cat([x["train"], x.pop("val")]), torch.cat([y["train"], y.pop("val")])
-    del states
+    del states, data
+    prior = None
+    if args.prior:
+        public = public_features(args, encoder, head)
+        if args.choose:
+            choose_prior(args, (settings, hidden), x, y, public)
+            return 0
+        prior = prior_statement(args, args.prior_size[0], args.prior_k[0], args.prior_shrink[0])
+        x, settings = with_prior(
+            x, fit_prior(public[: prior["size"]], prior["k"], prior["shrink"]), settings, args.method
+        )
+        hidden = prior["k"]
     rows = []
     if args.diagnose:
         for epsilon in args.epsilons:
@@ -256,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         row |= {"delta": args.delta}
         row |= {"accuracy": accuracy, "lambda": lam}
         row |= {"run_epsilon": spent, "seed": args.seed, "split": args.split, "seconds": time.perf_counter() - start}
+        row |= {"prior": prior}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:  # after every row: a long sweep stopped early keeps the rows it measured
