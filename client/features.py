@@ -50,7 +50,7 @@ from client.classifier import ClassifierModel
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.aggregation.projection import draw
 from common.merges.grams import block_gram_factor, gram_factor
-from common.privacy.gaussian import clip_rows
+from common.privacy.gaussian import clip_blocks
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -99,13 +99,16 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def feature_map(features: Tensor, projection: Tensor | None, activation: str = "relu", clip: float = 0.0) -> Tensor:
+def feature_map(
+    features: Tensor, projection: Tensor | None, activation: str = "relu", clip: float = 0.0, blocks: int = 1
+) -> Tensor:
     """``(n, F)`` backbone features -> ``(n, F')`` float64: ``f(X P^T)`` with ``f`` the setting ``activation``
     (``max(0, .)`` by default), or ``X`` itself without a projection; with ``clip = C > 0`` each row scaled down to
-    L2 norm at most ``C`` (``dp.clip``: what enters the statistics is what the privacy's sensitivity bounds)."""
+    L2 norm at most ``C`` (``dp.clip``: what enters the statistics is what the privacy's sensitivity bounds), and with
+    ``blocks = K > 1`` each of a row's ``K`` equal blocks to ``C / sqrt(K)`` (``FeatureMap.clip_blocks``)."""
     x = features.detach().to(torch.float64).cpu()
     mapped = x if projection is None else ACTIVATION_FUNCTIONS[activation](x @ projection.T)
-    return clip_rows(mapped, clip) if clip > 0 else mapped
+    return clip_blocks(mapped, clip, blocks) if clip > 0 else mapped
 
 
 @torch.no_grad()
@@ -210,7 +213,8 @@ def feature_stats(
 
     def mapped_features(dropout_seed: int | None) -> Tensor:  # (n, F')
         features = extract(model, data, shard, device, mapped, dropout_seed)  # (n, F)
-        return feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)
+        projection = random_projection(config, features.shape[1])
+        return feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks)
 
     x = mapped_features(None)
     views = [mapped_features(view_seed(config, v, shard)) for v in range(wanted.views)] if gram else []
@@ -240,7 +244,8 @@ def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: Roun
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
     mapped = feature_stats_of(config).features
     features = backbone_features(model, inputs, mapped)  # (batch, F)
-    x = feature_map(features, random_projection(config, features.shape[1]), mapped.activation, mapped.clip)  # (b, F')
+    projection = random_projection(config, features.shape[1])
+    x = feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks)  # (b, F')
     weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
     assert weight is not None and bias is not None
     logits = x @ weight.to(torch.float64).T + bias.to(torch.float64)

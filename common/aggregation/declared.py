@@ -112,8 +112,9 @@ class FeatureMap:
     hidden states ``layers`` (indexed as the backbone's: 0 the embeddings, -1 the last), each pooled by ``pool``
     and normalised per sample by ``norm``, side by side; then, with ``rp_dim = F' > 0``, ``activation`` of a
     seeded random projection (``client/features.py``), each sample's result clipped to L2 norm ``clip`` (differential
-    privacy's bound on one record's contribution, ``common/privacy/``). The defaults: the backbone's own
-    features."""
+    privacy's bound on one record's contribution, ``common/privacy/``; with ``clip_blocks = K`` each of its ``K``
+    blocks to ``clip / sqrt(K)``, which bounds the whole by ``clip`` and a block Gram's part by ``clip^2 /
+    sqrt(K)``). The defaults: the backbone's own features."""
 
     rp_dim: int = 0  # F', every row of the random projection (0: none, F' = F)
     activation: str = "relu"  # of each projected feature: "relu", "gelu", "tanh" or "none"
@@ -121,6 +122,7 @@ class FeatureMap:
     pool: str = "mean"  # each hidden state's "mean" over the tokens kept, or its "first" token
     norm: str = "none"  # "layer": each pooled vector to mean 0 and deviation 1 over its dimensions
     clip: float = 0.0  # C > 0: each sample's F' features scaled down to L2 norm at most C (dp.clip); 0: none
+    clip_blocks: int = 1  # K > 1: each of the K equal blocks of the F' features clipped to C / sqrt(K) instead
 
     def feature_width(self, hidden: int) -> int:
         """``F``: the features before the projection, for hidden states of width ``hidden``."""

@@ -96,10 +96,11 @@ class NcmSettings(Settings):
         return FeatureStats(private_map(self.feature_map(), config))
 
 
-def private_map(features: FeatureMap, config: RunConfig) -> FeatureMap:
-    """``features``, clipped per sample to ``dp.clip`` when the run has a privacy budget (``common/privacy/``)."""
+def private_map(features: FeatureMap, config: RunConfig, blocks: int = 1) -> FeatureMap:
+    """``features``, clipped per sample to ``dp.clip`` when the run has a privacy budget (``common/privacy/``); with
+    ``blocks = K > 1`` (a Gram kept as ``K`` diagonal blocks) each block of a sample to ``dp.clip / sqrt(K)``."""
     dp = config.section(DpSettings)
-    return replace(features, clip=dp.clip) if dp.enabled else features
+    return replace(features, clip=dp.clip, clip_blocks=blocks) if dp.enabled else features
 
 
 DEFAULT_LAMBDAS = tuple(10.0**k for k in range(-2, 8))  # a decade grid; one Cholesky each (F'=10,000: ~15 s)
@@ -178,7 +179,7 @@ class RidgeSettings(NcmSettings):
         whole by the ensemble's own held-out error (:meth:`average_rule`, by the run's secure aggregation)."""
         secure = config.section(SecAggSettings).enabled
         if config.section(DpSettings).enabled:  # lambda from the noise alone: no held-out statistics to noise
-            return FeatureStats(private_map(self.feature_map(), config), self.blocks, views=self.views)
+            return FeatureStats(private_map(self.feature_map(), config, self.blocks), self.blocks, views=self.views)
         return FeatureStats(self.feature_map(), self.blocks, self.holdout, self.average_rule(secure), views=self.views)
 
     def average_rule(self, secure: bool) -> bool:

@@ -77,11 +77,13 @@ class Release:
         return dp_accounting.GaussianDpEvent(self.sigma / self.sensitivity)
 
 
-def calibrate(settings: DpSettings, statistics: tuple[str, ...]) -> dict[str, Release]:
+def calibrate(settings: DpSettings, statistics: tuple[str, ...], gram_blocks: int = 1) -> dict[str, Release]:
     """The releases of a features step that sends ``statistics`` (names of :data:`GRAM`, :data:`CLASS_SUM`,
     :data:`CLASS_COUNT`): ``sigma = sensitivity / mu_k`` with ``mu_k^2`` each statistic's share of ``mu^2``
-    (``dp.gram_share`` to the Gram, the rest to the class sums), ``mu = gaussian_mu(epsilon, delta)``.
-    ``ValueError`` for a statistic this mechanism has no sensitivity for."""
+    (``dp.gram_share`` to the Gram, the rest to the class sums), ``mu = gaussian_mu(epsilon, delta)``. A Gram of
+    ``gram_blocks = K`` diagonal blocks, each block of a sample clipped to ``C / sqrt(K)`` (:func:`clip_blocks`),
+    moves by at most ``sqrt(2) C^2 / sqrt(K)``. ``ValueError`` for a statistic this mechanism has no sensitivity
+    for."""
     unknown = sorted(set(statistics) - {GRAM, CLASS_SUM, *PUBLIC})
     if unknown:
         raise ValueError(f"dp: no sensitivity is known for the statistics {unknown}: they cannot be released")
@@ -89,11 +91,18 @@ def calibrate(settings: DpSettings, statistics: tuple[str, ...]) -> dict[str, Re
     class_sum = SUM_REPLACE * settings.clip  # x -> x' of the same class: |x - x'| <= 2C
     if GRAM not in statistics:
         return {CLASS_SUM: Release(class_sum, class_sum / mu)}
-    gram = GRAM_REPLACE * settings.clip**2  # x x^T -> x' x'^T: |x x^T - x' x'^T|_F <= sqrt(2) C^2
+    # x x^T -> x' x'^T: |x x^T - x' x'^T|_F <= sqrt(2) C^2; on K diagonal blocks of norm C / sqrt(K) each, the parts
+    # have norm sqrt(K (C^2 / K)^2) = C^2 / sqrt(K)
+    gram = GRAM_REPLACE * settings.clip**2 / math.sqrt(gram_blocks)
     return {
         GRAM: Release(gram, gram / (mu * math.sqrt(settings.gram_share))),
         CLASS_SUM: Release(class_sum, class_sum / (mu * math.sqrt(1.0 - settings.gram_share))),
     }
+
+
+def gram_blocks(shape: tuple[int, ...]) -> int:
+    """``K`` of a Gram kept as ``(K, d, d)`` diagonal blocks; 1 for a whole ``(d, d)`` Gram (or none)."""
+    return math.prod(shape[:-2]) if len(shape) > 2 else 1
 
 
 def composed_mu(releases: dict[str, Release]) -> float:
@@ -210,3 +219,15 @@ def clip_rows(x: Tensor, bound: float) -> Tensor:
     """``x: (n, F')`` with each row scaled down to L2 norm at most ``bound`` (rows within it unchanged)."""
     norms = x.norm(dim=1, keepdim=True)
     return x * torch.clamp(bound / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
+
+
+def clip_blocks(x: Tensor, bound: float, blocks: int = 1) -> Tensor:
+    """``x: (n, F')`` with each of each row's ``blocks`` equal blocks scaled down to L2 norm at most ``bound /
+    sqrt(blocks)``: the row's norm is then at most ``bound``, and its outer product restricted to the diagonal blocks
+    has Frobenius norm at most ``bound^2 / sqrt(blocks)`` (``sqrt(sum_b |x_b|^4)``). ``blocks`` 1: :func:`clip_rows`."""
+    if blocks == 1:
+        return clip_rows(x, bound)
+    n, width = x.shape
+    if blocks < 1 or width % blocks:
+        raise ValueError(f"clip: {width} features do not split into {blocks} equal blocks")
+    return clip_rows(x.reshape(n * blocks, width // blocks), bound / math.sqrt(blocks)).reshape(n, width)

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.privacy.gaussian import CLASS_SUM, GRAM, calibrate
+from common.privacy.gaussian import CLASS_SUM, GRAM, calibrate, gram_blocks
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.discrete_gaussian import MAX_COUNT, discrete_gaussian
 from common.secagg.noise import (
@@ -101,7 +101,7 @@ def frac_bits(dp: DpSettings, secagg: SecAggSettings, clients: int, threshold: i
     """The fixed point's fractional bits of a distributed-DP run: the most ``f`` (at most ``secagg.frac_bits`` when
     set, and 64) with ``HEADROOM x`` the largest Gaussian share variance, ``sigma^2 / (t - k)``, under ``GRID_CAP``
     in grid units (``sigma^2 4^f``)."""
-    gaussian = calibrate(dp, (GRAM, CLASS_SUM))
+    gaussian = calibrate(dp, (GRAM, CLASS_SUM))  # a whole Gram's: a Gram of blocks has a smaller variance
     largest = max(r.sigma**2 for r in gaussian.values()) / honest_threshold(dp, threshold)
     f = math.floor((math.log2(GRID_CAP) - math.log2(HEADROOM * largest)) / 2)
     if f < 0:
@@ -148,7 +148,7 @@ def releases_of(
 ) -> dict[str, DistributedRelease]:
     """The step's releases at ``scale x`` the Gaussian calibration's variances: the Gram of ``gram_shape`` (``(d, d)``
     or ``(K, d, d)``) when ``statistics`` hold it, and a class sum's row of ``width``."""
-    gaussian = calibrate(dp, statistics)
+    gaussian = calibrate(dp, statistics, gram_blocks(gram_shape) if GRAM in statistics else 1)
     out = {
         CLASS_SUM: DistributedRelease(
             gaussian[CLASS_SUM].sensitivity, scale * gaussian[CLASS_SUM].sigma ** 2, width, math.sqrt(width), 1.0

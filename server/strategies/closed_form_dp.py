@@ -22,6 +22,7 @@ from common.privacy.gaussian import (
     calibrate,
     composed_mu,
     gaussian_mu,
+    gram_blocks,
     noise_floor_lambda,
     noise_source,
     noise_statement,
@@ -41,7 +42,8 @@ class PrivateRelease:
         self, settings: DpSettings, shapes: dict[str, tuple[int, ...]], noise: DistributedNoise | None = None
     ) -> None:
         self.settings = settings
-        self.releases = calibrate(settings, tuple(shapes))
+        # a Gram of K diagonal blocks (K, d, d): its clients clip each block of a sample to C / sqrt(K)
+        self.releases = calibrate(settings, tuple(shapes), gram_blocks(shapes.get(GRAM, ())))
         self.mu = composed_mu(self.releases)  # one step's release, composed
         self.ledger = PrivacyLedger(settings.epsilon, settings.delta)
         self.noise = noise

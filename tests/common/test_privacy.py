@@ -153,6 +153,38 @@ def test_one_record_of_any_norm_moves_the_statistics_by_at_most_the_sensitivity(
     assert float(clipped.norm()) == pytest.approx(min(10.0**log_norm, clip), rel=1e-9)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    blocks=st.integers(2, 5),
+    log_norms=st.tuples(st.floats(-3, 3), st.floats(-3, 3)),
+    clip=st.floats(0.1, 10.0),
+    seed=st.integers(0, 2**31),
+)
+def test_a_block_gram_under_the_per_block_clip_moves_by_the_smaller_sensitivity(blocks, log_norms, clip, seed):
+    """Each of a record's K blocks clipped to C / sqrt(K): replacing it by another of its class moves the Gram's
+    diagonal blocks by at most sqrt(2) C^2 / sqrt(K) (Frobenius, over all blocks), the bound ``calibrate`` states,
+    and its class sum by at most 2C, as a whole-row clip does; each block and the row stay within their bounds."""
+    gen = torch.Generator().manual_seed(seed)
+    width = 3 * blocks
+    x = torch.randn(20, width, generator=gen, dtype=torch.float64) * 4
+    a, b = (torch.randn(1, width, generator=gen, dtype=torch.float64) * 10.0**n for n in log_norms)
+    a[:, : width // blocks] *= 50  # one block holding most of a record's energy: the whole-row clip's worst case
+
+    def stats(record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = feature_map(torch.cat([x, record]), None, clip=clip, blocks=blocks).view(-1, blocks, width // blocks)
+        return torch.einsum("nkf,nkg->kfg", rows, rows), rows.sum(0)
+
+    release = calibrate(DpSettings(epsilon=1.0, clip=clip), (GRAM, CLASS_SUM), gram_blocks=blocks)
+    (gram_a, sum_a), (gram_b, sum_b) = stats(a), stats(b)
+    slack = 1 + 16 * torch.finfo(torch.float64).eps
+    assert release[GRAM].sensitivity == pytest.approx(math.sqrt(2) * clip**2 / math.sqrt(blocks))
+    assert float((gram_a - gram_b).norm()) <= release[GRAM].sensitivity * slack
+    assert float((sum_a - sum_b).norm()) <= release[CLASS_SUM].sensitivity * slack
+    clipped = feature_map(a, None, clip=clip, blocks=blocks)
+    assert float(clipped.norm()) <= clip * slack
+    assert float(clipped.view(blocks, -1).norm(dim=1).max()) <= clip / math.sqrt(blocks) * slack
+
+
 def test_a_record_under_the_clip_is_unchanged():
     x = torch.tensor([[0.3, 0.4]], dtype=torch.float64)
     assert torch.equal(feature_map(x, None, clip=1.0), x)

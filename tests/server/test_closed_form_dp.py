@@ -12,10 +12,10 @@ from client.features import feature_map
 from client.runtime import build_runtime
 from common.aggregation.validate import UpdateRejected
 from common.merges.grams import gram_factor
-from common.privacy.gaussian import gaussian_mu
+from common.privacy.gaussian import calibrate, gaussian_mu
 from common.privacy.ledger import BudgetExceeded
 from common.run.config import RunConfig
-from common.run.settings import SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings
 from common.wire.messages import EvalReport, ModelSpec, Phase, RoundPlan
 from common.wire.model_card import CARD_FILE, ModelCard
 from common.wire.tensors import STAT
@@ -168,6 +168,9 @@ def test_an_ensembles_blocks_are_noised_and_lambda_is_their_widths_noise_floor()
     result = run_inprocess(tiny("ridge", settings={"ridge": ridge, "dp": DP}))
     steps = [h for h in result.history if h["phase"] == "features"]
     sigma = steps[0]["dp"]["sigma"]["gram"]
+    # each of a sample's three blocks clipped to C / sqrt(3): the Gram's sensitivity, and its noise, a sqrt(3)th
+    assert sigma == pytest.approx(calibrate(DpSettings(**DP), ("gram", "class_sum"), gram_blocks=3)["gram"].sigma)
+    assert sigma == pytest.approx(calibrate(DpSettings(**DP), ("gram", "class_sum"))["gram"].sigma / math.sqrt(3))
     for task, step in enumerate(steps):
         assert step["ridge_lambda"] == pytest.approx(2.0 * math.sqrt(2) * sigma * math.sqrt(task + 1) * math.sqrt(32))
     assert bool(torch.isfinite(result.head_weight).all()) and tuple(result.head_weight.shape)[1] == 96
