@@ -178,8 +178,8 @@ def run(
     projection = random_projection(config, strategy.settings.feature_width(hidden))  # the clients' seeded P, or None
 
     def mapped(rows: torch.Tensor) -> torch.Tensor:  # (n, F'): what the clients' feature_map gives
-        mapped = stats_of.features
-        return feature_map(rows, projection, mapped.activation, mapped.clip, mapped.clip_blocks)
+        wanted = stats_of.features
+        return feature_map(rows, projection, wanted.activation, wanted.clip, wanted.clip_blocks)
 
     last = len(strategy.tasks) - 1
     for task, classes in enumerate(strategy.tasks):

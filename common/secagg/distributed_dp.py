@@ -148,7 +148,7 @@ def releases_of(
 ) -> dict[str, DistributedRelease]:
     """The step's releases at ``scale x`` the Gaussian calibration's variances: the Gram of ``gram_shape`` (``(d, d)``
     or ``(K, d, d)``) when ``statistics`` hold it, and a class sum's row of ``width``."""
-    gaussian = calibrate(dp, statistics, gram_blocks(gram_shape) if GRAM in statistics else 1)
+    gaussian = calibrate(dp, statistics, gram_blocks(gram_shape))
     out = {
         CLASS_SUM: DistributedRelease(
             gaussian[CLASS_SUM].sensitivity, scale * gaussian[CLASS_SUM].sigma ** 2, width, math.sqrt(width), 1.0
