@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from client.transport import Transport
 from common.aggregation.base import make_aggregator
+from common.infra.faults import fault_point
 from common.infra.tls import Security
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
@@ -122,7 +123,11 @@ class SecureRounds:
         # the step's aggregator, whose folding defines the terms: what the coordinator would have folded is masked
         terms = client_terms(make_aggregator(self.plan, self.spec, self.config), update)  # UpdateRejected: not sent
         sharers, attempt = inbox["sharers"], self.plan.secure_attempt
-        push(masked_update(update, terms, self.session, sharers, self.fp, attempt, self.noise, self.plan.class_range))
+        masked = masked_update(
+            update, terms, self.session, sharers, self.fp, attempt, self.noise, self.plan.class_range
+        )
+        fault_point("client.masked")
+        push(masked)
         request = self._until_ready("unmask")
         survivors, dropped = request["survivors"], request["dropped"]
         if self.index not in survivors:

@@ -19,7 +19,10 @@ Points, in protocol order (coordinator unless noted):
 - ``secagg.revealed``   a secure step's unmask answer is persisted, not yet acknowledged;
 - ``secagg.restarted``  a secure step's fresh session is persisted, the abandoned masked inputs not dropped;
 - ``client.push``       (client) a step's result is computed, not yet pushed (in a secure step:
-  after its keys and sealed shares went out, before its masked input).
+  after its keys and sealed shares went out, before its masked input);
+- ``client.masked``     (client) a secure step's share round has closed (the coordinator named its sharers) and the
+  client's masked input is computed, not yet pushed: in a process hosting many clients, the first such hit comes
+  after every one of its clients that the share round counts has shared.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ POINTS = (
     "secagg.revealed",
     "secagg.restarted",
     "client.push",
+    "client.masked",
 )
 
 
