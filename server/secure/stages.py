@@ -113,7 +113,7 @@ def _confirm(step: SecureStep, index: int, client_id: str, keys: Keys | None, sh
 
 def _confirmations(step: SecureStep, index: int, client_id: str, keys: Keys | None, shares: dict[int, bytes]) -> Reply:
     s = step.session
-    if not s.confirmed(late=step.late(step.timing.deadline_s)):
+    if not s.confirmed(late=step.late(step.deadline_s())):
         return _wait(step, f"{len(s.confirmations)} survivors confirmed the unmask request")
     near = s.near(index)  # a client counts its neighbours' confirmations only: it is sent no others
     return {"ready": True, "shares": {j: c for j, c in s.confirmations.items() if near is None or j in near}}

@@ -39,6 +39,7 @@ from server.secure.stages import HANDLERS, Reply
 from server.secure.staging import Staging, fingerprint
 from server.secure.sums import load_sums
 
+MAX_DEADLINE_GROWTH = 8  # a fresh session's rounds wait up to this many times the step's deadline
 POLLS_PER_S = 200  # the waiting clients of a secure step, all together, are told to ask about this often
 
 
@@ -203,6 +204,13 @@ class SecureStep:
         calls that would close the round were refused as over its limit)."""
         return max(self.timing.retry_after_s, self.clients / POLLS_PER_S)
 
+    def deadline_s(self) -> float:
+        """The open session's round deadline: the step's, doubled for each fresh session up to
+        :data:`MAX_DEADLINE_GROWTH` times. A session that failed because its rounds closed at the deadline on live
+        clients still computing (a large population on a loaded host: they share and mask in turn) would fail the
+        same way again at the same deadline, for ever."""
+        return self.timing.deadline_s * min(2**self.attempt, MAX_DEADLINE_GROWTH)
+
     def late(self, deadline_s: float) -> bool:
         """Whether the open round has waited longer than ``deadline_s`` (0: rounds wait for everyone)."""
         return deadline_s > 0 and time.monotonic() - self.opened > deadline_s
@@ -255,16 +263,17 @@ class SecureStep:
     def advance(self) -> bool:
         """Close whatever round is complete (or late, with the threshold), restart a session stuck below the
         threshold while clients ask to take part, persist; ``True`` once the unmask answers suffice."""
-        deadline, t = self.timing.deadline_s, self.t
+        deadline, t = self.deadline_s(), self.t
         if self.stuck(deadline, self.staging.submitted):
             waiting = sorted(self.knocking)
             self.restart()  # persisted before the abandoned inputs go: a crash between leaves them unread
             self.staging.save(self.state())
             fault_point("secagg.restarted")  # the fresh session on disk, the abandoned inputs still staged
             self.staging.drop()
+            deadline = self.deadline_s()
             self.emit(
                 f"{self.where}: fewer than the threshold {t} answered in time and clients {waiting} ask to take "
-                f"part: restarted with fresh keys (attempt {self.attempt})"
+                f"part: restarted with fresh keys (attempt {self.attempt}; its rounds wait {deadline:g} s)"
             )
         s, changed = self.session, False
         # Each round is late by its own deadline: self.late() is read afresh after every round that closes.

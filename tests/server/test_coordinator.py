@@ -396,8 +396,18 @@ def test_a_secure_round_stuck_below_the_threshold_restarts_with_the_clients_that
     assert isinstance(fresh, RoundPlan) and fresh.secure_attempt == 1 and context(fresh) != context(plan)
     with pytest.raises(Refused):  # the abandoned session's keys are no roster's any more
         push(1, plan, sessions[1], sharers)
-    time.sleep(1.2)  # 3 and 4 stay dead: the fresh keys round closes with three past the deadline
-    new, sharers = session_of([0, 1, 2], fresh)
+    # 3 and 4 stay dead: the fresh keys round closes with three past its deadline, twice the step's (a session that
+    # failed because its rounds closed on clients still computing would fail alike at the same deadline)
+    new = {i: ClientSession(i, t, context(fresh)) for i in (0, 1, 2)}
+    for i in new:
+        call(i, "advertise", 1, keys=new[i].advertise())
+    time.sleep(1.2)
+    assert not call(0, "roster", 1)["ready"]  # past the step's 1 s, not the fresh session's 2 s
+    time.sleep(1.0)
+    roster = {k.index: k for k in call(0, "roster", 1)["roster"]}
+    for i in new:
+        call(i, "share", 1, shares=new[i].share(roster))
+    sharers = call(0, "inbox", 1)["sharers"]
     assert sharers == [0, 1, 2]
     for i in new:
         push(i, fresh, new[i], sharers)
