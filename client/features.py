@@ -47,10 +47,12 @@ import torch
 from torch import Tensor
 
 from client.classifier import ClassifierModel
+from client.plans import PlanRefused
 from common.aggregation.declared import GRAM_FACTOR, HELD_FIT, HOLDOUT, FeatureMap, feature_stats_of
 from common.aggregation.projection import draw
 from common.merges.grams import block_gram_factor, gram_factor
 from common.privacy.gaussian import clip_blocks
+from common.privacy.public_prior import PublicPrior, received_prior
 from common.run.config import RunConfig
 from common.wire.messages import RoundPlan
 from common.wire.tensors import HEAD_BIAS, HEAD_WEIGHT
@@ -82,6 +84,20 @@ def normalise_layers(states: Tensor) -> Tensor:
     return torch.nn.functional.layer_norm(states, states.shape[-1:], eps=torch.finfo(states.dtype).eps)
 
 
+def plan_prior(plan: RoundPlan | None, config: RunConfig, hidden: int) -> PublicPrior | None:
+    """The public prior of a run whose features step names one (``ncm.prior_digest``, ``prior_k``): the plan's, once
+    it is the run's (``common.privacy.public_prior.received_prior``: shapes and digest; ``PlanRefused`` otherwise);
+    ``None`` in a run without one (whatever the plan holds: nothing of it is applied)."""
+    mapped = feature_stats_of(config).features
+    if not mapped.prior:
+        return None
+    tensors = plan.tensors if plan is not None else {}
+    try:
+        return received_prior(tensors, mapped.feature_width(hidden), mapped.prior, mapped.prior_digest)
+    except ValueError as err:
+        raise PlanRefused(str(err)) from err
+
+
 def random_projection(config: RunConfig, d_in: int) -> Tensor | None:
     """The seeded ``P: (F', F)``, float64 (``common.aggregation.projection``), or ``None`` without ``rp_dim``: the
     run's features step's (``FeatureMap.rp_dim``; with ``ridge.blocks = K`` the ``K`` members' projections of
@@ -100,13 +116,21 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def feature_map(
-    features: Tensor, projection: Tensor | None, activation: str = "relu", clip: float = 0.0, blocks: int = 1
+    features: Tensor,
+    projection: Tensor | None,
+    activation: str = "relu",
+    clip: float = 0.0,
+    blocks: int = 1,
+    prior: PublicPrior | None = None,
 ) -> Tensor:
-    """``(n, F)`` backbone features -> ``(n, F')`` float64: ``f(X P^T)`` with ``f`` the setting ``activation``
-    (``max(0, .)`` by default), or ``X`` itself without a projection; with ``clip = C > 0`` each row scaled down to
-    L2 norm at most ``C`` (``dp.clip``: what enters the statistics is what the privacy's sensitivity bounds), and with
-    ``blocks = K > 1`` each of a row's ``K`` equal blocks to ``C / sqrt(K)`` (``FeatureMap.clip_blocks``)."""
+    """``(n, F)`` backbone features -> ``(n, F')`` float64: with a public ``prior`` first ``(X - m) W`` (``(n, k)``),
+    then ``f(X P^T)`` with ``f`` the setting ``activation`` (``max(0, .)`` by default), or ``X`` itself without a
+    projection; with ``clip = C > 0`` each row scaled down to L2 norm at most ``C`` (``dp.clip``: what enters the
+    statistics is what the privacy's sensitivity bounds), and with ``blocks = K > 1`` each of a row's ``K`` equal
+    blocks to ``C / sqrt(K)`` (``FeatureMap.clip_blocks``)."""
     x = features.detach().to(torch.float64).cpu()
+    if prior is not None:
+        x = prior.apply(x)
     mapped = x if projection is None else ACTIVATION_FUNCTIONS[activation](x @ projection.T)
     return clip_blocks(mapped, clip, blocks) if clip > 0 else mapped
 
@@ -205,16 +229,19 @@ def feature_stats(
     device: torch.device,
     classes: tuple[int, int],
     gram: bool,
+    plan: RoundPlan | None = None,
 ) -> dict[str, Tensor]:
     """The statistics of ``shard`` (global training indices, of the classes ``[lo, hi)``) sent in a features step,
-    as the run's method describes them (``common.aggregation.declared.feature_stats_of``)."""
+    as the run's method describes them (``common.aggregation.declared.feature_stats_of``); ``plan`` the step's,
+    which brings the public prior of a run that names one (:func:`plan_prior`)."""
     wanted = feature_stats_of(config)
     mapped = wanted.features
+    prior = plan_prior(plan, config, model.head.in_features)
 
     def mapped_features(dropout_seed: int | None) -> Tensor:  # (n, F')
         features = extract(model, data, shard, device, mapped, dropout_seed)  # (n, F)
-        projection = random_projection(config, features.shape[1])
-        return feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks)
+        projection = random_projection(config, mapped.projected_width(model.head.in_features))
+        return feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks, prior)
 
     x = mapped_features(None)
     views = [mapped_features(view_seed(config, v, shard)) for v in range(wanted.views)] if gram else []
@@ -243,9 +270,10 @@ def class_sums(
 def feature_logits(model: ClassifierModel, inputs: dict[str, Tensor], plan: RoundPlan, config: RunConfig) -> Tensor:
     """Scores ``(batch, C)`` of the plan's head ``(C, F')`` on the mapped features (evaluation)."""
     mapped = feature_stats_of(config).features
+    prior = plan_prior(plan, config, model.head.in_features)
     features = backbone_features(model, inputs, mapped)  # (batch, F)
-    projection = random_projection(config, features.shape[1])
-    x = feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks)  # (b, F')
+    projection = random_projection(config, mapped.projected_width(model.head.in_features))
+    x = feature_map(features, projection, mapped.activation, mapped.clip, mapped.clip_blocks, prior)  # (b, F')
     weight, bias = plan.get(HEAD_WEIGHT), plan.get(HEAD_BIAS)
     assert weight is not None and bias is not None
     logits = x @ weight.to(torch.float64).T + bias.to(torch.float64)

@@ -46,6 +46,7 @@ class FeatureStatistics(ClientMethod):
             client.device,
             plan.class_range,
             gram=plan.expect(FeaturesStep).head_gram,
+            plan=plan,
         )
         return step_update(client, plan, named_tensors(STAT, stats), float("nan"))
 

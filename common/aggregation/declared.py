@@ -110,7 +110,8 @@ def check_declared_shapes(got: dict[str, tuple[int, ...]], declared: Shapes, who
 class FeatureMap:
     """How a features step turns a sample into the head's ``F'`` features: the backbone's own ``(F,)``, or its
     hidden states ``layers`` (indexed as the backbone's: 0 the embeddings, -1 the last), each pooled by ``pool``
-    and normalised per sample by ``norm``, side by side; then, with ``rp_dim = F' > 0``, ``activation`` of a
+    and normalised per sample by ``norm``, side by side; with ``prior = k > 0`` a public prior's ``(x - m) W`` (its
+    tensors in the plan, ``common/privacy/public_prior.py``); then, with ``rp_dim = F' > 0``, ``activation`` of a
     seeded random projection (``client/features.py``), each sample's result clipped to L2 norm ``clip`` (differential
     privacy's bound on one record's contribution, ``common/privacy/``; with ``clip_blocks = K`` each of its ``K``
     blocks to ``clip / sqrt(K)``, which bounds the whole by ``clip`` and a block Gram's part by ``clip^2 /
@@ -123,14 +124,20 @@ class FeatureMap:
     norm: str = "none"  # "layer": each pooled vector to mean 0 and deviation 1 over its dimensions
     clip: float = 0.0  # C > 0: each sample's F' features scaled down to L2 norm at most C (dp.clip); 0: none
     clip_blocks: int = 1  # K > 1: each of the K equal blocks of the F' features clipped to C / sqrt(K) instead
+    prior: int = 0  # k > 0: a public prior's (x - m) W takes the F features to k before the projection (0: none)
+    prior_digest: str = ""  # with prior: the SHA-256 of its tensors, which the plan's must have
 
     def feature_width(self, hidden: int) -> int:
         """``F``: the features before the projection, for hidden states of width ``hidden``."""
         return hidden * len(self.layers) if self.layers else hidden
 
+    def projected_width(self, hidden: int) -> int:
+        """What the projection (or the head, without one) reads: the public prior's ``k``, else ``F``."""
+        return self.prior or self.feature_width(hidden)
+
     def head_width(self, hidden: int) -> int:
         """``F'``: the head's input width."""
-        return self.rp_dim or self.feature_width(hidden)
+        return self.rp_dim or self.projected_width(hidden)
 
 
 @dataclass(frozen=True)

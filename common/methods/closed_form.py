@@ -54,6 +54,18 @@ class NcmSettings(Settings):
         "with layers: 'layer' scales each pooled vector to mean 0 and deviation 1 over its dimensions "
         "(per sample: no statistics, exact under any split); 'none' leaves them",
     )
+    prior_digest: str = setting(
+        "",
+        "a public prior (common/privacy/public_prior.py, written by lorm-prior): the SHA-256 of its centre and "
+        "basis, which every client checks the plan's prior against before it applies it to the F features "
+        "(x - m) W, before rp_dim and the clip ('': none)",
+    )
+    prior_k: int = setting(0, "with prior_digest: the prior's width k, the head's input width without rp_dim")
+    prior_file: str = setting(
+        "",
+        "with prior_digest: the coordinator's copy of the prior (a path on its machine; read once, then kept in "
+        "the run's state); clients never read it: the prior comes to them in the plans",
+    )
 
     def __post_init__(self) -> None:
         non_negative_int(f"{self.section}.rp_dim", self.rp_dim, "0: no projection")
@@ -72,6 +84,15 @@ class NcmSettings(Settings):
             )
         if len(set(self.layers)) != len(self.layers):
             raise ValueError(f"setting {self.section}.layers names a layer twice: {list(self.layers)}")
+        non_negative_int(f"{self.section}.prior_k", self.prior_k, "0: no prior")
+        digest_ok = len(self.prior_digest) == 64 and all(c in "0123456789abcdef" for c in self.prior_digest)
+        if (self.prior_digest or self.prior_k or self.prior_file) and not (digest_ok and self.prior_k):
+            raise ValueError(
+                f"settings {self.section}.prior_digest (64 lower-case hex digits) and {self.section}.prior_k (> 0) "
+                f"name a public prior together, got {self.prior_digest[:80]!r} and {self.prior_k}"
+                + (f" with {self.section}.prior_file" if self.prior_file else "")
+                + ": lorm-prior prints them"
+            )
         if not self.layers and (self.pool, self.norm) != ("mean", "none"):
             raise ValueError(
                 f"settings {self.section}.pool and {self.section}.norm apply to the pooled hidden states of "
@@ -80,7 +101,15 @@ class NcmSettings(Settings):
 
     def feature_map(self) -> FeatureMap:
         """How its features step maps a sample to the head's features."""
-        return FeatureMap(self.rp_dim, self.activation, self.layers, self.pool, self.norm)
+        return FeatureMap(
+            self.rp_dim,
+            self.activation,
+            self.layers,
+            self.pool,
+            self.norm,
+            prior=self.prior_k,
+            prior_digest=self.prior_digest,
+        )
 
     def feature_width(self, hidden: int) -> int:
         """``F``: the head's features before the projection, for hidden states of width ``hidden``."""

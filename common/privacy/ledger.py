@@ -63,13 +63,18 @@ DISTRIBUTED_KEYS = ("variance", "survivors", "colluders", "log_tau", "delta")  #
 def privacy_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's guarantee for ``metrics.json``: ``{"privacy": {...}}`` with the epsilon its most spent records have
     spent and its delta (the largest any step states), from its history's steps that released statistics (their
-    ``dp`` reports); ``{}`` for a run that released none under a budget."""
+    ``dp`` reports), and the public prior its features passed (``public_prior``: the corpus, its size and digest,
+    the prior's own digest), inside ``privacy`` or, without a budget, beside it; ``{}`` for a run that released
+    none under a budget and used no prior."""
+    priors = [entry["public_prior"] for entry in history if "public_prior" in entry]
+    prior = {"public_prior": priors[-1]} if priors else {}  # what the head's features passed first, and its digest
     steps = [entry for entry in history if "dp" in entry]
     if not steps:
-        return {}
+        return prior
     last = steps[-1]["dp"]
     return {
-        "privacy": {
+        "privacy": prior
+        | {
             "epsilon": max(entry["dp"]["run_epsilon"] for entry in steps),
             "delta": max(entry["dp_delta"] for entry in steps),
             "budget_epsilon": last["budget_epsilon"],

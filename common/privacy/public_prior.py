@@ -14,6 +14,14 @@ before any private record was seen (its name, size and digest are part of every 
 
 Corpora come from packages, never from a download at run time: ``chitchat`` is ``chitchat-dataset`` (MIT; the BYU
 Chit-Chat Challenge, 258,145 English utterances, 223,039 distinct, of open-domain conversation, no labels).
+
+In a run (the settings ``ncm.prior_*``, which ``ridge`` inherits) the prior is one file that ``lorm-prior`` writes
+(:func:`write_prior`: the two tensors, float64, and the statement of what they were fitted on), named by
+:func:`prior_digest`, the SHA-256 of the tensors' shapes and bytes. The coordinator reads it once and sends its
+tensors in every features step and evaluation (:data:`PRIOR_MEAN`, :data:`PRIOR_BASIS`); a client applies only a
+prior whose digest is the run's (:func:`received_prior`). Eigenvectors are fixed only up to sign (and, for equal
+eigenvalues, rotation), and a float64 eigendecomposition differs in its low bits between machines: a prior is
+fitted once and distributed, never refitted per party.
 """
 
 from __future__ import annotations
@@ -24,12 +32,20 @@ import json
 import random
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
+
+from common.infra.files import atomic_write_bytes
 
 CORPORA = ("chitchat",)
 DTYPE = torch.float64
+PRIOR_MEAN, PRIOR_BASIS = "prior/mean", "prior/basis"  # a plan's prior, by wire name
+STATEMENT = "lorm.prior"  # the file's metadata key: the statement of what the prior was fitted on (JSON)
+DIGEST = "lorm.prior_digest"
 
 
 @dataclass(frozen=True)
@@ -111,3 +127,79 @@ def fit_prior(public: Tensor, k: int, shrink: float) -> PublicPrior:
     values, vectors = values.flip(0)[:k].clamp_min(0.0), vectors.flip(1)[:, :k]
     scale = (values + shrink * values.mean()).clamp_min(torch.finfo(DTYPE).tiny).rsqrt()
     return PublicPrior(mean, vectors * scale, shrink)
+
+
+def prior_digest(mean: Tensor, basis: Tensor) -> str:
+    """The SHA-256 (hex) of a prior's two tensors, shapes and float64 bytes: the name a run pins it by."""
+    h = hashlib.sha256()
+    for t in (mean, basis):
+        t = t.detach().to("cpu", DTYPE).contiguous()
+        h.update(json.dumps(list(t.shape)).encode())
+        h.update(t.numpy().astype("<f8", copy=False).tobytes())
+    return h.hexdigest()
+
+
+def write_prior(path: Path, prior: PublicPrior, statement: dict[str, object]) -> str:
+    """Write ``prior`` with ``statement`` (what it was fitted on: corpus, size, seed, the texts' digest, k, shrink,
+    backbone and feature map) to ``path``, atomically; its digest."""
+    digest = prior_digest(prior.mean, prior.basis)
+    tensors = {"mean": prior.mean.to(DTYPE).contiguous(), "basis": prior.basis.to(DTYPE).contiguous()}
+    metadata = {STATEMENT: json.dumps(statement | {"shrink": prior.shrink}, sort_keys=True), DIGEST: digest}
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata=metadata))
+    return digest
+
+
+def read_prior(path: Path, digest: str = "") -> tuple[PublicPrior, dict[str, object]]:
+    """The prior in ``path`` and its statement; ``ValueError`` unless it holds a float64 ``mean: (F,)`` and
+    ``basis: (F, k)``, finite, whose digest is the one it states (and ``digest`` when given)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"public prior {path}: cannot be read ({err})") from err
+    mean, basis = tensors.get("mean"), tensors.get("basis")
+    if mean is None or basis is None or set(tensors) != {"mean", "basis"}:
+        raise ValueError(f"public prior {path}: want the tensors mean and basis, got {sorted(tensors)[:4]}")
+    check_prior(mean, basis, f"public prior {path}")
+    got = prior_digest(mean, basis)
+    if got != metadata.get(DIGEST) or (digest and got != digest):
+        wanted = digest or metadata.get(DIGEST)
+        raise ValueError(f"public prior {path}: its tensors' digest is {got}, not {wanted}")
+    try:
+        statement = json.loads(metadata.get(STATEMENT, "{}"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"public prior {path}: its statement is not JSON ({err})") from err
+    return PublicPrior(mean, basis, float(statement.get("shrink", 0.0))), statement
+
+
+def check_prior(mean: Tensor, basis: Tensor, who: str, width: int | None = None, k: int | None = None) -> None:
+    """``ValueError`` unless ``mean: (F,)`` and ``basis: (F, k)`` are float64 and finite (and ``F``, ``k`` those
+    given)."""
+    if mean.dtype != DTYPE or basis.dtype != DTYPE or mean.dim() != 1 or basis.dim() != 2:
+        raise ValueError(
+            f"{who}: want float64 mean (F,) and basis (F, k), got {mean.dtype} {tuple(mean.shape)} and "
+            f"{basis.dtype} {tuple(basis.shape)}"
+        )
+    f, kept = basis.shape
+    if mean.shape[0] != f or not 0 < kept <= f or (width is not None and f != width) or (k is not None and kept != k):
+        raise ValueError(
+            f"{who}: mean {tuple(mean.shape)} and basis {tuple(basis.shape)} do not fit"
+            + (f" the run's F = {width} and k = {k}" if width is not None else "")
+        )
+    if not (torch.isfinite(mean).all() and torch.isfinite(basis).all()):
+        raise ValueError(f"{who}: non-finite values")
+
+
+def received_prior(tensors: dict[str, Tensor], width: int, k: int, digest: str) -> PublicPrior:
+    """The prior a plan brings (``tensors``: its tensors by wire name), which a client applies only when it is the
+    run's: ``(F,) = (width,)`` and ``(F, k)``, float64, finite, and of ``digest``; ``ValueError`` otherwise (a
+    coordinator that sends another prior could make the head read whatever directions it chose)."""
+    mean, basis = tensors.get(PRIOR_MEAN), tensors.get(PRIOR_BASIS)
+    if mean is None or basis is None:
+        raise ValueError(f"the run's features pass a public prior (digest {digest[:16]}...): this plan holds none")
+    check_prior(mean, basis, "the plan's public prior", width, k)
+    got = prior_digest(mean, basis)
+    if got != digest:
+        raise ValueError(f"the plan's public prior has digest {got}, not the run's {digest}")
+    return PublicPrior(mean, basis, 0.0)

@@ -55,7 +55,9 @@ statistics are sent.
 from __future__ import annotations
 
 import dataclasses
+import json
 from abc import abstractmethod
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,6 +75,7 @@ from common.aggregation.features import (
 )
 from common.merges.solve import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
+from common.privacy.public_prior import PRIOR_BASIS, PRIOR_MEAN, PublicPrior, check_prior, prior_digest, read_prior
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.terms import run_encoding
@@ -84,6 +87,7 @@ from server.strategies.closed_form_dp import PrivateRelease
 from server.strategies.fold import Fold
 
 DTYPE = torch.float64
+PRIOR_STATEMENT = "prior/statement"  # the state's copy of the prior's statement: UTF-8 JSON bytes
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -219,6 +223,31 @@ class ClosedFormHead(Strategy):
         if dp.distributed:  # the clients' noise: the fixed point and shares they use (common/secagg/terms.py)
             noise = run_encoding(config.section(SecAggSettings), dp, config.num_clients)[1]
         self.private = PrivateRelease(dp, self.stat_shapes(), noise) if dp.enabled else None
+        self.prior: tuple[PublicPrior, dict[str, object]] | None = None  # read at first need, or from the state
+
+    def public_prior(self) -> dict[str, Tensor]:
+        """The run's public prior as a plan's tensors (none without one): read from ``prior_file`` once, unless the
+        state brought it, and held to ``prior_digest`` and the features' width (``ValueError`` otherwise)."""
+        settings = self.settings
+        if not settings.prior_k:
+            return {}
+        if self.prior is None:
+            if not settings.prior_file:
+                raise ValueError(
+                    f"settings {settings.section}.prior_digest name a public prior, but "
+                    f"{settings.section}.prior_file names no copy of it for the coordinator (lorm-prior writes one)"
+                )
+            prior, statement = read_prior(Path(settings.prior_file), settings.prior_digest)
+            self.prior = self._checked(prior, statement)
+        prior = self.prior[0]
+        return {PRIOR_MEAN: prior.mean, PRIOR_BASIS: prior.basis}
+
+    def _checked(self, prior: PublicPrior, statement: dict[str, object]) -> tuple[PublicPrior, dict[str, object]]:
+        width = self.settings.feature_width(self.spec.feature_dim)
+        check_prior(prior.mean, prior.basis, "the run's public prior", width, self.settings.prior_k)
+        if prior_digest(prior.mean, prior.basis) != self.settings.prior_digest:
+            raise ValueError(f"the run's public prior is not the one {self.settings.section}.prior_digest names")
+        return prior, statement
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
@@ -232,7 +261,7 @@ class ClosedFormHead(Strategy):
             raise ValueError(f"{self.name} has no {phase} step")
         if self.private is not None:
             self.private.check(task)  # refuse to start a step over the budget
-        plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram))
+        plan = self.base_plan(task, round_, phase, FeaturesStep(head_gram=self.use_gram), self.public_prior())
         return dataclasses.replace(plan, tensors=without_head(plan.tensors))  # clients need no head here
 
     def open(self, plan: RoundPlan) -> Fold:
@@ -255,18 +284,28 @@ class ClosedFormHead(Strategy):
 
     def step_report(self, plan: RoundPlan) -> dict[str, Any]:
         """With a privacy budget, the step's guarantee
-        (:meth:`~server.strategies.closed_form_dp.PrivateRelease.report`)."""
-        return self.private.report(plan.task) if self.private is not None else {}
+        (:meth:`~server.strategies.closed_form_dp.PrivateRelease.report`); with a public prior, what it was
+        fitted on and its digest."""
+        report = self.private.report(plan.task) if self.private is not None else {}
+        if self.prior is not None:
+            report["public_prior"] = self.prior[1] | {"prior_digest": self.settings.prior_digest}
+        return report
 
     def eval_plan(self, task: int) -> RoundPlan:
-        """Evaluate in features mode: clients apply the feature map before the head ``(C, F')``."""
-        return dataclasses.replace(super().eval_plan(task), instruction=FeaturesStep())
+        """Evaluate in features mode: clients apply the feature map (the public prior's too) before the head
+        ``(C, F')``."""
+        plan = super().eval_plan(task)
+        return dataclasses.replace(plan, instruction=FeaturesStep(), tensors=plan.tensors | self.public_prior())
 
     def adapter(self) -> dict[str, LowRank]:
         return {}  # the backbone stays W0
 
     def state_tensors(self) -> dict[str, Tensor]:
         tensors = super().state_tensors()
+        if self.prior is not None:  # a restarted coordinator needs no copy of the file
+            prior, statement = self.prior
+            text = torch.frombuffer(bytearray(json.dumps(statement, sort_keys=True).encode()), dtype=torch.uint8)
+            tensors |= {PRIOR_MEAN: prior.mean, PRIOR_BASIS: prior.basis, PRIOR_STATEMENT: text}
         if not self.totals.count:
             return tensors  # no task finished yet
         if self.private is not None:
@@ -275,6 +314,10 @@ class ClosedFormHead(Strategy):
 
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         super().load_state_tensors(tensors)
+        if PRIOR_MEAN in tensors and PRIOR_BASIS in tensors:
+            text = tensors.get(PRIOR_STATEMENT)
+            statement = json.loads(bytes(text.tolist()).decode()) if text is not None else {}
+            self.prior = self._checked(PublicPrior(tensors[PRIOR_MEAN], tensors[PRIOR_BASIS], 0.0), statement)
         if self.private is not None and "dp/spent" in tensors:
             self.private.ledger.load(tensors["dp/spent"])
         if "stats/class_count" in tensors:

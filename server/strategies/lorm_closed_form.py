@@ -43,6 +43,11 @@ class LoRMClosedForm(LoRM):
     def __init__(self, config: RunConfig, spec: ModelSpec) -> None:
         super().__init__(config, spec)
         self.closed = self.head_class(config, spec)  # sums over clients and tasks, and their head
+        if self.closed.settings.prior_k:
+            raise ValueError(
+                f"{self.name}: a public prior is fitted on the frozen backbone's features, and this head reads LoRM's "
+                f"adapted backbone: set no {self.closed.settings.section}.prior_digest (or use the method ncm or ridge)"
+            )
         self.ace_w, self.ace_b = self.head_w, self.head_b  # LoRM's trained head (C, F): training rounds only
         self.head_w, self.head_b = self.closed.head_w, self.closed.head_b
 

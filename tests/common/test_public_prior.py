@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save
 
+from common.methods.closed_form import NcmSettings, RidgeSettings
 from common.privacy.gaussian import clip_rows
-from common.privacy.public_prior import fit_prior, load_corpus
+from common.privacy.public_prior import (
+    PRIOR_BASIS,
+    PRIOR_MEAN,
+    fit_prior,
+    load_corpus,
+    prior_digest,
+    read_prior,
+    received_prior,
+    write_prior,
+)
 
 EPS = torch.finfo(torch.float64).eps
 
@@ -61,3 +72,70 @@ def test_the_prior_refuses_what_it_cannot_fit():
     for k, shrink, rows in ((0, 1.0, public), (5, 1.0, public), (2, -1.0, public), (2, 1.0, public[:1])):
         with pytest.raises(ValueError, match="public prior"):
             fit_prior(rows, k, shrink)
+
+
+def small_prior(seed: int = 0, width: int = 6, k: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    return fit_prior(torch.randn(200, width, generator=g, dtype=torch.float64), k, shrink=1.0)
+
+
+def test_a_prior_file_reads_back_bit_for_bit_under_its_digest_and_refuses_any_other(tmp_path):
+    prior = small_prior()
+    path = tmp_path / "prior.safetensors"
+    digest = write_prior(path, prior, {"corpus": "chitchat", "size": 200})
+    back, statement = read_prior(path, digest)
+    assert back.mean.equal(prior.mean) and back.basis.equal(prior.basis) and back.shrink == 1.0
+    assert statement == {"corpus": "chitchat", "size": 200, "shrink": 1.0}
+    assert digest == prior_digest(prior.mean, prior.basis) and len(digest) == 64
+    flipped = prior.basis.clone()
+    flipped.view(torch.int64)[0, 0] ^= 1  # one low bit of one number
+    assert prior_digest(prior.mean, flipped) != digest
+    with pytest.raises(ValueError, match="digest"):
+        read_prior(path, prior_digest(prior.mean, flipped))  # a run that pins another prior
+    # a file whose tensors were swapped under its stated digest
+    other = small_prior(seed=1)
+    tampered = tmp_path / "tampered.safetensors"
+    tampered.write_bytes(
+        save(
+            {"mean": other.mean.contiguous(), "basis": other.basis.contiguous()},
+            metadata={"lorm.prior": "{}", "lorm.prior_digest": digest},
+        )
+    )
+    with pytest.raises(ValueError, match="digest"):
+        read_prior(tampered)
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_prior(tmp_path / "none.safetensors")
+
+
+def test_a_client_applies_only_the_runs_prior_of_the_features_width():
+    prior = small_prior()
+    digest = prior_digest(prior.mean, prior.basis)
+    tensors = {PRIOR_MEAN: prior.mean, PRIOR_BASIS: prior.basis}
+    assert received_prior(tensors, 6, 3, digest).basis.equal(prior.basis)
+    other = small_prior(seed=2)
+    cases = {
+        "holds none": {},
+        "digest": {PRIOR_MEAN: other.mean, PRIOR_BASIS: other.basis},  # the same shapes, another prior
+        "do not fit": {PRIOR_MEAN: prior.mean[:5], PRIOR_BASIS: prior.basis[:5]},
+        "float64": {PRIOR_MEAN: prior.mean.float(), PRIOR_BASIS: prior.basis.float()},
+        "non-finite": {PRIOR_MEAN: prior.mean, PRIOR_BASIS: prior.basis.clone().fill_(float("nan"))},
+    }
+    for expected, sent in cases.items():
+        with pytest.raises(ValueError, match=expected):
+            received_prior(sent, 6, 3, digest)
+    with pytest.raises(ValueError, match="do not fit"):
+        received_prior(tensors, 6, 4, digest)  # the run's k is another
+
+
+def test_the_settings_name_a_prior_by_digest_and_width_together():
+    digest = "ab" * 32
+    assert NcmSettings.parse({"prior_digest": digest, "prior_k": 8}).feature_map().head_width(32) == 8
+    assert RidgeSettings.parse({"prior_digest": digest, "prior_k": 8, "rp_dim": 40}).feature_map().head_width(32) == 40
+    for bad in (
+        {"prior_digest": digest},
+        {"prior_k": 8},
+        {"prior_file": "p"},
+        {"prior_digest": "AB" * 32, "prior_k": 8},
+    ):
+        with pytest.raises(ValueError, match="name a public prior together"):
+            NcmSettings.parse(bad)

@@ -71,7 +71,7 @@ def test_legacy_extra_keys_move_into_their_sections():
             ["ridge.rpdim=5"],
             r"unknown setting ridge\.rpdim; ridge has "
             r"\['activation', 'blocks', 'fixed_lambda', 'holdout', 'lambda_rule', 'lambdas', 'layers', 'norm', 'pool', "
-            r"'rp_dim', 'views'\]",
+            r"'prior_digest', 'prior_file', 'prior_k', 'rp_dim', 'views'\]",
         ),
         (
             ["nosuch.key=5"],
