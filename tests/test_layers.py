@@ -81,7 +81,8 @@ CONCERNS = {
     "merges": set(),  # the closed-form merges: pure math
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
-    "privacy": {"run", "wire"},  # differential privacy: calibrations, noise, the ledgers (which read a step's plan)
+    # differential privacy: calibrations, noise, the ledgers (which read a step's plan), public priors (written atomically)
+    "privacy": {"run", "wire", "infra"},
     # the protocol, the terms a client masks, and the noise a client adds to them (distributed DP)
     "secagg": {"infra", "wire", "run", "merges", "privacy"},
     # Above those eight, the methods and how their updates fold, each beside the other: the registry
