@@ -52,7 +52,7 @@ from client.features import feature_map, normalise_layers, random_projection  # 
 from client.features import sums as client_sums  # noqa: E402
 from common.aggregation.declared import HOLDOUT, FeatureStats  # noqa: E402
 from common.privacy.gaussian import CLASS_SUM, GRAM, add_noise, calibrate, noise_source  # noqa: E402
-from common.privacy.public_prior import PublicPrior, fit_prior, load_corpus  # noqa: E402
+from common.privacy.public_prior import PublicPrior, fit_prior, load_corpus, write_prior  # noqa: E402
 from common.run.config import RunConfig  # noqa: E402
 from common.run.settings import DpSettings  # noqa: E402
 from common.wire.messages import ClientUpdate, ModelSpec, Phase  # noqa: E402
@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior-shrink", type=float, nargs="+", default=[1.0], help="toward the mean eigenvalue")
     parser.add_argument("--prior-seed", type=int, default=0, help="the corpus's shuffle")
     parser.add_argument("--choose", action="store_true", help="choose the prior's size, k and shrink on val")
+    parser.add_argument("--write-prior", type=Path, help="also write the prior to this file, for a run's settings")
     parser.add_argument("--choose-seeds", type=int, nargs="+", default=[0, 1, 2], help="noise seeds of --choose")
     args = parser.parse_args(argv)
     if args.plot:
@@ -325,9 +326,21 @@ def main(argv: list[str] | None = None) -> int:
             choose_prior(args, (settings, hidden), x, y, public)
             return 0
         prior = prior_statement(args, args.prior_size[0], args.prior_k[0], args.prior_shrink[0])
-        x, settings = with_prior(
-            x, fit_prior(public[: prior["size"]], prior["k"], prior["shrink"]), settings, args.method
-        )
+        fitted = fit_prior(public[: prior["size"]], prior["k"], prior["shrink"])
+        if args.write_prior:  # the same prior for a run (the settings ncm.prior_*): its rows then equal these
+            mapped = {"layers": head["layers"], "pool": head.get("pool", "mean"), "norm": head["norm"]}
+            digest = write_prior(args.write_prior, fitted, prior | {"backbone": encoder, "features": mapped})
+            section = args.method
+            print(
+                json.dumps(
+                    {
+                        "wrote": str(args.write_prior),
+                        "set": [f"{section}.prior_digest={digest}", f"{section}.prior_k={prior['k']}"],
+                    }
+                ),
+                flush=True,
+            )
+        x, settings = with_prior(x, fitted, settings, args.method)
         hidden = prior["k"]
     rows = []
     if args.diagnose:
