@@ -97,6 +97,25 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def hosted(self, first: int, count: int, env: dict[str, str] | None = None) -> Proc:
+        """A ``lorm-client --sessions count`` process of clients ``first ..``, each with its own certificate and
+        privacy ledger (in the test's folder, not the home's)."""
+        assert self.pki is not None
+        clients = self.pki.client_cert("client-0").parent
+        p = Proc(
+            f"host-{first}",
+            [
+                *(sys.executable, "-m", "client.main", "--server", f"127.0.0.1:{self.port}", "--client-id", "client"),
+                *("--index", str(first), "--sessions", str(count), "--give-up", "300"),
+                *("--tls-ca", str(self.pki.ca), "--tls-cert", str(clients / "{client_id}.crt")),
+                *("--tls-key", str(clients / "{client_id}.key")),
+                *("--privacy-ledger", str(self.run_dir / "ledger-{client_id}.json")),
+            ],
+            env,
+        )
+        self.procs.append(p)
+        return p
+
     def close(self) -> None:
         for p in self.procs:
             p.kill()

@@ -34,7 +34,7 @@ from common.aggregation.base import make_aggregator
 from common.infra.tls import Security
 from common.run.settings import SecAggSettings
 from common.secagg.client_session import ClientSession
-from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, step_graph
 from common.wire.messages import ClientUpdate, EvalReport, ModelSpec, Phase, RoundPlan, Wait
 
 MAX_CALLS = 2000  # polls of one stage, and pulls of the whole run, at most
@@ -113,7 +113,9 @@ class Hostile:
     def secure_step(self, plan: RoundPlan, train: Callable[[], object], key: str) -> None:
         n = self.config.num_clients
         signer, verifier = signing(self.settings, self.security)
-        session = ClientSession(self.index, threshold(self.settings, n), context(plan), signer, verifier)
+        ctx = context(plan)
+        graph = step_graph(self.settings, n, ctx)  # the complete graph, or the sparse one every party draws alike
+        session = ClientSession(self.index, graph.threshold, ctx, signer, verifier, graph=graph)
         what = f"task {plan.task} round {plan.round} attempt {plan.secure_attempt}"
         self.client.secagg(plan, self.index, "advertise", keys=session.advertise())
         roster = self.poll(plan, "roster")["roster"]

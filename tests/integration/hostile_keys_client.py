@@ -4,9 +4,9 @@ trains honestly and reports its evaluations honestly; in its secure sessions:
 
 - ``--low-order R``: in training round ``R``'s first session it advertises a low-order mask key (the all-zero
   point, signed as the protocol asks: only the point is wrong) and, refused, sends nothing more;
-- ``--garbage-box R``: in training round ``R``'s first session it sends client 0 a box of random bytes (the
-  others' boxes honest; in the signed mode under its own signature, as a hostile dealer can), then masks its
-  honest update and answers the unmask request honestly;
+- ``--garbage-box R``: in training round ``R``'s first session it sends client 0 (on a sparse graph its first
+  neighbour) a box of random bytes (the others' boxes honest; in the signed mode under its own signature, as a
+  hostile dealer can), then masks its honest update and answers the unmask request honestly;
 - ``--bad-deal R``: in training round ``R``'s first session it deals shares of another own-mask seed than the one
   it committed to (and masks with that other seed), then answers honestly: its seed cannot be rebuilt;
 
@@ -33,7 +33,7 @@ from common.secagg.blame import sign_box
 from common.secagg.client_session import ClientSession
 from common.secagg.rounds import BOX_BYTES, Keys
 from common.secagg.signed_messages import keys_message
-from common.secagg.terms import client_terms, context, fixed_point, masked_update, threshold
+from common.secagg.terms import client_terms, context, fixed_point, masked_update, step_graph
 from common.wire.messages import ClientUpdate, RoundPlan
 
 
@@ -46,7 +46,8 @@ class HostileKeys(Hostile):
     def secure_step(self, plan: RoundPlan, train: Callable[[], object], key: str) -> None:
         signer, verifier = signing(self.settings, self.security)
         n, ctx = self.config.num_clients, context(plan)
-        session = ClientSession(self.index, threshold(self.settings, n), ctx, signer, verifier)
+        graph = step_graph(self.settings, n, ctx)  # the complete graph, or the sparse one every party draws alike
+        session = ClientSession(self.index, graph.threshold, ctx, signer, verifier, graph=graph)
         what = f"task {plan.task} round {plan.round} attempt {plan.secure_attempt}"
         first = plan.secure_attempt == 0
         if first and plan.round == self.low_order:
@@ -76,11 +77,14 @@ class HostileKeys(Hostile):
             say(f"{what}: keys and shares sent, dropping out (no masked input)")
             return
         else:
-            boxes[0] = os.urandom(BOX_BYTES)
+            victim = min(j for j in roster if j != self.index)  # client 0, or on a sparse graph its first neighbour
+            boxes[victim] = os.urandom(BOX_BYTES)
             if signer is not None:  # signed by the dealer itself: the coordinator's check passes, the box opens not
-                boxes[0] = sign_box(signer, boxes[0], self.index, 0, sorted(roster).index(0) + 1, ctx)
+                boxes[victim] = sign_box(
+                    signer, boxes[victim], self.index, victim, sorted(roster).index(victim) + 1, ctx
+                )
             self.client.secagg(plan, self.index, "share", shares=boxes)
-            say(f"{what}: sent client 0 a garbage box")
+            say(f"{what}: sent client {victim} a garbage box")
         inbox = self.poll(plan, "inbox")
         update = train()
         assert isinstance(update, ClientUpdate)

@@ -157,3 +157,114 @@ def test_a_dealer_of_wrong_shares_is_proven_and_the_restart_without_it_is_the_cl
     assert "its own signatures prove it" in deal["excluded"][str(HOSTILE)]
     assert box["attempt"] == 0 and box["survivors"] == HOSTILE + 1 and "failed" not in box
     assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE]
+
+
+# ---------------------------------------------------------------------------- the same attacks on the sparse graph
+
+SPARSE_N = 16  # the fewest the sparse graph serves at its defaults: k 8 neighbours, threshold 6 in each neighbourhood
+SPARSE_HOSTILE = SPARSE_N - 1
+SPARSE_DEADLINE_S = "20"  # fifteen honest clients in two processes compute in turn: every one shares in time
+SPARSE = CONFIG.replace(
+    run_id="hostile-keys-sparse",
+    num_clients=SPARSE_N,
+    extra={**CONFIG.extra, "synthetic_train": 8 * SPARSE_N},
+    settings={"secagg": {"enabled": True, "graph": "sparse"}},
+)
+
+
+def sparse_config(mode: str) -> RunConfig:
+    return SPARSE.replace(settings={"secagg": SPARSE.settings["secagg"] | {"mode": mode}})
+
+
+@pytest.fixture(scope="module")
+def sparse_reference(tmp_path_factory):
+    """Per mode, the in-process sparse run with the hostile client's index dropping out after sharing as above."""
+    made = {}
+
+    def of(mode: str):
+        if mode not in made:
+            out = tmp_path_factory.mktemp(f"sparse-{mode}")
+            drops = drops_after_sharing(
+                SPARSE_HOSTILE, lambda plan: not (plan.phase == Phase.TRAIN and plan.round == GARBAGE_BOX)
+            )
+            result = run_inprocess(sparse_config(mode), results_dir=out, sessions=drops, deadline_s=5.0)
+            made[mode] = result, {name: load_file(str(out / name)) for name in RESULTS}
+        return made[mode]
+
+    return of
+
+
+def sparse_finished(cluster, mode: str, attacks: tuple[str, ...]) -> tuple[Any, dict[int, ProjectProc], str]:
+    """As :func:`finished` on the sparse graph: fifteen honest clients hosted in two ``lorm-client --sessions``
+    processes, each client with its own certificate and ledger, and the hostile client. ``(cluster, the honest
+    process of each client index, what the hostile client said)``."""
+    c = cluster(sparse_config(mode).to_json())
+    server = c.server("--round-deadline", SPARSE_DEADLINE_S, "--linger", "60")
+    server.wait_for("serving on")
+    half = SPARSE_HOSTILE // 2
+    counts = (half, SPARSE_HOSTILE - half)
+    hosts = [c.hosted(0, counts[0]), c.hosted(half, counts[1])]
+    for h, count in zip(hosts, counts):
+        for _ in range(count):  # every hosted client has built its model before the hostile one completes the run
+            h.wait_for("model: ", timeout=300)
+    pki, name = c.pki, f"client-{SPARSE_HOSTILE}"
+    hostile = ProjectProc(
+        "hostile",
+        [
+            *(sys.executable, str(Path(__file__).with_name("hostile_keys_client.py"))),
+            *("--server", f"127.0.0.1:{c.port}", "--client-id", name, "--index", str(SPARSE_HOSTILE)),
+            *(
+                "--tls-ca",
+                str(pki.ca),
+                "--tls-cert",
+                str(pki.client_cert(name)),
+                "--tls-key",
+                str(pki.client_key(name)),
+            ),
+            *attacks,
+            *("--garbage-box", str(GARBAGE_BOX)),
+        ],
+    )
+    c.procs.append(hostile)
+    assert server.wait(timeout=600) == 0
+    assert [h.wait(timeout=60) for h in hosts] == [0, 0] and hostile.wait(timeout=30) == 0
+    return c, {i: hosts[0] if i < half else hosts[1] for i in range(SPARSE_HOSTILE)}, "".join(hostile.lines)
+
+
+@pytest.mark.slow  # minutes: sixteen clients training in three processes beside a coordinator
+@pytest.mark.parametrize("mode", ["honest", "signed"])
+def test_on_the_sparse_graph_a_low_order_key_and_a_garbage_box_leave_the_clean_result(cluster, sparse_reference, mode):
+    """The attacks of the first test on a sparse graph: the garbage box goes to the hostile client's first
+    neighbour (client 0 is seldom one), whose process answers without it and says so."""
+    c, honest, said = sparse_finished(cluster, mode, ("--low-order", str(LOW_ORDER)))
+    assert "round 0 attempt 0: low-order key refused (INVALID_ARGUMENT)" in said
+    assert "round 1 attempt 0: masked input and an honest answer sent" in said
+    victim = int(said.split("round 1 attempt 0: sent client ")[1].split()[0])
+    assert "do not open" in "".join(honest[victim].lines)
+
+    metrics = the_clean_result(c, sparse_reference(mode))
+    low, box, gram = (h["secagg"] for h in metrics["history"][:3])
+    assert low["graph"] == "sparse" and low["neighbours"] < SPARSE_N - 1
+    assert low["attempt"] == 0 and low["survivors"] == SPARSE_HOSTILE and "failed" not in low
+    assert box["attempt"] == 0 and box["survivors"] == SPARSE_N and "failed" not in box
+    if mode == "honest":
+        assert list(box["blamed"]) == [str(SPARSE_HOSTILE)] and f"client {victim}" in box["blamed"][str(SPARSE_HOSTILE)]
+    else:
+        assert not box.get("blamed") and str(SPARSE_HOSTILE) in json.dumps(box["complaints"]), box
+    assert gram["attempt"] == 0 and gram["dropped"] == [SPARSE_HOSTILE]
+
+
+@pytest.mark.slow  # minutes: sixteen clients training in three processes beside a coordinator
+def test_on_the_sparse_graph_a_dealer_of_wrong_shares_is_proven_and_left_out(cluster, sparse_reference):
+    """The bad deal of the second test on a sparse graph: the dealer's neighbours cannot rebuild its seed, the
+    coordinator names it with its own signatures' proof, and the restart without it is the clean result."""
+    c, _, said = sparse_finished(cluster, "signed", ("--bad-deal", str(LOW_ORDER)))
+    assert "round 0 attempt 0: dealt shares of another seed than committed" in said
+    assert "round 0 attempt 1: keys and shares sent" not in said
+
+    metrics = the_clean_result(c, sparse_reference("signed"))
+    deal, box, gram = (h["secagg"] for h in metrics["history"][:3])
+    assert deal["graph"] == "sparse" and deal["attempt"] == 1 and deal["survivors"] == SPARSE_HOSTILE
+    assert list(deal["excluded"]) == [str(SPARSE_HOSTILE)]
+    assert box["attempt"] == 0 and box["survivors"] == SPARSE_N and "failed" not in box
+    assert gram["attempt"] == 0 and gram["dropped"] == [SPARSE_HOSTILE]
