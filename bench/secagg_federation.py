@@ -5,7 +5,8 @@ clients (``client/host.py``: every client a whole session over its own gRPC chan
 certificate in the signed mode), run ``--method`` on synthetic data (``ridge``: a closed-form head, one secure
 step; ``lorm``: LoRM on the tiny model, three secure steps a task) with secure aggregation on ``--graph`` in
 ``--mode``. ``--drop`` of the clients (the last ones: random places on a sparse graph's ring) sit in a process of
-their own that is SIGKILLed at its first push, after their keys and shares went out; each round then waits
+their own that is SIGKILLed at its first masked input (fault point ``client.masked``: after the share round
+closed, so every one of them has shared by then; at its first result some were still sharing); each round then waits
 ``--deadline`` seconds for them and closes with the survivors. Then the same configuration runs through the
 in-process transport (``engine.simulation.run_inprocess``, the same clients dropping after sharing).
 
@@ -150,7 +151,7 @@ def over_the_wire(config: RunConfig, processes: int, gone: list[int], deadline: 
                     *own,
                 ],
                 cwd=ROOT,
-                env={**env, "LORM_FAULT": "client.push:1"} if drops else env,
+                env={**env, "LORM_FAULT": "client.masked:1"} if drops else env,
                 stdout=open(root / f"host-{first}.log", "w"),
                 stderr=subprocess.STDOUT,
             )

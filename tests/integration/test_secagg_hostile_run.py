@@ -81,7 +81,7 @@ def no_nan(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
-def hostile_client(c) -> ProjectProc:
+def hostile_client(c, hostile: int = HOSTILE) -> ProjectProc:
     pki = c.pki
     p = ProjectProc(
         "hostile",
@@ -91,15 +91,15 @@ def hostile_client(c) -> ProjectProc:
             "--server",
             f"127.0.0.1:{c.port}",
             "--client-id",
-            f"client-{HOSTILE}",
+            f"client-{hostile}",
             "--index",
-            str(HOSTILE),
+            str(hostile),
             "--tls-ca",
             str(pki.ca),
             "--tls-cert",
-            str(pki.client_cert(f"client-{HOSTILE}")),
+            str(pki.client_cert(f"client-{hostile}")),
             "--tls-key",
-            str(pki.client_key(f"client-{HOSTILE}")),
+            str(pki.client_key(f"client-{hostile}")),
             "--wrong-share",
             str(WRONG_SHARE),
             "--garbage",
@@ -112,31 +112,44 @@ def hostile_client(c) -> ProjectProc:
 
 @pytest.mark.long(20)
 def test_a_hostile_client_and_a_killed_coordinator_leave_the_clean_runs_result(cluster, reference):
-    expected, files = reference
     c = cluster(CONFIG.to_json())
-    server = c.server("--round-deadline", DEADLINE_S, env={"LORM_FAULT": "secagg.restarted:1"})
+
+    def honest_clients() -> list[tuple[ProjectProc, int]]:
+        return [(c.client(i), 1) for i in range(HOSTILE)]
+
+    attacked_and_killed(c, reference, honest_clients, HOSTILE, DEADLINE_S)
+
+
+def attacked_and_killed(c, reference, honest_clients, hostile_index: int, deadline: str) -> None:
+    """The run of cluster ``c`` with the honest clients (``honest_clients()`` starts their processes and says how
+    many clients each holds) and the hostile client ``hostile_index``, the coordinator killed at round 0's restart
+    and started again: the clean run's result (``reference``) and the history of the attacks."""
+    expected, files = reference
+    server = c.server("--round-deadline", deadline, env={"LORM_FAULT": "secagg.restarted:1"})
     server.wait_for("serving on")
-    # The run starts at the first Describe once all four have joined, and round 0's keys round is timed from
+    # The run starts at the first Describe once all clients have joined, and round 0's keys round is timed from
     # then. A client builds its model between its Join and its Describe (a minute on a loaded machine), so
-    # the honest clients join and describe first, the run waiting for its fourth; the hostile client's
+    # the honest clients join and describe first, the run waiting for the last; the hostile client's
     # Describe then starts it with every client polling for its plan.
-    honest = [c.client(i) for i in range(HOSTILE)]
-    for p in honest:
-        p.wait_for("model: ", timeout=300)
-    hostile = hostile_client(c)
+    started = honest_clients()
+    honest = [p for p, _ in started]
+    for p, count in started:
+        for _ in range(count):  # each of the process's clients has built its model
+            p.wait_for("model: ", timeout=300)
+    hostile = hostile_client(c, hostile_index)
     # Killed once round 0's restart (without the liar) is on disk, its abandoned masked inputs still staged.
     server.wait_for(r"LORM_FAULT: SIGKILL at secagg.restarted \(hit 1\)", timeout=300)
     assert server.wait(timeout=30) == -signal.SIGKILL
     first_log = "".join(server.lines)
     assert (
-        f"task 0 step 0 secure aggregation (attempt 0) failed: client {HOSTILE}: revealed a wrong share of client"
+        f"task 0 step 0 secure aggregation (attempt 0) failed: client {hostile_index}: revealed a wrong share of client"
         in first_log
     )
-    assert f"excluding clients [{HOSTILE}] from the step" in first_log
-    restarted = c.server("--round-deadline", DEADLINE_S, "--linger", "60")
-    restarted.wait_for(r"resumed run hostile at running task 0 step 0")
+    assert f"excluding clients [{hostile_index}] from the step" in first_log
+    restarted = c.server("--round-deadline", deadline, "--linger", "60")
+    restarted.wait_for(rf"resumed run {json.loads(c.config.read_text())['run_id']} at running task 0 step 0")
     assert restarted.wait(timeout=300) == 0
-    assert [p.wait(timeout=30) for p in honest] == [0] * HOSTILE
+    assert [p.wait(timeout=60) for p in honest] == [0] * len(honest)
     assert hostile.wait(timeout=30) == 0
     said = "".join(hostile.lines)
     # The coordinator was killed inside the call that completed round 0's reveals. When that call was the liar's
@@ -156,15 +169,56 @@ def test_a_hostile_client_and_a_killed_coordinator_leave_the_clean_runs_result(c
     history, clean = metrics["history"], expected.history
     assert [h["phase"] for h in history] == [h["phase"] for h in clean] == ["train", "train", "task_gram", "evaluate"]
     for got, want in zip(history[:3], clean[:3]):
-        assert got["secagg"]["survivors"] == want["secagg"]["survivors"] == HOSTILE
+        assert got["secagg"]["survivors"] == want["secagg"]["survivors"] == hostile_index  # the honest, 0 .. liar - 1
         assert got["secagg"]["samples"] == want["secagg"]["samples"] and no_nan(got["loss"]) == no_nan(want["loss"])
     wrong, garbage, gram = (h["secagg"] for h in history[:3])
     assert wrong["attempt"] == 1 and wrong["dropped"] == []  # the liar was kept out of the restarted session
-    assert list(wrong["excluded"]) == [str(HOSTILE)] and "revealed a wrong share" in wrong["excluded"][str(HOSTILE)]
-    assert len(wrong["failed"]) == 1 and wrong["failed"][0].startswith(f"Culprits: client {HOSTILE}: revealed a wrong")
-    assert garbage["attempt"] == 1 and garbage["dropped"] == [HOSTILE] and "excluded" not in garbage
+    assert (
+        list(wrong["excluded"]) == [str(hostile_index)]
+        and "revealed a wrong share" in wrong["excluded"][str(hostile_index)]
+    )
+    assert len(wrong["failed"]) == 1 and wrong["failed"][0].startswith(
+        f"Culprits: client {hostile_index}: revealed a wrong"
+    )
+    assert garbage["attempt"] == 1 and garbage["dropped"] == [hostile_index] and "excluded" not in garbage
     assert len(garbage["failed"]) == 1 and "an unmasked sum lies beyond" in garbage["failed"][0]
-    assert gram["attempt"] == 0 and gram["dropped"] == [HOSTILE] and "failed" not in gram
+    assert gram["attempt"] == 0 and gram["dropped"] == [hostile_index] and "failed" not in gram
     second_log = "".join(restarted.lines)
     assert "task 0 step 1 secure aggregation (attempt 0) failed" in second_log and "nobody can be named" in second_log
     assert "task 0 step 1 secure aggregation (attempt 0): restarted with fresh keys (attempt 1)" in second_log
+
+
+SPARSE_N = 16  # the fewest the sparse graph serves at its defaults: k 8 neighbours, threshold 6 in each neighbourhood
+SPARSE = CONFIG.replace(
+    run_id="hostile-sparse",
+    num_clients=SPARSE_N,
+    extra={**CONFIG.extra, "synthetic_train": 8 * SPARSE_N},
+    settings={"secagg": {"enabled": True, "graph": "sparse"}},
+)
+
+
+@pytest.fixture(scope="module")
+def sparse_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sparse-reference")
+    drops = drops_after_sharing(SPARSE_N - 1)
+    result = run_inprocess(SPARSE, results_dir=out, sessions=drops, deadline_s=5.0)
+    return result, {name: load_file(str(out / name)) for name in RESULTS}
+
+
+@pytest.mark.slow  # minutes: sixteen clients training in three processes, a coordinator killed and started again
+def test_on_the_sparse_graph_a_hostile_client_and_a_killed_coordinator_leave_the_clean_result(
+    cluster, sparse_reference
+):
+    """The same attacks on a sparse graph (each client's shares and masks with its 8 neighbours only): the liar's
+    wrong shares are named by the spare answers of the neighbourhoods it answers for, the garbage input cannot be
+    named, and each step's final session is the honest fifteen's sum, bit for bit the in-process run's."""
+    c = cluster(SPARSE.to_json())
+    half = (SPARSE_N - 1) // 2
+
+    def honest_clients() -> list[tuple[ProjectProc, int]]:
+        return [(c.hosted(0, half), half), (c.hosted(half, SPARSE_N - 1 - half), SPARSE_N - 1 - half)]
+
+    attacked_and_killed(c, sparse_reference, honest_clients, SPARSE_N - 1, "20")
+    metrics = json.loads((c.run_dir / "results" / "metrics.json").read_text())
+    first = metrics["history"][0]["secagg"]
+    assert first["graph"] == "sparse" and first["neighbours"] < SPARSE_N - 1
