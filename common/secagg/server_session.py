@@ -17,7 +17,7 @@ import numpy as np
 from common.secagg.blame import check_entry, key_matches, seed_matches, split_signed
 from common.secagg.boxes import is_complaint
 from common.secagg.graph import Graph
-from common.secagg.primitives import SecAggError, ring_add, ring_zeros, unmask
+from common.secagg.primitives import RingSum, SecAggError, ring_zeros, unmask
 from common.secagg.rounds import (
     BOX_BYTES,
     BOX_HEADER_BYTES,
@@ -48,7 +48,8 @@ class ServerSession(Verdicts):
     roster: dict[int, Keys] | None = None  # U1, fixed by close_keys
     boxes: dict[int, dict[int, bytes]] = field(default_factory=dict)  # sender -> recipient -> sealed shares
     sharers: list[int] | None = None  # U2
-    total: np.ndarray = field(init=False)
+    # the masked inputs' sum so far (carried once, when read: :attr:`total`)
+    _sum: RingSum | None = field(default=None, init=False, repr=False, compare=False)
     inputs: list[int] = field(default_factory=list)  # U3 so far
     survivors: list[int] | None = None
     revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)  # answerer -> owner -> share or complaint
@@ -68,7 +69,6 @@ class ServerSession(Verdicts):
     def __post_init__(self) -> None:
         if not 1 <= self.threshold <= len(self.expected):
             raise SecAggError(f"threshold {self.threshold} for {len(self.expected)} clients")
-        self.total = ring_zeros(self.size)
         if self.graph is not None and self.graph.complete:
             self.graph = None
 
@@ -189,12 +189,19 @@ class ServerSession(Verdicts):
             return  # a retry of an input already added (idempotent)
         y = np.asarray(y, dtype=np.uint64)
         if not self.size and y.ndim == 2:
-            self.size, self.total = len(y), ring_zeros(len(y))
+            self.size = len(y)
         if y.shape != (self.size, 2):
             raise SecAggError(f"client {sender}'s masked input has shape {y.shape}, the step's sums ({self.size}, 2)")
-        self.total = ring_add(self.total, y)
+        if self._sum is None:
+            self._sum = RingSum(self.size)
+        self._sum.add(y)
         self.inputs.append(sender)
         self._count("masked", y.nbytes)
+
+    @property
+    def total(self) -> np.ndarray:
+        """The sum of the masked inputs so far, ``(size, 2)`` ring limbs."""
+        return self._sum.value() if self._sum is not None else ring_zeros(self.size)
 
     def close_inputs(self) -> tuple[list[int], list[int]]:
         """Fix ``U3``: ``(survivors, dropped)``; the unmask request every survivor receives."""
