@@ -259,6 +259,7 @@ class SecAggSettings(Settings):
 
 
 DP_MODES = ("central", "distributed", "local", "client")
+DP_SAMPLERS = ("box-muller", "opendp")
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,12 @@ class DpSettings(Settings):
         "share); >= 0 a seeded torch generator (distributed: a key per seed, step, client and statistic), "
         "reproducible, for tests and benchmarks only (whoever knows the seed can subtract the noise)",
     )
+    sampler: str = setting(
+        "box-muller",
+        "central mode's Gaussian noise: 'box-muller' (the CSPRNG's uniforms through Box-Muller, or the seeded "
+        "generator), or 'opendp' (OpenDP's Gaussian mechanism on each released value: exact sampling, then "
+        "rounding, without the low-bit pattern of a float Box-Muller draw; about 50 us a value, needs dp.seed -1)",
+    )
 
     def __post_init__(self) -> None:
         if not (self.epsilon >= 0 and not math.isnan(self.epsilon)):
@@ -344,6 +351,15 @@ class DpSettings(Settings):
             raise ValueError(f"setting dp.seed must be -1 (the CSPRNG) or a seed >= 0, got {self.seed}")
         if self.mode not in DP_MODES:
             raise ValueError(f"setting dp.mode must be one of {', '.join(DP_MODES)}, got {self.mode!r}")
+        if self.sampler not in DP_SAMPLERS:
+            raise ValueError(f"setting dp.sampler must be one of {', '.join(DP_SAMPLERS)}, got {self.sampler!r}")
+        if self.sampler == "opendp" and (self.mode != "central" or self.seed != -1):
+            raise ValueError(
+                "setting dp.sampler = opendp serves dp.mode central with dp.seed -1 (OpenDP draws from the operating "
+                "system's randomness, unseeded): local and client-level noise cover every parameter of every step "
+                "(at about 50 us a value, hours a round), and distributed shares come from the exact discrete sampler; "
+                f"got dp.mode {self.mode}, dp.seed {self.seed}"
+            )
 
     @property
     def enabled(self) -> bool:

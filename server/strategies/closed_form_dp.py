@@ -71,7 +71,7 @@ class PrivateRelease:
         stats = {CLASS_SUM: sums.plain[CLASS_SUM][lo:hi]}  # a view: noised in place
         if GRAM in self.releases:
             stats[GRAM] = sums.grams[GRAM].value()
-        add_noise(stats, self.releases, noise_source(self.settings.seed, task))
+        add_noise(stats, self.releases, noise_source(self.settings.seed, task, self.settings.sampler))
 
     def gram_sigma(self) -> float:
         """The deviation of the noise on each entry of the summed Gram: one release per task spent so far
@@ -103,7 +103,7 @@ class PrivateRelease:
             | {
                 "unit": "record",
                 "adjacency": ADJACENCY,
-                "noise": noise_statement(self.settings.seed),
+                "noise": noise_statement(self.settings.seed, self.settings.sampler),
                 "run_epsilon": self.ledger.epsilon_spent(),
                 "budget_epsilon": self.settings.epsilon,
                 "clip": self.settings.clip,
