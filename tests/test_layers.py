@@ -81,7 +81,7 @@ CONCERNS = {
     "merges": set(),  # the closed-form merges: pure math
     "adapters": set(),  # LoRA, VeRA, (IA)^3, prompts
     "infra": {"wire"},  # logs (which format a plan's step), progress, faults, TLS
-    # differential privacy: calibrations, noise, the ledgers (which read a step's plan), public priors (written atomically)
+    # differential privacy: calibrations, noise, the ledgers (which read a step's plan), public priors (files)
     "privacy": {"run", "wire", "infra"},
     # the protocol, the terms a client masks, and the noise a client adds to them (distributed DP)
     "secagg": {"infra", "wire", "run", "merges", "privacy"},
