@@ -62,14 +62,14 @@ def reference(tmp_path_factory):
     return result, {name: load_file(str(out / name)) for name in RESULTS}
 
 
-def hostile_client(c, attacks: tuple[str, ...]) -> ProjectProc:
-    pki, name = c.pki, f"client-{HOSTILE}"
+def hostile_client(c, attacks: tuple[str, ...], index: int = HOSTILE) -> ProjectProc:
+    pki, name = c.pki, f"client-{index}"
     p = ProjectProc(
         "hostile",
         [
             sys.executable,
             str(Path(__file__).with_name("hostile_keys_client.py")),
-            *("--server", f"127.0.0.1:{c.port}", "--client-id", name, "--index", str(HOSTILE)),
+            *("--server", f"127.0.0.1:{c.port}", "--client-id", name, "--index", str(index)),
             *(
                 "--tls-ca",
                 str(pki.ca),
@@ -207,25 +207,7 @@ def sparse_finished(cluster, mode: str, attacks: tuple[str, ...]) -> tuple[Any, 
     for h, count in zip(hosts, counts):
         for _ in range(count):  # every hosted client has built its model before the hostile one completes the run
             h.wait_for("model: ", timeout=300)
-    pki, name = c.pki, f"client-{SPARSE_HOSTILE}"
-    hostile = ProjectProc(
-        "hostile",
-        [
-            *(sys.executable, str(Path(__file__).with_name("hostile_keys_client.py"))),
-            *("--server", f"127.0.0.1:{c.port}", "--client-id", name, "--index", str(SPARSE_HOSTILE)),
-            *(
-                "--tls-ca",
-                str(pki.ca),
-                "--tls-cert",
-                str(pki.client_cert(name)),
-                "--tls-key",
-                str(pki.client_key(name)),
-            ),
-            *attacks,
-            *("--garbage-box", str(GARBAGE_BOX)),
-        ],
-    )
-    c.procs.append(hostile)
+    hostile = hostile_client(c, attacks, SPARSE_HOSTILE)
     assert server.wait(timeout=600) == 0
     assert [h.wait(timeout=60) for h in hosts] == [0, 0] and hostile.wait(timeout=30) == 0
     return c, {i: hosts[0] if i < half else hosts[1] for i in range(SPARSE_HOSTILE)}, "".join(hostile.lines)
