@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import random
+import weakref
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -194,12 +195,33 @@ def check_prior(mean: Tensor, basis: Tensor, who: str, width: int | None = None,
 def received_prior(tensors: dict[str, Tensor], width: int, k: int, digest: str) -> PublicPrior:
     """The prior a plan brings (``tensors``: its tensors by wire name), which a client applies only when it is the
     run's: ``(F,) = (width,)`` and ``(F, k)``, float64, finite, and of ``digest``; ``ValueError`` otherwise (a
-    coordinator that sends another prior could make the head read whatever directions it chose)."""
+    coordinator that sends another prior could make the head read whatever directions it chose).
+
+    A plan is checked once, not once per batch that it scores: the answer is kept for as long as the plan's own two
+    tensor objects live unchanged (the same objects, not modified in place since: torch counts in-place writes in
+    ``Tensor._version``), and any other pair is hashed afresh."""
     mean, basis = tensors.get(PRIOR_MEAN), tensors.get(PRIOR_BASIS)
     if mean is None or basis is None:
         raise ValueError(f"the run's features pass a public prior (digest {digest[:16]}...): this plan holds none")
+    key = (width, k, digest, mean._version, basis._version)
+    kept = _RECEIVED.get(id(basis))
+    if kept is not None and kept[0]() is basis and kept[1]() is mean and kept[2] == key:
+        return PublicPrior(mean, basis, 0.0)
     check_prior(mean, basis, "the plan's public prior", width, k)
     got = prior_digest(mean, basis)
     if got != digest:
         raise ValueError(f"the plan's public prior has digest {got}, not the run's {digest}")
+    _RECEIVED[id(basis)] = (weakref.ref(basis, _forget), weakref.ref(mean), key)
     return PublicPrior(mean, basis, 0.0)
+
+
+# the pairs received_prior has passed, by their basis tensor's id: (the basis, its mean, what was checked), both held
+# weakly; an entry goes when its basis does (tensors compare element by element, so they cannot be a WeakKeyDictionary's
+# keys)
+_RECEIVED: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Tensor], tuple[object, ...]]] = {}
+
+
+def _forget(gone: weakref.ref[Tensor]) -> None:
+    for ident, entry in list(_RECEIVED.items()):
+        if entry[0] is gone:
+            _RECEIVED.pop(ident, None)

@@ -75,7 +75,7 @@ from common.aggregation.features import (
 )
 from common.merges.solve import right_solve
 from common.methods.closed_form import NcmSettings, RidgeSettings
-from common.privacy.public_prior import PRIOR_BASIS, PRIOR_MEAN, PublicPrior, check_prior, prior_digest, read_prior
+from common.privacy.public_prior import PRIOR_BASIS, PRIOR_MEAN, PublicPrior, check_prior, read_prior, received_prior
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.terms import run_encoding
@@ -237,17 +237,14 @@ class ClosedFormHead(Strategy):
                     f"settings {settings.section}.prior_digest name a public prior, but "
                     f"{settings.section}.prior_file names no copy of it for the coordinator (lorm-prior writes one)"
                 )
-            prior, statement = read_prior(Path(settings.prior_file), settings.prior_digest)
-            self.prior = self._checked(prior, statement)
+            prior, statement = read_prior(Path(settings.prior_file), settings.prior_digest)  # its digest checked
+            check_prior(prior.mean, prior.basis, "the run's public prior", self._prior_width(), settings.prior_k)
+            self.prior = prior, statement
         prior = self.prior[0]
         return {PRIOR_MEAN: prior.mean, PRIOR_BASIS: prior.basis}
 
-    def _checked(self, prior: PublicPrior, statement: dict[str, object]) -> tuple[PublicPrior, dict[str, object]]:
-        width = self.settings.feature_width(self.spec.feature_dim)
-        check_prior(prior.mean, prior.basis, "the run's public prior", width, self.settings.prior_k)
-        if prior_digest(prior.mean, prior.basis) != self.settings.prior_digest:
-            raise ValueError(f"the run's public prior is not the one {self.settings.section}.prior_digest names")
-        return prior, statement
+    def _prior_width(self) -> int:
+        return self.settings.feature_width(self.spec.feature_dim)
 
     def stat_shapes(self) -> dict[str, tuple[int, ...]]:
         """What the head sums over clients and tasks (``common.aggregation.features``): name -> shape."""
@@ -317,7 +314,12 @@ class ClosedFormHead(Strategy):
         if PRIOR_MEAN in tensors and PRIOR_BASIS in tensors:
             text = tensors.get(PRIOR_STATEMENT)
             statement = json.loads(bytes(text.tolist()).decode()) if text is not None else {}
-            self.prior = self._checked(PublicPrior(tensors[PRIOR_MEAN], tensors[PRIOR_BASIS], 0.0), statement)
+            kept = {PRIOR_MEAN: tensors[PRIOR_MEAN], PRIOR_BASIS: tensors[PRIOR_BASIS]}
+            try:
+                prior = received_prior(kept, self._prior_width(), self.settings.prior_k, self.settings.prior_digest)
+            except ValueError as err:
+                raise ValueError(f"the state's public prior is not the run's: {err}") from err
+            self.prior = prior, statement
         if self.private is not None and "dp/spent" in tensors:
             self.private.ledger.load(tensors["dp/spent"])
         if "stats/class_count" in tensors:

@@ -127,6 +127,37 @@ def test_a_client_applies_only_the_runs_prior_of_the_features_width():
         received_prior(tensors, 6, 4, digest)  # the run's k is another
 
 
+def test_a_plans_prior_is_hashed_once_until_its_tensors_change(monkeypatch):
+    """Every evaluation batch and every served request checks the plan's prior: the same two tensor objects are
+    hashed once, and a pair written in place, or another mean beside the same basis, is checked afresh."""
+    import common.privacy.public_prior as public_prior
+
+    prior = small_prior()
+    digest = prior_digest(prior.mean, prior.basis)
+    mean, basis = prior.mean.clone(), prior.basis.clone()
+    hashed = []
+    monkeypatch.setattr(public_prior, "prior_digest", lambda m, b: hashed.append(1) or prior_digest(m, b))
+    tensors = {PRIOR_MEAN: mean, PRIOR_BASIS: basis}
+    for _ in range(5):
+        assert received_prior(tensors, 6, 3, digest).basis is basis
+    assert len(hashed) == 1
+    basis[0, 0] += 1.0  # in place: the same object, another prior
+    with pytest.raises(ValueError, match="digest"):
+        received_prior(tensors, 6, 3, digest)
+    basis[0, 0] -= 1.0  # back to the run's values: still checked again, and passes
+    assert received_prior(tensors, 6, 3, digest).mean is mean
+    other_mean = mean.clone()
+    other_mean[1] += 1.0
+    with pytest.raises(ValueError, match="digest"):
+        received_prior({PRIOR_MEAN: other_mean, PRIOR_BASIS: basis}, 6, 3, digest)
+    with pytest.raises(ValueError, match="do not fit"):
+        received_prior(tensors, 6, 4, digest)  # checked for another k: not the answer kept for k = 3
+    assert len(hashed) == 4
+    assert id(basis) in public_prior._RECEIVED
+    del tensors, basis
+    assert all(entry[0]() is not None for entry in public_prior._RECEIVED.values())  # gone with the plan's tensors
+
+
 def test_the_settings_name_a_prior_by_digest_and_width_together():
     digest = "ab" * 32
     assert NcmSettings.parse({"prior_digest": digest, "prior_k": 8}).feature_map().head_width(32) == 8
