@@ -26,6 +26,13 @@ client's own flags and returns the parameters it accepted. Each check names the 
   to whoever chose the seed, and can be subtracted). With ``--max-epsilon`` the client takes part only in a run
   whose budget is within its own, noised by the clients (``dp.mode`` local or distributed), from the CSPRNG.
 
+- ``prior_digest``: a public prior shapes every record's features before the clip (``common/privacy/public_prior.py``).
+  Any fixed map keeps the sensitivity, so no prior can cost this client its epsilon, but the coordinator chooses
+  which prior a run names, and with it which directions of the features the head can read at all: a prior fitted on
+  records that are not public, or one built to blind the head to some classes. With ``--public-prior-digest`` the
+  client takes part only in a run that names the prior it has vetted (the digest ``lorm-prior`` prints); the plans'
+  own copies are then held to that digest as to any run's (``client/features.py``).
+
 Each secure-aggregation mode's least threshold is in :data:`MODE_FLOORS` (a mode this client does
 not know is refused): a majority in the honest mode, ``2n/3 + 1`` in the signed mode.
 """
@@ -38,6 +45,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from common.aggregation.declared import feature_stats_of
 from common.run.config import RunConfig
 from common.run.settings import DpSettings, SecAggSettings
 from common.secagg.graph import Parameters
@@ -47,6 +55,7 @@ from common.secagg.terms import sparse_parameters, threshold
 
 ENV_REQUIRE = "LORM_REQUIRE_SECURE_AGGREGATION"
 ENV_MAX_EPSILON = "LORM_MAX_EPSILON"
+ENV_PRIOR_DIGEST = "LORM_PUBLIC_PRIOR_DIGEST"
 HONEST = "honest"  # the mode of a run whose settings name none: a curious coordinator that follows the protocol
 SECURE_MIN_CLIENTS = 3  # with --require-secure-aggregation: of two, one input is the sum minus the other
 SECURE_MIN_THRESHOLD = 2  # with --require-secure-aggregation: one share never unmasks anything
@@ -66,6 +75,7 @@ class Floor:
     max_epsilon: float = math.inf  # the largest privacy budget accepted (inf: none required)
     max_delta: float = 1e-5  # with max_epsilon: the largest delta accepted
     min_colluders: int = 0  # distributed DP: the least dp.colluders the noise must be sized for
+    prior_digest: str = ""  # the only public prior accepted, by its digest ("": any the run names, or none)
 
     def least_clients(self) -> int:
         least = self.min_clients or 1
@@ -155,11 +165,27 @@ def check_privacy(config: RunConfig, floor: Floor) -> None:
         )
 
 
+def check_prior_pin(config: RunConfig, floor: Floor) -> None:
+    """:class:`FloorError` unless the run's features pass the public prior ``floor.prior_digest`` (nothing is
+    required without it)."""
+    if not floor.prior_digest:
+        return
+    named = feature_stats_of(config).features.prior_digest
+    if named != floor.prior_digest:
+        said = f"names the public prior {named}" if named else "names no public prior"
+        raise FloorError(
+            f"the coordinator's configuration {said} (its method's prior_digest setting), but this client's "
+            f"--public-prior-digest (or ${ENV_PRIOR_DIGEST}) is {floor.prior_digest}: refusing a prior it has not "
+            "vetted"
+        )
+
+
 def check_floor(config: RunConfig, floor: Floor) -> Accepted:
     """The run's secure-aggregation parameters if they meet ``floor``, and its privacy budget
     (:func:`check_privacy`); else :class:`FloorError` naming the setting that failed, its value and this client's
     floor."""
     check_privacy(config, floor)
+    check_prior_pin(config, floor)
     dp = config.section(DpSettings)
     if dp.distributed:
         if dp.colluders < floor.min_colluders:
@@ -278,6 +304,13 @@ def add_floor_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="D",
         help="with --max-epsilon: refuse a run whose dp.delta is above D (default 1e-5)",
     )
+    g.add_argument(
+        "--public-prior-digest",
+        default=os.environ.get(ENV_PRIOR_DIGEST, ""),
+        metavar="HEX",
+        help="refuse a run unless its features pass this public prior (the digest lorm-prior prints; default "
+        f"${ENV_PRIOR_DIGEST}; unset: any the run names, or none)",
+    )
 
 
 def floor_from_args(args: argparse.Namespace) -> Floor:
@@ -290,6 +323,9 @@ def floor_from_args(args: argparse.Namespace) -> Floor:
             f"--min-secagg-threshold, --min-clients and --min-colluders must be >= 0, got "
             f"{args.min_secagg_threshold}, {args.min_clients} and {args.min_colluders}"
         )
+    digest = args.public_prior_digest.strip().lower()
+    if digest and not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise FloorError(f"--public-prior-digest must be 64 hex digits (lorm-prior prints it), got {digest[:80]!r}")
     return Floor(
         args.require_secure_aggregation,
         args.min_secagg_threshold,
@@ -297,4 +333,5 @@ def floor_from_args(args: argparse.Namespace) -> Floor:
         args.max_epsilon,
         args.max_delta,
         args.min_colluders,
+        digest,
     )

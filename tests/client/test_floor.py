@@ -237,3 +237,34 @@ def test_a_sparse_graph_sized_for_too_few_colluders_is_refused():
     assert threshold(kept.section(SecAggSettings), 1000) == 119  # the pinned threshold is the same sparse graph
     with pytest.raises(FloorError, match="derived per neighbourhood"):
         check_floor(run(1000, enabled=True, graph="sparse", threshold=200), Floor())
+
+
+PINNED, OTHER = "ab" * 32, "cd" * 32
+
+
+def prior_run(method: str = "ridge", digest: str = PINNED) -> RunConfig:
+    named = {method: {"prior_digest": digest, "prior_k": 16}} if digest else {}
+    return RunConfig(method=method, num_clients=10, settings=named)
+
+
+def test_a_coordinator_that_swaps_or_drops_the_public_prior_a_client_pinned_is_refused(monkeypatch):
+    """A client that vetted one public prior (its digest from lorm-prior) refuses a run that names another, one that
+    names none, and a method without a features pass."""
+    pin = floor("--public-prior-digest", PINNED.upper())  # as lorm-prior prints it or in capitals
+    for method in ("ridge", "ncm"):
+        assert check_floor(prior_run(method), pin).num_clients == 10
+    cases = {
+        f"names the public prior {OTHER}": prior_run(digest=OTHER),
+        "names no public prior": prior_run(digest=""),
+        "names no public prior.*--public-prior-digest": RunConfig(method="lorm", num_clients=10),
+    }
+    for named, config in cases.items():
+        check_floor(config, Floor())  # without the pin, each is accepted
+        with pytest.raises(FloorError, match=named):
+            check_floor(config, pin)
+    monkeypatch.setenv("LORM_PUBLIC_PRIOR_DIGEST", PINNED)
+    with pytest.raises(FloorError, match="LORM_PUBLIC_PRIOR_DIGEST"):
+        check_floor(prior_run(digest=OTHER), floor())
+    for bad in ("abc", "zz" * 32):
+        with pytest.raises(FloorError, match="--public-prior-digest must be 64 hex digits"):
+            floor("--public-prior-digest", bad)

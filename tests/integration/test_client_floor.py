@@ -36,6 +36,12 @@ OWNED = {"owned": True, "classes": ["alarm", "balance"]}
         (RunConfig(num_clients=3), ["--require-secure-aggregation"], "sets secagg.enabled=false"),
         # H3: a run too small for the client
         (RunConfig(num_clients=2), ["--min-clients", "3"], "num_clients=2, below this client's floor of 3"),
+        # a coordinator that swapped the public prior the client vetted for another
+        (
+            RunConfig(num_clients=2, method="ncm", settings={"ncm": {"prior_digest": "cd" * 32, "prior_k": 4}}),
+            ["--public-prior-digest", "ab" * 32],
+            f"names the public prior {'cd' * 32}",
+        ),
         # M6: a coordinator that picks the client's data directory, data file or weight file
         (RunConfig(num_clients=2, data_dir="/x"), [], "sets data_dir=/x: a client's data paths are its own"),
         (
@@ -66,6 +72,7 @@ OWNED = {"owned": True, "classes": ["alarm", "balance"]}
         "low-threshold",
         "secagg-off",
         "few-clients",
+        "other-prior",
         "data-dir",
         "train-file",
         "hub-backbone",
