@@ -21,12 +21,18 @@ accuracy printed beside it). The choices:
                Rerunning them is LoRM training (``GAMMA_COMMAND``), not done here.
   gamma_head_full  the same on the full data (``cpu-clinc150-full``), the protocol of the published table: the
                cells of ``docs/results/tune-gamma-head-full`` (``GAMMA_FULL_COMMAND``)
+  mpnet_layers with ``--encoder mpnet``, this choice alone: which of all-mpnet-base-v2's blocks the head
+               concatenates (``--mpnet-layer-sets``: the last four, the last six, all twelve), on one projection
+               of 10,000 (seed 0), as ``layers`` on MiniLM; the best head, ``ridge@mpnet-6layers+valx4avg``, uses
+               the last six (their first choice printed the test split beside the held-out figures)
 
 The heads are the system's solve (``ridge_head``: ``S (G + lam I)^-1``), one member's Gram at a time, at every
 half decade from 0.1 to 1e8; the rule then looks at the decades first, as the sweeps do.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/heldout_choices.py --cache /tmp/choices-cache
-     (writes docs/results/choices/choices.json; about an hour of one core of a shared 2-core EPYC)
+     (writes docs/results/choices/choices.json; about an hour of one core of a shared 2-core EPYC), then
+     OMP_NUM_THREADS=1 .venv/bin/python bench/heldout_choices.py --cache /tmp/choices-cache --encoder mpnet --resume
+     (``lorm-fetch-model mpnet`` first; adds ``mpnet_layers`` to the same file)
 """
 
 from __future__ import annotations
@@ -51,7 +57,15 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from feature_heads import DTYPE, FeatureMap, Recipe, add_data_arguments, features, pooled_states  # noqa: E402
+from feature_heads import (  # noqa: E402
+    DTYPE,
+    FeatureMap,
+    Recipe,
+    add_data_arguments,
+    encoder_tag,
+    features,
+    pooled_states,
+)
 from feature_views import cached_view  # noqa: E402
 
 from server.strategies.closed_form import ridge_head  # noqa: E402
@@ -107,16 +121,18 @@ def load_training(data_dir: Path) -> TrainingOnly[tuple[list[str], np.ndarray]]:
 
 
 def training_features(
-    data: TrainingOnly[tuple[list[str], np.ndarray]], cache: Path, max_length: int
+    data: TrainingOnly[tuple[list[str], np.ndarray]], cache: Path, max_length: int, encoder: str = "minilm"
 ) -> TrainingOnly[dict[str, np.ndarray]]:
-    """MiniLM's pooled states of ``train`` and ``val`` (``feature_heads.cached_features``' files, the test's not
-    opened), extracted into ``cache`` when missing."""
+    """The encoder's pooled states of ``train`` and ``val`` (``feature_heads.cached_features``' files, the test's
+    not opened), extracted into ``cache`` when missing."""
     out = {}
     for split in TRAINING_SPLITS:
-        file = cache / f"clinc150-minilm-len{max_length}-{split}.npz"
+        file = cache / f"clinc150-{encoder_tag(encoder)}-len{max_length}-{split}.npz"
         if not file.exists():
             cache.mkdir(parents=True, exist_ok=True)
-            np.savez(file, **pooled_states(data[split][0], max_length))
+            t0 = time.perf_counter()
+            np.savez(file, **pooled_states(data[split][0], max_length, encoder=encoder))
+            print(f"extracted {split}: {len(data[split][0])} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
         with np.load(file) as f:
             out[split] = {k: f[k] for k in f.files}
     return TrainingOnly(out)
@@ -314,7 +330,15 @@ def figures(options: Mapping[str, Candidate | GammaCell]) -> dict[str, dict]:
     return {name: asdict(c) for name, c in options.items()}
 
 
-CURRENT = {"lambda_rule": "average", "layers": "3456", "views": "0", "gamma_head": "0.5", "gamma_head_full": "0.7"}
+CURRENT = {
+    "lambda_rule": "average",
+    "layers": "3456",
+    "views": "0",
+    "gamma_head": "0.5",
+    "gamma_head_full": "0.7",
+    "mpnet_layers": "7,8,9,10,11,12",
+}
+MPNET_LAYER_SETS = ["9,10,11,12", "7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9,10,11,12"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,23 +350,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume", action="store_true", help="keep the choices and layer sets --out already holds, run the rest"
     )
+    parser.add_argument(
+        "--mpnet-layer-sets", nargs="+", default=MPNET_LAYER_SETS, help="with --encoder mpnet: the options"
+    )
     args = parser.parse_args(argv)
-    if args.encoder != "minilm":
-        parser.error("--encoder: the choices are MiniLM's")
+    if args.encoder not in ("minilm", "mpnet"):
+        parser.error("--encoder: the choices are MiniLM's, and with mpnet the best head's blocks")
     torch.set_num_threads(args.threads)
     data = load_training(Path(args.data_dir))
     cache = Path(args.cache)
     # the training features, read or extracted at the first choice that needs them (none under --resume when every
     # ridge choice is kept)
-    feats = functools.cache(lambda: training_features(data, cache, args.max_length))
+    feats = functools.cache(lambda: training_features(data, cache, args.max_length, args.encoder))
 
     labels = TrainingOnly({s: data[s][1] for s in TRAINING_SPLITS})
     out = Path(args.out)
-    record: dict[str, dict] = json.loads(out.read_text())["choices"] if args.resume and out.exists() else {}
+    # with --encoder mpnet the MiniLM choices are kept as they are in --out, --resume or not
+    record: dict[str, dict] = (
+        json.loads(out.read_text())["choices"] if (args.resume or args.encoder == "mpnet") and out.exists() else {}
+    )
     kept = {  # the ridge choices' options already measured (the γ cells are read again: it costs nothing)
         name: {k: Candidate(**c) for k, c in made["options"].items()}
         for name, made in record.items()
-        if name not in GAMMAS
+        if name not in GAMMAS and (args.resume or name != "mpnet_layers")
     }
 
     def log(name: str, options: Mapping[str, Candidate]) -> None:
@@ -357,6 +387,15 @@ def main(argv: list[str] | None = None) -> int:
         record[name] = {"choice": pick, "current": CURRENT[name], "options": figures(options)}
         write(out, record, args)
 
+    if args.encoder == "mpnet":  # the best head's blocks, beside the MiniLM choices --out already holds
+        blocks = kept.get("mpnet_layers", {})
+        for text in args.mpnet_layer_sets:
+            if text not in blocks:
+                blocks[text] = layer_set(feats(), labels, text)
+                log("mpnet_layers", blocks)
+        log("mpnet_layers", blocks)
+        print(f"decision mpnet_layers: {record['mpnet_layers']['choice']} (current {CURRENT['mpnet_layers']})")
+        return 0
     for name, root in GAMMAS.items():
         gammas = gamma_cells(root, 0.2)
         pick = choose_gamma(gammas)

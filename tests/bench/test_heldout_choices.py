@@ -33,14 +33,17 @@ def test_the_test_split_cannot_be_loaded_or_asked_for(hc, tmp_path):
         hc.TrainingOnly({"train": 1, "test": 2})  # nor can it be put in
 
 
-def test_features_of_the_test_split_are_never_opened(hc, tmp_path):
-    """With every split's cache file present, only train and val are read; the test file is unreadable."""
+@pytest.mark.parametrize("encoder", ["minilm", "mpnet"])
+def test_features_of_the_test_split_are_never_opened(hc, tmp_path, encoder):
+    """With every split's cache file present, only train and val are read; the test file is unreadable (MPNet's
+    files are named by its folder, as bench/feature_heads.py names them)."""
+    tag = hc.encoder_tag(encoder)
     states = {"mean": np.zeros((2, 7, 4), dtype=np.float32), "cls": np.zeros((2, 7, 4), dtype=np.float32)}
     for split in ("train", "val"):
-        np.savez(tmp_path / f"clinc150-minilm-len8-{split}.npz", **states)
-    (tmp_path / "clinc150-minilm-len8-test.npz").write_text("not an npz: opening it would fail")
+        np.savez(tmp_path / f"clinc150-{tag}-len8-{split}.npz", **states)
+    (tmp_path / f"clinc150-{tag}-len8-test.npz").write_text("not an npz: opening it would fail")
     data = hc.TrainingOnly({s: ([], np.zeros(2, dtype=np.int64)) for s in ("train", "val")})
-    feats = hc.training_features(data, tmp_path, 8)
+    feats = hc.training_features(data, tmp_path, 8, encoder)
     assert feats["val"]["mean"].shape == (2, 7, 4)
     with pytest.raises(hc.TestSplitRefused):
         feats["test"]
