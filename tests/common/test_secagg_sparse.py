@@ -111,12 +111,17 @@ class Run:
             if i not in gone:
                 self.server.masked_input(i, c.mask(self.values[i], self.server.sharers))
 
-    def answer(self, signed: bool, edit=lambda i, answer: answer) -> None:
+    def answer(self, signed: bool, edit=lambda i, answer: answer, silent: frozenset[int] = frozenset()) -> None:
+        """Every survivor answers the unmask request but those ``silent`` (gone after their masked input)."""
         survivors, dropped = self.server.close_inputs()
         if signed:
             for i in survivors:
-                self.server.confirm(i, self.clients[i].confirm(survivors, dropped))
+                if i not in silent:
+                    self.server.confirm(i, self.clients[i].confirm(survivors, dropped))
+            assert self.server.confirmed(late=True)
         for i in survivors:
+            if i in silent:
+                continue
             mine = {j: s for j, s in self.server.confirmations.items() if j in self.graph.closed(i)}
             answer = self.clients[i].reveal(self.server.inbox(i), survivors, dropped, mine if signed else None)
             self.server.reveal(i, edit(i, answer))
@@ -143,6 +148,32 @@ def test_the_sum_is_exact_with_a_share_of_clients_gone(tmp_path, mode, dropout):
     run.mask(gone)
     run.answer(mode == "signed")
     np.testing.assert_array_equal(run.server.result(), run.expected(gone))
+
+
+@pytest.mark.parametrize(
+    ("mode", "n", "share"),
+    [
+        ("honest", 40, 0.1),
+        ("honest", 40, 0.3),
+        ("signed", 40, 0.3),
+        pytest.param("honest", 300, 0.3, marks=pytest.mark.slow),  # 90 silent: about 15 s here
+    ],
+)
+def test_the_sum_is_exact_with_a_share_of_clients_gone_after_their_masked_input(tmp_path, mode, n, share):
+    """Clients that vanish between their masked input and the unmask: their inputs are in the sum (the others'
+    shares rebuild their own-mask seeds), and the step closes late with the answers of the rest, on a graph sized
+    for that share of dropouts."""
+    settings = SecAggSettings(enabled=True, graph="sparse", dropout=share, corrupt=0.0, mode=mode)
+    graph = step_graph(settings, n, CONTEXT)
+    assert not graph.complete
+    signers, verifier = _pki(tmp_path, n) if mode == "signed" else (None, None)
+    run = Run(graph, signers, verifier)
+    run.share()
+    run.mask(set())
+    silent = frozenset(np.random.default_rng(5).choice(n, size=int(share * n), replace=False).tolist())
+    run.answer(mode == "signed", silent=silent)
+    assert not run.server.ready() and run.server.ready(late=True)  # not all answered; enough in every neighbourhood
+    np.testing.assert_array_equal(run.server.result(), run.expected(set()))
 
 
 def _sparse(n: int = 40) -> Graph:
