@@ -27,6 +27,7 @@ size on CLINC150's val split alone (held-out training samples: the test split is
 
 Run: .venv/bin/python bench/dp_ridge.py --epsilons 0.5 1 2 4 8 inf --seed 0
      .venv/bin/python bench/dp_ridge.py --cell ridge@mpnet-6layers+valx4avg --by-length --epsilons 8 --seed 0
+     .venv/bin/python bench/dp_ridge.py --method ncm --encoder mpnet --layers -6 -5 -4 -3 -2 -1 --prior chitchat ...
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ CLASSES, TASKS = 150, 5
 
 
 def head_of(args: argparse.Namespace) -> tuple[str, dict]:
-    """The encoder and the method's settings: ``--cell``'s from ``--method-config``, else MiniLM's three layers
-    (``--rp-dim``)."""
+    """The encoder and the method's settings: ``--cell``'s from ``--method-config``, else ``--encoder``'s
+    ``--layers`` (MiniLM's three by default; ``--rp-dim``)."""
     if not args.cell:
-        return "minilm", {args.method: {"layers": LAYERS, "norm": "layer", "rp_dim": args.rp_dim}}
+        return args.encoder, {args.method: {"layers": args.layers, "norm": "layer", "rp_dim": args.rp_dim}}
+    if args.encoder != "minilm" or args.layers != LAYERS:
+        raise SystemExit("--cell names its own encoder and layers: not with --encoder or --layers")
     cells = json.loads(args.method_config.read_text())
     if args.cell not in cells:
         raise SystemExit(f"--cell {args.cell!r}: not a cell of {args.method_config} ({sorted(cells)})")
@@ -281,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed and dp.seed (the noise's)")
     parser.add_argument("--split", choices=("test", "val"), default="test")
     parser.add_argument("--rp-dim", type=int, default=0, help="ridge.rp_dim: a random projection + ReLU (0: none)")
+    parser.add_argument("--encoder", default="minilm", help="without --cell: minilm or mpnet (all-mpnet-base-v2)")
+    parser.add_argument(
+        "--layers", type=int, nargs="+", default=LAYERS, help="without --cell: the hidden states (ridge.layers)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--diagnose", action="store_true", help="val accuracy with each statistic's noise alone")
     parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON", help="plot these --json files, run nothing")
