@@ -231,13 +231,18 @@ def pooled_states(
 
 
 def cached_features(
-    data: dict, cache: Path, max_length: int, encoder: str = "minilm", by_length: bool = False
+    data: dict,
+    cache: Path,
+    max_length: int,
+    encoder: str = "minilm",
+    by_length: bool = False,
+    splits: tuple[str, ...] = SPLITS,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Each split's :func:`pooled_states`, extracted once into ``cache`` (``by_length``: files of their own,
+    """Each of ``splits``' :func:`pooled_states`, extracted once into ``cache`` (``by_length``: files of their own,
     ``-bylen``)."""
     out = {}
     tag = "-bylen" if by_length else ""
-    for split in SPLITS:
+    for split in splits:
         file = cache / f"clinc150-{encoder_tag(encoder)}-len{max_length}{tag}-{split}.npz"
         if not file.exists():
             t0 = time.perf_counter()

@@ -196,3 +196,21 @@ def test_encoders_resolve_through_the_systems_loader(fh, tmp_path, monkeypatch):
     assert fh.encoder_path(str(tmp_path)) == str(tmp_path)
     with pytest.raises(ValueError, match="local model directory"):
         fh.encoder_path(str(tmp_path / "absent"))
+
+
+def test_only_the_splits_asked_for_are_opened_or_encoded(fh, tmp_path, monkeypatch):
+    """A choice on the training splits (bench/dp_ridge.py --choose) neither opens nor encodes the test split: its
+    cache file is unreadable and the encoder is never called."""
+    import numpy as np
+
+    states = {"mean": np.zeros((2, 7, 4), dtype=np.float32)}
+    for split in ("train", "val"):
+        np.savez(tmp_path / f"clinc150-minilm-len8-{split}.npz", **states)
+    (tmp_path / "clinc150-minilm-len8-test.npz").write_text("not an npz: opening it would fail")
+
+    def encode(*args, **kwargs):
+        raise AssertionError("nothing is encoded: every split asked for is cached")
+
+    monkeypatch.setattr(fh, "pooled_states", encode)
+    out = fh.cached_features({}, tmp_path, 8, splits=("train", "val"))
+    assert sorted(out) == ["train", "val"] and out["val"]["mean"].shape == (2, 7, 4)
