@@ -59,6 +59,8 @@ def test_own_data_of_each_virtual_node_and_a_private_closed_form_head_equal_the_
     assert statement["privacy"]["mode"] == "central" and statement["privacy"]["epsilon"] <= CENTRAL["epsilon"]
 
 
+@pytest.mark.slow  # 37 s of a worker: the default suite's local-DP run below has spare nodes too, and the deployment
+# test runs the tiny preset's tasks on Flower
 def test_the_tiny_preset_on_a_federation_larger_than_the_run_equals_the_in_process_engine(tmp_path: Path) -> None:
     """The tiny preset on five virtual nodes, three clients: nodes 0 to 2 (by ``partition-id``) hold the run's
     slots, the other two are sent nothing past their hello, and the run is the in-process engine's."""
@@ -67,11 +69,12 @@ def test_the_tiny_preset_on_a_federation_larger_than_the_run_equals_the_in_proce
 
 def test_local_differential_privacy_on_flower_is_the_in_process_runs_noise_and_statement(tmp_path: Path) -> None:
     """Each ClientApp trains with DP-SGD and noises its Grams by its own ledger: the same noise, head and privacy
-    statement as the in-process engine's, because the noise is keyed by the seed, the step and the client's slot."""
+    statement as the in-process engine's, because the noise is keyed by the seed, the step and the client's slot.
+    On one node more than the run's clients: the spare node is sent nothing past its hello."""
     dp = {"epsilon": 8.0, "clip": 1.0, "seed": 5, "mode": "local", "sample_rate": 0.5}
     changes = {"run_id": "flower-dp-lorm", "num_tasks": 1, "rounds_per_task": 1}
     config = RunConfig(**{**preset("tiny"), **changes, "settings": {**preset("tiny")["settings"], "dp": dp}})
-    statement = _same_as_in_process(config, tmp_path)
+    statement = _same_as_in_process(config, tmp_path, supernodes=config.num_clients + 1)
     assert statement["privacy"]["mode"] == "local" and statement["privacy"]["epsilon"] <= dp["epsilon"]
 
 
