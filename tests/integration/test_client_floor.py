@@ -36,11 +36,13 @@ OWNED = {"owned": True, "classes": ["alarm", "balance"]}
         (RunConfig(num_clients=3), ["--require-secure-aggregation"], "sets secagg.enabled=false"),
         # H3: a run too small for the client
         (RunConfig(num_clients=2), ["--min-clients", "3"], "num_clients=2, below this client's floor of 3"),
-        # a coordinator that swapped the public prior the client vetted for another
-        (
+        # a coordinator that swapped the public prior the client vetted for another (slow: the refusal's path is the
+        # other cases', and tests/client/test_floor.py checks the pin itself)
+        pytest.param(
             RunConfig(num_clients=2, method="ncm", settings={"ncm": {"prior_digest": "cd" * 32, "prior_k": 4}}),
             ["--public-prior-digest", "ab" * 32],
             f"names the public prior {'cd' * 32}",
+            marks=pytest.mark.slow,
         ),
         # M6: a coordinator that picks the client's data directory, data file or weight file
         (RunConfig(num_clients=2, data_dir="/x"), [], "sets data_dir=/x: a client's data paths are its own"),
