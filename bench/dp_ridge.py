@@ -319,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("one --prior-size, --prior-k and --prior-shrink each (several: with --choose)")
     data = load_clinc(args.data_dir)
     splits = ("train", "val") if args.choose else ("train", "val", "test")  # choosing never reads the test split
-    if args.choose:
-        del data["test"]  # nor encodes it
     states = cached_features(data, args.cache, 64, encoder, args.by_length, splits)
     x = {split: features(states, split, head["layers"], head["norm"]) for split in splits}
     y = {split: torch.from_numpy(data[split][1]) for split in splits}

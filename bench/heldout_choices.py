@@ -62,9 +62,8 @@ from feature_heads import (  # noqa: E402
     FeatureMap,
     Recipe,
     add_data_arguments,
-    encoder_tag,
+    cached_features,
     features,
-    pooled_states,
 )
 from feature_views import cached_view  # noqa: E402
 
@@ -123,19 +122,9 @@ def load_training(data_dir: Path) -> TrainingOnly[tuple[list[str], np.ndarray]]:
 def training_features(
     data: TrainingOnly[tuple[list[str], np.ndarray]], cache: Path, max_length: int, encoder: str = "minilm"
 ) -> TrainingOnly[dict[str, np.ndarray]]:
-    """The encoder's pooled states of ``train`` and ``val`` (``feature_heads.cached_features``' files, the test's
-    not opened), extracted into ``cache`` when missing."""
-    out = {}
-    for split in TRAINING_SPLITS:
-        file = cache / f"clinc150-{encoder_tag(encoder)}-len{max_length}-{split}.npz"
-        if not file.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
-            np.savez(file, **pooled_states(data[split][0], max_length, encoder=encoder))
-            print(f"extracted {split}: {len(data[split][0])} utterances, {time.perf_counter() - t0:.0f} s", flush=True)
-        with np.load(file) as f:
-            out[split] = {k: f[k] for k in f.files}
-    return TrainingOnly(out)
+    """The encoder's pooled states of ``train`` and ``val`` (``feature_heads.cached_features``, the test's file not
+    opened), extracted into ``cache`` when missing."""
+    return TrainingOnly(cached_features(data, cache, max_length, encoder, splits=TRAINING_SPLITS))
 
 
 @dataclass(frozen=True)

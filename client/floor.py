@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 from common.aggregation.declared import feature_stats_of
 from common.run.config import RunConfig
-from common.run.settings import DpSettings, SecAggSettings
+from common.run.settings import DpSettings, SecAggSettings, is_sha256_hex
 from common.secagg.graph import Parameters
 from common.secagg.primitives import SecAggError
 from common.secagg.rounds import default_threshold
@@ -324,7 +324,7 @@ def floor_from_args(args: argparse.Namespace) -> Floor:
             f"{args.min_secagg_threshold}, {args.min_clients} and {args.min_colluders}"
         )
     digest = args.public_prior_digest.strip().lower()
-    if digest and not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+    if digest and not is_sha256_hex(digest):
         raise FloorError(f"--public-prior-digest must be 64 hex digits (lorm-prior prints it), got {digest[:80]!r}")
     return Floor(
         args.require_secure_aggregation,

@@ -18,7 +18,7 @@ from typing import ClassVar
 from common.aggregation.declared import FeatureMap, FeatureStats
 from common.methods import FEATURES_STEP, LORM_STEPS, Method
 from common.run.config import RunConfig
-from common.run.settings import DpSettings, SecAggSettings, Settings, non_negative_int, setting
+from common.run.settings import DpSettings, SecAggSettings, Settings, is_sha256_hex, non_negative_int, setting
 
 FEATURES = "client.methods.features:FeatureStatistics"  # no training: frozen-feature statistics
 LORA_THEN_FEATURES = "client.methods.features:LoRAThenFeatures"  # LoRA steps, then features steps
@@ -85,8 +85,9 @@ class NcmSettings(Settings):
         if len(set(self.layers)) != len(self.layers):
             raise ValueError(f"setting {self.section}.layers names a layer twice: {list(self.layers)}")
         non_negative_int(f"{self.section}.prior_k", self.prior_k, "0: no prior")
-        digest_ok = len(self.prior_digest) == 64 and all(c in "0123456789abcdef" for c in self.prior_digest)
-        if (self.prior_digest or self.prior_k or self.prior_file) and not (digest_ok and self.prior_k):
+        if (self.prior_digest or self.prior_k or self.prior_file) and not (
+            is_sha256_hex(self.prior_digest) and self.prior_k
+        ):
             raise ValueError(
                 f"settings {self.section}.prior_digest (64 lower-case hex digits) and {self.section}.prior_k (> 0) "
                 f"name a public prior together, got {self.prior_digest[:80]!r} and {self.prior_k}"

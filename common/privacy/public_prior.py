@@ -211,7 +211,7 @@ def received_prior(tensors: dict[str, Tensor], width: int, k: int, digest: str) 
     got = prior_digest(mean, basis)
     if got != digest:
         raise ValueError(f"the plan's public prior has digest {got}, not the run's {digest}")
-    _RECEIVED[id(basis)] = (weakref.ref(basis, _forget), weakref.ref(mean), key)
+    _RECEIVED[id(basis)] = (weakref.ref(basis, functools.partial(_forget, id(basis))), weakref.ref(mean), key)
     return PublicPrior(mean, basis, 0.0)
 
 
@@ -221,7 +221,8 @@ def received_prior(tensors: dict[str, Tensor], width: int, k: int, digest: str) 
 _RECEIVED: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Tensor], tuple[object, ...]]] = {}
 
 
-def _forget(gone: weakref.ref[Tensor]) -> None:
-    for ident, entry in list(_RECEIVED.items()):
-        if entry[0] is gone:
-            _RECEIVED.pop(ident, None)
+def _forget(ident: int, gone: weakref.ref[Tensor]) -> None:
+    """Drop the entry of a basis that is gone (unless its id already names another tensor's entry)."""
+    entry = _RECEIVED.get(ident)
+    if entry is not None and entry[0] is gone:
+        del _RECEIVED[ident]

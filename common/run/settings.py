@@ -76,6 +76,11 @@ def at_least_one(section: Settings, *keys: str) -> None:
             raise ValueError(f"setting {section.section}.{key} must be a positive integer, got {getattr(section, key)}")
 
 
+def is_sha256_hex(text: str) -> bool:
+    """Whether ``text`` is a SHA-256 digest as this project prints them: 64 lower-case hex digits."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
 def non_negative_int(key: str, value: int, zero: str) -> None:
     """``ValueError`` naming ``key`` unless ``value >= 0``; ``zero`` says what 0 means."""
     if value < 0:

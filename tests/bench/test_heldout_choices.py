@@ -34,10 +34,10 @@ def test_the_test_split_cannot_be_loaded_or_asked_for(hc, tmp_path):
 
 
 @pytest.mark.parametrize("encoder", ["minilm", "mpnet"])
-def test_features_of_the_test_split_are_never_opened(hc, tmp_path, encoder):
+def test_features_of_the_test_split_are_never_opened(hc, fh, tmp_path, encoder):
     """With every split's cache file present, only train and val are read; the test file is unreadable (MPNet's
     files are named by its folder, as bench/feature_heads.py names them)."""
-    tag = hc.encoder_tag(encoder)
+    tag = fh.encoder_tag(encoder)
     states = {"mean": np.zeros((2, 7, 4), dtype=np.float32), "cls": np.zeros((2, 7, 4), dtype=np.float32)}
     for split in ("train", "val"):
         np.savez(tmp_path / f"clinc150-{tag}-len8-{split}.npz", **states)
